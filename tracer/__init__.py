@@ -1,0 +1,9 @@
+"""specdiff.tracer: the trace schema, the zarr trace store, and the recorders.
+
+Importable inside an SGLang worker: no Textual, no transformers at import time.
+"""
+
+from .errors import SpecdiffError, TraceError
+from .schema import STAGE_ORDER, SPECS, TensorSpec, aux_name, spec_for
+
+__all__ = ["SpecdiffError", "TraceError", "STAGE_ORDER", "SPECS", "TensorSpec", "aux_name", "spec_for"]

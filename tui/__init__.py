@@ -1,0 +1,1 @@
+"""specdiff.tui: the command line and the Textual diff app."""
