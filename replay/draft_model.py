@@ -1,0 +1,451 @@
+"""The EAGLE-3 reference draft forward: one decoder layer over (embed, hidden), TTT-unrolled.
+
+This is specdiff's own, compact implementation of the EAGLE-3 draft as SGLang serves it and as
+SpecForge / speculators train it. Every convention below names its source:
+
+- **fc input** (SGLang 0.5.23 ``srt/models/llama_eagle3.py:237-247``): the aux concat
+  [N, K*H] goes through the optional ``input_norm`` (flag ``norm_before_fc``: ONE RMSNorm over
+  the whole K*H concat, weight ``input_norm.weight`` [K*H]), then the optional ``fc_norm``
+  (one RMSNorm per H-wide chunk, weights ``fc_norm.{j}.weight`` [H]; legacy names
+  ``aux_norm_low/mid/high``), then ``fc`` [Hd, K*H] without bias.
+- **decoder layer** (llama_eagle3.py:97-119; SpecForge ``llama3_eagle.py`` LlamaDecoderLayer):
+  ``residual = h``; ``attn_in = cat(input_layernorm(embed(x)), hidden_norm(h))`` [N, 2*Hd]
+  (embedding FIRST); q/k/v project from 2*Hd, o_proj to Hd; ``h1 = residual + attn``;
+  ``hidden_out = h1 + mlp(post_attention_layernorm(h1))``. speculators' ``norm_before_residual``
+  (residual = hidden_norm(h)) is supported as a flag; SGLang does not implement it.
+- **output**: ``logits = lm_head(norm(hidden_out))`` [N, Vd]; the hidden fed back to the next
+  depth is the pre-norm ``hidden_out`` (llama_eagle3.py:263-269; SGLang ``norm_output=True``
+  feeds back the normed one instead).
+- **vocab map**: ``d2t`` int64 [Vd] offsets, target id = draft id + d2t[draft id]
+  (llama_eagle3.py:350-352 ``hot_token_id = d2t + arange``); ``t2d`` bool [V] is carried but
+  unused by serving.
+- **rope**: HF/neox style (rotate_half), ``rope_theta``, ``rope_scaling`` None / linear / llama3.
+- **TTT** (SpecForge ``specforge/modeling/draft/llama3_eagle.py`` LlamaAttention with
+  ``cache_hidden``; speculators ``eagle3/core.py`` + ``eagle3/attention.py``
+  ``extend_mask_for_draft_tokens``): row t at depth k has rope position t + k; its query
+  attends to the depth-0 keys of rows s <= t (causal) and to the keys of its OWN row t at
+  depths 1..k (the "diagonal" entries, its own key included). Keys of depth i are rotated at
+  t + i. This is exactly what SGLang's KV cache holds when drafting: prefix positions written
+  by draft-extend (depth 0) plus the chain of draft tokens at positions t+1..t+k.
+
+Position pairing (DESIGN.md): row t at depth 0 consumes (h_t, x_{t+1}); at depth k the input
+token is x_{t+1+k} (teacher forcing) and the label is the target's argmax at position t+1+k.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "Eagle3DraftConfig", "Eagle3Draft", "TTTOutput", "RowBlock", "RMSNorm",
+    "rope_inv_freq", "ttt_labels",
+]
+
+
+@dataclass
+class Eagle3DraftConfig:
+    """Dimensions and flags of an EAGLE-3 draft (mirrors the checkpoint config).
+
+    Attributes:
+        hidden_size: draft hidden Hd.
+        intermediate_size: draft MLP width.
+        num_attention_heads / num_key_value_heads / head_dim: attention shape (head_dim None =
+            Hd // heads).
+        rms_norm_eps, rope_theta, rope_scaling, max_position_embeddings: as in a LlamaConfig.
+        vocab_size: target vocab V (embedding rows, t2d length).
+        draft_vocab_size: Vd (lm_head rows, d2t length).
+        num_aux: K, number of aux slots concatenated into fc.
+        target_hidden_size: target H (None = Hd).
+        norm_before_fc: RMSNorm over the whole K*H concat before fc (SGLang ``input_norm``).
+        fc_norm: per-slot RMSNorm of each H chunk before fc (SGLang ``fc_norm``/``use_aux_norm``).
+        norm_output: SGLang semantics: feed back the *normed* hidden to the next depth.
+        norm_before_residual: speculators flag: residual = hidden_norm(h) instead of h.
+        eagle_aux_hidden_state_layer_ids: native aux ids as configured (None = tool default).
+        aux_convention: convention of those ids (``specdiff.tracer.conventions``).
+        hidden_act: only ``"silu"`` is supported.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    draft_vocab_size: int
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    num_aux: int = 3
+    target_hidden_size: int | None = None
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    norm_before_residual: bool = False
+    eagle_aux_hidden_state_layer_ids: list[int] | None = None
+    aux_convention: str = "sglang"
+    hidden_act: str = "silu"
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.target_hidden_size is None:
+            self.target_hidden_size = self.hidden_size
+        if self.hidden_act != "silu":
+            raise ValueError(f"draft hidden_act {self.hidden_act!r} is not supported (only silu)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    @property
+    def aux_width(self) -> int:
+        """K * H: width of the aux concat fed to fc."""
+        return self.num_aux * self.target_hidden_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    """HF LlamaRMSNorm: ``weight * (x_fp32 * rsqrt(mean(x^2) + eps)).to(x.dtype)``."""
+
+    def __init__(self, width: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """Rope inverse frequencies [head_dim/2] fp32 for rope_scaling None/default, linear, llama3.
+
+    llama3 follows transformers ``_compute_llama3_parameters`` (the same formula as SGLang's
+    Llama3RotaryEmbedding). Raises ValueError for other scaling types.
+    """
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    kind = None if not scaling else scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in (None, "default"):
+        pass
+    elif kind == "linear":
+        inv = inv / float(scaling["factor"])
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        low_wl, high_wl = old / low, old / high
+        scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        mid = (wavelen >= high_wl) & (wavelen <= low_wl)
+        inv = torch.where(mid, smoothed, scaled)
+    else:
+        raise ValueError(f"rope_scaling type {kind!r} is not supported by the reference draft")
+    return inv.float()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: Eagle3DraftConfig):
+        super().__init__()
+        hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim, self.nh, self.nkv = hd, nh, nkv
+        self.q_proj = nn.Linear(2 * cfg.hidden_size, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * cfg.hidden_size, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * cfg.hidden_size, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, cfg.hidden_size, bias=False)
+
+
+class _MLP(nn.Module):
+    def __init__(self, cfg: Eagle3DraftConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _MidLayer(nn.Module):
+    """The single EAGLE-3 decoder layer (SpecForge ``midlayer``, speculators ``layers.0``)."""
+
+    def __init__(self, cfg: Eagle3DraftConfig):
+        super().__init__()
+        self.self_attn = _Attention(cfg)
+        self.mlp = _MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class RowBlock:
+    """Rows of one canonical tensor: keys ``seq``/``pos`` int32 [N], ``depth`` int16 [N], values [N, ...]."""
+
+    seq: torch.Tensor
+    pos: torch.Tensor
+    depth: torch.Tensor
+    values: torch.Tensor
+
+
+@dataclass
+class TTTOutput:
+    """Everything ``Eagle3Draft.ttt_forward`` computed, per depth k = 0..steps-1.
+
+    Shapes (B batch, T positions): ``fc_in`` [B,T,K*H], ``fc_out`` [B,T,Hd]; per depth lists of
+    ``tokens`` int64 [B,T] (x_{t+1+k}, pad id where absent), ``hidden_in`` [B,T,Hd],
+    ``attn_in`` [B,T,2Hd], ``hidden_out`` [B,T,Hd] (pre-norm), ``logits`` [B,T,Vd];
+    ``valid`` bool [B,T] per depth (t+1+k < length); ``lengths`` int64 [B]; ``d2t`` int64 [Vd].
+    """
+
+    fc_in: torch.Tensor
+    fc_out: torch.Tensor
+    tokens: list[torch.Tensor]
+    hidden_in: list[torch.Tensor]
+    attn_in: list[torch.Tensor]
+    hidden_out: list[torch.Tensor]
+    logits: list[torch.Tensor]
+    valid: list[torch.Tensor]
+    lengths: torch.Tensor
+    d2t: torch.Tensor
+
+    @property
+    def steps(self) -> int:
+        return len(self.logits)
+
+    def topk(self, k: int = 1) -> list[torch.Tensor]:
+        """Draft-vocab top-k ids per depth, int64 [B,T,k], descending (SGLang ``fast_topk``)."""
+        return [lg.topk(k, dim=-1).indices for lg in self.logits]
+
+    def topk_target(self, k: int = 1) -> list[torch.Tensor]:
+        """Top-k mapped to target ids, ``i + d2t[i]`` (SGLang hot_token_id), int64 [B,T,k]."""
+        return [ids + self.d2t[ids] for ids in self.topk(k)]
+
+    def canonical_rows(self, topk: int = 1, *, logits: bool = True) -> dict[str, RowBlock]:
+        """The canonical tensors (tracer/schema.py) as rows keyed (seq, pos, depth).
+
+        ``draft.fc_in``/``draft.fc_out`` have depth 0 and a row for every t < length; by-depth
+        tensors (``tokens``, ``draft.hidden_in``, ``draft.attn_in``, ``draft.hidden_out``,
+        ``draft.logits`` (if ``logits``), ``draft.topk``, ``draft.topk_target``) have a row for
+        each valid (t, k). Values are detached.
+        """
+        B, T = self.fc_out.shape[:2]
+        ar = torch.arange(T)
+        in_len = ar[None, :] < self.lengths[:, None]
+
+        def block(mask, values, depth):
+            b, t = mask.nonzero(as_tuple=True)
+            return (b.to(torch.int32), t.to(torch.int32),
+                    torch.full_like(b, depth, dtype=torch.int16), values.detach()[b, t])
+
+        out: dict[str, list] = {}
+
+        def add(name, parts):
+            out.setdefault(name, []).append(parts)
+
+        add("draft.fc_in", block(in_len, self.fc_in, 0))
+        add("draft.fc_out", block(in_len, self.fc_out, 0))
+        tk, tkt = self.topk(topk), self.topk_target(topk)
+        for d in range(self.steps):
+            v = self.valid[d]
+            add("tokens", block(v, self.tokens[d], d))
+            add("draft.hidden_in", block(v, self.hidden_in[d], d))
+            add("draft.attn_in", block(v, self.attn_in[d], d))
+            add("draft.hidden_out", block(v, self.hidden_out[d], d))
+            if logits:
+                add("draft.logits", block(v, self.logits[d], d))
+            add("draft.topk", block(v, tk[d], d))
+            add("draft.topk_target", block(v, tkt[d], d))
+        return {name: RowBlock(*(torch.cat(col) for col in zip(*parts)))
+                for name, parts in out.items()}
+
+
+def ttt_labels(target_argmax: torch.Tensor, steps: int, lengths: torch.Tensor | None = None,
+               ignore_index: int = -100) -> list[torch.Tensor]:
+    """Per-depth labels [B,T] int64: label(t, k) = target argmax at position t+1+k (DESIGN.md),
+    ``ignore_index`` where t+1+k >= length. ``target_argmax`` [B,T] int64 is in target ids."""
+    B, T = target_argmax.shape
+    lengths = torch.full((B,), T) if lengths is None else lengths
+    out = []
+    for k in range(steps):
+        lab = torch.full_like(target_argmax, ignore_index)
+        if k + 1 < T:
+            lab[:, : T - 1 - k] = target_argmax[:, 1 + k:]
+        valid = torch.arange(T)[None, :] + 1 + k < lengths[:, None]
+        out.append(lab.masked_fill(~valid, ignore_index))
+    return out
+
+
+class Eagle3Draft(nn.Module):
+    """EAGLE-3 draft: fc over aux hiddens, one decoder layer, final norm, lm_head over Vd.
+
+    Parameter names follow SpecForge (``fc``, ``midlayer.*``, ``norm``, ``lm_head``,
+    ``embed_tokens``, optional ``input_norm`` / ``fc_norm.{j}``); buffers ``d2t`` int64 [Vd]
+    (zeros = identity offsets) and ``t2d`` bool [V]. ``embed_source`` / ``lm_head_source``
+    record where those weights came from ('draft', 'target' or 'random').
+    """
+
+    def __init__(self, config: Eagle3DraftConfig):
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.input_norm = RMSNorm(c.aux_width, c.rms_norm_eps) if c.norm_before_fc else None
+        self.fc_norm = (nn.ModuleList(RMSNorm(c.target_hidden_size, c.rms_norm_eps)
+                                      for _ in range(c.num_aux)) if c.fc_norm else None)
+        self.fc = nn.Linear(c.aux_width, c.hidden_size, bias=False)
+        self.midlayer = _MidLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+        self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling),
+                             persistent=False)
+        self.embed_source = "random"
+        self.lm_head_source = "random"
+
+    # ---- pieces -------------------------------------------------------------------------
+    def set_target_embedding(self, weight: torch.Tensor) -> None:
+        """Share the target's input embedding [V, H] (SGLang does this when the draft has none)."""
+        if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
+            raise ValueError(f"target embedding is {list(weight.shape)} but the draft expects "
+                             f"[{self.config.vocab_size}, {self.config.hidden_size}]")
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(weight)
+        self.embed_source = "target"
+
+    def hot_token_id(self) -> torch.Tensor:
+        """int64 [Vd]: draft id -> target id, ``d2t + arange(Vd)`` (SGLang llama_eagle3.py:352)."""
+        return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+
+    def fc_input(self, aux_cat: torch.Tensor) -> torch.Tensor:
+        """[..., K*H] -> the fc input after optional input_norm, then per-slot fc_norm
+        (llama_eagle3.py:239-246, in that order)."""
+        h = aux_cat.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            h = self.input_norm(h)
+        if self.fc_norm is not None:
+            h = torch.cat([n(c) for n, c in zip(self.fc_norm, h.chunk(self.config.num_aux, dim=-1))],
+                          dim=-1)
+        return h
+
+    def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B,1,T,head_dim] for positions [B,T] (fp32 math, cast to ``dtype``)."""
+        freqs = positions.float()[..., None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _qkv(self, attn_in, positions):
+        a = self.midlayer.self_attn
+        B, T, _ = attn_in.shape
+        q = a.q_proj(attn_in).view(B, T, a.nh, a.head_dim).transpose(1, 2)
+        k = a.k_proj(attn_in).view(B, T, a.nkv, a.head_dim).transpose(1, 2)
+        v = a.v_proj(attn_in).view(B, T, a.nkv, a.head_dim).transpose(1, 2)
+        cos, sin = self._rope(positions, q.dtype)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        rep = a.nh // a.nkv
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        return q, k, v
+
+    def _attend(self, q, k0, v0, diag_k, diag_v):
+        """TTT attention (SpecForge llama3_eagle.py LlamaAttention, cache_hidden branch).
+
+        q, k0, v0 [B,h,T,d]; diag_k/diag_v: lists of [B,h,T,d] keys/values of depths 1..k at the
+        same row. Scores over [causal depth-0 keys | diagonal keys], softmax in fp32.
+        """
+        T = q.shape[2]
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        s0 = (q @ k0.transpose(-1, -2)) * scale
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        s0 = s0.masked_fill(causal, float("-inf"))
+        extra = [((q * kd).sum(-1, keepdim=True) * scale) for kd in diag_k]
+        p = torch.cat([s0, *extra], dim=-1).float().softmax(-1).to(q.dtype)
+        out = p[..., :T] @ v0
+        for i, vd in enumerate(diag_v):
+            out = out + p[..., T + i: T + i + 1] * vd
+        return out
+
+    # ---- the forward ---------------------------------------------------------------------
+    def ttt_forward(self, aux_cat: torch.Tensor, input_ids: torch.Tensor, steps: int = 1, *,
+                    lengths: torch.Tensor | None = None, position_offset: int = 0,
+                    pad_id: int = 0) -> TTTOutput:
+        """Teacher-forced TTT forward over token sequences (differentiable).
+
+        Args:
+            aux_cat: [B,T,K*H] target aux concat, row t = h_t (any float dtype; cast to the
+                model's dtype).
+            input_ids: [B,T] int64, the token sequence x_0..x_{T-1} (target ids); right-padded
+                when ``lengths`` is given.
+            steps: number of TTT depths to run, k = 0..steps-1 (SpecForge ``ttt_length``,
+                speculators ``ttt_steps``).
+            lengths: [B] valid lengths (default T). Right padding needs no attention mask: a
+                valid row only sees rows s <= t and its own diagonal.
+            position_offset: rope position of row 0 at depth 0 (SGLang draft-extend: 0; rope is
+                relative so scores do not depend on it).
+            pad_id: token fed where x_{t+1+k} does not exist (those rows are marked invalid).
+
+        Returns:
+            TTTOutput; row t at depth k used token x_{t+1+k}, rope position t+k+offset, hidden
+            = fc_out (k=0) or depth k-1's hidden_out (pre-norm; normed if ``norm_output``).
+        """
+        B, T = input_ids.shape
+        dev = input_ids.device
+        lengths = (torch.full((B,), T, dtype=torch.int64) if lengths is None
+                   else lengths.to(torch.int64).cpu())
+        fc_in = self.fc_input(aux_cat)
+        fc_out = self.fc(fc_in)
+        m = self.midlayer
+        base_pos = torch.arange(T, device=dev)[None, :].expand(B, T) + position_offset
+        ar = torch.arange(T)[None, :]
+        res = {n: [] for n in ("tokens", "hidden_in", "attn_in", "hidden_out", "logits", "valid")}
+        h = fc_out
+        k0 = v0 = None
+        diag_k, diag_v = [], []
+        for d in range(steps):
+            tok = torch.full_like(input_ids, pad_id)
+            if d + 1 < T:
+                tok[:, : T - 1 - d] = input_ids[:, 1 + d:]
+            emb = self.embed_tokens(tok)
+            residual = m.hidden_norm(h) if self.config.norm_before_residual else h
+            attn_in = torch.cat([m.input_layernorm(emb), m.hidden_norm(h)], dim=-1)
+            q, k, v = self._qkv(attn_in, base_pos + d)
+            if d == 0:
+                k0, v0 = k, v
+            else:
+                diag_k.append(k)
+                diag_v.append(v)
+            a = self._attend(q, k0, v0, diag_k, diag_v)
+            a = m.self_attn.o_proj(a.transpose(1, 2).reshape(B, T, -1))
+            h1 = residual + a
+            out = h1 + m.mlp(m.post_attention_layernorm(h1))
+            normed = self.norm(out)
+            res["tokens"].append(tok)
+            res["hidden_in"].append(h)
+            res["attn_in"].append(attn_in)
+            res["hidden_out"].append(out)
+            res["logits"].append(self.lm_head(normed))
+            res["valid"].append((ar + 1 + d < lengths[:, None]).to(dev))
+            h = normed if self.config.norm_output else out
+        return TTTOutput(fc_in=fc_in, fc_out=fc_out, lengths=lengths, d2t=self.d2t, **res)
+
+    def forward(self, aux_cat, input_ids, steps: int = 1, **kw) -> TTTOutput:
+        """Alias of ``ttt_forward``."""
+        return self.ttt_forward(aux_cat, input_ids, steps, **kw)
