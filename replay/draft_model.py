@@ -314,8 +314,8 @@ class Eagle3Draft(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
-        self.register_buffer("inv_freq", rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling),
-                             persistent=False)
+        # a plain attribute, not a buffer: ``model.to(bf16)`` must not round the frequencies
+        self._inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
         self.embed_source = "random"
         self.lm_head_source = "random"
 
@@ -346,7 +346,8 @@ class Eagle3Draft(nn.Module):
 
     def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B,1,T,head_dim] for positions [B,T] (fp32 math, cast to ``dtype``)."""
-        freqs = positions.float()[..., None] * self.inv_freq
+        inv = self._inv_freq.to(positions.device)
+        freqs = positions.float()[..., None] * inv
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

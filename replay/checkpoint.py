@@ -1,0 +1,524 @@
+"""Load and save EAGLE-3 draft checkpoints (SpecForge/SGLang and speculators formats).
+
+Formats (DESIGN.md "Checkpoint formats"; shared/research/training-side.md):
+
+- ``specforge`` (what SGLang 0.5.23 serves): ``architectures ["LlamaForCausalLMEagle3"]``, a flat
+  LlamaConfig plus ``draft_vocab_size``, optional ``target_hidden_size``,
+  ``num_aux_hidden_states``, ``norm_before_fc`` (``eagle_config`` first, then top level),
+  ``fc_norm`` / ``use_aux_norm``, ``norm_output``; aux ids ONLY in
+  ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang convention; a top-level key is
+  ignored by SGLang, llama_eagle3.py:156-161, llama.py set_eagle3_layers_to_capture).
+  Weights ``fc.weight [Hd, K*H]``, ``midlayer.*`` (SGLang also accepts ``layers.0.*`` and a
+  ``model.`` prefix, legacy ``aux_norm_low/mid/high`` = ``fc_norm.0/1/2``; llama_eagle3.py:
+  337-348), ``norm.weight``, ``lm_head.weight [Vd, Hd]``, ``d2t`` int64 [Vd], ``t2d`` bool [V];
+  no embedding (SGLang shares the target's).
+- ``speculators`` (speculators 0.9.0 ``eagle3/config.py`` + ``core.py``): ``architectures
+  ["Eagle3DraftModel"]`` (or ``Eagle3Speculator``), ``speculators_model_type "eagle3"``, dims in
+  ``transformer_layer_config``; top-level ``draft_vocab_size``, ``norm_before_fc``,
+  ``norm_before_residual``, ``fc_norm``, ``norm_output``, ``target_hidden_size``,
+  ``eagle_aux_hidden_state_layer_ids`` (vLLM convention = HF index) and
+  ``speculators_config.verifier.name_or_path``. Weights ``layers.0.*``, ``embed_tokens.weight``,
+  ``input_norm.weight``; ``verifier_norm.weight`` / ``verifier_lm_head.weight`` are ignored.
+
+Only safetensors, or ``torch.load(weights_only=True)`` for ``.bin``: no pickle code runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..tracer.contract import sha256_array
+from ..tracer.conventions import ConventionError, resolve_aux_ids
+from ..tracer.errors import SpecdiffError
+from .draft_model import Eagle3Draft, Eagle3DraftConfig
+
+__all__ = ["CheckpointError", "LoadedDraft", "load_draft", "save_draft", "read_state_dict",
+           "draft_config_from_dict", "detect_format", "draft_weights_sha256", "native_aux_ids"]
+
+FORMATS = ("specforge", "speculators")
+SPECFORGE_ARCH = "LlamaForCausalLMEagle3"
+SPECULATORS_ARCHS = ("Eagle3DraftModel", "Eagle3Speculator")
+#: keys speculators writes or keeps that the draft forward does not use
+_IGNORED = ("verifier_norm.weight", "verifier_lm_head.weight")
+_LEGACY = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
+
+
+class CheckpointError(SpecdiffError):
+    """A draft checkpoint that cannot be loaded as an EAGLE-3 draft (one clear line)."""
+
+
+# ---- files ------------------------------------------------------------------------------
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory: every ``*.safetensors`` file, else ``*.bin``
+    loaded with ``weights_only=True``. Raises CheckpointError when there is none."""
+    path = Path(path)
+    st = sorted(path.glob("*.safetensors"))
+    out: dict[str, torch.Tensor] = {}
+    if st:
+        from safetensors.torch import load_file
+        for f in st:
+            try:
+                out.update(load_file(str(f)))
+            except Exception as e:  # corrupt header etc.
+                raise CheckpointError(f"cannot read {f}: {e}") from None
+        return out
+    bins = sorted(path.glob("*.bin"))
+    if not bins:
+        raise CheckpointError(f"{path}: no *.safetensors or *.bin weights found")
+    for f in bins:
+        try:
+            sd = torch.load(str(f), map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise CheckpointError(f"cannot read {f} (weights_only=True): {e}") from None
+        out.update(sd)
+    return out
+
+
+def _read_config(path: Path) -> dict:
+    f = path / "config.json"
+    if not f.is_file():
+        raise CheckpointError(f"{path}: no config.json")
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
+
+
+def detect_format(raw: dict) -> str:
+    """'specforge' or 'speculators' from a config dict (architectures / speculators keys)."""
+    archs = raw.get("architectures") or []
+    if any(a in SPECULATORS_ARCHS for a in archs) or "speculators_config" in raw \
+            or "transformer_layer_config" in raw:
+        return "speculators"
+    if SPECFORGE_ARCH in archs:
+        return "specforge"
+    raise CheckpointError(f"config architectures {archs} is not an EAGLE-3 draft "
+                          f"(expected {SPECFORGE_ARCH!r} or one of {list(SPECULATORS_ARCHS)})")
+
+
+# ---- config -----------------------------------------------------------------------------
+def _rope(d: dict) -> tuple[float, dict | None]:
+    """rope_theta / rope_scaling from a LlamaConfig dict (transformers 5 ``rope_parameters`` too)."""
+    rp = d.get("rope_parameters") or {}
+    theta = d.get("rope_theta", rp.get("rope_theta", 10000.0))
+    scaling = d.get("rope_scaling")
+    if scaling is None and rp.get("rope_type", "default") != "default":
+        scaling = dict(rp)
+    return float(theta), scaling
+
+
+def draft_config_from_dict(raw: dict, fmt: str | None = None) -> tuple[Eagle3DraftConfig, list[str]]:
+    """Eagle3DraftConfig (and notes) from a checkpoint's config.json dict.
+
+    K (num_aux) follows SGLang llama_eagle3.py:156-161: ``num_aux_hidden_states``, else the
+    number of configured ids, else 3.
+    """
+    fmt = fmt or detect_format(raw)
+    notes: list[str] = []
+    if fmt == "speculators":
+        d = dict(raw.get("transformer_layer_config") or raw)
+        top = raw
+        ids = top.get("eagle_aux_hidden_state_layer_ids")
+        convention = "speculators"
+    else:
+        d = top = raw
+        eagle = raw.get("eagle_config") or {}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+        convention = "sglang"
+        if ids is None and raw.get("eagle_aux_hidden_state_layer_ids") is not None:
+            notes.append("top-level eagle_aux_hidden_state_layer_ids "
+                         f"{raw['eagle_aux_hidden_state_layer_ids']} is ignored by SGLang "
+                         "(it reads only eagle_config.eagle_aux_hidden_state_layer_ids)")
+    if d.get("num_hidden_layers", 1) != 1:
+        raise CheckpointError(f"draft has num_hidden_layers={d['num_hidden_layers']}; "
+                              "the reference EAGLE-3 draft has exactly one decoder layer")
+    if top.get("tie_word_embeddings") or d.get("tie_word_embeddings"):
+        raise CheckpointError("draft has tie_word_embeddings=true (lm_head = embedding): not supported")
+    missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+               if k not in d]
+    if missing:
+        raise CheckpointError(f"draft config lacks {', '.join(missing)}")
+    theta, scaling = _rope(d)
+    num_aux = top.get("num_aux_hidden_states") or (len(ids) if ids else 3)
+    eagle = top.get("eagle_config") or {}
+    nbf = bool(eagle.get("norm_before_fc", top.get("norm_before_fc", False)))
+    dvs = top.get("draft_vocab_size")
+    try:
+        cfg = Eagle3DraftConfig(
+            hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
+            num_attention_heads=d["num_attention_heads"],
+            num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+            head_dim=d.get("head_dim"), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta, rope_scaling=scaling,
+            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+            vocab_size=d["vocab_size"], draft_vocab_size=dvs if dvs is not None else d["vocab_size"],
+            num_aux=int(num_aux),
+            target_hidden_size=top.get("target_hidden_size") or d.get("target_hidden_size"),
+            norm_before_fc=nbf, fc_norm=bool(top.get("fc_norm") or top.get("use_aux_norm")),
+            norm_output=bool(top.get("norm_output", False)),
+            norm_before_residual=bool(top.get("norm_before_residual", False)),
+            eagle_aux_hidden_state_layer_ids=None if ids is None else [int(i) for i in ids],
+            aux_convention=convention, hidden_act=d.get("hidden_act", "silu"),
+            extra={"draft_vocab_size_in_config": dvs is not None})
+    except ValueError as e:
+        raise CheckpointError(f"draft config: {e}") from None
+    if cfg.norm_before_residual:
+        notes.append("norm_before_residual=true (speculators): SGLang 0.5.23 does not implement it")
+    return cfg, notes
+
+
+# ---- weights ----------------------------------------------------------------------------
+def _canonical_name(name: str) -> str:
+    if name.startswith("model."):
+        name = name[len("model."):]
+    for old, new in _LEGACY.items():
+        name = name.replace(old, new)
+    if name.startswith("layers.0."):
+        name = "midlayer." + name[len("layers.0."):]
+    return name
+
+
+def _expected_shapes(cfg: Eagle3DraftConfig) -> dict[str, tuple[int, ...]]:
+    Hd, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    shapes = {
+        "fc.weight": (Hd, cfg.aux_width),
+        "midlayer.self_attn.q_proj.weight": (nh * hd, 2 * Hd),
+        "midlayer.self_attn.k_proj.weight": (nkv * hd, 2 * Hd),
+        "midlayer.self_attn.v_proj.weight": (nkv * hd, 2 * Hd),
+        "midlayer.self_attn.o_proj.weight": (Hd, nh * hd),
+        "midlayer.mlp.gate_proj.weight": (I, Hd),
+        "midlayer.mlp.up_proj.weight": (I, Hd),
+        "midlayer.mlp.down_proj.weight": (Hd, I),
+        "midlayer.input_layernorm.weight": (Hd,),
+        "midlayer.hidden_norm.weight": (Hd,),
+        "midlayer.post_attention_layernorm.weight": (Hd,),
+        "norm.weight": (Hd,),
+        "lm_head.weight": (cfg.draft_vocab_size, Hd),
+    }
+    if cfg.norm_before_fc:
+        shapes["input_norm.weight"] = (cfg.aux_width,)
+    if cfg.fc_norm:
+        for j in range(cfg.num_aux):
+            shapes[f"fc_norm.{j}.weight"] = (cfg.target_hidden_size,)
+    return shapes
+
+
+_OPTIONAL_SHAPES = {"embed_tokens.weight": lambda c: (c.vocab_size, c.hidden_size),
+                    "d2t": lambda c: (c.draft_vocab_size,), "t2d": lambda c: (c.vocab_size,)}
+
+
+def _width_message(name: str, got, want, cfg: Eagle3DraftConfig) -> str:
+    g, w = list(got), list(want)
+    if name == "fc.weight" and len(g) == 2 and g[1] != w[1]:
+        return (f"fc.weight is {g} but {cfg.num_aux} aux slots x target hidden "
+                f"{cfg.target_hidden_size} = {cfg.aux_width}")
+    return f"{name} is {g} but the config implies {w}"
+
+
+def draft_weights_sha256(state_dict: dict[str, torch.Tensor]) -> str:
+    """sha256 over a draft state dict in canonical (SpecForge) names, sorted, excluding
+    ``embed_tokens.weight`` (its source is a separate fact) and ``verifier_*``: for each tensor
+    the name, dtype, shape and raw bytes. The same weights hash the same in both formats."""
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        if name == "embed_tokens.weight" or name.startswith("verifier_"):
+            continue
+        t = state_dict[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{list(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class LoadedDraft:
+    """A loaded draft and what is known about it.
+
+    Attributes:
+        model: the Eagle3Draft (eval mode, requested dtype; d2t/t2d keep int64/bool).
+        config: its Eagle3DraftConfig.
+        format: 'specforge' or 'speculators'.
+        path: the checkpoint directory.
+        raw_config: config.json as read.
+        has_d2t / has_t2d: whether the file had them (absent d2t = identity mapping).
+        verifier: speculators_config.verifier.name_or_path, if any.
+        weights_sha256: ``draft_weights_sha256`` of the file's tensors.
+        notes: plain-words remarks (ignored keys, suspicious d2t, ...).
+    """
+
+    model: Eagle3Draft
+    config: Eagle3DraftConfig
+    format: str
+    path: str
+    raw_config: dict
+    has_d2t: bool
+    has_t2d: bool
+    verifier: str | None
+    weights_sha256: str
+    notes: list[str] = field(default_factory=list)
+
+    def contract_facts(self, num_layers: int | None = None) -> dict:
+        """Contract facts (tracer.contract field names) of this draft; the aux capture is
+        resolved to HF indices when the target's layer count ``num_layers`` is given."""
+        m, c = self.model, self.config
+        facts = {
+            "draft_name": self.path,
+            "draft_format": self.format,
+            "hidden_size": c.target_hidden_size,
+            "draft_hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size,
+            "draft_vocab_size": c.draft_vocab_size,
+            "draft_num_aux": c.num_aux,
+            "norm_before_fc": c.norm_before_fc,
+            "fc_norm": c.fc_norm,
+            "norm_output": c.norm_output,
+            "norm_before_residual": c.norm_before_residual,
+            "d2t_sha256": sha256_array(m.d2t) if self.has_d2t else None,
+            "t2d_sha256": sha256_array(m.t2d) if self.has_t2d else None,
+            "hot_token_id_sha256": sha256_array(m.hot_token_id()) if self.has_d2t else None,
+            "draft_weights_sha256": self.weights_sha256,
+            "embed_source": m.embed_source,
+            "lm_head_source": m.lm_head_source,
+            "aux_native_ids": c.eagle_aux_hidden_state_layer_ids,
+            "aux_convention": c.aux_convention,
+            "draft_notes": list(self.notes),
+        }
+        if num_layers is not None:
+            try:
+                res = resolve_aux_ids(c.eagle_aux_hidden_state_layer_ids,
+                                      convention=c.aux_convention, num_layers=num_layers)
+            except ConventionError as e:
+                raise CheckpointError(f"{self.path}: aux ids: {e}") from None
+            facts.update(res.as_facts())
+            facts["num_layers"] = num_layers
+            facts["draft_notes"] = facts["draft_notes"] + list(res.notes)
+        return facts
+
+
+def load_draft(path: str | Path, *, dtype: torch.dtype = torch.float32,
+               target_embedding: torch.Tensor | None = None,
+               target_lm_head: torch.Tensor | None = None) -> LoadedDraft:
+    """Load a draft directory in either format.
+
+    Args:
+        path: directory with config.json and weights.
+        dtype: parameter dtype of the returned model.
+        target_embedding: the target's input embedding [V, H], used when the checkpoint has no
+            ``embed_tokens.weight`` (SGLang shares the target's); else the embedding stays random.
+        target_lm_head: the target's lm_head [V, H], used only when the checkpoint has no
+            lm_head and its config has no ``draft_vocab_size`` (SGLang ``load_lm_head_from_target``).
+
+    Raises:
+        CheckpointError: unreadable files, not an EAGLE-3 draft, missing/unexpected keys or
+            mismatched widths (all named in one line).
+    """
+    path = Path(path)
+    raw = _read_config(path)
+    fmt = detect_format(raw)
+    cfg, notes = draft_config_from_dict(raw, fmt)
+    sd_file = read_state_dict(path)
+
+    canon: dict[str, torch.Tensor] = {}
+    origin: dict[str, str] = {}
+    unexpected: list[str] = []
+    expected = _expected_shapes(cfg)
+    for name, t in sd_file.items():
+        if name in _IGNORED or name.endswith("rotary_emb.inv_freq"):
+            notes.append(f"ignored {name}")
+            continue
+        c = _canonical_name(name)
+        if c not in expected and c not in _OPTIONAL_SHAPES:
+            unexpected.append(name)
+            continue
+        canon[c], origin[c] = t, name
+    lm_from_target = ("lm_head.weight" not in canon and target_lm_head is not None
+                      and not cfg.extra.get("draft_vocab_size_in_config"))
+    missing = [k for k in expected if k not in canon and not (k == "lm_head.weight" and lm_from_target)]
+    problems = []
+    if missing:
+        problems.append("missing keys: " + ", ".join(missing))
+    if unexpected:
+        problems.append("unexpected keys: " + ", ".join(sorted(unexpected)))
+    for c, t in canon.items():
+        want = expected[c] if c in expected else _OPTIONAL_SHAPES[c](cfg)
+        if tuple(t.shape) != tuple(want):
+            problems.append(_width_message(origin[c], t.shape, want, cfg))
+    if "d2t" in canon and canon["d2t"].is_floating_point():
+        problems.append(f"d2t has dtype {canon['d2t'].dtype}, expected int64 offsets")
+    if problems:
+        raise CheckpointError(f"draft checkpoint {path} ({fmt} format): " + "; ".join(problems))
+
+    try:
+        model = Eagle3Draft(cfg)
+    except ValueError as e:  # e.g. an unsupported rope_scaling type
+        raise CheckpointError(f"draft checkpoint {path}: {e}") from None
+    state = {k: v for k, v in canon.items() if k not in ("d2t", "t2d")}
+    model.load_state_dict(state, strict=False)
+    has_d2t, has_t2d = "d2t" in canon, "t2d" in canon
+    if has_d2t:
+        model.d2t.copy_(canon["d2t"].to(torch.int64))
+        _check_d2t(model.d2t, cfg.vocab_size, notes)
+    else:
+        notes.append("no d2t: draft ids are served as target ids (identity mapping)")
+    if has_t2d:
+        model.t2d.copy_(canon["t2d"].to(torch.bool))
+    if "embed_tokens.weight" in canon:
+        model.embed_source = "draft"
+    elif target_embedding is not None:
+        try:
+            model.set_target_embedding(target_embedding)
+        except ValueError as e:
+            raise CheckpointError(f"draft checkpoint {path}: {e}") from None
+    else:
+        notes.append("no embed_tokens in the checkpoint and no target embedding given: embedding is random")
+    if "lm_head.weight" in canon:
+        model.lm_head_source = "draft"
+    elif lm_from_target:
+        if tuple(target_lm_head.shape) != tuple(model.lm_head.weight.shape):
+            raise CheckpointError(f"draft checkpoint {path}: target lm_head is {list(target_lm_head.shape)} "
+                                  f"but the draft expects {list(model.lm_head.weight.shape)}")
+        with torch.no_grad():
+            model.lm_head.weight.copy_(target_lm_head)
+        model.lm_head_source = "target"
+    model.to(dtype)
+    model.d2t.data = model.d2t.data.to(torch.int64)
+    model.t2d.data = model.t2d.data.to(torch.bool)
+    model.eval()
+    verifier = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    return LoadedDraft(model=model, config=cfg, format=fmt, path=str(path), raw_config=raw,
+                       has_d2t=has_d2t, has_t2d=has_t2d, verifier=verifier,
+                       weights_sha256=draft_weights_sha256(canon), notes=notes)
+
+
+def _check_d2t(d2t: torch.Tensor, vocab_size: int, notes: list[str]) -> None:
+    ar = torch.arange(d2t.shape[0])
+    mapped = d2t + ar
+    if d2t.shape[0] > 1 and torch.equal(d2t, ar):
+        notes.append("d2t equals arange(Vd): read as offsets it maps draft id i to 2i "
+                     "(it may hold direct ids or a placeholder)")
+    if int(mapped.min()) < 0 or int(mapped.max()) >= vocab_size:
+        notes.append(f"d2t read as offsets maps draft ids outside the target vocab [0, {vocab_size}): "
+                     "it may hold direct target ids")
+
+
+# ---- writing ----------------------------------------------------------------------------
+def native_aux_ids(hf_indices, convention: str) -> list[int]:
+    """Native ids that ``convention`` resolves to the given HF indices (inverse of
+    ``tracer.conventions.resolve_aux_ids``): sglang = hf-1 (HF 0 -> -1), specforge = hf-1,
+    hf / vllm / speculators = hf."""
+    out = []
+    for i in hf_indices:
+        i = int(i)
+        if convention in ("hf", "vllm", "speculators"):
+            out.append(i)
+        elif convention == "sglang":
+            out.append(i - 1)
+        elif convention == "specforge":
+            if i == 0:
+                raise CheckpointError("SpecForge ids cannot express the embedding output (HF index 0)")
+            out.append(i - 1)
+        else:
+            raise CheckpointError(f"unknown aux convention {convention!r}")
+    return out
+
+
+def _ids_for(cfg: Eagle3DraftConfig, convention: str, target_num_layers: int | None):
+    ids = cfg.eagle_aux_hidden_state_layer_ids
+    if ids is None or cfg.aux_convention == convention:
+        return ids
+    if target_num_layers is None:
+        raise CheckpointError(f"aux ids {ids} are in the {cfg.aux_convention} convention; pass "
+                              f"target_num_layers to write them in the {convention} convention")
+    res = resolve_aux_ids(ids, convention=cfg.aux_convention, num_layers=target_num_layers)
+    return native_aux_ids(res.hf_indices, convention)
+
+
+def _llama_dims(cfg: Eagle3DraftConfig) -> dict:
+    d = {
+        "model_type": "llama", "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+        "num_hidden_layers": 1, "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.max_position_embeddings, "vocab_size": cfg.vocab_size,
+        "hidden_act": cfg.hidden_act, "tie_word_embeddings": False,
+    }
+    if cfg.rope_scaling is not None:
+        d["rope_scaling"] = cfg.rope_scaling
+    return d
+
+
+def save_draft(model: Eagle3Draft, directory: str | Path, format: str = "specforge", *,
+               verifier: str | None = None, include_embed: bool | None = None,
+               target_num_layers: int | None = None, dtype: torch.dtype | None = None) -> Path:
+    """Write ``model`` as config.json + model.safetensors in ``format``.
+
+    Args:
+        format: 'specforge' (SGLang-servable: ``midlayer.*``, ids in ``eagle_config`` in the SGLang
+            convention, no embedding unless ``include_embed``) or 'speculators' (``layers.0.*``,
+            ``embed_tokens``, top-level ids in the vLLM convention, ``speculators_config``).
+        verifier: target path/name for ``speculators_config.verifier.name_or_path``.
+        include_embed: write ``embed_tokens.weight`` (default: False for specforge, True for
+            speculators).
+        target_num_layers: needed only to convert aux ids between conventions.
+        dtype: cast float tensors before writing (default: as in the model).
+    """
+    if format not in FORMATS:
+        raise CheckpointError(f"unknown draft format {format!r}; use one of {', '.join(FORMATS)}")
+    from safetensors.torch import save_file
+    cfg = model.config
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    include_embed = (format == "speculators") if include_embed is None else include_embed
+    sd = {}
+    for name, t in model.state_dict().items():
+        if name == "embed_tokens.weight" and not include_embed:
+            continue
+        t = t.detach().cpu().contiguous()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        if format == "speculators" and name.startswith("midlayer."):
+            name = "layers.0." + name[len("midlayer."):]
+        sd[name] = t.clone()
+    ids = _ids_for(cfg, "sglang" if format == "specforge" else "speculators", target_num_layers)
+    wdtype = str(dtype or model.fc.weight.dtype).replace("torch.", "")
+    if format == "specforge":
+        conf = {"architectures": [SPECFORGE_ARCH], **_llama_dims(cfg),
+                "draft_vocab_size": cfg.draft_vocab_size,
+                "target_hidden_size": cfg.target_hidden_size, "torch_dtype": wdtype}
+        if ids is None or len(ids) != cfg.num_aux:
+            conf["num_aux_hidden_states"] = cfg.num_aux
+        eagle = {}
+        if ids is not None:
+            eagle["eagle_aux_hidden_state_layer_ids"] = list(ids)
+        if cfg.norm_before_fc:
+            eagle["norm_before_fc"] = True
+        if eagle:
+            conf["eagle_config"] = eagle
+        if cfg.fc_norm:
+            conf["fc_norm"] = True
+        if cfg.norm_output:
+            conf["norm_output"] = True
+        if cfg.norm_before_residual:
+            conf["norm_before_residual"] = True
+    else:
+        conf = {"architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
+                "transformer_layer_config": _llama_dims(cfg),
+                "draft_vocab_size": cfg.draft_vocab_size,
+                "target_hidden_size": cfg.target_hidden_size,
+                "norm_before_fc": cfg.norm_before_fc, "fc_norm": cfg.fc_norm,
+                "norm_output": cfg.norm_output, "norm_before_residual": cfg.norm_before_residual,
+                "eagle_aux_hidden_state_layer_ids": None if ids is None else list(ids),
+                "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                       "verifier": {"name_or_path": verifier}},
+                "torch_dtype": wdtype}
+        if ids is None or len(ids) != cfg.num_aux:
+            conf["num_aux_hidden_states"] = cfg.num_aux
+    save_file(sd, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
+    return directory

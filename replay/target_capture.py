@@ -1,0 +1,120 @@
+"""Run a HF Llama target and capture the aux hidden states EAGLE-3 feeds its draft.
+
+HF ``output_hidden_states[i]``: i = 0 is the embedding output, i in 1..L-1 the output of decoder
+layer i-1, i = L is after the final norm (DESIGN.md). Engines concatenate the captured slots in
+ascending layer order (SGLang aux_hidden_states.py), so ``hf_indices`` are sorted and
+de-duplicated here too. The default dtype is bf16, the serving dtype: DESIGN.md measured that
+replaying in the serving dtype keeps the tolerances tight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..tracer.errors import SpecdiffError
+from ..tracer.schema import aux_name
+from .draft_model import RowBlock
+
+__all__ = ["TargetError", "TargetCapture", "load_target", "capture_target", "target_embedding",
+           "target_lm_head", "target_num_layers"]
+
+
+class TargetError(SpecdiffError):
+    """A target model that cannot be loaded or captured (one clear line)."""
+
+
+def load_target(path: str | Path, *, dtype: torch.dtype = torch.bfloat16):
+    """Load a local HF causal LM (e.g. LlamaForCausalLM) in eval mode, offline."""
+    from transformers import AutoModelForCausalLM
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise TargetError(f"{path}: no config.json (a local Hugging Face model directory is needed)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    except Exception as e:
+        raise TargetError(f"cannot load target {path}: {type(e).__name__}: {e}") from None
+    return model.eval()
+
+
+def target_num_layers(model) -> int:
+    """L, the target's decoder layer count."""
+    return int(model.config.num_hidden_layers)
+
+
+def target_embedding(model) -> torch.Tensor:
+    """The target's input embedding weight [V, H] (what SGLang shares with the draft)."""
+    return model.get_input_embeddings().weight.detach()
+
+
+def target_lm_head(model) -> torch.Tensor:
+    """The target's lm_head weight [V, H]."""
+    return model.get_output_embeddings().weight.detach()
+
+
+@dataclass
+class TargetCapture:
+    """Target-side tensors for B sequences of T positions.
+
+    Attributes:
+        input_ids: int64 [B,T] (right-padded).
+        lengths: int64 [B].
+        hf_indices: captured HF hidden_states indices, ascending (slot j = hf_indices[j]).
+        aux: per slot [B,T,H] in the run dtype (``target.aux.{j}``).
+        aux_cat: [B,T,K*H], the slots concatenated in ascending order (``target.aux_cat``).
+        argmax: int64 [B,T], the target's greedy next token after position t (``target.argmax``).
+        hidden_states: every HF hidden state [L+1] x [B,T,H] when ``keep_all`` (layer probes).
+    """
+
+    input_ids: torch.Tensor
+    lengths: torch.Tensor
+    hf_indices: tuple[int, ...]
+    aux: list[torch.Tensor]
+    aux_cat: torch.Tensor
+    argmax: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+    def canonical_rows(self) -> dict[str, RowBlock]:
+        """``tokens``-free target rows keyed (seq, pos, depth 0) for t < length."""
+        B, T = self.input_ids.shape
+        mask = torch.arange(T)[None, :] < self.lengths[:, None]
+        b, t = mask.nonzero(as_tuple=True)
+        keys = (b.to(torch.int32), t.to(torch.int32), torch.zeros_like(b, dtype=torch.int16))
+        out = {aux_name(j): RowBlock(*keys, a[b, t]) for j, a in enumerate(self.aux)}
+        out["target.aux_cat"] = RowBlock(*keys, self.aux_cat[b, t])
+        out["target.argmax"] = RowBlock(*keys, self.argmax[b, t])
+        return out
+
+
+@torch.no_grad()
+def capture_target(model, input_ids: torch.Tensor, hf_indices, *, lengths: torch.Tensor | None = None,
+                   keep_all: bool = False) -> TargetCapture:
+    """Run ``model`` on ``input_ids`` [B,T] (right-padded to ``lengths``) and capture aux slots.
+
+    Args:
+        hf_indices: HF hidden_states indices to capture (sorted and de-duplicated; resolve tool
+            ids with ``specdiff.tracer.conventions.resolve_aux_ids``).
+        keep_all: also return every hidden state.
+
+    Raises:
+        TargetError: an index outside 0..L.
+    """
+    L = target_num_layers(model)
+    idx = tuple(sorted({int(i) for i in hf_indices}))
+    bad = [i for i in idx if not 0 <= i <= L]
+    if bad:
+        raise TargetError(f"aux HF indices {bad} outside 0..{L} for a {L}-layer target")
+    input_ids = input_ids.to(torch.int64)
+    B, T = input_ids.shape
+    lengths = torch.full((B,), T, dtype=torch.int64) if lengths is None else lengths.to(torch.int64).cpu()
+    dev = next(model.parameters()).device
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.int64)
+    out = model(input_ids=input_ids.to(dev), attention_mask=mask.to(dev), output_hidden_states=True,
+                use_cache=False)
+    hs = out.hidden_states
+    aux = [hs[i].detach() for i in idx]
+    return TargetCapture(input_ids=input_ids, lengths=lengths, hf_indices=idx, aux=aux,
+                         aux_cat=torch.cat(aux, dim=-1), argmax=out.logits.argmax(-1).cpu(),
+                         hidden_states=tuple(h.detach() for h in hs) if keep_all else None)
