@@ -1,0 +1,304 @@
+"""Launch real SGLang 0.5.23 (with or without EAGLE-3) on a CPU, and manage the process.
+
+``cpu_server_command`` builds the argv and environment; ``ServerProcess`` starts it on
+127.0.0.1 with a free port, waits for ``/health``, talks to ``/generate`` and stops it.
+The server runs through ``serve.py`` (the AMX platform override, then SGLang's own
+``launch_server``), with the pure-torch ``sgl_kernel`` stand-ins first on ``PYTHONPATH``.
+See DESIGN.md "Real SGLang on a CPU" for why each piece is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecdiffError
+from . import STANDIN_PATH
+
+SERVE_SCRIPT = os.path.join(STANDIN_PATH, "serve.py")
+
+#: Flags that make SGLang 0.5.23 run on a CPU without AMX (measured on this project's machines).
+CPU_BASE_ARGS: tuple[str, ...] = (
+    "--device", "cpu",
+    "--attention-backend", "intel_amx",
+    "--disable-cuda-graph",
+    "--mem-fraction-static", "0.1",
+    "--max-total-tokens", "4096",
+    "--skip-server-warmup",
+)
+
+
+class ServerError(SpecdiffError):
+    """The SGLang server did not start, died, or answered with an error."""
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """EAGLE-3 speculative settings passed to SGLang (``--speculative-*``).
+
+    topk 1 makes a chain and SGLang then forces num_draft_tokens = num_steps + 1.
+    """
+
+    num_steps: int = 3
+    topk: int = 1
+    num_draft_tokens: int = 4
+    algorithm: str = "EAGLE3"
+
+    def args(self, draft_model_path: str | os.PathLike) -> list[str]:
+        return [
+            "--speculative-algorithm", self.algorithm,
+            "--speculative-draft-model-path", str(draft_model_path),
+            "--speculative-num-steps", str(self.num_steps),
+            "--speculative-eagle-topk", str(self.topk),
+            "--speculative-num-draft-tokens", str(self.num_draft_tokens),
+        ]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_server_env(
+    base: Mapping[str, str] | None = None,
+    *,
+    dynamo_disable: bool = True,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment for a CPU SGLang server process.
+
+    ``PYTHONPATH`` gets :data:`STANDIN_PATH` first (so the stand-in ``sgl_kernel`` shadows
+    the CUDA-only wheel's package of the same name), ``SGLANG_USE_CPU_ENGINE=1``, and by
+    default ``TORCHDYNAMO_DISABLE=1`` (removes an ~11 s compile of the first speculative
+    request; outputs were byte-identical). ``base`` defaults to ``os.environ``.
+    """
+    env = dict(os.environ if base is None else base)
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != STANDIN_PATH]
+    env["PYTHONPATH"] = os.pathsep.join([STANDIN_PATH, *rest])
+    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    if dynamo_disable:
+        env["TORCHDYNAMO_DISABLE"] = "1"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def cpu_server_command(
+    model_path: str | os.PathLike,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    draft_model_path: str | os.PathLike | None = None,
+    spec: SpecSettings | None = None,
+    extra_args: Sequence[str] = (),
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+    dynamo_disable: bool = True,
+) -> tuple[list[str], dict[str, str]]:
+    """Return ``(argv, env)`` that start an SGLang HTTP server on the CPU.
+
+    With ``draft_model_path`` the server speculates with EAGLE-3 (``spec`` defaults to
+    3 steps, topk 1, 4 draft tokens); without it, it decodes normally. ``python`` is the
+    interpreter that has sglang installed (default: this one).
+    """
+    argv = [python or sys.executable, SERVE_SCRIPT, "--model-path", str(model_path),
+            "--host", host, "--port", str(port), *CPU_BASE_ARGS]
+    if draft_model_path is not None:
+        argv += (spec or SpecSettings()).args(draft_model_path)
+    argv += list(extra_args)
+    return argv, cpu_server_env(env, dynamo_disable=dynamo_disable)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class ServerProcess:
+    """A CPU SGLang server started by specdiff; use as a context manager.
+
+    ``with ServerProcess(target, draft_model_path=draft) as srv: srv.generate(...)``.
+    The process runs in its own session; :meth:`stop` sends SIGTERM to that process group
+    (the server and the scheduler/detokenizer it spawned), then SIGKILL after ``grace_s``.
+    The log (stdout and stderr) goes to ``log_path`` (a temp file by default), and its last
+    lines are part of every start-up error.
+    """
+
+    model_path: str | os.PathLike
+    draft_model_path: str | os.PathLike | None = None
+    spec: SpecSettings | None = None
+    extra_args: Sequence[str] = ()
+    host: str = "127.0.0.1"
+    port: int | None = None
+    startup_timeout_s: float = 300.0
+    grace_s: float = 15.0
+    log_path: str | os.PathLike | None = None
+    python: str | None = None
+    env: Mapping[str, str] | None = None
+    dynamo_disable: bool = True
+    proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    startup_s: float | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        """The ``(argv, env)`` this server runs with (port chosen if not given)."""
+        if self.port is None:
+            self.port = free_port(self.host)
+        return cpu_server_command(
+            self.model_path, port=self.port, host=self.host,
+            draft_model_path=self.draft_model_path, spec=self.spec,
+            extra_args=self.extra_args, python=self.python, env=self.env,
+            dynamo_disable=self.dynamo_disable,
+        )
+
+    def start(self, wait: bool = True) -> ServerProcess:
+        """Start the process (and by default wait until ``/health`` answers 200)."""
+        if self.proc is not None:
+            raise ServerError("server already started")
+        argv, env = self.command()
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="specdiff-sglang-", suffix=".log")
+            os.close(fd)
+            self.log_path = name
+        log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        self._t0 = time.monotonic()
+        if wait:
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.stop()
+                raise
+        return self
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Poll ``/health`` until it answers 200; raise :class:`ServerError` with the log's
+        last lines if the process exits first or the timeout passes."""
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + (self.startup_timeout_s if timeout_s is None else timeout_s)
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise ServerError(
+                    f"SGLang server exited with code {rc} before it was ready "
+                    f"(log {self.log_path}); last lines:\n{_tail(Path(self.log_path))}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        self.startup_s = time.monotonic() - self._t0
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"SGLang server not ready after {time.monotonic() - self._t0:.0f} s "
+                    f"(log {self.log_path}); last lines:\n{_tail(Path(self.log_path))}"
+                )
+            time.sleep(0.5)
+
+    def post(self, path: str, payload: Mapping[str, Any], timeout_s: float = 300.0) -> Any:
+        """POST JSON to the server and return the decoded JSON answer."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise ServerError(f"SGLang server is not running (log {self.log_path})")
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                return json.loads(r.read().decode())
+        except urllib.error.HTTPError as e:
+            body = e.read().decode(errors="replace")[:2000]
+            raise ServerError(f"SGLang {path} answered HTTP {e.code}: {body}") from e
+        except (urllib.error.URLError, ConnectionError, OSError) as e:
+            raise ServerError(
+                f"SGLang {path} failed: {e}; last log lines:\n{_tail(Path(self.log_path))}"
+            ) from e
+
+    def generate(
+        self,
+        text: str | list[str] | None = None,
+        *,
+        input_ids: list[int] | list[list[int]] | None = None,
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        ignore_eos: bool = True,
+        timeout_s: float = 300.0,
+        **sampling: Any,
+    ) -> Any:
+        """``/generate`` (greedy by default). Returns SGLang's JSON: a dict with ``text``,
+        ``output_ids`` and ``meta_info`` (``spec_accept_length`` etc. when speculating),
+        or a list of them for a batch."""
+        params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos}
+        params.update(sampling)
+        payload: dict[str, Any] = {"sampling_params": params}
+        if input_ids is not None:
+            payload["input_ids"] = input_ids
+        else:
+            payload["text"] = text
+        return self.post("/generate", payload, timeout_s=timeout_s)
+
+    def stop(self) -> int | None:
+        """SIGTERM the server's process group, SIGKILL it after ``grace_s``; return the exit code."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                proc.wait(timeout=30)
+        # the group may still hold children that outlived the leader
+        self._signal_group(signal.SIGKILL)
+        return proc.returncode
+
+    def _signal_group(self, sig: int) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, sig)  # our own session: pgid == the server's pid
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __enter__(self) -> ServerProcess:
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

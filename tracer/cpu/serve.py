@@ -1,0 +1,43 @@
+"""Entry point that runs ``sglang.launch_server`` on a CPU with the AMX platform override.
+
+Run as a script (``python <STANDIN_PATH>/serve.py <sglang server args>``) or as
+``python -m specdiff.tracer.cpu.serve``. It does what ``python -m sglang.launch_server`` does
+(SGLang 0.5.23 ``launch_server.py``: load plugins, parse args, run, kill children), after
+``override_platform(has_amx=True)`` in this, the launching, process only.
+
+Why: SGLang's EAGLE draft backend table accepts only ``intel_amx`` on a CPU, while
+``arg_groups/overrides.py:_attention_backend_platform_fallbacks`` rewrites ``intel_amx`` to
+``torch_native`` when the platform has no AMX. Overriding the fact here keeps the backend;
+the spawned scheduler still sees no AMX, so its layers use plain torch and the stand-in
+``sgl_kernel`` ops. Deliberately imports nothing from specdiff, so it runs whether or not
+specdiff is installed in the server's interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Override ``has_amx``, then launch the SGLang HTTP server with ``argv`` (sglang flags)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from sglang.srt.runtime_context import override_platform
+
+    override_platform(has_amx=True).install()
+
+    from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    load_plugins()
+    server_args = prepare_server_args(argv)
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+if __name__ == "__main__":
+    main()
