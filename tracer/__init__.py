@@ -4,6 +4,6 @@ Importable inside an SGLang worker: no Textual, no transformers at import time.
 """
 
 from .errors import SpecdiffError, TraceError
-from .schema import STAGE_ORDER, SPECS, TensorSpec, aux_name, spec_for
+from .schema import SPECS, STAGE_ORDER, TensorSpec, aux_name, spec_for
 
 __all__ = ["SpecdiffError", "TraceError", "STAGE_ORDER", "SPECS", "TensorSpec", "aux_name", "spec_for"]

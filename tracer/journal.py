@@ -1,0 +1,87 @@
+"""The append-only msgpack record journal of a trace (write-ahead log).
+
+Every journal entry is one msgpack map written with a single ``write`` + ``flush``, so a process
+killed at any moment leaves a journal whose complete entries all decode; only the last entry
+can be cut. Entry types (key ``t``):
+
+- ``header``  ``{format, side, created}`` — always first;
+- ``contract`` ``{contract}`` — the contract facts (last one wins);
+- ``seq``     ``{id, tokens (int32 bytes), prompt_len, rid}`` — sequence table (last one per id wins);
+- ``rec``     ``{name, row0, n, dtype, shape, seq, pos, depth, iter, data}`` — one appended record:
+  its key columns and its tensor bytes. ``row0`` is the tensor's row index of the first row;
+- ``commit``  ``{name, rows}`` — rows [0, rows) of ``name`` are durable in the zarr arrays, so
+  their ``rec`` payloads need not be replayed;
+- ``close``   ``{records}`` — the writer closed cleanly.
+
+No pickle: msgpack with ``raw=False`` and no ext hooks; arrays travel as raw bytes + dtype + shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import fsspec
+import msgpack
+
+from .errors import TraceError
+
+JOURNAL_NAME = "journal.msgpack"
+
+
+class JournalWriter:
+    """Appends entries to ``<store>/journal.msgpack`` through fsspec (local or ``memory://``)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._fh = fsspec.open(url, "ab").open()
+        self._packer = msgpack.Packer(use_bin_type=True)
+
+    def write(self, entry: dict) -> None:
+        """Write one entry and flush it to the OS (survives SIGKILL of this process)."""
+        self._fh.write(self._packer.pack(entry))
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+@dataclass
+class JournalScan:
+    """What a journal holds: decoded entries and whether its tail was cut."""
+
+    entries: list[dict] = field(default_factory=list)
+    cut_tail_bytes: int = 0  # bytes of an incomplete last entry (a writer killed mid-write)
+
+
+def read_journal(url: str, *, where: str) -> JournalScan:
+    """Decode every complete entry of a journal.
+
+    Raises:
+        TraceError: the journal is missing, does not start with a specdiff header, or holds bytes
+            that are not msgpack before its last entry (corruption, not a cut).
+    """
+    try:
+        with fsspec.open(url, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise TraceError(f"{where}: not a specdiff trace (no {JOURNAL_NAME} record journal)") from None
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
+    unpacker.feed(raw)
+    scan = JournalScan()
+    consumed = 0
+    try:
+        for entry in unpacker:
+            if not isinstance(entry, dict) or "t" not in entry:
+                raise TraceError(f"{where}: record journal is corrupt at byte {consumed} "
+                                 "(an entry that is not a specdiff record)")
+            scan.entries.append(entry)
+            consumed = unpacker.tell()
+    except (msgpack.UnpackException, ValueError) as exc:
+        raise TraceError(f"{where}: record journal is corrupt at byte {consumed} ({exc})") from None
+    scan.cut_tail_bytes = len(raw) - consumed
+    if not scan.entries or scan.entries[0].get("t") != "header":
+        if len(raw) == 0 or scan.cut_tail_bytes:
+            raise TraceError(f"{where}: record journal is truncated before its header "
+                             f"({len(raw)} bytes); the trace cannot be opened")
+        raise TraceError(f"{where}: record journal does not start with a specdiff header")
+    return scan

@@ -1,0 +1,5 @@
+"""``python -m specdiff.tui`` = the ``specdiff`` command."""
+
+from .cli import main
+
+main()
