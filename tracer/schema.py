@@ -80,6 +80,9 @@ _SPECS: tuple[TensorSpec, ...] = (
     TensorSpec("target.aux.{j}", "target.aux", ("hidden",), "float", False,
                "Aux hidden state slot j at position t, as fed to the draft. Slot j is the j-th "
                "captured layer in ascending layer order (SGLang aux_hidden_states.py concat order)."),
+    TensorSpec("target.probe.{i}", "target.aux", ("hidden",), "float", False,
+               "HF output_hidden_states[i] at position t, recorded for layer identification "
+               "(record train --probe-layers): lets explain name the layer a slot really holds."),
     TensorSpec("target.aux_cat", "target.aux_cat", ("aux_hidden",), "float", False,
                "Concatenation of the aux slots, [K*H] (SGLang logits_output.hidden_states)."),
     TensorSpec("target.argmax", "verify", (), "int", False,
@@ -108,6 +111,9 @@ _SPECS: tuple[TensorSpec, ...] = (
     TensorSpec("draft.topk_target", "draft.topk_target", ("topk",), "int", True,
                "draft.topk mapped to target ids: hot_token_id[i] = i + d2t[i] (SGLang "
                "llama_eagle3.py; t2d is ignored)."),
+    TensorSpec("draft.d2t", "draft.topk_target", (), "int", False,
+               "The vocab map as used: row pos=i holds d2t[i] (offset: target id = i + d2t[i]); "
+               "SGLang side records hot_token_id[i] - i. Keyed seq=-1."),
     TensorSpec("draft.accept", "verify", (), "bool", True,
                "Training side: mapped draft argmax == target argmax label at depth k."),
     TensorSpec("draft.accept_cum", "verify", (), "bool", True,
@@ -130,6 +136,7 @@ _SPECS: tuple[TensorSpec, ...] = (
 
 SPECS: dict[str, TensorSpec] = {s.name: s for s in _SPECS}
 _AUX_SLOT = re.compile(r"^target\.aux\.(\d+)$")
+_PROBE = re.compile(r"^target\.probe\.(\d+)$")
 
 
 class UnknownTensorError(KeyError):
@@ -147,6 +154,17 @@ def aux_slot(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def probe_name(hf_index: int) -> str:
+    """Canonical name of the layer-identification probe of HF hidden_states[hf_index]."""
+    return f"target.probe.{hf_index}"
+
+
+def probe_index(name: str) -> int | None:
+    """The HF index of a ``target.probe.{i}`` name, else None."""
+    m = _PROBE.match(name)
+    return int(m.group(1)) if m else None
+
+
 def spec_for(name: str) -> TensorSpec:
     """The ``TensorSpec`` for a canonical tensor name (aux slots resolve the template).
 
@@ -157,15 +175,22 @@ def spec_for(name: str) -> TensorSpec:
         return SPECS[name]
     if aux_slot(name) is not None:
         return SPECS["target.aux.{j}"]
+    if probe_index(name) is not None:
+        return SPECS["target.probe.{i}"]
     raise UnknownTensorError(
         f"{name!r} is not a canonical specdiff tensor; known: {', '.join(sorted(SPECS))}")
 
 
 def sort_key(name: str) -> tuple[int, int, str]:
-    """Order tensor names by stage, then aux slot, then name (the first-divergence order)."""
+    """Order tensor names by stage, then aux slot, then name (the first-divergence order).
+
+    Probes sort after the aux slots: they are evidence, not something the draft consumed.
+    """
     spec = spec_for(name)
     slot = aux_slot(name)
-    return (spec.stage_index, slot if slot is not None else -1, name)
+    probe = probe_index(name)
+    sub = slot if slot is not None else (1000 + probe if probe is not None else -1)
+    return (spec.stage_index, sub, name)
 
 
 def ordered(names) -> list[str]:
