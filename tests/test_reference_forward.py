@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-
 from specdiff.replay.draft_model import Eagle3Draft, Eagle3DraftConfig, ttt_labels
 
 
@@ -144,7 +143,7 @@ def test_ttt_forward_matches_per_token_loop(case, steps):
                 for name in ("hidden_in", "attn_in", "hidden_out", "logits"):
                     torch.testing.assert_close(getattr(got, name)[d][b, t].double(),
                                                ref[name][(b, t, d)], **tol,
-                                               msg=lambda m: f"{name} b={b} t={t} d={d}: {m}")
+                                               msg=lambda m, w=f"{name} b={b} t={t} d={d}": f"{w}: {m}")
     # ids: draft top-1 and its target mapping
     for d in range(steps):
         ref_top = torch.stack([torch.stack([ref["logits"][(b, t, d)].argmax() for t in range(T)])
@@ -217,3 +216,185 @@ def test_training_step_is_differentiable_and_bf16_runs():
     assert losses[-1] < losses[0]
     out = model.to(torch.bfloat16).ttt_forward(aux, ids, 2)
     assert out.logits[1].dtype == torch.bfloat16 and torch.isfinite(out.logits[1].float()).all()
+
+
+# ---- checkpoints (replay/checkpoint.py) -------------------------------------------------
+import json  # noqa: E402
+
+from safetensors.torch import load_file, save_file  # noqa: E402
+from specdiff.replay.checkpoint import CheckpointError, load_draft, save_draft  # noqa: E402
+from specdiff.tracer.errors import SpecdiffError  # noqa: E402
+
+
+def _ckpt_model(**kw):
+    cfg = _cfg(norm_before_fc=True, fc_norm=True, eagle_aux_hidden_state_layer_ids=[-1, 3, 5],
+               aux_convention="sglang", **kw)
+    model = Eagle3Draft(cfg)
+    _randomize(model, seed=7)
+    with torch.no_grad():
+        model.t2d[:16] = True
+    return model
+
+
+def _same_outputs(a: Eagle3Draft, b: Eagle3Draft):
+    g = torch.Generator().manual_seed(3)
+    aux = torch.randn(2, 5, a.config.aux_width, generator=g)
+    ids = torch.randint(0, a.config.vocab_size, (2, 5), generator=g)
+    oa, ob = a.ttt_forward(aux, ids, 3), b.ttt_forward(aux, ids, 3)
+    for d in range(3):
+        torch.testing.assert_close(oa.logits[d], ob.logits[d], rtol=0, atol=0)
+
+
+def test_specforge_round_trip(tmp_path):
+    model = _ckpt_model()
+    save_draft(model, tmp_path, "specforge")
+    conf = json.loads((tmp_path / "config.json").read_text())
+    assert conf["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert conf["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 3, 5]
+    keys = set(load_file(str(tmp_path / "model.safetensors")))
+    assert "embed_tokens.weight" not in keys and "midlayer.hidden_norm.weight" in keys
+    assert {"d2t", "t2d", "fc.weight", "input_norm.weight", "fc_norm.2.weight"} <= keys
+    loaded = load_draft(tmp_path, target_embedding=model.embed_tokens.weight)
+    assert loaded.format == "specforge" and loaded.config.to_dict() == {**model.config.to_dict(),
+                                                                        "extra": loaded.config.extra}
+    assert loaded.model.embed_source == "target" and loaded.model.lm_head_source == "draft"
+    _same_outputs(model, loaded.model)
+    facts = loaded.contract_facts(num_layers=8)
+    assert facts["aux_hf_indices"] == [0, 4, 6] and facts["aux_convention"] == "sglang"
+    assert facts["norm_before_fc"] and facts["fc_norm"] and facts["d2t_sha256"] and facts["t2d_sha256"]
+    from specdiff.tracer.contract import validate_contract
+    validate_contract(facts, where="test")
+
+
+def test_speculators_round_trip_converts_ids(tmp_path):
+    model = _ckpt_model(norm_before_residual=True)
+    with pytest.raises(CheckpointError, match="target_num_layers"):
+        save_draft(model, tmp_path / "x", "speculators")
+    save_draft(model, tmp_path, "speculators", target_num_layers=8, verifier="/models/target")
+    conf = json.loads((tmp_path / "config.json").read_text())
+    assert conf["eagle_aux_hidden_state_layer_ids"] == [0, 4, 6]  # vLLM convention = HF index
+    assert conf["speculators_config"]["verifier"]["name_or_path"] == "/models/target"
+    keys = set(load_file(str(tmp_path / "model.safetensors")))
+    assert "layers.0.self_attn.q_proj.weight" in keys and "embed_tokens.weight" in keys
+    loaded = load_draft(tmp_path)
+    assert loaded.format == "speculators" and loaded.verifier == "/models/target"
+    assert loaded.model.embed_source == "draft" and loaded.config.norm_before_residual
+    _same_outputs(model, loaded.model)
+    facts = loaded.contract_facts(num_layers=8)
+    assert facts["aux_hf_indices"] == [0, 4, 6] and facts["aux_convention"] == "speculators"
+    spec = load_draft(_resave(model, tmp_path / "sf"), target_embedding=model.embed_tokens.weight)
+    assert spec.weights_sha256 == loaded.weights_sha256  # same weights, same hash, either format
+
+
+def _resave(model, path):
+    save_draft(model, path, "specforge")
+    return path
+
+
+def _tamper(path, drop=(), add=None, replace=None):
+    f = path / "model.safetensors"
+    sd = load_file(str(f))
+    for k in drop:
+        del sd[k]
+    sd.update(add or {})
+    sd.update(replace or {})
+    save_file(sd, str(f))
+
+
+def test_missing_and_unexpected_keys_are_named(tmp_path):
+    save_draft(_ckpt_model(), tmp_path, "specforge")
+    _tamper(tmp_path, drop=["midlayer.hidden_norm.weight"], add={"midlayer.extra_proj.weight": torch.zeros(2)})
+    with pytest.raises(CheckpointError) as e:
+        load_draft(tmp_path)
+    msg = str(e.value)
+    assert isinstance(e.value, SpecdiffError) and "\n" not in msg
+    assert "missing keys: midlayer.hidden_norm.weight" in msg
+    assert "unexpected keys: midlayer.extra_proj.weight" in msg
+
+
+def test_wrong_fc_width_is_explained(tmp_path):
+    model = Eagle3Draft(_cfg(hidden_size=256, num_attention_heads=4, target_hidden_size=256))
+    save_draft(model, tmp_path, "specforge")
+    _tamper(tmp_path, replace={"fc.weight": torch.zeros(256, 512)})
+    with pytest.raises(CheckpointError, match=r"fc\.weight is \[256, 512\] but 3 aux slots x target "
+                                              r"hidden 256 = 768"):
+        load_draft(tmp_path)
+
+
+def test_sglang_style_names_and_notes(tmp_path):
+    model = _ckpt_model()
+    save_draft(model, tmp_path, "specforge")
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    legacy = {}
+    for k, v in sd.items():
+        k = k.replace("midlayer.", "layers.0.").replace("fc_norm.0", "aux_norm_low")
+        legacy["model." + k if k.startswith("layers") else k] = v
+    legacy["d2t"] = torch.arange(model.config.draft_vocab_size)  # direct-ids-looking d2t
+    save_file(legacy, str(tmp_path / "model.safetensors"))
+    conf = json.loads((tmp_path / "config.json").read_text())
+    conf["eagle_aux_hidden_state_layer_ids"] = conf.pop("eagle_config").pop("eagle_aux_hidden_state_layer_ids")
+    conf["eagle_config"] = {"norm_before_fc": True}
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    loaded = load_draft(tmp_path)
+    assert loaded.config.eagle_aux_hidden_state_layer_ids is None  # SGLang reads eagle_config only
+    notes = " | ".join(loaded.notes)
+    assert "ignored by SGLang" in notes and "d2t equals arange" in notes and "embedding is random" in notes
+    assert loaded.contract_facts(num_layers=8)["aux_hf_indices"] == [2, 4, 5]  # the default capture
+    torch.testing.assert_close(loaded.model.fc_norm[0].weight, model.fc_norm[0].weight)
+
+
+def test_bad_config_and_bin_weights(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(CheckpointError, match="not an EAGLE-3 draft"):
+        load_draft(tmp_path)
+    model = _ckpt_model()
+    save_draft(model, tmp_path, "specforge")
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    loaded = load_draft(tmp_path, target_embedding=model.embed_tokens.weight)
+    _same_outputs(model, loaded.model)
+
+
+# ---- target capture (replay/target_capture.py) -----------------------------------------
+def _tiny_target(path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=24, intermediate_size=48, num_hidden_layers=6, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=40, max_position_embeddings=64)
+    LlamaForCausalLM(cfg).save_pretrained(str(path))
+    return path
+
+
+def test_target_capture_and_draft_on_top(tmp_path):
+    from specdiff.replay.target_capture import (
+        TargetError,
+        capture_target,
+        load_target,
+        target_embedding,
+        target_num_layers,
+    )
+    from specdiff.tracer.conventions import resolve_aux_ids
+
+    target = load_target(_tiny_target(tmp_path / "target"), dtype=torch.float32)
+    L = target_num_layers(target)
+    res = resolve_aux_ids([3, -1, 1], convention="sglang", num_layers=L)
+    ids = torch.randint(0, 40, (2, 7), generator=torch.Generator().manual_seed(1))
+    cap = capture_target(target, ids, res.hf_indices, lengths=torch.tensor([7, 5]), keep_all=True)
+    assert cap.hf_indices == (0, 2, 4)
+    for j, i in enumerate(cap.hf_indices):
+        assert torch.equal(cap.aux[j], cap.hidden_states[i])
+    assert torch.equal(cap.aux[0], target.get_input_embeddings()(ids))  # slot 0 = embeddings
+    torch.testing.assert_close(cap.aux_cat[..., 24:48], cap.hidden_states[2])
+    for b in range(2):  # causal + right padding: the first 5 positions match a solo run
+        solo = target(input_ids=ids[b:b + 1, :5]).logits.argmax(-1)[0]
+        assert torch.equal(cap.argmax[b, :5], solo)
+    rows = cap.canonical_rows()
+    assert rows["target.aux.1"].values.shape == (12, 24) and rows["target.argmax"].values.shape == (12,)
+    with pytest.raises(TargetError, match="outside 0..6"):
+        capture_target(target, ids, [7])
+    # the draft runs on the captured features with the target's embedding
+    draft = Eagle3Draft(_cfg(hidden_size=24, target_hidden_size=24, num_attention_heads=4, vocab_size=40))
+    draft.set_target_embedding(target_embedding(target))
+    out = draft.ttt_forward(cap.aux_cat, ids, 3, lengths=cap.lengths)
+    assert out.logits[2].shape == (2, 7, 16) and draft.embed_source == "target"
