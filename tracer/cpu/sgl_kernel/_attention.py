@@ -152,7 +152,7 @@ def extend_attention(
         else:
             raise ValueError(f"extend_attention_cpu: custom_mask of {cm.numel()} elements fits no layout")
     moff = 0
-    for b, (r, sl, ext, st) in enumerate(zip(rpi, sls, exts, starts, strict=True)):
+    for r, sl, ext, st in zip(rpi, sls, exts, starts, strict=True):
         if ext == 0:
             continue
         pre = sl - ext
