@@ -398,3 +398,20 @@ def test_target_capture_and_draft_on_top(tmp_path):
     draft.set_target_embedding(target_embedding(target))
     out = draft.ttt_forward(cap.aux_cat, ids, 3, lengths=cap.lengths)
     assert out.logits[2].shape == (2, 7, 16) and draft.embed_source == "target"
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 2.0},
+                                     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
+def test_rope_frequencies_match_transformers(scaling):
+    from specdiff.replay.draft_model import rope_inv_freq
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    params = dict(scaling or {"rope_type": "default"}, rope_theta=500000.0)
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, rope_parameters=params)
+    kind = params["rope_type"]
+    if kind == "default":
+        want = 1.0 / (500000.0 ** (torch.arange(0, 64, 2).float() / 64))
+    else:
+        want, _ = ROPE_INIT_FUNCTIONS[kind](cfg, "cpu")
+    torch.testing.assert_close(rope_inv_freq(64, 500000.0, scaling), want.float(), rtol=1e-6, atol=1e-7)
