@@ -392,6 +392,36 @@ class Trace:
             parts.append(src[max(start - done, 0):stop - done])
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def take(self, name: str, rows: np.ndarray, *, column: str = "data") -> np.ndarray:
+        """Rows at the given indices (any order), reading only the chunks that hold them.
+
+        Returns storage dtype for ``column="data"`` (bf16 as raw uint16; see ``read``).
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        done = self._committed.get(name, 0)
+        out = None
+        head = rows < done
+        if head.any():
+            arr = self._group[f"tensors/{name}/{column}"]
+            part = arr.get_orthogonal_selection((rows[head],) + (slice(None),) * (arr.ndim - 1))
+            out = np.empty((len(rows), *part.shape[1:]), part.dtype)
+            out[head] = part
+        if (~head).any():
+            data, keys = self._tail[name]
+            src = data if column == "data" else keys[column]
+            part = src[rows[~head] - done]
+            if out is None:
+                out = np.empty((len(rows), *part.shape[1:]), part.dtype)
+            out[~head] = part
+        if out is None:
+            dtype, shape = self._layout[name]
+            out = np.empty((0, *shape), STORAGE_DTYPES[dtype])
+        return out
+
+    def take_float(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """``take`` with bf16 upcast exactly and every float as float32 (for comparisons)."""
+        return from_storage(self.take(name, rows), self._layout[name][0], as_float32=True)
+
     def keys(self, name: str, start: int = 0, stop: int | None = None) -> dict[str, np.ndarray]:
         """Row keys of ``name``: ``{"seq","pos","depth","iter"}`` -> int arrays [rows]."""
         stop = self.rows(name) if stop is None else stop

@@ -37,7 +37,11 @@ def cli():
 
 
 def _register():
-    from . import cmd_info  # noqa: F401  (registers on import)
+    from . import (  # noqa: F401  (register on import)
+        cmd_diff,
+        cmd_info,
+        cmd_record_train,  # noqa: F401  (record train; imports the record group)
+    )
 
 
 def main(argv=None):

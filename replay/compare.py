@@ -1,0 +1,242 @@
+"""Compare every canonical tensor present on both sides, row by row, block by block.
+
+Rows at draft depth k > 0 are compared only where both sides fed the draft the same input tokens
+at depths 0..k of that position: serving drafts from its own guesses, training is
+teacher-forced, so elsewhere the inputs differ by design and a difference proves nothing.
+Memory stays bounded by one block of rows (``block_rows``) plus small per-row results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from specdiff.tracer.schema import aux_slot, ordered, probe_index, spec_for
+
+from . import metrics
+from .align import Alignment, Pair, RowMatch, match_rows
+from .tolerance import Tolerance, apply_overrides, default_tolerance
+
+MATCH, CLOSE, DIVERGED = 0, 1, 2
+STATUS_NAMES = {MATCH: "match", CLOSE: "within tolerance", DIVERGED: "diverged"}
+
+
+@dataclass
+class TensorComparison:
+    """One tensor compared over its aligned rows.
+
+    Attributes:
+        name: canonical tensor name.
+        tolerance: the tolerance used.
+        match: which rows paired (``pair``/``pos``/``depth`` [n]).
+        status: int8 [n] per row: MATCH (bit-identical), CLOSE (within tolerance), DIVERGED.
+        score: float32 [n] per row: relative error (float) or 1 - overlap (ids).
+        cos: float32 [n] per-row cosine (float tensors; 1 for ids).
+        nonfinite: bool [n] rows holding NaN/Inf on either side.
+        stats: summary numbers (max_abs, max_rel, mean_rel, min_cos, match_rate, argmax_agree,
+            topk_overlap, kl_mean, nonfinite_rows, rows, fail_rows, coverage).
+        worst: the worst row: its index, pair, pos, depth, element index and both values.
+        diverged: fail fraction above tolerance, or any non-finite row.
+    """
+
+    name: str
+    tolerance: Tolerance
+    match: RowMatch
+    status: np.ndarray
+    score: np.ndarray
+    cos: np.ndarray
+    nonfinite: np.ndarray
+    stats: dict = field(default_factory=dict)
+    worst: dict | None = None
+    diverged: bool = False
+
+    @property
+    def first_failing_row(self) -> int | None:
+        """Index (into the aligned rows) of the failing row at the earliest position, then pair."""
+        bad = np.nonzero(self.status == DIVERGED)[0]
+        if not len(bad):
+            return None
+        order = np.lexsort((self.match.depth[bad], self.match.pair[bad], self.match.pos[bad]))
+        return int(bad[order[0]])
+
+
+def _token_path_keys(traces: Pair, alignment: Alignment) -> set[tuple[int, int, int]] | None:
+    """(pair, pos, depth) keys whose input tokens agree at every depth 0..depth; None if absent."""
+    if "tokens" not in traces.x.names or "tokens" not in traces.y.names:
+        return None
+    m = match_rows(traces, alignment, "tokens")
+    tx = traces.x.take("tokens", m.rows.x).reshape(-1)
+    ty = traces.y.take("tokens", m.rows.y).reshape(-1)
+    same = tx == ty
+    good: set[tuple[int, int, int]] = set()
+    ok_prefix: dict[tuple[int, int], int] = {}  # (pair, pos) -> deepest depth with agreeing path
+    for p, t, d, s in sorted(zip(m.pair.tolist(), m.pos.tolist(), m.depth.tolist(), same.tolist())):
+        if s and ok_prefix.get((p, t), -1) == d - 1:
+            ok_prefix[(p, t)] = d
+            good.add((p, t, d))
+    return good
+
+
+def _filter_depth(m: RowMatch, good: set | None) -> RowMatch:
+    if good is None:
+        keep = m.depth == 0
+    else:
+        keep = (m.depth == 0) | np.array([(p, t, d) in good for p, t, d in
+                                          zip(m.pair.tolist(), m.pos.tolist(), m.depth.tolist())], bool)
+    if keep.all():
+        return m
+    dropped = int((~keep).sum())
+    return RowMatch(m.rows.map(lambda r: r[keep]), m.pair[keep], m.pos[keep], m.depth[keep],
+                    Pair(m.only.x + dropped, m.only.y + dropped))
+
+
+def _compare_block(kind: str, name: str, x: np.ndarray, y: np.ndarray):
+    """Per-row (score, cos, exact, nonfinite) for one block."""
+    n = len(x)
+    if kind == "float":
+        nonfinite = metrics.nonfinite_rows(x, y)
+        xs, ys = np.nan_to_num(x), np.nan_to_num(y)
+        return (metrics.relative_error(xs, ys), metrics.cosine(xs, ys),
+                (x.reshape(n, -1) == y.reshape(n, -1)).all(1) & ~nonfinite, nonfinite)
+    overlap = metrics.id_overlap(x, y)
+    exact = (x.reshape(n, -1) == y.reshape(n, -1)).all(1)
+    return 1 - overlap, np.ones(n, np.float32), exact, np.zeros(n, bool)
+
+
+def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: Tolerance,
+                   good_paths: set | None, block_rows: int = 4096) -> TensorComparison:
+    """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows)."""
+    spec = spec_for(name)
+    m = match_rows(traces, alignment, name)
+    if spec.by_depth:
+        m = _filter_depth(m, good_paths)
+    n = len(m.pair)
+    score = np.zeros(n, np.float32)
+    cos = np.ones(n, np.float32)
+    exact = np.zeros(n, bool)
+    nonfinite = np.zeros(n, bool)
+    max_abs = 0.0
+    worst = None
+    worst_score = -1.0
+    for a in range(0, n, block_rows):
+        b = min(a + block_rows, n)
+        if spec.kind == "float":
+            x = traces.x.take_float(name, m.rows.x[a:b])
+            y = traces.y.take_float(name, m.rows.y[a:b])
+        else:
+            x = traces.x.take(name, m.rows.x[a:b])
+            y = traces.y.take(name, m.rows.y[a:b])
+        if x.shape[1:] != y.shape[1:]:
+            raise ValueError(f"{name}: row shapes differ, {x.shape[1:]} vs {y.shape[1:]}")
+        s, c, e, nf = _compare_block(spec.kind, name, x, y)
+        score[a:b], cos[a:b], exact[a:b], nonfinite[a:b] = s, c, e, nf
+        if spec.kind == "float" and b > a:
+            d = np.abs(np.nan_to_num(x, nan=np.inf) - np.nan_to_num(y, nan=-np.inf)).reshape(b - a, -1)
+            rowmax = d.max(1) if d.shape[1] else np.zeros(b - a)
+            max_abs = max(max_abs, float(rowmax.max()))
+        key = np.where(nf, np.inf, s)
+        if b > a and float(key.max()) > worst_score:
+            i = int(key.argmax())
+            worst_score = float(key[i])
+            fx, fy = x.reshape(b - a, -1)[i], y.reshape(b - a, -1)[i]
+            if spec.kind == "float":
+                bad = ~np.isfinite(fx) | ~np.isfinite(fy)
+                diff = np.where(bad, np.inf, np.abs(np.nan_to_num(fx.astype(np.float64)) - np.nan_to_num(fy.astype(np.float64))))
+            else:
+                diff = (fx != fy).astype(np.float64)
+            e_idx = int(np.argmax(diff)) if diff.size else 0
+            worst = {"row": a + i, "pair": int(m.pair[a + i]), "pos": int(m.pos[a + i]),
+                     "depth": int(m.depth[a + i]), "element": e_idx,
+                     "x": float(fx[e_idx]) if fx.size else None, "y": float(fy[e_idx]) if fy.size else None}
+    if spec.kind == "float":
+        fail = (score > tolerance.rel) | (cos < tolerance.cos) | nonfinite
+    else:
+        fail = (1 - score) < tolerance.ids
+    status = np.where(fail, DIVERGED, np.where(exact, MATCH, CLOSE)).astype(np.int8)
+    fail_frac = float(fail.mean()) if n else 0.0
+    stats = {"rows": n, "fail_rows": int(fail.sum()), "fail_frac": fail_frac, "coverage": m.coverage,
+             "nonfinite_rows": int(nonfinite.sum()), "exact_rows": int(exact.sum())}
+    if spec.kind == "float":
+        finite = ~nonfinite
+        stats.update(max_abs=max_abs, max_rel=float(score[finite].max()) if finite.any() else float("nan"),
+                     mean_rel=float(score[finite].mean()) if finite.any() else float("nan"),
+                     min_cos=float(cos[finite].min()) if finite.any() else float("nan"))
+    else:
+        stats.update(match_rate=float(exact.mean()) if n else 1.0,
+                     topk_overlap=float((1 - score).mean()) if n else 1.0)
+    diverged = bool(n) and (fail_frac > tolerance.max_fail_frac or bool(nonfinite.any()))
+    return TensorComparison(name, tolerance, m, status, score, cos, nonfinite, stats, worst, diverged)
+
+
+def add_logit_stats(traces: Pair, comps: dict[str, TensorComparison]) -> None:
+    """Add argmax agreement, top-k overlap and KL (on the stored top-k) to the logits tensors."""
+    ids = comps.get("draft.logits_topk.ids")
+    vals = comps.get("draft.logits_topk.values")
+    lse = comps.get("draft.logsumexp")
+    if ids is not None and ids.stats["rows"]:
+        m = ids.match
+        ix, iy = traces.x.take(ids.name, m.rows.x), traces.y.take(ids.name, m.rows.y)
+        ids.stats["argmax_agree"] = float(metrics.argmax_agreement(ix, iy).mean())
+        if vals is not None and lse is not None and len(vals.match.pair) == len(m.pair) == len(lse.match.pair) \
+                and np.array_equal(vals.match.rows.x, m.rows.x) and np.array_equal(lse.match.rows.x, m.rows.x):
+            kl = metrics.topk_kl(traces.x.take_float(vals.name, m.rows.x), ix,
+                                 traces.x.take_float(lse.name, m.rows.x).reshape(-1),
+                                 traces.y.take_float(vals.name, m.rows.y), iy,
+                                 traces.y.take_float(lse.name, m.rows.y).reshape(-1))
+            ids.stats["kl_mean"] = float(kl.mean()) if len(kl) else 0.0
+            ids.stats["kl_max"] = float(kl.max()) if len(kl) else 0.0
+    full = comps.get("draft.logits")
+    if full is not None and full.stats["rows"]:
+        m = full.match
+        fx, fy = traces.x.take_float(full.name, m.rows.x), traces.y.take_float(full.name, m.rows.y)
+        full.stats["argmax_agree"] = float(metrics.full_logits_argmax_agreement(fx, fy).mean())
+        kl = metrics.full_kl(fx, fy)
+        full.stats["kl_mean"], full.stats["kl_max"] = float(kl.mean()), float(kl.max())
+
+
+# Not compared row by row: constants, side-specific bookkeeping, and training-only labels.
+SKIP = {"draft.d2t", "draft.accept", "draft.accept_cum"}
+
+
+def comparable_names(traces: Pair) -> list[str]:
+    """Canonical tensors present on both sides that are compared, in dataflow order."""
+    common = set(traces.x.names) & set(traces.y.names)
+    return [n for n in ordered(common) if n not in SKIP and not n.startswith("verify.")
+            and probe_index(n) is None]
+
+
+def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
+                overrides: dict | None = None, progress=None) -> dict[str, TensorComparison]:
+    """Compare every comparable tensor; ``progress(name, i, total)`` is called before each."""
+    good = _token_path_keys(traces, alignment)
+    names = comparable_names(traces)
+    out: dict[str, TensorComparison] = {}
+    for i, name in enumerate(names):
+        if progress:
+            progress(name, i, len(names))
+        spec = spec_for(name)
+        tol = default_tolerance(_compute_dtype(traces.x, name), _compute_dtype(traces.y, name),
+                                kind=spec.kind, preset=preset)
+        tol = apply_overrides(tol, name, overrides or {})
+        out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good)
+    add_logit_stats(traces, out)
+    return out
+
+
+def _compute_dtype(trace, name: str) -> str:
+    dtype = trace.info(name).dtype
+    if dtype in ("int64", "int32", "bool"):
+        return trace.contract.get("dtype", "bfloat16").replace("torch.", "")
+    return dtype
+
+
+def first_divergence(comps: dict[str, TensorComparison]) -> TensorComparison | None:
+    """The earliest tensor in dataflow order that diverged (aux slots in slot order)."""
+    for name in ordered(comps):
+        if comps[name].diverged:
+            return comps[name]
+    return None
+
+
+__all__ = ["TensorComparison", "compare_all", "compare_tensor", "first_divergence", "comparable_names",
+           "MATCH", "CLOSE", "DIVERGED", "STATUS_NAMES", "aux_slot"]

@@ -1,0 +1,264 @@
+"""Explain a divergence: try the known EAGLE-3 contract mistakes and keep those that close the gap.
+
+Each check transforms one side's recorded tensors the way a known mistake would, and reports
+the mistake only when the transformed tensors agree with the other side within tolerance —
+a transform that does not close the gap is never reported as the cause.
+
+Checks (DESIGN.md "Comparing"):
+- aux layer identity: each aux slot of one side against every HF hidden-state index the other
+  side recorded (its aux slots and ``target.probe.{i}`` rows): layer shift, embedding output
+  included or not, concat order;
+- vocab map: the served ids against d2t read as offsets, as direct ids, missing (identity), arange;
+- norm before fc on one side only (per-slot RMSNorm of the aux concat);
+- position shift by +-1;
+- embedding vs hidden half of the attention input; lm_head vs hidden_out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from specdiff.tracer.schema import aux_name, aux_slot, probe_index
+
+from . import metrics
+from .align import Alignment, Pair, match_rows
+from .compare import TensorComparison
+from .contract_check import side_labels
+
+MAX_ROWS = 2048
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """A known mistake whose transform closes the gap, with its evidence.
+
+    Attributes:
+        cause: short id, e.g. ``"aux_layer_shift"``, ``"d2t_direct_ids"``.
+        message: one plain-words sentence for the header / report.
+        evidence: lines of numbers that show the transform closing the gap.
+        fix: what to change.
+        matrix: for aux checks, ``{"rows": [...], "cols": [...], "rel": [[...]]}`` (rel error).
+    """
+
+    cause: str
+    message: str
+    evidence: tuple[str, ...] = ()
+    fix: str = ""
+    matrix: dict | None = field(default=None, compare=False)
+
+
+def _sample(m, n=MAX_ROWS):
+    if len(m.pair) <= n:
+        return m.rows.x, m.rows.y
+    idx = np.linspace(0, len(m.pair) - 1, n).astype(int)
+    return m.rows.x[idx], m.rows.y[idx]
+
+
+def _rel(traces: Pair, alignment: Alignment, name_x: str, name_y: str) -> tuple[float, int]:
+    """Mean row relative error of ``name_x`` (side x) vs ``name_y`` (side y) on aligned rows."""
+    m = match_rows(traces, alignment, name_x, name_y)
+    if not len(m.pair):
+        return float("nan"), 0
+    rx, ry = _sample(m)
+    x, y = traces.x.take_float(name_x, rx), traces.y.take_float(name_y, ry)
+    return float(metrics.relative_error(x, y).mean()), len(rx)
+
+
+def _hf_candidates(trace) -> dict[int, str]:
+    """HF index -> tensor name for every hidden state a trace recorded (aux slots and probes)."""
+    out: dict[int, str] = {}
+    hf = trace.contract.get("aux_hf_indices") or []
+    for name in trace.names:
+        j, i = aux_slot(name), probe_index(name)
+        if i is not None:
+            out[i] = name
+        elif j is not None and j < len(hf):
+            out.setdefault(int(hf[j]), name)
+    return out
+
+
+def _sglang_ids(hf: list[int]) -> list[int]:
+    # SGLang 0.5.23 llama.py: id k captures HF k+1; id -1 captures the embeddings (HF 0).
+    return [h - 1 for h in hf]
+
+
+def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Explanation]:
+    """Identify which HF hidden state each aux slot holds, by similarity with the other side."""
+    labels = side_labels(traces)
+    # Identify the side with fewer known layers (serving) against the side with probes (training).
+    serve_is_y = traces.y.side == "serve" or traces.x.side != "serve"
+    s_trace = traces.y if serve_is_y else traces.x
+    o_trace = traces.x if serve_is_y else traces.y
+    s_label, o_label = (labels.y, labels.x) if serve_is_y else (labels.x, labels.y)
+    cands = _hf_candidates(o_trace)
+    slots = sorted(j for j in (aux_slot(n) for n in s_trace.names) if j is not None)
+    if not cands or not slots:
+        return []
+    cols = sorted(cands)
+    rel = np.full((len(slots), len(cols)), np.nan)
+    for a, j in enumerate(slots):
+        for b, i in enumerate(cols):
+            names = Pair(cands[i], aux_name(j)) if serve_is_y else Pair(aux_name(j), cands[i])
+            rel[a, b] = _rel(traces, alignment, names.x, names.y)[0]
+    best = [cols[int(np.nanargmin(r))] if np.isfinite(r).any() else None for r in rel]
+    closes = [b is not None and rel[a, cols.index(b)] <= tol_rel for a, b in enumerate(best)]
+    matrix = {"rows": [f"{s_label} slot {j}" for j in slots], "cols": [f"HF[{i}]" for i in cols],
+              "rel": [[None if not np.isfinite(v) else round(float(v), 4) for v in r] for r in rel]}
+    s_hf = [int(i) for i in (s_trace.contract.get("aux_hf_indices") or [])]
+    o_hf = [int(i) for i in (o_trace.contract.get("aux_hf_indices") or [])]
+    evidence = tuple(
+        f"{s_label} slot {j} = {o_label} HF hidden_states[{b}] (rel err {rel[a, cols.index(b)]:.2e})"
+        if ok else f"{s_label} slot {j}: no {o_label} layer matches (best HF[{b}], rel err "
+                   f"{np.nanmin(rel[a]):.2e})"
+        for a, (j, b, ok) in enumerate(zip(slots, best, closes)))
+    identified = [b for b, ok in zip(best, closes) if ok]
+    if not identified:
+        return []
+    actual = [b if ok else None for b, ok in zip(best, closes)]
+    if o_hf and actual == o_hf:
+        return []  # every slot holds what the other side used: not a layer problem
+    parts = [f"{s_label} slot {j} = {o_label} HF hidden_states[{b}]" for j, b, ok in zip(slots, best, closes) if ok]
+    msg = "; ".join(parts[:3])
+    shifted = o_hf and len(s_hf) == len(o_hf) and all(s == o + 1 for s, o in zip(s_hf, o_hf))
+    if 0 in o_hf and 0 not in [b for b in actual if b is not None]:
+        msg += f"; {o_label} slot 0 is the embedding output, which {s_label} never captured"
+    if shifted:
+        msg += ("; every layer off by one (SGLang id k captures HF k+1, vLLM/speculators id k = HF k): "
+                "ids written in one convention and read in another")
+    elif o_hf and s_hf:
+        msg += f" — layer ids shifted ({s_label} captured HF {s_hf}, {o_label} used {o_hf})"
+    fix = (f"set the draft config's eagle_config.eagle_aux_hidden_state_layer_ids to "
+           f"{_sglang_ids(o_hf)} (SGLang convention for HF {o_hf})") if o_hf else ""
+    return [Explanation("aux_layer_shift", msg, evidence, fix, matrix)]
+
+
+def explain_vocab_map(traces: Pair, alignment: Alignment) -> list[Explanation]:
+    """Test how each side turned draft ids into target ids, using the recorded ``draft.d2t``."""
+    if "draft.d2t" not in traces.x.names or "draft.d2t" not in traces.y.names:
+        return []
+    labels = side_labels(traces)
+    d2t = traces.map(lambda t: t.read("draft.d2t").reshape(-1).astype(np.int64))
+    if len(d2t.x) != len(d2t.y) or np.array_equal(d2t.x, d2t.y):
+        return []
+    ar = np.arange(len(d2t.x))
+    out = []
+    for lab, mine, other in ((labels.y, d2t.y, d2t.x), (labels.x, d2t.x, d2t.y)):
+        olab = labels.x if lab == labels.y else labels.y
+        checks = [
+            ("d2t_direct_ids", np.mean(mine == other + ar),
+             f"{lab}'s d2t holds direct target ids (= {olab}'s offsets + arange) but is read as offsets: "
+             "target = draft + d2t[draft] lands on wrong ids",
+             "save d2t as offsets (target_id - draft_id), as SpecForge and speculators export it"),
+            ("d2t_missing", np.mean(mine == 0),
+             f"{lab} has no usable d2t (all zeros: identity map), so draft id i is served as target id i",
+             "ship the draft's d2t buffer in the checkpoint"),
+            ("d2t_arange", np.mean(mine == ar),
+             f"{lab}'s d2t is arange (draft id i -> target id 2i)", "save d2t as offsets"),
+        ]
+        for cause, frac, msg, fix in checks:
+            if frac >= 0.99 and not np.mean(other == mine) >= 0.99:
+                out.append(Explanation(cause, msg, (f"{frac:.1%} of d2t entries fit this reading",), fix))
+    return out
+
+
+def _rmsnorm_chunks(x: np.ndarray, k: int) -> np.ndarray:
+    c = x.reshape(len(x), k, -1)
+    return (c / np.sqrt((c * c).mean(-1, keepdims=True) + 1e-6)).reshape(len(x), -1)
+
+
+def explain_norm_before_fc(traces: Pair, alignment: Alignment, tol: TensorComparison) -> list[Explanation]:
+    """``draft.fc_in`` = per-slot RMSNorm(aux_cat) on one side and plain aux_cat on the other?"""
+    if "draft.fc_in" not in traces.x.names or "draft.fc_in" not in traces.y.names:
+        return []
+    labels = side_labels(traces)
+    m = match_rows(traces, alignment, "draft.fc_in")
+    if not len(m.pair):
+        return []
+    rx, ry = _sample(m)
+    x, y = traces.x.take_float("draft.fc_in", rx), traces.y.take_float("draft.fc_in", ry)
+    k = len(traces.y.contract.get("aux_hf_indices") or traces.x.contract.get("aux_hf_indices") or [0, 0, 0])
+    for lab, plain, normed in ((labels.x, y, x), (labels.y, x, y)):
+        # Weights of a trained norm scale each element; cosine per slot is what survives them.
+        rel = float(metrics.relative_error(_rmsnorm_chunks(plain, k), _rmsnorm_chunks(normed, k)).mean())
+        direct = float(metrics.relative_error(plain, normed).mean())
+        if rel <= tol.tolerance.rel * 4 and direct > tol.tolerance.rel:
+            return [Explanation("norm_before_fc", f"a norm before fc is applied on {lab} only",
+                                (f"per-slot RMS-normalised inputs agree (rel err {rel:.2e}); raw fc inputs "
+                                 f"differ (rel err {direct:.2e})",),
+                                "make norm_before_fc / fc_norm agree in the draft config and the trainer")]
+    return []
+
+
+def explain_position_shift(traces: Pair, alignment: Alignment, comp: TensorComparison) -> list[Explanation]:
+    """Do rows at position t on one side equal rows at t+-1 on the other?"""
+    if comp.match.rows.x.dtype.kind != "i" or comp.name.startswith("verify") or not len(comp.match.pair):
+        return []
+    name = comp.name
+    kx, ky = traces.x.keys(name), traces.y.keys(name)
+    for shift in (1, -1):
+        index = {(int(s), int(p), int(d)): r for r, (s, p, d) in enumerate(zip(ky["seq"], ky["pos"], ky["depth"]))}
+        pairs = []
+        seq_y = {p.seq.x: p.seq.y for p in alignment.seq_pairs}
+        for r in comp.match.rows.x[:MAX_ROWS]:
+            key = (seq_y.get(int(kx["seq"][r]), -1), int(kx["pos"][r]) + shift, int(kx["depth"][r]))
+            if key in index:
+                pairs.append((r, index[key]))
+        if len(pairs) < 4 or comp.tolerance is None:
+            continue
+        rx, ry = np.array(pairs).T
+        if traces.x.info(name).dtype in ("int64", "bool"):
+            ok = float((traces.x.take(name, rx) == traces.y.take(name, ry)).all(-1).mean() if traces.x.take(name, rx).ndim > 1
+                       else (traces.x.take(name, rx) == traces.y.take(name, ry)).mean())
+            closes = ok >= 0.95
+            ev = f"match rate {ok:.1%} after shifting by {shift:+d}"
+        else:
+            rel = float(metrics.relative_error(traces.x.take_float(name, rx), traces.y.take_float(name, ry)).mean())
+            closes = rel <= comp.tolerance.rel
+            ev = f"rel err {rel:.2e} after shifting by {shift:+d} (unshifted {comp.stats.get('mean_rel', 0):.2e})"
+        if closes:
+            lab = side_labels(traces)
+            return [Explanation("position_shift", f"{name}: {lab.x} position t equals {lab.y} position t{shift:+d}",
+                                (ev,), "check the EAGLE-3 position pairing: row t consumes (h_t, x_{t+1})")]
+    return []
+
+
+def explain_halves(traces: Pair, comps: dict[str, TensorComparison], first: TensorComparison) -> list[Explanation]:
+    """attn_in: embedding half vs hidden half; logits with matching hidden_out: the lm_head."""
+    labels = side_labels(traces)
+    cx, cy = traces.x.contract, traces.y.contract
+    if first.name == "draft.attn_in" and len(first.match.pair):
+        rx, ry = _sample(first.match)
+        x, y = traces.x.take_float(first.name, rx), traces.y.take_float(first.name, ry)
+        h = x.shape[1] // 2
+        emb = float(metrics.relative_error(x[:, :h], y[:, :h]).mean())
+        hid = float(metrics.relative_error(x[:, h:], y[:, h:]).mean())
+        if hid <= first.tolerance.rel < emb:
+            src = f" ({labels.x}: {cx.get('embed_source', '?')}, {labels.y}: {cy.get('embed_source', '?')})"
+            return [Explanation("embed_source", "the draft's token embedding differs" + src,
+                                (f"embedding half rel err {emb:.2e}; hidden half rel err {hid:.2e}",),
+                                "serve the draft with the embedding it was trained with (SGLang shares the target's)")]
+    if first.name.startswith("draft.logits") and "draft.hidden_out" in comps and not comps["draft.hidden_out"].diverged:
+        src = f" ({labels.x}: {cx.get('lm_head_source', '?')}, {labels.y}: {cy.get('lm_head_source', '?')})"
+        return [Explanation("lm_head_source", "draft hidden states agree but logits do not: the lm_head differs" + src,
+                            (f"draft.hidden_out max rel err {comps['draft.hidden_out'].stats.get('max_rel', 0):.2e}",),
+                            "load the draft's trained lm_head (not a random or target one)")]
+    return []
+
+
+def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorComparison],
+            first: TensorComparison | None) -> list[Explanation]:
+    """Every explanation whose transform closes the gap at the first divergence."""
+    if first is None:
+        return []
+    out: list[Explanation] = []
+    if first.name.startswith("target.aux"):
+        out += explain_aux(traces, alignment, first.tolerance.rel)
+    if first.name in ("draft.topk_target", "draft.topk", "verify") or first.name.startswith("draft.logits"):
+        out += explain_vocab_map(traces, alignment)
+    if first.name in ("draft.fc_in", "draft.fc_out"):
+        out += explain_norm_before_fc(traces, alignment, first)
+    out += explain_halves(traces, comps, first)
+    if not out:
+        out += explain_position_shift(traces, alignment, first)
+    return out

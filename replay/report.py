@@ -1,0 +1,195 @@
+"""The diff of two traces as one value: computed once, rendered by the text report, JSON and the TUI.
+
+``diff_traces`` runs align -> compare -> first divergence -> contract check -> explain ->
+acceptance and returns a ``DiffReport``; nothing downstream recomputes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+from specdiff.tracer.store import open_trace
+
+from .acceptance import Acceptance, acceptance
+from .align import Alignment, Pair, align_sequences
+from .compare import TensorComparison, compare_all, first_divergence
+from .contract_check import ContractMismatch, check_contracts, side_labels
+from .explain import Explanation, explain
+
+
+@dataclass
+class DiffReport:
+    """Everything ``specdiff diff`` knows about two traces.
+
+    Attributes:
+        paths, labels: per side (``Pair``); labels are 'training' / 'serving' (or 'A' / 'B').
+        alignment: sequence pairs.
+        comparisons: tensor name -> TensorComparison, dataflow order.
+        first: the first diverging tensor, or None.
+        explanations: causes whose transform closes the gap at ``first``.
+        contract: contract mismatches, most severe first.
+        acceptance: per side.
+        traces: the opened traces (for views that show values).
+    """
+
+    paths: Pair
+    labels: Pair
+    alignment: Alignment
+    comparisons: dict[str, TensorComparison]
+    first: TensorComparison | None
+    explanations: list[Explanation]
+    contract: list[ContractMismatch]
+    acceptance: Pair
+    traces: Pair
+
+    @property
+    def diverged(self) -> bool:
+        return self.first is not None
+
+    @property
+    def divergences(self) -> list[tuple[str, int]]:
+        """(tensor name, aligned row) of every failing row, in dataflow then position order."""
+        out = []
+        for name, comp in self.comparisons.items():
+            if not comp.diverged:
+                continue
+            bad = [int(i) for i in (comp.status == 2).nonzero()[0]]
+            bad.sort(key=lambda i: (int(comp.match.pos[i]), int(comp.match.pair[i]), int(comp.match.depth[i])))
+            out += [(name, i) for i in bad]
+        return out
+
+    def verdict(self) -> str:
+        """The one-line verdict the header and the text report lead with."""
+        if self.first is None:
+            return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
+                    f"{len(self.alignment.seq_pairs)} sequences")
+        w = self.first.worst or {}
+        i = self.first.first_failing_row
+        where = (f"seq {int(self.first.match.pair[i])} pos {int(self.first.match.pos[i])}"
+                 + (f" depth {int(self.first.match.depth[i])}" if int(self.first.match.depth[i]) else "")) \
+            if i is not None else f"seq {w.get('pair')} pos {w.get('pos')}"
+        why = f" — {self.explanations[0].message}" if self.explanations else ""
+        return f"first divergence: {self.first.name} at {where}{why}"
+
+    def to_json(self) -> dict:
+        """JSON-safe dict (``specdiff diff --format json``)."""
+        def clean(v):
+            if isinstance(v, float) and not math.isfinite(v):
+                return str(v)
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [clean(x) for x in v]
+            return v
+
+        first = None
+        if self.first is not None:
+            i = self.first.first_failing_row
+            first = {"tensor": self.first.name, "seq": int(self.first.match.pair[i]) if i is not None else None,
+                     "pos": int(self.first.match.pos[i]) if i is not None else None,
+                     "depth": int(self.first.match.depth[i]) if i is not None else None,
+                     "stats": self.first.stats, "worst": self.first.worst,
+                     "tolerance": asdict(self.first.tolerance)}
+        return clean({
+            "verdict": self.verdict(),
+            "diverged": self.diverged,
+            "labels": [self.labels.x, self.labels.y],
+            "traces": [self.paths.x, self.paths.y],
+            "first_divergence": first,
+            "explanations": [asdict(e) for e in self.explanations],
+            "contract_mismatches": [asdict(m) for m in self.contract],
+            "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
+                                                        (self.labels.y, self.acceptance.y))},
+            "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length}
+                          for p in self.alignment.seq_pairs],
+            "tensors": {n: {"diverged": c.diverged, **c.stats, "tolerance": asdict(c.tolerance)}
+                        for n, c in self.comparisons.items()},
+        })
+
+
+def diff_traces(path_x: str, path_y: str, *, preset: str = "default", overrides: dict | None = None,
+                progress=None) -> DiffReport:
+    """Diff two traces (paths or fsspec URLs); A is usually training, B serving.
+
+    Raises:
+        TraceError: a trace cannot be opened. AlignmentError: no common sequence.
+    """
+    traces = Pair(open_trace(path_x), open_trace(path_y))
+    return diff_opened(traces, preset=preset, overrides=overrides, progress=progress)
+
+
+def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
+                progress=None) -> DiffReport:
+    """``diff_traces`` on already opened traces (the TUI re-runs this with another preset)."""
+    alignment = align_sequences(traces)
+    comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress)
+    first = first_divergence(comps)
+    return DiffReport(traces.map(lambda t: t.path), side_labels(traces), alignment, comps, first,
+                      explain(traces, alignment, comps, first), check_contracts(traces),
+                      acceptance(traces, alignment), traces)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _acc_rows(labels: Pair, acc: Pair) -> list[str]:
+    def line(label, a: Acceptance):
+        if a.mean_accept_length is None:
+            return f"  {label:9s} (not recorded)"
+        depths = "  ".join(f"{d:.2f}" for d in a.per_depth or ())
+        return f"  {label:9s} mean accept length {a.mean_accept_length:.2f}   per depth [{depths}]   ({a.samples} samples)"
+    rows = [line(labels.x, acc.x), line(labels.y, acc.y)]
+    if acc.x.mean_accept_length is not None and acc.y.mean_accept_length is not None:
+        rows.append(f"  gap       {acc.x.mean_accept_length - acc.y.mean_accept_length:+.2f} tokens per verify step")
+    return rows
+
+
+def render_text(report: DiffReport) -> str:
+    """The text report: first divergence and its explanation, contract mismatches, acceptance."""
+    out = [report.verdict(), ""]
+    if report.first is not None:
+        f = report.first
+        s = f.stats
+        nums = ", ".join(f"{k} {_fmt(s[k])}" for k in ("max_rel", "min_cos", "max_abs", "match_rate", "topk_overlap",
+                                                        "fail_frac", "nonfinite_rows") if k in s)
+        out.append(f"  {f.name}: {s['fail_rows']}/{s['rows']} rows fail ({nums})")
+        tol = f.tolerance
+        out.append(f"  tolerance: rel <= {tol.rel:g}, cos >= {tol.cos:g}, ids overlap >= {tol.ids:g}, "
+                   f"fail fraction <= {tol.max_fail_frac:g}")
+        if f.worst:
+            w = f.worst
+            out.append(f"  worst: seq {w['pair']} pos {w['pos']} depth {w['depth']} element {w['element']}: "
+                       f"{report.labels.x} {_fmt(w['x'])} vs {report.labels.y} {_fmt(w['y'])}")
+        out.append("")
+        if report.explanations:
+            out.append("explanation")
+            for e in report.explanations:
+                out.append(f"  {e.cause}: {e.message}")
+                out += [f"    {line}" for line in e.evidence]
+                if e.fix:
+                    out.append(f"    fix: {e.fix}")
+        else:
+            out.append("explanation: no known transform closes the gap (see the tensors below)")
+        out.append("")
+    out.append("contract")
+    if report.contract:
+        out += [f"  [{m.severity}] {m.message}" for m in report.contract]
+    else:
+        out.append("  the contract facts both sides recorded agree")
+    out += ["", "acceptance", *_acc_rows(report.labels, report.acceptance), "", "tensors"]
+    for name, c in report.comparisons.items():
+        mark = "DIVERGED" if c.diverged else "ok"
+        key = "max_rel" if "max_rel" in c.stats else "match_rate"
+        out.append(f"  {name:26s} {mark:8s} rows {c.stats['rows']:<6d} {key} {_fmt(c.stats.get(key, float('nan')))}"
+                   f"  coverage {c.stats['coverage']:.0%}")
+    out.append(f"\n{report.alignment.summary()}")
+    return "\n".join(out)
+
+
+def render_json(report: DiffReport) -> str:
+    return json.dumps(report.to_json(), indent=2)

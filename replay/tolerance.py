@@ -1,0 +1,106 @@
+"""Tolerances: dtype-aware defaults, presets, and per-stage overrides from the CLI.
+
+Defaults sit well above the measured noise floor and far below a real bug (DESIGN.md: SGLang
+bf16 aux states vs HF on the same tokens: relative error 3-6e-3, min row cosine 0.99997; a layer
+mismatch: relative error ~1.0). The draft's own tensors compound bf16 rounding over one layer,
+so they get the same bound; ids tolerate a few near-tie flips.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.schema import STAGE_ORDER, spec_for
+
+
+class ToleranceError(SpecdiffError):
+    """A tolerance override that cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """When a row, and then a tensor, counts as diverged.
+
+    Attributes:
+        rel: a float row fails when its relative error ||x-y||/max(||x||,||y||) exceeds this...
+        cos: ...or its cosine similarity is below this.
+        ids: an id row fails when its top-k overlap is below this (1.0 = identical set).
+        max_fail_frac: a tensor diverges when more than this fraction of its aligned rows fail
+            (non-finite rows always count as failing, and any one of them makes it diverge).
+    """
+
+    rel: float
+    cos: float
+    ids: float = 1.0
+    max_fail_frac: float = 0.02
+
+
+_BY_DTYPE = {
+    "bfloat16": Tolerance(rel=0.05, cos=0.995, max_fail_frac=0.02),
+    "float16": Tolerance(rel=0.01, cos=0.9995, max_fail_frac=0.02),
+    "float32": Tolerance(rel=1e-3, cos=0.99999, max_fail_frac=0.02),
+    "float64": Tolerance(rel=1e-6, cos=0.9999999, max_fail_frac=0.0),
+}
+_ORDER = ["float64", "float32", "float16", "bfloat16"]
+
+PRESETS = {"strict": 0.2, "default": 1.0, "loose": 5.0}
+
+
+def default_tolerance(dtype_x: str, dtype_y: str, *, kind: str, preset: str = "default") -> Tolerance:
+    """The tolerance for comparing storage dtypes ``dtype_x`` vs ``dtype_y`` (the looser one wins).
+
+    ``preset`` scales it: strict x0.2, default x1, loose x5 (on rel, 1-cos and the fail fraction).
+    Integer tensors (ids) use the recorded compute dtype from the contract's looser side.
+    """
+    if preset not in PRESETS:
+        raise ToleranceError(f"unknown tolerance preset {preset!r}; use one of {', '.join(PRESETS)}")
+    floats = [d for d in (dtype_x, dtype_y) if d in _BY_DTYPE] or ["bfloat16"]
+    base = _BY_DTYPE[max(floats, key=_ORDER.index)]
+    if kind != "float":  # ids: near-tie flips allowed in a small fraction of rows
+        base = replace(base, max_fail_frac=0.05)
+    f = PRESETS[preset]
+    return Tolerance(rel=base.rel * f, cos=1 - (1 - base.cos) * f, ids=base.ids,
+                     max_fail_frac=min(base.max_fail_frac * f, 1.0))
+
+
+def parse_overrides(items) -> dict[str, dict[str, float]]:
+    """Parse ``STAGE=field:value[,field:value]`` items (e.g. ``draft.fc_out=rel:0.1,cos:0.99``).
+
+    STAGE may be a stage from the schema's stage order or a tensor name; fields are
+    ``rel``, ``cos``, ``ids``, ``max_fail_frac``.
+
+    Raises:
+        ToleranceError: malformed item, unknown stage/tensor or field (shows the accepted form).
+    """
+    out: dict[str, dict[str, float]] = {}
+    form = "STAGE=rel:0.1,cos:0.99 (fields: rel, cos, ids, max_fail_frac)"
+    for item in items or ():
+        if "=" not in item:
+            raise ToleranceError(f"tolerance override {item!r} is not of the form {form}")
+        stage, spec = item.split("=", 1)
+        if stage not in STAGE_ORDER:
+            try:
+                spec_for(stage)
+            except KeyError:
+                raise ToleranceError(f"tolerance override names {stage!r}, not a stage "
+                                     f"({', '.join(STAGE_ORDER)}) or canonical tensor") from None
+        fields = {}
+        for part in spec.split(","):
+            key, _, value = part.partition(":")
+            if key not in ("rel", "cos", "ids", "max_fail_frac"):
+                raise ToleranceError(f"tolerance override field {key!r} unknown; form: {form}")
+            try:
+                fields[key] = float(value)
+            except ValueError:
+                raise ToleranceError(f"tolerance override {item!r}: {value!r} is not a number; form: {form}") from None
+        out[stage] = fields
+    return out
+
+
+def apply_overrides(tol: Tolerance, name: str, overrides: dict[str, dict[str, float]]) -> Tolerance:
+    """``tol`` with the overrides for ``name``'s stage, then for ``name`` itself, applied."""
+    for key in (spec_for(name).stage, name):
+        if key in overrides:
+            tol = replace(tol, **overrides[key])
+    return tol

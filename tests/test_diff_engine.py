@@ -1,0 +1,201 @@
+"""The diff engine on small hand-built traces: alignment, metrics, tolerance edges, NaN/Inf,
+empty and non-overlapping traces, first divergence and the explanations.
+
+Scenario tests on traces recorded by the real recorders live in test_scenarios.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from specdiff.replay import metrics
+from specdiff.replay.align import AlignmentError, Pair, align_sequences
+from specdiff.replay.report import diff_traces, render_text
+from specdiff.replay.tolerance import ToleranceError, default_tolerance, parse_overrides
+from specdiff.tracer.schema import aux_name, probe_name
+from specdiff.tracer.store import TraceWriter, open_trace
+
+L, H, VD = 8, 32, 16
+rng = np.random.default_rng(0)
+SEQS = [rng.integers(0, 100, size=n) for n in (12, 9)]
+# One "hidden state" per HF index per position: what a target would produce.
+HIDDEN = {s: rng.standard_normal((L + 1, len(toks), H)).astype(np.float32) for s, toks in enumerate(SEQS)}
+D2T = np.array(sorted(rng.choice(200, VD, replace=False)), np.int64) - np.arange(VD)
+
+
+def write_trace(path, *, side, hf, seqs=SEQS, order=None, noise=1e-4, probes=False, d2t=D2T,
+                topk_fn=None, nan_at=None, shift_pos=0, extra_seq=False):
+    """A trace holding aux slots for HF indices ``hf`` (ascending), tokens, topk and mapped ids."""
+    contract = {"num_layers": L, "hidden_size": H, "aux_hf_indices": list(hf), "dtype": "float32",
+                "draft_vocab_size": VD, "spec_steps": 2}
+    with TraceWriter(str(path), side=side, contract=contract, overwrite=True) as w:
+        order = order or list(range(len(seqs)))
+        for s in order:
+            toks = seqs[s]
+            sid = w.add_sequence(toks, prompt_len=4, rid=f"{side}-{s}")
+            n = len(toks) - 1
+            pos = np.arange(n) + shift_pos
+            for j, i in enumerate(hf):
+                rows = HIDDEN[s][i, :n] + noise * np.random.default_rng(s * 10 + j).standard_normal((n, H))
+                rows = rows.astype(np.float32)
+                if nan_at is not None and j == 0:
+                    rows[nan_at] = np.nan
+                w.append(aux_name(j), rows, seq=sid, pos=pos)
+            if probes:
+                for i in range(L + 1):
+                    w.append(probe_name(i), HIDDEN[s][i, :n], seq=sid, pos=pos)
+            for depth in range(2):
+                w.append("tokens", toks[1 + depth:1 + depth + n].astype(np.int64)[: n - depth], seq=sid,
+                         pos=np.arange(n - depth), depth=depth)
+                draft_ids = (toks[:n - depth] % VD).reshape(-1, 1)
+                w.append("draft.topk", draft_ids, seq=sid, pos=np.arange(n - depth), depth=depth)
+                mapped = topk_fn(draft_ids, d2t) if topk_fn else draft_ids + d2t[draft_ids]
+                w.append("draft.topk_target", mapped, seq=sid, pos=np.arange(n - depth), depth=depth)
+        w.append("draft.d2t", d2t, seq=-1, pos=np.arange(VD))
+        if extra_seq:
+            w.add_sequence([999, 998, 997], rid="lonely")
+    return str(path)
+
+
+def test_identical_pair_has_no_divergence_and_exit_0(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], order=[1, 0], noise=2e-4)  # other row order
+    report = diff_traces(a, b)
+    assert report.first is None, report.verdict()
+    assert report.verdict().startswith("no divergence")
+    proc = subprocess.run([sys.executable, "-m", "specdiff.tui", "diff", a, b, "--format", "json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["diverged"] is False
+
+
+def test_seed_layer_shift_is_first_divergence_with_slot_mapping(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = write_trace(tmp_path / "b", side="serve", hf=[3, 6, 7])
+    report = diff_traces(a, b)
+    assert report.first.name == "target.aux.0"
+    i = report.first.first_failing_row
+    assert int(report.first.match.pos[i]) == 0
+    cause = report.explanations[0]
+    assert cause.cause == "aux_layer_shift"
+    assert "serving slot 0 = training HF hidden_states[3]" in cause.message
+    assert "training slot 0 is the embedding output" in cause.message
+    assert cause.fix.endswith("[-1, 2, 5] (SGLang convention for HF [0, 3, 6])")
+    assert "serving captured HF hidden_states[3, 6, 7]; training used [0, 3, 6]" in \
+        [m.message for m in report.contract]
+    text = render_text(report)
+    assert text.splitlines()[0].startswith("first divergence: target.aux.0 at seq 0 pos 0 — serving slot 0")
+    proc = subprocess.run([sys.executable, "-m", "specdiff.tui", "diff", a, b, "--format", "text"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "aux_layer_shift" in proc.stdout
+
+
+def test_all_slots_off_by_one_names_the_convention(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[2, 4, 5], probes=True)
+    b = write_trace(tmp_path / "b", side="serve", hf=[3, 5, 6])
+    report = diff_traces(a, b)
+    assert report.first.name == "target.aux.0"
+    assert "every layer off by one" in report.explanations[0].message
+
+
+def test_d2t_direct_ids_is_first_divergence_at_mapped_ids(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
+    direct = D2T + np.arange(VD)  # saved as target ids, served as offsets
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], d2t=direct)
+    report = diff_traces(a, b)
+    assert report.first.name == "draft.topk_target"
+    assert [e.cause for e in report.explanations] == ["d2t_direct_ids"]
+
+
+def test_missing_d2t_is_explained_as_identity(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], d2t=np.zeros(VD, np.int64))
+    report = diff_traces(a, b)
+    assert report.first.name == "draft.topk_target"
+    assert report.explanations[0].cause == "d2t_missing"
+
+
+def test_nan_is_always_a_divergence_and_reported(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], nan_at=5)
+    report = diff_traces(a, b)
+    assert report.first.name == "target.aux.0"
+    assert report.first.stats["nonfinite_rows"] == 2  # one per sequence
+    assert int(report.first.match.pos[report.first.first_failing_row]) == 5
+
+
+def test_position_shift_is_explained(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], shift_pos=1)
+    report = diff_traces(a, b)
+    assert report.first is not None
+    assert any(e.cause == "position_shift" for e in report.explanations)
+
+
+def test_non_overlapping_traces_are_a_clear_error(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
+    other = [np.arange(500, 510), np.arange(600, 607)]
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], seqs=other)
+    with pytest.raises(AlignmentError, match="share no token sequence"):
+        diff_traces(a, b)
+    proc = subprocess.run([sys.executable, "-m", "specdiff.tui", "diff", a, b, "--format", "text"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("specdiff: error: ") and proc.stderr.count("\n") == 1
+
+
+def test_empty_trace_is_a_clear_error(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
+    TraceWriter(str(tmp_path / "empty"), side="serve").close()
+    with pytest.raises(AlignmentError, match=r"\(2 vs 0 sequences\)"):
+        diff_traces(a, str(tmp_path / "empty"))
+
+
+def test_prefix_match_aligns_a_shorter_replay(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], seqs=[SEQS[0][:8], SEQS[1]], extra_seq=True)
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6])
+    traces = Pair(open_trace(a), open_trace(b))
+    al = align_sequences(traces)
+    assert [p.length for p in al.seq_pairs] == [8, 9]
+    assert al.unmatched.x == (2,)
+
+
+# ---- metrics and tolerances -------------------------------------------------------------------
+def test_metrics_on_known_values():
+    x = np.array([[3.0, 4.0], [1.0, 0.0], [0.0, 0.0]])
+    y = np.array([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]])
+    assert metrics.relative_error(x, y).tolist() == pytest.approx([0.0, np.sqrt(2), 0.0])
+    assert metrics.cosine(x, y).tolist() == pytest.approx([1.0, 0.0, 1.0])
+    assert metrics.max_abs_error(x, y).tolist() == [0.0, 1.0, 0.0]
+    assert metrics.id_overlap(np.array([[1, 2, 3]]), np.array([[3, 9, 1]])).tolist() == pytest.approx([2 / 3])
+    assert metrics.nonfinite_rows(np.array([[np.inf, 0]]), np.array([[0, 0]])).tolist() == [True]
+    logits = np.log(np.array([[0.7, 0.2, 0.1]]))
+    assert metrics.full_kl(logits, logits).tolist() == pytest.approx([0.0], abs=1e-9)
+    vals, ids, lse = np.array([[np.log(0.7), np.log(0.2)]]), np.array([[0, 1]]), np.zeros(1)
+    assert metrics.topk_kl(vals, ids, lse, vals, ids, lse).tolist() == pytest.approx([0.0], abs=1e-6)
+    swapped = metrics.topk_kl(vals, ids, lse, vals[:, ::-1], ids, lse)
+    assert swapped[0] > 0.3
+
+
+def test_tolerance_edges_are_inclusive_and_looser_dtype_wins():
+    tol = default_tolerance("bfloat16", "float32", kind="float")
+    assert tol.rel == 0.05 and tol.cos == 0.995
+    strict = default_tolerance("float32", "float32", kind="float", preset="strict")
+    assert strict.rel == pytest.approx(2e-4)
+    assert parse_overrides(["draft.fc_out=rel:0.1,cos:0.9"]) == {"draft.fc_out": {"rel": 0.1, "cos": 0.9}}
+    with pytest.raises(ToleranceError, match="not a stage"):
+        parse_overrides(["draft.nothing=rel:0.1"])
+    with pytest.raises(ToleranceError, match="is not a number"):
+        parse_overrides(["draft.fc_out=rel:abc"])
+
+
+def test_tolerance_override_turns_a_divergence_off(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], noise=0.2)  # rel err ~0.2
+    assert diff_traces(a, b).first.name == "target.aux.0"
+    loose = diff_traces(a, b, overrides=parse_overrides(["target.aux=rel:0.5,cos:0.9"]))
+    assert loose.first is None

@@ -1,0 +1,44 @@
+"""``specdiff diff A B``: the differential report without a terminal UI (or the app on a tty)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from specdiff.replay.report import diff_traces, render_json, render_text
+from specdiff.replay.tolerance import PRESETS, parse_overrides
+
+from .cli import EXIT_DIVERGED, EXIT_OK, cli
+
+
+@cli.command()
+@click.argument("trace_a")
+@click.argument("trace_b")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default=None,
+              help="Report format. Default: the interactive app when stdout is a terminal, else text.")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default="default", show_default=True,
+              help="Tolerance preset: strict (x0.2), default (dtype-aware), loose (x5).")
+@click.option("--tol", "tol", multiple=True, metavar="STAGE=rel:X,cos:Y",
+              help="Override a stage's or tensor's tolerance, e.g. --tol draft.fc_out=rel:0.1 (repeatable).")
+def diff(trace_a, trace_b, fmt, preset, tol):
+    """Align TRACE_A (usually training) with TRACE_B (usually serving) and report the first divergence.
+
+    Leads with the first diverging tensor and its explanation, then the contract mismatches,
+    then acceptance on both sides. Exit code: 0 equivalent within tolerance, 1 a divergence
+    was found, 2 bad input.
+    """
+    overrides = parse_overrides(tol)
+    if fmt is None and sys.stdout.isatty():
+        from .app import run_app
+
+        sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))
+
+    def progress(name, i, total):
+        if fmt != "json":
+            click.echo(f"\r  comparing {i + 1}/{total} {name:30s}", nl=False, err=True)
+
+    report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, progress=progress)
+    if fmt != "json":
+        click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
+    click.echo(render_json(report) if fmt == "json" else render_text(report))
+    sys.exit(EXIT_DIVERGED if report.diverged else EXIT_OK)
