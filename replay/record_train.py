@@ -1,0 +1,489 @@
+"""Record a training-side trace: teacher-forced EAGLE-3 TTT forward over token sequences.
+
+``record_train`` loads the target with transformers (in the serving dtype, bf16 by default, so
+tolerances against a serving trace stay tight), loads the draft checkpoint in either format
+(``replay.checkpoint``), runs the target with all hidden states and the reference draft forward
+(``replay.draft_model``) on right-padded batches, and writes every canonical tensor
+(``tracer.schema``) keyed (seq, pos, depth) with ``iter = -1``:
+
+- ``tokens`` at (t, k) = x_{t+1+k}, the draft input token of every valid row;
+- ``target.aux.{j}``, ``target.aux_cat``, ``target.argmax`` (position t predicts x_{t+1});
+- ``target.probe.{i}`` for every HF index i in 0..L at the first ``probe_positions`` positions
+  (layer-identification evidence for ``specdiff diff``'s explain);
+- ``draft.fc_in``, ``draft.fc_out``, ``draft.hidden_in``, ``draft.attn_in``, ``draft.hidden_out``;
+  logits by capture level (``default``: ``draft.logits_topk.{values,ids}`` k=8 and
+  ``draft.logsumexp``; ``full``: ``draft.logits``); ``draft.topk``, ``draft.topk_target``;
+- ``draft.d2t``: one row per draft id (seq -1, pos i, value d2t[i]);
+- ``draft.accept`` (mapped draft argmax == target argmax label at depth k, DESIGN.md pairing)
+  and ``draft.accept_cum`` (accepted at every depth <= k: what a chain draft gets accepted).
+
+Sequences come from a serving trace (``replay``: every served sequence, prompt + generated, with
+its prompt_len, rid and seq id, so the two traces align row for row) or from a prompts JSONL.
+
+Aux layers: the *training* layers, i.e. the draft's own configured ids resolved with its
+convention, or what the caller states (ids + convention). A serving trace's
+``aux_hf_indices`` are what the server captured, which is exactly what may be wrong, so they
+are never used as the default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..tracer.contract import validate_contract
+from ..tracer.conventions import CONVENTIONS, AuxResolution, ConventionError, resolve_aux_ids
+from ..tracer.errors import SpecdiffError, TraceError
+from ..tracer.schema import probe_name
+from ..tracer.store import TraceWriter, open_trace
+from .checkpoint import LoadedDraft, load_draft
+from .draft_model import Eagle3Draft, TTTOutput, ttt_labels
+from .target_capture import (
+    TargetCapture,
+    capture_target,
+    load_target,
+    target_embedding,
+    target_lm_head,
+    target_num_layers,
+)
+
+__all__ = ["RecordTrainError", "TrainSequence", "RecordTrainResult", "DTYPES", "CAPTURE_LEVELS",
+           "LOGITS_TOPK", "sequences_from_trace", "sequences_from_prompts", "resolve_train_aux",
+           "TrainReplayer", "record_train"]
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+CAPTURE_LEVELS = ("default", "full")
+LOGITS_TOPK = 8
+
+
+class RecordTrainError(SpecdiffError):
+    """Bad input to ``record train`` (one clear line)."""
+
+
+@dataclass
+class TrainSequence:
+    """One sequence to replay: int tokens, how many came from the prompt, request id, seq id."""
+
+    tokens: np.ndarray
+    prompt_len: int
+    rid: str | None = None
+    seq_id: int | None = None
+
+
+@dataclass
+class RecordTrainResult:
+    """What ``record_train`` wrote.
+
+    Attributes:
+        path: the trace.
+        sequences / positions: sequences replayed and their total length.
+        aux: the aux resolution used (training layers).
+        accept_rate: per depth k, the fraction of valid rows with ``draft.accept``.
+        accept_cum_rate: per depth k, the fraction with ``draft.accept_cum``.
+        mean_accept_length: chain accept length 1 + sum_k accept_cum, averaged over positions
+            whose every depth is valid (SGLang's ``spec_accept_length`` counts the bonus token too).
+        seconds: wall time of the replay (model loading excluded).
+        notes: plain-words remarks (draft notes, aux notes).
+    """
+
+    path: str
+    sequences: int
+    positions: int
+    aux: AuxResolution
+    accept_rate: list[float]
+    accept_cum_rate: list[float]
+    mean_accept_length: float
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+
+# ---- sequences ------------------------------------------------------------------------------
+def sequences_from_trace(path: str) -> tuple[list[TrainSequence], dict]:
+    """Every sequence of a (serving) trace, with its prompt_len, rid and seq id; and its contract."""
+    trace = open_trace(path)
+    seqs = [TrainSequence(np.asarray(s.tokens, np.int64), int(s.prompt_len), s.rid, int(s.id))
+            for s in trace.sequences if len(s.tokens)]
+    if not seqs:
+        raise RecordTrainError(f"{path}: the trace holds no token sequences to replay")
+    return seqs, dict(trace.contract)
+
+
+def _load_tokenizer(target_dir: Path):
+    if not any((target_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
+                                                      "tokenizer.model")):
+        raise RecordTrainError(f"{target_dir}: no tokenizer files; give token ids in the prompts file "
+                               "(\"input_ids\": [...])")
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
+    except Exception as e:
+        raise RecordTrainError(f"cannot load the tokenizer of {target_dir}: {type(e).__name__}: {e}") from None
+
+
+def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[TrainSequence]:
+    """Sequences from a JSONL file, one object per line, any of:
+
+    - ``{"input_ids": [...]}`` or ``{"tokens": [...]}`` (token ids; optional ``"prompt_len"``);
+    - ``{"text": "..."}`` (tokenized with the target's tokenizer, special tokens added);
+    - ``{"prompt": "...", "completion": "..."}`` (completion optional; prompt_len = prompt tokens);
+    - ``{"messages": [...]}`` (the tokenizer's chat template).
+
+    An optional ``"rid"`` names the sample. Raises RecordTrainError naming the line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RecordTrainError(f"{path}: no such prompts file")
+    tok = None
+    out: list[TrainSequence] = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RecordTrainError(f"{path}:{n}: not JSON ({e})") from None
+        if not isinstance(obj, dict):
+            raise RecordTrainError(f"{path}:{n}: expected a JSON object per line")
+        rid = str(obj.get("rid", obj.get("id", f"prompt-{len(out)}")))
+        ids_key = "input_ids" if "input_ids" in obj else "tokens" if "tokens" in obj else None
+        if ids_key:
+            ids = obj[ids_key]
+            if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+                raise RecordTrainError(f"{path}:{n}: {ids_key} must be a list of ints")
+            plen = int(obj.get("prompt_len", len(ids)))
+        else:
+            if tok is None:
+                tok = _load_tokenizer(Path(target_dir))
+            if "messages" in obj:
+                try:
+                    ids = list(tok.apply_chat_template(obj["messages"], tokenize=True))
+                except Exception as e:
+                    raise RecordTrainError(f"{path}:{n}: chat template failed: {e}") from None
+                if ids and isinstance(ids[0], list):
+                    ids = ids[0]
+                plen = len(ids)
+            elif "prompt" in obj or "text" in obj:
+                prompt = obj.get("prompt", obj.get("text"))
+                ids = tok(prompt, add_special_tokens=True)["input_ids"]
+                plen = len(ids)
+                if obj.get("completion"):
+                    ids = ids + tok(obj["completion"], add_special_tokens=False)["input_ids"]
+            else:
+                raise RecordTrainError(f"{path}:{n}: needs one of input_ids, tokens, text, prompt, messages")
+        if len(ids) < 2:
+            raise RecordTrainError(f"{path}:{n}: a sequence needs at least 2 tokens, got {len(ids)}")
+        out.append(TrainSequence(np.asarray(ids, np.int64), min(plen, len(ids)), rid, None))
+    if not out:
+        raise RecordTrainError(f"{path}: no prompts")
+    return out
+
+
+@torch.no_grad()
+def _extend_greedy(target, seqs: list[TrainSequence], max_new_tokens: int) -> list[TrainSequence]:
+    """Append the target's greedy continuation (``max_new_tokens``) to each sequence."""
+    from .tiny_models import greedy_generate
+    dev = next(target.parameters()).device
+    out = []
+    for s in seqs:
+        ids = torch.as_tensor(s.tokens, dtype=torch.int64, device=dev)[None]
+        gen = greedy_generate(target, ids, max_new_tokens)[0].cpu().numpy()
+        out.append(TrainSequence(np.concatenate([s.tokens, gen]), s.prompt_len, s.rid, s.seq_id))
+    return out
+
+
+# ---- aux layers -----------------------------------------------------------------------------
+def resolve_train_aux(loaded: LoadedDraft, num_layers: int, aux_layers=None,
+                      aux_convention: str | None = None) -> AuxResolution:
+    """The aux layers training feeds: ``aux_layers`` read in ``aux_convention`` (default ``hf``),
+    else the draft config's own ids in its convention (tool default when it has none).
+
+    Raises RecordTrainError when the ids are invalid or their count differs from the draft's K.
+    """
+    c = loaded.config
+    try:
+        if aux_layers is not None:
+            res = resolve_aux_ids(list(aux_layers), convention=aux_convention or "hf", num_layers=num_layers)
+        else:
+            res = resolve_aux_ids(c.eagle_aux_hidden_state_layer_ids, convention=c.aux_convention,
+                                  num_layers=num_layers)
+    except ConventionError as e:
+        raise RecordTrainError(f"aux layers: {e}") from None
+    if len(res.hf_indices) != c.num_aux:
+        src = (f"--aux-layers {list(aux_layers)} ({aux_convention or 'hf'})" if aux_layers is not None
+               else f"the draft config ids {c.eagle_aux_hidden_state_layer_ids} ({c.aux_convention})")
+        raise RecordTrainError(
+            f"{src} resolve to {len(res.hf_indices)} aux slots HF {list(res.hf_indices)} but the draft's "
+            f"fc expects {c.num_aux} slots x {c.target_hidden_size} = {c.aux_width} features")
+    return res
+
+
+def _sha256_file(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("specdiff")
+    except Exception:
+        return "unknown"
+
+
+# ---- the replayer ---------------------------------------------------------------------------
+class TrainReplayer:
+    """Target + draft ready to replay batches; ``forward`` computes, ``write`` records.
+
+    Args:
+        target: HF causal LM (eval).
+        draft: Eagle3Draft (eval, its dtype is the draft compute dtype).
+        aux: the aux resolution (training layers).
+        steps: TTT depths.
+        topk: speculative topk of ``draft.topk``.
+        capture: ``default`` or ``full`` (logits level).
+        probe_positions: probe every HF layer at positions t < this (0 = no probes).
+    """
+
+    def __init__(self, target, draft: Eagle3Draft, aux: AuxResolution, *, steps: int = 3, topk: int = 1,
+                 capture: str = "default", probe_positions: int = 64, pad_id: int = 0):
+        if capture not in CAPTURE_LEVELS:
+            raise RecordTrainError(f"capture level {capture!r}: use one of {', '.join(CAPTURE_LEVELS)}")
+        if steps < 1:
+            raise RecordTrainError(f"steps must be >= 1, got {steps}")
+        self.target, self.draft, self.aux = target, draft, aux
+        self.steps, self.topk, self.capture = steps, topk, capture
+        self.probe_positions = probe_positions
+        self.pad_id = pad_id
+        self.num_layers = target_num_layers(target)
+        self.accept_sum = np.zeros(steps)
+        self.accept_cum_sum = np.zeros(steps)
+        self.rows = np.zeros(steps)
+        self.chain_sum = 0.0
+        self.chain_rows = 0
+
+    @staticmethod
+    def pad(seqs: list[TrainSequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded input_ids [B,T] int64 and lengths [B]."""
+        lengths = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.int64)
+        ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.int64)
+        for r, s in enumerate(seqs):
+            ids[r, : len(s.tokens)] = torch.as_tensor(s.tokens, dtype=torch.int64)
+        return ids, lengths
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[TargetCapture, TTTOutput]:
+        """The bare forward: target with hidden states, then the draft's TTT forward."""
+        cap = capture_target(self.target, input_ids, self.aux.hf_indices, lengths=lengths,
+                             keep_all=self.probe_positions > 0)
+        dev = next(self.draft.parameters()).device
+        out = self.draft.ttt_forward(cap.aux_cat.to(dev), input_ids.to(dev), self.steps, lengths=lengths,
+                                     pad_id=self.pad_id)
+        return cap, out
+
+    @torch.no_grad()
+    def write(self, writer: TraceWriter, seq_ids: list[int], cap: TargetCapture, out: TTTOutput) -> None:
+        """Append every canonical row of one batch (row b -> ``seq_ids[b]``)."""
+        sid = torch.as_tensor(seq_ids, dtype=torch.int64)
+        B, T = cap.input_ids.shape
+        lengths = cap.lengths
+
+        def put(name, block):
+            writer.append(name, block.values.cpu(), seq=sid[block.seq.long()].numpy(),
+                          pos=block.pos.numpy(), depth=block.depth.numpy())
+
+        for name, block in cap.canonical_rows().items():
+            put(name, block)
+        if self.probe_positions > 0 and cap.hidden_states is not None:
+            P = min(self.probe_positions, T)
+            mask = torch.arange(P)[None, :] < lengths[:, None]
+            b, t = mask.nonzero(as_tuple=True)
+            s, p = sid[b].numpy(), t.to(torch.int32).numpy()
+            for i, hs in enumerate(cap.hidden_states):
+                writer.append(probe_name(i), hs[b, t].cpu(), seq=s, pos=p, depth=0)
+        rows = out.canonical_rows(self.topk, logits=self.capture == "full")
+        for name, block in rows.items():
+            put(name, block)
+        labels = ttt_labels(cap.argmax, self.steps, lengths)
+        hot = self.draft.hot_token_id().cpu()
+        cum = None
+        accepted = []
+        for d in range(self.steps):
+            valid = out.valid[d].cpu()
+            b, t = valid.nonzero(as_tuple=True)
+            logits = out.logits[d][b.to(out.logits[d].device), t.to(out.logits[d].device)]
+            s, p = sid[b].numpy(), t.to(torch.int32).numpy()
+            if self.capture == "default":
+                lf = logits.float()
+                vals, ids = logits.topk(min(LOGITS_TOPK, logits.shape[-1]), dim=-1)
+                writer.append("draft.logits_topk.values", vals.cpu(), seq=s, pos=p, depth=d)
+                writer.append("draft.logits_topk.ids", ids.cpu(), seq=s, pos=p, depth=d)
+                writer.append("draft.logsumexp", torch.logsumexp(lf, dim=-1).cpu(), seq=s, pos=p, depth=d)
+            top1 = logits.argmax(-1).cpu()
+            acc = hot[top1] == labels[d][b, t]
+            full = torch.zeros(B, T, dtype=torch.bool)
+            full[b, t] = acc
+            cum = full if cum is None else (cum & full)
+            accepted.append(cum)
+            writer.append("draft.accept", acc.numpy(), seq=s, pos=p, depth=d)
+            writer.append("draft.accept_cum", cum[b, t].numpy(), seq=s, pos=p, depth=d)
+            self.accept_sum[d] += float(acc.sum())
+            self.accept_cum_sum[d] += float(cum[b, t].sum())
+            self.rows[d] += len(b)
+        last = out.valid[-1].cpu()
+        if last.any():
+            chain = torch.stack(accepted).sum(0)[last].double()
+            self.chain_sum += float((chain + 1).sum())
+            self.chain_rows += int(last.sum())
+
+    def write_d2t(self, writer: TraceWriter) -> None:
+        d2t = self.draft.d2t.detach().cpu().to(torch.int64)
+        writer.append("draft.d2t", d2t.numpy(), seq=-1, pos=np.arange(d2t.shape[0], dtype=np.int32), depth=0)
+
+    def accept_rates(self) -> tuple[list[float], list[float], float]:
+        rows = np.maximum(self.rows, 1)
+        mean = self.chain_sum / self.chain_rows if self.chain_rows else float("nan")
+        return (list(map(float, self.accept_sum / rows)), list(map(float, self.accept_cum_sum / rows)), mean)
+
+
+def _batches(seqs: list[TrainSequence], batch_size: int, max_tokens: int) -> list[list[int]]:
+    """Indices grouped by similar length (longest first), at most ``batch_size`` sequences and
+    about ``max_tokens`` padded tokens per batch."""
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i].tokens))
+    out, cur = [], []
+    for i in order:
+        longest = len(seqs[cur[0]].tokens) if cur else len(seqs[i].tokens)
+        if cur and (len(cur) >= batch_size or longest * (len(cur) + 1) > max_tokens):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _parse_dtype(name: str, what: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise RecordTrainError(f"{what} {name!r}: use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
+                 replay: str | None = None, prompts: str | Path | None = None,
+                 aux_layers=None, aux_convention: str | None = None, steps: int | None = None,
+                 topk: int | None = None, dtype: str = "bfloat16", target_dtype: str = "bfloat16",
+                 capture: str = "default", probe_positions: int = 64, max_new_tokens: int = 0,
+                 batch_size: int = 8, max_batch_tokens: int = 8192, overwrite: bool = False,
+                 device: str = "cpu",
+                 progress: Callable[[int], None] | None = None,
+                 on_start: Callable[[int, RecordTrainResult], None] | None = None) -> RecordTrainResult:
+    """Replay sequences through target + draft and write a training-side trace at ``out``.
+
+    Args:
+        target_dir / draft_dir: local HF target and EAGLE-3 draft checkpoint (either format).
+        replay: a serving trace whose sequences (prompt + generated) are replayed, keeping their
+            seq ids, prompt_len and rid. Its ``spec_steps`` / ``spec_topk`` are the defaults of
+            ``steps`` / ``topk``; its ``aux_hf_indices`` are NOT used (they are what serving did).
+        prompts: a JSONL file (``sequences_from_prompts``); ``max_new_tokens`` > 0 extends each
+            with the target's greedy continuation.
+        aux_layers / aux_convention: the training aux layers (default: the draft config's).
+        steps: TTT depths (default: the serving trace's spec_steps, else 3).
+        topk: ``draft.topk`` width (default: the serving trace's spec_topk, else 1).
+        dtype: draft compute dtype; target_dtype: target dtype (the serving dtype, bf16).
+        capture: ``default`` (top-8 logits + logsumexp) or ``full`` (all draft logits).
+        probe_positions: every HF hidden state is recorded at the first this-many positions.
+        progress: called with the number of sequences finished after each batch.
+        on_start: called once with (total sequences, a result stub holding aux and notes).
+
+    Raises:
+        RecordTrainError / CheckpointError / TargetError / TraceError: one line each.
+    """
+    if (replay is None) == (prompts is None):
+        raise RecordTrainError("give exactly one of --replay SERVE_TRACE or --prompts FILE.jsonl")
+    ddtype = _parse_dtype(dtype, "--dtype")
+    tdtype = _parse_dtype(target_dtype, "--target-dtype")
+    if capture not in CAPTURE_LEVELS:
+        raise RecordTrainError(f"--capture {capture!r}: use one of {', '.join(CAPTURE_LEVELS)}")
+    if aux_convention is not None and aux_convention not in CONVENTIONS:
+        raise RecordTrainError(f"--aux-convention {aux_convention!r}: use one of {', '.join(CONVENTIONS)}")
+    target_dir, draft_dir = Path(target_dir), Path(draft_dir)
+    served: dict = {}
+    if replay is not None:
+        seqs, served = sequences_from_trace(replay)
+    else:
+        seqs = sequences_from_prompts(prompts, target_dir)
+    if not overwrite and Path(str(out)).exists():
+        raise RecordTrainError(f"{out}: already exists; choose another path or pass --overwrite")
+
+    target = load_target(target_dir, dtype=tdtype).to(device)
+    L = target_num_layers(target)
+    loaded = load_draft(draft_dir, dtype=ddtype, target_embedding=target_embedding(target).float(),
+                        target_lm_head=target_lm_head(target).float())
+    draft = loaded.model.to(device)
+    aux = resolve_train_aux(loaded, L, aux_layers, aux_convention)
+    if max_new_tokens > 0:
+        seqs = _extend_greedy(target, seqs, max_new_tokens)
+    steps = int(steps if steps is not None else served.get("spec_steps") or 3)
+    topk = int(topk if topk is not None else served.get("spec_topk") or 1)
+    if topk > loaded.config.draft_vocab_size:
+        raise RecordTrainError(f"topk {topk} exceeds the draft vocab {loaded.config.draft_vocab_size}")
+
+    tcfg = target.config
+    facts = loaded.contract_facts(num_layers=L)
+    notes = list(facts.pop("draft_notes", [])) + list(aux.notes)
+    facts.update(aux.as_facts())
+    facts.update({
+        "engine": "specdiff-reference", "engine_version": _version(), "side": "train",
+        "num_layers": L, "hidden_size": int(tcfg.hidden_size), "vocab_size": int(tcfg.vocab_size),
+        "spec_steps": steps, "spec_topk": topk, "dtype": dtype, "target_dtype": target_dtype,
+        "capture_level": capture, "logits_topk": LOGITS_TOPK if capture == "default" else 0,
+        "model_name": str(target_dir), "draft_name": str(draft_dir),
+        "tokenizer_sha256": _sha256_file(target_dir / "tokenizer.json"),
+        "probe_positions": int(probe_positions), "notes": notes,
+    })
+    if replay is not None:
+        facts["replay_of"] = str(replay)
+        if served.get("aux_hf_indices") is not None:
+            facts["served_aux_hf_indices"] = list(served["aux_hf_indices"])
+    try:
+        validate_contract(facts, where=str(out))
+    except TraceError as e:
+        raise RecordTrainError(str(e)) from None
+
+    writer = TraceWriter(str(out), side="train", contract=facts, overwrite=overwrite)
+    pad_id = getattr(tcfg, "pad_token_id", None)
+    rep = TrainReplayer(target, draft, aux, steps=steps, topk=topk, capture=capture,
+                        probe_positions=probe_positions, pad_id=int(pad_id) if pad_id is not None else 0)
+    result = RecordTrainResult(str(out), len(seqs), int(sum(len(s.tokens) for s in seqs)), aux,
+                               [], [], float("nan"), 0.0, notes)
+    if on_start:
+        on_start(len(seqs), result)
+    t0 = time.perf_counter()
+    try:
+        seq_ids = []
+        for i, s in enumerate(seqs):
+            sid = writer.add_sequence(s.tokens, prompt_len=s.prompt_len, rid=s.rid,
+                                      seq_id=s.seq_id if s.seq_id is not None else i)
+            seq_ids.append(sid)
+        rep.write_d2t(writer)
+        for idx in _batches(seqs, batch_size, max_batch_tokens):
+            ids, lengths = TrainReplayer.pad([seqs[i] for i in idx])
+            cap, tout = rep.forward(ids, lengths)
+            rep.write(writer, [seq_ids[i] for i in idx], cap, tout)
+            if progress:
+                progress(len(idx))
+        acc, acc_cum, mean = rep.accept_rates()
+        writer.set_contract(accept_rate=acc, accept_cum_rate=acc_cum,
+                            mean_accept_length=None if mean != mean else mean)
+    finally:
+        writer.close()
+    result.accept_rate, result.accept_cum_rate, result.mean_accept_length = acc, acc_cum, mean
+    result.seconds = time.perf_counter() - t0
+    return result
