@@ -1,0 +1,564 @@
+"""Hook functions and row attribution of the SGLang EAGLE-3 recorder (SGLang 0.5.23, worker v2).
+
+Hot path (in the scheduler's forward): hooks only *clone* tensors (CPU) or copy them with
+``non_blocking=True`` into pinned host memory (CUDA), compute a few small reductions on the
+device (draft logits top-k and logsumexp), and collect them in an ``IterCapture`` for the
+current ``EAGLEWorkerV2.forward_batch_generation`` call. At the end of that call the capture
+(plus a CUDA event) goes to the background writer; ``write_capture`` runs there, after the
+event, and attributes rows to ``(seq, pos, depth, iter)`` (tracer/schema.py).
+
+Attribution (EAGLE-3 pairing: the draft row at t consumes (h_t, x_{t+1}) at depth 0, and its
+own feedback with token x_{t+1+k} at depth k):
+
+- prefill, request b with prefix p and extend e: target rows at t = p..p+e-1 (iter -1); the
+  draft extend reads ``x_{t+1}`` at row t (the last one is the sampled token), depth 0; its
+  logits / hidden exist only for the last row t = p+e-1 (capture LAST).
+- decode iteration with committed KV length L (the root / previous bonus token sits at L),
+  accept length a: accepted tree nodes are at t = L..L+a-1 (their target aux rows, predict =
+  target argmax, and the draft-extend rows of the same positions, depth 0). The draft steps
+  of the iteration continue from the last draft-extend row of the previous iteration, at
+  t = L-1: forward i (0-based) is depth i+1; ``select_top_k_tokens(i)`` gets the mapped ids
+  of depth i. With topk > 1 a (seq, pos, depth) key holds topk rows (one per branch, in
+  SGLang's row order).
+- ``verify.*`` rows are keyed by pos = L (the tree root's position), depth 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger("specdiff.tracer")
+
+
+# ---- options --------------------------------------------------------------------------------
+@dataclass
+class Options:
+    """Recorder options, read from the environment (see ``from_env``)."""
+
+    path: str
+    capture: str = "default"  # "default" | "full"
+    logits_topk: int = 8
+    rids: str | None = None
+    eager_draft: bool = False
+
+    @classmethod
+    def from_env(cls, env) -> Options | None:
+        path = env.get("SPECDIFF_TRACE")
+        if not path:
+            return None
+        capture = env.get("SPECDIFF_CAPTURE", "default").strip().lower() or "default"
+        if capture not in ("default", "full"):
+            logger.warning("specdiff: SPECDIFF_CAPTURE=%r is not 'default' or 'full'; using default", capture)
+            capture = "default"
+        try:
+            k = int(env.get("SPECDIFF_LOGITS_TOPK", "8"))
+        except ValueError:
+            k = 8
+        return cls(path=path, capture=capture, logits_topk=max(1, k),
+                   rids=env.get("SPECDIFF_RIDS") or None,
+                   eager_draft=env.get("SPECDIFF_EAGER_DRAFT", "0").lower() in ("1", "true", "yes"))
+
+
+# ---- host copies ----------------------------------------------------------------------------
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def snap(t):
+    """A host copy of ``t`` that later device work cannot change: clone on CPU, non-blocking
+    copy into pinned memory on an accelerator (valid once the capture's event completes)."""
+    if t is None:
+        return None
+    t = t.detach()
+    if t.device.type == "cpu":
+        return t.clone()
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t, non_blocking=True)
+    return out
+
+
+@dataclass
+class DraftForward:
+    """One draft ModelRunner.forward: mode, inputs and reduced outputs (host copies)."""
+
+    mode: str  # "extend" (prefill draft extend) | "extend_v2" (decode draft extend) | "decode"
+    input_ids: Any = None
+    positions: Any = None
+    fc_out: Any = None
+    hidden: Any = None
+    logits: Any = None  # full (capture full)
+    lt_values: Any = None
+    lt_ids: Any = None
+    lse: Any = None
+    topk_ids: Any = None  # draft-vocab top-k computed from the logits (draft steps)
+
+
+@dataclass
+class IterCapture:
+    """Everything recorded in one ``forward_batch_generation`` call."""
+
+    iter: int
+    kind: str  # "prefill" | "decode"
+    rids: list[str]
+    prompts: dict[str, list[int]] = field(default_factory=dict)
+    prefix_lens: list[int] | None = None
+    extend_lens: list[int] | None = None
+    t: dict[str, Any] = field(default_factory=dict)
+    draft: list[DraftForward] = field(default_factory=list)
+    select: list[tuple[int, Any]] = field(default_factory=list)
+    event: Any = None
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+
+# ---- the recorder ---------------------------------------------------------------------------
+class Recorder:
+    """Process-wide recorder state (one per scheduler process, TP rank 0)."""
+
+    def __init__(self, opts: Options):
+        self.opts = opts
+        self.enabled = True
+        self.cur: IterCapture | None = None
+        self.fc_sink: list | None = None
+        self.writer = None  # AsyncTraceWriter
+        self.contract: dict = {}
+        self.hidden_size: int | None = None
+        self.num_aux: int | None = None
+        self.topk: int = 1
+        self.rid_re = re.compile(opts.rids) if opts.rids else None
+        self._iter = 0
+        self._hooked_models: set[int] = set()
+        self._failed_once = False
+        self._lock = threading.Lock()
+        self._seen_prompts: set[str] = set()
+        # writer-thread state
+        self.seq_ids: dict[str, int] = {}
+        self.seq_tokens: dict[str, list[int]] = {}
+        self.seq_prompt: dict[str, int] = {}
+
+    # -- lifecycle --
+    def fail(self, where: str, exc: BaseException) -> None:
+        self.enabled = False
+        self.cur = None
+        if not self._failed_once:
+            self._failed_once = True
+            logger.error("specdiff: recorder hook %s failed (%s: %s); tracing disabled, the server "
+                         "keeps serving", where, type(exc).__name__, exc)
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and (self.writer is None or self.writer.active)
+
+    def start(self, worker) -> None:
+        """Build the contract from the EAGLE worker and open the trace (once)."""
+        with self._lock:
+            if self.writer is not None or not self.enabled:
+                return
+            from .async_writer import AsyncTraceWriter
+            from .store import TraceWriter
+
+            self.contract = contract_from_worker(worker, self.opts)
+            self.hidden_size = self.contract.get("hidden_size")
+            self.num_aux = len(self.contract.get("aux_hf_indices") or []) or None
+            self.topk = int(self.contract.get("spec_topk", 1))
+            tw = TraceWriter(self.opts.path, side="serve", contract=self.contract)
+            self.writer = AsyncTraceWriter(tw, self._write, max_items=64)
+            logger.info("specdiff: recording an EAGLE-3 trace to %s (capture %s)", self.opts.path,
+                        self.opts.capture)
+
+    def close(self) -> None:
+        w = self.writer
+        if w is None:
+            return
+        self.enabled = False
+        if w.close(contract={"dropped_records": 0}):
+            logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped)",
+                        self.opts.path, w.written, w.dropped)
+
+    # -- capture helpers (hot path) --
+    def keep_rid(self, rid: str) -> bool:
+        rid = str(rid)
+        if rid.startswith("HEALTH_CHECK"):  # SGLang's /health probes, not user requests
+            return False
+        return self.rid_re is None or bool(self.rid_re.search(rid))
+
+    def begin(self, batch) -> IterCapture | None:
+        reqs = list(getattr(batch, "reqs", None) or [])
+        if not reqs:
+            return None
+        rids = [str(r.rid) for r in reqs]
+        if not any(self.keep_rid(r) for r in rids):
+            return None
+        it = getattr(batch, "forward_iter", None)
+        if it is None:
+            it = self._iter
+        self._iter += 1
+        mode = batch.forward_mode
+        kind = "prefill" if mode.is_extend() else "decode"
+        cap = IterCapture(iter=int(it), kind=kind, rids=rids)
+        if kind == "prefill":
+            cap.prefix_lens = [int(x) for x in batch.prefix_lens]
+            cap.extend_lens = [int(x) for x in batch.extend_lens]
+            for r in reqs:
+                if str(r.rid) not in self._seen_prompts:
+                    cap.prompts[str(r.rid)] = [int(x) for x in r.origin_input_ids]
+                    self._seen_prompts.add(str(r.rid))
+        cap.t["seq_lens"] = snap(batch.seq_lens)
+        return cap
+
+    def finish(self, cap: IterCapture, result) -> None:
+        if cap.kind == "prefill" and result is not None:
+            nti = getattr(result, "next_token_ids", None)
+            if nti is not None and "next_token_ids" not in cap.t:
+                cap.t["next_token_ids"] = snap(nti)
+        if torch.cuda.is_available() and any(_on_cuda(v) for v in cap.t.values()):
+            ev = torch.cuda.Event()
+            ev.record()
+            cap.event = ev
+        self.writer.submit(cap)
+
+    def capture_draft_forward(self, mode: str, forward_batch, logits_output) -> DraftForward:
+        df = DraftForward(mode=mode)
+        df.input_ids = snap(forward_batch.input_ids)
+        df.positions = snap(forward_batch.positions)
+        if self.fc_sink:
+            df.fc_out = self.fc_sink[-1]
+        hs = getattr(logits_output, "hidden_states", None)
+        if hs is not None:
+            df.hidden = snap(hs)
+        logits = getattr(logits_output, "next_token_logits", None)
+        if logits is not None and logits.dim() == 2 and logits.shape[0] > 0:
+            lf = logits.detach()
+            k = min(self.opts.logits_topk, lf.shape[-1])
+            vals, ids = torch.topk(lf, k, dim=-1)
+            df.lt_values, df.lt_ids = snap(vals), snap(ids)
+            df.lse = snap(torch.logsumexp(lf.float(), dim=-1))
+            if mode == "decode":
+                df.topk_ids = snap(torch.topk(lf, min(self.topk, lf.shape[-1]), dim=-1).indices)
+            if self.opts.capture == "full":
+                df.logits = snap(lf)
+        return df
+
+    def ensure_fc_hook(self, model) -> None:
+        key = id(model)
+        if key in self._hooked_models:
+            return
+        self._hooked_models.add(key)
+        fc = None
+        inner = getattr(model, "model", None)
+        if inner is not None and isinstance(getattr(inner, "fc", None), torch.nn.Module):
+            fc = inner.fc
+        elif isinstance(getattr(model, "fc", None), torch.nn.Module):
+            fc = model.fc
+        if fc is None:
+            logger.warning("specdiff: draft model has no fc module; draft.fc_out is not recorded")
+            return
+        rec = self
+
+        def _fc_hook(_mod, _inp, out):
+            sink = rec.fc_sink
+            if sink is None or not rec.enabled or _capturing():
+                return None
+            try:
+                o = out[0] if isinstance(out, tuple) else out
+                sink.append(snap(o))
+            except Exception as exc:  # noqa: BLE001
+                rec.fail("draft fc", exc)
+            return None
+
+        fc.register_forward_hook(_fc_hook)
+
+    # -- writer thread --
+    def _write(self, tw, cap: IterCapture) -> None:
+        write_capture(self, tw, cap)
+
+
+def _on_cuda(v) -> bool:
+    return isinstance(v, torch.Tensor) and v.is_pinned()
+
+
+# ---- contract -------------------------------------------------------------------------------
+def contract_from_worker(worker, opts: Options) -> dict:
+    """Contract facts from an ``EAGLEWorkerV2`` (called once, at startup)."""
+    from .contract import sha256_array
+    from .conventions import resolve_aux_ids
+
+    facts: dict = {"engine": "sglang", "capture_level": opts.capture, "logits_topk": int(opts.logits_topk),
+                   "graph_hidden_stages": [], "dropped_records": 0}
+    try:
+        import sglang
+
+        facts["engine_version"] = str(getattr(sglang, "__version__", "unknown"))
+    except Exception:  # noqa: BLE001
+        facts["engine_version"] = "unknown"
+    target_runner = worker.target_worker.model_runner
+    dw = getattr(worker, "_draft_worker", None) or worker.draft_worker
+    draft_runner = dw.draft_runner
+    tcfg = target_runner.model_config.hf_config
+    dcfg = draft_runner.model_config.hf_config
+    L = int(tcfg.num_hidden_layers)
+    facts.update(num_layers=L, hidden_size=int(tcfg.hidden_size), vocab_size=int(tcfg.vocab_size),
+                 draft_hidden_size=int(dcfg.hidden_size))
+    facts["dtype"] = str(target_runner.model_config.dtype).replace("torch.", "")
+    eagle_config = getattr(dcfg, "eagle_config", None) or {}
+    if not isinstance(eagle_config, dict):
+        eagle_config = dict(eagle_config)
+    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+    res = resolve_aux_ids(ids, convention="sglang", num_layers=L)
+    facts.update(res.as_facts())
+    # What SGLang really captures (capture index i == HF hidden_states[i]).
+    tmodel = getattr(target_runner.model, "model", None)
+    ltc = getattr(tmodel, "layers_to_capture", None)
+    if ltc:
+        facts["aux_hf_indices"] = sorted(int(i) for i in ltc)
+    dmodel = draft_runner.model
+    dinner = getattr(dmodel, "model", dmodel)
+    facts["norm_before_fc"] = bool(getattr(dinner, "norm_before_fc", False))
+    facts["fc_norm"] = getattr(dinner, "fc_norm", None) is not None
+    hot = getattr(dw, "hot_token_id", None)
+    if hot is None:
+        hot = getattr(dmodel, "hot_token_id", None)
+    if hot is not None:
+        hot64 = hot.detach().to("cpu", torch.int64)
+        facts["hot_token_id_sha256"] = sha256_array(hot64)
+        facts["d2t_sha256"] = sha256_array(hot64 - torch.arange(hot64.numel(), dtype=torch.int64))
+        facts["draft_vocab_size"] = int(hot64.numel())
+    else:
+        facts["hot_token_id_sha256"] = None
+        facts["d2t_sha256"] = None
+        facts["draft_vocab_size"] = int(getattr(dcfg, "draft_vocab_size", None) or dcfg.vocab_size)
+    facts["spec_steps"] = int(worker.speculative_num_steps)
+    facts["spec_topk"] = int(worker.topk)
+    facts["spec_draft_tokens"] = int(worker.speculative_num_draft_tokens)
+    sa = getattr(worker, "server_args", None)
+    if sa is not None:
+        facts["model_name"] = str(getattr(sa, "model_path", "") or "")
+        facts["draft_name"] = str(getattr(sa, "speculative_draft_model_path", "") or "")
+    hidden = []
+    if getattr(dw, "cuda_graph_runner", None) is not None:
+        hidden += ["tokens", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"]
+    if getattr(dw, "cuda_graph_runner_for_draft_extend", None) is not None:
+        hidden += ["draft.fc_out", "draft.hidden_out", "draft.logits", "draft.topk"]
+    if getattr(target_runner, "decode_cuda_graph_runner", None) is not None or \
+            getattr(target_runner, "graph_runner", None) is not None:
+        hidden += []  # target outputs come back from the graph: nothing we record is hidden
+    facts["graph_hidden_stages"] = sorted(set(hidden))
+    return facts
+
+
+# ---- attribution (writer thread) ------------------------------------------------------------
+class _Batch:
+    """Rows of one iteration, gathered per tensor name, appended once per name."""
+
+    def __init__(self):
+        self.rows: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = {}
+
+    def add(self, name, data, seq, pos, depth=0, it=-1):
+        data = data if isinstance(data, torch.Tensor) else torch.as_tensor(np.asarray(data))
+        n = data.shape[0]
+        if n == 0:
+            return
+        self.rows.setdefault(name, []).append((
+            data, np.broadcast_to(np.asarray(seq, np.int64), (n,)),
+            np.broadcast_to(np.asarray(pos, np.int64), (n,)),
+            np.broadcast_to(np.asarray(depth, np.int64), (n,)),
+            np.broadcast_to(np.asarray(it, np.int64), (n,))))
+
+    def flush(self, tw) -> None:
+        for name, parts in self.rows.items():
+            data = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+            keys = [np.concatenate([p[i] for p in parts]) for i in range(1, 5)]
+            tw.append(name, data, seq=keys[0], pos=keys[1], depth=keys[2], iter=keys[3])
+
+
+def _seq(rec: Recorder, tw, rid: str, prompt: list[int] | None = None) -> int:
+    if rid not in rec.seq_ids:
+        toks = list(prompt or [])
+        rec.seq_tokens[rid] = toks
+        rec.seq_prompt[rid] = len(toks)
+        rec.seq_ids[rid] = tw.add_sequence(np.asarray(toks, np.int32), prompt_len=len(toks), rid=rid)
+    return rec.seq_ids[rid]
+
+
+def _add_aux(rec: Recorder, out: _Batch, aux_rows, seq, pos, it) -> None:
+    out.add("target.aux_cat", aux_rows, seq, pos, 0, it)
+    H = rec.hidden_size
+    K = rec.num_aux
+    if H and aux_rows.shape[-1] % H == 0:
+        K = aux_rows.shape[-1] // H
+    if not K:
+        return
+    for j, chunk in enumerate(aux_rows.chunk(K, dim=-1)):
+        out.add(f"target.aux.{j}", chunk.contiguous(), seq, pos, 0, it)
+
+
+def _add_draft_rows(rec: Recorder, out: _Batch, df: DraftForward, sel, seq, pos, depth, it,
+                    *, has_logits=True, lsel=None) -> None:
+    """Add the draft tensors of rows ``sel`` (inputs/fc) and ``lsel`` (hidden/logits)."""
+    lsel = sel if lsel is None else lsel
+    if df.input_ids is not None:
+        out.add("tokens", df.input_ids[sel], seq, pos, depth, it)
+    if df.fc_out is not None and df.fc_out.shape[0] == df.input_ids.shape[0]:
+        out.add("draft.fc_out", df.fc_out[sel], seq, pos, depth, it)
+    if not has_logits:
+        return
+    lpos, ldepth = pos, depth
+    if df.hidden is not None:
+        out.add("draft.hidden_out", df.hidden[lsel], seq, lpos, ldepth, it)
+    if df.lt_values is not None:
+        out.add("draft.logits_topk.values", df.lt_values[lsel], seq, lpos, ldepth, it)
+        out.add("draft.logits_topk.ids", df.lt_ids[lsel], seq, lpos, ldepth, it)
+        out.add("draft.logsumexp", df.lse[lsel], seq, lpos, ldepth, it)
+    if df.logits is not None:
+        out.add("draft.logits", df.logits[lsel], seq, lpos, ldepth, it)
+
+
+def _parents(next_token: np.ndarray, next_sibling: np.ndarray) -> np.ndarray:
+    n = next_token.shape[0]
+    par = np.full(n, -1, np.int64)
+    for j in range(n):
+        c = int(next_token[j])
+        guard = 0
+        while 0 <= c < n and guard <= n:
+            par[c] = j
+            c = int(next_sibling[c])
+            guard += 1
+    return par
+
+
+def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
+    """Attribute one iteration's captured tensors and append them (writer thread)."""
+    out = _Batch()
+    touched: set[str] = set()
+    if cap.kind == "prefill":
+        _write_prefill(rec, tw, cap, out, touched)
+    else:
+        _write_decode(rec, tw, cap, out, touched)
+    out.flush(tw)
+    for rid in touched:
+        toks = rec.seq_tokens[rid]
+        tw.add_sequence(np.asarray(toks, np.int32), prompt_len=rec.seq_prompt[rid], rid=rid,
+                        seq_id=rec.seq_ids[rid])
+
+
+def _write_prefill(rec, tw, cap, out, touched) -> None:
+    aux = cap.t.get("target_aux")
+    nti = cap.t.get("next_token_ids")
+    de = next((d for d in cap.draft if d.mode == "extend"), None)
+    de_topk = cap.t.get("de_topk_index")
+    off = 0
+    for b, rid in enumerate(cap.rids):
+        p, e = cap.prefix_lens[b], cap.extend_lens[b]
+        rows = slice(off, off + e)
+        off += e
+        if not rec.keep_rid(rid):
+            continue
+        sid = _seq(rec, tw, rid, cap.prompts.get(rid))
+        pos = np.arange(p, p + e)
+        prompt_len = rec.seq_prompt[rid]
+        final = p + e >= prompt_len
+        if aux is not None:
+            _add_aux(rec, out, aux[rows], sid, pos, -1)
+        last = p + e - 1
+        if final and nti is not None:
+            tok = int(nti[b])
+            out.add("target.argmax", torch.tensor([tok]), sid, last, 0, -1)
+            toks = rec.seq_tokens[rid]
+            if len(toks) == last + 1:
+                toks.append(tok)
+                touched.add(rid)
+        if de is not None:
+            _add_draft_rows(rec, out, de, rows, sid, pos, 0, -1, has_logits=False)
+            if final:
+                _add_draft_rows(rec, out, DraftForward(mode="extend", hidden=de.hidden, lt_values=de.lt_values,
+                                                       lt_ids=de.lt_ids, lse=de.lse, logits=de.logits),
+                                slice(b, b + 1), sid, last, 0, -1)
+        if final and de_topk is not None:
+            out.add("draft.topk", de_topk[b:b + 1], sid, last, 0, -1)
+
+
+def _write_decode(rec, tw, cap, out, touched) -> None:
+    t = cap.t
+    bs = len(cap.rids)
+    L = t["seq_lens"].to(torch.int64).numpy()
+    it = cap.iter
+    predict = t.get("predict")
+    acc_len = t.get("accept_lens")
+    acc_idx = t.get("accept_index")
+    if predict is None or acc_len is None or acc_idx is None:
+        return
+    predict = predict.to(torch.int64)
+    acc_len = acc_len.to(torch.int64).numpy()
+    acc_idx = acc_idx.to(torch.int64).view(bs, -1)
+    N = predict.shape[0] // bs
+    slots = acc_idx.shape[1]
+    k = rec.topk
+    aux = t.get("target_aux")
+    vpos = t.get("verify_positions")
+    dt = t.get("draft_token")
+    rindex = t.get("retrieve_index")
+    nxt, sib = t.get("retrieve_next_token"), t.get("retrieve_next_sibling")
+    de = next((d for d in cap.draft if d.mode == "extend_v2"), None)
+    de_topk = t.get("de_topk_index")
+    steps = [d for d in cap.draft if d.mode == "decode"]
+    for b, rid in enumerate(cap.rids):
+        if not rec.keep_rid(rid):
+            continue
+        sid = _seq(rec, tw, rid)
+        Lb, a = int(L[b]), int(acc_len[b])
+        gidx = acc_idx[b, :a]
+        local = acc_idx[b].clone()
+        local[local >= 0] -= b * N
+        accepted = torch.full((slots,), -1, dtype=torch.int64)
+        accepted[:a] = predict[gidx]
+        # verify rows
+        out.add("verify.accept_length", torch.tensor([a]), sid, Lb, 0, it)
+        out.add("verify.accept_index", local[None], sid, Lb, 0, it)
+        out.add("verify.accepted_tokens", accepted[None], sid, Lb, 0, it)
+        out.add("verify.predict", predict[b * N:(b + 1) * N][None], sid, Lb, 0, it)
+        if dt is not None:
+            out.add("verify.draft_tokens", dt.view(bs, -1)[b][None], sid, Lb, 0, it)
+        if rindex is not None:
+            ri = rindex.to(torch.int64).view(bs, -1)[b].clone()
+            ri[ri >= b * N] -= b * N
+            out.add("verify.retrieve_index", ri[None], sid, Lb, 0, it)
+        if nxt is not None and sib is not None:
+            nt = nxt.to(torch.int64).view(bs, -1)[b].numpy()
+            ns = sib.to(torch.int64).view(bs, -1)[b].numpy()
+            out.add("verify.parents", torch.as_tensor(_parents(nt, ns))[None], sid, Lb, 0, it)
+        # accepted target rows: positions of the accepted nodes
+        pos = (vpos.to(torch.int64)[gidx].numpy() if vpos is not None else Lb + np.arange(a))
+        if aux is not None and aux.shape[0] == bs * N:
+            _add_aux(rec, out, aux[gidx], sid, pos, it)
+        out.add("target.argmax", predict[gidx], sid, pos, 0, it)
+        # committed tokens
+        toks = rec.seq_tokens[rid]
+        if len(toks) == Lb + 1:
+            toks.extend(int(x) for x in predict[gidx])
+            touched.add(rid)
+        # draft extend (accepted path is at the front of the request's block), depth 0
+        if de is not None and de.input_ids is not None and de.input_ids.shape[0] == bs * N:
+            rows = slice(b * N, b * N + a)
+            dpos = Lb + np.arange(a)
+            _add_draft_rows(rec, out, de, rows, sid, dpos, 0, it)
+        if de_topk is not None:
+            out.add("draft.topk", de_topk[b:b + 1], sid, Lb + a - 1, 0, it)
+        # draft steps of this iteration, continuing from the row at L-1
+        for i, df in enumerate(steps):
+            rows = slice(b * k, (b + 1) * k)
+            _add_draft_rows(rec, out, df, rows, sid, Lb - 1, i + 1, it)
+            if df.topk_ids is not None:
+                out.add("draft.topk", df.topk_ids[rows], sid, Lb - 1, i + 1, it)
+        for i, ids in cap.select:
+            ids = ids.reshape(-1, k)
+            per = ids.shape[0] // bs
+            out.add("draft.topk_target", ids[b * per:(b + 1) * per], sid, Lb - 1, i, it)

@@ -1,0 +1,210 @@
+"""``specdiff record serve`` / ``specdiff record client``: record a trace from a live SGLang server.
+
+``record serve`` starts SGLang with specdiff's plugin switched on (environment variables read by
+``specdiff.tracer.sglang_plugin``) and waits; the trace is finalized when the server stops.
+``record client`` sends prompts to a running (traced) server, greedy by default, and prints the
+accept length SGLang reports per request. Servers launched by other tooling are traced by
+setting ``SPECDIFF_TRACE=<path>`` in their environment; specdiff must be installed in the
+server's Python so SGLang finds the plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import click
+from specdiff.tracer.errors import SpecdiffError
+
+from .cli import cli
+
+
+@cli.group()
+def record():
+    """Record a trace from a live SGLang EAGLE-3 server."""
+
+
+def default_trace_path() -> str:
+    return os.path.abspath(os.path.join("traces", time.strftime("serve-%Y%m%d-%H%M%S.trace")))
+
+
+def trace_env(path: str, capture: str, logits_topk: int, rids: str | None, eager_draft: bool,
+              base=None) -> dict[str, str]:
+    """Environment that switches the plugin on (added to ``base``, default ``os.environ``)."""
+    env = dict(os.environ if base is None else base)
+    env["SPECDIFF_TRACE"] = path
+    env["SPECDIFF_CAPTURE"] = capture
+    env["SPECDIFF_LOGITS_TOPK"] = str(logits_topk)
+    if rids:
+        env["SPECDIFF_RIDS"] = rids
+    if eager_draft:
+        env["SPECDIFF_EAGER_DRAFT"] = "1"
+    return env
+
+
+def serve_command(sglang_args, *, cpu: bool, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """argv and env of the SGLang server ``record serve`` starts."""
+    if cpu:
+        from specdiff.tracer.cpu.launch import CPU_BASE_ARGS, SERVE_SCRIPT, cpu_server_env
+
+        return [sys.executable, SERVE_SCRIPT, *CPU_BASE_ARGS, *sglang_args], cpu_server_env(env)
+    return [sys.executable, "-m", "sglang.launch_server", *sglang_args], env
+
+
+@record.command("serve", context_settings={"ignore_unknown_options": True})
+@click.option("--cpu", is_flag=True, help="Run real SGLang on this CPU (pure-torch kernel stand-ins).")
+@click.option("--trace", "trace_path", default=None, metavar="PATH",
+              help="Trace store to create (default: traces/serve-<time>.trace).")
+@click.option("--capture", type=click.Choice(["default", "full"]), default="default", show_default=True,
+              help="default: draft logits as top-k + logsumexp; full: full draft logits.")
+@click.option("--logits-topk", default=8, show_default=True, help="k of draft.logits_topk.*")
+@click.option("--rids", default=None, metavar="REGEX", help="Record only requests whose rid matches.")
+@click.option("--eager-draft", is_flag=True, help="Run the draft without CUDA graphs so every stage is seen.")
+@click.argument("sglang_args", nargs=-1, type=click.UNPROCESSED)
+def serve(cpu, trace_path, capture, logits_topk, rids, eager_draft, sglang_args):
+    """Start an SGLang server with tracing on and wait (Ctrl-C stops it and closes the trace).
+
+    \b
+    Example:
+      specdiff record serve --cpu --trace run.trace -- --model-path T \\
+          --speculative-algorithm EAGLE3 --speculative-draft-model-path D \\
+          --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
+    """
+    if not sglang_args:
+        raise SpecdiffError("no SGLang arguments; pass them after '--' (at least --model-path and "
+                            "--speculative-draft-model-path)")
+    path = os.path.abspath(trace_path) if trace_path else default_trace_path()
+    if os.path.exists(path):
+        raise SpecdiffError(f"{path} already exists; choose another --trace path")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    env = trace_env(path, capture, logits_topk, rids, eager_draft)
+    argv, env = serve_command(list(sglang_args), cpu=cpu, env=env)
+    click.echo(f"specdiff: tracing to {path} (capture {capture}); the trace is finalized when the "
+               f"server stops (Ctrl-C here, or SIGTERM to pid shown below)")
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    click.echo(f"specdiff: SGLang server pid {proc.pid}: {' '.join(argv[1:])}")
+
+    def _forward(signum, _frame):
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    old = {s: signal.signal(s, _forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    click.echo(f"specdiff: server exited ({rc}); {_trace_state(path)}")
+
+
+def _trace_state(path: str) -> str:
+    if not os.path.exists(path):
+        return (f"no trace at {path} (was specdiff installed in the server's Python, and did the "
+                f"server load the EAGLE-3 worker?)")
+    try:
+        from specdiff.tracer.store import open_trace
+
+        t = open_trace(path)
+        state = "closed cleanly" if t.closed else "not closed (readable up to its last record)"
+        return f"trace {path}: {len(t.sequences)} sequences, {t.records} records, {state}"
+    except SpecdiffError as exc:
+        return f"trace {path} does not open: {exc}"
+
+
+def read_prompts(path: str) -> list[dict]:
+    """Prompts from a JSONL file: each line ``{"text"|"prompt": str}``, ``{"input_ids": [...]}``
+    or a JSON string; optional ``"max_new_tokens"`` per line."""
+    out = []
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        raise SpecdiffError(f"{path}: cannot read prompts ({exc.strerror})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecdiffError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        if isinstance(obj, str):
+            obj = {"text": obj}
+        if not isinstance(obj, dict) or not any(k in obj for k in ("text", "prompt", "input_ids")):
+            raise SpecdiffError(f"{path}:{n}: expected a JSON string or an object with 'text', "
+                                f"'prompt' or 'input_ids'")
+        out.append(obj)
+    if not out:
+        raise SpecdiffError(f"{path}: no prompts")
+    return out
+
+
+def generate(url: str, prompt: dict, *, max_new_tokens: int, temperature: float, ignore_eos: bool,
+             timeout_s: float = 600.0) -> dict:
+    params = {"max_new_tokens": int(prompt.get("max_new_tokens", max_new_tokens)),
+              "temperature": temperature, "ignore_eos": ignore_eos}
+    payload: dict = {"sampling_params": params}
+    if "input_ids" in prompt:
+        payload["input_ids"] = prompt["input_ids"]
+    else:
+        payload["text"] = prompt.get("text", prompt.get("prompt"))
+    req = urllib.request.Request(url.rstrip("/") + "/generate", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return json.loads(r.read().decode())
+    except urllib.error.HTTPError as exc:
+        raise SpecdiffError(f"{url}/generate answered HTTP {exc.code}: "
+                            f"{exc.read().decode(errors='replace')[:300]}") from None
+    except (urllib.error.URLError, ConnectionError, OSError) as exc:
+        raise SpecdiffError(f"{url}/generate failed: {exc}; is the server running?") from None
+
+
+@record.command("client")
+@click.option("--url", required=True, help="SGLang server, e.g. http://127.0.0.1:30000")
+@click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False),
+              help="JSONL: one prompt per line ({\"text\": ...} or {\"input_ids\": [...]}).")
+@click.option("--max-new-tokens", default=64, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--ignore-eos", is_flag=True, help="Generate max-new-tokens even past EOS.")
+@click.option("--concurrency", default=1, show_default=True, help="Requests in flight at once.")
+def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurrency):
+    """Send prompts to a running traced server and print each request's accept length.
+
+    Writes nothing itself: the server's trace grows as requests run and is finalized when
+    the server stops.
+    """
+    prompts = read_prompts(prompts_path)
+    results: list[dict | None] = [None] * len(prompts)
+
+    def _one(i):
+        results[i] = generate(url, prompts[i], max_new_tokens=max_new_tokens,
+                              temperature=temperature, ignore_eos=ignore_eos)
+        return i
+
+    with click.progressbar(length=len(prompts), label="requests", file=sys.stderr) as bar, \
+            ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        for _ in pool.map(_one, range(len(prompts))):
+            bar.update(1)
+    total_tok = total_ct = 0
+    for i, r in enumerate(results):
+        meta = (r or {}).get("meta_info", {})
+        ct = int(meta.get("spec_verify_ct") or 0)
+        ntok = int(meta.get("completion_tokens") or len(r.get("output_ids") or []))
+        acc = meta.get("spec_accept_length")
+        total_tok += ntok
+        total_ct += ct
+        acc_s = f"{acc:.2f}" if isinstance(acc, (int, float)) else "n/a"
+        click.echo(f"{i:4d}  rid {meta.get('id', '?')}  tokens {ntok:<5d} verify steps {ct:<5d} "
+                   f"accept length {acc_s}")
+    if total_ct:
+        click.echo(f"mean accept length {total_tok / total_ct:.3f} over {len(results)} requests "
+                   f"({total_tok} tokens, {total_ct} verify steps)")
+    click.echo("the server's trace is finalized when the server stops")
