@@ -10,7 +10,10 @@
   ``d2t`` int64 offsets [Vd] and ``t2d`` bool [V] (no embedding: SGLang shares the target's).
 
 The weights are random: greedy output is still deterministic, and the draft is usually
-wrong, so accept lengths sit near 1. These models only prove the serving path works; the
+wrong, so accept lengths sit near 1. ``build_oracle_models(root)`` writes a degenerate pair
+whose draft is always right (both final norms are zero, so every logit is 0 and greedy
+argmax is id 0 on both sides; the draft's d2t maps draft id 0 to target id 0): a chain then
+accepts every drafted token (accept length = steps + 1). These models only prove the serving path works; the
 trained demo models live in ``specdiff.replay``.
 """
 
@@ -69,8 +72,10 @@ def build_tokenizer(out_dir: Path, vocab_size: int = VOCAB):
     return fast
 
 
-def build_target(out_dir: Path, seed: int = 0) -> None:
-    """Random tiny Llama target + tokenizer in ``out_dir`` (bf16 safetensors)."""
+def build_target(out_dir: Path, seed: int = 0, constant_output: bool = False) -> None:
+    """Random tiny Llama target + tokenizer in ``out_dir`` (bf16 safetensors).
+
+    ``constant_output``: zero the final norm, so all logits are 0 and greedy picks id 0."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -95,12 +100,19 @@ def build_target(out_dir: Path, seed: int = 0) -> None:
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.05)
+        if constant_output:
+            model.model.norm.weight.zero_()
     model = model.to(torch.bfloat16)
     model.save_pretrained(str(out_dir), safe_serialization=True)
 
 
-def build_draft(out_dir: Path, seed: int = 1, aux_layer_ids: list[int] | None = None) -> None:
-    """Random EAGLE-3 draft (SpecForge/SGLang checkpoint layout) in ``out_dir``."""
+def build_draft(
+    out_dir: Path, seed: int = 1, aux_layer_ids: list[int] | None = None, constant_output: bool = False
+) -> None:
+    """Random EAGLE-3 draft (SpecForge/SGLang checkpoint layout) in ``out_dir``.
+
+    ``constant_output``: zero the final norm (all draft logits 0, argmax draft id 0) and map
+    draft id 0 to target id 0, so the draft always proposes target id 0."""
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +126,8 @@ def build_draft(out_dir: Path, seed: int = 1, aux_layer_ids: list[int] | None = 
 
     # draft vocab = target ids 0..Vd-1 shifted by 3 (skip specials): d2t holds offsets
     draft_to_target = torch.arange(vd, dtype=torch.int64) + 3
+    if constant_output:
+        draft_to_target[0] = 0
     d2t = draft_to_target - torch.arange(vd, dtype=torch.int64)
     t2d = torch.zeros(v, dtype=torch.bool)
     t2d[draft_to_target] = True
@@ -129,7 +143,7 @@ def build_draft(out_dir: Path, seed: int = 1, aux_layer_ids: list[int] | None = 
         "midlayer.input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
         "midlayer.hidden_norm.weight": torch.ones(h, dtype=torch.bfloat16),
         "midlayer.post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-        "norm.weight": torch.ones(h, dtype=torch.bfloat16),
+        "norm.weight": (torch.zeros if constant_output else torch.ones)(h, dtype=torch.bfloat16),
         "lm_head.weight": w(vd, h),
         "d2t": d2t,
         "t2d": t2d,
@@ -173,8 +187,21 @@ def build_bringup_models(root: str | os.PathLike, force: bool = False) -> tuple[
     return target, draft
 
 
+def build_oracle_models(root: str | os.PathLike, force: bool = False) -> tuple[Path, Path]:
+    """Build (or reuse) the always-accepted pair under ``root``/oracle-{target,draft}."""
+    root = Path(root)
+    target, draft = root / "oracle-target", root / "oracle-draft"
+    marker = root / "ORACLE_READY"
+    if marker.exists() and not force:
+        return target, draft
+    build_target(target, constant_output=True)
+    build_draft(draft, constant_output=True)
+    marker.write_text("ok\n")
+    return target, draft
+
+
 if __name__ == "__main__":
     import sys
 
-    t, d = build_bringup_models(sys.argv[1] if len(sys.argv) > 1 else "/tmp/specdiff-bringup", force=True)
-    print(t, d)
+    where = sys.argv[1] if len(sys.argv) > 1 else "/tmp/specdiff-bringup"
+    print(*build_bringup_models(where, force=True), *build_oracle_models(where, force=True))
