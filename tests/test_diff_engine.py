@@ -28,7 +28,7 @@ D2T = np.array(sorted(rng.choice(200, VD, replace=False)), np.int64) - np.arange
 
 
 def write_trace(path, *, side, hf, seqs=SEQS, order=None, noise=1e-4, probes=False, d2t=D2T,
-                topk_fn=None, nan_at=None, shift_pos=0, extra_seq=False):
+                topk_fn=None, nan_at=None, shift_pos=0, extra_seq=False, fc_in_norm=None):
     """A trace holding aux slots for HF indices ``hf`` (ascending), tokens, topk and mapped ids."""
     contract = {"num_layers": L, "hidden_size": H, "aux_hf_indices": list(hf), "dtype": "float32",
                 "draft_vocab_size": VD, "spec_steps": 2}
@@ -45,6 +45,11 @@ def write_trace(path, *, side, hf, seqs=SEQS, order=None, noise=1e-4, probes=Fal
                 if nan_at is not None and j == 0:
                     rows[nan_at] = np.nan
                 w.append(aux_name(j), rows, seq=sid, pos=pos)
+            if fc_in_norm is not None:
+                cat = np.concatenate([HIDDEN[s][i, :n] for i in hf], axis=1)
+                if fc_in_norm:
+                    cat = cat / np.sqrt((cat * cat).mean(1, keepdims=True) + 1e-6)
+                w.append("draft.fc_in", cat.astype(np.float32), seq=sid, pos=pos)
             if probes:
                 for i in range(L + 1):
                     w.append(probe_name(i), HIDDEN[s][i, :n], seq=sid, pos=pos)
@@ -117,6 +122,15 @@ def test_missing_d2t_is_explained_as_identity(tmp_path):
     report = diff_traces(a, b)
     assert report.first.name == "draft.topk_target"
     assert report.explanations[0].cause == "d2t_missing"
+
+
+def test_norm_before_fc_on_serving_only_is_explained(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], fc_in_norm=False)
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], fc_in_norm=True)
+    report = diff_traces(a, b)
+    assert report.first.name == "draft.fc_in"
+    assert [e.cause for e in report.explanations] == ["norm_before_fc"]
+    assert "applied on serving only" in report.explanations[0].message
 
 
 def test_nan_is_always_a_divergence_and_reported(tmp_path):

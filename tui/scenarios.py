@@ -1,0 +1,82 @@
+"""Built-in demo scenarios: a correctly trained draft, served with one real-world contract mistake.
+
+Each scenario writes the *served* copy of the demo draft (what the user shipped to SGLang);
+the training side always replays with the draft as it was trained. The demo draft was trained
+on HF hidden_states [0, 3, 6] (embedding output, outputs of layers 2 and 5): in SGLang's
+convention (id k captures HF k+1; -1 = embeddings) that is ids [-1, 2, 5].
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+TRAINED_HF = [0, 3, 6]
+CORRECT_SGLANG_IDS = [-1, 2, 5]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A demo case: its name, what goes wrong, and what the diff should find."""
+
+    name: str
+    summary: str
+    expected_first: str | None  # first diverging tensor (None = no divergence)
+    expected_cause: str | None
+
+
+SCENARIOS = {
+    "seed": Scenario("seed", "served with eagle_aux_hidden_state_layer_ids [2, 5, 6] (captures HF [3, 6, 7]) "
+                     "while training used [embedding output, layer 2, layer 5] = HF [0, 3, 6]",
+                     "target.aux.0", "aux_layer_shift"),
+    "correct": Scenario("correct", "served with eagle_aux_hidden_state_layer_ids [-1, 2, 5] = HF [0, 3, 6], "
+                        "as trained", None, None),
+    "d2t-direct": Scenario("d2t-direct", "d2t saved as direct target ids; SGLang reads offsets",
+                           "draft.topk_target", "d2t_direct_ids"),
+    "no-d2t": Scenario("no-d2t", "d2t left out of the checkpoint; SGLang serves draft id i as target id i",
+                       "draft.topk_target", "d2t_missing"),
+    "norm-before-fc": Scenario("norm-before-fc", "served with norm_before_fc on (an RMSNorm over the aux "
+                               "concat) that training never applied", "draft.fc_out", None),
+}
+
+
+def _weights_file(draft_dir: Path) -> Path:
+    files = sorted(draft_dir.glob("*.safetensors"))
+    if len(files) != 1:
+        raise FileNotFoundError(f"{draft_dir}: expected one .safetensors file, found {len(files)}")
+    return files[0]
+
+
+def write_served_draft(scenario: str, trained_draft: Path, out: Path) -> Path:
+    """Copy the trained draft to ``out`` with the scenario's mistake applied; returns ``out``."""
+    if scenario not in SCENARIOS:
+        raise KeyError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(trained_draft, out)
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    eagle = cfg.setdefault("eagle_config", {})
+    eagle["eagle_aux_hidden_state_layer_ids"] = list(CORRECT_SGLANG_IDS)
+    wfile = _weights_file(out)
+    weights = load_file(str(wfile))
+    if scenario == "seed":
+        eagle["eagle_aux_hidden_state_layer_ids"] = [2, 5, 6]
+    elif scenario == "d2t-direct":
+        d2t = weights["d2t"]
+        weights["d2t"] = d2t + torch.arange(len(d2t), dtype=d2t.dtype)
+    elif scenario == "no-d2t":
+        weights.pop("d2t", None)
+        weights.pop("t2d", None)
+    elif scenario == "norm-before-fc":
+        cfg["norm_before_fc"] = True
+        width = weights["fc.weight"].shape[1]
+        weights["input_norm.weight"] = torch.ones(width, dtype=weights["fc.weight"].dtype)
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    save_file(weights, str(wfile), metadata={"format": "pt"})
+    return out
