@@ -1,0 +1,324 @@
+"""The SGLang EAGLE-3 recorder plugin against real SGLang 0.5.23 servers on this CPU.
+
+Servers (module-scoped, one per configuration, stopped by PID through ``ServerProcess``):
+untraced chain, traced chain (random bring-up pair) and traced topk-2 tree (the always-accepted
+"oracle" pair when ``_bringup_models`` has it, so accepted paths are longer than one token).
+The topk-2 server is SIGKILLed mid-request at the end to show that a killed server's trace
+opens. Run with ``pytest -m server``. The first tests in this file need no server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specdiff.tracer.async_writer import AsyncTraceWriter
+from specdiff.tracer.sglang_hooks import Options, _parents
+from specdiff.tracer.store import TraceWriter, open_trace
+
+PROMPTS = ["def main():\n    return", "import os\nimport sys\n\nclass "]
+MAX_NEW = 14
+
+
+# ---- no server ------------------------------------------------------------------------------
+def test_options_from_env():
+    assert Options.from_env({}) is None
+    o = Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": "full", "SPECDIFF_LOGITS_TOPK": "4",
+                          "SPECDIFF_RIDS": "^a", "SPECDIFF_EAGER_DRAFT": "1"})
+    assert (o.path, o.capture, o.logits_topk, o.rids, o.eager_draft) == ("/x", "full", 4, "^a", True)
+    assert Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": "bogus"}).capture == "default"
+
+
+def test_plugin_is_inert_outside_the_scheduler(monkeypatch):
+    from specdiff.tracer import sglang_plugin
+
+    monkeypatch.delenv("SPECDIFF_TRACE", raising=False)
+    assert sglang_plugin.load() is False
+    # asked for, but not called from SGLang's run_scheduler_process: nothing registered
+    assert sglang_plugin.load({"SPECDIFF_TRACE": "/tmp/never"}) is False
+    assert sglang_plugin._rec is None
+
+
+def test_missing_hook_targets_are_named():
+    from specdiff.tracer.sglang_plugin import missing_targets
+
+    bad = missing_targets(["json.dumps", "json.no_such_function", "no_such_module.f"])
+    assert bad == ["json.no_such_function", "no_such_module.f"]
+
+
+def test_tree_parents_from_sibling_links():
+    # root 0 -> {1, 2}; 1 -> {3, 4}; 2 -> {5}
+    nt = np.array([1, 3, 5, -1, -1, -1])
+    ns = np.array([-1, 2, -1, 4, -1, -1])
+    assert _parents(nt, ns).tolist() == [-1, 0, 0, 1, 1, 2]
+
+
+def test_async_writer_counts_drops_and_survives_failure(tmp_path):
+    gate = threading.Event()
+
+    def slow(tw, item):
+        gate.wait(5)
+        tw.append("verify.accept_length", np.array([item]), seq=0, pos=item)
+
+    tw = TraceWriter(str(tmp_path / "a.trace"), side="serve")
+    aw = AsyncTraceWriter(tw, slow, max_items=2)
+    results = [aw.submit(i) for i in range(6)]
+    assert results.count(False) >= 3 and aw.dropped == results.count(False)
+    gate.set()
+    assert aw.close()
+    t = open_trace(str(tmp_path / "a.trace"))
+    assert t.closed and t.contract["dropped_records"] == aw.dropped
+    assert t.rows("verify.accept_length") == 6 - aw.dropped
+
+    def broken(tw, item):
+        raise RuntimeError("disk full")
+
+    tw2 = TraceWriter(str(tmp_path / "b.trace"), side="serve")
+    aw2 = AsyncTraceWriter(tw2, broken)
+    aw2.submit(1)
+    for _ in range(100):
+        if aw2.failed:
+            break
+        time.sleep(0.02)
+    assert aw2.failed and not aw2.active and aw2.submit(2) is False
+
+
+# ---- real servers ---------------------------------------------------------------------------
+server = pytest.mark.server
+
+
+def _bringup():
+    spec = importlib.util.spec_from_file_location("_bringup_models", Path(__file__).with_name("_bringup_models.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    pytest.importorskip("sglang")
+    root = tmp_path_factory.mktemp("recmodels")
+    mod = _bringup()
+    target, draft = mod.build_bringup_models(root)
+    oracle = mod.build_oracle_models(root) if hasattr(mod, "build_oracle_models") else (target, draft)
+    return {"target": target, "draft": draft, "oracle_target": oracle[0], "oracle_draft": oracle[1]}
+
+
+def _server(target, draft, spec, trace=None, **env_extra):
+    from specdiff.tracer.cpu.launch import ServerProcess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
+    if trace is not None:
+        env["SPECDIFF_TRACE"] = str(trace)
+    env.update(env_extra)
+    return ServerProcess(target, draft_model_path=draft, spec=spec, env=env)
+
+
+def _chain():
+    from specdiff.tracer.cpu.launch import SpecSettings
+
+    return SpecSettings(num_steps=3, topk=1, num_draft_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def untraced(models):
+    with _server(models["target"], models["draft"], _chain()) as srv:
+        out = srv.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    return out
+
+
+@pytest.fixture(scope="module")
+def traced(models, tmp_path_factory):
+    path = tmp_path_factory.mktemp("rec") / "chain.trace"
+    t0 = time.monotonic()
+    srv = _server(models["target"], models["draft"], _chain(), trace=path)
+    srv.start()
+    try:
+        # one /generate call with 2 prompts: SGLang batches them (concurrent requests)
+        out = srv.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    finally:
+        srv.stop()
+    return {"out": out, "path": path, "seconds": time.monotonic() - t0, "startup_s": srv.startup_s}
+
+
+@pytest.fixture(scope="module")
+def tree(models, tmp_path_factory):
+    """topk-2 tree server; killed with SIGKILL in the middle of a long last request."""
+    from specdiff.tracer.cpu.launch import SpecSettings
+
+    path = tmp_path_factory.mktemp("rec") / "tree.trace"
+    spec = SpecSettings(num_steps=3, topk=2, num_draft_tokens=4)
+    srv = _server(models["oracle_target"], models["oracle_draft"], spec, trace=path)
+    srv.start()
+    try:
+        out = srv.generate(PROMPTS, max_new_tokens=MAX_NEW)
+        closed_before = open_trace(str(path)).closed
+        rows_before = open_trace(str(path)).rows("verify.accept_length")
+        th = threading.Thread(target=lambda: _swallow(srv.generate, "x = ", max_new_tokens=400), daemon=True)
+        th.start()
+        deadline = time.monotonic() + 120
+        while open_trace(str(path)).rows("verify.accept_length") < rows_before + 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.killpg(srv.pid, signal.SIGKILL)  # the whole server: no atexit, no SIGTERM handler
+        srv.proc.wait(30)
+        th.join(30)
+    finally:
+        srv.stop()
+    return {"out": out, "path": path, "closed_before_kill": closed_before, "rows_before": rows_before}
+
+
+def _swallow(fn, *a, **kw):
+    try:
+        fn(*a, **kw)
+    except Exception:  # noqa: BLE001 - the server is killed under this request
+        pass
+
+
+def _by_rid(trace):
+    return {s.rid: s for s in trace.sequences}
+
+
+def _rows(trace, name, seq):
+    k = trace.keys(name)
+    sel = np.where(k["seq"] == seq)[0]
+    return trace.read(name)[sel], {c: v[sel] for c, v in k.items()}
+
+
+def _check_accept_and_tokens(trace, outs):
+    seqs = _by_rid(trace)
+    for o in outs:
+        meta = o["meta_info"]
+        s = seqs[meta["id"]]  # right rid -> right sequence
+        acc, keys = _rows(trace, "verify.accept_length", s.id)
+        assert len(acc) == meta["spec_verify_ct"]
+        gen = o["output_ids"]
+        # prefill gives the first token; each verify step commits accept_length tokens
+        assert sum(acc) >= len(gen) - 1 and sum(acc) - int(acc[-1]) < len(gen) - 1
+        assert np.isclose(len(gen) / len(acc), meta["spec_accept_length"])
+        assert s.tokens[s.prompt_len:s.prompt_len + len(gen)].tolist() == gen
+        # accepted tokens, in iteration order, are the generated tokens
+        toks, k2 = _rows(trace, "verify.accepted_tokens", s.id)
+        order = np.argsort(k2["iter"], kind="stable")
+        committed = [int(x) for row, a in zip(toks[order], acc[order]) for x in row[:a]]
+        assert committed[:len(gen) - 1] == gen[1:]
+        # rows are keyed at the committed length, which grows by accept_length
+        pos = keys["pos"][order]
+        assert (np.diff(pos) == acc[order][:-1]).all()
+        assert pos[0] == s.prompt_len
+
+
+def _check_aux_vs_hf(trace, target_path):
+    from specdiff.replay.target_capture import capture_target, load_target
+
+    model = load_target(target_path)
+    idx = trace.contract["aux_hf_indices"]
+    assert idx == sorted(idx) and len(idx) == 3
+    checked = 0
+    for s in trace.sequences:
+        _, k = _rows(trace, "target.aux.0", s.id)
+        if not len(k["pos"]):
+            continue
+        T = int(k["pos"].max()) + 1
+        assert len(s.tokens) >= T
+        cap = capture_target(model, torch.as_tensor(s.tokens[:T].astype(np.int64))[None], idx)
+        for j in range(len(idx)):
+            data, kk = _rows(trace, f"target.aux.{j}", s.id)
+            ref = cap.aux[j][0, kk["pos"]].float().numpy()
+            got = data.astype(np.float32)
+            rel = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
+            cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
+            assert rel.max() < 3e-2 and cos.min() > 0.999, (j, rel.max(), cos.min())
+            checked += len(rel)
+        cat, _ = _rows(trace, "target.aux_cat", s.id)
+        parts = [_rows(trace, f"target.aux.{j}", s.id)[0] for j in range(len(idx))]
+        assert np.array_equal(cat, np.concatenate(parts, axis=1))
+    assert checked > 0
+
+
+def _check_mapped_ids(trace, draft_path):
+    from safetensors.torch import load_file
+
+    d2t = load_file(str(Path(draft_path) / "model.safetensors"))["d2t"].to(torch.int64).numpy()
+    hot = d2t + np.arange(len(d2t))
+    from specdiff.tracer.contract import sha256_array
+
+    assert trace.contract["hot_token_id_sha256"] == sha256_array(hot.astype(np.int64))
+    assert trace.contract["d2t_sha256"] == sha256_array(d2t)
+    ids, k1 = trace.read("draft.topk"), trace.keys("draft.topk")
+    mapped, k2 = trace.read("draft.topk_target"), trace.keys("draft.topk_target")
+
+    def group(keys, data):
+        out = {}
+        for i in range(len(data)):
+            out.setdefault((int(keys["seq"][i]), int(keys["pos"][i]), int(keys["depth"][i])), []).append(data[i])
+        return out
+
+    g1, g2 = group(k1, ids), group(k2, mapped)
+    common = [key for key in g2 if key in g1]
+    assert len(common) >= 0.8 * len(g2) > 0
+    for key in common:
+        a, b = np.stack(g1[key]), np.stack(g2[key])
+        assert np.array_equal(hot[a], b), key
+        assert np.array_equal(a + d2t[a], b), key
+
+
+@server
+def test_traced_and_untraced_greedy_tokens_are_identical(traced, untraced):
+    assert [o["output_ids"] for o in traced["out"]] == [o["output_ids"] for o in untraced]
+    assert all(o["meta_info"]["completion_tokens"] == MAX_NEW for o in untraced)
+
+
+@server
+def test_chain_trace_accept_lengths_tokens_and_rids(traced):
+    trace = open_trace(str(traced["path"]))
+    assert trace.closed, "a server stopped with SIGTERM closes its trace"
+    c = trace.contract
+    assert (c["engine"], c["spec_topk"], c["spec_steps"], c["spec_draft_tokens"]) == ("sglang", 1, 3, 4)
+    assert c["aux_native_ids"] == [1, 3, 4] and c["aux_hf_indices"] == [2, 4, 5] and c["dropped_records"] == 0
+    assert sorted(s.rid for s in trace.sequences) == sorted(o["meta_info"]["id"] for o in traced["out"])
+    _check_accept_and_tokens(trace, traced["out"])
+    for name in ("tokens", "target.aux_cat", "draft.fc_out", "draft.hidden_out", "draft.logits_topk.values",
+                 "draft.logits_topk.ids", "draft.logsumexp", "draft.topk", "draft.topk_target",
+                 "verify.draft_tokens", "verify.parents", "verify.predict", "verify.accept_index",
+                 "verify.retrieve_index", "target.argmax"):
+        assert trace.rows(name) > 0, name
+    # draft depths 0..steps-1 recorded; the logits top-k ids start with the draft's top-1
+    assert set(trace.keys("draft.topk")["depth"].tolist()) == {0, 1, 2}
+    # greedy: target.argmax at t is the token at t+1
+    for s in trace.sequences:
+        am, k = _rows(trace, "target.argmax", s.id)
+        assert (am == s.tokens[k["pos"] + 1]).all()
+
+
+@server
+def test_chain_trace_aux_equals_hf_hidden_states(traced, models):
+    _check_aux_vs_hf(open_trace(str(traced["path"])), models["target"])
+
+
+@server
+def test_chain_trace_mapped_ids(traced, models):
+    _check_mapped_ids(open_trace(str(traced["path"])), models["draft"])
+
+
+@server
+def test_tree_trace(tree, models):
+    trace = open_trace(str(tree["path"]))
+    assert tree["closed_before_kill"] is False
+    assert not trace.closed and trace.rows("verify.accept_length") >= tree["rows_before"] + 3
+    assert trace.contract["spec_topk"] == 2
+    # the two finished requests: accept lengths, tokens, rids as in meta_info
+    _check_accept_and_tokens(trace, tree["out"])
+    parents = trace.read("verify.parents")
+    assert parents.shape[1] == 4 and (parents[:, 0] == -1).all()
+    assert any(np.bincount(p[p >= 0]).max() >= 2 for p in parents), "a real tree: some node has 2 children"
+    assert trace.info("draft.topk").shape == (2,)
+    _check_aux_vs_hf(trace, models["oracle_target"])
+    _check_mapped_ids(trace, models["oracle_draft"])
