@@ -1,0 +1,37 @@
+"""``specdiff demo``: the end-to-end demo on the built-in tiny models and a real CPU SGLang server."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .cli import cli
+from .demo import REPO_MODELS, run_demo
+from .scenarios import SCENARIOS
+
+
+@cli.command()
+@click.option("--scenario", type=click.Choice(list(SCENARIOS)), default="seed", show_default=True,
+              help="seed: served aux layers differ from training's; correct: served as trained; "
+                   "d2t-direct / no-d2t: broken vocab map; norm-before-fc: a norm on the serving side only.")
+@click.option("--no-tui", is_flag=True, help="Print the text report instead of opening the app.")
+@click.option("--workdir", type=click.Path(path_type=Path), default=Path("specdiff-demo"), show_default=True,
+              help="Where traces, the served draft copy, the server log and summary.json go "
+                   "(a subfolder per scenario).")
+@click.option("--models", type=click.Path(path_type=Path), default=REPO_MODELS, show_default=True,
+              help="The tiny target/draft pair (built there on first use if missing).")
+@click.option("--prompts", type=click.IntRange(1, 64), default=8, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(8, 512), default=64, show_default=True)
+def demo(scenario, no_tui, workdir, models, prompts, max_new_tokens):
+    """Watch specdiff find a training-vs-serving mismatch in a real SGLang server (CPU, ~2 minutes).
+
+    Serves the tiny demo draft with the scenario's mistake on a real SGLang 0.5.23 server with
+    tracing on, records the training side by replaying the served sequences, and shows the
+    first divergence with its explanation. Exit code 0 when the traces agree, 1 when a
+    divergence was found.
+    """
+    tui = not no_tui and sys.stdout.isatty()
+    sys.exit(run_demo(scenario=scenario, workdir=workdir / scenario, models=models, prompts=prompts,
+                      max_new_tokens=max_new_tokens, tui=tui))

@@ -1,0 +1,131 @@
+"""``specdiff demo``: find a real training-vs-serving mismatch in a real SGLang server, end to end.
+
+Phases: models (reuse the committed tiny pair, or build it) -> serve (a real SGLang 0.5.23
+server on the CPU with tracing on, the scenario's served draft, the demo prompts) -> record
+train (replay the served sequences through the reference EAGLE-3 forward with the draft as
+trained) -> diff -> the app (or the text report with ``--no-tui``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from specdiff.tracer.errors import SpecdiffError
+
+from .scenarios import SCENARIOS, write_served_draft
+
+REPO_MODELS = Path(__file__).resolve().parent.parent / "traces" / "models"
+
+
+class DemoError(SpecdiffError):
+    """A demo phase failed (the message says which and where its log is)."""
+
+
+def _phase(i: int, n: int, name: str, text: str) -> None:
+    click.echo(click.style(f"[{i}/{n}] {name:<13s}", bold=True) + text)
+
+
+def ensure_models(models: Path) -> Path:
+    """The tiny target/draft pair: reuse ``models`` if built, else build it (about 8 minutes)."""
+    if (models / "target" / "config.json").exists() and (models / "draft" / "config.json").exists():
+        return models
+    click.echo(f"    building the tiny demo models into {models} (about 8 minutes, once)")
+    from specdiff.replay import tiny_models
+
+    if tiny_models.main(["--out", str(models)]) != 0:
+        raise DemoError(f"building the demo models into {models} failed")
+    return models
+
+
+def demo_prompts(models: Path, n: int) -> list[list[int]]:
+    """The first ``n`` held-out prompts of the demo data (token ids, BOS included)."""
+    from specdiff.replay.tiny_models import DATA_FILE, load_prompt_lens, load_sequences
+
+    path = models / "data" / DATA_FILE
+    seqs = load_sequences(path, split="heldout")
+    lens = load_prompt_lens(path, split="heldout")
+    return [s[:p].tolist() for s, p in zip(seqs[:n], lens[:n], strict=True)]
+
+
+def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: list[list[int]],
+                    max_new_tokens: int, log_path: Path) -> list[dict]:
+    """Start a traced CPU SGLang server, send ``prompts`` one by one (greedy), stop it.
+
+    Returns per prompt: output_ids and meta_info. The trace is closed when the server stops.
+    """
+    from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
+
+    env = dict(os.environ, SPECDIFF_TRACE=str(trace))
+    results = []
+    with ServerProcess(models / "target", draft_model_path=served_draft, spec=SpecSettings(),
+                       env=env, log_path=log_path) as server:
+        click.echo(f"    SGLang up (pid {server.pid}, {server.startup_s:.0f} s); log {log_path}")
+        with click.progressbar(prompts, label="    prompts", file=sys.stderr) as bar:
+            for ids in bar:
+                out = server.generate(input_ids=ids, max_new_tokens=max_new_tokens)
+                results.append({"output_ids": out["output_ids"], "meta_info": out["meta_info"]})
+    return results
+
+
+def record_train(*, models: Path, serve_trace: Path, out: Path) -> None:
+    """Replay the served sequences through the reference forward with the draft *as trained*."""
+    cmd = [sys.executable, "-m", "specdiff.tui", "record", "train", "--target", str(models / "target"),
+           "--draft", str(models / "draft"), "--replay", str(serve_trace), "-o", str(out), "--overwrite"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        tail = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
+        raise DemoError(f"record train failed: {tail[0]}")
+
+
+def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_new_tokens: int,
+             tui: bool) -> int:
+    """Run every phase; returns the exit code (0 no divergence, 1 divergence found)."""
+    from specdiff.replay.report import diff_traces, render_text
+
+    sc = SCENARIOS[scenario]
+    n = 5
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    _phase(1, n, "models", f"{models}")
+    models = ensure_models(models)
+    served = write_served_draft(scenario, models / "draft", workdir / "served-draft")
+    _phase(2, n, "serve", f"scenario '{scenario}': {sc.summary}")
+    serve_trace, train_trace = workdir / "serve.trace", workdir / "train.trace"
+    for p in (serve_trace, train_trace):
+        if p.exists():
+            import shutil
+
+            shutil.rmtree(p)
+    results = serve_and_trace(models=models, served_draft=served, trace=serve_trace,
+                              prompts=demo_prompts(models, prompts), max_new_tokens=max_new_tokens,
+                              log_path=workdir / "server.log")
+    per_prompt = [r["meta_info"].get("spec_accept_length") for r in results]
+    served_mean = sum(per_prompt) / len(per_prompt)
+    click.echo(f"    served accept length per prompt: {', '.join(f'{a:.2f}' for a in per_prompt)}"
+               f"  (mean {served_mean:.2f})")
+    _phase(3, n, "record train", f"replaying {len(results)} served sequences with the draft as trained")
+    record_train(models=models, serve_trace=serve_trace, out=train_trace)
+    _phase(4, n, "diff", f"{train_trace.name} vs {serve_trace.name}")
+    report = diff_traces(str(train_trace), str(serve_trace))
+    acc = report.acceptance
+    est = acc.x.mean_accept_length
+    click.echo(f"    accept length: served {served_mean:.2f}, training-side estimate "
+               f"{est:.2f}" if est is not None else f"    accept length: served {served_mean:.2f}")
+    summary = {"scenario": scenario, "served_accept_length": per_prompt, "served_mean": served_mean,
+               "training_estimate": est, "report": report.to_json(), "seconds": time.monotonic() - t0}
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    _phase(5, n, "report", f"(summary in {workdir / 'summary.json'})")
+    if tui:
+        from .app import run_app
+
+        return run_app(str(train_trace), str(serve_trace))
+    click.echo("")
+    click.echo(render_text(report))
+    return 1 if report.diverged else 0
