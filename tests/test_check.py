@@ -1,0 +1,326 @@
+"""``specdiff check``: pre-flight contract findings from a tiny target config + draft checkpoint.
+
+The pair is self-contained (built under tmp_path): an 8-layer Llama target config (no weights
+needed: check never loads them) and a random EAGLE-3 draft saved in SpecForge format with
+SGLang ids [-1, 3, 6] (= HF [0, 4, 7]) in eagle_config and the same layers as vLLM ids [0, 4, 7]
+at the top level, so both engines feed the training layers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+from specdiff.replay.checkpoint import save_draft
+from specdiff.replay.draft_model import Eagle3Draft, Eagle3DraftConfig
+from specdiff.replay.preflight import (Finding, PreflightError, check_vocab, findings_as_facts,
+                                       run_preflight)
+from specdiff.tui.cli import _register, cli
+
+L, H, V, VD = 8, 64, 256, 128
+TRAIN_HF = "0,4,7"
+
+
+@pytest.fixture(scope="module")
+def pair_src(tmp_path_factory):
+    from transformers import LlamaConfig
+    root = tmp_path_factory.mktemp("pair")
+    target = root / "target"
+    LlamaConfig(num_hidden_layers=L, hidden_size=H, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=V, max_position_embeddings=512, rope_theta=10000.0,
+                eos_token_id=1, bos_token_id=0).save_pretrained(target)
+    cfg = Eagle3DraftConfig(hidden_size=H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                            vocab_size=V, draft_vocab_size=VD, num_aux=3, target_hidden_size=H,
+                            max_position_embeddings=512, rope_theta=10000.0,
+                            eagle_aux_hidden_state_layer_ids=[-1, 3, 6], aux_convention="sglang")
+    torch.manual_seed(0)
+    model = Eagle3Draft(cfg)
+    hot = torch.sort(torch.cat([torch.tensor([0, 1]), torch.randperm(V - 2)[:VD - 2] + 2])).values
+    with torch.no_grad():
+        model.d2t.copy_(hot - torch.arange(VD))
+        model.t2d.zero_()
+        model.t2d[hot] = True
+    draft = root / "draft"
+    save_draft(model, draft, "specforge")
+    _edit_config(draft, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 4, 7]))
+    return target, draft, hot
+
+
+@pytest.fixture
+def pair(pair_src, tmp_path):
+    target, draft, hot = pair_src
+    shutil.copytree(target, tmp_path / "target")
+    shutil.copytree(draft, tmp_path / "draft")
+    return tmp_path / "target", tmp_path / "draft", hot
+
+
+def _edit_config(path, fn):
+    f = path / "config.json"
+    c = json.loads(f.read_text())
+    fn(c)
+    f.write_text(json.dumps(c))
+
+
+def _edit_weights(path, fn):
+    f = path / "model.safetensors"
+    sd = load_file(str(f))
+    fn(sd)
+    save_file(sd, str(f))
+
+
+def _cli(*args):
+    _register()
+    return CliRunner().invoke(cli, ["check", *map(str, args)])
+
+
+def _one(report, kind, engine=None) -> Finding:
+    got = [f for f in report.findings if f.kind == kind and (engine is None or f.engine == engine)]
+    assert got, f"no {kind} finding in {[(f.kind, f.engine) for f in report.findings]}"
+    return got[0]
+
+
+# ---- a correct pair ------------------------------------------------------------------------
+def test_correct_pair_has_no_errors_and_prints_resolved_indices_per_engine(pair):
+    target, draft, _ = pair
+    r = _cli("--target", target, "--draft", draft, "--training-layers", TRAIN_HF)
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "SGLang 0.5.23" in out and "eagle_config ids [-1, 3, 6]" in out
+    assert "vLLM" in out and "top-level ids [0, 4, 7]" in out
+    assert out.count("-> HF [0=embed, 4=out L3, 7=out L6]") == 3  # sglang, vllm, training
+    assert "0 error(s)" in out and "training.match" in out
+    report = run_preflight(target, draft, training_layers=[0, 4, 7])
+    assert not report.errors
+    assert {e: c.hf_indices for e, c in report.captures.items()} == {"sglang": (0, 4, 7), "vllm": (0, 4, 7)}
+
+
+def test_json_format_and_findings_as_facts(pair):
+    target, draft, _ = pair
+    r = _cli("--target", target, "--draft", draft, "--format", "json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["captures"]["sglang"]["hf_indices"] == [0, 4, 7]
+    assert d["captures"]["vllm"]["source"] == "top-level"
+    assert d["counts"]["error"] == 0
+    facts = findings_as_facts(run_preflight(target, draft).findings)
+    assert facts and all(set(f) == {"kind", "severity", "engine", "message", "fix"} for f in facts)
+    json.dumps(facts)
+    from specdiff.tracer.contract import validate_contract
+    validate_contract({"findings": facts}, where="test")
+
+
+# ---- aux capture ------------------------------------------------------------------------------
+def test_ids_shifted_by_one_mismatch_training_per_engine(pair):
+    target, draft, _ = pair
+    # the seed bug: SGLang ids written as HF indices -> SGLang captures one layer later
+    _edit_config(draft, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 4, 6]))
+    report = run_preflight(target, draft, training_layers=[0, 4, 7])
+    f = _one(report, "training.mismatch", "sglang")
+    assert f.severity == "error"
+    assert "SGLang feeds HF [1 (out L0), 5 (out L4), 7 (out L6)] but training used HF [0 (embed)" in f.message
+    assert "slot 0: trained on embed, gets out L0" in f.message
+    assert "[-1, 3, 6]" in f.fix
+    assert _one(report, "training.match", "vllm").severity == "info"
+    r = _cli("--target", target, "--draft", draft, "--training-layers", TRAIN_HF)
+    assert r.exit_code == 1 and "training.mismatch" in r.output
+    # the same layers stated as SpecForge ids cannot express the embeddings: exit 2
+    r = _cli("--target", target, "--draft", draft, "--training-layers", "0,3", "--training-convention", "bogus")
+    assert r.exit_code == 2
+
+
+def test_training_layers_in_specforge_convention(pair):
+    target, draft, _ = pair
+    report = run_preflight(target, draft, training_layers=[1, 3, 5], training_convention="specforge")
+    assert report.training_hf == (2, 4, 6)
+    assert _one(report, "training.mismatch", "sglang").fix.endswith("[1, 3, 5]")
+    assert _one(report, "training.mismatch", "vllm").fix.endswith("[2, 4, 6]")
+
+
+def test_id_at_last_layer_is_dropped_by_sglang_and_crashes(pair):
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[-1, 3, 7]))
+    report = run_preflight(target, draft, engines=("sglang",))
+    f = _one(report, "aux.dropped_id", "sglang")
+    assert f.severity == "error"
+    assert "eagle_config id 7 maps to capture index 8, which is never reached" in f.message
+    crash = _one(report, "aux.slot_count", "sglang")
+    assert "captures 2 slot(s)" in crash.message and "mat1 and mat2 shapes cannot be multiplied" in crash.message
+    assert "(Nx128 and 192xHd)" in crash.message
+    assert report.captures["sglang"].outcome == "crash"
+    r = _cli("--target", target, "--draft", draft, "--engine", "sglang")
+    assert r.exit_code == 1 and "dropped ids [7]" in r.output and "CRASH" in r.output
+
+
+def test_sglang_ids_read_by_vllm_crash_on_minus_one(pair):
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: c.pop("eagle_aux_hidden_state_layer_ids"))
+    report = run_preflight(target, draft)
+    assert report.captures["sglang"].outcome == "ok"
+    vl = report.captures["vllm"]
+    assert vl.source == "eagle_config" and vl.hf_indices == (3, 6) and vl.outcome == "crash"
+    assert "eagle_config id -1 never matches a layer index" in _one(report, "aux.dropped_id", "vllm").message
+    assert "shape '[-1, 192]' is invalid" in _one(report, "aux.slot_count", "vllm").message
+
+
+def test_ids_only_at_top_level_are_ignored_by_sglang(pair):
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: c.pop("eagle_config"))
+    report = run_preflight(target, draft, training_layers=[0, 4, 7])
+    f = _one(report, "aux.ignored_key", "sglang")
+    assert f.severity == "error"
+    assert ("eagle_aux_hidden_state_layer_ids [0, 4, 7] is only at the top level: SGLang ignores it and "
+            "captures its default HF [2 (out L1), 4 (out L3), 5 (out L4)]") in f.message
+    assert report.captures["sglang"].source == "default"
+    assert report.captures["vllm"].hf_indices == (0, 4, 7)
+    assert _one(report, "training.mismatch", "sglang").fix.endswith("[-1, 3, 6]")
+
+
+def test_engines_disagree_without_training_layers(pair):
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: (c.pop("eagle_aux_hidden_state_layer_ids"),
+                                   c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 5])))
+    report = run_preflight(target, draft)
+    f = _one(report, "aux.engines_disagree")
+    assert f.severity == "warn" and "SGLang captures HF [2 (out L1), 4 (out L3), 6 (out L5)] but vLLM captures " \
+                                      "HF [1 (out L0), 3 (out L2), 5 (out L4)]" in f.message
+
+
+# ---- vocab map --------------------------------------------------------------------------------
+def test_d2t_as_direct_ids(pair):
+    target, draft, hot = pair
+    _edit_weights(draft, lambda sd: sd.update(d2t=hot.clone()))
+    report = run_preflight(target, draft)
+    f = _one(report, "vocab.d2t_direct")
+    assert f.severity == "error" and "d2t holds direct target ids, not offsets" in f.message
+    assert "t2d marks exactly the ids d2t holds" in f.message
+
+
+def test_d2t_inconsistent_with_t2d(pair):
+    target, draft, hot = pair
+
+    def bump(sd):
+        d2t = hot - torch.arange(VD)
+        free = sorted(set(range(V)) - set(hot.tolist()))[0]
+        d2t[5] = free - 5  # draft 5 now maps to a token t2d does not mark
+        sd["d2t"] = d2t
+    _edit_weights(draft, bump)
+    report = run_preflight(target, draft)
+    f = _one(report, "vocab.t2d_mismatch")
+    assert f.severity == "error"
+    assert "1 draft id(s) map to tokens t2d does not mark (first: draft 5 ->" in f.message
+    assert f"1 token(s) t2d marks are reached by no draft id (first: {int(hot[5])})" in f.message
+
+
+def test_d2t_arange_and_missing_and_out_of_range():
+    fs = check_vocab(torch.arange(8), None, draft_vocab_size=8, vocab_size=64)
+    assert any(f.kind == "vocab.d2t_arange" for f in fs)
+    fs = check_vocab(None, None, draft_vocab_size=8, vocab_size=64)
+    assert [f.kind for f in fs] == ["vocab.d2t_missing"] and fs[0].severity == "error"
+    fs = check_vocab(torch.full((8,), 60), None, draft_vocab_size=8, vocab_size=64)
+    assert [f.kind for f in fs] == ["vocab.d2t_range"]
+    assert "first: draft 4 -> 64" in fs[0].message
+    fs = check_vocab(torch.zeros(8, dtype=torch.int64), None, draft_vocab_size=8, vocab_size=8)
+    assert "covers 8 of 8 target tokens (100.0%)" in [f for f in fs if f.kind == "vocab.coverage"][0].message
+
+
+# ---- weights ----------------------------------------------------------------------------------
+def test_missing_weight(pair):
+    target, draft, _ = pair
+    _edit_weights(draft, lambda sd: sd.pop("midlayer.hidden_norm.weight"))
+    report = run_preflight(target, draft)
+    f = _one(report, "weights.missing")
+    assert f.severity == "error" and f.message.startswith("midlayer.hidden_norm.weight [64] is missing")
+
+
+def test_weight_of_wrong_width(pair):
+    target, draft, _ = pair
+    _edit_weights(draft, lambda sd: sd.update({"fc.weight": torch.zeros(H, 2 * H)}))
+    report = run_preflight(target, draft)
+    f = _one(report, "weights.shape")
+    assert f.severity == "error"
+    assert f.message.startswith("fc.weight is [64, 128] but 3 aux slots x target hidden 64 = 192")
+    _edit_weights(draft, lambda sd: sd.update({"fc.weight": torch.zeros(H, 3 * H),
+                                                "midlayer.self_attn.q_proj.weight": torch.zeros(H, H)}))
+    f = _one(run_preflight(target, draft), "weights.shape")
+    assert "midlayer.self_attn.q_proj.weight is [64, 64] but attention input is 2 x draft hidden = 128" in f.message
+
+
+def test_unexpected_and_ignored_weights_and_dtype(pair):
+    target, draft, _ = pair
+    _edit_weights(draft, lambda sd: sd.update({"input_norm.weight": torch.ones(3 * H),
+                                                "verifier_lm_head.weight": torch.zeros(2, 2),
+                                                "norm.weight": torch.ones(H, dtype=torch.bfloat16)}))
+    report = run_preflight(target, draft)
+    assert "input_norm.weight" in _one(report, "weights.unexpected").message
+    assert _one(report, "norm.flag_missing").severity == "error"
+    assert "verifier_lm_head.weight" in _one(report, "weights.ignored").message
+    assert "mixed float dtypes" in _one(report, "weights.dtype").message
+
+
+# ---- other contract points ---------------------------------------------------------------------
+def test_mismatched_rope(pair):
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: c.update(rope_theta=500000.0, max_position_embeddings=128))
+    report = run_preflight(target, draft)
+    f = _one(report, "rope.theta")
+    assert f.message.startswith("draft rope_theta 500000 but target rope_theta 10000")
+    assert "draft max_position_embeddings 128 < target 512" in _one(report, "rope.max_positions").message
+    _edit_config(draft, lambda c: c.update(rope_theta=10000.0, max_position_embeddings=512,
+                                           rope_scaling={"rope_type": "linear", "factor": 2.0}))
+    assert "draft rope_scaling {'rope_type': 'linear', 'factor': 2.0} but target rope_scaling None" in \
+        _one(run_preflight(target, draft), "rope.scaling").message
+
+
+def test_eagle_algorithm_with_eagle3_checkpoint(pair):
+    target, draft, _ = pair
+    r = _cli("--target", target, "--draft", draft, "--speculative-algorithm", "EAGLE")
+    assert r.exit_code == 1 and "algorithm.mismatch" in r.output
+    f = _one(run_preflight(target, draft, speculative_algorithm="EAGLE"), "algorithm.mismatch")
+    assert "fc is skipped" in f.message
+
+
+def test_chat_template_differs(pair):
+    target, draft, _ = pair
+    (target / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    (draft / "tokenizer_config.json").write_text(json.dumps({"chat_template": "<s>{{ messages }}"}))
+    f = _one(run_preflight(target, draft), "tokenizer.chat_template")
+    assert f.severity == "warn" and "draft chat template sha256" in f.message
+
+
+def test_speculators_format_is_unsupported_by_sglang(pair, tmp_path):
+    target, draft, _ = pair
+    from specdiff.replay.checkpoint import load_draft
+    out = save_draft(load_draft(draft).model, tmp_path / "spec", "speculators", target_num_layers=L)
+    report = run_preflight(target, out, training_layers=[0, 4, 7])
+    assert _one(report, "format.unsupported", "sglang").severity == "error"
+    assert report.captures["vllm"].hf_indices == (0, 4, 7) and report.captures["vllm"].outcome == "ok"
+    assert not [f for f in report.errors if f.engine != "sglang"]
+
+
+# ---- malformed input ----------------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["no_config", "bad_safetensors", "not_a_model", "no_weights", "no_dir",
+                                  "target_not_a_model"])
+def test_malformed_inputs_exit_2_with_one_line(pair, case):
+    target, draft, _ = pair
+    if case == "no_config":
+        (draft / "config.json").unlink()
+    elif case == "bad_safetensors":
+        (draft / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    elif case == "not_a_model":
+        (draft / "config.json").write_text(json.dumps({"foo": 1}))
+    elif case == "no_weights":
+        (draft / "model.safetensors").unlink()
+    elif case == "no_dir":
+        draft = draft / "nope"
+    else:
+        (target / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    r = _cli("--target", target, "--draft", draft)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("specdiff: error: "), r.output
+    with pytest.raises(PreflightError):
+        run_preflight(target, draft)
