@@ -38,6 +38,8 @@ def cli():
 
 def _register():
     from . import (  # noqa: F401  (register on import)
+        cmd_check,
+        cmd_demo,
         cmd_diff,
         cmd_info,
         cmd_record_train,  # noqa: F401  (record train; imports the record group)
