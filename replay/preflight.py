@@ -36,9 +36,19 @@ import torch
 
 from ..tracer.conventions import CONVENTIONS, ConventionError, default_hf_indices, resolve_aux_ids
 from ..tracer.errors import SpecdiffError
-from .checkpoint import (_IGNORED, _OPTIONAL_SHAPES, SPECFORGE_ARCH, SPECULATORS_ARCHS,
-                         CheckpointError, _canonical_name, _expected_shapes, _rope, detect_format,
-                         draft_config_from_dict, native_aux_ids)
+from .checkpoint import (
+    _IGNORED,
+    _OPTIONAL_SHAPES,
+    SPECFORGE_ARCH,
+    SPECULATORS_ARCHS,
+    CheckpointError,
+    _canonical_name,
+    _expected_shapes,
+    _rope,
+    detect_format,
+    draft_config_from_dict,
+    native_aux_ids,
+)
 
 __all__ = ["PreflightError", "Finding", "EngineCapture", "TargetInfo", "DraftInfo", "PreflightReport",
            "ENGINES", "SEVERITIES", "read_target", "read_draft", "run_preflight", "findings_as_facts",
@@ -670,13 +680,18 @@ def check_vocab(d2t: torch.Tensor | None, t2d: torch.Tensor | None, *, draft_voc
     is_arange = Vd > 1 and torch.equal(d2t, ar)
     looks_direct = direct_valid and not offsets_match and (direct_match or not in_range)
     if looks_direct:
-        ev = (f"t2d marks exactly the ids d2t holds" if direct_match else
+        ev = ("t2d marks exactly the ids d2t holds" if direct_match else
               f"read as offsets, draft id {int(torch.argmax(mapped))} maps to {int(mapped.max())} >= V={V}")
         out.append(Finding("vocab.d2t_direct", "error", "all",
                            f"d2t holds direct target ids, not offsets ({ev}); engines use d2t + arange, so "
                            f"draft id i is served as d2t[i] + i",
                            "store offsets: d2t = target_ids - arange(Vd)"))
         return out
+    if direct_valid and t2d_set is None and Vd > 2 and in_range and not is_arange:
+        out.append(Finding("vocab.d2t_direct", "warn", "all",
+                           f"d2t is strictly increasing ({int(d2t[0])}, {int(d2t[1])}, {int(d2t[2])}, ...) and "
+                           "there is no t2d to confirm: offsets of a sorted vocab usually repeat, so these "
+                           "may be direct target ids", "ship t2d, or check that d2t = target_ids - arange(Vd)"))
     if not in_range:
         bad = torch.nonzero((mapped < 0) | (mapped >= V)).reshape(-1)
         i = int(bad[0])
@@ -700,7 +715,9 @@ def check_vocab(d2t: torch.Tensor | None, t2d: torch.Tensor | None, *, draft_voc
         extra = torch.nonzero(marked & ~t2d).reshape(-1)
         unreached = torch.nonzero(t2d & ~marked).reshape(-1)
         parts = []
-        if extra.numel():
+        if not bool(t2d.any()):
+            parts.append("t2d marks no token at all (an unfilled placeholder?)")
+        elif extra.numel():
             tid = int(extra[0])
             did = int(torch.nonzero(mapped == tid).reshape(-1)[0])
             parts.append(f"{extra.numel()} draft id(s) map to tokens t2d does not mark (first: draft {did} -> {tid})")

@@ -15,10 +15,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
+
 from specdiff.replay.checkpoint import save_draft
 from specdiff.replay.draft_model import Eagle3Draft, Eagle3DraftConfig
-from specdiff.replay.preflight import (Finding, PreflightError, check_vocab, findings_as_facts,
-                                       run_preflight)
+from specdiff.replay.preflight import Finding, PreflightError, check_vocab, findings_as_facts, run_preflight
 from specdiff.tui.cli import _register, cli
 
 L, H, V, VD = 8, 64, 256, 128
@@ -324,3 +324,22 @@ def test_malformed_inputs_exit_2_with_one_line(pair, case):
     assert len(lines) == 1 and lines[0].startswith("specdiff: error: "), r.output
     with pytest.raises(PreflightError):
         run_preflight(target, draft)
+
+
+def test_draft_that_is_not_eagle3(pair):
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: c.update(architectures=["LlamaForCausalLM"]))
+    r = _cli("--target", target, "--draft", draft)
+    assert r.exit_code == 1 and "algorithm.not_eagle3" in r.output
+    report = run_preflight(target, draft)
+    assert [f.kind for f in report.findings] == ["algorithm.not_eagle3"] and not report.captures
+
+
+def test_d2t_direct_ids_without_t2d_is_a_warning():
+    ids = torch.tensor([0, 3, 7, 9, 20, 21, 30, 31])
+    fs = check_vocab(ids, None, draft_vocab_size=8, vocab_size=64)
+    f = [f for f in fs if f.kind == "vocab.d2t_direct"][0]
+    assert f.severity == "warn" and "d2t is strictly increasing (0, 3, 7, ...)" in f.message
+    # proper offsets of a sorted vocab (they repeat) give no such warning
+    fs = check_vocab(ids - torch.arange(8), None, draft_vocab_size=8, vocab_size=64)
+    assert not [f for f in fs if f.kind == "vocab.d2t_direct"]

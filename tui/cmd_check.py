@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import click
+
 from specdiff.replay.preflight import ENGINES, PreflightError, PreflightReport, run_preflight
 
 from .cli import EXIT_DIVERGED, EXIT_OK, cli
