@@ -369,6 +369,16 @@ def _batches(seqs: list[TrainSequence], batch_size: int, max_tokens: int) -> lis
     return out
 
 
+def _quiet_transformers() -> None:
+    """No weight-loading progress bars or info logs: the CLI's output stays one line per fact."""
+    try:
+        from transformers.utils import logging as tlog
+        tlog.disable_progress_bar()
+        tlog.set_verbosity_error()
+    except Exception:
+        pass
+
+
 def _parse_dtype(name: str, what: str) -> torch.dtype:
     if name not in DTYPES:
         raise RecordTrainError(f"{what} {name!r}: use one of {', '.join(DTYPES)}")
@@ -422,6 +432,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     if not overwrite and Path(str(out)).exists():
         raise RecordTrainError(f"{out}: already exists; choose another path or pass --overwrite")
 
+    _quiet_transformers()
     target = load_target(target_dir, dtype=tdtype).to(device)
     L = target_num_layers(target)
     loaded = load_draft(draft_dir, dtype=ddtype, target_embedding=target_embedding(target).float(),

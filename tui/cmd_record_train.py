@@ -3,7 +3,10 @@ and write a training-side trace with the same schema as the serving side."""
 
 from __future__ import annotations
 
+import sys
+
 import click
+
 from specdiff.tracer.conventions import CONVENTIONS
 
 from .cmd_record import record
@@ -70,7 +73,7 @@ def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps
         src = (f"--aux-layers {aux.ids} ({aux.convention})" if aux_layers is not None
                else f"draft config ids {list(aux.ids) if aux.ids is not None else 'default'} ({aux.convention})")
         click.echo(f"aux layers: HF {list(aux.hf_indices)} from {src}", err=True)
-        bar["bar"] = click.progressbar(length=total, label="replaying sequences", file=click.get_text_stream("stderr"))
+        bar["bar"] = click.progressbar(length=total, label="replaying sequences", file=sys.stderr)
         bar["bar"].__enter__()
 
     def progress(n):
