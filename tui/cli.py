@@ -43,6 +43,7 @@ def _register():
         cmd_diff,
         cmd_info,
         cmd_record_train,  # noqa: F401  (record train; imports the record group)
+        cmd_view,
     )
 
 

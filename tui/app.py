@@ -1,0 +1,409 @@
+"""The interactive terminal diff (``specdiff view A B``): lands on the first divergence.
+
+The app is a view of a ``DiffReport`` (replay/report.py). The diff runs in a thread worker that
+posts small messages back (progress, ready, failed), so the screen paints at once; re-running it
+with another tolerance preset (``t``) reuses the opened traces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen, Screen
+from textual.widgets import DataTable, Footer, Input, ProgressBar, Sparkline, Static
+from specdiff.replay.align import Pair
+from specdiff.replay.report import DiffReport, diff_opened
+from specdiff.replay.tolerance import PRESETS
+from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.store import open_trace
+
+from . import panes
+from .export import export_slice
+from .grid import PipelineGrid, legend
+from .view import Sel, ViewModel, basename, load_tokenizer
+
+EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
+
+HELP = """\
+[b]specdiff view[/b] — training ↔ serving, first divergence first
+
+[b]f[/b]            jump to the first divergence
+[b]n[/b] / [b]N[/b]        next / previous divergence (dataflow, then position order)
+[b]arrows[/b]       move in the pipeline grid (tensors × positions)
+[b]pgup/pgdn[/b]    a page of positions left / right;  [b]home/end[/b] first / last position
+[b]enter[/b]        drill in: focus the detail pane (escape comes back)
+[b]d[/b]            toggle draft depths (depth 0 only ↔ every depth as a sub-row)
+[b]t[/b]            cycle tolerance presets (strict ×0.2, default, loose ×5) and re-run the diff
+[b]/[/b]            filter the grid's tensors by name (escape clears)
+[b]e[/b]            export the selected slice: both sides' rows + metrics.json
+[b]tab[/b]          cycle panes (sequences list selects the sequence)
+[b]?[/b]            this help;  [b]q[/b] quit
+
+Cells: [green]·[/] match  [yellow]~[/] within tolerance  [red]✗[/] diverged  [magenta]?[/] missing on one side
+       blank: not compared;  [bold red]▶[/] first divergence
+"""
+
+
+# ---- messages from the diff worker (toolong style: small dataclasses) ------------------------
+@dataclass
+class DiffProgress(Message):
+    name: str
+    done: int
+    total: int
+
+
+@dataclass
+class DiffReady(Message):
+    report: DiffReport
+    vm: ViewModel
+    preset: str
+
+
+@dataclass
+class DiffFailed(Message):
+    message: str
+
+
+# ---- screens ---------------------------------------------------------------------------------
+class ErrorScreen(Screen):
+    """Bad input: the SpecdiffError text, no traceback; quitting exits with code 2."""
+
+    BINDINGS = [Binding("q,escape,enter", "app.quit_bad", "quit")]
+    DEFAULT_CSS = """
+    ErrorScreen { align: center middle; }
+    #error { width: 90%; height: auto; border: heavy $error; padding: 1 2; }
+    """
+
+    def __init__(self, message: str):
+        super().__init__()
+        self.message = message
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text.assemble(("specdiff: error\n\n", "bold red"), self.message,
+                                   ("\n\npress q to quit", "dim")), id="error")
+        yield Footer()
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    #help { width: auto; max-width: 100; height: auto; border: round $primary; padding: 1 2;
+            background: $surface; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP, id="help")
+
+
+# ---- the app ---------------------------------------------------------------------------------
+class SpecdiffApp(App):
+    """Two traces, aligned and compared by the diff engine, shown as a pipeline grid."""
+
+    TITLE = "specdiff"
+    CSS = """
+    #title { height: 1; background: $primary; color: $text; padding: 0 1; text-style: bold; }
+    #verdict { height: auto; max-height: 4; padding: 0 1; }
+    #verdict.diverged { color: $error; text-style: bold; }
+    #verdict.clean { color: $success; text-style: bold; }
+    #progress { height: 1; padding: 0 1; }
+    #progress.done { display: none; }
+    #top { height: 1fr; min-height: 7; }
+    #seqs { width: 30%; max-width: 44; height: 1fr; border: round $primary-darken-2; }
+    #seqs:focus { border: round $accent; }
+    #grid-box { width: 1fr; border: round $primary-darken-2; }
+    #grid-box:focus-within { border: round $accent; }
+    #legend { height: 1; }
+    #filter { display: none; }
+    #filter.shown { display: block; }
+    #bottom { height: 1fr; }
+    #detail, #explain { width: 1fr; border: round $primary-darken-2; padding: 0 1; }
+    #detail:focus-within, #explain:focus-within { border: round $accent; }
+    #spark { height: 2; margin: 0 0 1 0; }
+    """
+
+    BINDINGS = [
+        Binding("f", "first", "first"),
+        Binding("n", "step(1)", "next"),
+        Binding("N", "step(-1)", "prev"),
+        Binding("enter", "drill", "drill in"),
+        Binding("d", "depths", "depths"),
+        Binding("t", "preset", "tolerance"),
+        Binding("slash", "filter", "filter"),
+        Binding("e", "export", "export"),
+        Binding("question_mark", "help", "help"),
+        Binding("escape", "back", "back", show=False),
+        Binding("q", "quit_app", "quit"),
+    ]
+
+    def __init__(self, trace_a: str, trace_b: str, *, preset: str = "default", overrides: dict | None = None,
+                 export_root: str | Path = "."):
+        super().__init__()
+        self.paths = Pair(str(trace_a), str(trace_b))
+        self.preset = preset
+        self.overrides = overrides
+        self.export_root = Path(export_root)
+        self.traces: Pair | None = None
+        self.report: DiffReport | None = None
+        self.vm: ViewModel | None = None
+        self.sel: Sel | None = None
+        self.depths = False
+        self.filter_text = ""
+        self.error: str | None = None
+        self.exported: Path | None = None
+
+    # ---- layout -----------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Static(self._title(), id="title")
+        yield Static("opening traces…", id="verdict")
+        yield ProgressBar(id="progress", show_eta=False)
+        with Horizontal(id="top"):
+            seqs = DataTable(id="seqs", cursor_type="row", zebra_stripes=False)
+            seqs.border_title = "Sequences"
+            yield seqs
+            with Vertical(id="grid-box") as box:
+                box.border_title = "Pipeline"
+                yield Input(placeholder="filter tensors (escape clears)", id="filter")
+                yield PipelineGrid(id="grid")
+                yield Static(legend(), id="legend")
+        with Horizontal(id="bottom"):
+            with VerticalScroll(id="detail") as det:
+                det.border_title = "Detail"
+                yield Static("", id="detail-body")
+                yield Sparkline([], id="spark")
+                yield Static("", id="detail-values")
+            with VerticalScroll(id="explain") as ex:
+                ex.border_title = "Explain"
+                yield Static("", id="explain-body")
+        yield Footer()
+
+    def _title(self) -> str:
+        return (f"specdiff  {basename(self.paths.x)} ↔ {basename(self.paths.y)}   "
+                f"tolerance: {self.preset}")
+
+    def on_mount(self) -> None:
+        self.query_one(PipelineGrid).focus()
+        self.run_diff(self.preset)
+
+    # ---- the worker -------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="diff")
+    def run_diff(self, preset: str) -> None:
+        """Open (once), diff, and index the report for drawing; posts DiffReady or DiffFailed."""
+        try:
+            if self.traces is None:
+                self.traces = Pair(open_trace(self.paths.x), open_trace(self.paths.y))
+
+            def progress(name, i, total):
+                self.post_message(DiffProgress(name, i, total))
+
+            report = diff_opened(self.traces, preset=preset, overrides=self.overrides, progress=progress)
+            vm = ViewModel(report, tokenizer=load_tokenizer(report))
+        except SpecdiffError as exc:
+            self.post_message(DiffFailed(str(exc)))
+            return
+        self.post_message(DiffReady(report, vm, preset))
+
+    def on_diff_progress(self, msg: DiffProgress) -> None:
+        bar = self.query_one("#progress", ProgressBar)
+        bar.remove_class("done")
+        bar.update(total=msg.total, progress=msg.done)
+        self.query_one("#verdict", Static).update(f"comparing {msg.done + 1}/{msg.total}: {msg.name}…")
+
+    def on_diff_failed(self, msg: DiffFailed) -> None:
+        self.error = msg.message
+        self.push_screen(ErrorScreen(msg.message))
+
+    def on_diff_ready(self, msg: DiffReady) -> None:
+        first_time = self.report is None
+        self.report, self.vm, self.preset = msg.report, msg.vm, msg.preset
+        self.query_one("#title", Static).update(self._title())
+        self.query_one("#progress", ProgressBar).add_class("done")
+        verdict = self.query_one("#verdict", Static)
+        verdict.update(msg.report.verdict())
+        verdict.set_class(msg.report.diverged, "diverged")
+        verdict.set_class(not msg.report.diverged, "clean")
+        self._fill_sequences()
+        self.query_one("#explain-body", Static).update(panes.explain(msg.vm))
+        sel = msg.vm.initial() if first_time or self.sel is None else self.sel
+        if sel.pair not in msg.vm.pairs:
+            sel = msg.vm.initial()
+        self.select(sel)
+
+    def _fill_sequences(self) -> None:
+        vm = self.vm
+        table = self.query_one("#seqs", DataTable)
+        table.clear(columns=True)
+        lab = vm.report.labels
+        short = {"training": "T", "serving": "S"}
+        table.add_columns("", "seq", "len", f"accept {short.get(lab.x, lab.x)}/{short.get(lab.y, lab.y)}",
+                          "prompt")
+        acc = vm.report.acceptance
+        for idx, p in vm.pairs.items():
+            mark = Text("✗", style="bold red") if idx in vm.diverged_pairs else Text("·", style="green")
+            ax, ay = acc.x.per_sequence.get(idx), acc.y.per_sequence.get(idx)
+            both = "/".join("-" if a is None else f"{a:.2f}" for a in (ax, ay))
+            table.add_row(mark, str(idx), str(p.length), both, vm.prompt_preview(idx, 40), key=str(idx))
+
+    # ---- selection --------------------------------------------------------------------------
+    def select(self, sel: Sel) -> None:
+        """Move the selection (grid cursor, sequence list, detail pane) to ``sel``."""
+        if self.vm is None:
+            return
+        if sel.depth > 0 and not self.depths:
+            self.depths = True
+        if self.filter_text and self.filter_text.lower() not in sel.name.lower():
+            self._set_filter("")
+        self.sel = sel
+        grid = self.query_one(PipelineGrid)
+        grid.show(self.vm, self.vm.rows(depths=self.depths, text=self.filter_text), sel)
+        self.sel = grid.selection or sel
+        table = self.query_one("#seqs", DataTable)
+        if table.row_count and table.cursor_row != sel.pair:
+            self._syncing = True
+            table.move_cursor(row=sel.pair)
+        self._show_detail()
+
+    def _show_detail(self) -> None:
+        body = self.query_one("#detail-body", Static)
+        values = self.query_one("#detail-values", Static)
+        spark = self.query_one("#spark", Sparkline)
+        values.update("")
+        if self.sel is None or self.vm is None:
+            body.update("")
+            spark.data = []
+            return
+        try:
+            d = panes.detail(self.vm, self.sel)
+        except SpecdiffError as exc:  # a damaged chunk in one row: say so, keep the app
+            body.update(Text(f"cannot read this row: {exc}", style="red"))
+            spark.data = []
+            return
+        body.update(d.body)
+        values.update(d.values)
+        spark.data = d.diffs
+        spark.display = bool(d.diffs)
+
+    @on(PipelineGrid.Moved)
+    def _grid_moved(self, msg: PipelineGrid.Moved) -> None:
+        self.sel = msg.sel
+        self._show_detail()
+
+    @on(DataTable.RowHighlighted, "#seqs")
+    def _seq_highlighted(self, msg: DataTable.RowHighlighted) -> None:
+        if getattr(self, "_syncing", False):
+            self._syncing = False
+            return
+        if self.vm is None or self.sel is None or msg.row_key is None:
+            return
+        pair = int(msg.row_key.value)
+        if pair != self.sel.pair:
+            self.select(Sel(self.sel.name, self.sel.depth, pair, min(self.sel.pos, self.vm.length(pair) - 1)))
+
+    # ---- actions ----------------------------------------------------------------------------
+    def action_first(self) -> None:
+        if self.vm is not None and self.vm.first is not None:
+            self.select(self.vm.first)
+            self.query_one(PipelineGrid).focus()
+        elif self.vm is not None:
+            self.notify("no divergence within tolerance")
+
+    def action_step(self, step: int) -> None:
+        if self.vm is None or self.sel is None:
+            return
+        nxt = self.vm.divergence_step(self.sel, step)
+        if nxt is None:
+            self.notify("no divergence within tolerance")
+            return
+        self.select(nxt)
+        self.query_one(PipelineGrid).focus()
+
+    def action_drill(self) -> None:
+        if isinstance(self.focused, Input):
+            return
+        self.query_one("#detail", VerticalScroll).focus()
+
+    def action_back(self) -> None:
+        if self.query_one("#filter", Input).has_class("shown"):
+            self._set_filter("")
+        self.query_one(PipelineGrid).focus()
+
+    def action_depths(self) -> None:
+        if self.vm is None or self.sel is None:
+            return
+        self.depths = not self.depths
+        sel = self.sel if self.depths else Sel(self.sel.name, 0, self.sel.pair, self.sel.pos)
+        self.select(sel)
+
+    def action_preset(self) -> None:
+        if self.report is None:
+            return
+        names = list(PRESETS)
+        nxt = names[(names.index(self.preset) + 1) % len(names)] if self.preset in names else "default"
+        self.query_one("#verdict", Static).update(f"re-running the diff with tolerance preset {nxt}…")
+        self.run_diff(nxt)
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("shown")
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, msg: Input.Changed) -> None:
+        self.filter_text = msg.value.strip()
+        if self.vm is not None and self.sel is not None:
+            grid = self.query_one(PipelineGrid)
+            grid.show(self.vm, self.vm.rows(depths=self.depths, text=self.filter_text), self.sel)
+            if grid.selection is not None and grid.selection != self.sel:
+                self.sel = grid.selection
+                self._show_detail()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_done(self) -> None:
+        self.query_one(PipelineGrid).focus()
+
+    def _set_filter(self, text: str) -> None:
+        box = self.query_one("#filter", Input)
+        self.filter_text = text
+        with box.prevent(Input.Changed):
+            box.value = text
+        box.set_class(bool(text), "shown")
+        if self.vm is not None and self.sel is not None:
+            self.query_one(PipelineGrid).show(self.vm, self.vm.rows(depths=self.depths, text=text), self.sel)
+
+    def action_export(self) -> None:
+        if self.vm is None or self.sel is None:
+            return
+        try:
+            self.exported = export_slice(self.vm, self.sel, root=self.export_root)
+        except (SpecdiffError, OSError) as exc:
+            self.notify(f"export failed: {exc}", severity="error")
+            return
+        self.notify(f"exported to {self.exported}", title="export")
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_quit_app(self) -> None:
+        if self.error is not None:
+            self.exit(return_code=EXIT_BAD_INPUT)
+        elif self.report is not None and self.report.diverged:
+            self.exit(return_code=EXIT_DIVERGED)
+        else:
+            self.exit(return_code=EXIT_OK)
+
+    def action_quit_bad(self) -> None:
+        self.exit(return_code=EXIT_BAD_INPUT)
+
+
+def run_app(trace_a: str, trace_b: str, *, preset: str = "default", overrides: dict | None = None) -> int:
+    """Run the app; exit code 0 no divergence, 1 divergence, 2 bad input (error screen shown)."""
+    app = SpecdiffApp(trace_a, trace_b, preset=preset, overrides=overrides)
+    app.run()
+    return app.return_code or 0

@@ -1,0 +1,30 @@
+"""``specdiff view A B``: the interactive terminal diff (a Textual app; tui/app.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from specdiff.replay.tolerance import PRESETS, parse_overrides
+
+from .cli import cli
+
+
+@cli.command()
+@click.argument("trace_a")
+@click.argument("trace_b")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default="default", show_default=True,
+              help="Tolerance preset to start with (t cycles them in the app).")
+@click.option("--tol", "tol", multiple=True, metavar="STAGE=rel:X,cos:Y",
+              help="Override a stage's or tensor's tolerance, e.g. --tol draft.fc_out=rel:0.1 (repeatable).")
+def view(trace_a, trace_b, preset, tol):
+    """Open TRACE_A (usually training) and TRACE_B (usually serving) in the interactive diff.
+
+    The app lands on the first divergence. Keys: f first, n/N next/previous divergence,
+    arrows move, enter drill in, d depths, t tolerance preset, / filter, e export, ? help, q quit.
+    Exit code: 0 no divergence, 1 a divergence, 2 bad input (shown on an error screen).
+    """
+    overrides = parse_overrides(tol)
+    from .app import run_app
+
+    sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))

@@ -1,0 +1,69 @@
+"""Export the selected slice: both sides' rows of one tensor for one sequence, plus its metrics.
+
+Writes ``<dir>/specdiff-export-<tensor>-<seq>-<pos>/`` holding ``a.trace`` and ``b.trace`` (small
+specdiff traces, one per side, readable with ``open_trace`` and diffable with ``specdiff diff``)
+and ``metrics.json`` (the cell's and the tensor's numbers from the report).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from specdiff.tracer.arrays import to_torch
+from specdiff.tracer.store import TraceWriter
+
+from .view import CELLS, Sel, ViewModel
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, np.generic):
+        return _clean(v.item())
+    return v
+
+
+def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".") -> Path:
+    """Write the export folder for ``sel`` under ``root``; returns its path."""
+    r = vm.report
+    pair = vm.pairs[sel.pair]
+    out = Path(root) / f"specdiff-export-{sel.name}-{sel.pair}-{sel.pos}"
+    out.mkdir(parents=True, exist_ok=True)
+    for trace, sid, fname in ((r.traces.x, pair.seq.x, "a.trace"), (r.traces.y, pair.seq.y, "b.trace")):
+        contract = {k: v for k, v in trace.contract.items() if k != "side"}
+        with TraceWriter(str(out / fname), side=trace.side, contract=contract, overwrite=True) as w:
+            seq = trace.sequence(sid)
+            new = w.add_sequence(seq.tokens[: pair.length], prompt_len=min(seq.prompt_len, pair.length),
+                                 rid=seq.rid)
+            if sel.name in trace.names:
+                keys = trace.keys(sel.name)
+                rows = np.nonzero((keys["seq"] == sid) & (keys["pos"] < pair.length))[0]
+                if len(rows):
+                    data = to_torch(trace.take(sel.name, rows), trace.info(sel.name).dtype)
+                    w.append(sel.name, data, seq=new, pos=keys["pos"][rows], depth=keys["depth"][rows],
+                             iter=keys["iter"][rows])
+    code, i = vm.cell(sel)
+    comp = r.comparisons.get(sel.name)
+    cell = {"status": CELLS[code][2]}
+    if comp is not None and i >= 0:
+        cell.update(score=float(comp.score[i]), cos=float(comp.cos[i]), nonfinite=bool(comp.nonfinite[i]),
+                    rows=[int(comp.match.rows.x[i]), int(comp.match.rows.y[i])])
+    metrics = {
+        "tensor": sel.name, "seq": sel.pair, "pos": sel.pos, "depth": sel.depth,
+        "sequence_ids": [pair.seq.x, pair.seq.y], "labels": [r.labels.x, r.labels.y],
+        "traces": [str(r.paths.x), str(r.paths.y)], "files": ["a.trace", "b.trace"],
+        "verdict": r.verdict(), "cell": cell,
+        "tensor_stats": comp.stats if comp is not None else None,
+        "tolerance": asdict(comp.tolerance) if comp is not None else None,
+        "worst": comp.worst if comp is not None else None,
+    }
+    (out / "metrics.json").write_text(json.dumps(_clean(metrics), indent=2))
+    return out

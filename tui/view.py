@@ -1,0 +1,221 @@
+"""What the app shows, indexed for drawing: cells of the pipeline grid, divergences, selections.
+
+Everything here is a lookup into a ``DiffReport`` (replay/report.py) and the row keys of the two
+traces; nothing is compared again. Built once per report in the diff worker, so the UI thread
+only indexes numpy arrays.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from specdiff.replay.compare import CLOSE, DIVERGED, MATCH, SKIP
+from specdiff.replay.report import DiffReport
+from specdiff.tracer.schema import ordered, probe_index, spec_for
+
+NONE, MISSING = -1, 3
+#: cell code -> (symbol, colour, legend text). Symbols alone carry the meaning (no colour needed).
+CELLS = {
+    MATCH: ("·", "green", "match"),
+    CLOSE: ("~", "yellow", "within tolerance"),
+    DIVERGED: ("✗", "red", "diverged"),
+    MISSING: ("?", "magenta", "missing on one side"),
+    NONE: (" ", "", "not compared"),
+}
+
+
+@dataclass(frozen=True)
+class Sel:
+    """A selected grid cell: tensor ``name`` at draft ``depth``, aligned sequence ``pair``, ``pos``."""
+
+    name: str
+    depth: int
+    pair: int
+    pos: int
+
+
+@dataclass(frozen=True)
+class GridRow:
+    name: str
+    depth: int
+
+    @property
+    def label(self) -> str:
+        return self.name if self.depth == 0 else f"  └ depth {self.depth}"
+
+
+def shown(name: str) -> bool:
+    """Tensors that get a grid row: compared ones, and canonical ones recorded on one side only."""
+    return not (name in SKIP or name.startswith("verify.") or probe_index(name) is not None
+                or name == "target.argmax")
+
+
+def basename(path: str) -> str:
+    return os.path.basename(str(path).rstrip("/")) or str(path)
+
+
+def load_tokenizer(report: DiffReport):
+    """``tokenizers.Tokenizer`` from a contract's ``model_name`` dir (tokenizer.json), else None."""
+    for trace in (report.traces.x, report.traces.y):
+        name = trace.contract.get("model_name")
+        if not name:
+            continue
+        path = Path(name)
+        cand = path if path.name.endswith(".json") else path / "tokenizer.json"
+        if cand.is_file():
+            try:
+                from tokenizers import Tokenizer
+
+                return Tokenizer.from_file(str(cand))
+            except Exception:  # a broken tokenizer only costs the decoded previews
+                return None
+    return None
+
+
+class ViewModel:
+    """A DiffReport indexed for the grid, the sequence list and divergence navigation."""
+
+    def __init__(self, report: DiffReport, *, tokenizer=None):
+        self.report = report
+        self.tokenizer = tokenizer
+        traces = report.traces
+        comps = report.comparisons
+        one_side = (set(traces.x.names) ^ set(traces.y.names)) - set(comps)
+        self.names: list[str] = ordered([n for n in comps if shown(n)] + [n for n in one_side if shown(n)])
+        self.pairs = {p.index: p for p in report.alignment.seq_pairs}
+        # Row keys per side (seq, pos, depth) for presence: a cell one side recorded and the other did not.
+        self._keys: dict[str, list] = {}
+        self.max_depth: dict[str, int] = {}
+        for name in self.names:
+            per_side = []
+            deepest = 0
+            for trace in (traces.x, traces.y):
+                if name in trace.names:
+                    k = trace.keys(name)
+                    per_side.append((k["seq"], k["pos"], k["depth"]))
+                    if len(k["depth"]):
+                        deepest = max(deepest, int(k["depth"].max()))
+                else:
+                    per_side.append(None)
+            self._keys[name] = per_side
+            self.max_depth[name] = deepest if spec_for(name).by_depth else 0
+        self.divergences: list[Sel] = []
+        for name, i in report.divergences:
+            m = comps[name].match
+            self.divergences.append(Sel(name, int(m.depth[i]), int(m.pair[i]), int(m.pos[i])))
+        self.diverged_pairs = {s.pair for s in self.divergences}
+        self.first: Sel | None = None
+        if report.first is not None and report.first.first_failing_row is not None:
+            i = report.first.first_failing_row
+            m = report.first.match
+            self.first = Sel(report.first.name, int(m.depth[i]), int(m.pair[i]), int(m.pos[i]))
+        self._cells: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    # ---- grid -------------------------------------------------------------------------------
+    def rows(self, *, depths: bool, text: str = "") -> list[GridRow]:
+        """Grid rows in dataflow order; with ``depths`` every draft depth is a sub-row."""
+        out = []
+        for name in self.names:
+            if text and text.lower() not in name.lower():
+                continue
+            for d in range(self.max_depth[name] + 1 if depths else 1):
+                out.append(GridRow(name, d))
+        return out
+
+    def length(self, pair: int) -> int:
+        return self.pairs[pair].length
+
+    def cells(self, name: str, pair: int) -> tuple[np.ndarray, np.ndarray]:
+        """(status int8 [depths, length], comparison row index int64 [depths, length], -1 = none)."""
+        key = (name, pair)
+        hit = self._cells.get(key)
+        if hit is not None:
+            return hit
+        p = self.pairs[pair]
+        n, depths = p.length, self.max_depth[name] + 1
+        status = np.full((depths, n), NONE, np.int8)
+        index = np.full((depths, n), -1, np.int64)
+        present = []
+        for keys, sid in zip(self._keys[name], (p.seq.x, p.seq.y)):
+            have = np.zeros((depths, n), bool)
+            if keys is not None:
+                seq, pos, dep = keys
+                sel = (seq == sid) & (pos < n) & (dep < depths)
+                have[dep[sel].astype(np.int64), pos[sel].astype(np.int64)] = True
+            present.append(have)
+        status[present[0] ^ present[1]] = MISSING
+        comp = self.report.comparisons.get(name)
+        if comp is not None:
+            m = comp.match
+            sel = np.nonzero(m.pair == pair)[0]
+            d, t = m.depth[sel].astype(np.int64), m.pos[sel].astype(np.int64)
+            ok = d < depths
+            status[d[ok], t[ok]] = comp.status[sel[ok]]
+            index[d[ok], t[ok]] = sel[ok]
+        self._cells[key] = (status, index)
+        return status, index
+
+    def cell(self, sel: Sel) -> tuple[int, int]:
+        """(status code, comparison row index or -1) of one cell."""
+        status, index = self.cells(sel.name, sel.pair)
+        if sel.depth >= status.shape[0] or not 0 <= sel.pos < status.shape[1]:
+            return NONE, -1
+        return int(status[sel.depth, sel.pos]), int(index[sel.depth, sel.pos])
+
+    def present(self, sel: Sel) -> tuple[bool, bool]:
+        """Whether each side recorded the selected cell."""
+        p = self.pairs[sel.pair]
+        out = []
+        for keys, sid in zip(self._keys[sel.name], (p.seq.x, p.seq.y)):
+            if keys is None:
+                out.append(False)
+                continue
+            seq, pos, dep = keys
+            out.append(bool(((seq == sid) & (pos == sel.pos) & (dep == sel.depth)).any()))
+        return out[0], out[1]
+
+    def pair_rows(self, sel: Sel) -> tuple[int, int] | None:
+        """Storage rows (x, y) of the selected cell's comparison, or None when not compared."""
+        _, i = self.cell(sel)
+        if i < 0:
+            return None
+        m = self.report.comparisons[sel.name].match
+        return int(m.rows.x[i]), int(m.rows.y[i])
+
+    # ---- navigation -------------------------------------------------------------------------
+    def initial(self) -> Sel:
+        """Where the app opens: the first divergence, else the first cell of the first sequence."""
+        if self.first is not None:
+            return self.first
+        return Sel(self.names[0] if self.names else "tokens", 0, 0, 0)
+
+    def divergence_step(self, current: Sel, step: int) -> Sel | None:
+        """The next (step=1) / previous (step=-1) divergence from ``current`` in report order."""
+        if not self.divergences:
+            return None
+        try:
+            i = self.divergences.index(current)
+        except ValueError:
+            i = -1 if step > 0 else 0
+        return self.divergences[(i + step) % len(self.divergences)]
+
+    # ---- text -------------------------------------------------------------------------------
+    def decode(self, ids) -> str | None:
+        if self.tokenizer is None:
+            return None
+        try:
+            return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+        except Exception:
+            return None
+
+    def prompt_preview(self, pair: int, width: int = 40) -> str:
+        p = self.pairs[pair]
+        toks = self.report.traces.x.sequence(p.seq.x).tokens[: max(p.prompt_len, 1)]
+        text = self.decode(toks)
+        if text is None:
+            text = " ".join(str(int(t)) for t in toks[:16])
+        text = text.replace("\n", "⏎").replace("\t", "→")
+        return text if len(text) <= width else text[: width - 1] + "…"
