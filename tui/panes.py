@@ -84,15 +84,14 @@ def _metrics(vm: ViewModel, sel: Sel, i: int) -> Text:
     return t
 
 
-def _float_values(vm: ViewModel, sel: Sel, rows: tuple[int, int]) -> tuple[Table, list[float], str]:
+def _float_values(vm: ViewModel, sel: Sel, rows: tuple[int, int]) -> tuple[Group, list[float], Text | str]:
     traces, labels = vm.report.traces, vm.report.labels
     x = traces.x.take_float(sel.name, np.array([rows[0]])).reshape(-1)
     y = traces.y.take_float(sel.name, np.array([rows[1]])).reshape(-1)
     bad = ~np.isfinite(x) | ~np.isfinite(y)
     d = np.where(bad, np.inf, np.abs(np.nan_to_num(x.astype(np.float64)) - np.nan_to_num(y.astype(np.float64))))
     e = int(np.argmax(d)) if d.size else 0
-    t = Table(title=f"values at the worst element {e} of {d.size}", title_justify="left",
-              box=None, padding=(0, 1), header_style="bold")
+    t = Table(box=None, padding=(0, 1), header_style="bold")
     t.add_column("elem", justify="right", style="dim")
     t.add_column(labels.x, justify="right")
     t.add_column(labels.y, justify="right")
@@ -105,7 +104,7 @@ def _float_values(vm: ViewModel, sel: Sel, rows: tuple[int, int]) -> tuple[Table
     extra = ""
     if sel.name == "draft.logits" and x.size:
         extra = _topk_lines(vm, labels, np.argsort(-x)[:TOPK], np.argsort(-y)[:TOPK], decode=False)
-    return t, series, extra
+    return Group(Text(f"values at the worst element {e} of {d.size}", style="bold"), t), series, extra
 
 
 def _pool(d: np.ndarray, n: int = 120) -> list[float]:
