@@ -87,3 +87,15 @@ def test_a_server_that_dies_at_startup_reports_its_log(tmp_path):
         srv.start()
     assert "last lines" in str(err.value)
     assert srv.proc.poll() is not None
+
+
+def test_standin_attention_matches_sglang_torch_native_backend_in_fp32(model_root):
+    """Independent check of the attention stand-ins inside SGLang: the same model served
+    with SGLang's own torch_native attention. In fp32 greedy outputs agree token for token
+    (in bf16 a random model's near-tied logits can flip between implementations)."""
+    outs = {}
+    for backend in ("intel_amx", "torch_native"):
+        extra = ["--dtype", "float32"] + (["--attention-backend", "torch_native"] if backend == "torch_native" else [])
+        with ServerProcess(model_root / "target", extra_args=extra) as srv:
+            outs[backend] = [o["output_ids"] for o in _generate_all(srv)]
+    assert outs["intel_amx"] == outs["torch_native"]

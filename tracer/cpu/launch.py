@@ -258,14 +258,16 @@ class ServerProcess:
         temperature: float = 0.0,
         ignore_eos: bool = True,
         timeout_s: float = 300.0,
+        request: Mapping[str, Any] | None = None,
         **sampling: Any,
     ) -> Any:
         """``/generate`` (greedy by default). Returns SGLang's JSON: a dict with ``text``,
         ``output_ids`` and ``meta_info`` (``spec_accept_length`` etc. when speculating),
-        or a list of them for a batch."""
+        or a list of them for a batch. ``sampling`` goes into ``sampling_params``;
+        ``request`` holds top-level fields (e.g. ``{"return_logprob": True}``)."""
         params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos}
         params.update(sampling)
-        payload: dict[str, Any] = {"sampling_params": params}
+        payload: dict[str, Any] = {"sampling_params": params, **(request or {})}
         if input_ids is not None:
             payload["input_ids"] = input_ids
         else:
