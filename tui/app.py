@@ -110,7 +110,8 @@ class SpecdiffApp(App):
     TITLE = "specdiff"
     CSS = """
     #title { height: 1; background: $primary; color: $text; padding: 0 1; text-style: bold; }
-    #verdict { height: auto; max-height: 4; padding: 0 1; }
+    #verdict { height: auto; max-height: 3; padding: 0 1; }
+    #verdict.short { max-height: 2; }
     #verdict.diverged { color: $error; text-style: bold; }
     #verdict.clean { color: $success; text-style: bold; }
     #progress { height: 1; padding: 0 1; }
@@ -187,6 +188,9 @@ class SpecdiffApp(App):
     def _title(self) -> str:
         return (f"specdiff  {basename(self.paths.x)} ↔ {basename(self.paths.y)}   "
                 f"tolerance: {self.preset}")
+
+    def on_resize(self, event) -> None:
+        self.query_one("#verdict", Static).set_class(event.size.height < 30, "short")
 
     def on_mount(self) -> None:
         self.query_one(PipelineGrid).focus()

@@ -79,7 +79,7 @@ def _metrics(vm: ViewModel, sel: Sel, i: int) -> Text:
     if nums:
         t.append("\nstats ", style="dim")
         t.append(nums)
-    if comp.worst and comp.worst.get("row") == i:
+    if comp.worst and comp.worst.get("row") == i and int(comp.status[i]) != 0:
         t.append(f"\nthis row is the tensor's worst (element {comp.worst['element']})", style="italic")
     return t
 
