@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from rich.text import Text
 from textual import on, work
@@ -18,16 +19,22 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, ProgressBar, Sparkline, Static
-from specdiff.replay.align import Pair
-from specdiff.replay.report import DiffReport, diff_opened
-from specdiff.replay.tolerance import PRESETS
 from specdiff.tracer.errors import SpecdiffError
-from specdiff.tracer.store import open_trace
 
 from . import panes
-from .export import export_slice
 from .grid import PipelineGrid, legend
 from .view import Sel, ViewModel, basename, load_tokenizer
+
+if TYPE_CHECKING:
+    from specdiff.replay.report import DiffReport
+
+# The diff engine (and torch, which it imports) loads in the worker, not before the first paint.
+PRESET_NAMES = ("strict", "default", "loose")  # replay.tolerance.PRESETS order
+
+
+class Paths(NamedTuple):
+    x: str
+    y: str
 
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -147,11 +154,11 @@ class SpecdiffApp(App):
     def __init__(self, trace_a: str, trace_b: str, *, preset: str = "default", overrides: dict | None = None,
                  export_root: str | Path = "."):
         super().__init__()
-        self.paths = Pair(str(trace_a), str(trace_b))
+        self.paths = Paths(str(trace_a), str(trace_b))
         self.preset = preset
         self.overrides = overrides
         self.export_root = Path(export_root)
-        self.traces: Pair | None = None
+        self.traces = None  # Pair of opened traces, once the worker opened them
         self.report: DiffReport | None = None
         self.vm: ViewModel | None = None
         self.sel: Sel | None = None
@@ -201,6 +208,10 @@ class SpecdiffApp(App):
     def run_diff(self, preset: str) -> None:
         """Open (once), diff, and index the report for drawing; posts DiffReady or DiffFailed."""
         try:
+            from specdiff.replay.align import Pair
+            from specdiff.replay.report import diff_opened
+            from specdiff.tracer.store import open_trace
+
             if self.traces is None:
                 self.traces = Pair(open_trace(self.paths.x), open_trace(self.paths.y))
 
@@ -348,7 +359,7 @@ class SpecdiffApp(App):
     def action_preset(self) -> None:
         if self.report is None:
             return
-        names = list(PRESETS)
+        names = list(PRESET_NAMES)
         nxt = names[(names.index(self.preset) + 1) % len(names)] if self.preset in names else "default"
         self.query_one("#verdict", Static).update(f"re-running the diff with tolerance preset {nxt}…")
         self.run_diff(nxt)
@@ -384,6 +395,8 @@ class SpecdiffApp(App):
     def action_export(self) -> None:
         if self.vm is None or self.sel is None:
             return
+        from .export import export_slice
+
         try:
             self.exported = export_slice(self.vm, self.sel, root=self.export_root)
         except (SpecdiffError, OSError) as exc:

@@ -13,7 +13,6 @@ import numpy as np
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from specdiff.replay.compare import STATUS_NAMES
 from specdiff.tracer.schema import spec_for
 
 from .view import CELLS, MISSING, NONE, Sel, ViewModel
@@ -223,5 +222,3 @@ def _acceptance(vm: ViewModel) -> Table | Text:
     t.add_row("samples", str(acc.x.samples), str(acc.y.samples), style="dim")
     return t
 
-
-STATUS_WORDS = STATUS_NAMES

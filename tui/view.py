@@ -10,11 +10,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from specdiff.replay.compare import CLOSE, DIVERGED, MATCH, SKIP
-from specdiff.replay.report import DiffReport
 from specdiff.tracer.schema import ordered, probe_index, spec_for
+
+if TYPE_CHECKING:
+    from specdiff.replay.report import DiffReport
+
+# replay.compare's row codes (not imported here: the diff engine loads torch; the app paints first)
+MATCH, CLOSE, DIVERGED = 0, 1, 2
+#: replay.compare.SKIP: not compared row by row
+SKIP = {"draft.d2t", "draft.accept", "draft.accept_cum"}
 
 NONE, MISSING = -1, 3
 #: cell code -> (symbol, colour, legend text). Symbols alone carry the meaning (no colour needed).
