@@ -57,6 +57,7 @@ class SpecSettings:
     algorithm: str = "EAGLE3"
 
     def args(self, draft_model_path: str | os.PathLike) -> list[str]:
+        """The ``--speculative-*`` flags for SGLang, with the draft checkpoint's path."""
         return [
             "--speculative-algorithm", self.algorithm,
             "--speculative-draft-model-path", str(draft_model_path),
@@ -162,10 +163,12 @@ class ServerProcess:
 
     @property
     def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:30123``."""
         return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
+        """PID of the server process (also its process-group id), or None before start()."""
         return None if self.proc is None else self.proc.pid
 
     def command(self) -> tuple[list[str], dict[str, str]]:
