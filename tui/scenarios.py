@@ -36,6 +36,8 @@ SCENARIOS = {
                      "target.aux.0", "aux_layer_shift"),
     "correct": Scenario("correct", "served with eagle_aux_hidden_state_layer_ids [-1, 2, 5] = HF [0, 3, 6], "
                         "as trained", None, None),
+    "off-by-one": Scenario("off-by-one", "served with ids [0, 3, 6] written as HF / vLLM indices; SGLang reads "
+                           "id k as HF k+1 and captures HF [1, 4, 7]", "target.aux.0", "aux_layer_shift"),
     "d2t-direct": Scenario("d2t-direct", "d2t saved as direct target ids; SGLang reads offsets",
                            "draft.topk_target", "d2t_direct_ids"),
     "no-d2t": Scenario("no-d2t", "d2t left out of the checkpoint; SGLang serves draft id i as target id i",
@@ -67,6 +69,8 @@ def write_served_draft(scenario: str, trained_draft: Path, out: Path) -> Path:
     weights = load_file(str(wfile))
     if scenario == "seed":
         eagle["eagle_aux_hidden_state_layer_ids"] = [2, 5, 6]
+    elif scenario == "off-by-one":
+        eagle["eagle_aux_hidden_state_layer_ids"] = list(TRAINED_HF)
     elif scenario == "d2t-direct":
         d2t = weights["d2t"]
         weights["d2t"] = d2t + torch.arange(len(d2t), dtype=d2t.dtype)
