@@ -144,9 +144,20 @@ def traced(models, tmp_path_factory):
     try:
         # one /generate call with 2 prompts: SGLang batches them (concurrent requests)
         out = srv.generate(PROMPTS, max_new_tokens=MAX_NEW)
+        # `specdiff record client` against the same traced server
+        from click.testing import CliRunner
+
+        from specdiff.tui.cli import _register, cli
+
+        _register()
+        prompts = path.parent / "prompts.jsonl"
+        prompts.write_text('{"text": "for i in range(3):"}\n')
+        client = CliRunner().invoke(cli, ["record", "client", "--url", srv.url, "--prompts", str(prompts),
+                                          "--max-new-tokens", "5"])
     finally:
         srv.stop()
-    return {"out": out, "path": path, "seconds": time.monotonic() - t0, "startup_s": srv.startup_s}
+    return {"out": out, "path": path, "seconds": time.monotonic() - t0, "startup_s": srv.startup_s,
+            "client": client}
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +167,8 @@ def tree(models, tmp_path_factory):
 
     path = tmp_path_factory.mktemp("rec") / "tree.trace"
     spec = SpecSettings(num_steps=3, topk=2, num_draft_tokens=4)
-    srv = _server(models["oracle_target"], models["oracle_draft"], spec, trace=path)
+    srv = _server(models["oracle_target"], models["oracle_draft"], spec, trace=path,
+                  SPECDIFF_CAPTURE="full", SPECDIFF_LOGITS_TOPK="4")
     srv.start()
     try:
         out = srv.generate(PROMPTS, max_new_tokens=MAX_NEW)
@@ -283,7 +295,8 @@ def test_chain_trace_accept_lengths_tokens_and_rids(traced):
     c = trace.contract
     assert (c["engine"], c["spec_topk"], c["spec_steps"], c["spec_draft_tokens"]) == ("sglang", 1, 3, 4)
     assert c["aux_native_ids"] == [1, 3, 4] and c["aux_hf_indices"] == [2, 4, 5] and c["dropped_records"] == 0
-    assert sorted(s.rid for s in trace.sequences) == sorted(o["meta_info"]["id"] for o in traced["out"])
+    rids = {s.rid for s in trace.sequences}
+    assert {o["meta_info"]["id"] for o in traced["out"]} <= rids and len(rids) == 3  # + the CLI client's
     _check_accept_and_tokens(trace, traced["out"])
     for name in ("tokens", "target.aux_cat", "draft.fc_out", "draft.hidden_out", "draft.logits_topk.values",
                  "draft.logits_topk.ids", "draft.logsumexp", "draft.topk", "draft.topk_target",
@@ -296,6 +309,13 @@ def test_chain_trace_accept_lengths_tokens_and_rids(traced):
     for s in trace.sequences:
         am, k = _rows(trace, "target.argmax", s.id)
         assert (am == s.tokens[k["pos"] + 1]).all()
+
+
+@server
+def test_record_client_reports_accept_lengths(traced):
+    r = traced["client"]
+    assert r.exit_code == 0, r.output
+    assert "accept length" in r.output and "finalized when the server stops" in r.output
 
 
 @server
@@ -322,6 +342,16 @@ def test_tree_trace(tree, models):
     assert trace.info("draft.topk").shape == (2,)
     _check_aux_vs_hf(trace, models["oracle_target"])
     _check_mapped_ids(trace, models["oracle_draft"])
+    # capture level full: full draft logits, consistent with the top-k and logsumexp rows
+    c = trace.contract
+    assert (c["capture_level"], c["logits_topk"]) == ("full", 4)
+    full = trace.read("draft.logits")
+    assert full.shape[1] == c["draft_vocab_size"] and trace.info("draft.logits_topk.values").shape == (4,)
+    assert trace.rows("draft.logits") == trace.rows("draft.logits_topk.values")
+    vals = trace.read("draft.logits_topk.values")
+    assert np.allclose(np.sort(full, axis=1)[:, ::-1][:, :4], vals)
+    lse = torch.logsumexp(torch.as_tensor(full, dtype=torch.float32), dim=1).numpy()
+    assert np.allclose(lse, trace.read("draft.logsumexp"), atol=1e-4)
 
 
 # ---- CLI helpers (no server) ----------------------------------------------------------------
