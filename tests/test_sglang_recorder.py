@@ -391,3 +391,25 @@ def test_read_prompts(tmp_path):
     p = tmp_path / "p.jsonl"
     p.write_text('"plain"\n\n{"prompt": "b", "max_new_tokens": 3}\n{"input_ids": [1, 2]}\n')
     assert read_prompts(str(p)) == [{"text": "plain"}, {"prompt": "b", "max_new_tokens": 3}, {"input_ids": [1, 2]}]
+
+
+def test_async_writer_bounds_queued_bytes(tmp_path):
+    gate = threading.Event()
+
+    class Item:
+        def __init__(self, n):
+            self.n = n
+
+        def nbytes(self):
+            return 600
+
+    def slow(tw, item):
+        gate.wait(5)
+
+    aw = AsyncTraceWriter(TraceWriter(str(tmp_path / "c.trace"), side="serve"), slow, max_items=100, max_bytes=1000)
+    ok = [aw.submit(Item(i)) for i in range(4)]
+    # the first is taken by the thread (or queued), at most one more fits under 1000 bytes
+    assert ok[0] and ok.count(True) <= 2 and aw.dropped == ok.count(False)
+    gate.set()
+    assert aw.close()
+    assert aw.queued_bytes == 0

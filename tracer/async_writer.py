@@ -4,7 +4,8 @@ The serving hot path only *submits* captured items (tensors already cloned, or c
 ``non_blocking=True`` into pinned host memory, plus a CUDA event). The writer thread waits
 for the item's event, then hands it to a ``handler(trace_writer, item)`` that attributes the
 rows and appends them to the ``TraceWriter``. When the queue is full the item is dropped and
-counted (the count lands in the contract field ``dropped_records``). Any exception in the
+counted (the count lands in the contract field ``dropped_records``); so is an item that would
+push the bytes held in the queue over ``max_bytes`` (items report their size with ``nbytes()``). Any exception in the
 writer disables recording with one log line; the server keeps serving.
 """
 
@@ -28,17 +29,22 @@ class AsyncTraceWriter:
         writer: an open ``specdiff.tracer.store.TraceWriter`` (only the thread touches it).
         handler: ``handler(writer, item)`` turns one captured item into appends.
         max_items: queue bound; further submits are dropped and counted.
+        max_bytes: bound on the host memory held by queued items (``item.nbytes()``).
     """
 
-    def __init__(self, writer, handler: Callable[[Any, Any], None], *, max_items: int = 64):
+    def __init__(self, writer, handler: Callable[[Any, Any], None], *, max_items: int = 64,
+                 max_bytes: int = 2 << 30):
         self.writer = writer
         self.handler = handler
         self.dropped = 0
         self.written = 0
         self.failed = False
+        self.max_bytes = int(max_bytes)
+        self.queued_bytes = 0
         self._q: queue.Queue = queue.Queue(maxsize=max_items)
         self._closed = False
-        self._lock = threading.Lock()
+        # re-entrant: close() may run in a signal handler that interrupted submit() on this thread
+        self._lock = threading.RLock()
         self._thread = threading.Thread(target=self._run, name="specdiff-trace-writer", daemon=True)
         self._thread.start()
 
@@ -50,31 +56,43 @@ class AsyncTraceWriter:
         """Queue ``item`` without blocking; False (and one more drop counted) if it was dropped."""
         if not self.active:
             return False
-        try:
-            self._q.put_nowait(item)
+        size = int(item.nbytes()) if hasattr(item, "nbytes") else 0
+        with self._lock:
+            if self.queued_bytes + size > self.max_bytes and self.queued_bytes > 0:
+                self.dropped += 1
+                return False
+            try:
+                self._q.put_nowait((item, size))
+            except queue.Full:
+                self.dropped += 1
+                return False
+            self.queued_bytes += size
             return True
-        except queue.Full:
-            self.dropped += 1
-            return False
 
     def _run(self) -> None:
         while True:
-            item = self._q.get()
-            if item is _STOP:
+            entry = self._q.get()
+            if entry is _STOP:
                 return
-            if self.failed:
-                continue
+            item, size = entry
             try:
-                wait = getattr(item, "wait", None)
-                if wait is not None:
-                    wait()
-                self.handler(self.writer, item)
-                self.written += 1
-            except Exception as exc:  # noqa: BLE001 - any writer failure disables tracing
-                self.failed = True
-                logger.error("specdiff: trace writer failed (%s: %s); tracing disabled, the server "
-                             "keeps serving; the trace at %s holds what was written before",
-                             type(exc).__name__, exc, getattr(self.writer, "path", "?"))
+                if not self.failed:
+                    self._handle(item)
+            finally:
+                self.queued_bytes -= size  # no lock: see close(); an approximate count is fine
+
+    def _handle(self, item) -> None:
+        try:
+            wait = getattr(item, "wait", None)
+            if wait is not None:
+                wait()
+            self.handler(self.writer, item)
+            self.written += 1
+        except Exception as exc:  # noqa: BLE001 - any writer failure disables tracing
+            self.failed = True
+            logger.error("specdiff: trace writer failed (%s: %s); tracing disabled, the server "
+                         "keeps serving; the trace at %s holds what was written before",
+                         type(exc).__name__, exc, getattr(self.writer, "path", "?"))
 
     def close(self, *, timeout_s: float = 30.0, contract: dict | None = None) -> bool:
         """Drain the queue, stop the thread, record ``dropped_records`` and close the trace.
@@ -82,10 +100,9 @@ class AsyncTraceWriter:
         Returns True when the trace was closed cleanly. Safe to call more than once and from
         a signal handler (the journal already holds every completed append either way).
         """
-        with self._lock:
-            if self._closed:
-                return False
-            self._closed = True
+        if self._closed:
+            return False
+        self._closed = True
         try:
             self._q.put(_STOP, timeout=timeout_s)
         except queue.Full:

@@ -47,6 +47,7 @@ class Options:
     logits_topk: int = 8
     rids: str | None = None
     eager_draft: bool = False
+    max_queue_mb: int = 2048
 
     @classmethod
     def from_env(cls, env) -> Options | None:
@@ -61,7 +62,11 @@ class Options:
             k = int(env.get("SPECDIFF_LOGITS_TOPK", "8"))
         except ValueError:
             k = 8
-        return cls(path=path, capture=capture, logits_topk=max(1, k),
+        try:
+            mb = int(env.get("SPECDIFF_MAX_QUEUE_MB", "2048"))
+        except ValueError:
+            mb = 2048
+        return cls(path=path, capture=capture, logits_topk=max(1, k), max_queue_mb=max(1, mb),
                    rids=env.get("SPECDIFF_RIDS") or None,
                    eager_draft=env.get("SPECDIFF_EAGER_DRAFT", "0").lower() in ("1", "true", "yes"))
 
@@ -119,6 +124,13 @@ class IterCapture:
         if self.event is not None:
             self.event.synchronize()
 
+    def nbytes(self) -> int:
+        n = sum(v.nbytes for v in self.t.values() if isinstance(v, torch.Tensor))
+        n += sum(v.nbytes for _, v in self.select if isinstance(v, torch.Tensor))
+        for d in self.draft:
+            n += sum(v.nbytes for v in vars(d).values() if isinstance(v, torch.Tensor))
+        return n
+
 
 # ---- the recorder ---------------------------------------------------------------------------
 class Recorder:
@@ -171,7 +183,8 @@ class Recorder:
             self.num_aux = len(self.contract.get("aux_hf_indices") or []) or None
             self.topk = int(self.contract.get("spec_topk", 1))
             tw = TraceWriter(self.opts.path, side="serve", contract=self.contract)
-            self.writer = AsyncTraceWriter(tw, self._write, max_items=64)
+            self.writer = AsyncTraceWriter(tw, self._write, max_items=64,
+                                           max_bytes=self.opts.max_queue_mb << 20)
             logger.info("specdiff: recording an EAGLE-3 trace to %s (capture %s)", self.opts.path,
                         self.opts.capture)
 

@@ -12,6 +12,8 @@ Environment:
     SPECDIFF_RIDS         regex; record only requests whose rid matches
     SPECDIFF_EAGER_DRAFT  ``1``: do not capture the draft's CUDA graphs, so every draft stage is
                           recorded (the target keeps its graphs)
+    SPECDIFF_MAX_QUEUE_MB host memory the writer queue may hold (default 2048); iterations beyond
+                          it are dropped and counted in the contract's ``dropped_records``
 
 Hooks (HookRegistry, targets under ``sglang.srt.``) and what they record are described in
 tracer/sglang_hooks.py; shared/research/sglang-eagle3-dataflow.md has the SGLang side. The trace
