@@ -72,7 +72,7 @@ def measure_tui(a: str, b: str, launched: float) -> dict:
         async with app.run_test(size=(120, 40)) as pilot:
             out["first_paint_s"] = time.time() - launched
             while app.sel is None and not app.error:
-                await pilot.pause(0.01)
+                await pilot.pause(0.1)  # a light poll: an idle app, as on a real terminal
             out["first_divergence_s"] = time.time() - launched
             out["selected"] = None if app.sel is None else [app.sel.name, app.sel.pair, app.sel.pos]
             await pilot.press("n")  # one navigation step, as a user would

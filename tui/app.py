@@ -171,7 +171,8 @@ class SpecdiffApp(App):
     def compose(self) -> ComposeResult:
         yield Static(self._title(), id="title")
         yield Static("opening traces…", id="verdict")
-        yield ProgressBar(id="progress", show_eta=False)
+        # determinate from the start: an indeterminate bar animates and takes the GIL from the worker
+        yield ProgressBar(total=1, id="progress", show_eta=False)
         with Horizontal(id="top"):
             seqs = DataTable(id="seqs", cursor_type="row", zebra_stripes=False)
             seqs.border_title = "Sequences"
