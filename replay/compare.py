@@ -60,29 +60,34 @@ class TensorComparison:
         return int(bad[order[0]])
 
 
-def _token_path_keys(traces: Pair, alignment: Alignment) -> set[tuple[int, int, int]] | None:
-    """(pair, pos, depth) keys whose input tokens agree at every depth 0..depth; None if absent."""
+def _packed(pair: np.ndarray, pos: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    return (pair.astype(np.int64) << 40) | (pos.astype(np.int64) << 8) | depth.astype(np.int64)
+
+
+def _token_path_keys(traces: Pair, alignment: Alignment) -> np.ndarray | None:
+    """Packed (pair, pos, depth) keys whose input tokens agree at every depth 0..depth.
+
+    None when either side did not record ``tokens``.
+    """
     if "tokens" not in traces.x.names or "tokens" not in traces.y.names:
         return None
-    m = match_rows(traces, alignment, "tokens")
-    tx = traces.x.take("tokens", m.rows.x).reshape(-1)
-    ty = traces.y.take("tokens", m.rows.y).reshape(-1)
-    same = tx == ty
-    good: set[tuple[int, int, int]] = set()
-    ok_prefix: dict[tuple[int, int], int] = {}  # (pair, pos) -> deepest depth with agreeing path
-    for p, t, d, s in sorted(zip(m.pair.tolist(), m.pos.tolist(), m.depth.tolist(), same.tolist())):
-        if s and ok_prefix.get((p, t), -1) == d - 1:
-            ok_prefix[(p, t)] = d
-            good.add((p, t, d))
-    return good
+    m = match_rows(traces, alignment, "tokens")  # sorted by (pair, pos, depth)
+    same = traces.x.take("tokens", m.rows.x).reshape(-1) == traces.y.take("tokens", m.rows.y).reshape(-1)
+    group = _packed(m.pair, m.pos, np.zeros_like(m.depth))
+    start = np.r_[True, group[1:] != group[:-1]] if len(group) else np.zeros(0, bool)
+    first = np.maximum.accumulate(np.where(start, np.arange(len(group)), 0))
+    rank = np.arange(len(group)) - first
+    bad = (~same | (m.depth != rank)).astype(np.int64)
+    cum = np.cumsum(bad)
+    bad_so_far = cum - (cum[first] - bad[first])  # bad rows from the group's start through this row
+    keep = bad_so_far == 0
+    return _packed(m.pair[keep], m.pos[keep], m.depth[keep])
 
 
-def _filter_depth(m: RowMatch, good: set | None) -> RowMatch:
-    if good is None:
-        keep = m.depth == 0
-    else:
-        keep = (m.depth == 0) | np.array([(p, t, d) in good for p, t, d in
-                                          zip(m.pair.tolist(), m.pos.tolist(), m.depth.tolist())], bool)
+def _filter_depth(m: RowMatch, good: np.ndarray | None) -> RowMatch:
+    keep = m.depth == 0
+    if good is not None:
+        keep |= np.isin(_packed(m.pair, m.pos, m.depth), good)
     if keep.all():
         return m
     dropped = int((~keep).sum())
@@ -104,7 +109,7 @@ def _compare_block(kind: str, name: str, x: np.ndarray, y: np.ndarray):
 
 
 def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: Tolerance,
-                   good_paths: set | None, block_rows: int = 4096) -> TensorComparison:
+                   good_paths: np.ndarray | None, block_rows: int = 4096) -> TensorComparison:
     """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows)."""
     spec = spec_for(name)
     m = match_rows(traces, alignment, name)

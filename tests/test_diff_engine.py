@@ -28,7 +28,7 @@ D2T = np.array(sorted(rng.choice(200, VD, replace=False)), np.int64) - np.arange
 
 
 def write_trace(path, *, side, hf, seqs=SEQS, order=None, noise=1e-4, probes=False, d2t=D2T,
-                topk_fn=None, nan_at=None, shift_pos=0, extra_seq=False, fc_in_norm=None):
+                topk_fn=None, nan_at=None, shift_pos=0, extra_seq=False, fc_in_norm=None, guess_wrong_at=()):
     """A trace holding aux slots for HF indices ``hf`` (ascending), tokens, topk and mapped ids."""
     contract = {"num_layers": L, "hidden_size": H, "aux_hf_indices": list(hf), "dtype": "float32",
                 "draft_vocab_size": VD, "spec_steps": 2}
@@ -54,9 +54,12 @@ def write_trace(path, *, side, hf, seqs=SEQS, order=None, noise=1e-4, probes=Fal
                 for i in range(L + 1):
                     w.append(probe_name(i), HIDDEN[s][i, :n], seq=sid, pos=pos)
             for depth in range(2):
-                w.append("tokens", toks[1 + depth:1 + depth + n].astype(np.int64)[: n - depth], seq=sid,
-                         pos=np.arange(n - depth), depth=depth)
-                draft_ids = (toks[:n - depth] % VD).reshape(-1, 1)
+                inputs = toks[1 + depth:1 + depth + n].astype(np.int64)[: n - depth].copy()
+                draft_ids = (toks[:n - depth] % VD).reshape(-1, 1).copy()
+                if depth and guess_wrong_at:  # serving drafted its own (wrong) token here
+                    inputs[list(guess_wrong_at)] += 1
+                    draft_ids[list(guess_wrong_at)] = (draft_ids[list(guess_wrong_at)] + 1) % VD
+                w.append("tokens", inputs, seq=sid, pos=np.arange(n - depth), depth=depth)
                 w.append("draft.topk", draft_ids, seq=sid, pos=np.arange(n - depth), depth=depth)
                 mapped = topk_fn(draft_ids, d2t) if topk_fn else draft_ids + d2t[draft_ids]
                 w.append("draft.topk_target", mapped, seq=sid, pos=np.arange(n - depth), depth=depth)
@@ -105,6 +108,16 @@ def test_all_slots_off_by_one_names_the_convention(tmp_path):
     report = diff_traces(a, b)
     assert report.first.name == "target.aux.0"
     assert "every layer off by one" in report.explanations[0].message
+
+
+def test_depth_rows_off_the_teacher_path_are_not_compared(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], guess_wrong_at=(1, 4))
+    report = diff_traces(a, b)
+    assert report.first is None, report.verdict()
+    topk = report.comparisons["draft.topk"]
+    assert topk.stats["rows"] == 36 - 4 and topk.stats["coverage"] < 1  # 2 positions x 2 sequences dropped
+    assert not ((topk.match.depth == 1) & np.isin(topk.match.pos, [1, 4])).any()
 
 
 def test_d2t_direct_ids_is_first_divergence_at_mapped_ids(tmp_path):

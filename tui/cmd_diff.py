@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import click
-from specdiff.replay.report import diff_traces, render_json, render_text
 from specdiff.replay.tolerance import PRESETS, parse_overrides
 
 from .cli import EXIT_DIVERGED, EXIT_OK, cli
@@ -36,6 +35,8 @@ def diff(trace_a, trace_b, fmt, preset, tol):
     def progress(name, i, total):
         if fmt != "json":
             click.echo(f"\r  comparing {i + 1}/{total} {name:30s}", nl=False, err=True)
+
+    from specdiff.replay.report import diff_traces, render_json, render_text  # torch-free CLI start
 
     report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, progress=progress)
     if fmt != "json":
