@@ -65,6 +65,9 @@ def run(mode: str, target, draft, args, workdir: Path) -> dict:
         out["records"] = t.records
         out["dropped"] = t.contract.get("dropped_records")
         out["mb"] = sum(f.stat().st_size for f in trace.rglob("*") if f.is_file()) / 1e6
+        c = t.contract
+        out["hook_share"] = c.get("recorder_hook_s", 0.0) / max(c.get("recorder_iter_s", 0.0), 1e-9)
+        out["writer_s"] = c.get("recorder_writer_s", 0.0)
     return out
 
 
@@ -84,10 +87,14 @@ def main():
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     base = res[0]["tok_s"]
-    print(f"{'capture':8s} {'tok/s':>8s} {'ratio':>6s} {'accept':>6s} {'records':>8s} {'dropped':>7s} {'MB':>7s}")
+    print(f"{'capture':8s} {'tok/s':>8s} {'ratio':>6s} {'accept':>6s} {'records':>8s} {'dropped':>7s} {'MB':>7s} "
+          f"{'hooks%':>7s} {'writer_s':>8s} {'gen_s':>7s}")
     for r in res:
         print(f"{r['mode']:8s} {r['tok_s']:8.1f} {r['tok_s'] / base:6.3f} {r['accept']:6.2f} "
-              f"{r.get('records', 0):8d} {r.get('dropped', 0) or 0:7d} {r.get('mb', 0.0):7.2f}")
+              f"{r.get('records', 0):8d} {r.get('dropped', 0) or 0:7d} {r.get('mb', 0.0):7.2f} "
+              f"{100 * r.get('hook_share', 0.0):7.2f} {r.get('writer_s', 0.0):8.2f} {r['seconds']:7.1f}")
+    print("hooks% = wall time inside the recorder's hooks / wall time of the recorded forwards (serving "
+          "thread); writer_s = background writer thread time (off the serving thread, but it shares CPUs)")
     d, f = res[1]["tok_s"] / base, res[2]["tok_s"] / base
     print(f"default capture keeps {d:.1%} of untraced throughput (goal >= 90 %), "
           f"full keeps {f:.1%} (goal >= 50 %)")

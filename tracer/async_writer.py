@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,7 @@ class AsyncTraceWriter:
         self.handler = handler
         self.dropped = 0
         self.written = 0
+        self.busy_s = 0.0  # wall time the thread spent writing
         self.failed = False
         self.max_bytes = int(max_bytes)
         self.queued_bytes = 0
@@ -82,6 +84,7 @@ class AsyncTraceWriter:
                 self.queued_bytes -= size  # no lock: see close(); an approximate count is fine
 
     def _handle(self, item) -> None:
+        t0 = time.perf_counter()
         try:
             wait = getattr(item, "wait", None)
             if wait is not None:
@@ -93,6 +96,8 @@ class AsyncTraceWriter:
             logger.error("specdiff: trace writer failed (%s: %s); tracing disabled, the server "
                          "keeps serving; the trace at %s holds what was written before",
                          type(exc).__name__, exc, getattr(self.writer, "path", "?"))
+        finally:
+            self.busy_s += time.perf_counter() - t0
 
     def close(self, *, timeout_s: float = 30.0, contract: dict | None = None) -> bool:
         """Drain the queue, stop the thread, record ``dropped_records`` and close the trace.

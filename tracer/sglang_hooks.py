@@ -152,6 +152,8 @@ class Recorder:
         self._failed_once = False
         self._lock = threading.Lock()
         self._seen_prompts: set[str] = set()
+        self.hook_s = 0.0  # wall time spent inside the hooks on the serving thread
+        self.iter_s = 0.0  # wall time of the recorded forward_batch_generation calls
         # writer-thread state
         self.seq_ids: dict[str, int] = {}
         self.seq_tokens: dict[str, list[int]] = {}
@@ -193,9 +195,12 @@ class Recorder:
         if w is None:
             return
         self.enabled = False
-        if w.close(contract={"dropped_records": 0}):
-            logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped)",
-                        self.opts.path, w.written, w.dropped)
+        cost = {"recorder_hook_s": round(self.hook_s, 4), "recorder_iter_s": round(self.iter_s, 4),
+                "recorder_writer_s": round(w.busy_s, 4)}
+        if w.close(contract=cost):
+            logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped; hooks %.2f s of "
+                        "%.2f s in recorded forwards, writer thread %.2f s)", self.opts.path, w.written,
+                        w.dropped, self.hook_s, self.iter_s, w.busy_s)
 
     # -- capture helpers (hot path) --
     def keep_rid(self, rid: str) -> bool:

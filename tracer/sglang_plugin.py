@@ -29,6 +29,7 @@ import os
 import pkgutil
 import signal
 import sys
+import time
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -150,6 +151,24 @@ def _install_sigterm() -> None:
 
 
 # ---- hook functions (thin: every failure disables recording, never the server) -------------
+def _timed(fn):
+    """Add the hook's own wall time to the recorder's ``hook_s`` (AFTER hooks only)."""
+    import functools
+    import time
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            rec = _rec
+            if rec is not None:
+                rec.hook_s += time.perf_counter() - t0
+
+    return wrapper
+
+
 def _live():
     rec = _rec
     if rec is None or not rec.active:
@@ -174,6 +193,7 @@ def _after_worker_init(result, self, *a, **kw):
 def _around_iteration(orig, self, batch, *a, **kw):
     rec = _live()
     cap = None
+    t0 = time.perf_counter()
     if rec is not None:
         try:
             if rec.writer is None:
@@ -185,16 +205,22 @@ def _around_iteration(orig, self, batch, *a, **kw):
     rec_ = rec if cap is not None else None
     if rec_ is not None:
         rec_.cur = cap
+    t1 = time.perf_counter()
     try:
         result = orig(self, batch, *a, **kw)
     finally:
         if rec_ is not None:
             rec_.cur = None
+    t2 = time.perf_counter()
     if rec_ is not None and rec_.active:
         try:
             rec_.finish(cap, result)
         except Exception as exc:  # noqa: BLE001
             rec_.fail("forward_batch_generation (finish)", exc)
+    if rec is not None:
+        t3 = time.perf_counter()
+        rec.hook_s += (t1 - t0) + (t3 - t2)
+        rec.iter_s += t3 - t0
     return result
 
 
@@ -205,6 +231,7 @@ def _cur():
     return rec, rec.cur
 
 
+@_timed
 def _after_target_forward(result, self, *a, **kw):
     rec, cap = _cur()
     if cap is None:
@@ -233,16 +260,20 @@ def _around_runner_forward(orig, self, forward_batch, *a, **kw):
     mode = _MODES.get(getattr(forward_batch.forward_mode, "name", ""))
     if mode is None:
         return orig(self, forward_batch, *a, **kw)
+    t0 = time.perf_counter()
     try:
         rec.ensure_fc_hook(self.model)
         rec.fc_sink = []
     except Exception as exc:  # noqa: BLE001
         rec.fail("draft ModelRunner.forward (before)", exc)
+    t1 = time.perf_counter()
     try:
         out = orig(self, forward_batch, *a, **kw)
     except BaseException:
         rec.fc_sink = None
         raise
+    t2 = time.perf_counter()
+    rec.hook_s += t1 - t0
     try:
         if rec.active and rec.cur is cap:
             cap.draft.append(rec.capture_draft_forward(mode, forward_batch, out.logits_output))
@@ -250,9 +281,11 @@ def _around_runner_forward(orig, self, forward_batch, *a, **kw):
         rec.fail("draft ModelRunner.forward", exc)
     finally:
         rec.fc_sink = None
+        rec.hook_s += time.perf_counter() - t2
     return out
 
 
+@_timed
 def _after_de_prefill(result, self, *a, **kw):
     rec, cap = _cur()
     if cap is None:
@@ -266,6 +299,7 @@ def _after_de_prefill(result, self, *a, **kw):
     return None
 
 
+@_timed
 def _after_de_decode(result, self, batch, batch_result, *a, **kw):
     rec, cap = _cur()
     if cap is None:
@@ -279,6 +313,7 @@ def _after_de_decode(result, self, batch, batch_result, *a, **kw):
     return None
 
 
+@_timed
 def _after_select_top_k(result, i, topk_p, topk_index, *a, **kw):
     rec, cap = _cur()
     if cap is None:
@@ -292,6 +327,7 @@ def _after_select_top_k(result, i, topk_p, topk_index, *a, **kw):
     return None
 
 
+@_timed
 def _after_build_verify(result, *a, **kw):
     rec, cap = _cur()
     if cap is None:
@@ -311,6 +347,7 @@ def _after_build_verify(result, *a, **kw):
     return None
 
 
+@_timed
 def _after_eagle_sample(result, *a, **kw):
     rec, cap = _cur()
     if cap is None:
