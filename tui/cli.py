@@ -42,6 +42,7 @@ def _register():
         cmd_demo,
         cmd_diff,
         cmd_info,
+        cmd_record,  # record serve / record client
         cmd_record_train,  # noqa: F401  (record train; imports the record group)
         cmd_view,
     )
