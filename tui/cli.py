@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 import click
+
 from specdiff.tracer.errors import SpecdiffError
 
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2

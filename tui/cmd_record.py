@@ -21,6 +21,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import click
+
 from specdiff.tracer.errors import SpecdiffError
 
 from .cli import cli
