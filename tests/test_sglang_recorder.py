@@ -413,3 +413,34 @@ def test_async_writer_bounds_queued_bytes(tmp_path):
     gate.set()
     assert aw.close()
     assert aw.queued_bytes == 0
+
+
+def test_plugin_registers_only_in_scheduler_rank0(monkeypatch, tmp_path, caplog):
+    pytest.importorskip("sglang")
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from specdiff.tracer import sglang_plugin
+
+    registered = []
+    monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, t, h, ht: registered.append(t)))
+    monkeypatch.setattr(sglang_plugin, "_install_sigterm", lambda: None)
+    monkeypatch.setattr(sglang_plugin.atexit, "register", lambda *a, **k: None)
+    monkeypatch.setattr(sglang_plugin, "_rec", None)
+    env = {"SPECDIFF_TRACE": str(tmp_path / "s.trace")}
+
+    def run_scheduler_process(tp_rank, dp_rank):  # the name load() looks for up the stack
+        return sglang_plugin.load(env)
+
+    assert run_scheduler_process(1, None) is False and not registered  # TP rank 1: nothing
+    monkeypatch.setattr(sglang_plugin, "HOOKS", {**sglang_plugin.HOOKS, "sglang.srt.no_such.f": ("AFTER", "_timed")})
+    with caplog.at_level("ERROR", logger="specdiff.tracer"):
+        assert run_scheduler_process(0, None) is False
+    assert "tracing refused" in caplog.text and "sglang.srt.no_such.f" in caplog.text and not registered
+    monkeypatch.undo()
+    monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, t, h, ht: registered.append(t)))
+    monkeypatch.setattr(sglang_plugin, "_install_sigterm", lambda: None)
+    monkeypatch.setattr(sglang_plugin.atexit, "register", lambda *a, **k: None)
+    monkeypatch.setattr(sglang_plugin, "_rec", None)
+    assert run_scheduler_process(0, 2) is True
+    assert set(registered) == set(sglang_plugin.HOOKS)
+    assert sglang_plugin._rec.opts.path == str(tmp_path / "s.trace") + ".dp2"

@@ -3,7 +3,8 @@
 Declared in pyproject as ``[project.entry-points."sglang.srt.plugins"] specdiff``; SGLang's
 ``load_plugins()`` calls ``load()`` in every process it starts. ``load()`` does nothing unless
 ``SPECDIFF_TRACE=<store path>`` is set, and registers hooks only in the scheduler process of
-TP rank 0 (the one that runs the EAGLE worker and sees gathered logits / broadcast samples).
+TP rank 0 (the one that runs the EAGLE worker and sees gathered logits / broadcast samples);
+data-parallel replica r > 0 writes ``<SPECDIFF_TRACE>.dp<r>``.
 
 Environment:
     SPECDIFF_TRACE        trace store path (must not exist yet)
@@ -64,16 +65,18 @@ def _scheduler_frame():
     return None
 
 
-def missing_targets(targets) -> list[str]:
-    """Hook targets that do not resolve in the installed SGLang."""
+def missing_targets(targets, reasons: dict | None = None) -> list[str]:
+    """Hook targets that do not resolve in the installed SGLang (``reasons``: target -> error)."""
     bad = []
     for target in targets:
         obj_path, attr = target.rsplit(".", 1)
         try:
             obj = pkgutil.resolve_name(obj_path)
             getattr(obj, attr)
-        except Exception:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             bad.append(target)
+            if reasons is not None:
+                reasons[target] = f"{type(exc).__name__}: {exc}"
     return bad
 
 
@@ -90,13 +93,18 @@ def load(env=None) -> bool:
     if frame is None:
         return False  # main process, detokenizer, DP controller: nothing to record there
     tp_rank = frame.f_locals.get("tp_rank", 0)
+    dp_rank = frame.f_locals.get("dp_rank")
+    del frame
     if tp_rank not in (0, None):
         return False
-    del frame
+    if isinstance(dp_rank, int) and dp_rank > 0:  # data-parallel replicas: one trace each
+        opts.path = f"{opts.path.rstrip('/')}.dp{dp_rank}"
+
     if _rec is not None:
         return True
     targets = list(HOOKS) + ([EAGER_HOOK[0]] if opts.eager_draft else [])
-    bad = missing_targets(targets)
+    reasons: dict = {}
+    bad = missing_targets(targets, reasons)
     if bad:
         try:
             import sglang
@@ -104,8 +112,9 @@ def load(env=None) -> bool:
             ver = getattr(sglang, "__version__", "?")
         except Exception:  # noqa: BLE001
             ver = "?"
-        logger.error("specdiff: tracing refused: SGLang %s lacks hook target(s) %s (specdiff supports "
-                     "SGLang 0.5.23); the server runs untraced", ver, ", ".join(bad))
+        logger.error("specdiff: tracing refused: SGLang %s lacks hook target(s) %s (first error: %s; "
+                     "specdiff supports SGLang 0.5.23); the server runs untraced", ver, ", ".join(bad),
+                     reasons.get(bad[0], "?"))
         return False
     if os.path.exists(opts.path):
         logger.error("specdiff: tracing refused: %s already exists; choose a new SPECDIFF_TRACE path",
