@@ -126,7 +126,7 @@ def _first_tensor(x):
         return x
     if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
         return x[0]
-    return getattr(x, "logits", None) if hasattr(x, "logits") else None
+    return getattr(x, "logits", None)
 
 
 class Recorder:
@@ -257,7 +257,7 @@ class Recorder:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if self.max_depth >= 0 and "spec_steps" not in self.writer.contract:
+        if self.max_depth >= 0 and not self.writer.closed and "spec_steps" not in self.writer.contract:
             self.writer.set_contract(spec_steps=self.max_depth + 1)
 
     def __enter__(self):
