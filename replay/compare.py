@@ -229,10 +229,15 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
 
 
 def _compute_dtype(trace, name: str) -> str:
-    dtype = trace.info(name).dtype
-    if dtype in ("int64", "int32", "bool"):
-        return trace.contract.get("dtype", "bfloat16").replace("torch.", "")
-    return dtype
+    """The looser of the stored dtype and the side's compute dtype (contract ``dtype``).
+
+    A float32 logsumexp computed from bf16 logits carries bf16 error, so it gets bf16 tolerance.
+    """
+    stored = trace.info(name).dtype
+    compute = str(trace.contract.get("dtype", "bfloat16")).replace("torch.", "")
+    floats = [d for d in (stored, compute) if d in ("bfloat16", "float16", "float32", "float64")]
+    order = ["float64", "float32", "float16", "bfloat16"]
+    return max(floats, key=order.index) if floats else "bfloat16"
 
 
 def first_divergence(comps: dict[str, TensorComparison]) -> TensorComparison | None:
