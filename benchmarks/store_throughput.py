@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import torch
+
 from specdiff.tracer.store import TraceWriter, open_trace
 
 H, K, BATCH = 4096, 3, 64

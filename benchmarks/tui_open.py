@@ -28,6 +28,7 @@ import numpy as np
 
 def build(root: Path, *, size_mib: int, hidden: int, seq_len: int) -> tuple[str, str]:
     import torch
+
     from specdiff.tracer.schema import aux_name
     from specdiff.tracer.store import TraceWriter
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
+
 from specdiff.tracer.errors import SpecdiffError
 
 T = TypeVar("T")

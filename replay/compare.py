@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from specdiff.tracer.schema import aux_slot, ordered, probe_index, spec_for
 
 from . import metrics

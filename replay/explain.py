@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from specdiff.tracer.schema import aux_name, aux_slot, probe_index
 
 from . import metrics

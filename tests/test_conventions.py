@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from specdiff.replay.checkpoint import native_aux_ids
 from specdiff.tracer.conventions import CONVENTIONS, ConventionError, default_hf_indices, resolve_aux_ids
 

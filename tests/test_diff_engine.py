@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from specdiff.replay import metrics
 from specdiff.replay.align import AlignmentError, Pair, align_sequences
 from specdiff.replay.report import diff_traces, render_text

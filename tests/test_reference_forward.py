@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+
 from specdiff.replay.draft_model import Eagle3Draft, Eagle3DraftConfig, ttt_labels
 
 
@@ -222,6 +223,7 @@ def test_training_step_is_differentiable_and_bf16_runs():
 import json  # noqa: E402
 
 from safetensors.torch import load_file, save_file  # noqa: E402
+
 from specdiff.replay.checkpoint import CheckpointError, load_draft, save_draft  # noqa: E402
 from specdiff.tracer.errors import SpecdiffError  # noqa: E402
 
@@ -404,9 +406,10 @@ def test_target_capture_and_draft_on_top(tmp_path):
                                      {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
 def test_rope_frequencies_match_transformers(scaling):
-    from specdiff.replay.draft_model import rope_inv_freq
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from specdiff.replay.draft_model import rope_inv_freq
     params = dict(scaling or {"rope_type": "default"}, rope_theta=500000.0)
     cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, rope_parameters=params)
     kind = params["rope_type"]

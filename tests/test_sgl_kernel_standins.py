@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 
 import pytest
-import specdiff.tracer.cpu.sgl_kernel as sk
 import torch
+
+import specdiff.tracer.cpu.sgl_kernel as sk
 from specdiff.tracer.cpu import STANDIN_PATH
 
 OPS = torch.ops.sgl_kernel

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.schema import SPECS, aux_name
 from specdiff.tracer.store import TraceWriter, open_trace

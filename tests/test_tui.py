@@ -16,16 +16,18 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
+
 from specdiff.replay.report import diff_traces
 from specdiff.tracer.store import open_trace
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "snapshot_apps"))
 
+from test_diff_engine import write_trace  # noqa: E402
+
 from specdiff.tui.app import ErrorScreen, SpecdiffApp  # noqa: E402
 from specdiff.tui.grid import PipelineGrid  # noqa: E402
 from specdiff.tui.view import Sel  # noqa: E402
-from test_diff_engine import write_trace  # noqa: E402
 
 SIZE = (120, 40)
 pytestmark = pytest.mark.anyio

@@ -19,6 +19,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, ProgressBar, Sparkline, Static
+
 from specdiff.tracer.errors import SpecdiffError
 
 from . import panes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import click
+
 from specdiff.replay.tolerance import PRESETS, parse_overrides
 
 from .cli import EXIT_DIVERGED, EXIT_OK, cli

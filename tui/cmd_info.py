@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+
 from specdiff.tracer.store import open_trace
 
 from .cli import cli

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+
 from specdiff.tracer.arrays import to_torch
 from specdiff.tracer.store import TraceWriter
 

@@ -13,6 +13,7 @@ import numpy as np
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+
 from specdiff.tracer.schema import spec_for
 
 from .view import CELLS, MISSING, NONE, Sel, ViewModel

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from specdiff.tracer.schema import ordered, probe_index, spec_for
 
 if TYPE_CHECKING:

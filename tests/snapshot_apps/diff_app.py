@@ -14,8 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdiff.tui.app import SpecdiffApp  # noqa: E402
 from test_diff_engine import write_trace  # noqa: E402
+
+from specdiff.tui.app import SpecdiffApp  # noqa: E402
 
 ROOT = Path(tempfile.gettempdir()) / "specdiff-snapshot-traces"
 SCENARIOS = {
