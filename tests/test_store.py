@@ -121,10 +121,11 @@ def test_writer_killed_with_sigkill_keeps_every_completed_record(tmp_path):
 
 def test_cut_last_record_is_dropped_and_reported(tmp_path):
     path = tmp_path / "cut"
-    with TraceWriter(str(path), side="serve", overwrite=True) as w:
-        for i in range(5):
-            w.append("tokens", np.array([i]), seq=0, pos=i)
-    # Simulate a kill inside the last append: remove the close entry and half of the last record.
+    w = TraceWriter(str(path), side="serve", overwrite=True)
+    for i in range(5):
+        w.append("tokens", np.array([i]), seq=0, pos=i)
+    w._journal.close()  # a writer that never closed (killed)
+    # Simulate a kill inside the last append: cut half of the last record.
     journal = path / "journal.msgpack"
     raw = journal.read_bytes()
     import msgpack
@@ -134,13 +135,21 @@ def test_cut_last_record_is_dropped_and_reported(tmp_path):
     ends = []
     for _ in unpacker:
         ends.append(unpacker.tell())
-    # entries: header, contract, 5 recs, commit, close -> cut the last rec in half, drop the rest
+    # entries: header, contract, 5 recs -> cut the last rec in half
     journal.write_bytes(raw[: ends[5] + (ends[6] - ends[5]) // 2])
-    zarr_json = json.loads((path / "zarr.json").read_text())
-    assert zarr_json["attributes"]["closed"] is True  # zarr attrs alone would lie; the journal rules
     trace = open_trace(str(path))
     assert not trace.closed and trace.records == 4 and trace.cut_tail_bytes > 0
     assert trace.read("tokens").tolist() == [0, 1, 2, 3]
+
+
+def test_closed_trace_journal_is_compacted(tmp_path):
+    path = tmp_path / "c"
+    with TraceWriter(str(path), side="serve", chunk_bytes=1 << 20, overwrite=True) as w:
+        w.append("draft.fc_out", torch.ones(100, 256, dtype=torch.bfloat16), seq=0, pos=np.arange(100))
+    assert (path / "journal.msgpack").stat().st_size < 2000  # the 50 KB payload is gone
+    trace = open_trace(str(path))
+    assert trace.closed and trace.records == 1
+    assert np.array_equal(trace.read("draft.fc_out"), np.ones((100, 256), np.float32))
 
 
 def _cli(*args):

@@ -45,6 +45,24 @@ class JournalWriter:
         self._fh.close()
 
 
+def compact_journal(url: str) -> None:
+    """Drop the tensor payloads of ``rec`` entries once every row is committed to zarr.
+
+    Called by a writer that closed cleanly: the payloads are a crash copy only, and dropping
+    them halves the trace on disk. The new journal is written beside the old one and moved over
+    it, so a crash here leaves one of the two, both valid.
+    """
+    fs, path = fsspec.core.url_to_fs(url)
+    tmp = path + ".compact"
+    packer = msgpack.Packer(use_bin_type=True)
+    with fs.open(path, "rb") as src, fs.open(tmp, "wb") as dst:
+        for entry in msgpack.Unpacker(src, raw=False, strict_map_key=False, max_buffer_size=0):
+            if entry.get("t") == "rec":
+                entry = {k: v for k, v in entry.items() if k not in ("data", "seq", "pos", "depth", "iter")}
+            dst.write(packer.pack(entry))
+    fs.mv(tmp, path)
+
+
 @dataclass
 class JournalScan:
     """What a journal holds: decoded entries and whether its tail was cut."""

@@ -28,7 +28,7 @@ from zarr.codecs import BloscCodec
 from .arrays import STORAGE_DTYPES, from_storage, to_storage, to_torch
 from .contract import validate_contract
 from .errors import TraceError
-from .journal import JOURNAL_NAME, JournalWriter, read_journal
+from .journal import JOURNAL_NAME, JournalWriter, compact_journal, read_journal
 from .schema import ordered, spec_for
 
 FORMAT_VERSION = 1
@@ -267,6 +267,7 @@ class TraceWriter:
                                   "sequence_rids": [s.rid for s in seqs]})
         self._journal.write({"t": "close", "records": self.records})
         self._journal.close()
+        compact_journal(self._journal.url)
         self.closed = True
 
     def __enter__(self):
@@ -330,6 +331,9 @@ class Trace:
             self._layout[name] = (first["dtype"], tuple(first["shape"][1:]))
             done = committed.get(name, 0)
             tail = [e for e in entries if e["row0"] >= done]
+            if any("data" not in e for e in tail):
+                raise TraceError(f"{path}: rows of {name} from {done} on are neither committed nor in the "
+                                 "journal; the store is damaged")
             if tail:
                 dt = STORAGE_DTYPES[first["dtype"]]
                 data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"]) for e in tail])
