@@ -44,14 +44,22 @@ def ensure_models(models: Path) -> Path:
     return models
 
 
+MIN_DISTINCT = 10  # continuation tokens; below this the tiny target loops and any draft is accepted
+
+
 def demo_prompts(models: Path, n: int) -> list[list[int]]:
-    """The first ``n`` held-out prompts of the demo data (token ids, BOS included)."""
+    """The first ``n`` held-out prompts (token ids, BOS included) whose greedy continuation is not
+    a short loop: at least ``MIN_DISTINCT`` distinct tokens in its first 64. On a loop even a
+    draft fed the wrong layers is accepted, which hides what the demo is about.
+    """
     from specdiff.replay.tiny_models import DATA_FILE, load_prompt_lens, load_sequences
 
     path = models / "data" / DATA_FILE
     seqs = load_sequences(path, split="heldout")
     lens = load_prompt_lens(path, split="heldout")
-    return [s[:p].tolist() for s, p in zip(seqs[:n], lens[:n], strict=True)]
+    varied = [s[:p].tolist() for s, p in zip(seqs, lens, strict=True)
+              if len(set(s[p:p + 64].tolist())) >= MIN_DISTINCT]
+    return varied[:n]
 
 
 def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: list[list[int]],
