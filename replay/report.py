@@ -32,6 +32,8 @@ class DiffReport:
         contract: contract mismatches, most severe first.
         acceptance: per side.
         traces: the opened traces (for views that show values).
+        grafts: ``replay.graft.GraftResult`` per substitution, ranked (``specdiff diff --graft``),
+            or None when not computed.
     """
 
     paths: Pair
@@ -43,6 +45,7 @@ class DiffReport:
     contract: list[ContractMismatch]
     acceptance: Pair
     traces: Pair
+    grafts: list | None = None
 
     @property
     def diverged(self) -> bool:
@@ -102,6 +105,7 @@ class DiffReport:
             "contract_mismatches": [asdict(m) for m in self.contract],
             "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
                                                         (self.labels.y, self.acceptance.y))},
+            "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
             "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length}
                           for p in self.alignment.seq_pairs],
             "tensors": {n: {"diverged": c.diverged, **c.stats, "tolerance": asdict(c.tolerance)}
@@ -149,6 +153,18 @@ def _acc_rows(labels: Pair, acc: Pair) -> list[str]:
     return rows
 
 
+def _graft_rows(grafts: list) -> list[str]:
+    if not grafts:
+        return ["graft: nothing to substitute"]
+    g0 = grafts[0]
+    rows = [f"graft (training's draft re-run on serving's inputs, {g0.samples} positions): baseline "
+            f"{g0.baseline_accept_length:.2f}, all training inputs {g0.training_accept_length:.2f}"]
+    for g in grafts:
+        depths = "  ".join(f"{d:.2f}" for d in g.per_depth)
+        rows.append(f"  {g.message()}   per depth [{depths}]")
+    return rows
+
+
 def render_text(report: DiffReport) -> str:
     """The text report: first divergence and its explanation, contract mismatches, acceptance."""
     out = [report.verdict(), ""]
@@ -181,7 +197,10 @@ def render_text(report: DiffReport) -> str:
         out += [f"  [{m.severity}] {m.message}" for m in report.contract]
     else:
         out.append("  the contract facts both sides recorded agree")
-    out += ["", "acceptance", *_acc_rows(report.labels, report.acceptance), "", "tensors"]
+    out += ["", "acceptance", *_acc_rows(report.labels, report.acceptance)]
+    if report.grafts is not None:
+        out += ["", *_graft_rows(report.grafts)]
+    out += ["", "tensors"]
     for name, c in report.comparisons.items():
         mark = "DIVERGED" if c.diverged else "ok"
         key = "max_rel" if "max_rel" in c.stats else "match_rate"

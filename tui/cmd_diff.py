@@ -20,7 +20,15 @@ from .cli import EXIT_DIVERGED, EXIT_OK, cli
               help="Tolerance preset: strict (x0.2), default (dtype-aware), loose (x5).")
 @click.option("--tol", "tol", multiple=True, metavar="STAGE=rel:X,cos:Y",
               help="Override a stage's or tensor's tolerance, e.g. --tol draft.fc_out=rel:0.1 (repeatable).")
-def diff(trace_a, trace_b, fmt, preset, tol):
+@click.option("--graft", is_flag=True,
+              help="Re-run the training-side draft on serving's inputs, substituting one training input "
+                   "at a time, and rank how much of the acceptance gap each recovers (loads torch).")
+@click.option("--draft", "draft_dir", default=None, metavar="DIR",
+              help="With --graft: the draft checkpoint as trained (default: the training contract's draft_name).")
+@click.option("--target", "target_dir", default=None, metavar="DIR",
+              help="With --graft: the target, when the draft shares its embedding "
+                   "(default: the training contract's model_name).")
+def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir):
     """Align TRACE_A (usually training) with TRACE_B (usually serving) and report the first divergence.
 
     Leads with the first diverging tensor and its explanation, then the contract mismatches,
@@ -42,5 +50,11 @@ def diff(trace_a, trace_b, fmt, preset, tol):
     report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, progress=progress)
     if fmt != "json":
         click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
+    if graft:
+        from specdiff.replay.graft import graft as run_graft
+
+        if fmt != "json":
+            click.echo("  grafting (re-running the training draft on serving's inputs)...", err=True)
+        report.grafts = run_graft(report, draft_path=draft_dir, target_path=target_dir)
     click.echo(render_json(report) if fmt == "json" else render_text(report))
     sys.exit(EXIT_DIVERGED if report.diverged else EXIT_OK)

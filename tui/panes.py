@@ -190,7 +190,29 @@ def explain(vm: ViewModel) -> Group:
     parts.append(Text(""))
     parts.append(Text("Acceptance", style="bold underline"))
     parts.append(_acceptance(vm))
+    if r.grafts is not None:
+        parts.append(Text(""))
+        parts.append(Text("Graft", style="bold underline"))
+        parts.append(_grafts(r.grafts))
     return Group(*parts)
+
+
+def _grafts(grafts: list) -> Table | Text:
+    """The graft ranking: each training input substituted into the serving-input replay."""
+    if not grafts:
+        return Text("nothing to substitute", style="dim")
+    g0 = grafts[0]
+    t = Table(title=f"training's draft on serving's inputs: baseline {g0.baseline_accept_length:.2f}, "
+                    f"all training inputs {g0.training_accept_length:.2f} ({g0.samples} positions)",
+              title_justify="left", box=None, padding=(0, 2), header_style="bold")
+    t.add_column("substituted")
+    t.add_column("accept length", justify="right")
+    t.add_column("gap recovered", justify="right")
+    for g in grafts:
+        rec = "-" if g.recovered is None else f"{g.recovered:.0%}"
+        good = g.recovered is not None and g.recovered >= 0.5
+        t.add_row(g.name, f"{g.mean_accept_length:.2f}", Text(rec, style="bold green" if good else ""))
+    return t
 
 
 def _matrix(m: dict) -> Table:

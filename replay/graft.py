@@ -1,0 +1,317 @@
+"""Graft: which serving-side input, swapped for training's, recovers the acceptance gap.
+
+The training-side reference forward (the draft *as trained*: ``Eagle3Draft.ttt_forward`` on the
+checkpoint named by the training trace's contract ``draft_name``) is re-run on the SERVING side's
+inputs for the aligned sequences:
+
+- **baseline**: serving's ``target.aux_cat`` rows, serving's vocab map (its ``draft.d2t`` rows if
+  it recorded them, else the checkpoint's) and serving's norm flags (where its contract records
+  them, else the checkpoint's);
+- **one substitution at a time** from the training side: ``target.aux_cat`` (training's aux
+  rows), ``draft.d2t`` (training's vocab map), and, when the two contracts differ in norm flags,
+  the training config's norm flags;
+- **training**: every training input, i.e. the training estimate on the same positions.
+
+Acceptance is the greedy chain acceptance ``record_train`` computes: at depth k the mapped draft
+argmax (``i + d2t[i]``) must equal the training trace's ``target.argmax`` label at position
+t+1+k, cumulatively over depths; estimated accept length = 1 + sum of the per-depth cumulative
+rates. Positions: the leading run of positions where both sides hold aux rows, counted only at
+generated positions (t >= prompt_len - 1) like ``replay.acceptance``.
+
+Each substitution reports how much of the gap (training estimate - baseline) it recovers;
+results come ranked by accept length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specdiff.tracer.errors import SpecdiffError
+
+from .align import Pair, match_rows
+
+__all__ = ["GraftError", "GraftResult", "graft", "NORM_FLAGS"]
+
+NORM_FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+BATCH = 8
+MIN_GAP = 0.005  # tokens per verify step: below this there is no gap to recover
+
+
+class GraftError(SpecdiffError):
+    """The graft cannot run (no draft checkpoint, nothing to replay): one clear line."""
+
+
+@dataclass(frozen=True)
+class GraftResult:
+    """One substitution into the serving-side replay.
+
+    Attributes:
+        name: what was substituted: ``target.aux_cat``, ``draft.d2t`` or ``norm flags``.
+        substituted: the same in words (e.g. "training's target.aux_cat rows instead of serving's").
+        mean_accept_length: estimated accept length with the substitution (1 + sum per_depth).
+        per_depth: cumulative acceptance per depth with the substitution.
+        recovered: fraction of the gap (training - baseline) recovered; None when there is no gap.
+        baseline_accept_length: the serving-input replay without substitution.
+        training_accept_length: the replay on every training input (same positions).
+        samples: positions counted at depth 0.
+    """
+
+    name: str
+    substituted: str
+    mean_accept_length: float
+    per_depth: tuple[float, ...]
+    recovered: float | None
+    baseline_accept_length: float
+    training_accept_length: float
+    samples: int
+
+    def message(self) -> str:
+        rec = ("no gap to recover" if self.recovered is None
+               else f"recovers {self.recovered:.0%} of the gap")
+        return (f"substituting training's {self.name} {rec}: accept length "
+                f"{self.baseline_accept_length:.2f} -> {self.mean_accept_length:.2f}")
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+def _sides(report) -> tuple[str, str]:
+    """(training attr, serving attr) of the report's Pair: x/y, swapped when B is the training side."""
+    if report.labels.y == "training" and report.labels.x == "serving":
+        return "y", "x"
+    return "x", "y"
+
+
+def _checkpoint_dir(train_trace, draft_path) -> Path:
+    src = "--draft DIR" if draft_path else "the training trace's contract draft_name"
+    path = draft_path or train_trace.contract.get("draft_name")
+    if not path:
+        raise GraftError(f"{train_trace.path}: the training trace's contract has no draft_name; pass the "
+                         "draft checkpoint with --draft DIR (graft(draft_path=...))")
+    p = Path(str(path))
+    if not (p / "config.json").is_file():
+        hint = "" if draft_path else "; pass the checkpoint with --draft DIR (graft(draft_path=...))"
+        raise GraftError(f"draft checkpoint {p} (from {src}) not found (no config.json there){hint}")
+    return p
+
+
+def _load(train_trace, draft_path, target_path, dtype):
+    """The draft as trained; the target is loaded only when the draft shares its embedding/lm_head."""
+    from .checkpoint import CheckpointError, load_draft
+    ddir = _checkpoint_dir(train_trace, draft_path)
+    try:
+        loaded = load_draft(ddir, dtype=dtype)
+        if loaded.model.embed_source != "random":
+            return loaded
+    except CheckpointError as e:
+        if "lm_head" not in str(e):
+            raise
+    tpath = target_path or train_trace.contract.get("model_name")
+    src = "--target DIR" if target_path else "the training trace's contract model_name"
+    if not tpath or not (Path(str(tpath)) / "config.json").is_file():
+        raise GraftError(f"draft checkpoint {ddir} shares the target's embedding, but the target {tpath} "
+                         f"(from {src}) is not found; pass it with --target DIR (graft(target_path=...))")
+    from .record_train import _quiet_transformers
+    from .target_capture import load_target, target_embedding, target_lm_head
+    _quiet_transformers()
+    target = load_target(Path(str(tpath)))
+    return load_draft(ddir, dtype=dtype, target_embedding=target_embedding(target).float(),
+                      target_lm_head=target_lm_head(target).float())
+
+
+def _d2t(trace, vd: int):
+    """The vocab map a trace recorded (``draft.d2t`` rows, pos = draft id), or None."""
+    import torch
+    if "draft.d2t" not in trace.names:
+        return None
+    pos = trace.keys("draft.d2t")["pos"]
+    vals = trace.read("draft.d2t").reshape(-1)
+    if len(vals) != vd or set(pos.tolist()) != set(range(vd)):
+        return None
+    out = np.empty(vd, np.int64)
+    out[pos] = vals
+    return torch.as_tensor(out)
+
+
+def _flags(contract: dict, default: dict) -> dict:
+    return {f: bool(contract[f]) if contract.get(f) is not None else default[f] for f in NORM_FLAGS}
+
+
+@contextlib.contextmanager
+def _with_flags(model, flags: dict):
+    """Temporarily run ``model`` with other norm flags (a missing input_norm / fc_norm gets unit weights)."""
+    from .draft_model import RMSNorm
+    c = model.config
+    saved = {f: getattr(c, f) for f in NORM_FLAGS}
+    mods = (model.input_norm, model.fc_norm)
+    try:
+        for f, v in flags.items():
+            setattr(c, f, v)
+        dt, dev = model.fc.weight.dtype, model.fc.weight.device
+        if not flags["norm_before_fc"]:
+            model.input_norm = None
+        elif model.input_norm is None:
+            model.input_norm = RMSNorm(c.aux_width, c.rms_norm_eps).to(dev, dt)
+        if not flags["fc_norm"]:
+            model.fc_norm = None
+        elif model.fc_norm is None:
+            import torch
+            model.fc_norm = torch.nn.ModuleList(RMSNorm(c.target_hidden_size, c.rms_norm_eps)
+                                                for _ in range(c.num_aux)).to(dev, dt)
+        yield model
+    finally:
+        for f, v in saved.items():
+            setattr(c, f, v)
+        model.input_norm, model.fc_norm = mods
+
+
+@dataclass
+class _Seq:
+    seq_train: int
+    n: int  # leading positions with aux rows on both sides
+    prompt_len: int
+    rows: dict  # side attr -> aux_cat row indices [n]
+
+
+def _plan(report, tr: str, sv: str) -> list[_Seq]:
+    m = match_rows(report.traces, report.alignment, "target.aux_cat")
+    out = []
+    for p in report.alignment.seq_pairs:
+        sel = m.pair == p.index
+        pos = m.pos[sel]
+        n = int(np.argmax(pos != np.arange(len(pos)))) if (pos != np.arange(len(pos))).any() else len(pos)
+        if n < 2:
+            continue
+        rows = {"x": m.rows.x[sel][:n], "y": m.rows.y[sel][:n]}
+        out.append(_Seq(getattr(p.seq, tr), n, p.prompt_len, rows))
+    return out
+
+
+# ---- the replay ------------------------------------------------------------------------------
+class _Tally:
+    def __init__(self, steps: int):
+        self.hit = np.zeros(steps)
+        self.count = np.zeros(steps)
+
+    def add(self, d: int, acc, mask) -> None:
+        self.hit[d] += float(acc[mask].sum())
+        self.count[d] += float(mask.sum())
+
+    def per_depth(self) -> tuple[float, ...]:
+        return tuple(float(h / c) if c else 0.0 for h, c in zip(self.hit, self.count, strict=True))
+
+    def length(self) -> float:
+        return 1.0 + sum(self.per_depth())
+
+
+def graft(report, *, draft_path: str | None = None, target_path: str | None = None,
+          steps: int | None = None) -> list:
+    """Re-run the training-side reference forward on serving's inputs, one training input
+    substituted at a time; ``GraftResult`` per substitution, ranked by accept length (best first).
+
+    Args:
+        report: a DiffReport (training and serving sides told apart by its labels; A = training
+            when both traces are of the same side).
+        draft_path: the draft checkpoint as trained (default: the training contract's draft_name).
+        target_path: the target, needed only when the draft shares its embedding / lm_head
+            (default: the training contract's model_name).
+        steps: TTT depths (default: the training contract's spec_steps, else 3).
+
+    Raises:
+        GraftError: no draft checkpoint / target, or no positions with aux rows on both sides.
+        CheckpointError: the checkpoint cannot be loaded.
+    """
+    import torch
+
+    from .draft_model import ttt_labels
+    from .record_train import DTYPES
+    from specdiff.tracer.arrays import to_torch
+
+    tr, sv = _sides(report)
+    traces = report.traces
+    ttrace, strace = getattr(traces, tr), getattr(traces, sv)
+    for t in (ttrace, strace):
+        if "target.aux_cat" not in t.names:
+            raise GraftError(f"{t.path}: no target.aux_cat rows; the graft replays the draft on recorded aux rows")
+    if "target.argmax" not in ttrace.names:
+        raise GraftError(f"{ttrace.path}: no target.argmax rows (the acceptance labels)")
+    dtype = DTYPES.get(str(ttrace.contract.get("dtype") or "bfloat16"), torch.bfloat16)
+    loaded = _load(ttrace, draft_path, target_path, dtype)
+    model, cfg = loaded.model, loaded.config
+    steps = int(steps or ttrace.contract.get("spec_steps") or 3)
+    plan = _plan(report, tr, sv)
+    if not plan:
+        raise GraftError("no aligned sequence has aux rows on both sides at its leading positions")
+
+    vd = cfg.draft_vocab_size
+    ckpt = model.d2t.detach().cpu().clone()
+    d2t = {"train": _d2t(ttrace, vd), "serve": _d2t(strace, vd)}
+    d2t = {k: v if v is not None else ckpt for k, v in d2t.items()}
+    own = {f: bool(getattr(cfg, f)) for f in NORM_FLAGS}
+    flags = {"train": _flags(ttrace.contract, own), "serve": _flags(strace.contract, own)}
+
+    variants = {"baseline": ("serve", "serve", "serve"), "target.aux_cat": ("train", "serve", "serve"),
+                "draft.d2t": ("serve", "train", "serve")}
+    if flags["train"] != flags["serve"]:
+        variants["norm flags"] = ("serve", "serve", "train")
+    variants["training"] = ("train", "train", "train")
+    tallies = {k: _Tally(steps) for k in variants}
+    side_attr = {"train": tr, "serve": sv}
+
+    am_keys = ttrace.keys("target.argmax")
+    am_vals = ttrace.read("target.argmax").reshape(-1)
+    dev = next(model.parameters()).device
+    for b0 in range(0, len(plan), BATCH):
+        batch = plan[b0:b0 + BATCH]
+        B, T = len(batch), max(s.n for s in batch)
+        ids = torch.zeros(B, T, dtype=torch.int64)
+        argmax = torch.full((B, T), -100, dtype=torch.int64)
+        lengths = torch.tensor([s.n for s in batch], dtype=torch.int64)
+        gen = torch.zeros(B, T, dtype=torch.bool)
+        aux = {k: torch.zeros(B, T, cfg.aux_width, dtype=dtype) for k in ("train", "serve")}
+        for r, s in enumerate(batch):
+            ids[r, : s.n] = torch.as_tensor(np.asarray(ttrace.sequence(s.seq_train).tokens[: s.n], np.int64))
+            sel = (am_keys["seq"] == s.seq_train) & (am_keys["depth"] == 0) & (am_keys["pos"] < s.n)
+            argmax[r, torch.as_tensor(am_keys["pos"][sel].astype(np.int64))] = torch.as_tensor(am_vals[sel])
+            gen[r, max(s.prompt_len - 1, 0): s.n] = True
+            for k, attr in side_attr.items():
+                t = getattr(traces, attr)
+                rows = s.rows[attr]
+                aux[k][r, : s.n] = to_torch(t.take("target.aux_cat", rows), t.info("target.aux_cat").dtype).to(dtype)
+        labels = ttt_labels(argmax, steps, lengths)
+        cache = {}
+        for name, (a, d, f) in variants.items():
+            key = (a, f)
+            if key not in cache:
+                with _with_flags(model, flags[f]), torch.no_grad():
+                    out = model.ttt_forward(aux[a].to(dev), ids.to(dev), steps, lengths=lengths)
+                cache[key] = ([lg.argmax(-1).cpu() for lg in out.logits], [v.cpu() for v in out.valid])
+            top, valid = cache[key]
+            hot = d2t[d] + torch.arange(vd)
+            cum = torch.ones(B, T, dtype=torch.bool)
+            for k in range(steps):
+                ok = valid[k] & (labels[k] != -100)
+                cum = cum & ok & (hot[top[k]] == labels[k])
+                tallies[name].add(k, cum, ok & gen)
+
+    base = tallies["baseline"].length()
+    full = tallies["training"].length()
+    gap = full - base
+    words = {"target.aux_cat": "training's target.aux_cat rows instead of serving's",
+             "draft.d2t": "training's vocab map (draft.d2t) instead of serving's",
+             "norm flags": "training's norm flags " + ", ".join(
+                 f"{f}={flags['train'][f]}" for f in NORM_FLAGS if flags["train"][f] != flags["serve"][f])
+             + " instead of serving's"}
+    out = []
+    for name in variants:
+        if name in ("baseline", "training"):
+            continue
+        t = tallies[name]
+        length = t.length()
+        rec = (length - base) / gap if abs(gap) >= MIN_GAP else None
+        out.append(GraftResult(name, words[name], length, t.per_depth(), rec, base, full,
+                               int(t.count[0])))
+    out.sort(key=lambda g: -g.mean_accept_length)
+    return out
