@@ -29,7 +29,7 @@ from .cli import cli
 
 @cli.group()
 def record():
-    """Record a trace from a live SGLang EAGLE-3 server."""
+    """Record traces: serving (an SGLang EAGLE-3 server) or training (replay through the reference forward)."""
 
 
 def default_trace_path() -> str:
