@@ -47,7 +47,9 @@ def to_storage(data) -> tuple[np.ndarray, str]:
 
 def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
     """Exact upcast of bf16 raw bits (uint16) to float32."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    out = bits.astype(np.uint32)
+    out <<= 16  # in place: a second fresh array costs page faults, ~6x the time of the shift
+    return out.view(np.float32)
 
 
 def from_storage(arr: np.ndarray, dtype_name: str, *, as_float32: bool = False) -> np.ndarray:
