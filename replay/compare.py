@@ -143,8 +143,9 @@ def _rows(trace, name: str, rows: np.ndarray, *, as_float: bool) -> np.ndarray:
     return trace.take_float(name, rows) if as_float else trace.take(name, rows)
 
 
-def _block_rows(trace, name: str, cap: int, budget: int = 48 << 20) -> int:
-    """Rows per block: at most ``cap``, and about ``budget`` bytes of float32 per side."""
+def _block_rows(trace, name: str, cap: int, budget: int = 16 << 20) -> int:
+    """Rows per block: at most ``cap``, and about ``budget`` bytes of float32 per side (blocks under
+    glibc's 32 MiB mmap threshold reuse freed memory instead of faulting in fresh pages)."""
     width = int(np.prod(trace.info(name).shape)) if trace.info(name).shape else 1
     return max(16, min(cap, budget // max(4 * width, 1)))
 
