@@ -104,13 +104,19 @@ def _compare_block(kind: str, name: str, x: np.ndarray, y: np.ndarray):
     """
     n = len(x)
     if kind == "float":
-        nonfinite = metrics.nonfinite_rows(x, y)
-        bad = bool(nonfinite.any())
-        fx = _flat(np.nan_to_num(x) if bad else x)
-        fy = _flat(np.nan_to_num(y) if bad else y)
-        d = fx - fy
+        fx, fy = _flat(x), _flat(y)
         nx = np.sqrt(np.einsum("ij,ij->i", fx, fx))
         ny = np.sqrt(np.einsum("ij,ij->i", fy, fy))
+        # A NaN/Inf element makes its row norm non-finite; only then scan elements (a finite row
+        # whose squares overflow is a false candidate that the scan clears).
+        bad = not (np.isfinite(nx).all() and np.isfinite(ny).all())
+        nonfinite = metrics.nonfinite_rows(x, y) if bad else np.zeros(n, bool)
+        bad = bool(nonfinite.any())
+        if bad:
+            fx, fy = _flat(np.nan_to_num(x)), _flat(np.nan_to_num(y))
+            nx = np.sqrt(np.einsum("ij,ij->i", fx, fx))
+            ny = np.sqrt(np.einsum("ij,ij->i", fy, fy))
+        d = fx - fy
         rel = np.sqrt(np.einsum("ij,ij->i", d, d)) / np.maximum(np.maximum(nx, ny), metrics._EPS)
         both_zero = (nx < metrics._EPS) & (ny < metrics._EPS)
         cos = np.where(both_zero, 1.0, np.einsum("ij,ij->i", fx, fy) / np.maximum(nx * ny, metrics._EPS))

@@ -32,7 +32,7 @@ import numpy as np
 
 from specdiff.tracer.errors import SpecdiffError
 
-from .align import Pair, match_rows
+from .align import match_rows
 
 __all__ = ["GraftError", "GraftResult", "graft", "NORM_FLAGS"]
 
@@ -225,9 +225,10 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
     """
     import torch
 
+    from specdiff.tracer.arrays import to_torch
+
     from .draft_model import ttt_labels
     from .record_train import DTYPES
-    from specdiff.tracer.arrays import to_torch
 
     tr, sv = _sides(report)
     traces = report.traces
