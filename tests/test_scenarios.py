@@ -31,7 +31,7 @@ def run_demo(scenario: str, tmp_root: Path):
     """`specdiff demo --scenario S --no-tui` once per scenario; (process, summary.json, workdir)."""
     if scenario not in _RUNS:
         proc = subprocess.run([sys.executable, "-m", "specdiff.tui", "demo", "--scenario", scenario, "--no-tui",
-                               "--workdir", str(tmp_root), "--prompts", "6", "--max-new-tokens", "48"],
+                               "--workdir", str(tmp_root), "--prompts", "6", "--max-new-tokens", "96"],
                               capture_output=True, text=True, timeout=900)
         workdir = tmp_root / scenario
         summary_path = workdir / "summary.json"

@@ -23,7 +23,7 @@ from .scenarios import SCENARIOS
 @click.option("--models", type=click.Path(path_type=Path), default=REPO_MODELS, show_default=True,
               help="The tiny target/draft pair (built there on first use if missing).")
 @click.option("--prompts", type=click.IntRange(1, 64), default=8, show_default=True)
-@click.option("--max-new-tokens", type=click.IntRange(8, 512), default=64, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(8, 512), default=96, show_default=True)
 def demo(scenario, no_tui, workdir, models, prompts, max_new_tokens):
     """Watch specdiff find a training-vs-serving mismatch in a real SGLang server (CPU, ~2 minutes).
 

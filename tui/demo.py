@@ -44,7 +44,7 @@ def ensure_models(models: Path) -> Path:
     return models
 
 
-MIN_DISTINCT = 10  # continuation tokens; below this the tiny target loops and any draft is accepted
+MIN_DISTINCT = 13  # continuation tokens; below this the tiny target loops and any draft is accepted
 
 
 def demo_prompts(models: Path, n: int) -> list[list[int]]:
