@@ -7,12 +7,21 @@ Reference forward API (torch only; transformers is imported lazily by ``load_tar
 - ``load_target`` / ``capture_target`` / ``TargetCapture`` / ``TargetError``
 """
 
-from .checkpoint import CheckpointError, LoadedDraft, load_draft, save_draft
-from .draft_model import Eagle3Draft, Eagle3DraftConfig, RowBlock, TTTOutput, ttt_labels
-from .target_capture import TargetCapture, TargetError, capture_target, load_target
+import importlib
 
-__all__ = [
-    "Eagle3DraftConfig", "Eagle3Draft", "TTTOutput", "RowBlock", "ttt_labels",
-    "CheckpointError", "LoadedDraft", "load_draft", "save_draft",
-    "TargetError", "TargetCapture", "capture_target", "load_target",
-]
+# Lazy (PEP 562): the diff engine imports specdiff.replay.* without paying for torch.
+_EXPORTS = {
+    "Eagle3DraftConfig": "draft_model", "Eagle3Draft": "draft_model", "TTTOutput": "draft_model",
+    "RowBlock": "draft_model", "ttt_labels": "draft_model",
+    "CheckpointError": "checkpoint", "LoadedDraft": "checkpoint", "load_draft": "checkpoint",
+    "save_draft": "checkpoint",
+    "TargetError": "target_capture", "TargetCapture": "target_capture", "capture_target": "target_capture",
+    "load_target": "target_capture",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -123,7 +123,7 @@ class RowMatch:
 
 
 def _keyed(trace, name: str, seq_to_pair: dict[int, tuple[int, int]]):
-    keys = trace.keys(name)
+    keys = trace.keys(name, columns=("seq", "pos", "depth"))
     seq = keys["seq"]
     out = np.full(len(seq), -1, np.int64)
     for s, (pair_idx, length) in seq_to_pair.items():

@@ -34,6 +34,7 @@ from .schema import ordered, spec_for
 FORMAT_VERSION = 1
 KEY_COLUMNS = (("seq", "int32"), ("pos", "int32"), ("depth", "int16"), ("iter", "int32"))
 CHUNK_BYTES = 4 << 20
+KEY_CHUNK_FACTOR = 16
 SIDES = ("serve", "train")
 # Chunks equal to the fill value must still be written: a missing chunk means a damaged store.
 _ARRAY_CONFIG = {"write_empty_chunks": True}
@@ -242,7 +243,8 @@ class TraceWriter:
             compressors=_compressors(dtype), dimension_names=("row", *spec.dims),
             attributes={"specdiff_dtype": dtype_name, "specdiff_tensor": name}, config=_ARRAY_CONFIG)}
         for k, kd in KEY_COLUMNS:
-            arrays[k] = grp.create_array(k, shape=(0,), chunks=(chunk_rows,), dtype=kd,
+            # Keys are tiny: 16 data chunks per key chunk keeps key reads few (a commit rewrites <= 1).
+            arrays[k] = grp.create_array(k, shape=(0,), chunks=(chunk_rows * KEY_CHUNK_FACTOR,), dtype=kd,
                                          compressors=_compressors(np.dtype(kd)),
                                          dimension_names=("row",), config=_ARRAY_CONFIG)
         return arrays
@@ -426,10 +428,11 @@ class Trace:
         """``take`` with bf16 upcast exactly and every float as float32 (for comparisons)."""
         return from_storage(self.take(name, rows), self._layout[name][0], as_float32=True)
 
-    def keys(self, name: str, start: int = 0, stop: int | None = None) -> dict[str, np.ndarray]:
-        """Row keys of ``name``: ``{"seq","pos","depth","iter"}`` -> int arrays [rows]."""
+    def keys(self, name: str, start: int = 0, stop: int | None = None, *,
+             columns=("seq", "pos", "depth", "iter")) -> dict[str, np.ndarray]:
+        """Row keys of ``name``: ``{"seq","pos","depth","iter"}`` (or ``columns``) -> int arrays [rows]."""
         stop = self.rows(name) if stop is None else stop
-        return {k: self._read(name, k, start, stop) for k, _ in KEY_COLUMNS}
+        return {k: self._read(name, k, start, stop) for k in columns}
 
     def read(self, name: str, start: int = 0, stop: int | None = None, *, as_float32: bool = False) -> np.ndarray:
         """Rows [start, stop) of ``name`` as numpy: [n, *shape]. bf16 comes back as exact float32."""
