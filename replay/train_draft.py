@@ -95,13 +95,22 @@ def capture_features(target, seqs: list[torch.Tensor], hf_indices, batch: int = 
 def select_draft_vocab(argmaxes: list[torch.Tensor], vocab_size: int, draft_vocab: int = DRAFT_VOCAB):
     """Draft vocab = the ``draft_vocab`` most frequent target-argmax ids (ties: lower id first).
 
-    If fewer distinct ids occur, the lowest unused ids fill the rest. Returns
-    ``(hot_ids, d2t, t2d)``: ``hot_ids`` int64 [Vd] ascending target ids, ``d2t`` int64 [Vd]
-    offsets with ``hot_ids = arange(Vd) + d2t``, ``t2d`` bool [V].
+    If fewer distinct ids occur, unused ids spread evenly over the whole target vocab fill the
+    rest — as a real 32K draft vocab spreads over a 128K target vocab — so that ``d2t`` is a real
+    offset map (BPE gives frequent tokens low ids, and filling with the lowest unused ids would
+    make d2t almost all zeros, hiding every vocab-map mistake). Returns ``(hot_ids, d2t, t2d)``:
+    ``hot_ids`` int64 [Vd] ascending target ids, ``d2t`` int64 [Vd] offsets with
+    ``hot_ids = arange(Vd) + d2t``, ``t2d`` bool [V].
     """
     counts = torch.bincount(torch.cat(argmaxes), minlength=vocab_size)
-    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
-    hot = torch.tensor(sorted(order[:draft_vocab]), dtype=torch.int64)
+    seen = [i for i in sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i)) if counts[i] > 0]
+    chosen = seen[:draft_vocab]
+    unused = [i for i in range(vocab_size) if counts[i] == 0]
+    need = draft_vocab - len(chosen)
+    if need > 0:
+        step = len(unused) / need
+        chosen += [unused[int(k * step)] for k in range(need)]
+    hot = torch.tensor(sorted(chosen), dtype=torch.int64)
     d2t = hot - torch.arange(draft_vocab, dtype=torch.int64)
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[hot] = True

@@ -96,6 +96,7 @@ class DraftForward:
     mode: str  # "extend" (prefill draft extend) | "extend_v2" (decode draft extend) | "decode"
     input_ids: Any = None
     positions: Any = None
+    fc_in: Any = None
     fc_out: Any = None
     hidden: Any = None
     logits: Any = None  # full (capture full)
@@ -185,6 +186,12 @@ class Recorder:
             self.num_aux = len(self.contract.get("aux_hf_indices") or []) or None
             self.topk = int(self.contract.get("spec_topk", 1))
             tw = TraceWriter(self.opts.path, side="serve", contract=self.contract)
+            # The vocab map as served: d2t = hot_token_id - arange (zeros = identity, no d2t).
+            hot = hot_token_id(worker)
+            vd = int(self.contract.get("draft_vocab_size") or 0)
+            if hot is not None or vd:
+                ar = torch.arange(vd if hot is None else hot.numel(), dtype=torch.int64)
+                tw.append("draft.d2t", torch.zeros_like(ar) if hot is None else hot - ar, seq=-1, pos=ar.numpy())
             self.writer = AsyncTraceWriter(tw, self._write, max_items=64,
                                            max_bytes=self.opts.max_queue_mb << 20)
             logger.info("specdiff: recording an EAGLE-3 trace to %s (capture %s)", self.opts.path,
@@ -249,7 +256,7 @@ class Recorder:
         df.input_ids = snap(forward_batch.input_ids)
         df.positions = snap(forward_batch.positions)
         if self.fc_sink:
-            df.fc_out = self.fc_sink[-1]
+            df.fc_in, df.fc_out = self.fc_sink[-1]
         hs = getattr(logits_output, "hidden_states", None)
         if hs is not None:
             df.hidden = snap(hs)
@@ -288,7 +295,8 @@ class Recorder:
                 return None
             try:
                 o = out[0] if isinstance(out, tuple) else out
-                sink.append(snap(o))
+                # fc's input is the aux concat after SGLang's input_norm / fc_norm (llama_eagle3.py:237-247).
+                sink.append((snap(_inp[0]), snap(o)))
             except Exception as exc:  # noqa: BLE001
                 rec.fail("draft fc", exc)
             return None
@@ -305,6 +313,19 @@ def _on_cuda(v) -> bool:
 
 
 # ---- contract -------------------------------------------------------------------------------
+def hot_token_id(worker):
+    """The draft->target id map SGLang applies (int64 [Vd] on the host), or None (identity).
+
+    SGLang 0.5.23 llama_eagle3.py:350-352: ``hot_token_id = d2t + arange``; copied to the draft
+    worker by ``init_lm_head``. Read once at startup, never on the hot path.
+    """
+    dw = getattr(worker, "_draft_worker", None) or worker.draft_worker
+    hot = getattr(dw, "hot_token_id", None)
+    if hot is None:
+        hot = getattr(dw.draft_runner.model, "hot_token_id", None)
+    return None if hot is None else hot.detach().to("cpu", torch.int64)
+
+
 def contract_from_worker(worker, opts: Options) -> dict:
     """Contract facts from an ``EAGLEWorkerV2`` (called once, at startup)."""
     from .contract import sha256_array
@@ -342,9 +363,7 @@ def contract_from_worker(worker, opts: Options) -> dict:
     dinner = getattr(dmodel, "model", dmodel)
     facts["norm_before_fc"] = bool(getattr(dinner, "norm_before_fc", False))
     facts["fc_norm"] = getattr(dinner, "fc_norm", None) is not None
-    hot = getattr(dw, "hot_token_id", None)
-    if hot is None:
-        hot = getattr(dmodel, "hot_token_id", None)
+    hot = hot_token_id(worker)
     if hot is not None:
         hot64 = hot.detach().to("cpu", torch.int64)
         facts["hot_token_id_sha256"] = sha256_array(hot64)
@@ -426,6 +445,7 @@ def _add_draft_rows(rec: Recorder, out: _Batch, df: DraftForward, sel, seq, pos,
     if df.input_ids is not None:
         out.add("tokens", df.input_ids[sel], seq, pos, depth, it)
     if df.fc_out is not None and df.fc_out.shape[0] == df.input_ids.shape[0]:
+        out.add("draft.fc_in", df.fc_in[sel], seq, pos, depth, it)
         out.add("draft.fc_out", df.fc_out[sel], seq, pos, depth, it)
     if not has_logits:
         return
