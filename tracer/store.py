@@ -35,6 +35,7 @@ FORMAT_VERSION = 1
 KEY_COLUMNS = (("seq", "int32"), ("pos", "int32"), ("depth", "int16"), ("iter", "int32"))
 CHUNK_BYTES = 4 << 20
 KEY_CHUNK_FACTOR = 16
+MAX_KEY_CHUNK_ROWS = 1 << 16  # edge chunks are stored whole: keep them small
 SIDES = ("serve", "train")
 # Chunks equal to the fill value must still be written: a missing chunk means a damaged store.
 _ARRAY_CONFIG = {"write_empty_chunks": True}
@@ -216,7 +217,7 @@ class TraceWriter:
     def _chunk_rows(self, name: str) -> int:
         dtype_name, shape = self._layout[name]
         row_bytes = STORAGE_DTYPES[dtype_name].itemsize * int(np.prod(shape, dtype=np.int64))
-        return int(min(max(self.chunk_bytes // max(row_bytes, 1), 16), 1 << 20))
+        return int(min(max(self.chunk_bytes // max(row_bytes, 1), 16), 1 << 16))
 
     def _commit(self, name: str, n: int) -> None:
         data, keys = self._pending[name].take(n)
@@ -244,7 +245,7 @@ class TraceWriter:
             attributes={"specdiff_dtype": dtype_name, "specdiff_tensor": name}, config=_ARRAY_CONFIG)}
         for k, kd in KEY_COLUMNS:
             # Keys are tiny: 16 data chunks per key chunk keeps key reads few (a commit rewrites <= 1).
-            arrays[k] = grp.create_array(k, shape=(0,), chunks=(chunk_rows * KEY_CHUNK_FACTOR,), dtype=kd,
+            arrays[k] = grp.create_array(k, shape=(0,), chunks=(min(chunk_rows * KEY_CHUNK_FACTOR, MAX_KEY_CHUNK_ROWS),), dtype=kd,
                                          compressors=_compressors(np.dtype(kd)),
                                          dimension_names=("row",), config=_ARRAY_CONFIG)
         return arrays
