@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from specdiff.tracer.store import open_trace
 
@@ -17,6 +17,7 @@ from .align import Alignment, Pair, align_sequences
 from .compare import TensorComparison, compare_all, first_divergence
 from .contract_check import ContractMismatch, check_contracts, side_labels
 from .explain import Explanation, explain
+from .findings import matching_findings
 
 
 @dataclass
@@ -46,6 +47,7 @@ class DiffReport:
     acceptance: Pair
     traces: Pair
     grafts: list | None = None
+    findings: list = field(default_factory=list)
 
     @property
     def diverged(self) -> bool:
@@ -106,6 +108,7 @@ class DiffReport:
             "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
                                                         (self.labels.y, self.acceptance.y))},
             "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
+            "preflight_findings": self.findings,
             "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length}
                           for p in self.alignment.seq_pairs],
             "tensors": {n: {"diverged": c.diverged, **c.stats, "tolerance": asdict(c.tolerance)}
@@ -132,7 +135,7 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     first = first_divergence(comps)
     return DiffReport(traces.map(lambda t: t.path), side_labels(traces), alignment, comps, first,
                       explain(traces, alignment, comps, first), check_contracts(traces),
-                      acceptance(traces, alignment), traces)
+                      acceptance(traces, alignment), traces, findings=matching_findings(traces, first))
 
 
 def _fmt(v) -> str:
@@ -191,6 +194,10 @@ def render_text(report: DiffReport) -> str:
                     out.append(f"    fix: {e.fix}")
         else:
             out.append("explanation: no known transform closes the gap (see the tensors below)")
+        out.append("")
+    if report.findings:
+        out.append("pre-flight findings (specdiff check) that bear on it")
+        out += [f"  [{f['severity']}] {f['kind']}: {f['message']}" for f in report.findings]
         out.append("")
     out.append("contract")
     if report.contract:

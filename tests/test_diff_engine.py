@@ -164,6 +164,21 @@ def test_position_shift_is_explained(tmp_path):
     assert any(e.cause == "position_shift" for e in report.explanations)
 
 
+def test_recorded_findings_that_bear_on_the_divergence_are_shown(tmp_path):
+
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = write_trace(tmp_path / "b", side="serve", hf=[3, 6, 7])
+    findings = [{"kind": "aux.dropped_id", "severity": "error", "engine": "sglang", "message": "id 7 dropped", "fix": ""},
+                {"kind": "vocab.coverage", "severity": "warn", "engine": "all", "message": "low", "fix": ""}]
+    trace_b = open_trace(b)
+    trace_b.contract["findings"] = findings
+    from specdiff.replay.report import diff_opened
+
+    report = diff_opened(Pair(open_trace(a), trace_b))
+    assert [f["kind"] for f in report.findings] == ["aux.dropped_id"]  # vocab.* does not bear on target.aux
+    assert "[error] aux.dropped_id: id 7 dropped" in render_text(report)
+
+
 def test_non_overlapping_traces_are_a_clear_error(tmp_path):
     a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
     other = [np.arange(500, 510), np.arange(600, 607)]

@@ -67,6 +67,9 @@ def test_seed_bug_layer_shift_is_first_divergence(demo_root):
     assert "serving slot 0 = training HF hidden_states[3]" in msg
     assert proc.stdout.splitlines()[-1]  # text report printed
     assert "first divergence: target.aux.0" in proc.stdout
+    # specdiff check on the served files names the same mistake, next to the divergence.
+    kinds = [f["kind"] for f in summary["report"]["preflight_findings"]]
+    assert "training.mismatch" in kinds
     # The contract check names the layers in plain words.
     assert "serving captured HF hidden_states[3, 6, 7]; training used [0, 3, 6]" in proc.stdout
 

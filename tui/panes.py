@@ -179,6 +179,12 @@ def explain(vm: ViewModel) -> Group:
             parts.append(Text.assemble(("  fix: ", "bold green"), e.fix))
         if e.matrix:
             parts.append(_matrix(e.matrix))
+    if r.findings:
+        parts.append(Text(""))
+        parts.append(Text("Pre-flight findings (specdiff check)", style="bold underline"))
+        for f in r.findings:
+            colour = "red" if f["severity"] == "error" else "yellow"
+            parts.append(Text.assemble((f"[{f['severity']}] {f['kind']}: ", f"bold {colour}"), f["message"]))
     parts.append(Text(""))
     parts.append(Text("Contract", style="bold underline"))
     if r.contract:

@@ -1,0 +1,67 @@
+"""Pre-flight findings (``specdiff check``) that bear on a divergence, for the diff and the app.
+
+The serving trace names its target and draft (contract ``model_name`` / ``draft_name``); when
+those directories exist here, the pre-flight check runs on them with the training side's aux
+layers, and the findings whose kind concerns the first diverging stage are shown next to it.
+Findings a recorder stored in a contract (field ``findings``) are used as well.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.schema import spec_for
+
+from .align import Pair
+
+# Which finding kinds can explain a divergence at each stage.
+STAGE_KINDS = {
+    "tokens": ("tokenizer.",),
+    "target.aux": ("aux.", "training."),
+    "target.aux_cat": ("aux.", "training."),
+    "draft.fc_in": ("norm.", "weights.", "aux."),
+    "draft.fc_out": ("norm.", "weights.", "aux."),
+    "draft.attn_in": ("weights.", "rope."),
+    "draft.hidden_out": ("weights.", "rope.", "norm."),
+    "draft.logits": ("weights.", "vocab."),
+    "draft.topk": ("weights.", "vocab."),
+    "draft.topk_target": ("vocab.",),
+    "verify": ("vocab.", "algorithm."),
+}
+
+
+def _serving_findings(traces: Pair) -> list[dict]:
+    serve = traces.y if traces.y.side == "serve" else traces.x if traces.x.side == "serve" else None
+    train = traces.x if serve is traces.y else traces.y
+    if serve is None:
+        return []
+    target, draft = serve.contract.get("model_name"), serve.contract.get("draft_name")
+    if not target or not draft or not Path(target).is_dir() or not Path(draft).is_dir():
+        return []
+    from .preflight import findings_as_facts, run_preflight  # reads configs and weight headers
+
+    layers = train.contract.get("aux_hf_indices")
+    try:
+        report = run_preflight(target, draft, engines=("sglang",),
+                               training_layers=list(layers) if layers else None, training_convention="hf")
+    except SpecdiffError:
+        return []
+    return findings_as_facts(report.findings)
+
+
+def matching_findings(traces: Pair, first) -> list[dict]:
+    """error/warn findings whose kind concerns the first divergence's stage (empty if none)."""
+    if first is None:
+        return []
+    prefixes = STAGE_KINDS.get(spec_for(first.name).stage, ())
+    found = _serving_findings(traces)
+    for trace in (traces.x, traces.y):
+        found += [f for f in trace.contract.get("findings") or [] if isinstance(f, dict)]
+    seen, out = set(), []
+    for f in found:
+        key = (f.get("kind"), f.get("message"))
+        if f.get("severity") in ("error", "warn") and str(f.get("kind", "")).startswith(prefixes) and key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
