@@ -58,8 +58,12 @@ def matching_findings(traces: Pair, first) -> list[dict]:
     found = _serving_findings(traces)
     for trace in (traces.x, traces.y):
         found += [f for f in trace.contract.get("findings") or [] if isinstance(f, dict)]
+    engines = {"all"} | {str(t.contract["engine"]) for t in (traces.x, traces.y)
+                         if t.side == "serve" and t.contract.get("engine")}
     seen, out = set(), []
     for f in found:
+        if len(engines) > 1 and f.get("engine") not in engines:
+            continue  # a finding about another engine than the one that served
         key = (f.get("kind"), f.get("message"))
         if f.get("severity") in ("error", "warn") and str(f.get("kind", "")).startswith(prefixes) and key not in seen:
             seen.add(key)

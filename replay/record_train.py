@@ -528,6 +528,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         "tokenizer_sha256": _sha256_file(target_dir / "tokenizer.json"),
         "probe_positions": int(probe_positions), "notes": notes,
     })
+    facts["findings"] = _preflight_facts(target_dir, draft_dir, aux.hf_indices)
     if replay is not None:
         facts["replay_of"] = str(replay)
         if served.get("aux_hf_indices") is not None:
@@ -571,3 +572,14 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     result.accept_rate, result.accept_cum_rate, result.mean_accept_length = acc, acc_cum, mean
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _preflight_facts(target_dir, draft_dir, training_hf) -> list[dict]:
+    """``specdiff check`` on the pair as recorded (error/warn only), for the contract ``findings``."""
+    from .preflight import findings_as_facts, run_preflight
+
+    try:
+        report = run_preflight(target_dir, draft_dir, training_layers=list(training_hf), training_convention="hf")
+    except SpecdiffError:
+        return []
+    return [f for f in findings_as_facts(report.findings) if f["severity"] in ("error", "warn")]
