@@ -16,7 +16,7 @@ from specdiff.tracer.schema import aux_slot, ordered, probe_index, spec_for
 
 from . import metrics
 from .align import Alignment, Pair, RowMatch, match_rows
-from .tolerance import Tolerance, apply_overrides, default_tolerance
+from .tolerance import Tolerance, apply_overrides, default_tolerance, looser_dtype
 
 MATCH, CLOSE, DIVERGED = 0, 1, 2
 STATUS_NAMES = {MATCH: "match", CLOSE: "within tolerance", DIVERGED: "diverged"}
@@ -277,11 +277,8 @@ def _compute_dtype(trace, name: str) -> str:
 
     A float32 logsumexp computed from bf16 logits carries bf16 error, so it gets bf16 tolerance.
     """
-    stored = trace.info(name).dtype
     compute = str(trace.contract.get("dtype", "bfloat16")).replace("torch.", "")
-    floats = [d for d in (stored, compute) if d in ("bfloat16", "float16", "float32", "float64")]
-    order = ["float64", "float32", "float16", "bfloat16"]
-    return max(floats, key=order.index) if floats else "bfloat16"
+    return looser_dtype(trace.info(name).dtype, compute)
 
 
 def first_divergence(comps: dict[str, TensorComparison]) -> TensorComparison | None:

@@ -47,6 +47,12 @@ _ORDER = ["float64", "float32", "float16", "bfloat16"]
 PRESETS = {"strict": 0.2, "default": 1.0, "loose": 5.0}
 
 
+def looser_dtype(*dtypes: str) -> str:
+    """The float dtype with the largest rounding error among ``dtypes`` (bf16 if none is a float)."""
+    floats = [d for d in dtypes if d in _BY_DTYPE] or ["bfloat16"]
+    return max(floats, key=_ORDER.index)
+
+
 def default_tolerance(dtype_x: str, dtype_y: str, *, kind: str, preset: str = "default") -> Tolerance:
     """The tolerance for comparing storage dtypes ``dtype_x`` vs ``dtype_y`` (the looser one wins).
 
@@ -55,8 +61,7 @@ def default_tolerance(dtype_x: str, dtype_y: str, *, kind: str, preset: str = "d
     """
     if preset not in PRESETS:
         raise ToleranceError(f"unknown tolerance preset {preset!r}; use one of {', '.join(PRESETS)}")
-    floats = [d for d in (dtype_x, dtype_y) if d in _BY_DTYPE] or ["bfloat16"]
-    base = _BY_DTYPE[max(floats, key=_ORDER.index)]
+    base = _BY_DTYPE[looser_dtype(dtype_x, dtype_y)]
     if kind != "float":  # ids: near-tie flips allowed in a small fraction of rows
         base = replace(base, max_fail_frac=0.05)
     f = PRESETS[preset]
