@@ -48,3 +48,16 @@ async def test_recorded_seed_pair_opens_on_the_layer_shift(tmp_path):
         assert open_trace(str(export / "b.trace")).rows("target.aux.0") > 0
         await pilot.press("q")
     assert app.return_code == 1
+
+
+def test_view_on_an_unreadable_trace_is_one_line_not_an_app(tmp_path):
+    import subprocess
+
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\x00not a trace")
+    proc = subprocess.run([sys.executable, "-m", "specdiff.tui", "view", str(junk), str(EXAMPLE / "serve.trace")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("specdiff: error: ") and proc.stderr.count("\n") == 1
+    assert proc.stdout == ""
+

@@ -41,14 +41,16 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir):
 
         sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))
 
+    show_progress = fmt != "json" and sys.stderr.isatty()
+
     def progress(name, i, total):
-        if fmt != "json":
+        if show_progress:
             click.echo(f"\r  comparing {i + 1}/{total} {name:30s}", nl=False, err=True)
 
     from specdiff.replay.report import diff_traces, render_json, render_text  # torch-free CLI start
 
     report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, progress=progress)
-    if fmt != "json":
+    if show_progress:
         click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
     if graft:
         from specdiff.replay.graft import graft as run_graft

@@ -23,9 +23,14 @@ def view(trace_a, trace_b, preset, tol):
 
     The app lands on the first divergence. Keys: f first, n/N next/previous divergence,
     arrows move, enter drill in, d depths, t tolerance preset, / filter, e export, ? help, q quit.
-    Exit code: 0 no divergence, 1 a divergence, 2 bad input (shown on an error screen).
+    Exit code: 0 no divergence, 1 a divergence, 2 bad input (an unreadable trace:
+    one line on stderr; traces with no common sequence: an error screen).
     """
     overrides = parse_overrides(tol)
+    from specdiff.tracer.store import open_trace
+
+    for path in (trace_a, trace_b):  # a bad path is one line on stderr, not a full-screen app
+        open_trace(path)
     from .app import run_app
 
     sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))
