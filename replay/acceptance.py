@@ -1,7 +1,8 @@
 """Acceptance on both sides: per-depth acceptance and mean accept length.
 
 Serving: from ``verify.accept_length`` rows (SGLang accept_lens = accepted drafts + 1, so the mean
-accept length counts the bonus token, like ``meta_info.spec_accept_length``). Per-depth
+accept length counts the bonus token). ``meta_info.spec_accept_length`` is completion tokens /
+verify steps, which also counts the token the prefill produced, so it reads slightly higher. Per-depth
 acceptance d = fraction of verify steps that accepted at least d drafts.
 
 Training: from ``draft.accept_cum`` (mapped draft argmax == target argmax at every depth <= k):

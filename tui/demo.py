@@ -116,7 +116,7 @@ def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_ne
                               log_path=workdir / "server.log")
     per_prompt = [r["meta_info"].get("spec_accept_length") for r in results]
     served_mean = sum(per_prompt) / len(per_prompt)
-    click.echo(f"    served accept length per prompt: {', '.join(f'{a:.2f}' for a in per_prompt)}"
+    click.echo(f"    served accept length per prompt (SGLang meta_info): {', '.join(f'{a:.2f}' for a in per_prompt)}"
                f"  (mean {served_mean:.2f})")
     _phase(3, n, "record train", f"replaying {len(results)} served sequences with the draft as trained")
     record_train(models=models, serve_trace=serve_trace, out=train_trace)
