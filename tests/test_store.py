@@ -85,9 +85,11 @@ def test_chunk_ranges_cover_rows_and_bound_memory(tmp_path):
     with TraceWriter(path, side="train", chunk_bytes=H * 2 * 10, overwrite=True) as w:
         w.append("target.aux.0", torch.zeros(95, H, dtype=torch.bfloat16), seq=0, pos=np.arange(95))
     trace = open_trace(path)
-    ranges = trace.chunks("target.aux.0")
+    ranges = trace.chunks("target.aux.0", per_range=1)
     assert ranges[0] == (0, 16) and ranges[-1][1] == 95  # 16 = minimum chunk rows
     assert all(b - a <= 16 for a, b in ranges)
+    grouped = trace.chunks("target.aux.0")  # 4 chunks per range by default
+    assert grouped[0] == (0, 64) and grouped[-1] == (64, 95)
     assert np.array_equal(trace.read("target.aux.0"), np.zeros((95, H), np.float32))  # zeros chunks kept
 
 

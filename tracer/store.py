@@ -375,11 +375,13 @@ class Trace:
         tail = self._tail.get(name)
         return self._committed.get(name, 0) + (tail[0].shape[0] if tail else 0)
 
-    def chunks(self, name: str) -> list[tuple[int, int]]:
-        """Row ranges aligned to the stored chunks: read them one at a time to bound memory."""
+    def chunks(self, name: str, *, per_range: int = 4) -> list[tuple[int, int]]:
+        """Row ranges aligned to the stored chunks, ``per_range`` chunks each (memory bounded by
+        that many chunks, ~16 MiB by default); several chunks per read let zarr decode them in
+        parallel (benchmarks/store_throughput.py: ~1.7x over one chunk per read)."""
         total, done = self.rows(name), self._committed.get(name, 0)
         if done:
-            step = self._group[f"tensors/{name}/data"].chunks[0]
+            step = self._group[f"tensors/{name}/data"].chunks[0] * max(per_range, 1)
         else:
             step = max(total, 1)
         bounds = list(range(0, done, step)) + [done] if done else [0]
