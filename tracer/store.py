@@ -35,6 +35,7 @@ FORMAT_VERSION = 1
 KEY_COLUMNS = (("seq", "int32"), ("pos", "int32"), ("depth", "int16"), ("iter", "int32"))
 CHUNK_BYTES = 4 << 20
 KEY_CHUNK_FACTOR = 16
+COMMIT_CHUNKS = 4
 MAX_KEY_CHUNK_ROWS = 1 << 16  # edge chunks are stored whole: keep them small
 SIDES = ("serve", "train")
 # Chunks equal to the fill value must still be written: a missing chunk means a damaged store.
@@ -210,9 +211,10 @@ class TraceWriter:
         pending = self._pending.setdefault(name, _Pending())
         pending.add(arr, keys)
         chunk_rows = self._chunk_rows(name)
-        full = (pending.rows // chunk_rows) * chunk_rows
-        if full:
-            self._commit(name, full)
+        # Commit several whole chunks at once so zarr encodes them in parallel; the journal
+        # already holds every row, so buffering longer costs memory, not safety.
+        if pending.rows >= COMMIT_CHUNKS * chunk_rows:
+            self._commit(name, (pending.rows // chunk_rows) * chunk_rows)
 
     def _chunk_rows(self, name: str) -> int:
         dtype_name, shape = self._layout[name]
