@@ -130,9 +130,13 @@ def _keyed(trace, name: str, seq_to_pair: dict[int, tuple[int, int]]):
         sel = (seq == s) & (keys["pos"] < length)
         out[sel] = pair_idx
     valid = out >= 0
-    # One int64 per row: (pair, pos, depth) packed; first occurrence wins (tree siblings repeat keys).
-    packed = (out << 40) | (keys["pos"].astype(np.int64) << 8) | keys["depth"].astype(np.int64)
-    return packed, valid
+    # First occurrence wins when keys repeat (tree siblings at one depth).
+    return pack_keys(out, keys["pos"], keys["depth"]), valid
+
+
+def pack_keys(pair: np.ndarray, pos: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """One sortable int64 per row: pair << 40 | pos << 8 | depth (depth < 256, pos < 2**32)."""
+    return (pair.astype(np.int64) << 40) | (pos.astype(np.int64) << 8) | depth.astype(np.int64)
 
 
 def match_rows(traces: Pair, alignment: Alignment, name: str, name_y: str | None = None) -> RowMatch:

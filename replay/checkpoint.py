@@ -379,12 +379,10 @@ def load_draft(path: str | Path, *, dtype: torch.dtype = torch.float32,
     if "lm_head.weight" in canon:
         model.lm_head_source = "draft"
     elif lm_from_target:
-        if tuple(target_lm_head.shape) != tuple(model.lm_head.weight.shape):
-            raise CheckpointError(f"draft checkpoint {path}: target lm_head is {list(target_lm_head.shape)} "
-                                  f"but the draft expects {list(model.lm_head.weight.shape)}")
-        with torch.no_grad():
-            model.lm_head.weight.copy_(target_lm_head)
-        model.lm_head_source = "target"
+        try:
+            model.set_target_lm_head(target_lm_head)
+        except ValueError as e:
+            raise CheckpointError(f"draft checkpoint {path}: {e}") from None
     model.to(dtype)
     model.d2t.data = model.d2t.data.to(torch.int64)
     model.t2d.data = model.t2d.data.to(torch.bool)

@@ -15,7 +15,7 @@ import numpy as np
 from specdiff.tracer.schema import aux_slot, ordered, probe_index, spec_for
 
 from . import metrics
-from .align import Alignment, Pair, RowMatch, match_rows
+from .align import Alignment, Pair, RowMatch, match_rows, pack_keys
 from .tolerance import Tolerance, apply_overrides, default_tolerance, looser_dtype
 
 MATCH, CLOSE, DIVERGED = 0, 1, 2
@@ -61,10 +61,6 @@ class TensorComparison:
         return int(bad[order[0]])
 
 
-def _packed(pair: np.ndarray, pos: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    return (pair.astype(np.int64) << 40) | (pos.astype(np.int64) << 8) | depth.astype(np.int64)
-
-
 def _token_path_keys(traces: Pair, alignment: Alignment) -> np.ndarray | None:
     """Packed (pair, pos, depth) keys whose input tokens agree at every depth 0..depth.
 
@@ -74,7 +70,7 @@ def _token_path_keys(traces: Pair, alignment: Alignment) -> np.ndarray | None:
         return None
     m = match_rows(traces, alignment, "tokens")  # sorted by (pair, pos, depth)
     same = traces.x.take("tokens", m.rows.x).reshape(-1) == traces.y.take("tokens", m.rows.y).reshape(-1)
-    group = _packed(m.pair, m.pos, np.zeros_like(m.depth))
+    group = pack_keys(m.pair, m.pos, np.zeros_like(m.depth))
     start = np.r_[True, group[1:] != group[:-1]] if len(group) else np.zeros(0, bool)
     first = np.maximum.accumulate(np.where(start, np.arange(len(group)), 0))
     rank = np.arange(len(group)) - first
@@ -82,13 +78,13 @@ def _token_path_keys(traces: Pair, alignment: Alignment) -> np.ndarray | None:
     cum = np.cumsum(bad)
     bad_so_far = cum - (cum[first] - bad[first])  # bad rows from the group's start through this row
     keep = bad_so_far == 0
-    return _packed(m.pair[keep], m.pos[keep], m.depth[keep])
+    return pack_keys(m.pair[keep], m.pos[keep], m.depth[keep])
 
 
 def _filter_depth(m: RowMatch, good: np.ndarray | None) -> RowMatch:
     keep = m.depth == 0
     if good is not None:
-        keep |= np.isin(_packed(m.pair, m.pos, m.depth), good)
+        keep |= np.isin(pack_keys(m.pair, m.pos, m.depth), good)
     if keep.all():
         return m
     dropped = int((~keep).sum())

@@ -329,6 +329,19 @@ class Eagle3Draft(nn.Module):
             self.embed_tokens.weight.copy_(weight)
         self.embed_source = "target"
 
+    def set_target_lm_head(self, weight: torch.Tensor) -> None:
+        """Use the target's lm_head rows [Vd, H] (already selected for the draft vocab).
+
+        Raises:
+            ValueError: the shape is not the draft's lm_head shape.
+        """
+        if tuple(weight.shape) != tuple(self.lm_head.weight.shape):
+            raise ValueError(f"target lm_head is {list(weight.shape)} but the draft expects "
+                             f"{list(self.lm_head.weight.shape)}")
+        with torch.no_grad():
+            self.lm_head.weight.copy_(weight)
+        self.lm_head_source = "target"
+
     def hot_token_id(self) -> torch.Tensor:
         """int64 [Vd]: draft id -> target id, ``d2t + arange(Vd)`` (SGLang llama_eagle3.py:352)."""
         return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)

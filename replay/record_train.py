@@ -29,7 +29,6 @@ are never used as the default.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ import torch
 from ..tracer.contract import validate_contract
 from ..tracer.conventions import CONVENTIONS, AuxResolution, ConventionError, resolve_aux_ids
 from ..tracer.errors import SpecdiffError, TraceError
+from ..tracer.jsonl import iter_jsonl
 from ..tracer.schema import aux_name, probe_name
 from ..tracer.store import TraceWriter, open_trace
 from .checkpoint import LoadedDraft, load_draft
@@ -142,13 +142,7 @@ def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[Tra
         raise RecordTrainError(f"{path}: no such prompts file")
     tok = None
     out: list[TrainSequence] = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RecordTrainError(f"{path}:{n}: not JSON ({e})") from None
+    for n, obj in iter_jsonl(path, error=RecordTrainError):
         if not isinstance(obj, dict):
             raise RecordTrainError(f"{path}:{n}: expected a JSON object per line")
         rid = str(obj.get("rid", obj.get("id", f"prompt-{len(out)}")))

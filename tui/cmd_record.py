@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import click
 
 from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.jsonl import iter_jsonl
 
 from .cli import cli
 
@@ -125,17 +126,7 @@ def read_prompts(path: str) -> list[dict]:
     """Prompts from a JSONL file: each line ``{"text"|"prompt": str}``, ``{"input_ids": [...]}``
     or a JSON string; optional ``"max_new_tokens"`` per line."""
     out = []
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as exc:
-        raise SpecdiffError(f"{path}: cannot read prompts ({exc.strerror})") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecdiffError(f"{path}:{n}: not JSON ({exc.msg})") from None
+    for n, obj in iter_jsonl(path):
         if isinstance(obj, str):
             obj = {"text": obj}
         if not isinstance(obj, dict) or not any(k in obj for k in ("text", "prompt", "input_ids")):
