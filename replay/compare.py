@@ -243,11 +243,15 @@ def add_logit_stats(traces: Pair, comps: dict[str, TensorComparison]) -> None:
 SKIP = {"draft.d2t", "draft.accept", "draft.accept_cum"}
 
 
+def is_compared(name: str) -> bool:
+    """Whether tensor ``name`` is compared row by row (probes and verify records are evidence only)."""
+    return name not in SKIP and not name.startswith("verify.") and probe_index(name) is None
+
+
 def comparable_names(traces: Pair) -> list[str]:
     """Canonical tensors present on both sides that are compared, in dataflow order."""
     common = set(traces.x.names) & set(traces.y.names)
-    return [n for n in ordered(common) if n not in SKIP and not n.startswith("verify.")
-            and probe_index(n) is None]
+    return [n for n in ordered(common) if is_compared(n)]
 
 
 def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",

@@ -14,15 +14,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdiff.tracer.schema import ordered, probe_index, spec_for
+# replay.compare imports numpy only, so the app still paints before torch loads.
+from specdiff.replay.compare import CLOSE, DIVERGED, MATCH, SKIP, is_compared  # noqa: F401  (SKIP re-exported)
+from specdiff.tracer.schema import ordered, spec_for
 
 if TYPE_CHECKING:
     from specdiff.replay.report import DiffReport
-
-# replay.compare's row codes (not imported here: the diff engine loads torch; the app paints first)
-MATCH, CLOSE, DIVERGED = 0, 1, 2
-#: replay.compare.SKIP: not compared row by row
-SKIP = {"draft.d2t", "draft.accept", "draft.accept_cum"}
 
 NONE, MISSING = -1, 3
 #: cell code -> (symbol, colour, legend text). Symbols alone carry the meaning (no colour needed).
@@ -57,8 +54,7 @@ class GridRow:
 
 def shown(name: str) -> bool:
     """Tensors that get a grid row: compared ones, and canonical ones recorded on one side only."""
-    return not (name in SKIP or name.startswith("verify.") or probe_index(name) is not None
-                or name == "target.argmax")
+    return is_compared(name) and name != "target.argmax"
 
 
 def basename(path: str) -> str:
