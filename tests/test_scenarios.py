@@ -56,7 +56,9 @@ def test_correct_config_has_no_divergence_and_accepts_well(demo_root):
 def test_seed_bug_layer_shift_is_first_divergence(demo_root):
     proc, summary, workdir = run_demo("seed", demo_root)
     _, correct, _ = run_demo("correct", demo_root)
-    assert proc.returncode == 1
+    assert proc.returncode == 0, proc.stdout[-2000:]  # the demo found what it seeded
+    assert summary["demo_worked"] is True
+    assert "demo worked: scenario 'seed'" in proc.stdout
     # Lower acceptance on every prompt than the same prompt served correctly.
     assert all(s < c for s, c in zip(summary["served_accept_length"], correct["served_accept_length"], strict=True))
     first = summary["report"]["first_divergence"]

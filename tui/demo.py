@@ -94,7 +94,8 @@ def record_train(*, models: Path, serve_trace: Path, out: Path) -> None:
 
 def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_new_tokens: int,
              tui: bool) -> int:
-    """Run every phase; returns the exit code (0 no divergence, 1 divergence found)."""
+    """Run every phase; returns the exit code: 0 when the demo found what the scenario seeded
+    (its expected first divergence and cause, or no divergence for ``correct``), 1 when not."""
     from specdiff.replay.report import diff_traces, render_text
 
     sc = SCENARIOS[scenario]
@@ -128,12 +129,17 @@ def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_ne
                f"{est:.2f}" if est is not None else f"    accept length: served {served_mean:.2f}")
     summary = {"scenario": scenario, "served_accept_length": per_prompt, "served_mean": served_mean,
                "training_estimate": est, "report": report.to_json(), "seconds": time.monotonic() - t0}
+    found, line = sc.check(report)
+    summary["demo_worked"] = found
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     _phase(5, n, "report", f"(summary in {workdir / 'summary.json'})")
     if tui:
         from .app import run_app
 
-        return run_app(str(train_trace), str(serve_trace))
+        run_app(str(train_trace), str(serve_trace))
+    else:
+        click.echo("")
+        click.echo(render_text(report))
     click.echo("")
-    click.echo(render_text(report))
-    return 1 if report.diverged else 0
+    click.echo(click.style(line, bold=True, fg="green" if found else "red"))
+    return 0 if found else 1

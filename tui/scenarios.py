@@ -22,28 +22,53 @@ CORRECT_SGLANG_IDS = [-1, 2, 5]
 
 @dataclass(frozen=True)
 class Scenario:
-    """A demo case: its name, what goes wrong, and what the diff should find."""
+    """A demo case: its name, what goes wrong, and what the diff should find.
+
+    Attributes:
+        expected_first: the tensors any of which may be the first divergence (the stage where
+            the mistake first shows), or None when the traces should agree.
+        expected_cause: the explanation the diff should rank first, or None when any will do.
+    """
 
     name: str
     summary: str
-    expected_first: str | None  # first diverging tensor (None = no divergence)
+    expected_first: tuple[str, ...] | None
     expected_cause: str | None
+
+    def check(self, report) -> tuple[bool, str]:
+        """Whether ``report`` (a ``replay.report.DiffReport``) found what this scenario seeded,
+        and one line saying so."""
+        first = report.first.name if report.first is not None else None
+        causes = [e.cause for e in report.explanations]
+        if self.expected_first is None:
+            if first is None:
+                return True, f"demo worked: scenario '{self.name}' served as trained and no divergence was found"
+            return False, f"demo FAILED: scenario '{self.name}' should agree, but the diff found {first}"
+        want = " or ".join(self.expected_first)
+        if first not in self.expected_first:
+            return False, f"demo FAILED: scenario '{self.name}' should diverge first at {want}, found {first or 'no divergence'}"
+        if self.expected_cause is not None and causes[:1] != [self.expected_cause]:
+            return False, (f"demo FAILED: scenario '{self.name}' diverged at {first} as expected, but the "
+                           f"explanation is {causes[0] if causes else 'missing'}, not {self.expected_cause}")
+        cause = f", explained as {causes[0]}" if causes else ""
+        return True, f"demo worked: scenario '{self.name}' seeded a mistake and specdiff found it at {first}{cause}"
 
 
 SCENARIOS = {
     "seed": Scenario("seed", "served with eagle_aux_hidden_state_layer_ids [2, 5, 6] (captures HF [3, 6, 7]) "
                      "while training used [embedding output, layer 2, layer 5] = HF [0, 3, 6]",
-                     "target.aux.0", "aux_layer_shift"),
+                     ("target.aux.0",), "aux_layer_shift"),
     "correct": Scenario("correct", "served with eagle_aux_hidden_state_layer_ids [-1, 2, 5] = HF [0, 3, 6], "
                         "as trained", None, None),
     "off-by-one": Scenario("off-by-one", "served with ids [0, 3, 6] written as HF / vLLM indices; SGLang reads "
-                           "id k as HF k+1 and captures HF [1, 4, 7]", "target.aux.0", "aux_layer_shift"),
+                           "id k as HF k+1 and captures HF [1, 4, 7]", ("target.aux.0",), "aux_layer_shift"),
     "d2t-direct": Scenario("d2t-direct", "d2t saved as direct target ids; SGLang reads offsets",
-                           "draft.topk_target", "d2t_direct_ids"),
+                           ("draft.topk_target",), "d2t_direct_ids"),
     "no-d2t": Scenario("no-d2t", "d2t left out of the checkpoint; SGLang serves draft id i as target id i",
-                       "draft.topk_target", "d2t_missing"),
+                       ("draft.topk_target",), "d2t_missing"),
     "norm-before-fc": Scenario("norm-before-fc", "served with norm_before_fc on (an RMSNorm over the aux "
-                               "concat) that training never applied", "draft.fc_out", None),
+                               "concat) that training never applied", ("draft.fc_in", "draft.fc_out"),
+                               "norm_before_fc"),
 }
 
 
