@@ -59,8 +59,10 @@ def test_seed_bug_layer_shift_is_first_divergence(demo_root):
     assert proc.returncode == 0, proc.stdout[-2000:]  # the demo found what it seeded
     assert summary["demo_worked"] is True
     assert "demo worked: scenario 'seed'" in proc.stdout
-    # Lower acceptance on every prompt than the same prompt served correctly.
-    assert all(s < c for s, c in zip(summary["served_accept_length"], correct["served_accept_length"], strict=True))
+    # Lower mean acceptance than the same prompts served correctly. Not per prompt: past a bf16
+    # near tie the served continuations depend on the CPU's kernels, and so does each prompt's
+    # accept length; the mean gap (~11 % here) is far above that.
+    assert summary["served_mean"] < correct["served_mean"]
     first = summary["report"]["first_divergence"]
     assert first["tensor"] == "target.aux.0"
     causes = [e["cause"] for e in summary["report"]["explanations"]]
