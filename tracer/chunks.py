@@ -70,10 +70,10 @@ class ArrayReader:
         except Exception as exc:  # zarr raises many types for bad metadata
             problem, action = metadata_problem(trace, f"{key}/zarr.json", exc)
             self.rows = rows or 0
-            self._add(-1, Damage(trace, f"{key}/zarr.json", problem,
-                                 chunk_consequence(column, 0, self.rows) if self.rows else
-                                 f"tensor {tensor} cannot be read", action, tensor, column,
-                                 (0, self.rows) if self.rows else None))
+            consequence = chunk_consequence(column, 0, self.rows) if self.rows or column == "sequences" else \
+                f"tensor {tensor} cannot be read"
+            self._add(-1, Damage(trace, f"{key}/zarr.json", problem, consequence, action, tensor, column,
+                                 (0, self.rows) if self.rows else None, lost=column != "sequences"))
             return
         self.rows = self.array.shape[0] if rows is None else rows
         self.chunk_rows = self.array.chunks[0]

@@ -27,7 +27,7 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 
 from .arrays import STORAGE_DTYPES, from_storage, to_storage, to_torch
-from .chunks import ArrayReader, metadata_problem
+from .chunks import ArrayReader, metadata_problem, read_bytes
 from .chunks import join as _join
 from .contract import validate_contract
 from .damage import Damage
@@ -369,6 +369,8 @@ class Trace:
                 reader.verify()
         if self.closed and self.sequences and not self._sequence_readers:
             for k, kd in SEQUENCE_ARRAYS:
+                if k == "id" and read_bytes(self.path, "sequences/id/zarr.json") is None:
+                    continue  # written since specdiff stores sequence ids in zarr; older traces lack it
                 reader = ArrayReader(trace=self.path, store=self._store, key=f"sequences/{k}", tensor=None,
                                      column="sequences", rows=None, dtype=np.dtype(kd), shape=(), fill=-1)
                 reader.verify()
