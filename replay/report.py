@@ -64,15 +64,28 @@ class DiffReport:
         return any(d.lost for d in self.damage)
 
     def unreadable_rows(self) -> int:
-        return sum(c.stats.get("unreadable_rows", 0) for c in self.comparisons.values())
+        """Recorded rows of both traces that could not be read (union of damaged row ranges per tensor)."""
+        total = 0
+        for trace in (self.traces.x, self.traces.y):
+            spans: dict[str, list[tuple[int, int]]] = {}
+            for d in trace.damage:
+                if d.lost and d.rows is not None:
+                    spans.setdefault(d.tensor, []).append(d.rows)
+            for ranges in spans.values():
+                end = 0
+                for a, b in sorted(ranges):
+                    total += max(b - max(a, end), 0)
+                    end = max(end, b)
+        return total
+
+    def _damage_summary(self) -> str:
+        damage = self.damage
+        parts = f"{len(damage)} damaged part{'s' if len(damage) > 1 else ''}"
+        return f"{parts}, {self.unreadable_rows()} recorded rows unreadable" if self.incomplete else \
+            f"{parts}, nothing lost"
 
     def _damage_note(self) -> str:
-        damage = self.damage
-        if not damage:
-            return ""
-        parts = f"{len(damage)} damaged part{'s' if len(damage) > 1 else ''}"
-        lost = self.unreadable_rows()
-        return f" [damaged traces: {parts}, {lost} compared rows unreadable; see damage]"
+        return f" [damaged traces: {self._damage_summary()}; see damage]" if self.damage else ""
 
     @property
     def divergences(self) -> list[tuple[str, int]]:
@@ -90,8 +103,8 @@ class DiffReport:
         """The one-line verdict the header and the text report lead with."""
         if self.first is None:
             if self.incomplete:
-                return (f"no divergence in the rows that could be read, but the traces are damaged: "
-                        f"{self.unreadable_rows()} compared rows unreadable, so equivalence is not shown; see damage")
+                return (f"no divergence in the rows that could be read, but the traces are damaged "
+                        f"({self._damage_summary()}), so equivalence is not shown; see damage")
             return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
                     f"{len(self.alignment.seq_pairs)} sequences{self._damage_note()}")
         w = self.first.worst or {}

@@ -9,6 +9,8 @@ found up front by listing the array's chunk keys against the rows the trace says
 
 from __future__ import annotations
 
+import json
+
 import fsspec
 import numpy as np
 import zarr
@@ -43,6 +45,10 @@ def metadata_problem(path: str, key: str, exc: BaseException) -> tuple[str, str]
         return f"cannot be read ({err.strerror or err})", "make the file readable (permissions, disk) and run again"
     if raw is None:
         return "is missing", RECOPY
+    try:
+        json.loads(raw)
+    except ValueError as err:
+        return f"is corrupt (not valid JSON: {err})", RECOPY
     first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
     return f"is corrupt (not zarr metadata: {first})", RECOPY
 
@@ -102,7 +108,7 @@ class ArrayReader:
         if not need:
             return
         fs, root = fsspec.core.url_to_fs(join(self.trace, self.key))
-        try:
+        try:  # files only: zarr reads a directory where a chunk belongs as an absent chunk
             present = {p[len(root.rstrip("/")) + 1:].replace("\\", "/") for p in fs.find(root)}
         except OSError:
             present = set()

@@ -51,9 +51,10 @@ class Damage:
     def message(self) -> str:
         """The one line the CLI, the report and the app show."""
         if self.tensor is None:
-            what = f"chunk {self.key}" if self.rows else self.key
+            what = f"chunk {self.key}" if self.rows is not None and not self.key.endswith("zarr.json") else self.key
         else:
-            what = f"tensor {self.tensor}, {'chunk ' if self.rows else ''}{self.key}"
+            chunk = self.rows is not None and not self.key.endswith("zarr.json")
+            what = f"tensor {self.tensor}, {'chunk ' if chunk else ''}{self.key}"
         return f"{self.trace}: {what} {self.problem}: {self.consequence}; {self.action}"
 
 

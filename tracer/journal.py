@@ -113,7 +113,8 @@ def read_journal(url: str) -> JournalScan:
             scan.entries.append(entry)
             consumed = unpacker.tell()
     except (msgpack.UnpackException, ValueError) as exc:
-        scan.problem = f"is corrupt at byte {consumed} ({exc})"
+        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        scan.problem = f"is corrupt at byte {consumed} ({why})"
     if scan.problem is None:
         scan.cut_tail_bytes = len(raw) - consumed
     if not scan.usable and scan.problem is None:

@@ -271,7 +271,7 @@ class TraceWriter:
             for key, kd in SEQUENCE_ARRAYS:
                 values = np.asarray(columns[key], dtype=kd)
                 grp.create_array(key, data=values, dimension_names=(dims.get(key, "seq"),), overwrite=True,
-                                 compressors=_compressors(values.dtype))
+                                 compressors=_compressors(values.dtype), config=_ARRAY_CONFIG)
         self._group.attrs.update({"contract": self._contract, "closed": True, "records": self.records,
                                   "sequence_rids": [s.rid for s in seqs]})
         self._journal.write({"t": "close", "records": self.records})
@@ -549,7 +549,8 @@ def _zarr_tensors(path: str, store) -> tuple[dict[str, tuple[str, tuple[int, ...
     """name -> (dtype, feature shape, rows) of every tensor whose ``data`` array opens; damage for the rest."""
     fs, root = fsspec.core.url_to_fs(_join(path, "tensors"))
     try:
-        names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+        names = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(root, detail=True)
+                       if e["type"] == "directory")
     except (FileNotFoundError, NotADirectoryError):
         names = []
     out, damage = {}, []

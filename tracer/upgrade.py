@@ -58,7 +58,8 @@ def upgrade(src: str, dst: str) -> int:
     if trace.closed and trace.sequences:
         if "sequences/id" not in group:
             group["sequences"].create_array("id", data=np.array([s.id for s in trace.sequences], np.int32),
-                                            dimension_names=("seq",), compressors=[Crc32cCodec()])
+                                            dimension_names=("seq",), compressors=[Crc32cCodec()],
+                                            config=_ARRAY_CONFIG)
         keys += [f"sequences/{k}" for k, _ in SEQUENCE_ARRAYS if k != "id"]
     for key in keys:
         _rewrite(group, key)

@@ -55,7 +55,7 @@ HELP = """\
 [b]?[/b]            this help;  [b]q[/b] quit
 
 Cells: [green]·[/] match  [yellow]~[/] within tolerance  [red]✗[/] diverged  [magenta]?[/] missing on one side
-       blank: not compared;  [bold red]▶[/] first divergence
+       [bright_magenta]▒[/] unreadable (damaged chunk);  blank: not compared;  [bold red]▶[/] first divergence
 """
 
 
@@ -244,8 +244,10 @@ class SpecdiffApp(App):
         self.query_one("#progress", ProgressBar).add_class("done")
         verdict = self.query_one("#verdict", Static)
         verdict.update(msg.report.verdict())
-        verdict.set_class(msg.report.diverged, "diverged")
-        verdict.set_class(not msg.report.diverged, "clean")
+        bad = msg.report.diverged or msg.report.incomplete
+        verdict.set_class(bad, "diverged")
+        verdict.set_class(not bad, "clean")
+        self.query_one("#legend", Static).update(legend(unreadable=msg.vm.unreadable))
         self._fill_sequences()
         self.query_one("#explain-body", Static).update(panes.explain(msg.vm))
         sel = msg.vm.initial() if first_time or self.sel is None else self.sel
@@ -412,7 +414,7 @@ class SpecdiffApp(App):
     def action_quit_app(self) -> None:
         if self.error is not None:
             self.exit(return_code=EXIT_BAD_INPUT)
-        elif self.report is not None and self.report.diverged:
+        elif self.report is not None and (self.report.diverged or self.report.incomplete):
             self.exit(return_code=EXIT_DIVERGED)
         else:
             self.exit(return_code=EXIT_OK)
