@@ -243,8 +243,8 @@ def add_logit_stats(traces: Pair, comps: dict[str, TensorComparison]) -> None:
                                  traces.x.take_float(lse.name, rx).reshape(-1),
                                  traces.y.take_float(vals.name, ry), iy[ok],
                                  traces.y.take_float(lse.name, ry).reshape(-1))
-            ids.stats["kl_mean"] = float(kl.mean()) if len(kl) else 0.0
-            ids.stats["kl_max"] = float(kl.max()) if len(kl) else 0.0
+            if len(kl):  # none when every row of values or logsumexp is unreadable
+                ids.stats["kl_mean"], ids.stats["kl_max"] = float(kl.mean()), float(kl.max())
     full = comps.get("draft.logits")
     if full is not None and full.stats["rows"] > full.stats["unreadable_rows"]:
         m = _subset(full.match, full.status != UNREADABLE)

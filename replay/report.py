@@ -85,7 +85,7 @@ class DiffReport:
             f"{parts}, nothing lost"
 
     def _damage_note(self) -> str:
-        return f" [damaged traces: {self._damage_summary()}; see damage]" if self.damage else ""
+        return f" (damaged traces: {self._damage_summary()}; see damage)" if self.damage else ""
 
     @property
     def divergences(self) -> list[tuple[str, int]]:

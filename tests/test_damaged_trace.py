@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_tui import static_text, wait_for  # noqa: E402
 
 from specdiff.replay.compare import UNREADABLE  # noqa: E402
-from specdiff.replay.report import diff_traces  # noqa: E402
+from specdiff.replay.report import diff_traces, render_json  # noqa: E402
 from specdiff.tracer import store as store_module  # noqa: E402
 from specdiff.tracer.damage import READABLE, RECOPY  # noqa: E402
 from specdiff.tracer.errors import TraceError  # noqa: E402
@@ -128,7 +128,8 @@ def journal_truncated(t: Path) -> str:
 
 def journal_corrupt(t: Path) -> str:
     j = t / "journal.msgpack"
-    at = _journal_entry_starts(j)[1000]
+    starts = _journal_entry_starts(j)
+    at = starts[len(starts) // 2]
     raw = bytearray(j.read_bytes())
     raw[at] = 0xC1  # a byte msgpack never uses
     j.write_bytes(bytes(raw))
@@ -210,14 +211,17 @@ def test_diff_names_the_damage_and_compares_everything_else(pair, kind, clean_re
                                         f"{d.action}")
         elif kind == "row-key chunk flipped" and name == "target.aux.1":
             assert comp.stats["rows"] == 0  # serving rows cannot be placed: none aligned
+        elif lost == "draft.logsumexp" and name == "draft.logits_topk.ids":  # KL needs the logsumexp
+            assert "kl_mean" not in comp.stats
+            assert comp.stats == {k: v for k, v in clean.stats.items() if not k.startswith("kl_")}
         else:  # nothing else lost
             assert comp.stats == clean.stats, name
             assert np.array_equal(comp.status, clean.status)
     first = "target.aux.1" if lost == "target.aux.0" else "target.aux.0"
     assert report.first.name == first and report.verdict().startswith(f"first divergence: {first} at seq 0 pos 0")
-    assert report.verdict().endswith("; see damage]")
-    as_json = json.loads(_cli("diff", str(pair[0]), str(pair[1]), "--format", "json").output)
-    assert [d["message"] for d in as_json["damage"]] == [line]
+    assert report.verdict().endswith("; see damage)")
+    as_json = json.loads(render_json(report))  # what `diff --format json` prints
+    assert [d["message"] for d in as_json["damage"]] == [line] and as_json["incomplete"] == bool(lost or "key" in kind)
 
 
 def test_a_damaged_copy_is_never_reported_equivalent_to_its_original(tmp_path):
@@ -228,7 +232,7 @@ def test_a_damaged_copy_is_never_reported_equivalent_to_its_original(tmp_path):
     res = _cli("diff", str(EXAMPLE / "train.trace"), str(copy), "--format", "text")
     assert res.exit_code == 1
     assert res.output.splitlines()[0] == (
-        "no divergence in the rows that could be read, but the traces are damaged (1 damaged part, 402 recorded "
+        "no divergence in the rows that could be read, but the traces are damaged (1 damaged part, 405 recorded "
         "rows unreadable), so equivalence is not shown; see damage")
 
 
@@ -238,7 +242,7 @@ def test_a_damaged_journal_of_a_closed_trace_loses_nothing_and_says_so(tmp_path)
     journal_corrupt(copy)
     res = _cli("diff", str(EXAMPLE / "train.trace"), str(copy), "--format", "text")
     assert res.exit_code == 0  # every recorded value was read from zarr: equivalent, with the warning
-    assert res.output.splitlines()[0].endswith("[damaged traces: 1 damaged part, nothing lost; see damage]")
+    assert res.output.splitlines()[0].endswith("(damaged traces: 1 damaged part, nothing lost; see damage)")
     a, b = open_trace(str(EXAMPLE / "train.trace")), open_trace(str(copy))
     assert [(s.id, s.tokens.tolist(), s.prompt_len, s.rid) for s in a.sequences] == \
         [(s.id, s.tokens.tolist(), s.prompt_len, s.rid) for s in b.sequences]
@@ -246,25 +250,55 @@ def test_a_damaged_journal_of_a_closed_trace_loses_nothing_and_says_so(tmp_path)
     assert all(np.array_equal(a.read(n), b.read(n), equal_nan=True) for n in a.names)
 
 
-async def test_the_app_shows_each_damage_line_and_marks_unreadable_cells(pair, tmp_path):
+FILE_KINDS = ("journal truncated", "journal corrupt", "group zarr.json corrupt")
+
+
+def _explain_has(app, lines) -> None:
+    explain = " ".join(static_text(app, "#explain-body").split())
+    assert explain.startswith("Damage ")
+    for line in lines:
+        assert " ".join(line.split()) in explain, line
+
+
+async def test_the_app_shows_each_chunk_damage_line_and_marks_unreadable_cells(pair, tmp_path):
     lines = [group_metadata_corrupt(pair[0])]
-    serve_kinds = [k for k in KINDS if k != "group zarr.json corrupt" and k != "journal truncated"]
-    lines += [KINDS[k][0](pair[1]) for k in serve_kinds]  # one trace, many damaged parts
+    lines += [KINDS[k][0](pair[1]) for k in KINDS if k not in FILE_KINDS]  # one trace, many damaged parts
     app = SpecdiffApp(str(pair[0]), str(pair[1]), export_root=tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.vm is not None and app.sel is not None, timeout=180)
-        explain = " ".join(static_text(app, "#explain-body").split())
-        for line in lines:
-            assert " ".join(line.split()) in explain, line
+        _explain_has(app, lines)
         assert "▒ unreadable" in static_text(app, "#legend")
         verdict = " ".join(static_text(app, "#verdict").split())
-        assert verdict.startswith("first divergence: ") and "[damaged traces: 9 damaged parts, " in verdict
-        app.select(Sel("target.aux.0", 0, 0, 5))
+        assert verdict.startswith("first divergence: ") and f"(damaged traces: {len(lines)} damaged parts, " in verdict
+        for name, line in zip(("target.aux.0", "draft.hidden_out", "draft.fc_out", "target.aux.2", "target.aux_cat"),
+                              lines[1:], strict=False):
+            m = app.report.comparisons[name].match
+            cell = Sel(name, int(m.depth[0]), int(m.pair[0]), int(m.pos[0]))
+            app.select(cell)
+            await pilot.pause()
+            assert app.vm.cell(app.sel)[0] == UNREADABLE
+            detail = " ".join(static_text(app, "#detail-body").split())
+            assert f"{name} seq {cell.pair} pos {cell.pos} depth {cell.depth} ▒ unreadable (damaged chunk)" in detail
+            assert f"serving: {' '.join(line.split())}" in detail
+        app.select(Sel("target.aux.1", 0, 0, 5))  # serving's row keys are damaged: the row cannot be placed
         await pilot.pause()
-        assert app.vm.cell(app.sel)[0] == UNREADABLE
         detail = " ".join(static_text(app, "#detail-body").split())
-        assert "▒ unreadable (damaged chunk)" in detail
-        assert f"serving: {' '.join(lines[1].split())}" in detail
+        assert "recorded by training only (or its row keys lie in a damaged chunk)" in detail
+        assert f"serving: {' '.join(lines[6].split())}" in detail
+        await pilot.press("q")
+    assert app.return_code == 1
+
+
+async def test_the_app_shows_journal_damage_and_still_finds_the_divergence(pair, tmp_path):
+    lines = [journal_truncated(pair[0]), journal_corrupt(pair[1])]
+    app = SpecdiffApp(str(pair[0]), str(pair[1]), export_root=tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.vm is not None and app.sel is not None, timeout=180)
+        _explain_has(app, lines)
+        assert "unreadable" not in static_text(app, "#legend")  # nothing lost: no unreadable cell
+        assert app.sel == Sel("target.aux.0", 0, 0, 0)
+        assert " ".join(static_text(app, "#verdict").split()).endswith(
+            "(damaged traces: 2 damaged parts, nothing lost; see damage)")
         await pilot.press("q")
     assert app.return_code == 1
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import fsspec
 import msgpack
 
-
 JOURNAL_NAME = "journal.msgpack"
 
 
