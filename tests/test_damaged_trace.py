@@ -391,3 +391,12 @@ def test_rows_of_a_record_split_by_a_commit_survive_a_writer_that_never_closed(t
     assert not trace.closed and trace.rows("draft.hidden_out") == 100
     assert trace.read("draft.hidden_out")[:, 0].tolist() == list(range(100))
     assert trace.keys("draft.hidden_out")["pos"].tolist() == list(range(100))
+
+
+def test_an_unreadable_accept_length_chunk_is_not_counted_as_acceptance(pair):
+    f = _chunk(pair[1], "verify.accept_length")
+    f.write_bytes(f.read_bytes()[:10])  # every serving verify record
+    report = diff_traces(str(pair[0]), str(pair[1]))
+    assert report.acceptance.y.mean_accept_length is None and report.acceptance.y.samples == 0
+    assert report.acceptance.x.mean_accept_length is not None
+    assert [d.tensor for d in report.damage] == ["verify.accept_length"]

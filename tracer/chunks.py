@@ -135,7 +135,7 @@ class ArrayReader:
         """bool [len(rows)]: rows lying in damaged chunks (or past what the array holds)."""
         rows = np.asarray(rows, np.int64)
         out = np.zeros(len(rows), bool)
-        for d in self.damage.values():
+        for d in list(self.damage.values()):  # the app's worker may add damage meanwhile
             if d.rows is not None:
                 out |= (rows >= d.rows[0]) & (rows < d.rows[1])
         return out
@@ -155,7 +155,7 @@ class ArrayReader:
         if start >= hi:
             return self._filled(stop - start)
         first, last = start // self.chunk_rows, (hi - 1) // self.chunk_rows
-        clean = hi == stop and -1 not in self.damage and not any(first <= i <= last for i in self.damage if i >= 0)
+        clean = hi == stop and -1 not in self.damage and not any(first <= i <= last for i in list(self.damage) if i >= 0)
         if clean:
             try:
                 return self.array[start:stop]
@@ -184,7 +184,7 @@ class ArrayReader:
         rest = (slice(None),) * (self.array.ndim - 1)
         inside = rows < self.array.shape[0]
         chunk = rows // self.chunk_rows
-        if inside.all() and not any(i >= 0 and (chunk == i).any() for i in self.damage) and -1 not in self.damage:
+        if inside.all() and -1 not in self.damage and not any(i >= 0 and (chunk == i).any() for i in list(self.damage)):
             try:
                 return self.array.get_orthogonal_selection((rows,) + rest)
             except MemoryError:

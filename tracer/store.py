@@ -347,9 +347,9 @@ class Trace:
         out = list(self._damage)
         for name in ordered(self._readers):
             for reader in self._readers[name].values():
-                out += [reader.damage[i] for i in sorted(reader.damage)]
+                out += [d for _, d in sorted(reader.damage.copy().items())]
         for reader in self._sequence_readers:
-            out += [reader.damage[i] for i in sorted(reader.damage)]
+            out += [d for _, d in sorted(reader.damage.copy().items())]
         return out
 
     def unreadable(self, name: str, rows: np.ndarray) -> np.ndarray:
