@@ -49,9 +49,10 @@ def _cli(*args):
 
 
 def _chunk(trace: Path, name: str, column: str = "data") -> Path:
-    """The first chunk file of a tensor's data ([row, *dims]: c/0/0) or row-key column ([row]: c/0)."""
-    return trace / "tensors" / name / column / "c" / "0" / "0" if column == "data" else \
-        trace / "tensors" / name / column / "c" / "0"
+    """The first chunk file (rows from 0) of a tensor's data or row-key column: c/0/0 for [row, dim],
+    c/0 for [row]."""
+    first = trace / "tensors" / name / column / "c" / "0"
+    return first / "0" if first.is_dir() else first
 
 
 def _journal_entry_starts(path: Path) -> list[int]:
