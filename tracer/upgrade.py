@@ -20,19 +20,21 @@ from .errors import TraceError
 from .store import _ARRAY_CONFIG, KEY_COLUMNS, SEQUENCE_ARRAYS, open_trace
 
 
-def _rewrite(group, key: str) -> None:
-    """Rewrite array ``key`` of ``group`` with crc32c appended to its compressors (same chunks,
-    dtype, dims, attributes and values); already checksummed arrays are left alone."""
-    arr = group[key]
+def _rewrite(src, dst, key: str) -> None:
+    """Rewrite array ``key`` of group ``dst`` from the same array of group ``src`` with crc32c
+    appended to its compressors (same chunks, dtype, dims, attributes and values), one chunk at a
+    time; already checksummed arrays are left alone."""
+    arr = src[key]
     if any(isinstance(c, Crc32cCodec) for c in arr.compressors):
         return
-    values = arr[:]
     parent, name = key.rsplit("/", 1)
-    new = group[parent].create_array(
+    new = dst[parent].create_array(
         name, shape=arr.shape, chunks=arr.chunks, dtype=arr.dtype, fill_value=arr.fill_value,
         compressors=[*arr.compressors, Crc32cCodec()], dimension_names=arr.metadata.dimension_names,
         attributes=dict(arr.attrs), config=_ARRAY_CONFIG, overwrite=True)
-    new[:] = values
+    step = arr.chunks[0]
+    for a in range(0, arr.shape[0], step):
+        new[a:a + step] = arr[a:a + step]
 
 
 def upgrade(src: str, dst: str) -> int:
@@ -53,6 +55,7 @@ def upgrade(src: str, dst: str) -> int:
         raise TraceError(f"{dst}: already exists; choose another path")
     fs.copy(src_path, dst_path, recursive=True)  # same filesystem: a trace is upgraded beside itself
     group = zarr.open_group(store=dst, mode="r+")
+    source = zarr.open_group(store=src, mode="r")
     keys = [f"tensors/{name}/{col}" for name in trace.names if trace.rows(name)
             for col in ("data", *(k for k, _ in KEY_COLUMNS)) if f"tensors/{name}/{col}" in group]
     if trace.closed and trace.sequences:
@@ -62,7 +65,7 @@ def upgrade(src: str, dst: str) -> int:
                                             config=_ARRAY_CONFIG)
         keys += [f"sequences/{k}" for k, _ in SEQUENCE_ARRAYS if k != "id"]
     for key in keys:
-        _rewrite(group, key)
+        _rewrite(source, group, key)
     if open_trace(dst).verify():
         raise TraceError(f"{dst}: the upgraded copy does not verify; keep {src}")
     return len(keys)
