@@ -401,3 +401,13 @@ def test_an_unreadable_accept_length_chunk_is_not_counted_as_acceptance(pair):
     assert report.acceptance.y.mean_accept_length is None and report.acceptance.y.samples == 0
     assert report.acceptance.x.mean_accept_length is not None
     assert [d.tensor for d in report.damage] == ["verify.accept_length"]
+
+
+def test_a_trace_whose_journal_and_group_metadata_are_both_damaged_is_one_error_line(pair):
+    at = journal_corrupt(pair[1]).split("is corrupt at byte ")[1].split(" ")[0]
+    group_metadata_corrupt(pair[1])
+    res = _cli("info", str(pair[1]))
+    assert res.exit_code == 2
+    assert res.stderr == (f"specdiff: error: {pair[1]}: zarr.json is corrupt ({JSON_ERR}) and journal.msgpack is "
+                          f"corrupt at byte {at} (FormatError), so no intact copy of the trace's facts is left; copy "
+                          "the trace again from where it was recorded\n")

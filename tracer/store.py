@@ -627,6 +627,10 @@ def open_trace(path: str) -> Trace:
             if isinstance(root_exc, (FileNotFoundError, zarr.errors.GroupNotFoundError,
                                      zarr.errors.NodeTypeValidationError)):
                 raise TraceError(f"{path}: not a specdiff trace (no zarr group found)") from None
+            if scan.size:  # both copies of the trace's facts are damaged
+                problem, _ = metadata_problem(path, "zarr.json", root_exc)
+                raise TraceError(f"{path}: zarr.json {problem} and {JOURNAL_NAME} {scan.problem}, so no intact copy "
+                                 "of the trace's facts is left; copy the trace again from where it was recorded")
             raise TraceError(f"{path}: not a specdiff trace (zarr could not open it: {root_exc})") from None
         problem, action = metadata_problem(path, "zarr.json", root_exc)
         damage.append(Damage(path, "zarr.json", problem, "the trace's facts are read from its record journal "
