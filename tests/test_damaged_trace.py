@@ -269,6 +269,7 @@ async def test_the_app_shows_each_chunk_damage_line_and_marks_unreadable_cells(p
         await wait_for(pilot, lambda: app.vm is not None and app.sel is not None, timeout=180)
         _explain_has(app, lines)
         assert "▒ unreadable" in static_text(app, "#legend")
+        assert app.vm.unreadable_pairs == {0, 1, 2}
         verdict = " ".join(static_text(app, "#verdict").split())
         assert verdict.startswith("first divergence: ") and f"(damaged traces: {len(lines)} damaged parts, " in verdict
         for name, line in zip(("target.aux.0", "draft.hidden_out", "draft.fc_out", "target.aux.2", "target.aux_cat"),

@@ -265,7 +265,8 @@ class SpecdiffApp(App):
                           "prompt")
         acc = vm.report.acceptance
         for idx, p in vm.pairs.items():
-            mark = Text("✗", style="bold red") if idx in vm.diverged_pairs else Text("·", style="green")
+            mark = Text("✗", style="bold red") if idx in vm.diverged_pairs else \
+                Text("▒", style="bright_magenta") if idx in vm.unreadable_pairs else Text("·", style="green")
             ax, ay = acc.x.per_sequence.get(idx), acc.y.per_sequence.get(idx)
             both = "/".join("-" if a is None else f"{a:.2f}" for a in (ax, ay))
             table.add_row(mark, str(idx), str(p.length), both, vm.prompt_preview(idx, 40), key=str(idx))

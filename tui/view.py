@@ -119,6 +119,7 @@ class ViewModel:
             self.first = Sel(report.first.name, int(m.depth[i]), int(m.pair[i]), int(m.pos[i]))
         self._cells: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
         self.unreadable = any(c.stats.get("unreadable_rows", 0) for c in comps.values())
+        self.unreadable_pairs = {int(p) for c in comps.values() for p in np.unique(c.match.pair[c.status == UNREADABLE])}
 
     # ---- grid -------------------------------------------------------------------------------
     def rows(self, *, depths: bool, text: str = "") -> list[GridRow]:
