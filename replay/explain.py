@@ -63,7 +63,10 @@ def _rel(traces: Pair, alignment: Alignment, name_x: str, name_y: str) -> tuple[
         return float("nan"), 0
     rx, ry = _sample(m)
     x, y = traces.x.take_float(name_x, rx), traces.y.take_float(name_y, ry)
-    return float(metrics.relative_error(x, y).mean()), len(rx)
+    ok = ~(traces.x.unreadable(name_x, rx) | traces.y.unreadable(name_y, ry))  # damaged chunks
+    if not ok.any():
+        return float("nan"), 0
+    return float(metrics.relative_error(x[ok], y[ok]).mean()), int(ok.sum())
 
 
 def _hf_candidates(trace) -> dict[int, str]:
@@ -111,7 +114,8 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     evidence = tuple(
         f"{s_label} slot {j} = {o_label} HF hidden_states[{b}] (rel err {rel[a, cols.index(b)]:.2e})"
         if ok else f"{s_label} slot {j}: no {o_label} layer matches (best HF[{b}], rel err "
-                   f"{np.nanmin(rel[a]):.2e})"
+                   f"{np.nanmin(rel[a]):.2e})" if np.isfinite(rel[a]).any()
+        else f"{s_label} slot {j}: not identified (no readable rows)"
         for a, (j, b, ok) in enumerate(zip(slots, best, closes)))
     identified = [b for b, ok in zip(best, closes) if ok]
     if not identified:
