@@ -513,6 +513,17 @@ def check_training(captures: dict[str, EngineCapture], training_hf: tuple[int, .
             continue
         pairs = ", ".join(f"slot {j}: trained on {_label(t, L)}, gets {_label(s, L)}"
                           for j, (t, s) in enumerate(zip(training_hf, cap.hf_indices)) if t != s)
+        if sorted(training_hf) == list(cap.hf_indices):
+            out.append(Finding("training.aux_order", "error", eng,
+                               f"{name} feeds the training layers in ascending order HF "
+                               f"{_fmt_hf(cap.hf_indices, L)} but training concatenated them as HF "
+                               f"{_fmt_hf(training_hf, L)} ({pairs}): fc multiplies each slot by the weights "
+                               "trained for another layer",
+                               f"{name} always concatenates in ascending layer order, whatever the id order: "
+                               "retrain with the layers listed ascending, or reorder fc.weight's "
+                               f"{len(training_hf)} column blocks from HF {list(training_hf)} to "
+                               f"HF {sorted(training_hf)}"))
+            continue
         if eng == "sglang":
             if L in training_hf or any(i > L for i in training_hf):
                 fix = "SGLang cannot capture the final-norm output (HF L): retrain on other layers"
@@ -854,7 +865,8 @@ def _training_hf(layers, convention: str, num_layers: int) -> tuple[int, ...] | 
     if convention not in CONVENTIONS:
         raise PreflightError(f"--training-convention {convention!r}: use one of {', '.join(CONVENTIONS)}")
     try:
-        return resolve_aux_ids(list(layers), convention=convention, num_layers=num_layers).hf_indices
+        return resolve_aux_ids(list(layers), convention=convention, num_layers=num_layers,
+                               concat="listed").hf_indices
     except ConventionError as e:
         raise PreflightError(f"--training-layers {list(layers)}: {e}") from None
 
