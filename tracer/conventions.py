@@ -149,7 +149,8 @@ def resolve_aux_ids(ids, *, convention: str, num_layers: int, concat: str = "asc
         return AuxResolution(tuple(hf), ids, convention, (), tuple(notes), concat)
     resolved = tuple(sorted(set(hf)))
     if list(resolved) != hf:
-        notes.append(f"engines concatenate in ascending layer order: {hf} -> {list(resolved)}")
+        notes.append(f"an engine (SGLang, vLLM) captures these ids as the layers HF {list(resolved)}, "
+                     f"concatenated ascending; listed they are HF {hf}")
     return AuxResolution(resolved, ids, convention, tuple(dropped), tuple(notes), concat)
 
 
