@@ -149,8 +149,9 @@ def test_aux_concat_order_permutation_is_found_at_the_aux_stage(demo_root):
 
 
 @pytest.mark.xfail(reason="LEAD: waits for branch adapter (contract read from SGLang's live "
-                          "layers_to_capture; today it is empty when the contract is built, so the "
-                          "serving aux_concat_order is 'unknown'); remove this mark once merged", strict=False)
+                          "layers_to_capture; on main contract_from_worker does not find it, so serving's "
+                          "aux_concat_order is 'unknown' and aux_hf_indices comes from the config); remove "
+                          "this mark once merged", strict=False)
 def test_aux_concat_order_of_serving_is_read_from_the_engine(demo_root):
     proc, _, workdir = run_demo("aux-order", demo_root)
     from specdiff.tracer.store import open_trace
