@@ -236,3 +236,12 @@ def test_contract_check_names_a_different_concat_order(tmp_path):
     assert found[AUX_CONCAT_ORDER].message == \
         "serving concatenated the aux slots as HF [0, 3, 6]; training as HF [6, 0, 3]"
 
+
+
+@needs_models
+def test_preflight_fix_for_other_layers_in_a_permuted_order_also_says_to_reorder(tmp_path):
+    """Setting the ids alone cannot help a draft trained in a non-ascending order: engines sort."""
+    report = run_preflight(TARGET, DRAFT, training_layers=[6, 1, 3], training_convention="hf")
+    f = next(f for f in report.findings if f.engine == "sglang" and f.kind == "training.mismatch")
+    assert f.fix.startswith("set eagle_config.eagle_aux_hidden_state_layer_ids = [0, 2, 5]")  # HF [1, 3, 6]
+    assert "reorder fc.weight's 3 column blocks from HF [6, 1, 3] to HF [1, 3, 6]" in f.fix
