@@ -143,7 +143,8 @@ def _load_tokenizer(target_dir: Path):
         raise RecordTrainError(f"cannot load the tokenizer of {target_dir}: {type(e).__name__}: {e}") from None
 
 
-def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[TrainSequence]:
+def sequences_from_prompts(path: str | Path, target_dir: str | Path, *,
+                           defaults_used: dict | None = None) -> list[TrainSequence]:
     """Sequences from a JSONL file, one object per line, any of:
 
     - ``{"input_ids": [...]}`` or ``{"tokens": [...]}`` (token ids; optional ``"prompt_len"``);
@@ -152,6 +153,9 @@ def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[Tra
     - ``{"messages": [...]}`` (the tokenizer's chat template).
 
     An optional ``"rid"`` names the sample. Raises RecordTrainError naming the line.
+
+    How text becomes tokens is a choice made here, not by the file: when ``defaults_used`` is a
+    dict, the choices used are added to it (``text_special_tokens``, ``chat_generation_prompt``).
     """
     path = Path(path)
     if not path.is_file():
@@ -177,6 +181,9 @@ def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[Tra
             if "messages" in obj:
                 try:
                     ids = list(tok.apply_chat_template(obj["messages"], tokenize=True))
+                    _note_default(defaults_used, "chat_generation_prompt", False,
+                                  "record train default: messages go through the tokenizer's chat template "
+                                  "without a generation prompt (add_generation_prompt=False)")
                 except Exception as e:
                     raise RecordTrainError(f"{path}:{n}: chat template failed: {e}") from None
                 if ids and isinstance(ids[0], list):
@@ -185,6 +192,9 @@ def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[Tra
             elif "prompt" in obj or "text" in obj:
                 prompt = obj.get("prompt", obj.get("text"))
                 ids = tok(prompt, add_special_tokens=True)["input_ids"]
+                _note_default(defaults_used, "text_special_tokens", True,
+                              "record train default: text prompts are tokenized with the tokenizer's special "
+                              "tokens (BOS), a completion without")
                 plen = len(ids)
                 if obj.get("completion"):
                     ids = ids + tok(obj["completion"], add_special_tokens=False)["input_ids"]
@@ -196,6 +206,11 @@ def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[Tra
     if not out:
         raise RecordTrainError(f"{path}: no prompts")
     return out
+
+
+def _note_default(defaults_used: dict | None, name: str, value, source: str) -> None:
+    if defaults_used is not None:
+        defaults_used.setdefault(name, {"value": value, "source": source})
 
 
 @torch.no_grad()
@@ -562,10 +577,11 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         raise RecordTrainError(f"--aux-convention {aux_convention!r}: use one of {', '.join(CONVENTIONS)}")
     target_dir, draft_dir = Path(target_dir), Path(draft_dir)
     served: dict = {}
+    token_defaults: dict[str, dict] = {}
     if replay is not None:
         seqs, served = sequences_from_trace(replay)
     else:
-        seqs = sequences_from_prompts(prompts, target_dir)
+        seqs = sequences_from_prompts(prompts, target_dir, defaults_used=token_defaults)
     if not overwrite and Path(str(out)).exists():
         raise RecordTrainError(f"{out}: already exists; choose another path or pass --overwrite")
     opts, defaults_used = fill_defaults(
@@ -585,7 +601,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
                         target_lm_head=target_lm_head(target).float())
     draft = loaded.model.to(device)
     aux = resolve_train_aux(loaded, L, aux_layers, aux_convention)
-    defaults_used = {**_aux_defaults(aux_layers, aux_convention, loaded, aux), **defaults_used}
+    defaults_used = {**_aux_defaults(aux_layers, aux_convention, loaded, aux), **defaults_used, **token_defaults}
     if max_new_tokens > 0:
         seqs = _extend_greedy(target, seqs, max_new_tokens)
     if topk > loaded.config.draft_vocab_size:

@@ -17,6 +17,8 @@ DEFAULTS = {"dtype": "bfloat16", "target_dtype": "bfloat16", "capture": "default
 FALLBACK_STEPS, FALLBACK_TOPK = 3, 1
 #: --aux-convention when --aux-layers is given alone
 AUX_CONVENTION_DEFAULT = "hf"
+#: the ``defaults_used`` names that are command-line options
+OPTIONS = frozenset(DEFAULTS) | {"steps", "topk", "aux_layers", "aux_convention"}
 
 
 def fill_defaults(given: dict, served: dict) -> tuple[dict, dict[str, dict]]:
@@ -49,5 +51,6 @@ def describe_defaults(used: dict[str, dict]) -> str:
         value = entry["value"]
         shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
         src = entry["source"]
-        parts.append(f"--{name.replace('_', '-')} {shown}" + ("" if src == "record train default" else f" ({src})"))
+        flag = f"--{name.replace('_', '-')}" if name in OPTIONS else name  # else a choice with no option
+        parts.append(f"{flag} {shown}" + ("" if src == "record train default" else f" ({src})"))
     return "; ".join(parts)

@@ -245,3 +245,18 @@ def test_preflight_fix_for_other_layers_in_a_permuted_order_also_says_to_reorder
     f = next(f for f in report.findings if f.engine == "sglang" and f.kind == "training.mismatch")
     assert f.fix.startswith("set eagle_config.eagle_aux_hidden_state_layer_ids = [0, 2, 5]")  # HF [1, 3, 6]
     assert "reorder fc.weight's 3 column blocks from HF [6, 1, 3] to HF [1, 3, 6]" in f.fix
+
+
+@needs_models
+def test_how_text_prompts_are_tokenized_is_a_stored_default(tmp_path):
+    if not (TARGET / "tokenizer.json").is_file():
+        pytest.skip("the demo target has no tokenizer")
+    p = tmp_path / "text.jsonl"
+    p.write_text(json.dumps({"prompt": "import os\n", "completion": "def main():\n    return 1\n"}) + "\n")
+    out = tmp_path / "t.trace"
+    res = _cli(["record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--prompts", str(p),
+                "-o", str(out), "--steps", "1", "--probe-positions", "0"])
+    assert res.exit_code == 0, res.output
+    used = open_trace(str(out)).contract[DEFAULTS_USED]
+    assert used["text_special_tokens"]["value"] is True and "BOS" in used["text_special_tokens"]["source"]
+    assert "text_special_tokens True (record train default: text prompts" in res.stderr
