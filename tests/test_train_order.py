@@ -260,3 +260,15 @@ def test_how_text_prompts_are_tokenized_is_a_stored_default(tmp_path):
     used = open_trace(str(out)).contract[DEFAULTS_USED]
     assert used["text_special_tokens"]["value"] is True and "BOS" in used["text_special_tokens"]["source"]
     assert "text_special_tokens True (record train default: text prompts" in res.stderr
+
+
+def test_converting_a_checkpoint_keeps_the_aux_id_order(tmp_path):
+    from specdiff.replay.checkpoint import load_draft, save_draft
+    from specdiff.replay.draft_model import Eagle3Draft, Eagle3DraftConfig
+
+    cfg = Eagle3DraftConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                            vocab_size=128, draft_vocab_size=64, num_aux=3, target_hidden_size=32,
+                            eagle_aux_hidden_state_layer_ids=[5, -1, 2], aux_convention="sglang")
+    save_draft(Eagle3Draft(cfg), tmp_path / "spec", "speculators", target_num_layers=L)
+    loaded = load_draft(tmp_path / "spec")
+    assert loaded.config.eagle_aux_hidden_state_layer_ids == [6, 0, 3]  # vLLM ids = HF, same order
