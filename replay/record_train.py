@@ -240,8 +240,7 @@ def resolve_train_aux(loaded: LoadedDraft, num_layers: int, aux_layers=None,
     try:
         if aux_layers is not None:
             res = resolve_aux_ids(list(aux_layers), convention=aux_convention or AUX_CONVENTION_DEFAULT,
-                                  num_layers=num_layers,
-                                  concat="listed")
+                                  num_layers=num_layers, concat="listed")
         else:
             res = resolve_aux_ids(c.eagle_aux_hidden_state_layer_ids, convention=c.aux_convention,
                                   num_layers=num_layers, concat="listed")
