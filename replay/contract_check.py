@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdiff.tracer.contract import AUX_CONCAT_ORDER
+
 from .align import Pair
 
 # Severity: "error" = the two sides cannot agree; "warn" = likely a cause; "info" = worth knowing.
@@ -13,6 +15,7 @@ _FIELDS = [
     ("vocab_size", "error", "target vocab sizes differ ({x} vs {y}): traces of different target models"),
     ("draft_vocab_size", "error", "draft vocab sizes differ ({x} vs {y}): different drafts"),
     ("aux_hf_indices", "warn", "{ly} captured HF hidden_states{y}; {lx} used {x}"),
+    (AUX_CONCAT_ORDER, "warn", "{ly} concatenated the aux slots as HF {y}; {lx} as HF {x}"),
     ("d2t_sha256", "warn", "the d2t vocab maps differ ({lx} {xs}, {ly} {ys})"),
     ("hot_token_id_sha256", "warn", "the draft->target id maps (hot_token_id) differ ({lx} {xs}, {ly} {ys})"),
     ("norm_before_fc", "warn", "norm before fc: {lx} {x}, {ly} {y}"),

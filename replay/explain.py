@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specdiff.tracer.contract import aux_slot_layers
 from specdiff.tracer.schema import aux_name, aux_slot, probe_index
 
 from . import metrics
@@ -72,7 +73,7 @@ def _rel(traces: Pair, alignment: Alignment, name_x: str, name_y: str) -> tuple[
 def _hf_candidates(trace) -> dict[int, str]:
     """HF index -> tensor name for every hidden state a trace recorded (aux slots and probes)."""
     out: dict[int, str] = {}
-    hf = trace.contract.get("aux_hf_indices") or []
+    hf = aux_slot_layers(trace.contract) or []
     for name in trace.names:
         j, i = aux_slot(name), probe_index(name)
         if i is not None:
@@ -109,8 +110,8 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     closes = [b is not None and rel[a, cols.index(b)] <= tol_rel for a, b in enumerate(best)]
     matrix = {"rows": [f"{s_label} slot {j}" for j in slots], "cols": [f"HF[{i}]" for i in cols],
               "rel": [[None if not np.isfinite(v) else round(float(v), 4) for v in r] for r in rel]}
-    s_hf = [int(i) for i in (s_trace.contract.get("aux_hf_indices") or [])]
-    o_hf = [int(i) for i in (o_trace.contract.get("aux_hf_indices") or [])]
+    s_hf = aux_slot_layers(s_trace.contract) or []
+    o_hf = aux_slot_layers(o_trace.contract) or []
     evidence = tuple(
         f"{s_label} slot {j} = {o_label} HF hidden_states[{b}] (rel err {rel[a, cols.index(b)]:.2e})"
         if ok else f"{s_label} slot {j}: no {o_label} layer matches (best HF[{b}], rel err "

@@ -328,7 +328,7 @@ def hot_token_id(worker):
 
 def contract_from_worker(worker, opts: Options) -> dict:
     """Contract facts from an ``EAGLEWorkerV2`` (called once, at startup)."""
-    from .contract import sha256_array
+    from .contract import AUX_CONCAT_ORDER, sha256_array
     from .conventions import resolve_aux_ids
 
     facts: dict = {"engine": "sglang", "capture_level": opts.capture, "logits_topk": int(opts.logits_topk),
@@ -359,6 +359,7 @@ def contract_from_worker(worker, opts: Options) -> dict:
     ltc = getattr(tmodel, "layers_to_capture", None)
     if ltc:
         facts["aux_hf_indices"] = sorted(int(i) for i in ltc)
+    facts[AUX_CONCAT_ORDER] = sorted(int(i) for i in ltc) if ltc else "unknown"  # SGLang concats ascending
     dmodel = draft_runner.model
     dinner = getattr(dmodel, "model", dmodel)
     facts["norm_before_fc"] = bool(getattr(dinner, "norm_before_fc", False))

@@ -82,10 +82,13 @@ def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: l
     return results
 
 
-def record_train(*, models: Path, serve_trace: Path, out: Path) -> None:
-    """Replay the served sequences through the reference forward with the draft *as trained*."""
+def record_train(*, models: Path, serve_trace: Path, out: Path, draft: Path | None = None,
+                 extra: list[str] = ()) -> None:
+    """Replay the served sequences through the reference forward with the draft *as trained*
+    (``draft``, default the demo draft) and the ``extra`` options that say how it was trained."""
     cmd = [sys.executable, "-m", "specdiff.tui", "record", "train", "--target", str(models / "target"),
-           "--draft", str(models / "draft"), "--replay", str(serve_trace), "-o", str(out), "--overwrite"]
+           "--draft", str(draft or models / "draft"), "--replay", str(serve_trace), "-o", str(out),
+           "--overwrite", *extra]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         tail = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
@@ -120,7 +123,9 @@ def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_ne
     click.echo(f"    served accept length per prompt (SGLang meta_info): {', '.join(f'{a:.2f}' for a in per_prompt)}"
                f"  (mean {served_mean:.2f})")
     _phase(3, n, "record train", f"replaying {len(results)} served sequences with the draft as trained")
-    record_train(models=models, serve_trace=serve_trace, out=train_trace)
+    # A scenario trained in another concat order ships the checkpoint it trained: train on it too.
+    record_train(models=models, serve_trace=serve_trace, out=train_trace,
+                 draft=served if sc.trained_order is not None else None, extra=sc.training_args())
     _phase(4, n, "diff", f"{train_trace.name} vs {serve_trace.name}")
     report = diff_traces(str(train_trace), str(serve_trace))
     acc = report.acceptance
