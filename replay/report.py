@@ -18,6 +18,7 @@ from .compare import TensorComparison, compare_all, first_divergence
 from .contract_check import ContractMismatch, check_contracts, side_labels
 from .explain import Explanation, explain
 from .findings import matching_findings
+from .structure import structure_mismatches
 
 
 @dataclass
@@ -107,12 +108,16 @@ class DiffReport:
                         f"({self._damage_summary()}), so equivalence is not shown; see damage")
             return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
                     f"{len(self.alignment.seq_pairs)} sequences{self._damage_note()}")
+        why = f" — {self.explanations[0].message}" if self.explanations else ""
+        if self.first.kind == "structure":
+            m = self.first.structure
+            return (f"first divergence: {self.first.name} (structure: {m.kind.replace('_', ' ')})"
+                    + (why or f" — {m.message}") + self._damage_note())
         w = self.first.worst or {}
         i = self.first.first_failing_row
         where = (f"seq {int(self.first.match.pair[i])} pos {int(self.first.match.pos[i])}"
                  + (f" depth {int(self.first.match.depth[i])}" if int(self.first.match.depth[i]) else "")) \
             if i is not None else f"seq {w.get('pair')} pos {w.get('pos')}"
-        why = f" — {self.explanations[0].message}" if self.explanations else ""
         return f"first divergence: {self.first.name} at {where}{why}{self._damage_note()}"
 
     def to_json(self) -> dict:
@@ -133,7 +138,8 @@ class DiffReport:
                      "pos": int(self.first.match.pos[i]) if i is not None else None,
                      "depth": int(self.first.match.depth[i]) if i is not None else None,
                      "stats": self.first.stats, "worst": self.first.worst,
-                     "tolerance": asdict(self.first.tolerance)}
+                     "tolerance": asdict(self.first.tolerance), "kind": self.first.kind,
+                     "structure": asdict(self.first.structure) if self.first.structure is not None else None}
         return clean({
             "verdict": self.verdict(),
             "diverged": self.diverged,
@@ -150,7 +156,7 @@ class DiffReport:
             "preflight_findings": self.findings,
             "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length}
                           for p in self.alignment.seq_pairs],
-            "tensors": {n: {"diverged": c.diverged, **c.stats, "tolerance": asdict(c.tolerance)}
+            "tensors": {n: {"diverged": c.diverged, "kind": c.kind, **c.stats, "tolerance": asdict(c.tolerance)}
                         for n, c in self.comparisons.items()},
         })
 
@@ -169,10 +175,13 @@ def diff_traces(path_x: str, path_y: str, *, preset: str = "default", overrides:
 def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
                 progress=None) -> DiffReport:
     """``diff_traces`` on already opened traces (the TUI re-runs this with another preset)."""
+    labels = side_labels(traces)
+    structure = structure_mismatches(traces, labels)
     alignment = align_sequences(traces)
-    comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress)
+    comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
+                        structure=structure)
     first = first_divergence(comps)
-    return DiffReport(traces.map(lambda t: t.path), side_labels(traces), alignment, comps, first,
+    return DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
                       explain(traces, alignment, comps, first), check_contracts(traces),
                       acceptance(traces, alignment), traces, findings=matching_findings(traces, first))
 
@@ -214,7 +223,11 @@ def render_text(report: DiffReport) -> str:
         out.append("damage")
         out += [f"  {d.message()}" for d in report.damage]
         out.append("")
-    if report.first is not None:
+    if report.first is not None and report.first.kind == "structure":
+        m = report.first.structure
+        out.append(f"  {m.name}: {m.message} — the layouts differ, so no row of it is compared")
+        out.append("")
+    if report.first is not None and report.first.kind != "structure":
         f = report.first
         s = f.stats
         nums = ", ".join(f"{k} {_fmt(s[k])}" for k in ("max_rel", "min_cos", "max_abs", "match_rate", "topk_overlap",
@@ -228,6 +241,7 @@ def render_text(report: DiffReport) -> str:
             out.append(f"  worst: seq {w['pair']} pos {w['pos']} depth {w['depth']} element {w['element']}: "
                        f"{report.labels.x} {_fmt(w['x'])} vs {report.labels.y} {_fmt(w['y'])}")
         out.append("")
+    if report.first is not None:
         if report.explanations:
             out.append("explanation")
             for e in report.explanations:
@@ -252,6 +266,9 @@ def render_text(report: DiffReport) -> str:
         out += ["", *_graft_rows(report.grafts)]
     out += ["", "tensors"]
     for name, c in report.comparisons.items():
+        if c.kind == "structure":
+            out.append(f"  {name:26s} {'STRUCTURE':8s} {c.structure.message}")
+            continue
         mark = "DIVERGED" if c.diverged else "DAMAGED" if c.stats.get("unreadable_rows") else "ok"
         key = "max_rel" if "max_rel" in c.stats else "match_rate"
         out.append(f"  {name:26s} {mark:8s} rows {c.stats['rows']:<6d} {key} {_fmt(c.stats.get(key, float('nan')))}"
