@@ -8,7 +8,7 @@ Memory stays bounded by one block of rows (``block_rows``) plus small per-row re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -61,6 +61,20 @@ class TensorComparison:
     diverged: bool = False
     kind: str = "values"
     structure: object = None
+
+    @property
+    def first_where(self) -> dict | None:
+        """Where the divergence first shows: ``{"pair", "pos", "depth"}`` (aligned keys), or None
+        (a ``structure`` finding has no row). A ``tokens`` finding points at the first pair whose
+        token formats differ, at the first differing token."""
+        if self.kind == "structure":
+            return None
+        if self.kind == "tokens" and self.worst is not None:
+            return {k: self.worst[k] for k in ("pair", "pos", "depth")}
+        i = self.first_failing_row
+        if i is None:
+            return None
+        return {"pair": int(self.match.pair[i]), "pos": int(self.match.pos[i]), "depth": int(self.match.depth[i])}
 
     @property
     def first_failing_row(self) -> int | None:
@@ -306,6 +320,8 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         tol = apply_overrides(tol, name, overrides or {})
         out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good)
     add_logit_stats(traces, out)
+    if alignment.token_formats:
+        out["tokens"] = token_format_comparison(traces, alignment, out.get("tokens"), preset=preset)
     return {n: out[n] for n in ordered(out)}
 
 
@@ -321,6 +337,27 @@ def structure_comparison(traces: Pair, mismatch, *, preset: str = "default") -> 
     return TensorComparison(mismatch.name, tol, m, np.zeros(0, np.int8), np.zeros(0, np.float32),
                             np.zeros(0, np.float32), np.zeros(0, bool), stats, None, True,
                             kind="structure", structure=mismatch)
+
+
+def token_format_comparison(traces: Pair, alignment: Alignment, base: TensorComparison | None,
+                            *, preset: str = "default") -> TensorComparison:
+    """``tokens`` as the first divergence of sequences that paired only by content.
+
+    Keeps ``base`` (the row comparison of ``tokens`` on the common runs) for the grid; ``worst``
+    points at the first such pair and its first differing token (its position on side A).
+    """
+    p = alignment.token_formats[0]
+    worst = {"row": None, "pair": p.index, "pos": p.format.first_diff, "depth": 0, "element": 0,
+             "x": None, "y": None}
+    if base is None:
+        empty = np.zeros(0, np.int64)
+        base = TensorComparison("tokens", default_tolerance("int64", "int64", kind="int", preset=preset),
+                                RowMatch(Pair(empty, empty), empty, empty, empty, Pair(0, 0)),
+                                np.zeros(0, np.int8), np.zeros(0, np.float32), np.zeros(0, np.float32),
+                                np.zeros(0, bool), {"rows": 0, "fail_rows": 0, "fail_frac": 0.0, "coverage": 0.0,
+                                                    "nonfinite_rows": 0, "exact_rows": 0, "match_rate": 1.0})
+    stats = dict(base.stats, token_format_pairs=len(alignment.token_formats))
+    return replace(base, stats=stats, worst=worst, diverged=True, kind="tokens")
 
 
 def _compute_dtype(trace, name: str) -> str:

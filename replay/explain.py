@@ -338,6 +338,25 @@ def explain_structure(traces: Pair, first: TensorComparison) -> list[Explanation
                         "make both sides run the same target, draft and speculative settings")]
 
 
+def explain_token_format(traces: Pair, alignment: Alignment) -> list[Explanation]:
+    """The sides tokenized the same text in different formats: say how, decoded side by side."""
+    from .token_format import decoder, describe, load_tokenizer, special_ids
+
+    labels = side_labels(traces)
+    decode = decoder(load_tokenizer(traces))
+    specials = special_ids(traces)
+    pairs = alignment.token_formats
+    words, lines = describe(pairs[0], labels, decode=decode, specials=specials)
+    msg = (f"the token formats differ: {len(pairs)} of {len(alignment.seq_pairs)} sequence pairs share "
+           f"only a run of tokens, not a prefix" + (f" — {'; '.join(words)}" if words else ""))
+    first = pairs[0]
+    ev = (f"seq {first.index}: first differing token at position {first.format.first_diff}", *lines)
+    return [Explanation("token_format", msg, ev,
+                        "record the training side in the serving token format (the same BOS and chat template: "
+                        "train on what serving sends), or serve with the training format; "
+                        "`specdiff record train --replay SERVE_TRACE` replays exactly what serving saw")]
+
+
 def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorComparison],
             first: TensorComparison | None) -> list[Explanation]:
     """Every explanation whose transform closes the gap at the first divergence."""
@@ -345,6 +364,8 @@ def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorCompariso
         return []
     if first.kind == "structure":
         return explain_structure(traces, first)
+    if first.kind == "tokens":
+        return explain_token_format(traces, alignment)
     out: list[Explanation] = []
     if first.name.startswith("target.aux"):
         out += explain_aux(traces, alignment, first.tolerance.rel)

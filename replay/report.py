@@ -113,11 +113,8 @@ class DiffReport:
             m = self.first.structure
             return (f"first divergence: {self.first.name} (structure: {m.kind.replace('_', ' ')})"
                     + (why or f" — {m.message}") + self._damage_note())
-        w = self.first.worst or {}
-        i = self.first.first_failing_row
-        where = (f"seq {int(self.first.match.pair[i])} pos {int(self.first.match.pos[i])}"
-                 + (f" depth {int(self.first.match.depth[i])}" if int(self.first.match.depth[i]) else "")) \
-            if i is not None else f"seq {w.get('pair')} pos {w.get('pos')}"
+        w = self.first.first_where or self.first.worst or {}
+        where = f"seq {w.get('pair')} pos {w.get('pos')}" + (f" depth {w['depth']}" if w.get("depth") else "")
         return f"first divergence: {self.first.name} at {where}{why}{self._damage_note()}"
 
     def to_json(self) -> dict:
@@ -133,10 +130,8 @@ class DiffReport:
 
         first = None
         if self.first is not None:
-            i = self.first.first_failing_row
-            first = {"tensor": self.first.name, "seq": int(self.first.match.pair[i]) if i is not None else None,
-                     "pos": int(self.first.match.pos[i]) if i is not None else None,
-                     "depth": int(self.first.match.depth[i]) if i is not None else None,
+            w = self.first.first_where or {}
+            first = {"tensor": self.first.name, "seq": w.get("pair"), "pos": w.get("pos"), "depth": w.get("depth"),
                      "stats": self.first.stats, "worst": self.first.worst,
                      "tolerance": asdict(self.first.tolerance), "kind": self.first.kind,
                      "structure": asdict(self.first.structure) if self.first.structure is not None else None}
@@ -154,7 +149,8 @@ class DiffReport:
                                                         (self.labels.y, self.acceptance.y))},
             "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
             "preflight_findings": self.findings,
-            "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length}
+            "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length,
+                           "start": [p.start.x, p.start.y], "format": asdict(p.format) if p.format else None}
                           for p in self.alignment.seq_pairs],
             "tensors": {n: {"diverged": c.diverged, "kind": c.kind, **c.stats, "tolerance": asdict(c.tolerance)}
                         for n, c in self.comparisons.items()},
@@ -177,13 +173,27 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     """``diff_traces`` on already opened traces (the TUI re-runs this with another preset)."""
     labels = side_labels(traces)
     structure = structure_mismatches(traces, labels)
-    alignment = align_sequences(traces)
+    alignment = align_sequences(traces, decode=_LazyDecode(traces))
     comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
                         structure=structure)
     first = first_divergence(comps)
     return DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
                       explain(traces, alignment, comps, first), check_contracts(traces),
                       acceptance(traces, alignment), traces, findings=matching_findings(traces, first))
+
+
+class _LazyDecode:
+    """``ids -> str`` with the target tokenizer, loaded on first use (only an error message needs it)."""
+
+    def __init__(self, traces: Pair):
+        self.traces, self.fn, self.loaded = traces, None, False
+
+    def __call__(self, ids):
+        if not self.loaded:
+            from .token_format import decoder, load_tokenizer
+
+            self.fn, self.loaded = decoder(load_tokenizer(self.traces)), True
+        return self.fn(ids) if self.fn else None
 
 
 def _fmt(v) -> str:
@@ -236,7 +246,7 @@ def render_text(report: DiffReport) -> str:
         tol = f.tolerance
         out.append(f"  tolerance: rel <= {tol.rel:g}, cos >= {tol.cos:g}, ids overlap >= {tol.ids:g}, "
                    f"fail fraction <= {tol.max_fail_frac:g}")
-        if f.worst:
+        if f.worst and f.kind != "tokens":
             w = f.worst
             out.append(f"  worst: seq {w['pair']} pos {w['pos']} depth {w['depth']} element {w['element']}: "
                        f"{report.labels.x} {_fmt(w['x'])} vs {report.labels.y} {_fmt(w['y'])}")

@@ -142,7 +142,10 @@ def detail(vm: ViewModel, sel: Sel) -> Detail:
     if code in (NONE, MISSING) or i < 0:
         px, py = vm.present(sel)
         labels = vm.report.labels
-        if px or py:
+        comp = vm.report.comparisons.get(sel.name)
+        if comp is not None and comp.kind == "structure":
+            why = f"structure: {comp.structure.message} — the layouts differ, so no row is compared"
+        elif px or py:
             why = (f"recorded by {labels.x if px else labels.y} only" if px != py else
                    "recorded by both sides but not compared (the draft's input tokens differ on this "
                    "depth path; serving drafts from its own guesses)")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -64,20 +63,9 @@ def basename(path: str) -> str:
 
 def load_tokenizer(report: DiffReport):
     """``tokenizers.Tokenizer`` from a contract's ``model_name`` dir (tokenizer.json), else None."""
-    for trace in (report.traces.x, report.traces.y):
-        name = trace.contract.get("model_name")
-        if not name:
-            continue
-        path = Path(name)
-        cand = path if path.name.endswith(".json") else path / "tokenizer.json"
-        if cand.is_file():
-            try:
-                from tokenizers import Tokenizer
+    from specdiff.replay.token_format import load_tokenizer as from_traces
 
-                return Tokenizer.from_file(str(cand))
-            except Exception:  # a broken tokenizer only costs the decoded previews
-                return None
-    return None
+    return from_traces(report.traces)
 
 
 class ViewModel:
@@ -113,10 +101,11 @@ class ViewModel:
             self.divergences.append(Sel(name, int(m.depth[i]), int(m.pair[i]), int(m.pos[i])))
         self.diverged_pairs = {s.pair for s in self.divergences}
         self.first: Sel | None = None
-        if report.first is not None and report.first.first_failing_row is not None:
-            i = report.first.first_failing_row
-            m = report.first.match
-            self.first = Sel(report.first.name, int(m.depth[i]), int(m.pair[i]), int(m.pos[i]))
+        if report.first is not None:
+            # A structure finding has no row: land on its grid row at the first sequence's start.
+            w = report.first.first_where or {"pair": 0, "pos": 0, "depth": 0}
+            if w["pair"] in self.pairs:
+                self.first = Sel(report.first.name, w["depth"], w["pair"], w["pos"])
         self._cells: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
         self.unreadable = any(c.stats.get("unreadable_rows", 0) for c in comps.values())
         self.unreadable_pairs = {int(p) for c in comps.values() for p in np.unique(c.match.pair[c.status == UNREADABLE])}
