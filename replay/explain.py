@@ -140,6 +140,43 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     return [Explanation("aux_layer_shift", msg, evidence, fix, matrix)]
 
 
+def explain_aux_permutation(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Explanation]:
+    """Each aux slot of one side equals a *different* slot of the other: the same layers, concatenated
+    in another order (SGLang concatenates in ascending layer order, aux_hidden_states.py; a trainer
+    may keep the order it was given). Slot against slot, so no HF indices or probes are needed."""
+    labels = side_labels(traces)
+    sx = sorted(j for j in (aux_slot(n) for n in traces.x.names) if j is not None)
+    sy = sorted(j for j in (aux_slot(n) for n in traces.y.names) if j is not None)
+    if len(sx) < 2 or sx != sy:
+        return []
+    rel = np.array([[_rel(traces, alignment, aux_name(i), aux_name(j))[0] for i in sx] for j in sy])
+    if not np.isfinite(rel).all():
+        return []
+    best = rel.argmin(1)  # serving slot j (row) -> training slot best[j]
+    closes = rel[np.arange(len(sy)), best] <= tol_rel
+    if not closes.all() or sorted(best.tolist()) != list(range(len(sx))) or (best == np.arange(len(sy))).all():
+        return []
+    hx = traces.x.contract.get("aux_hf_indices") or []
+    hy = traces.y.contract.get("aux_hf_indices") or []
+    pairs = [f"{labels.y} slot {j} = {labels.x} slot {int(b)}" for j, b in zip(sy, best, strict=True)]
+    orders = "; ".join(f"{lab} concatenates HF {list(h)}" for lab, h in ((labels.x, hx), (labels.y, hy)) if h)
+    msg = ("the aux slots are permuted — the same layers concatenated in another order: " + ", ".join(pairs)
+           + (f" ({orders})" if orders else "") + "; SGLang concatenates in ascending layer order")
+    ev = tuple(f"{labels.y} slot {j} vs {labels.x} slot {int(b)}: rel err {rel[k, b]:.2e} "
+               f"(vs its own slot {j}: {rel[k, k]:.2e})" for k, (j, b) in enumerate(zip(sy, best, strict=True)))
+    for fname in ("aux_concat_order", "aux_hf_indices"):
+        vx, vy = traces.x.contract.get(fname), traces.y.contract.get(fname)
+        if vx is not None or vy is not None:
+            ev += (f"contract {fname}: {labels.x} {vx}, {labels.y} {vy}",)
+    matrix = {"title": f"rel err: {labels.y} slot vs {labels.x} slot",
+              "rows": [f"{labels.y} slot {j}" for j in sy], "cols": [f"{labels.x} slot {i}" for i in sx],
+              "rel": [[round(float(v), 4) for v in r] for r in rel]}
+    return [Explanation("aux_slot_permutation", msg, ev,
+                        "train on the aux layers in ascending layer order (what SGLang concatenates), or permute "
+                        "the columns of the draft's fc.weight (and fc_norm/input_norm) to that order before serving",
+                        matrix)]
+
+
 def explain_vocab_map(traces: Pair, alignment: Alignment) -> list[Explanation]:
     """Test how each side turned draft ids into target ids, using the recorded ``draft.d2t``."""
     if "draft.d2t" not in traces.x.names or "draft.d2t" not in traces.y.names:
@@ -368,7 +405,8 @@ def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorCompariso
         return explain_token_format(traces, alignment)
     out: list[Explanation] = []
     if first.name.startswith("target.aux"):
-        out += explain_aux(traces, alignment, first.tolerance.rel)
+        out += explain_aux_permutation(traces, alignment, first.tolerance.rel) or \
+            explain_aux(traces, alignment, first.tolerance.rel)
     if first.name in ("draft.topk_target", "draft.topk", "verify") or first.name.startswith("draft.logits"):
         out += explain_vocab_map(traces, alignment)
     if first.name in ("draft.fc_in", "draft.fc_out"):

@@ -111,6 +111,27 @@ def test_all_slots_off_by_one_names_the_convention(tmp_path):
     assert "every layer off by one" in report.explanations[0].message
 
 
+@pytest.mark.parametrize("probes", [False, True], ids=["slots-only", "with-probes"])
+def test_aux_slots_in_another_concat_order_are_a_permutation(tmp_path, probes):
+    """Training kept the order the user gave (HF [6, 0, 3]); SGLang concatenates ascending."""
+    a = write_trace(tmp_path / "a", side="train", hf=[6, 0, 3], probes=probes)
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6])
+    report = diff_traces(a, b)
+    assert report.first.name == "target.aux.0"
+    cause = report.explanations[0]
+    assert [e.cause for e in report.explanations] == ["aux_slot_permutation"]
+    assert ("serving slot 0 = training slot 1, serving slot 1 = training slot 2, serving slot 2 = training slot 0"
+            in cause.message)
+    assert "training concatenates HF [6, 0, 3]; serving concatenates HF [0, 3, 6]" in cause.message
+    assert cause.matrix["rows"] == ["serving slot 0", "serving slot 1", "serving slot 2"]
+
+
+def test_a_layer_shift_is_not_called_a_permutation(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = write_trace(tmp_path / "b", side="serve", hf=[3, 6, 7])  # slot 0 = training slot 1, but 7 is new
+    assert [e.cause for e in diff_traces(a, b).explanations] == ["aux_layer_shift"]
+
+
 def test_depth_rows_off_the_teacher_path_are_not_compared(tmp_path):
     a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
     b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], guess_wrong_at=(1, 4))

@@ -234,7 +234,7 @@ def _grafts(grafts: list) -> Table | Text:
 
 
 def _matrix(m: dict) -> Table:
-    t = Table(title="rel err: slot vs HF hidden_states", title_justify="left", box=None, padding=(0, 1),
+    t = Table(title=m.get("title", "rel err: slot vs HF hidden_states"), title_justify="left", box=None, padding=(0, 1),
               header_style="bold")
     t.add_column("")
     for c in m["cols"]:
