@@ -121,6 +121,10 @@ def _longest_run(a: np.ndarray, b: np.ndarray):
 
 def _content_pair(sx, sy, run, index: int) -> SeqPair:
     a, b, size = run
+    if a == 0 and b == 0:
+        # A common prefix, then other tokens (e.g. another model's greedy continuation): the same
+        # format, paired on the prefix like a shorter replay.
+        return SeqPair(index, Pair(sx.id, sy.id), size, min(sx.prompt_len, sy.prompt_len, size))
     fmt = TokenFormat(_common_prefix(sx.tokens, sy.tokens),
                       Pair(tuple(int(t) for t in sx.tokens[:a]), tuple(int(t) for t in sy.tokens[:b])),
                       Pair(tuple(int(t) for t in sx.tokens[a + size:a + size + TAIL]),
@@ -141,7 +145,9 @@ def align_sequences(traces: Pair, *, min_common: int = 2, min_run: int = 4, deco
     First exactly: one side's tokens a prefix of the other's (equal included), at least
     ``min_common`` tokens; each sequence pairs at most once, the longest common prefix wins. Then
     the rest by content: the longest common token run (at least ``min_run`` tokens) with one of
-    the unpaired sequences sharing the most 4-grams; such pairs carry a ``TokenFormat``.
+    the unpaired sequences sharing the most 4-grams. A run that starts both sequences pairs them on
+    that prefix (the continuations part later); any other run means another token format, and the
+    pair carries a ``TokenFormat``.
 
     Args:
         decode: optional ``ids -> str`` (the target tokenizer), only for the error message.

@@ -123,8 +123,10 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     if not identified:
         return []
     actual = [b if ok else None for b, ok in zip(best, closes)]
-    if o_hf and actual == o_hf:
-        return []  # every slot holds what the other side used: not a layer problem
+    if o_hf and len(o_hf) == len(actual) and all(b is None or b == o for b, o in zip(actual, o_hf, strict=True)):
+        # Every slot that matches a layer holds the layer the other side used there: the others hold
+        # no layer of the other side at all (another target or its weights), not a layer mix-up.
+        return []
     parts = [f"{s_label} slot {j} = {o_label} HF hidden_states[{b}]" for j, b, ok in zip(slots, best, closes) if ok]
     msg = "; ".join(parts[:3])
     shifted = o_hf and len(s_hf) == len(o_hf) and all(s == o + 1 for s, o in zip(s_hf, o_hf))

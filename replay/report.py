@@ -36,6 +36,10 @@ class DiffReport:
         traces: the opened traces (for views that show values).
         grafts: ``replay.graft.GraftResult`` per substitution, ranked (``specdiff diff --graft``),
             or None when not computed.
+        findings: pre-flight findings that bear on the first divergence.
+        narrowing: when no explanation fits the first divergence: ``replay.narrow.Narrowing`` (which
+            serving input, grafted into the training draft, reproduces serving), or the one-line
+            reason it could not run; None when not run.
     """
 
     paths: Pair
@@ -49,6 +53,7 @@ class DiffReport:
     traces: Pair
     grafts: list | None = None
     findings: list = field(default_factory=list)
+    narrowing: object = None  # replay.narrow.Narrowing, or the reason it could not run (str), or None
 
     @property
     def diverged(self) -> bool:
@@ -149,6 +154,8 @@ class DiffReport:
                                                         (self.labels.y, self.acceptance.y))},
             "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
             "preflight_findings": self.findings,
+            "narrowing": (None if self.narrowing is None else {"not_run": self.narrowing}
+                          if isinstance(self.narrowing, str) else asdict(self.narrowing)),
             "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length,
                            "start": [p.start.x, p.start.y], "format": asdict(p.format) if p.format else None}
                           for p in self.alignment.seq_pairs],
@@ -158,28 +165,37 @@ class DiffReport:
 
 
 def diff_traces(path_x: str, path_y: str, *, preset: str = "default", overrides: dict | None = None,
-                progress=None) -> DiffReport:
+                progress=None, narrow: bool = True) -> DiffReport:
     """Diff two traces (paths or fsspec URLs); A is usually training, B serving.
 
     Raises:
         TraceError: a trace cannot be opened. AlignmentError: no common sequence.
     """
     traces = Pair(open_trace(path_x), open_trace(path_y))
-    return diff_opened(traces, preset=preset, overrides=overrides, progress=progress)
+    return diff_opened(traces, preset=preset, overrides=overrides, progress=progress, narrow=narrow)
 
 
 def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
-                progress=None) -> DiffReport:
-    """``diff_traces`` on already opened traces (the TUI re-runs this with another preset)."""
+                progress=None, narrow: bool = True) -> DiffReport:
+    """``diff_traces`` on already opened traces (the TUI re-runs this with another preset).
+
+    ``narrow``: when no explanation fits a value divergence, re-run the training draft with each
+    serving input grafted in (replay.narrow; loads torch and the draft checkpoint when at hand).
+    """
     labels = side_labels(traces)
     structure = structure_mismatches(traces, labels)
     alignment = align_sequences(traces, decode=_LazyDecode(traces))
     comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
                         structure=structure)
     first = first_divergence(comps)
-    return DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
-                      explain(traces, alignment, comps, first), check_contracts(traces),
-                      acceptance(traces, alignment), traces, findings=matching_findings(traces, first))
+    report = DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
+                        explain(traces, alignment, comps, first), check_contracts(traces),
+                        acceptance(traces, alignment), traces, findings=matching_findings(traces, first))
+    if narrow and first is not None and first.kind == "values" and not report.explanations:
+        from .narrow import narrow_or_reason
+
+        report.narrowing = narrow_or_reason(report)
+    return report
 
 
 class _LazyDecode:
@@ -226,6 +242,21 @@ def _graft_rows(grafts: list) -> list[str]:
     return rows
 
 
+def _narrowing_rows(n) -> list[str]:
+    if n is None:
+        return []
+    if isinstance(n, str):
+        return [f"  narrowing not run: {n}"]
+    rows = [f"  narrowing: the training draft re-run at depth 0 on {n.positions} positions, compared with what "
+            f"serving recorded from {n.from_stage} on"]
+    for v in n.variants:
+        worst = max(n.stages[n.stages.index(n.from_stage):], key=lambda s: v.scores[s])
+        mark = "REPRODUCES serving" if v.reproduces else f"differs ({worst} {_fmt(v.scores[worst])})"
+        rows.append(f"    {v.name:28s} {mark}")
+    rows.append(f"  -> {n.conclusion}")
+    return rows
+
+
 def render_text(report: DiffReport) -> str:
     """The text report: first divergence and its explanation, contract mismatches, acceptance."""
     out = [report.verdict(), ""]
@@ -260,7 +291,8 @@ def render_text(report: DiffReport) -> str:
                 if e.fix:
                     out.append(f"    fix: {e.fix}")
         else:
-            out.append("explanation: no known transform closes the gap (see the tensors below)")
+            out.append("explanation: no known cause — no known mistake's transform closes the gap")
+            out += _narrowing_rows(report.narrowing)
         out.append("")
     if report.findings:
         out.append("pre-flight findings (specdiff check) that bear on it")

@@ -105,5 +105,8 @@ def test_training_data_format_against_chat_completions_is_a_tokens_divergence(tm
     cause = report["explanations"][0]
     assert cause["cause"] == "token_format"
     assert "BOS (id 0) added on training only" in cause["message"]
-    assert "'User:'" in cause["message"]  # the role marker, decoded
+    assert "role markers / a chat template prefix: 'User:" in cause["message"]  # decoded
     assert sum(s["format"] is not None for s in report["sequences"]) == 2
+    text = specdiff("diff", train, serve, "--format", "text")
+    print(text.stdout)  # the report a user reads, kept in the test log
+    assert text.returncode == 1 and text.stdout.startswith("first divergence: tokens at seq 0 pos 0")
