@@ -182,7 +182,9 @@ def explain(vm: ViewModel) -> Group:
     if r.first is None:
         parts.append(Text("no divergence: nothing to explain", style="green"))
     elif not r.explanations:
-        parts.append(Text("no known transform closes the gap; inspect the tensors in the grid", style="yellow"))
+        parts.append(Text("no known cause: no known mistake's transform closes the gap; inspect the tensors "
+                          "in the grid", style="yellow"))
+        parts += _narrowing(r.narrowing)
     for e in r.explanations:
         parts.append(Text.assemble((f"{e.cause}: ", "bold red"), e.message))
         for line in e.evidence:
@@ -213,6 +215,24 @@ def explain(vm: ViewModel) -> Group:
         parts.append(Text("Graft", style="bold underline"))
         parts.append(_grafts(r.grafts))
     return Group(*parts)
+
+
+def _narrowing(n) -> list:
+    """The narrowing of an unexplained divergence: each serving input grafted into the training draft."""
+    if n is None:
+        return []
+    if isinstance(n, str):
+        return [Text(f"narrowing not run: {n}", style="dim")]
+    t = Table(title=f"training's draft re-run on {n.positions} positions vs serving's rows from {n.from_stage} on",
+              title_justify="left", box=None, padding=(0, 2), header_style="bold")
+    t.add_column("inputs")
+    t.add_column("vs serving")
+    judged = n.stages[n.stages.index(n.from_stage):]
+    for v in n.variants:
+        worst = max(judged, key=lambda s: v.scores[s])
+        t.add_row(v.name, Text("reproduces serving", style="bold green") if v.reproduces
+                  else Text(f"differs ({worst} {fmt(v.scores[worst])})", style="dim"))
+    return [t, Text.assemble(("→ ", "bold"), n.conclusion)]
 
 
 def _grafts(grafts: list) -> Table | Text:
