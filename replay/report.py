@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from specdiff.tracer.store import open_trace
 
 from .acceptance import Acceptance, acceptance
-from .align import Alignment, Pair, align_sequences
+from .align import Alignment, AlignmentError, Pair, align_sequences
 from .compare import TensorComparison, compare_all, first_divergence
 from .contract_check import ContractMismatch, check_contracts, side_labels
 from .explain import Explanation, explain
@@ -54,6 +54,7 @@ class DiffReport:
     grafts: list | None = None
     findings: list = field(default_factory=list)
     narrowing: object = None  # replay.narrow.Narrowing, or the reason it could not run (str), or None
+    alignment_error: str | None = None  # why no sequence paired (only kept when a structure finding leads)
 
     @property
     def diverged(self) -> bool:
@@ -154,6 +155,7 @@ class DiffReport:
                                                         (self.labels.y, self.acceptance.y))},
             "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
             "preflight_findings": self.findings,
+            "alignment_error": self.alignment_error,
             "narrowing": (None if self.narrowing is None else {"not_run": self.narrowing}
                           if isinstance(self.narrowing, str) else asdict(self.narrowing)),
             "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length,
@@ -184,13 +186,21 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     """
     labels = side_labels(traces)
     structure = structure_mismatches(traces, labels)
-    alignment = align_sequences(traces, decode=_LazyDecode(traces))
+    alignment_error = None
+    try:
+        alignment = align_sequences(traces, decode=_LazyDecode(traces))
+    except AlignmentError as exc:
+        if not structure:
+            raise
+        # The layouts differ: that is the finding, even when no row can be paired.
+        alignment, alignment_error = Alignment((), Pair((), ())), str(exc)
     comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
                         structure=structure)
     first = first_divergence(comps)
     report = DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
                         explain(traces, alignment, comps, first), check_contracts(traces),
-                        acceptance(traces, alignment), traces, findings=matching_findings(traces, first))
+                        acceptance(traces, alignment), traces, findings=matching_findings(traces, first),
+                        alignment_error=alignment_error)
     if narrow and first is not None and first.kind == "values" and not report.explanations:
         from .narrow import narrow_or_reason
 
@@ -316,6 +326,8 @@ def render_text(report: DiffReport) -> str:
         out.append(f"  {name:26s} {mark:8s} rows {c.stats['rows']:<6d} {key} {_fmt(c.stats.get(key, float('nan')))}"
                    f"  coverage {c.stats['coverage']:.0%}{_unreadable_note(report, name, c)}")
     out.append(f"\n{report.alignment.summary()}")
+    if report.alignment_error:
+        out.append(f"no row compared: {report.alignment_error}")
     return "\n".join(out)
 
 

@@ -144,3 +144,25 @@ def test_another_number_of_aux_layers_is_named(tmp_path):
     assert report.first.structure.kind == "slot_count"
     assert report.explanations[0].cause == "aux_layer_count"
     assert "training 3 (HF [0, 3, 6]), serving 2 (HF [0, 3])" in report.explanations[0].message
+
+
+def on_other_tokens(path, out) -> str:
+    """A copy of trace ``path`` whose one sequence has other tokens: nothing pairs with it."""
+    from specdiff.tracer.store import open_trace
+
+    src = open_trace(str(path))
+    with TraceWriter(str(out), side=src.side, contract=src.contract, overwrite=True) as w:
+        sid = w.add_sequence(np.arange(4000, 4000 + N + 1), prompt_len=4)
+        for name in src.names:
+            k = src.keys(name)
+            w.append(name, src.read(name), seq=np.where(k["seq"] >= 0, sid, k["seq"]), pos=k["pos"])
+    return str(out)
+
+
+def test_a_structure_finding_survives_traces_that_share_no_sequence(tmp_path):
+    a = write_trace(tmp_path / "train", side="train")
+    b = write_trace(tmp_path / "serve", side="serve", width_of="draft.fc_out", widths={"draft_hidden": 2 * HD})
+    report = diff_traces(a, on_other_tokens(b, tmp_path / "serve-other"))
+    assert report.first.name == "draft.fc_out" and report.first.kind == "structure"
+    assert "share no token sequence" in report.alignment_error
+    assert "no row compared: " in render_text(report)

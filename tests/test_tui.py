@@ -260,3 +260,19 @@ async def test_a_structure_finding_opens_on_its_row_and_says_why_no_row_is_compa
         assert "the layouts differ, so no row is compared" in " ".join(static_text(app, "#detail-body").split())
         await pilot.press("q")
     assert app.return_code == 1
+
+
+async def test_a_structure_finding_without_any_paired_sequence_still_opens(tmp_path):
+    from test_structure import HD, on_other_tokens
+    from test_structure import write_trace as write_all_stages
+
+    a = write_all_stages(tmp_path / "train.trace", side="train")
+    b = write_all_stages(tmp_path / "serve.trace", side="serve", width_of="draft.fc_out",
+                         widths={"draft_hidden": 2 * HD})
+    app = SpecdiffApp(a, on_other_tokens(b, tmp_path / "other.trace"), export_root=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, ready(app))
+        assert app.sel == Sel("draft.fc_out", 0, 0, 0)
+        assert static_text(app, "#verdict").startswith("first divergence: draft.fc_out (structure: width)")
+        await pilot.press("q")
+    assert app.return_code == 1

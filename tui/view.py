@@ -104,7 +104,7 @@ class ViewModel:
         if report.first is not None:
             # A structure finding has no row: land on its grid row at the first sequence's start.
             w = report.first.first_where or {"pair": 0, "pos": 0, "depth": 0}
-            if w["pair"] in self.pairs:
+            if w["pair"] in self.pairs or report.first.kind == "structure":
                 self.first = Sel(report.first.name, w["depth"], w["pair"], w["pos"])
         self._cells: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
         self.unreadable = any(c.stats.get("unreadable_rows", 0) for c in comps.values())
@@ -122,7 +122,8 @@ class ViewModel:
         return out
 
     def length(self, pair: int) -> int:
-        return self.pairs[pair].length
+        """Aligned positions of ``pair`` (0 when no sequence paired: a structure finding alone)."""
+        return self.pairs[pair].length if pair in self.pairs else 0
 
     def cells(self, name: str, pair: int) -> tuple[np.ndarray, np.ndarray]:
         """(status int8 [depths, length], comparison row index int64 [depths, length], -1 = none)."""
@@ -130,17 +131,20 @@ class ViewModel:
         hit = self._cells.get(key)
         if hit is not None:
             return hit
-        p = self.pairs[pair]
-        n, depths = p.length, self.max_depth[name] + 1
+        p = self.pairs.get(pair)
+        n, depths = (p.length if p is not None else 0), self.max_depth[name] + 1
         status = np.full((depths, n), NONE, np.int8)
         index = np.full((depths, n), -1, np.int64)
+        if p is None:
+            return status, index
         present = []
-        for keys, sid in zip(self._keys[name], (p.seq.x, p.seq.y)):
+        for keys, sid, start in zip(self._keys[name], (p.seq.x, p.seq.y), (p.start.x, p.start.y)):
             have = np.zeros((depths, n), bool)
             if keys is not None:
                 seq, pos, dep = keys
-                sel = (seq == sid) & (pos < n) & (dep < depths)
-                have[dep[sel].astype(np.int64), pos[sel].astype(np.int64)] = True
+                pos = pos.astype(np.int64) - start  # aligned positions (content-paired sequences)
+                sel = (seq == sid) & (pos >= 0) & (pos < n) & (dep < depths)
+                have[dep[sel].astype(np.int64), pos[sel]] = True
             present.append(have)
         status[present[0] ^ present[1]] = MISSING
         comp = self.report.comparisons.get(name)
@@ -163,14 +167,16 @@ class ViewModel:
 
     def present(self, sel: Sel) -> tuple[bool, bool]:
         """Whether each side recorded the selected cell."""
-        p = self.pairs[sel.pair]
+        p = self.pairs.get(sel.pair)
+        if p is None:
+            return False, False
         out = []
-        for keys, sid in zip(self._keys[sel.name], (p.seq.x, p.seq.y)):
+        for keys, sid, start in zip(self._keys[sel.name], (p.seq.x, p.seq.y), (p.start.x, p.start.y)):
             if keys is None:
                 out.append(False)
                 continue
             seq, pos, dep = keys
-            out.append(bool(((seq == sid) & (pos == sel.pos) & (dep == sel.depth)).any()))
+            out.append(bool(((seq == sid) & (pos == sel.pos + start) & (dep == sel.depth)).any()))
         return out[0], out[1]
 
     def damage_at(self, sel: Sel) -> list[tuple[str, object]]:
