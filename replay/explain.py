@@ -5,6 +5,11 @@ the mistake only when the transformed tensors agree with the other side within t
 a transform that does not close the gap is never reported as the cause.
 
 Checks (DESIGN.md "Comparing"):
+- structure (a layout difference, replay/structure.py): nothing to transform; the likely causes are
+  named from the widths and the contract (another speculative algorithm, another number of aux
+  layers, draft vocab, top-k, dtype family);
+- token format (sequences paired only by content): how the formats differ, decoded;
+- aux slot permutation: each slot equals a different slot of the other side (concat order);
 - aux layer identity: each aux slot of one side against every HF hidden-state index the other
   side recorded (its aux slots and ``target.probe.{i}`` rows): layer shift, embedding output
   included or not, concat order;
