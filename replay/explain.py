@@ -356,8 +356,16 @@ def explain_structure(traces: Pair, first: TensorComparison) -> list[Explanation
                                 "capture exactly the layers the draft's fc was trained on (fc.weight is "
                                 "[H, K*H]): set eagle_aux_hidden_state_layer_ids to those K ids")]
     if m.kind == "vocab":
-        msg = (f"the draft vocab sizes differ ({m.message}): another draft checkpoint, or one side maps "
-               "through the target vocab (no draft_vocab_size / d2t in the served config)")
+        sizes = Pair(*(v[0] if isinstance(v, tuple) else v for v in (m.x, m.y)))
+        v = traces.x.contract.get("vocab_size") or traces.y.contract.get("vocab_size")
+        full = [lab for lab, n in ((labels.x, sizes.x), (labels.y, sizes.y)) if v and n == v]
+        if full:
+            msg = (f"{full[0]}'s draft scores the whole target vocab ({v}) where the other side's has "
+                   f"{sizes.y if full[0] == labels.x else sizes.x} ids: draft vs target vocab — the draft config "
+                   "lacks draft_vocab_size (and d2t), so the engine built a target-vocab lm_head")
+        else:
+            msg = (f"the draft vocab sizes differ ({m.message}): another draft checkpoint, or one side maps "
+                   "through the target vocab (no draft_vocab_size / d2t in the served config)")
         return [Explanation("draft_vocab_size", msg, ev,
                             "serve and replay the same draft checkpoint; keep draft_vocab_size and d2t in its config")]
     if m.kind == "topk_width":

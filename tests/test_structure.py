@@ -137,6 +137,22 @@ def test_eagle3_draft_served_as_eagle_names_the_algorithm(tmp_path):
     assert any(line.startswith("contract aux_hf_indices: training [0, 3, 6], serving [0]") for line in cause.evidence)
 
 
+def test_a_draft_scoring_the_target_vocab_is_named(tmp_path):
+    a = write_trace(tmp_path / "train", side="train")
+    b = write_trace(tmp_path / "serve", side="serve", width_of="draft.logits", widths={"draft_vocab": 200})
+    from specdiff.tracer.store import open_trace
+
+    trace_b = open_trace(b)
+    trace_b.contract["vocab_size"] = 200  # the target's vocab
+    from specdiff.replay.align import Pair
+    from specdiff.replay.report import diff_opened
+
+    report = diff_opened(Pair(open_trace(a), trace_b))
+    assert report.first.name == "draft.logits" and report.explanations[0].cause == "draft_vocab_size"
+    assert "serving's draft scores the whole target vocab (200) where the other side's has 32 ids" in \
+        report.explanations[0].message
+
+
 def test_another_number_of_aux_layers_is_named(tmp_path):
     a = write_trace(tmp_path / "train", side="train")
     b = write_trace(tmp_path / "serve", side="serve", slots=2, width_of="target.aux_cat", widths={"aux_hidden": 2 * H})
