@@ -178,7 +178,7 @@ def align_sequences(traces: Pair, *, min_common: int = 2, min_run: int = 4, deco
         pairs.append(SeqPair(len(pairs), Pair(sx.id, best.id), best_len,
                              min(sx.prompt_len, best.prompt_len, best_len)))
     # Content pass: candidates by shared 4-grams, then the longest common run.
-    grams = {s.id: _ngrams(s.tokens) for s in ys if s.id not in used}
+    grams = {s.id: _ngrams(s.tokens) for s in ys if s.id not in used} if unmatched_x else {}
     index: dict[tuple, list[int]] = {}
     for sid, g in grams.items():
         for ng in g:
