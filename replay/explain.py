@@ -163,8 +163,7 @@ def explain_aux_permutation(traces: Pair, alignment: Alignment, tol_rel: float) 
     closes = rel[np.arange(len(sy)), best] <= tol_rel
     if not closes.all() or sorted(best.tolist()) != list(range(len(sx))) or (best == np.arange(len(sy))).all():
         return []
-    hx = traces.x.contract.get("aux_hf_indices") or []
-    hy = traces.y.contract.get("aux_hf_indices") or []
+    hx, hy = aux_slot_layers(traces.x.contract) or [], aux_slot_layers(traces.y.contract) or []
     pairs = [f"{labels.y} slot {j} = {labels.x} slot {int(b)}" for j, b in zip(sy, best, strict=True)]
     orders = "; ".join(f"{lab} concatenates HF {list(h)}" for lab, h in ((labels.x, hx), (labels.y, hy)) if h)
     msg = ("the aux slots are permuted — the same layers concatenated in another order: " + ", ".join(pairs)
