@@ -325,18 +325,25 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     return {n: out[n] for n in ordered(out)}
 
 
+def _no_rows(name: str, tol: Tolerance) -> TensorComparison:
+    """A comparison of no rows (what a finding that compares nothing row by row starts from)."""
+    empty = np.zeros(0, np.int64)
+    stats = {"rows": 0, "fail_rows": 0, "fail_frac": 0.0, "coverage": 0.0, "nonfinite_rows": 0, "exact_rows": 0,
+             "unreadable_rows": 0}
+    if spec_for(name).kind != "float":
+        stats.update(match_rate=1.0, topk_overlap=1.0)
+    return TensorComparison(name, tol, RowMatch(Pair(empty, empty), empty, empty, empty, Pair(0, 0)),
+                            np.zeros(0, np.int8), np.zeros(0, np.float32), np.zeros(0, np.float32),
+                            np.zeros(0, bool), stats)
+
+
 def structure_comparison(traces: Pair, mismatch, *, preset: str = "default") -> TensorComparison:
     """A ``structure`` finding as a comparison: diverged, no rows compared (the layouts differ)."""
     spec = spec_for(mismatch.name)
     dt = Pair(*(t.info(mismatch.name).dtype if mismatch.name in t.names else "bfloat16"
                 for t in (traces.x, traces.y)))
     tol = default_tolerance(dt.x, dt.y, kind=spec.kind, preset=preset)
-    empty = np.zeros(0, np.int64)
-    m = RowMatch(Pair(empty, empty), empty, empty, empty, Pair(0, 0))
-    stats = {"rows": 0, "fail_rows": 0, "fail_frac": 0.0, "coverage": 0.0, "nonfinite_rows": 0, "exact_rows": 0}
-    return TensorComparison(mismatch.name, tol, m, np.zeros(0, np.int8), np.zeros(0, np.float32),
-                            np.zeros(0, np.float32), np.zeros(0, bool), stats, None, True,
-                            kind="structure", structure=mismatch)
+    return replace(_no_rows(mismatch.name, tol), diverged=True, kind="structure", structure=mismatch)
 
 
 def token_format_comparison(traces: Pair, alignment: Alignment, base: TensorComparison | None,
@@ -350,12 +357,7 @@ def token_format_comparison(traces: Pair, alignment: Alignment, base: TensorComp
     worst = {"row": None, "pair": p.index, "pos": p.format.first_diff, "depth": 0, "element": 0,
              "x": None, "y": None}
     if base is None:
-        empty = np.zeros(0, np.int64)
-        base = TensorComparison("tokens", default_tolerance("int64", "int64", kind="int", preset=preset),
-                                RowMatch(Pair(empty, empty), empty, empty, empty, Pair(0, 0)),
-                                np.zeros(0, np.int8), np.zeros(0, np.float32), np.zeros(0, np.float32),
-                                np.zeros(0, bool), {"rows": 0, "fail_rows": 0, "fail_frac": 0.0, "coverage": 0.0,
-                                                    "nonfinite_rows": 0, "exact_rows": 0, "match_rate": 1.0})
+        base = _no_rows("tokens", default_tolerance("int64", "int64", kind="int", preset=preset))
     stats = dict(base.stats, token_format_pairs=len(alignment.token_formats))
     return replace(base, stats=stats, worst=worst, diverged=True, kind="tokens")
 
