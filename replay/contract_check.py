@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdiff.tracer.contract import UNKNOWN, unknown_fields
+
 from .align import Pair
 
 # Severity: "error" = the two sides cannot agree; "warn" = likely a cause; "info" = worth knowing.
@@ -50,17 +52,37 @@ def _short(v) -> str:
     return "none" if v is None else (str(v)[:10] if isinstance(v, str) else str(v))
 
 
+def unknown_facts(contract: dict) -> dict[str, str]:
+    """Field -> why it is unknown: the engine name the recorder could not find (from the
+    contract's ``unobservable`` list), for every field recorded as ``"unknown"``."""
+    why: dict[str, str] = {}
+    for u in contract.get("unobservable") or []:
+        if isinstance(u, dict):
+            ver = u.get("sglang_version")
+            who = f"SGLang {ver} has no {u.get('name')}" if ver else f"the engine has no {u.get('name')}"
+            for f in u.get("facts") or []:
+                why.setdefault(f, who)
+    return {f: why.get(f, "the recorder could not read it") for f in unknown_fields(contract)}
+
+
 def check_contracts(traces: Pair) -> list[ContractMismatch]:
     """Every known contract field present on both sides whose values differ, most severe first.
 
-    Fields missing on one side are not reported (an engine may not know them); the SGLang-only
-    ``aux_dropped_ids`` is reported whenever non-empty.
+    Fields missing on one side are not reported (an engine may not know them); a field recorded
+    as ``"unknown"`` is reported as unknown (with the engine name that hid it), never compared;
+    the SGLang-only ``aux_dropped_ids`` is reported whenever non-empty.
     """
     cx, cy = traces.x.contract, traces.y.contract
     labels = side_labels(traces)
     out: list[ContractMismatch] = []
+    for label, c, is_x in ((labels.x, cx, True), (labels.y, cy, False)):
+        for field, why in unknown_facts(c).items():
+            other = (cy if is_x else cx).get(field)
+            x, y = (UNKNOWN, other) if is_x else (other, UNKNOWN)
+            out.append(ContractMismatch(field, "warn", x, y,
+                                        f"{field} is unknown on {label} ({why}): not compared"))
     for field, severity, template in _FIELDS:
-        if field not in cx or field not in cy:
+        if field not in cx or field not in cy or UNKNOWN in (cx[field], cy[field]):
             continue
         x, y = cx[field], cy[field]
         if isinstance(x, tuple):
@@ -73,7 +95,7 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
         out.append(ContractMismatch(field, severity, x, y, msg))
     for label, c in ((labels.x, cx), (labels.y, cy)):
         dropped = c.get("aux_dropped_ids") or []
-        if dropped:
+        if dropped and dropped != UNKNOWN:
             out.append(ContractMismatch("aux_dropped_ids", "error", dropped, None,
                                         f"{label}: aux ids {dropped} are silently dropped by the engine "
                                         "(SGLang id L-1 is never captured)"))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specdiff.tracer.contract import known
 from specdiff.tracer.schema import aux_name, aux_slot, probe_index
 
 from . import metrics
@@ -69,7 +70,7 @@ def _rel(traces: Pair, alignment: Alignment, name_x: str, name_y: str) -> tuple[
 def _hf_candidates(trace) -> dict[int, str]:
     """HF index -> tensor name for every hidden state a trace recorded (aux slots and probes)."""
     out: dict[int, str] = {}
-    hf = trace.contract.get("aux_hf_indices") or []
+    hf = known(trace.contract, "aux_hf_indices") or []
     for name in trace.names:
         j, i = aux_slot(name), probe_index(name)
         if i is not None:
@@ -106,8 +107,8 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     closes = [b is not None and rel[a, cols.index(b)] <= tol_rel for a, b in enumerate(best)]
     matrix = {"rows": [f"{s_label} slot {j}" for j in slots], "cols": [f"HF[{i}]" for i in cols],
               "rel": [[None if not np.isfinite(v) else round(float(v), 4) for v in r] for r in rel]}
-    s_hf = [int(i) for i in (s_trace.contract.get("aux_hf_indices") or [])]
-    o_hf = [int(i) for i in (o_trace.contract.get("aux_hf_indices") or [])]
+    s_hf = [int(i) for i in (known(s_trace.contract, "aux_hf_indices") or [])]
+    o_hf = [int(i) for i in (known(o_trace.contract, "aux_hf_indices") or [])]
     evidence = tuple(
         f"{s_label} slot {j} = {o_label} HF hidden_states[{b}] (rel err {rel[a, cols.index(b)]:.2e})"
         if ok else f"{s_label} slot {j}: no {o_label} layer matches (best HF[{b}], rel err "
@@ -178,7 +179,7 @@ def explain_norm_before_fc(traces: Pair, alignment: Alignment, tol: TensorCompar
         return []
     rx, ry = _sample(m)
     x, y = traces.x.take_float("draft.fc_in", rx), traces.y.take_float("draft.fc_in", ry)
-    k = len(traces.y.contract.get("aux_hf_indices") or traces.x.contract.get("aux_hf_indices") or [0, 0, 0])
+    k = len(known(traces.y.contract, "aux_hf_indices") or known(traces.x.contract, "aux_hf_indices") or [0, 0, 0])
     # Per-slot normalisation removes both a whole-concat norm (norm_before_fc) and per-slot ones
     # (fc_norm) up to their weights; if that makes the sides agree, a norm is the difference.
     rel = float(metrics.relative_error(_rmsnorm_chunks(x, k), _rmsnorm_chunks(y, k)).mean())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdiff.tracer.contract import known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.schema import spec_for
 
@@ -36,12 +37,12 @@ def _serving_findings(traces: Pair) -> list[dict]:
     train = traces.x if serve is traces.y else traces.y
     if serve is None:
         return []
-    target, draft = serve.contract.get("model_name"), serve.contract.get("draft_name")
+    target, draft = known(serve.contract, "model_name"), known(serve.contract, "draft_name")
     if not target or not draft or not Path(target).is_dir() or not Path(draft).is_dir():
         return []
     from .preflight import findings_as_facts, run_preflight  # reads configs and weight headers
 
-    layers = train.contract.get("aux_hf_indices")
+    layers = known(train.contract, "aux_hf_indices")
     try:
         report = run_preflight(target, draft, engines=("sglang",),
                                training_layers=list(layers) if layers else None, training_convention="hf")

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..tracer.contract import validate_contract
+from ..tracer.contract import known, validate_contract
 from ..tracer.conventions import CONVENTIONS, AuxResolution, ConventionError, resolve_aux_ids
 from ..tracer.errors import SpecdiffError, TraceError
 from ..tracer.jsonl import iter_jsonl
@@ -525,7 +525,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     facts["findings"] = _preflight_facts(target_dir, draft_dir, aux.hf_indices)
     if replay is not None:
         facts["replay_of"] = str(replay)
-        if served.get("aux_hf_indices") is not None:
+        if known(served, "aux_hf_indices") is not None:
             facts["served_aux_hf_indices"] = list(served["aux_hf_indices"])
     try:
         validate_contract(facts, where=str(out))

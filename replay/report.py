@@ -15,7 +15,7 @@ from specdiff.tracer.store import open_trace
 from .acceptance import Acceptance, acceptance
 from .align import Alignment, Pair, align_sequences
 from .compare import TensorComparison, compare_all, first_divergence
-from .contract_check import ContractMismatch, check_contracts, side_labels
+from .contract_check import ContractMismatch, check_contracts, side_labels, unknown_facts
 from .explain import Explanation, explain
 from .findings import matching_findings
 
@@ -105,6 +105,8 @@ class DiffReport:
             "first_divergence": first,
             "explanations": [asdict(e) for e in self.explanations],
             "contract_mismatches": [asdict(m) for m in self.contract],
+            "unknown_facts": {self.labels.x: unknown_facts(self.traces.x.contract),
+                              self.labels.y: unknown_facts(self.traces.y.contract)},
             "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
                                                         (self.labels.y, self.acceptance.y))},
             "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],

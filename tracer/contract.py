@@ -4,6 +4,11 @@ A contract is a plain dict (msgpack/JSON-safe: str, int, float, bool, None, list
 ``CONTRACT_FIELDS`` names the known fields, their types and meaning; unknown extra fields are
 kept (recorders may add more) but known ones are type-checked when a trace is written and
 opened. DESIGN.md "The trace model" lists them.
+
+A fact the recorder could not read from the live engine objects is the string ``UNKNOWN``
+(``"unknown"``), accepted for every field, and the field ``unobservable`` says which engine
+name was missing and what else it hid; readers use ``known`` so an unknown fact is never
+mistaken for a value.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ import hashlib
 import numpy as np
 
 from .errors import TraceError
+
+#: The value of a fact that could not be read from the live engine objects.
+UNKNOWN = "unknown"
 
 _num = (int, float)
 _list = (list, tuple)
@@ -52,6 +60,10 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "findings": (_list, "pre-flight contract findings (specdiff check)"),
     "model_name": ((str,), "target model path or name"),
     "draft_name": ((str,), "draft model path or name"),
+    "unobservable": (_list, "engine names the recorder could not find: [{name, sglang, source, tensors, "
+                            "facts, why, sglang_version}] (tracer/sglang_adapter.py)"),
+    "crash": ((dict,), "the exception that stopped the engine: {type, message, forward, shapes, "
+                       "traceback} (written before the process died)"),
 }
 
 
@@ -64,6 +76,8 @@ def validate_contract(contract, *, where: str) -> dict:
     if not isinstance(contract, dict):
         raise TraceError(f"{where}: contract facts are a {type(contract).__name__}, expected a mapping")
     for key, value in contract.items():
+        if value == UNKNOWN:
+            continue
         if key in CONTRACT_FIELDS:
             types, meaning = CONTRACT_FIELDS[key]
             if isinstance(value, bool) and bool not in types:
@@ -74,6 +88,17 @@ def validate_contract(contract, *, where: str) -> dict:
                 raise TraceError(f"{where}: contract field {key!r} ({meaning}) has type "
                                  f"{type(value).__name__}")
     return contract
+
+
+def known(contract: dict, field: str, default=None):
+    """``contract[field]``, or ``default`` when it is absent or ``UNKNOWN``."""
+    v = contract.get(field, default)
+    return default if isinstance(v, str) and v == UNKNOWN else v
+
+
+def unknown_fields(contract: dict) -> list[str]:
+    """Names of the contract fields recorded as ``UNKNOWN``, sorted."""
+    return sorted(k for k, v in contract.items() if isinstance(v, str) and v == UNKNOWN)
 
 
 def sha256_array(array) -> str | None:

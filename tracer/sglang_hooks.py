@@ -34,6 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .contract import UNKNOWN, known
+from .sglang_adapter import MISSING, SGLangAdapter
+
 logger = logging.getLogger("specdiff.tracer")
 
 
@@ -51,24 +54,55 @@ class Options:
 
     @classmethod
     def from_env(cls, env) -> Options | None:
+        """Options from ``SPECDIFF_*`` variables; None when ``SPECDIFF_TRACE`` is unset.
+
+        A bad value is never silently replaced: each one logs a warning naming the variable,
+        the value given and the value used.
+        """
         path = env.get("SPECDIFF_TRACE")
         if not path:
             return None
-        capture = env.get("SPECDIFF_CAPTURE", "default").strip().lower() or "default"
+        raw = env.get("SPECDIFF_CAPTURE", "default")
+        capture = raw.strip().lower() or "default"
         if capture not in ("default", "full"):
-            logger.warning("specdiff: SPECDIFF_CAPTURE=%r is not 'default' or 'full'; using default", capture)
+            _bad_env("SPECDIFF_CAPTURE", raw, "default", "use 'default' or 'full'")
             capture = "default"
-        try:
-            k = int(env.get("SPECDIFF_LOGITS_TOPK", "8"))
-        except ValueError:
-            k = 8
-        try:
-            mb = int(env.get("SPECDIFF_MAX_QUEUE_MB", "2048"))
-        except ValueError:
-            mb = 2048
-        return cls(path=path, capture=capture, logits_topk=max(1, k), max_queue_mb=max(1, mb),
+        return cls(path=path, capture=capture,
+                   logits_topk=_env_int(env, "SPECDIFF_LOGITS_TOPK", 8),
+                   max_queue_mb=_env_int(env, "SPECDIFF_MAX_QUEUE_MB", 2048),
                    rids=env.get("SPECDIFF_RIDS") or None,
-                   eager_draft=env.get("SPECDIFF_EAGER_DRAFT", "0").lower() in ("1", "true", "yes"))
+                   eager_draft=_env_flag(env, "SPECDIFF_EAGER_DRAFT"))
+
+
+def _bad_env(name: str, raw: str, used, hint: str) -> None:
+    logger.warning("specdiff: %s=%r is not valid (%s); using %r", name, raw, hint, used)
+
+
+def _env_int(env, name: str, default: int, *, minimum: int = 1) -> int:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        _bad_env(name, raw, default, f"an integer >= {minimum} is expected")
+        return default
+    if v < minimum:
+        _bad_env(name, raw, minimum, f"an integer >= {minimum} is expected")
+        return minimum
+    return v
+
+
+def _env_flag(env, name: str) -> bool:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return False
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v not in ("0", "false", "no", "off"):
+        _bad_env(name, raw, False, "use 1/true/yes/on or 0/false/no/off")
+    return False
 
 
 # ---- host copies ----------------------------------------------------------------------------
@@ -137,8 +171,10 @@ class IterCapture:
 class Recorder:
     """Process-wide recorder state (one per scheduler process, TP rank 0)."""
 
-    def __init__(self, opts: Options):
+    def __init__(self, opts: Options, adapter: SGLangAdapter | None = None):
         self.opts = opts
+        self.adapter = adapter if adapter is not None else SGLangAdapter.for_running_sglang()
+        self._unobservable_n = 0  # adapter.missing entries already in the trace's contract
         self.enabled = True
         self.cur: IterCapture | None = None
         self.fc_sink: list | None = None
@@ -181,15 +217,16 @@ class Recorder:
             from .async_writer import AsyncTraceWriter
             from .store import TraceWriter
 
-            self.contract = contract_from_worker(worker, self.opts)
-            self.hidden_size = self.contract.get("hidden_size")
-            self.num_aux = len(self.contract.get("aux_hf_indices") or []) or None
-            self.topk = int(self.contract.get("spec_topk", 1))
+            self.contract = contract_from_worker(worker, self.opts, self.adapter)
+            self.hidden_size = known(self.contract, "hidden_size")
+            self.num_aux = len(known(self.contract, "aux_hf_indices") or []) or None
+            self.topk = int(known(self.contract, "spec_topk", 1))
+            self._unobservable_n = len(self.contract["unobservable"])
             tw = TraceWriter(self.opts.path, side="serve", contract=self.contract)
             # The vocab map as served: d2t = hot_token_id - arange (zeros = identity, no d2t).
-            hot = hot_token_id(worker)
-            vd = int(self.contract.get("draft_vocab_size") or 0)
-            if hot is not None or vd:
+            hot = hot_token_id(worker, self.adapter)
+            vd = known(self.contract, "draft_vocab_size")
+            if hot is not MISSING and (hot is not None or vd):
                 ar = torch.arange(vd if hot is None else hot.numel(), dtype=torch.int64)
                 tw.append("draft.d2t", torch.zeros_like(ar) if hot is None else hot - ar, seq=-1, pos=ar.numpy())
             self.writer = AsyncTraceWriter(tw, self._write, max_items=64,
@@ -203,7 +240,7 @@ class Recorder:
             return
         self.enabled = False
         cost = {"recorder_hook_s": round(self.hook_s, 4), "recorder_iter_s": round(self.iter_s, 4),
-                "recorder_writer_s": round(w.busy_s, 4)}
+                "recorder_writer_s": round(w.busy_s, 4), "unobservable": self.adapter.unobservable()}
         if w.close(contract=cost):
             logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped; hooks %.2f s of "
                         "%.2f s in recorded forwards, writer thread %.2f s)", self.opts.path, w.written,
@@ -217,34 +254,52 @@ class Recorder:
         return self.rid_re is None or bool(self.rid_re.search(rid))
 
     def begin(self, batch) -> IterCapture | None:
-        reqs = list(getattr(batch, "reqs", None) or [])
+        """Start one iteration's capture, or None (nothing to record, or SGLang lacks a name the
+        attribution needs: logged once by the adapter, listed in the contract's ``unobservable``)."""
+        A = self.adapter
+        reqs = A.get(batch, "ScheduleBatch.reqs")
         if not reqs:
             return None
-        rids = [str(r.rid) for r in reqs]
+        reqs = list(reqs)
+        A.check_instance(reqs[0], "Req.rid", "Req.origin_input_ids")
+        rids = [A.get(r, "Req.rid") for r in reqs]
+        if MISSING in rids:
+            return None
+        rids = [str(r) for r in rids]
         if not any(self.keep_rid(r) for r in rids):
             return None
-        it = getattr(batch, "forward_iter", None)
-        if it is None:
+        it = A.get(batch, "ScheduleBatch.forward_iter")
+        if it is None or it is MISSING:  # SGLang leaves it None on some paths: count our own calls
             it = self._iter
         self._iter += 1
-        mode = batch.forward_mode
+        mode = A.get(batch, "ScheduleBatch.forward_mode")
+        if mode is MISSING:
+            return None
         kind = "prefill" if mode.is_extend() else "decode"
         cap = IterCapture(iter=int(it), kind=kind, rids=rids)
         if kind == "prefill":
-            cap.prefix_lens = [int(x) for x in batch.prefix_lens]
-            cap.extend_lens = [int(x) for x in batch.extend_lens]
-            for r in reqs:
-                if str(r.rid) not in self._seen_prompts:
-                    cap.prompts[str(r.rid)] = [int(x) for x in r.origin_input_ids]
-                    self._seen_prompts.add(str(r.rid))
-        cap.t["seq_lens"] = snap(batch.seq_lens)
+            prefix, extend = A.get(batch, "ScheduleBatch.prefix_lens"), A.get(batch, "ScheduleBatch.extend_lens")
+            if prefix is MISSING or extend is MISSING:
+                return None
+            cap.prefix_lens = [int(x) for x in prefix]
+            cap.extend_lens = [int(x) for x in extend]
+            for r, rid in zip(reqs, rids, strict=True):
+                if rid not in self._seen_prompts:
+                    prompt = A.get(r, "Req.origin_input_ids")
+                    cap.prompts[rid] = [] if prompt is MISSING else [int(x) for x in prompt]
+                    self._seen_prompts.add(rid)
+        seq_lens = A.get(batch, "ScheduleBatch.seq_lens")
+        if seq_lens is MISSING:
+            return None
+        cap.t["seq_lens"] = snap(seq_lens)
         return cap
 
     def finish(self, cap: IterCapture, result) -> None:
         if cap.kind == "prefill" and result is not None:
-            nti = getattr(result, "next_token_ids", None)
-            if nti is not None and "next_token_ids" not in cap.t:
+            nti = self.adapter.get(result, "GenerationBatchResult.next_token_ids")
+            if nti is not None and nti is not MISSING and "next_token_ids" not in cap.t:
                 cap.t["next_token_ids"] = snap(nti)
+        self.sync_unobservable()
         if torch.cuda.is_available() and any(_on_cuda(v) for v in cap.t.values()):
             ev = torch.cuda.Event()
             ev.record()
@@ -252,16 +307,15 @@ class Recorder:
         self.writer.submit(cap)
 
     def capture_draft_forward(self, mode: str, forward_batch, logits_output) -> DraftForward:
+        A = self.adapter
         df = DraftForward(mode=mode)
-        df.input_ids = snap(forward_batch.input_ids)
-        df.positions = snap(forward_batch.positions)
+        df.input_ids = _snap_present(A.get(forward_batch, "ForwardBatch.input_ids"))
+        df.positions = _snap_present(A.get(forward_batch, "ForwardBatch.positions"))
         if self.fc_sink:
             df.fc_in, df.fc_out = self.fc_sink[-1]
-        hs = getattr(logits_output, "hidden_states", None)
-        if hs is not None:
-            df.hidden = snap(hs)
-        logits = getattr(logits_output, "next_token_logits", None)
-        if logits is not None and logits.dim() == 2 and logits.shape[0] > 0:
+        df.hidden = _snap_present(A.get(logits_output, "LogitsProcessorOutput.hidden_states"))
+        logits = A.get(logits_output, "LogitsProcessorOutput.next_token_logits")
+        if logits is not None and logits is not MISSING and logits.dim() == 2 and logits.shape[0] > 0:
             lf = logits.detach()
             k = min(self.opts.logits_topk, lf.shape[-1])
             vals, ids = torch.topk(lf, k, dim=-1)
@@ -278,14 +332,12 @@ class Recorder:
         if key in self._hooked_models:
             return
         self._hooked_models.add(key)
-        fc = None
-        inner = getattr(model, "model", None)
-        if inner is not None and isinstance(getattr(inner, "fc", None), torch.nn.Module):
-            fc = inner.fc
-        elif isinstance(getattr(model, "fc", None), torch.nn.Module):
-            fc = model.fc
-        if fc is None:
-            logger.warning("specdiff: draft model has no fc module; draft.fc_out is not recorded")
+        A = self.adapter
+        inner = A.get(model, "LlamaForCausalLMEagle3.model")
+        fc = MISSING if inner is MISSING else A.get(inner, "Eagle3LlamaModel.fc")
+        if not isinstance(fc, torch.nn.Module):
+            if fc is not MISSING:  # present but not a module: say so once, like a missing name
+                A.mark_missing("Eagle3LlamaModel.fc", f"draft fc is a {type(fc).__name__}, not a module")
             return
         rec = self
 
@@ -303,9 +355,34 @@ class Recorder:
 
         fc.register_forward_hook(_fc_hook)
 
+    def sync_unobservable(self) -> None:
+        """Queue a contract update when SGLang names went missing after the trace was opened
+        (instance attributes first seen in a batch)."""
+        n = len(self.adapter.missing)
+        if n != self._unobservable_n and self.writer is not None:
+            self._unobservable_n = n
+            self.writer.submit(ContractUpdate({"unobservable": self.adapter.unobservable()}))
+
     # -- writer thread --
-    def _write(self, tw, cap: IterCapture) -> None:
-        write_capture(self, tw, cap)
+    def _write(self, tw, item) -> None:
+        if isinstance(item, ContractUpdate):
+            tw.set_contract(**item.facts)
+            return
+        write_capture(self, tw, item)
+
+
+@dataclass
+class ContractUpdate:
+    """Contract facts learned after the trace was opened, written by the writer thread."""
+
+    facts: dict
+
+    def nbytes(self) -> int:
+        return 0
+
+
+def _snap_present(v):
+    return None if v is MISSING else snap(v)
 
 
 def _on_cuda(v) -> bool:
@@ -313,82 +390,141 @@ def _on_cuda(v) -> bool:
 
 
 # ---- contract -------------------------------------------------------------------------------
-def hot_token_id(worker):
-    """The draft->target id map SGLang applies (int64 [Vd] on the host), or None (identity).
+def _chain(adapter: SGLangAdapter, obj, *keys: str):
+    """Follow ``keys`` from ``obj`` through the adapter; MISSING as soon as one step is absent."""
+    for key in keys:
+        if obj is MISSING:
+            return MISSING
+        obj = adapter.get(obj, key)
+    return obj
+
+
+def _cfg(cfg, attr: str, fact: str, what: str):
+    """A Hugging Face config attribute the engine built its model from, or UNKNOWN (one warning)."""
+    if cfg is MISSING:
+        return UNKNOWN
+    if not hasattr(cfg, attr):
+        logger.warning("specdiff: the %s config SGLang loaded has no %s; contract fact %s is unknown",
+                       what, attr, fact)
+        return UNKNOWN
+    return getattr(cfg, attr)
+
+
+def hot_token_id(worker, adapter: SGLangAdapter):
+    """The draft->target id map SGLang applies (int64 [Vd] on the host), None (identity: no d2t),
+    or MISSING (SGLang has no name for it here; logged by the adapter).
 
     SGLang 0.5.23 llama_eagle3.py:350-352: ``hot_token_id = d2t + arange``; copied to the draft
-    worker by ``init_lm_head``. Read once at startup, never on the hot path.
+    worker by ``EagleDraftWorker.init_lm_head``. Read once at startup, never on the hot path.
     """
-    dw = getattr(worker, "_draft_worker", None) or worker.draft_worker
-    hot = getattr(dw, "hot_token_id", None)
-    if hot is None:
-        hot = getattr(dw.draft_runner.model, "hot_token_id", None)
-    return None if hot is None else hot.detach().to("cpu", torch.int64)
+    dw = adapter.get(worker, "BaseSpecWorker.draft_worker")
+    hot = _chain(adapter, dw, "EagleDraftWorker.hot_token_id")
+    if hot is None:  # the worker's copy is made in init_lm_head; the model holds the loaded one
+        hot = _chain(adapter, dw, "EagleDraftWorker.draft_runner", "ModelRunner.model",
+                     "LlamaForCausalLMEagle3.hot_token_id")
+    if hot is None or hot is MISSING:
+        return hot
+    return hot.detach().to("cpu", torch.int64)
 
 
-def contract_from_worker(worker, opts: Options) -> dict:
-    """Contract facts from an ``EAGLEWorkerV2`` (called once, at startup)."""
+def _aux_capture(adapter: SGLangAdapter, target_runner) -> tuple:
+    """(aux_hf_indices, aux_dropped_ids) as the target model really captures them.
+
+    SGLang 0.5.23 llama.py: layer i captures its input (HF hidden_states[i]) when i is in
+    ``layers_to_capture``; only i in [start_layer, end_layer) runs, so a larger index (id L-1)
+    is never captured. Captures are appended in layer order: the concat is ascending.
+    """
+    tmodel = _chain(adapter, target_runner, "ModelRunner.model", "LlamaForCausalLM.model")
+    ltc = _chain(adapter, tmodel, "LlamaModel.layers_to_capture")
+    start = _chain(adapter, tmodel, "LlamaModel.start_layer")
+    end = _chain(adapter, tmodel, "LlamaModel.end_layer")
+    if MISSING in (ltc, start, end):
+        return UNKNOWN, UNKNOWN
+    idx = sorted({int(i) for i in ltc})
+    return [i for i in idx if start <= i < end], [i - 1 for i in idx if not start <= i < end]
+
+
+def contract_from_worker(worker, opts: Options, adapter: SGLangAdapter) -> dict:
+    """Contract facts from a live ``EAGLEWorkerV2`` (called once, at startup).
+
+    Every fact is read from the engine's objects through the adapter; one it cannot read is
+    ``UNKNOWN`` and the missing SGLang names are listed in ``unobservable`` (never filled in
+    from a config file or a default).
+    """
     from .contract import sha256_array
     from .conventions import resolve_aux_ids
 
-    facts: dict = {"engine": "sglang", "capture_level": opts.capture, "logits_topk": int(opts.logits_topk),
-                   "graph_hidden_stages": [], "dropped_records": 0}
-    try:
-        import sglang
-
-        facts["engine_version"] = str(getattr(sglang, "__version__", "unknown"))
-    except Exception:  # noqa: BLE001
-        facts["engine_version"] = "unknown"
-    target_runner = worker.target_worker.model_runner
-    dw = getattr(worker, "_draft_worker", None) or worker.draft_worker
-    draft_runner = dw.draft_runner
-    tcfg = target_runner.model_config.hf_config
-    dcfg = draft_runner.model_config.hf_config
-    L = int(tcfg.num_hidden_layers)
-    facts.update(num_layers=L, hidden_size=int(tcfg.hidden_size), vocab_size=int(tcfg.vocab_size),
-                 draft_hidden_size=int(dcfg.hidden_size))
-    facts["dtype"] = str(target_runner.model_config.dtype).replace("torch.", "")
-    eagle_config = getattr(dcfg, "eagle_config", None) or {}
-    if not isinstance(eagle_config, dict):
-        eagle_config = dict(eagle_config)
-    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
-    res = resolve_aux_ids(ids, convention="sglang", num_layers=L)
-    facts.update(res.as_facts())
-    # What SGLang really captures (capture index i == HF hidden_states[i]).
-    tmodel = getattr(target_runner.model, "model", None)
-    ltc = getattr(tmodel, "layers_to_capture", None)
-    if ltc:
-        facts["aux_hf_indices"] = sorted(int(i) for i in ltc)
-    dmodel = draft_runner.model
-    dinner = getattr(dmodel, "model", dmodel)
-    facts["norm_before_fc"] = bool(getattr(dinner, "norm_before_fc", False))
-    facts["fc_norm"] = getattr(dinner, "fc_norm", None) is not None
-    hot = hot_token_id(worker)
-    if hot is not None:
-        hot64 = hot.detach().to("cpu", torch.int64)
-        facts["hot_token_id_sha256"] = sha256_array(hot64)
-        facts["d2t_sha256"] = sha256_array(hot64 - torch.arange(hot64.numel(), dtype=torch.int64))
-        facts["draft_vocab_size"] = int(hot64.numel())
+    A = adapter
+    facts: dict = {"engine": "sglang", "engine_version": A.version, "capture_level": opts.capture,
+                   "logits_topk": int(opts.logits_topk), "dropped_records": 0}
+    A.check_instance(worker, "EAGLEWorkerV2.speculative_num_steps", "EAGLEWorkerV2.topk",
+                     "EAGLEWorkerV2.speculative_num_draft_tokens", "EAGLEWorkerV2.server_args")
+    target_runner = _chain(A, worker, "BaseSpecWorker.target_worker", "TpModelWorker.model_runner")
+    dw = A.get(worker, "BaseSpecWorker.draft_worker")
+    if dw is not MISSING:
+        A.check_instance(dw, "EagleDraftWorker.draft_runner", "EagleDraftWorker.hot_token_id",
+                         "EagleDraftWorker.cuda_graph_runner", "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
+    draft_runner = _chain(A, dw, "EagleDraftWorker.draft_runner")
+    tmc = _chain(A, target_runner, "ModelRunner.model_config")
+    tcfg = _chain(A, tmc, "ModelConfig.hf_config")
+    dcfg = _chain(A, draft_runner, "ModelRunner.model_config", "ModelConfig.hf_config")
+    L = _cfg(tcfg, "num_hidden_layers", "num_layers", "target")
+    facts.update(num_layers=L, hidden_size=_cfg(tcfg, "hidden_size", "hidden_size", "target"),
+                 vocab_size=_cfg(tcfg, "vocab_size", "vocab_size", "target"),
+                 draft_hidden_size=_cfg(dcfg, "hidden_size", "draft_hidden_size", "draft"))
+    dtype = _chain(A, tmc, "ModelConfig.dtype")
+    facts["dtype"] = UNKNOWN if dtype is MISSING else str(dtype).replace("torch.", "")
+    # The ids as configured (SGLang reads them from the draft's hf_config.eagle_config) ...
+    # No eagle_config attribute means "no ids" to SGLang too (llama_eagle3.py:169: getattr(config,
+    # "eagle_config", None) or {}), so None is the fact here, not a fallback.
+    eagle_config = UNKNOWN if dcfg is MISSING else getattr(dcfg, "eagle_config", None)
+    if isinstance(eagle_config, str) or L == UNKNOWN:
+        facts.update(aux_native_ids=UNKNOWN, aux_convention="sglang")
+    else:
+        ids = dict(eagle_config or {}).get("eagle_aux_hidden_state_layer_ids")
+        res = resolve_aux_ids(ids, convention="sglang", num_layers=L).as_facts()
+        facts.update(aux_native_ids=res["aux_native_ids"], aux_convention=res["aux_convention"])
+    # ... and what the target really captures: never the configured ids in its place.
+    facts["aux_hf_indices"], facts["aux_dropped_ids"] = _aux_capture(A, target_runner)
+    dmodel = _chain(A, draft_runner, "ModelRunner.model")
+    dinner = _chain(A, dmodel, "LlamaForCausalLMEagle3.model")
+    nbf = _chain(A, dinner, "Eagle3LlamaModel.norm_before_fc")
+    facts["norm_before_fc"] = UNKNOWN if nbf is MISSING else bool(nbf)
+    fcn = _chain(A, dinner, "Eagle3LlamaModel.fc_norm")
+    facts["fc_norm"] = UNKNOWN if fcn is MISSING else fcn is not None
+    hot = hot_token_id(worker, A)
+    if hot is MISSING:
+        facts.update(hot_token_id_sha256=UNKNOWN, d2t_sha256=UNKNOWN, draft_vocab_size=UNKNOWN)
+    elif hot is not None:
+        facts["hot_token_id_sha256"] = sha256_array(hot)
+        facts["d2t_sha256"] = sha256_array(hot - torch.arange(hot.numel(), dtype=torch.int64))
+        facts["draft_vocab_size"] = int(hot.numel())
     else:
         facts["hot_token_id_sha256"] = None
         facts["d2t_sha256"] = None
-        facts["draft_vocab_size"] = int(getattr(dcfg, "draft_vocab_size", None) or dcfg.vocab_size)
-    facts["spec_steps"] = int(worker.speculative_num_steps)
-    facts["spec_topk"] = int(worker.topk)
-    facts["spec_draft_tokens"] = int(worker.speculative_num_draft_tokens)
-    sa = getattr(worker, "server_args", None)
-    if sa is not None:
-        facts["model_name"] = str(getattr(sa, "model_path", "") or "")
-        facts["draft_name"] = str(getattr(sa, "speculative_draft_model_path", "") or "")
-    hidden = []
-    if getattr(dw, "cuda_graph_runner", None) is not None:
-        hidden += ["tokens", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"]
-    if getattr(dw, "cuda_graph_runner_for_draft_extend", None) is not None:
-        hidden += ["draft.fc_out", "draft.hidden_out", "draft.logits", "draft.topk"]
-    if getattr(target_runner, "decode_cuda_graph_runner", None) is not None or \
-            getattr(target_runner, "graph_runner", None) is not None:
-        hidden += []  # target outputs come back from the graph: nothing we record is hidden
-    facts["graph_hidden_stages"] = sorted(set(hidden))
+        facts["draft_vocab_size"] = _cfg(dcfg, "draft_vocab_size", "draft_vocab_size", "draft")
+        if facts["draft_vocab_size"] is None:  # SGLang sets it to vocab_size when absent (llama_eagle3.py:306)
+            facts["draft_vocab_size"] = _cfg(dcfg, "vocab_size", "draft_vocab_size", "draft")
+    for fact, key in (("spec_steps", "EAGLEWorkerV2.speculative_num_steps"), ("spec_topk", "EAGLEWorkerV2.topk"),
+                      ("spec_draft_tokens", "EAGLEWorkerV2.speculative_num_draft_tokens")):
+        facts[fact] = A.fact(worker, key, int)
+    sa = A.get(worker, "EAGLEWorkerV2.server_args")
+    facts["model_name"] = UNKNOWN if sa is MISSING else A.fact(sa, "ServerArgs.model_path", lambda v: str(v or ""))
+    facts["draft_name"] = UNKNOWN if sa is MISSING else A.fact(
+        sa, "ServerArgs.speculative_draft_model_path", lambda v: str(v or ""))
+    graph = _chain(A, dw, "EagleDraftWorker.cuda_graph_runner")
+    graph_extend = _chain(A, dw, "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
+    if MISSING in (graph, graph_extend):
+        facts["graph_hidden_stages"] = UNKNOWN
+    else:
+        hidden = []
+        if graph is not None:
+            hidden += ["tokens", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"]
+        if graph_extend is not None:
+            hidden += ["draft.fc_out", "draft.hidden_out", "draft.logits", "draft.topk"]
+        # target graphs return their outputs: nothing the recorder reads from the target is hidden
+        facts["graph_hidden_stages"] = sorted(set(hidden))
+    facts["unobservable"] = A.unobservable()
     return facts
 
 

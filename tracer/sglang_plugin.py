@@ -27,29 +27,19 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import pkgutil
 import signal
 import sys
 import time
 
+from .sglang_adapter import BY_KEY, MISSING, SGLangAdapter, hook_table
+
 logger = logging.getLogger("specdiff.tracer")
 
-_P = "sglang.srt."
-#: hook target -> (HookType name, hook function name in this module)
-HOOKS: dict[str, tuple[str, str]] = {
-    _P + "speculative.eagle_worker_v2.EAGLEWorkerV2.__init__": ("AFTER", "_after_worker_init"),
-    _P + "speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation": ("AROUND", "_around_iteration"),
-    _P + "managers.tp_worker.TpModelWorker.forward_batch_generation": ("AFTER", "_after_target_forward"),
-    _P + "model_executor.model_runner.ModelRunner.forward": ("AROUND", "_around_runner_forward"),
-    _P + "speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill": ("AFTER", "_after_de_prefill"),
-    _P + "speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode": ("AFTER", "_after_de_decode"),
-    _P + "speculative.spec_utils.select_top_k_tokens": ("AFTER", "_after_select_top_k"),
-    _P + "speculative.eagle_worker_common.build_eagle_verify_input": ("AFTER", "_after_build_verify"),
-    _P + "speculative.eagle_utils.eagle_sample": ("AFTER", "_after_eagle_sample"),
-}
-EAGER_HOOK = (_P + "speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs", "AFTER",
-              "_after_capture_graphs")
+#: hook target -> (HookType name, hook function name in this module); declared in sglang_adapter.
+HOOKS: dict[str, tuple[str, str]] = hook_table()
+EAGER_HOOKS: dict[str, tuple[str, str]] = {t: h for t, h in hook_table(eager_draft=True).items() if t not in HOOKS}
 
+_SCHEDULER_FN = BY_KEY["scheduler.run_scheduler_process"].attr
 _rec = None  # sglang_hooks.Recorder, set by load()
 
 
@@ -59,29 +49,20 @@ def _scheduler_frame():
     for _ in range(30):
         if f is None:
             return None
-        if f.f_code.co_name == "run_scheduler_process":
+        if f.f_code.co_name == _SCHEDULER_FN:
             return f
         f = f.f_back
     return None
 
 
-def missing_targets(targets, reasons: dict | None = None) -> list[str]:
-    """Hook targets that do not resolve in the installed SGLang (``reasons``: target -> error)."""
-    bad = []
-    for target in targets:
-        obj_path, attr = target.rsplit(".", 1)
-        try:
-            obj = pkgutil.resolve_name(obj_path)
-            getattr(obj, attr)
-        except Exception as exc:  # noqa: BLE001
-            bad.append(target)
-            if reasons is not None:
-                reasons[target] = f"{type(exc).__name__}: {exc}"
-    return bad
-
-
 def load(env=None) -> bool:
-    """SGLang plugin entry point. Returns True when recording hooks were registered."""
+    """SGLang plugin entry point. Returns True when recording hooks were registered.
+
+    In the scheduler process of TP rank 0 it checks the running SGLang's version (warns once
+    outside ``sglang_adapter.TESTED_RANGE``) and every SGLang name the recorder declares
+    (one warning line per missing name, naming what becomes unobservable); tracing is refused
+    only when a name without which nothing can be recorded is missing.
+    """
     global _rec
     env = os.environ if env is None else env
     from .sglang_hooks import Options, Recorder
@@ -92,6 +73,8 @@ def load(env=None) -> bool:
     frame = _scheduler_frame()
     if frame is None:
         return False  # main process, detokenizer, DP controller: nothing to record there
+    # SGLang 0.5.23 scheduler.py:6310 run_scheduler_process(server_args, port_args, gpu_id, tp_rank,
+    # pp_rank, dp_rank, ...): the adapter checks these parameter names at load (kind "param").
     tp_rank = frame.f_locals.get("tp_rank", 0)
     dp_rank = frame.f_locals.get("dp_rank")
     del frame
@@ -102,19 +85,13 @@ def load(env=None) -> bool:
 
     if _rec is not None:
         return True
-    targets = list(HOOKS) + ([EAGER_HOOK[0]] if opts.eager_draft else [])
-    reasons: dict = {}
-    bad = missing_targets(targets, reasons)
-    if bad:
-        try:
-            import sglang
-
-            ver = getattr(sglang, "__version__", "?")
-        except Exception:  # noqa: BLE001
-            ver = "?"
-        logger.error("specdiff: tracing refused: SGLang %s lacks hook target(s) %s (first error: %s; "
-                     "specdiff supports SGLang 0.5.23); the server runs untraced", ver, ", ".join(bad),
-                     reasons.get(bad[0], "?"))
+    adapter = SGLangAdapter.for_running_sglang()
+    adapter.check_version()
+    missing = {n.key for n in adapter.check_static(eager_draft=opts.eager_draft)}
+    essential = [n.key for n in adapter.names if n.essential and n.key in missing]
+    if essential:
+        logger.error("specdiff: tracing refused: SGLang %s lacks %s, without which nothing can be "
+                     "recorded; the server runs untraced", adapter.version, ", ".join(essential))
         return False
     if os.path.exists(opts.path):
         logger.error("specdiff: tracing refused: %s already exists; choose a new SPECDIFF_TRACE path",
@@ -122,12 +99,14 @@ def load(env=None) -> bool:
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    _rec = Recorder(opts)
+    _rec = Recorder(opts, adapter)
     mod = sys.modules[__name__]
-    for target, (htype, fname) in HOOKS.items():
+    hooks = {**HOOKS, **(EAGER_HOOKS if opts.eager_draft else {})}
+    targets = {n.target: n.key for n in adapter.names if n.kind == "hook"}
+    for target, (htype, fname) in hooks.items():
+        if targets.get(target) in missing:
+            continue  # logged by the adapter with the tensors this hook would have recorded
         HookRegistry.register(target, getattr(mod, fname), HookType[htype])
-    if opts.eager_draft:
-        HookRegistry.register(EAGER_HOOK[0], getattr(mod, EAGER_HOOK[2]), HookType[EAGER_HOOK[1]])
     atexit.register(_close)
     _install_sigterm()
     logger.info("specdiff: EAGLE-3 tracing armed (trace %s, capture %s)", opts.path, opts.capture)
@@ -233,6 +212,12 @@ def _around_iteration(orig, self, batch, *a, **kw):
     return result
 
 
+def _chain(adapter, obj, *keys):
+    from .sglang_hooks import _chain as chain
+
+    return chain(adapter, obj, *keys)
+
+
 def _cur():
     rec = _live()
     if rec is None or rec.cur is None:
@@ -248,12 +233,14 @@ def _after_target_forward(result, self, *a, **kw):
     try:
         from .sglang_hooks import snap
 
-        lo = getattr(result, "logits_output", None)
-        hs = getattr(lo, "hidden_states", None)
-        if hs is not None and "target_aux" not in cap.t:
+        A = rec.adapter
+        lo = A.get(result, "GenerationBatchResult.logits_output")
+        hs = None if lo is None or lo is MISSING else A.get(lo, "LogitsProcessorOutput.hidden_states")
+        if hs is not None and hs is not MISSING and "target_aux" not in cap.t:
             cap.t["target_aux"] = snap(hs)
-        if cap.kind == "prefill" and getattr(result, "next_token_ids", None) is not None:
-            cap.t["next_token_ids"] = snap(result.next_token_ids)
+        nti = A.get(result, "GenerationBatchResult.next_token_ids") if cap.kind == "prefill" else None
+        if nti is not None and nti is not MISSING:
+            cap.t["next_token_ids"] = snap(nti)
     except Exception as exc:  # noqa: BLE001
         rec.fail("TpModelWorker.forward_batch_generation", exc)
     return None
@@ -264,9 +251,10 @@ _MODES = {"EXTEND": "extend", "DRAFT_EXTEND_V2": "extend_v2", "DECODE": "decode"
 
 def _around_runner_forward(orig, self, forward_batch, *a, **kw):
     rec, cap = _cur()
-    if cap is None or not getattr(self, "is_draft_worker", False):
+    if cap is None or rec.adapter.get(self, "ModelRunner.is_draft_worker") is not True:
         return orig(self, forward_batch, *a, **kw)
-    mode = _MODES.get(getattr(forward_batch.forward_mode, "name", ""))
+    fmode = rec.adapter.get(forward_batch, "ForwardBatch.forward_mode")
+    mode = None if fmode is MISSING else _MODES.get(fmode.name)
     if mode is None:
         return orig(self, forward_batch, *a, **kw)
     t0 = time.perf_counter()
@@ -302,7 +290,9 @@ def _after_de_prefill(result, self, *a, **kw):
     try:
         from .sglang_hooks import snap
 
-        cap.t["de_topk_index"] = snap(result.topk_index)
+        topk = rec.adapter.get(result, "EagleDraftInput.topk_index")
+        if topk is not MISSING:
+            cap.t["de_topk_index"] = snap(topk)
     except Exception as exc:  # noqa: BLE001
         rec.fail("_draft_extend_for_prefill", exc)
     return None
@@ -316,7 +306,10 @@ def _after_de_decode(result, self, batch, batch_result, *a, **kw):
     try:
         from .sglang_hooks import snap
 
-        cap.t["de_topk_index"] = snap(batch_result.next_draft_input.topk_index)
+        topk = _chain(rec.adapter, batch_result, "GenerationBatchResult.next_draft_input",
+                      "EagleDraftInput.topk_index")
+        if topk is not MISSING:
+            cap.t["de_topk_index"] = snap(topk)
     except Exception as exc:  # noqa: BLE001
         rec.fail("_draft_extend_for_decode", exc)
     return None
@@ -344,12 +337,13 @@ def _after_build_verify(result, *a, **kw):
     try:
         from .sglang_hooks import snap
 
-        for key, attr in (("draft_token", "draft_token"), ("verify_positions", "positions"),
-                          ("retrieve_index", "retrieve_index"),
-                          ("retrieve_next_token", "retrieve_next_token"),
-                          ("retrieve_next_sibling", "retrieve_next_sibling")):
-            v = getattr(result, attr, None)
-            if v is not None:
+        for key, name in (("draft_token", "EagleVerifyInput.draft_token"),
+                          ("verify_positions", "EagleVerifyInput.positions"),
+                          ("retrieve_index", "EagleVerifyInput.retrieve_index"),
+                          ("retrieve_next_token", "EagleVerifyInput.retrieve_next_token"),
+                          ("retrieve_next_sibling", "EagleVerifyInput.retrieve_next_sibling")):
+            v = rec.adapter.get(result, name)
+            if v is not None and v is not MISSING:
                 cap.t[key] = snap(v)
     except Exception as exc:  # noqa: BLE001
         rec.fail("build_eagle_verify_input", exc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from specdiff.replay.contract_check import unknown_facts
 from specdiff.tracer.store import open_trace
 
 from .cli import cli
@@ -20,7 +21,16 @@ def describe(trace) -> str:
         lines.append(f"state      CUT OFF: the writer did not close it (all complete records kept{cut})")
     lines.append("contract")
     for key in sorted(trace.contract):
+        if key in ("unobservable", "crash"):
+            continue
         lines.append(f"  {key:24s} {trace.contract[key]}")
+    unknown = unknown_facts(trace.contract)
+    if unknown:
+        lines.append(f"unknown    {len(unknown)} contract fact(s) could not be read from the engine")
+        lines += [f"  {field:24s} {why}" for field, why in unknown.items()]
+    for u in trace.contract.get("unobservable") or []:
+        if isinstance(u, dict) and u.get("tensors"):
+            lines.append(f"  unobservable tensors     {', '.join(u['tensors'])} (no {u.get('name')})")
     lines.append(f"sequences  {len(trace.sequences)}")
     for s in trace.sequences[:20]:
         lines.append(f"  seq {s.id:<4d} len {len(s.tokens):<5d} prompt {s.prompt_len:<5d} rid {s.rid}")
