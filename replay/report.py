@@ -10,6 +10,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
+from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.store import open_trace
 
 from .acceptance import Acceptance, acceptance
@@ -17,7 +18,7 @@ from .align import Alignment, Pair, align_sequences
 from .compare import TensorComparison, compare_all, first_divergence
 from .contract_check import ContractMismatch, check_contracts, side_labels, unknown_facts
 from .explain import Explanation, explain
-from .findings import matching_findings
+from .findings import crash_findings, matching_findings
 
 
 @dataclass
@@ -48,10 +49,11 @@ class DiffReport:
     traces: Pair
     grafts: list | None = None
     findings: list = field(default_factory=list)
+    crash: dict | None = None  # {"label": side, **the contract's crash record}: a side's engine died
 
     @property
     def diverged(self) -> bool:
-        return self.first is not None
+        return self.first is not None or self.crash is not None
 
     @property
     def divergences(self) -> list[tuple[str, int]]:
@@ -67,6 +69,10 @@ class DiffReport:
 
     def verdict(self) -> str:
         """The one-line verdict the header and the text report lead with."""
+        if self.first is None and self.crash is not None:
+            why = (f" — explained by pre-flight finding {self.findings[0]['kind']}: {self.findings[0]['message']}"
+                   if self.findings else " — no pre-flight finding explains it")
+            return f"first divergence: {self.crash['label']} crashed: {describe_crash(self.crash)}{why}"
         if self.first is None:
             return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
                     f"{len(self.alignment.seq_pairs)} sequences")
@@ -110,6 +116,7 @@ class DiffReport:
             "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
                                                         (self.labels.y, self.acceptance.y))},
             "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
+            "crash": self.crash,
             "preflight_findings": self.findings,
             "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length}
                           for p in self.alignment.seq_pairs],
@@ -129,15 +136,37 @@ def diff_traces(path_x: str, path_y: str, *, preset: str = "default", overrides:
     return diff_opened(traces, preset=preset, overrides=overrides, progress=progress)
 
 
+def _crash(traces: Pair, labels: Pair) -> dict | None:
+    for label, trace in ((labels.x, traces.x), (labels.y, traces.y)):
+        crash = trace.contract.get("crash")
+        if isinstance(crash, dict):
+            return {"label": label, **crash}
+    return None
+
+
 def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
                 progress=None) -> DiffReport:
-    """``diff_traces`` on already opened traces (the TUI re-runs this with another preset)."""
+    """``diff_traces`` on already opened traces (the TUI re-runs this with another preset).
+
+    A side whose engine crashed (contract ``crash``, tracer/crash.py) before recording any
+    sequence is compared by its contract and the pre-flight findings alone; the crash is the
+    first divergence, with the finding that explains it.
+    """
+    labels = side_labels(traces)
+    crash = _crash(traces, labels)
+    if crash is not None and not (traces.x.sequences and traces.y.sequences):
+        empty = Alignment((), Pair((), ()))
+        none = Acceptance(None, None, {}, 0)
+        return DiffReport(traces.map(lambda t: t.path), labels, empty, {}, None, [], check_contracts(traces),
+                          Pair(none, none), traces, findings=crash_findings(traces, crash), crash=crash)
     alignment = align_sequences(traces)
     comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress)
     first = first_divergence(comps)
-    return DiffReport(traces.map(lambda t: t.path), side_labels(traces), alignment, comps, first,
+    return DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
                       explain(traces, alignment, comps, first), check_contracts(traces),
-                      acceptance(traces, alignment), traces, findings=matching_findings(traces, first))
+                      acceptance(traces, alignment), traces,
+                      findings=matching_findings(traces, first) if crash is None or first is not None
+                      else crash_findings(traces, crash), crash=crash)
 
 
 def _fmt(v) -> str:
@@ -173,6 +202,21 @@ def _graft_rows(grafts: list) -> list[str]:
 def render_text(report: DiffReport) -> str:
     """The text report: first divergence and its explanation, contract mismatches, acceptance."""
     out = [report.verdict(), ""]
+    if report.crash is not None:
+        c = report.crash
+        out.append(f"crash ({c['label']}): {c.get('type')} in {c.get('forward')}")
+        out += [f"  {line}" for line in str(c.get("message", "")).splitlines()[:3]]
+        for key, shape in {**{f"{c.get('forward')} {k}": v for k, v in (c.get("forward_shapes") or {}).items()},
+                           **(c.get("shapes") or {})}.items():
+            out.append(f"  {key}: {shape}")
+        if c.get("where"):
+            out.append(f"  raised at {c['where'][-1]}")
+        if report.findings:
+            f0 = report.findings[0]
+            out.append(f"  explained by [{f0['severity']}] {f0['kind']}: {f0['message']}")
+            if f0.get("fix"):
+                out.append(f"    fix: {f0['fix']}")
+        out.append("")
     if report.first is not None:
         f = report.first
         s = f.stats

@@ -144,14 +144,16 @@ def _worker(*, ltc=(3, 5, 6), L=8, drop_ltc=False, hot=True):
     d2t = torch.arange(1024, dtype=torch.int64) * 3
     dinner = SimpleNamespace(fc=torch.nn.Linear(768, 256), norm_before_fc=False, fc_norm=None)
     dmodel = SimpleNamespace(model=dinner, hot_token_id=None)
-    dw = SimpleNamespace(draft_runner=SimpleNamespace(model=dmodel, model_config=SimpleNamespace(hf_config=dcfg)),
-                         hot_token_id=(d2t + torch.arange(1024)) if hot else None,
-                         cuda_graph_runner=None, cuda_graph_runner_for_draft_extend=None)
     trunner = SimpleNamespace(model=SimpleNamespace(model=tinner),
                               model_config=SimpleNamespace(hf_config=tcfg, dtype=torch.bfloat16))
-    return SimpleNamespace(target_worker=SimpleNamespace(model_runner=trunner), draft_worker=dw,
-                           speculative_num_steps=3, topk=1, speculative_num_draft_tokens=4,
-                           server_args=SimpleNamespace(model_path="/t", speculative_draft_model_path="/d")), d2t
+    # an EagleDraftWorker after alloc_memory_pool (SGLang 0.5.23 eagle_worker_v2.py:177-260)
+    dw = SimpleNamespace(draft_runner=SimpleNamespace(model=dmodel, model_config=SimpleNamespace(hf_config=dcfg)),
+                         hot_token_id=(d2t + torch.arange(1024)) if hot else None,
+                         cuda_graph_runner=None, cuda_graph_runner_for_draft_extend=None,
+                         target_worker=SimpleNamespace(model_runner=trunner),
+                         speculative_num_steps=3, topk=1, speculative_num_draft_tokens=4,
+                         server_args=SimpleNamespace(model_path="/t", speculative_draft_model_path="/d"))
+    return dw, d2t
 
 
 def _contract(worker):
@@ -188,7 +190,7 @@ def test_a_missing_layers_to_capture_is_unknown_never_the_configured_ids():
 
 def test_a_missing_draft_worker_attribute_makes_its_facts_unknown():
     w, _ = _worker()
-    del w.draft_worker.hot_token_id
+    del w.hot_token_id
     c, lines = _contract(w)
     assert (c["d2t_sha256"], c["hot_token_id_sha256"], c["draft_vocab_size"]) == (UNKNOWN, UNKNOWN, UNKNOWN)
     assert len(lines) == 1 and "EagleDraftWorker.hot_token_id" in lines[0]

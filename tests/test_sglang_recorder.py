@@ -179,6 +179,86 @@ def tree(models, tmp_path_factory):
     return {"out": out, "path": path, "closed_before_kill": closed_before, "rows_before": rows_before}
 
 
+#: Loaded by the server's Python at start-up (a ``sitecustomize`` on PYTHONPATH): after SGLang
+#: builds the EAGLE-3 draft's LlamaModel, its ``norm_before_fc`` attribute is deleted, as if a
+#: new SGLang release had renamed it. SGLang reads that attribute only inside ``__init__``
+#: (llama_eagle3.py:173-176 decides ``input_norm`` from it), so what the server computes is
+#: unchanged; only the recorder, which reads it for the contract, loses it.
+RENAME_SITECUSTOMIZE = """
+import importlib.abc, importlib.util, sys
+
+_TARGET = "sglang.srt.models.llama_eagle3"
+
+
+class _RenameNormBeforeFc(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != _TARGET:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            init = module.LlamaModel.__init__
+
+            def __init__(self, *a, **kw):
+                init(self, *a, **kw)
+                del self.norm_before_fc
+
+            module.LlamaModel.__init__ = __init__
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _RenameNormBeforeFc())
+"""
+
+
+@pytest.fixture(scope="module")
+def renamed(models, tmp_path_factory):
+    """Traced chain server whose SGLang lacks the draft's ``norm_before_fc`` attribute."""
+    root = tmp_path_factory.mktemp("renamed")
+    (root / "site").mkdir()
+    (root / "site" / "sitecustomize.py").write_text(RENAME_SITECUSTOMIZE)
+    path = root / "renamed.trace"
+    srv = _server(models["target"], models["draft"], _chain(), trace=path,
+                  PYTHONPATH=os.pathsep.join([str(root / "site"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    srv.start()
+    try:
+        out = srv.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    finally:
+        srv.stop()
+    return {"out": out, "path": path, "log": Path(srv.log_path).read_text(errors="replace")}
+
+
+@server
+def test_a_renamed_sglang_attribute_is_one_warning_an_unknown_fact_and_unchanged_outputs(renamed, untraced):
+    from click.testing import CliRunner
+
+    from specdiff.tui.cli import _register, cli
+
+    lines = [ln for ln in renamed["log"].splitlines() if "specdiff:" in ln and " has no " in ln]
+    assert len(lines) == 1, lines
+    assert "SGLang 0.5.23 has no Eagle3LlamaModel.norm_before_fc (srt/models/llama_eagle3.py:173;" in lines[0]
+    assert lines[0].endswith("now unobservable: contract facts norm_before_fc")
+    trace = open_trace(str(renamed["path"]))
+    c = trace.contract
+    assert c["norm_before_fc"] == "unknown" and c["fc_norm"] is False  # the other norm fact is still read
+    assert [u["name"] for u in c["unobservable"]] == ["Eagle3LlamaModel.norm_before_fc"]
+    assert c["aux_hf_indices"] == [2, 4, 5] and trace.rows("draft.fc_out") > 0  # everything else recorded
+    # what the server computed is what the untraced server computed on the same path
+    assert [o["output_ids"] for o in renamed["out"]] == [o["output_ids"] for o in untraced]
+    _register()
+    r = CliRunner().invoke(cli, ["info", str(renamed["path"])])
+    assert r.exit_code == 0
+    assert "norm_before_fc           SGLang 0.5.23 has no Eagle3LlamaModel.norm_before_fc" in r.output
+
+
 def _swallow(fn, *a, **kw):
     try:
         fn(*a, **kw)

@@ -128,10 +128,11 @@ def _n(key, owner, kind, source, used_for, *, attr=None, tensors=(), facts=(), h
 #: Every SGLang name the recorder touches (SGLang 0.5.23, EAGLE worker v2).
 NAMES: tuple[SGLangName, ...] = (
     # ---- hook targets ----------------------------------------------------------------------
-    _n("EAGLEWorkerV2.__init__", f"{_EW2}.EAGLEWorkerV2", "hook",
-       "srt/speculative/eagle_worker_v2.py:1306", "build the contract and open the trace once the EAGLE "
-       "worker (target + draft) exists", tensors=_EVERYTHING, hook=("AFTER", "_after_worker_init"),
-       essential=True),
+    _n("EagleDraftWorker.alloc_memory_pool", f"{_EW2}.EagleDraftWorker", "hook",
+       "srt/speculative/eagle_worker_v2.py:243", "build the contract and open the trace at start-up, before "
+       "any request: here SGLang has set hot_token_id and shared the target's embedding / lm_head "
+       "(init_token_map, init_lm_head); at EAGLEWorkerV2.__init__ it has not",
+       tensors=_EVERYTHING, hook=("AFTER", "_after_draft_alloc"), essential=True),
     _n("EAGLEWorkerV2.forward_batch_generation", f"{_EW2}.EAGLEWorkerV2", "hook",
        "srt/speculative/eagle_worker_v2.py:1416", "one recorded iteration (prefill or decode) per call; "
        "the crash record when it raises", tensors=_EVERYTHING, hook=("AROUND", "_around_iteration"),
@@ -160,8 +161,9 @@ NAMES: tuple[SGLangName, ...] = (
        "(which also place the decode target rows)", tensors=(*_VERIFY, *_TARGET, "tokens"),
        hook=("AFTER", "_after_eagle_sample")),
     _n("EagleDraftWorker._capture_cuda_graphs", f"{_EW2}.EagleDraftWorker", "hook",
-       "srt/speculative/eagle_worker_v2.py:476", "SPECDIFF_EAGER_DRAFT=1: drop the draft's CUDA graphs after "
-       "capture so every draft stage runs eagerly", hook=("AFTER", "_after_capture_graphs"), optional=True),
+       "srt/speculative/eagle_worker_v2.py:476", "which draft stages the captured CUDA graphs hide "
+       "(graph_hidden_stages); SPECDIFF_EAGER_DRAFT=1 drops the graphs so every draft stage runs eagerly",
+       facts=("graph_hidden_stages",), hook=("AFTER", "_after_capture_graphs")),
     # ---- hook argument layouts ---------------------------------------------------------------
     _n("select_top_k_tokens(i, topk_p, topk_index)", _P + "speculative.spec_utils.select_top_k_tokens",
        "param", "srt/speculative/spec_utils.py:474", "positional layout (i, topk_p, topk_index) the hook reads",
@@ -180,27 +182,29 @@ NAMES: tuple[SGLangName, ...] = (
        "srt/managers/scheduler.py:6316", "data-parallel replica r > 0 writes <trace>.dp<r>",
        attr="dp_rank", facts=("trace path of DP replicas",)),
     # ---- EAGLE worker (contract at init) -------------------------------------------------------
-    _n("BaseSpecWorker.target_worker", _P + "speculative.base_spec_worker.BaseSpecWorker", "method",
-       "srt/speculative/base_spec_worker.py:203", "the target TpModelWorker (its runner, config, model)",
-       facts=("num_layers", "hidden_size", "vocab_size", "dtype", "aux_hf_indices")),
     _n("BaseSpecWorker.draft_worker", _P + "speculative.base_spec_worker.BaseSpecWorker", "method",
-       "srt/speculative/base_spec_worker.py:207", "the EagleDraftWorker (draft runner, hot_token_id, graphs)",
-       facts=("draft_hidden_size", "draft_vocab_size", "d2t_sha256", "hot_token_id_sha256",
-              "norm_before_fc", "fc_norm"), tensors=("draft.d2t",)),
-    _n("EAGLEWorkerV2.speculative_num_steps", f"{_EW2}.EAGLEWorkerV2", "instance",
-       "srt/speculative/eagle_worker_v2.py:1318", "draft steps of the contract", facts=("spec_steps",)),
-    _n("EAGLEWorkerV2.topk", f"{_EW2}.EAGLEWorkerV2", "instance", "srt/speculative/eagle_worker_v2.py:1317",
+       "srt/speculative/base_spec_worker.py:207", "the EagleDraftWorker of an EAGLEWorkerV2 (when the trace is "
+       "opened at the first iteration instead of at alloc_memory_pool)", tensors=_EVERYTHING),
+    _n("EagleDraftWorker.target_worker", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:191", "the target TpModelWorker (its runner, config, model)",
+       facts=("num_layers", "hidden_size", "vocab_size", "dtype", "aux_hf_indices")),
+    _n("EagleDraftWorker.speculative_num_steps", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:198", "draft steps of the contract", facts=("spec_steps",)),
+    _n("EagleDraftWorker.topk", f"{_EW2}.EagleDraftWorker", "instance", "srt/speculative/eagle_worker_v2.py:195",
        "tree width: rows per (seq, pos, depth) of the draft steps", facts=("spec_topk",),
        tensors=("draft.topk", "draft.topk_target")),
-    _n("EAGLEWorkerV2.speculative_num_draft_tokens", f"{_EW2}.EAGLEWorkerV2", "instance",
-       "srt/speculative/eagle_worker_v2.py:1319", "draft tokens per verify", facts=("spec_draft_tokens",)),
-    _n("EAGLEWorkerV2.server_args", f"{_EW2}.EAGLEWorkerV2", "instance",
-       "srt/speculative/eagle_worker_v2.py:1316", "model paths of the contract (pre-flight check in diff)",
+    _n("EagleDraftWorker.speculative_num_draft_tokens", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:199", "draft tokens per verify", facts=("spec_draft_tokens",)),
+    _n("EagleDraftWorker.server_args", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:188", "model paths of the contract (pre-flight check in diff)",
        facts=("model_name", "draft_name")),
     _n("ServerArgs.model_path", _P + "server_args.ServerArgs", "field", "srt/server_args.py",
        "the target's path", facts=("model_name",)),
     _n("ServerArgs.speculative_draft_model_path", _P + "server_args.ServerArgs", "field", "srt/server_args.py",
        "the draft's path", facts=("draft_name",)),
+    _n("ServerArgs.port", _P + "server_args.ServerArgs", "field", "srt/arg_groups/fields/serving.py:66",
+       "register <port> -> trace so `specdiff record client` can name the trace of a server that died",
+       facts=("trace of a dead server found by record client",)),
     _n("TpModelWorker.model_runner", _P + "managers.tp_worker.TpModelWorker", "method",
        "srt/managers/tp_worker.py:87", "the target's ModelRunner",
        facts=("num_layers", "hidden_size", "vocab_size", "dtype", "aux_hf_indices")),
@@ -222,6 +226,10 @@ NAMES: tuple[SGLangName, ...] = (
     _n("ModelRunner.model", _P + "model_executor.model_runner.ModelRunner", "instance",
        "srt/model_executor/model_runner.py:1321", "the nn.Module of target / draft",
        facts=("aux_hf_indices", "norm_before_fc", "fc_norm"), tensors=("draft.fc_in", "draft.fc_out")),
+    _n("ModelRunnerOutput.logits_output", _P + "model_executor.model_runner.ModelRunnerOutput", "field",
+       "srt/model_executor/model_runner.py:299", "what a draft forward returned (hidden, logits)",
+       tensors=("draft.hidden_out", "draft.logits", "draft.logits_topk.values", "draft.logits_topk.ids",
+                "draft.logsumexp", "draft.topk")),
     _n("ModelRunner.is_draft_worker", _P + "model_executor.model_runner.ModelRunner", "instance",
        "srt/model_executor/model_runner.py:370", "tell the draft's forwards from the target's",
        tensors=_ALL_DRAFT),

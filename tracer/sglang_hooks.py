@@ -175,6 +175,8 @@ class Recorder:
         self.opts = opts
         self.adapter = adapter if adapter is not None else SGLangAdapter.for_running_sglang()
         self._unobservable_n = 0  # adapter.missing entries already in the trace's contract
+        self.in_iteration = False  # inside EAGLEWorkerV2.forward_batch_generation
+        self.phase: tuple[str, dict] | None = None  # (model forward running, its input shapes)
         self.enabled = True
         self.cur: IterCapture | None = None
         self.fc_sink: list | None = None
@@ -209,42 +211,68 @@ class Recorder:
     def active(self) -> bool:
         return self.enabled and (self.writer is None or self.writer.active)
 
-    def start(self, worker) -> None:
-        """Build the contract from the EAGLE worker and open the trace (once)."""
+    def start(self, draft_worker) -> None:
+        """Build the contract from the live ``EagleDraftWorker`` and open the trace (once).
+
+        Called after ``EagleDraftWorker.alloc_memory_pool`` (start-up, before any request), or
+        at the first iteration when that hook did not run.
+        """
         with self._lock:
             if self.writer is not None or not self.enabled:
                 return
             from .async_writer import AsyncTraceWriter
             from .store import TraceWriter
 
-            self.contract = contract_from_worker(worker, self.opts, self.adapter)
+            self.contract = contract_from_worker(draft_worker, self.opts, self.adapter)
             self.hidden_size = known(self.contract, "hidden_size")
             self.num_aux = len(known(self.contract, "aux_hf_indices") or []) or None
             self.topk = int(known(self.contract, "spec_topk", 1))
             self._unobservable_n = len(self.contract["unobservable"])
             tw = TraceWriter(self.opts.path, side="serve", contract=self.contract)
             # The vocab map as served: d2t = hot_token_id - arange (zeros = identity, no d2t).
-            hot = hot_token_id(worker, self.adapter)
+            hot = hot_token_id(draft_worker, self.adapter)
             vd = known(self.contract, "draft_vocab_size")
             if hot is not MISSING and (hot is not None or vd):
                 ar = torch.arange(vd if hot is None else hot.numel(), dtype=torch.int64)
                 tw.append("draft.d2t", torch.zeros_like(ar) if hot is None else hot - ar, seq=-1, pos=ar.numpy())
+            sa = self.adapter.get(draft_worker, "EagleDraftWorker.server_args")
+            port = MISSING if sa is MISSING else self.adapter.get(sa, "ServerArgs.port")
+            if isinstance(port, int):
+                from .live import register_server
+
+                register_server(port=port, trace=self.opts.path)
             self.writer = AsyncTraceWriter(tw, self._write, max_items=64,
                                            max_bytes=self.opts.max_queue_mb << 20)
             logger.info("specdiff: recording an EAGLE-3 trace to %s (capture %s)", self.opts.path,
                         self.opts.capture)
 
-    def close(self) -> None:
+    def close(self, *, crash: dict | None = None) -> None:
+        """Drain the writer and close the trace; ``crash`` (tracer/crash.py) goes into the contract."""
         w = self.writer
         if w is None:
             return
         self.enabled = False
         cost = {"recorder_hook_s": round(self.hook_s, 4), "recorder_iter_s": round(self.iter_s, 4),
                 "recorder_writer_s": round(w.busy_s, 4), "unobservable": self.adapter.unobservable()}
+        if crash is not None:
+            cost["crash"] = crash
         if w.close(contract=cost):
             logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped; hooks %.2f s of "
                         "%.2f s in recorded forwards, writer thread %.2f s)", self.opts.path, w.written,
                         w.dropped, self.hook_s, self.iter_s, w.busy_s)
+
+    def record_crash(self, exc: BaseException, cap: IterCapture | None) -> None:
+        """The scheduler raised inside a recorded iteration: write the exception, the forward it
+        happened in and the shapes involved into the trace, and close it (before the process dies)."""
+        from .crash import crash_record, describe_crash
+
+        forward, shapes = self.phase if self.phase is not None else (None, {})
+        crash = crash_record(exc, forward=forward, forward_shapes=shapes,
+                             iteration=None if cap is None else cap.iter,
+                             kind=None if cap is None else cap.kind, rids=() if cap is None else cap.rids)
+        logger.error("specdiff: the server raised %s; the trace %s keeps the contract and this crash",
+                     describe_crash(crash), self.opts.path)
+        self.close(crash=crash)
 
     # -- capture helpers (hot path) --
     def keep_rid(self, rid: str) -> bool:
@@ -355,13 +383,19 @@ class Recorder:
 
         fc.register_forward_hook(_fc_hook)
 
+    def update_contract(self, **facts) -> None:
+        """Merge facts learned after the trace was opened (written by the writer thread)."""
+        self.contract.update(facts)
+        if self.writer is not None:
+            self.writer.submit(ContractUpdate(dict(facts)))
+
     def sync_unobservable(self) -> None:
         """Queue a contract update when SGLang names went missing after the trace was opened
         (instance attributes first seen in a batch)."""
         n = len(self.adapter.missing)
         if n != self._unobservable_n and self.writer is not None:
             self._unobservable_n = n
-            self.writer.submit(ContractUpdate({"unobservable": self.adapter.unobservable()}))
+            self.update_contract(unobservable=self.adapter.unobservable())
 
     # -- writer thread --
     def _write(self, tw, item) -> None:
@@ -410,14 +444,13 @@ def _cfg(cfg, attr: str, fact: str, what: str):
     return getattr(cfg, attr)
 
 
-def hot_token_id(worker, adapter: SGLangAdapter):
+def hot_token_id(dw, adapter: SGLangAdapter):
     """The draft->target id map SGLang applies (int64 [Vd] on the host), None (identity: no d2t),
     or MISSING (SGLang has no name for it here; logged by the adapter).
 
     SGLang 0.5.23 llama_eagle3.py:350-352: ``hot_token_id = d2t + arange``; copied to the draft
     worker by ``EagleDraftWorker.init_lm_head``. Read once at startup, never on the hot path.
     """
-    dw = adapter.get(worker, "BaseSpecWorker.draft_worker")
     hot = _chain(adapter, dw, "EagleDraftWorker.hot_token_id")
     if hot is None:  # the worker's copy is made in init_lm_head; the model holds the loaded one
         hot = _chain(adapter, dw, "EagleDraftWorker.draft_runner", "ModelRunner.model",
@@ -444,8 +477,25 @@ def _aux_capture(adapter: SGLangAdapter, target_runner) -> tuple:
     return [i for i in idx if start <= i < end], [i - 1 for i in idx if not start <= i < end]
 
 
-def contract_from_worker(worker, opts: Options, adapter: SGLangAdapter) -> dict:
-    """Contract facts from a live ``EAGLEWorkerV2`` (called once, at startup).
+def graph_hidden_stages(dw, adapter: SGLangAdapter):
+    """Stages the draft's captured CUDA graphs hide from the recorder (sorted), or UNKNOWN.
+
+    Target graphs return their outputs, so nothing the recorder reads from the target is hidden.
+    """
+    graph = _chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner")
+    graph_extend = _chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
+    if MISSING in (graph, graph_extend):
+        return UNKNOWN
+    hidden = []
+    if graph is not None:
+        hidden += ["tokens", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"]
+    if graph_extend is not None:
+        hidden += ["draft.fc_out", "draft.hidden_out", "draft.logits", "draft.topk"]
+    return sorted(set(hidden))
+
+
+def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter) -> dict:
+    """Contract facts from a live ``EagleDraftWorker`` (called once, at start-up).
 
     Every fact is read from the engine's objects through the adapter; one it cannot read is
     ``UNKNOWN`` and the missing SGLang names are listed in ``unobservable`` (never filled in
@@ -457,13 +507,8 @@ def contract_from_worker(worker, opts: Options, adapter: SGLangAdapter) -> dict:
     A = adapter
     facts: dict = {"engine": "sglang", "engine_version": A.version, "capture_level": opts.capture,
                    "logits_topk": int(opts.logits_topk), "dropped_records": 0}
-    A.check_instance(worker, "EAGLEWorkerV2.speculative_num_steps", "EAGLEWorkerV2.topk",
-                     "EAGLEWorkerV2.speculative_num_draft_tokens", "EAGLEWorkerV2.server_args")
-    target_runner = _chain(A, worker, "BaseSpecWorker.target_worker", "TpModelWorker.model_runner")
-    dw = A.get(worker, "BaseSpecWorker.draft_worker")
-    if dw is not MISSING:
-        A.check_instance(dw, "EagleDraftWorker.draft_runner", "EagleDraftWorker.hot_token_id",
-                         "EagleDraftWorker.cuda_graph_runner", "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
+    A.check_instance(dw, *(n.key for n in A.names if n.kind == "instance" and n.key.startswith("EagleDraftWorker.")))
+    target_runner = _chain(A, dw, "EagleDraftWorker.target_worker", "TpModelWorker.model_runner")
     draft_runner = _chain(A, dw, "EagleDraftWorker.draft_runner")
     tmc = _chain(A, target_runner, "ModelRunner.model_config")
     tcfg = _chain(A, tmc, "ModelConfig.hf_config")
@@ -492,7 +537,7 @@ def contract_from_worker(worker, opts: Options, adapter: SGLangAdapter) -> dict:
     facts["norm_before_fc"] = UNKNOWN if nbf is MISSING else bool(nbf)
     fcn = _chain(A, dinner, "Eagle3LlamaModel.fc_norm")
     facts["fc_norm"] = UNKNOWN if fcn is MISSING else fcn is not None
-    hot = hot_token_id(worker, A)
+    hot = hot_token_id(dw, A)
     if hot is MISSING:
         facts.update(hot_token_id_sha256=UNKNOWN, d2t_sha256=UNKNOWN, draft_vocab_size=UNKNOWN)
     elif hot is not None:
@@ -505,25 +550,14 @@ def contract_from_worker(worker, opts: Options, adapter: SGLangAdapter) -> dict:
         facts["draft_vocab_size"] = _cfg(dcfg, "draft_vocab_size", "draft_vocab_size", "draft")
         if facts["draft_vocab_size"] is None:  # SGLang sets it to vocab_size when absent (llama_eagle3.py:306)
             facts["draft_vocab_size"] = _cfg(dcfg, "vocab_size", "draft_vocab_size", "draft")
-    for fact, key in (("spec_steps", "EAGLEWorkerV2.speculative_num_steps"), ("spec_topk", "EAGLEWorkerV2.topk"),
-                      ("spec_draft_tokens", "EAGLEWorkerV2.speculative_num_draft_tokens")):
-        facts[fact] = A.fact(worker, key, int)
-    sa = A.get(worker, "EAGLEWorkerV2.server_args")
+    for fact, key in (("spec_steps", "EagleDraftWorker.speculative_num_steps"), ("spec_topk", "EagleDraftWorker.topk"),
+                      ("spec_draft_tokens", "EagleDraftWorker.speculative_num_draft_tokens")):
+        facts[fact] = A.fact(dw, key, int)
+    sa = A.get(dw, "EagleDraftWorker.server_args")
     facts["model_name"] = UNKNOWN if sa is MISSING else A.fact(sa, "ServerArgs.model_path", lambda v: str(v or ""))
     facts["draft_name"] = UNKNOWN if sa is MISSING else A.fact(
         sa, "ServerArgs.speculative_draft_model_path", lambda v: str(v or ""))
-    graph = _chain(A, dw, "EagleDraftWorker.cuda_graph_runner")
-    graph_extend = _chain(A, dw, "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
-    if MISSING in (graph, graph_extend):
-        facts["graph_hidden_stages"] = UNKNOWN
-    else:
-        hidden = []
-        if graph is not None:
-            hidden += ["tokens", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"]
-        if graph_extend is not None:
-            hidden += ["draft.fc_out", "draft.hidden_out", "draft.logits", "draft.topk"]
-        # target graphs return their outputs: nothing the recorder reads from the target is hidden
-        facts["graph_hidden_stages"] = sorted(set(hidden))
+    facts["graph_hidden_stages"] = graph_hidden_stages(dw, A)
     facts["unobservable"] = A.unobservable()
     return facts
 

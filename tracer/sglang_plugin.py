@@ -168,13 +168,15 @@ def _live():
     return rec
 
 
-def _after_worker_init(result, self, *a, **kw):
+def _after_draft_alloc(result, self, *a, **kw):
+    """Start-up: the contract is written before any request (so a server that crashes on its
+    first request still leaves one)."""
     rec = _live()
     if rec is not None:
         try:
             rec.start(self)
         except Exception as exc:  # noqa: BLE001
-            rec.fail("EAGLEWorkerV2.__init__", exc)
+            rec.fail("EagleDraftWorker.alloc_memory_pool", exc)
     return None
 
 
@@ -185,18 +187,30 @@ def _around_iteration(orig, self, batch, *a, **kw):
     if rec is not None:
         try:
             if rec.writer is None:
-                rec.start(self)
+                dw = rec.adapter.get(self, "BaseSpecWorker.draft_worker")
+                if dw is not MISSING:
+                    rec.start(dw)
             cap = rec.begin(batch)
         except Exception as exc:  # noqa: BLE001
             rec.fail("forward_batch_generation (begin)", exc)
             cap = None
+        rec.in_iteration, rec.phase = True, None
     rec_ = rec if cap is not None else None
     if rec_ is not None:
         rec_.cur = cap
     t1 = time.perf_counter()
     try:
         result = orig(self, batch, *a, **kw)
+    except Exception as exc:
+        if rec is not None and rec.writer is not None:
+            try:
+                rec.record_crash(exc, cap)
+            except Exception as exc2:  # noqa: BLE001 - never mask the server's own exception
+                logger.error("specdiff: could not record the crash (%s: %s)", type(exc2).__name__, exc2)
+        raise
     finally:
+        if rec is not None:
+            rec.in_iteration = False
         if rec_ is not None:
             rec_.cur = None
     t2 = time.perf_counter()
@@ -250,16 +264,32 @@ _MODES = {"EXTEND": "extend", "DRAFT_EXTEND_V2": "extend_v2", "DECODE": "decode"
 
 
 def _around_runner_forward(orig, self, forward_batch, *a, **kw):
-    rec, cap = _cur()
-    if cap is None or rec.adapter.get(self, "ModelRunner.is_draft_worker") is not True:
+    rec = _live()
+    if rec is None or not rec.in_iteration:
         return orig(self, forward_batch, *a, **kw)
-    fmode = rec.adapter.get(forward_batch, "ForwardBatch.forward_mode")
-    mode = None if fmode is MISSING else _MODES.get(fmode.name)
-    if mode is None:
-        return orig(self, forward_batch, *a, **kw)
+    from .crash import forward_name
+
+    A = rec.adapter
+    is_draft = A.get(self, "ModelRunner.is_draft_worker") is True
+    fmode = A.get(forward_batch, "ForwardBatch.forward_mode")
+    mname = None if fmode is MISSING else fmode.name
+    prev = rec.phase
+    # Which forward is running, for the crash record (its shapes only: no tensor is touched).
+    ids = A.get(forward_batch, "ForwardBatch.input_ids")
+    pos = A.get(forward_batch, "ForwardBatch.positions")
+    rec.phase = (forward_name(is_draft=is_draft, mode=mname),
+                 {k: list(v.shape) for k, v in (("input_ids", ids), ("positions", pos)) if hasattr(v, "shape")})
+    cap = rec.cur
+    mode = _MODES.get(mname or "") if is_draft else None
+    if cap is None or mode is None:
+        out = orig(self, forward_batch, *a, **kw)
+        rec.phase = prev  # only on success: a forward that raised stays named
+        return out
     t0 = time.perf_counter()
     try:
-        rec.ensure_fc_hook(self.model)
+        model = A.get(self, "ModelRunner.model")
+        if model is not MISSING:
+            rec.ensure_fc_hook(model)
         rec.fc_sink = []
     except Exception as exc:  # noqa: BLE001
         rec.fail("draft ModelRunner.forward (before)", exc)
@@ -269,11 +299,14 @@ def _around_runner_forward(orig, self, forward_batch, *a, **kw):
     except BaseException:
         rec.fc_sink = None
         raise
+    rec.phase = prev
     t2 = time.perf_counter()
     rec.hook_s += t1 - t0
     try:
         if rec.active and rec.cur is cap:
-            cap.draft.append(rec.capture_draft_forward(mode, forward_batch, out.logits_output))
+            lo = A.get(out, "ModelRunnerOutput.logits_output")
+            if lo is not MISSING:
+                cap.draft.append(rec.capture_draft_forward(mode, forward_batch, lo))
     except Exception as exc:  # noqa: BLE001
         rec.fail("draft ModelRunner.forward", exc)
     finally:
@@ -368,8 +401,20 @@ def _after_eagle_sample(result, *a, **kw):
 
 
 def _after_capture_graphs(result, self, *a, **kw):
-    """SPECDIFF_EAGER_DRAFT=1: drop the draft's CUDA graphs so every draft stage runs eagerly."""
-    self.cuda_graph_runner = None
-    self.cuda_graph_runner_for_draft_extend = None
-    logger.info("specdiff: draft CUDA graphs disabled while tracing (SPECDIFF_EAGER_DRAFT=1)")
+    """After the draft's CUDA graphs are captured: record which stages they hide; with
+    SPECDIFF_EAGER_DRAFT=1 drop them first, so every draft stage runs eagerly."""
+    rec = _rec
+    if rec is None:
+        return None
+    if rec.opts.eager_draft:
+        # SGLang 0.5.23 eagle_worker_v2.py:478-479 (the names the adapter declares)
+        self.cuda_graph_runner = None
+        self.cuda_graph_runner_for_draft_extend = None
+        logger.info("specdiff: draft CUDA graphs disabled while tracing (SPECDIFF_EAGER_DRAFT=1)")
+    try:
+        from .sglang_hooks import graph_hidden_stages
+
+        rec.update_contract(graph_hidden_stages=graph_hidden_stages(self, rec.adapter))
+    except Exception as exc:  # noqa: BLE001
+        rec.fail("EagleDraftWorker._capture_cuda_graphs", exc)
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from specdiff.replay.contract_check import unknown_facts
+from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.store import open_trace
 
 from .cli import cli
@@ -19,6 +20,17 @@ def describe(trace) -> str:
     else:
         cut = f", last {trace.cut_tail_bytes} bytes of a record cut" if trace.cut_tail_bytes else ""
         lines.append(f"state      CUT OFF: the writer did not close it (all complete records kept{cut})")
+    crash = trace.contract.get("crash")
+    if isinstance(crash, dict):
+        lines.append(f"crash      the server raised {describe_crash(crash)}")
+        if crash.get("rids"):
+            lines.append(f"  requests   {', '.join(crash['rids'])}")
+        for key, shape in (crash.get("forward_shapes") or {}).items():
+            lines.append(f"  {crash.get('forward')} {key}: {shape}")
+        for key, shape in (crash.get("shapes") or {}).items():
+            lines.append(f"  {key}: {shape}")
+        if crash.get("where"):
+            lines.append(f"  raised at  {crash['where'][-1]}")
     lines.append("contract")
     for key in sorted(trace.contract):
         if key in ("unobservable", "crash"):

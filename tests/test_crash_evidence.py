@@ -1,0 +1,185 @@
+"""A crashed server leaves evidence: the contract from start-up and the exception in its trace,
+named by ``info``, ``record client`` and ``diff`` (exit 1, no traceback).
+
+The end-to-end case runs real SGLang on this CPU: the demo draft (traces/models) served with an
+aux layer id one past the last capturable layer (SGLang id L-1 = 7), which starts fine and then
+crashes the first request in the draft's fc ('mat1 and mat2 shapes cannot be multiplied').
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from specdiff.tracer.crash import crash_record, describe_crash, forward_name
+from specdiff.tracer.store import TraceWriter, open_trace
+
+MODELS = Path(__file__).resolve().parents[1] / "traces" / "models"
+
+
+def _cli(*args):
+    from specdiff.tui.cli import _register, cli
+
+    _register()
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def _bad_draft(root: Path) -> Path:
+    """The demo draft with SGLang aux ids [-1, 2, 7]: id 7 = L-1 is never captured (L = 8)."""
+    d = root / "draft-id-L-1"
+    shutil.copytree(MODELS / "draft", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [-1, 2, 7]
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    return d
+
+
+def _fc_crash():
+    """The exception SGLang raises for 2 captured slots against an fc built for 3 (CPU, bf16)."""
+    fc = torch.nn.Linear(768, 256, bias=False)
+    try:
+        fc(torch.zeros(7, 512))
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("no crash")
+
+
+# ---- the crash record ----------------------------------------------------------------------
+def test_a_crash_record_names_the_forward_and_the_shapes_involved():
+    exc = _fc_crash()
+    c = crash_record(exc, forward=forward_name(is_draft=True, mode="EXTEND"), forward_shapes={"input_ids": [7]},
+                     iteration=0, kind="prefill", rids=["r0"])
+    assert c["type"] == "RuntimeError" and "mat1 and mat2" in c["message"]
+    assert c["forward"] == "draft extend (prefill)" and c["forward_shapes"] == {"input_ids": [7]}
+    assert c["shapes"]["Linear.forward: input"] == [7, 512] and c["shapes"]["Linear.forward: self.weight"] == [256, 768]
+    assert describe_crash(c).startswith("RuntimeError in draft extend (prefill) (iteration 0): mat1 and mat2")
+    # outside any model forward: the innermost function is named instead
+    assert crash_record(exc, forward=None)["forward"].startswith("outside the model forwards, in ")
+    assert forward_name(is_draft=False, mode="TARGET_VERIFY") == "target verify"
+
+
+def _serve_trace(path: Path, draft: Path, crash: dict | None) -> str:
+    contract = {"engine": "sglang", "engine_version": "0.5.23", "num_layers": 8, "hidden_size": 256,
+                "vocab_size": 4096, "aux_hf_indices": [0, 3], "aux_native_ids": [-1, 2, 7],
+                "aux_dropped_ids": [7], "model_name": str(MODELS / "target"), "draft_name": str(draft)}
+    tw = TraceWriter(str(path), side="serve", contract=contract)
+    if crash is not None:
+        tw.set_contract(crash=crash)
+    tw.close()
+    return str(path)
+
+
+def _train_trace(path: Path) -> str:
+    contract = {"engine": "specdiff-reference", "num_layers": 8, "hidden_size": 256, "vocab_size": 4096,
+                "aux_hf_indices": [0, 3, 6], "model_name": str(MODELS / "target"),
+                "draft_name": str(MODELS / "draft")}
+    with TraceWriter(str(path), side="train", contract=contract) as tw:
+        tw.add_sequence([5, 6, 7, 8], prompt_len=2, rid="s0")
+    return str(path)
+
+
+def test_diff_of_a_serve_trace_that_crashed_before_any_sequence_reports_the_crash_first(tmp_path):
+    crash = crash_record(_fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill", rids=["r0"])
+    serve = _serve_trace(tmp_path / "serve.trace", _bad_draft(tmp_path), crash)
+    train = _train_trace(tmp_path / "train.trace")
+    r = _cli("diff", train, serve, "--format", "text")
+    assert r.exit_code == 1, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    first = r.output.splitlines()[0]
+    assert first.startswith("first divergence: serving crashed: RuntimeError in draft extend (prefill) "
+                            "(iteration 0): mat1 and mat2 shapes cannot be multiplied")
+    assert "explained by pre-flight finding aux.slot_count" in first
+    assert "Linear.forward: self.weight: [256, 768]" in r.output
+    # the contracts are still compared
+    assert "serving captured HF hidden_states[0, 3]; training used [0, 3, 6]" in r.output
+    j = json.loads(_cli("diff", train, serve, "--format", "json").output)
+    assert j["diverged"] and j["crash"]["forward"] == "draft extend (prefill)" and j["crash"]["label"] == "serving"
+    assert j["preflight_findings"][0]["kind"] == "aux.slot_count"
+
+
+def test_diff_without_a_crash_and_without_sequences_is_still_a_bad_input_line(tmp_path):
+    serve = _serve_trace(tmp_path / "serve.trace", _bad_draft(tmp_path), None)
+    r = _cli("diff", _train_trace(tmp_path / "train.trace"), serve, "--format", "text")
+    assert r.exit_code == 2 and r.output.startswith("specdiff: error: ") and "share no token sequence" in r.output
+
+
+def test_record_client_names_the_trace_of_a_server_that_died(tmp_path, monkeypatch):
+    from specdiff.tracer import live
+    from specdiff.tracer.cpu.launch import free_port
+
+    monkeypatch.setattr(live, "registry_dir", lambda: str(tmp_path / "reg"))
+    crash = crash_record(_fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill")
+    serve = _serve_trace(tmp_path / "serve.trace", MODELS / "draft", crash)
+    port = free_port()  # nothing listens there any more: a dead server
+    live.register_server(port=port, trace=serve)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"text": "def f():"}\n')
+    r = _cli("record", "client", "--url", f"http://127.0.0.1:{port}", "--prompts", prompts)
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("specdiff: error:")]
+    assert len(lines) == 1
+    assert f"the server at http://127.0.0.1:{port} died during request 0" in lines[0]
+    assert f"its trace {serve} holds the crash: RuntimeError in draft extend (prefill)" in lines[0]
+
+
+# ---- a real server ------------------------------------------------------------------------------
+@pytest.mark.server
+def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_crash(tmp_path, monkeypatch):
+    pytest.importorskip("sglang")
+    from specdiff.tracer import live
+    from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
+
+    draft = _bad_draft(tmp_path)
+    path = tmp_path / "serve.trace"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
+    env["SPECDIFF_TRACE"] = str(path)
+    srv = ServerProcess(MODELS / "target", draft_model_path=draft, env=env,
+                        spec=SpecSettings(num_steps=3, topk=1, num_draft_tokens=4))
+    srv.start()
+    try:
+        # the contract is there before any request
+        before = open_trace(str(path))
+        assert before.contract["aux_hf_indices"] == [0, 3] and before.contract["aux_dropped_ids"] == [7]
+        assert "crash" not in before.contract and not before.sequences
+        assert live.trace_of_server(srv.url) == str(path)
+        prompts = tmp_path / "p.jsonl"
+        prompts.write_text('{"text": "def main():"}\n')
+        r = _cli("record", "client", "--url", srv.url, "--prompts", prompts, "--max-new-tokens", "8")
+        srv.proc.wait(120)
+    finally:
+        log = Path(srv.log_path).read_text(errors="replace")
+        srv.stop()
+    assert r.exit_code == 2, r.output
+    line = [ln for ln in r.output.splitlines() if ln.startswith("specdiff: error:")]
+    assert len(line) == 1 and "died during request 0" in line[0] and str(path) in line[0], r.output
+    assert "holds the crash: RuntimeError in draft extend (prefill)" in line[0]
+    assert "mat1 and mat2" in log  # SGLang's own traceback, for reference
+
+    trace = open_trace(str(path))
+    c = trace.contract["crash"]
+    assert trace.closed and not trace.sequences
+    assert (c["type"], c["forward"], c["kind"], c["iter"]) == ("RuntimeError", "draft extend (prefill)", "prefill", 0)
+    assert "mat1 and mat2 shapes cannot be multiplied" in c["message"]
+    assert any(shape == [256, 768] for key, shape in c["shapes"].items() if key.endswith("self.weight")), c["shapes"]
+
+    info = _cli("info", path)
+    assert info.exit_code == 0
+    assert "crash      the server raised RuntimeError in draft extend (prefill) (iteration 0): mat1 and mat2" in info.output
+
+    prompts_train = tmp_path / "train.jsonl"
+    prompts_train.write_text('{"text": "def main():"}\n')
+    train = tmp_path / "train.trace"
+    rt = _cli("record", "train", "--target", MODELS / "target", "--draft", MODELS / "draft",
+              "--prompts", prompts_train, "-o", train)
+    assert rt.exit_code == 0, rt.output
+    d = _cli("diff", train, path, "--format", "text")
+    assert d.exit_code == 1, d.output
+    first = d.output.splitlines()[0]
+    assert first.startswith("first divergence: serving crashed: RuntimeError in draft extend (prefill)")
+    assert "explained by pre-flight finding aux.slot_count" in first
