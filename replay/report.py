@@ -11,12 +11,13 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from specdiff.tracer.crash import describe_crash
+from specdiff.tracer.schema import spec_for
 from specdiff.tracer.store import open_trace
 
 from .acceptance import Acceptance, acceptance
 from .align import Alignment, Pair, align_sequences
 from .compare import TensorComparison, compare_all, first_divergence
-from .contract_check import ContractMismatch, check_contracts, side_labels, unknown_facts
+from .contract_check import ContractMismatch, bearing_on, check_contracts, side_labels, unknown_facts
 from .explain import Explanation, explain
 from .findings import crash_findings, matching_findings
 
@@ -67,6 +68,12 @@ class DiffReport:
             out += [(name, i) for i in bad]
         return out
 
+    def contract_bearing(self) -> list[ContractMismatch]:
+        """Contract differences (and unknown facts) that bear on the first divergence's stage."""
+        if self.first is None:
+            return []
+        return bearing_on(self.contract, spec_for(self.first.name).stage)
+
     def verdict(self) -> str:
         """The one-line verdict the header and the text report lead with."""
         if self.first is None and self.crash is not None:
@@ -102,7 +109,8 @@ class DiffReport:
                      "pos": int(self.first.match.pos[i]) if i is not None else None,
                      "depth": int(self.first.match.depth[i]) if i is not None else None,
                      "stats": self.first.stats, "worst": self.first.worst,
-                     "tolerance": asdict(self.first.tolerance)}
+                     "tolerance": asdict(self.first.tolerance),
+                     "contract": [asdict(m) for m in self.contract_bearing()]}
         return clean({
             "verdict": self.verdict(),
             "diverged": self.diverged,
@@ -230,6 +238,13 @@ def render_text(report: DiffReport) -> str:
             w = f.worst
             out.append(f"  worst: seq {w['pair']} pos {w['pos']} depth {w['depth']} element {w['element']}: "
                        f"{report.labels.x} {_fmt(w['x'])} vs {report.labels.y} {_fmt(w['y'])}")
+        bearing = report.contract_bearing()
+        if bearing:
+            out.append("  contract differences that bear on it")
+            for m in bearing:
+                out.append(f"    [{m.severity}] {m.field}: {m.message}")
+                if m.fix:
+                    out.append(f"      fix: {m.fix}")
         out.append("")
         if report.explanations:
             out.append("explanation")

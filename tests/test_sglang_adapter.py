@@ -11,12 +11,13 @@ import dataclasses
 import logging
 import sys
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from specdiff.tracer.contract import UNKNOWN, sha256_array, unknown_fields
+from specdiff.tracer.contract import UNKNOWN, sha256_array, tokenizer_hashes, unknown_fields, weight_sha256
 from specdiff.tracer.sglang_adapter import (
     MISSING,
     NAMES,
@@ -25,6 +26,8 @@ from specdiff.tracer.sglang_adapter import (
     SGLangName,
     version_in_range,
 )
+
+MODELS = Path(__file__).resolve().parents[1] / "traces" / "models"
 
 
 def _adapter(names=NAMES, version="0.5.23"):
@@ -138,13 +141,17 @@ def _worker(*, ltc=(3, 5, 6), L=8, drop_ltc=False, hot=True):
     tcfg = SimpleNamespace(num_hidden_layers=L, hidden_size=256, vocab_size=4096)
     dcfg = SimpleNamespace(hidden_size=256, vocab_size=4096, draft_vocab_size=1024,
                            eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5]})
-    tinner = SimpleNamespace(start_layer=0, end_layer=L)
+    tembed = SimpleNamespace(weight=torch.randn(4096, 256))
+    tinner = SimpleNamespace(start_layer=0, end_layer=L, embed_tokens=tembed)
     if not drop_ltc:
         tinner.layers_to_capture = list(ltc)
     d2t = torch.arange(1024, dtype=torch.int64) * 3
-    dinner = SimpleNamespace(fc=torch.nn.Linear(768, 256), norm_before_fc=False, fc_norm=None)
-    dmodel = SimpleNamespace(model=dinner, hot_token_id=None)
-    trunner = SimpleNamespace(model=SimpleNamespace(model=tinner),
+    rot = SimpleNamespace(base=10000.0, is_neox_style=True)  # class name SimpleNamespace: not SGLang's
+    layer = SimpleNamespace(self_attn=SimpleNamespace(rotary_emb=rot))
+    dinner = SimpleNamespace(fc=torch.nn.Linear(768, 256), norm_before_fc=False, fc_norm=None, norm_output=False,
+                             embed_tokens=tembed, layers=[layer])  # the target's embedding, shared
+    dmodel = SimpleNamespace(model=dinner, hot_token_id=None, lm_head=SimpleNamespace(weight=torch.randn(1024, 256)))
+    trunner = SimpleNamespace(model=SimpleNamespace(model=tinner, lm_head=SimpleNamespace(weight=torch.randn(4096, 256))),
                               model_config=SimpleNamespace(hf_config=tcfg, dtype=torch.bfloat16))
     # an EagleDraftWorker after alloc_memory_pool (SGLang 0.5.23 eagle_worker_v2.py:177-260)
     dw = SimpleNamespace(draft_runner=SimpleNamespace(model=dmodel, model_config=SimpleNamespace(hf_config=dcfg)),
@@ -152,7 +159,9 @@ def _worker(*, ltc=(3, 5, 6), L=8, drop_ltc=False, hot=True):
                          cuda_graph_runner=None, cuda_graph_runner_for_draft_extend=None,
                          target_worker=SimpleNamespace(model_runner=trunner),
                          speculative_num_steps=3, topk=1, speculative_num_draft_tokens=4,
-                         server_args=SimpleNamespace(model_path="/t", speculative_draft_model_path="/d"))
+                         speculative_algorithm=SimpleNamespace(name="EAGLE3"),
+                         server_args=SimpleNamespace(model_path="/t", speculative_draft_model_path="/d", port=1,
+                                                     tokenizer_path=str(MODELS / "target"), chat_template=None))
     return dw, d2t
 
 
@@ -171,6 +180,13 @@ def test_contract_reads_the_capture_sglang_really_does():
     assert c["d2t_sha256"] == sha256_array(d2t) and c["draft_vocab_size"] == 1024
     assert (c["spec_steps"], c["spec_topk"], c["spec_draft_tokens"], c["dtype"]) == (3, 1, 4, "bfloat16")
     assert (c["norm_before_fc"], c["fc_norm"], c["model_name"], c["draft_name"]) == (False, False, "/t", "/d")
+    assert (c["spec_algorithm"], c["aux_concat_order"], c["norm_output"]) == ("EAGLE3", "ascending", False)
+    assert (c["embed_source"], c["lm_head_source"]) == ("target", "draft")
+    assert c["embed_sha256"] == weight_sha256(w.draft_runner.model.model.embed_tokens.weight)
+    assert c["lm_head_sha256"] == weight_sha256(w.draft_runner.model.lm_head.weight)
+    assert (c["rope_theta"], c["rope_style"]) == (10000.0, "neox")
+    assert c["rope_scaling"] == {"type": "sglang SimpleNamespace"}  # an unknown rope class is named, not guessed
+    assert (c["tokenizer_sha256"], c["chat_template_sha256"]) == tokenizer_hashes(MODELS / "target")
 
 
 def test_an_aux_id_one_past_the_last_layer_is_recorded_as_dropped_not_captured():
@@ -185,7 +201,7 @@ def test_a_missing_layers_to_capture_is_unknown_never_the_configured_ids():
     assert c["aux_native_ids"] == [2, 4, 5]  # what the config says stays what the config says
     assert len(lines) == 1 and "LlamaModel.layers_to_capture" in lines[0] and "aux_hf_indices" in lines[0]
     assert [u["name"] for u in c["unobservable"]] == ["LlamaModel.layers_to_capture"]
-    assert unknown_fields(c) == ["aux_dropped_ids", "aux_hf_indices"]
+    assert unknown_fields(c) == ["aux_concat_order", "aux_dropped_ids", "aux_hf_indices"]
 
 
 def test_a_missing_draft_worker_attribute_makes_its_facts_unknown():

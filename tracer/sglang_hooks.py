@@ -175,6 +175,8 @@ class Recorder:
         self.opts = opts
         self.adapter = adapter if adapter is not None else SGLangAdapter.for_running_sglang()
         self._unobservable_n = 0  # adapter.missing entries already in the trace's contract
+        self._prompt_firsts: list[int] = []  # first token of each recorded prompt (bos_added)
+        self.bos_token_id = None
         self.in_iteration = False  # inside EAGLEWorkerV2.forward_batch_generation
         self.phase: tuple[str, dict] | None = None  # (model forward running, its input shapes)
         self.enabled = True
@@ -228,6 +230,8 @@ class Recorder:
             self.num_aux = len(known(self.contract, "aux_hf_indices") or []) or None
             self.topk = int(known(self.contract, "spec_topk", 1))
             self._unobservable_n = len(self.contract["unobservable"])
+            bos = self.contract.pop("bos_token_id", None)
+            self.bos_token_id = None if bos == UNKNOWN else bos
             tw = TraceWriter(self.opts.path, side="serve", contract=self.contract)
             # The vocab map as served: d2t = hot_token_id - arange (zeros = identity, no d2t).
             hot = hot_token_id(draft_worker, self.adapter)
@@ -256,6 +260,9 @@ class Recorder:
                 "recorder_writer_s": round(w.busy_s, 4), "unobservable": self.adapter.unobservable()}
         if crash is not None:
             cost["crash"] = crash
+        from .contract import bos_added_fact
+
+        cost["bos_added"] = bos_added_fact(self._prompt_firsts, self.bos_token_id)
         if w.close(contract=cost):
             logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped; hooks %.2f s of "
                         "%.2f s in recorded forwards, writer thread %.2f s)", self.opts.path, w.written,
@@ -315,6 +322,8 @@ class Recorder:
                 if rid not in self._seen_prompts:
                     prompt = A.get(r, "Req.origin_input_ids")
                     cap.prompts[rid] = [] if prompt is MISSING else [int(x) for x in prompt]
+                    if cap.prompts[rid]:
+                        self._prompt_firsts.append(cap.prompts[rid][0])
                     self._seen_prompts.add(rid)
         seq_lens = A.get(batch, "ScheduleBatch.seq_lens")
         if seq_lens is MISSING:
@@ -494,6 +503,113 @@ def graph_hidden_stages(dw, adapter: SGLangAdapter):
     return sorted(set(hidden))
 
 
+def _same_tensor(a, b) -> bool:
+    return a is not MISSING and b is not MISSING and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+
+
+def _weight_sha(w, rows, what: str):
+    """weight_sha256 of the first ``rows`` rows, or UNKNOWN (shard of a TP rank, or rows unknown)."""
+    from .contract import weight_sha256
+
+    if w is MISSING or not isinstance(rows, int):
+        return UNKNOWN
+    if w.shape[0] < rows:
+        logger.warning("specdiff: the draft's %s holds %d of %d rows on this rank (tensor parallel); "
+                       "its sha256 is unknown", what, w.shape[0], rows)
+        return UNKNOWN
+    return weight_sha256(w, rows=rows)
+
+
+def _weights_facts(A: SGLangAdapter, *, target_runner, dmodel, dinner, vocab, draft_vocab) -> dict:
+    """sha256 and source of the embedding and lm_head the draft multiplies by.
+
+    SGLang 0.5.23 EagleDraftWorker.init_lm_head: an EAGLE-3 draft gets the target's embedding
+    (``set_embed``) and keeps its own lm_head unless ``load_lm_head_from_target``; "source" is
+    'target' when the draft's weight is the target's very tensor, else 'draft'.
+    """
+    tmodel = _chain(A, target_runner, "ModelRunner.model")
+    tembed = _chain(A, tmodel, "LlamaForCausalLM.model", "LlamaModel.embed_tokens", "VocabParallelEmbedding.weight")
+    thead = _chain(A, tmodel, "LlamaForCausalLM.lm_head", "VocabParallelEmbedding.weight")
+    dembed = _chain(A, dinner, "Eagle3LlamaModel.embed_tokens", "VocabParallelEmbedding.weight")
+    dhead = _chain(A, dmodel, "LlamaForCausalLMEagle3.lm_head", "VocabParallelEmbedding.weight")
+    out = {"embed_sha256": _weight_sha(dembed, vocab, "embedding"),
+           "lm_head_sha256": _weight_sha(dhead, draft_vocab, "lm_head")}
+    out["embed_source"] = (UNKNOWN if MISSING in (dembed, tembed) else
+                           "target" if _same_tensor(dembed, tembed) else "draft")
+    out["lm_head_source"] = (UNKNOWN if dhead is MISSING or (thead is MISSING and tembed is MISSING) else
+                             "target" if _same_tensor(dhead, thead) or _same_tensor(dhead, tembed) else "draft")
+    return out
+
+
+#: SGLang rotary-embedding class -> (rope_scaling type, adapter keys of its parameters -> fact keys)
+_ROPE_CLASSES = {
+    "RotaryEmbedding": (None, {}),
+    "LinearScalingRotaryEmbedding": ("linear", {"LinearScalingRotaryEmbedding.scaling_factors": "factor"}),
+    "Llama3RotaryEmbedding": ("llama3", {"Llama3RotaryEmbedding.scaling_factor": "factor",
+                                         "Llama3RotaryEmbedding.low_freq_factor": "low_freq_factor",
+                                         "Llama3RotaryEmbedding.high_freq_factor": "high_freq_factor",
+                                         "Llama3RotaryEmbedding.orig_max_position":
+                                             "original_max_position_embeddings"}),
+}
+
+
+def _rope_facts(A: SGLangAdapter, dinner) -> dict:
+    """rope_theta / rope_scaling / rope_style as the draft's attention applies them (its
+    ``rotary_emb``, built by get_rope from the draft config). Another rope class is recorded by
+    its class name, so it is compared, never guessed."""
+    from .contract import rope_scaling_fact
+
+    layers = _chain(A, dinner, "Eagle3LlamaModel.layers")
+    rot = MISSING if layers is MISSING or len(layers) == 0 else _chain(
+        A, layers[0], "LlamaDecoderLayer.self_attn", "LlamaAttention.rotary_emb")
+    base = _chain(A, rot, "RotaryEmbedding.base")
+    neox = _chain(A, rot, "RotaryEmbedding.is_neox_style")
+    out = {"rope_theta": UNKNOWN if base is MISSING else float(base),
+           "rope_style": UNKNOWN if neox is MISSING else ("neox" if neox else "gptj")}
+    if rot is MISSING:
+        out["rope_scaling"] = UNKNOWN
+        return out
+    cls = type(rot).__name__
+    if cls not in _ROPE_CLASSES:
+        out["rope_scaling"] = {"type": f"sglang {cls}"}
+        return out
+    kind, params = _ROPE_CLASSES[cls]
+    values = {fact: A.get(rot, key) for key, fact in params.items()}
+    if MISSING in values.values():
+        out["rope_scaling"] = UNKNOWN
+        return out
+    values = {k: (v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v) for k, v in values.items()}
+    out["rope_scaling"] = rope_scaling_fact(kind, **values)
+    return out
+
+
+def _tokenizer_facts(A: SGLangAdapter, server_args) -> dict:
+    """tokenizer / chat-template hashes of what SGLang's tokenizer process loads.
+
+    Tokenizing happens in SGLang's main process, which the recorder (scheduler) does not see:
+    the facts are the files at ``--tokenizer-path``; a ``--chat-template`` override makes the
+    template hash unknown (one warning) rather than the file's.
+    """
+    import os
+
+    from .contract import tokenizer_hashes
+
+    path = _chain(A, server_args, "ServerArgs.tokenizer_path")
+    override = _chain(A, server_args, "ServerArgs.chat_template")
+    if path is MISSING or not isinstance(path, str) or not os.path.isdir(path):
+        if path is not MISSING:
+            logger.warning("specdiff: tokenizer %r is not a local directory; contract facts tokenizer_sha256 "
+                           "and chat_template_sha256 are unknown", path)
+        return {"tokenizer_sha256": UNKNOWN, "chat_template_sha256": UNKNOWN}
+    tok, tmpl = tokenizer_hashes(path)
+    if override is MISSING or override:
+        if override:
+            logger.warning("specdiff: --chat-template %s is applied in SGLang's tokenizer process, which the "
+                           "recorder does not see; contract fact chat_template_sha256 is unknown", override)
+        tmpl = UNKNOWN
+    return {"tokenizer_sha256": tok, "chat_template_sha256": tmpl}
+
+
 def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter) -> dict:
     """Contract facts from a live ``EagleDraftWorker`` (called once, at start-up).
 
@@ -507,7 +623,9 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter) -> dict:
     A = adapter
     facts: dict = {"engine": "sglang", "engine_version": A.version, "capture_level": opts.capture,
                    "logits_topk": int(opts.logits_topk), "dropped_records": 0}
-    A.check_instance(dw, *(n.key for n in A.names if n.kind == "instance" and n.key.startswith("EagleDraftWorker.")))
+    # The CUDA graph runners exist only once _capture_cuda_graphs ran (after this): checked there.
+    A.check_instance(dw, *(n.key for n in A.names if n.kind == "instance" and n.key.startswith("EagleDraftWorker.")
+                           and "cuda_graph" not in n.key))
     target_runner = _chain(A, dw, "EagleDraftWorker.target_worker", "TpModelWorker.model_runner")
     draft_runner = _chain(A, dw, "EagleDraftWorker.draft_runner")
     tmc = _chain(A, target_runner, "ModelRunner.model_config")
@@ -519,6 +637,8 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter) -> dict:
                  draft_hidden_size=_cfg(dcfg, "hidden_size", "draft_hidden_size", "draft"))
     dtype = _chain(A, tmc, "ModelConfig.dtype")
     facts["dtype"] = UNKNOWN if dtype is MISSING else str(dtype).replace("torch.", "")
+    # BOS id of the target config SGLang loaded: Recorder.close turns it into bos_added.
+    facts["bos_token_id"] = getattr(tcfg, "bos_token_id", None) if tcfg is not MISSING else UNKNOWN
     # The ids as configured (SGLang reads them from the draft's hf_config.eagle_config) ...
     # No eagle_config attribute means "no ids" to SGLang too (llama_eagle3.py:169: getattr(config,
     # "eagle_config", None) or {}), so None is the fact here, not a fallback.
@@ -557,7 +677,18 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter) -> dict:
     facts["model_name"] = UNKNOWN if sa is MISSING else A.fact(sa, "ServerArgs.model_path", lambda v: str(v or ""))
     facts["draft_name"] = UNKNOWN if sa is MISSING else A.fact(
         sa, "ServerArgs.speculative_draft_model_path", lambda v: str(v or ""))
-    facts["graph_hidden_stages"] = graph_hidden_stages(dw, A)
+    # Set after EagleDraftWorker._capture_cuda_graphs (start-up, before any request); unknown until then.
+    facts["graph_hidden_stages"] = UNKNOWN
+    algo = _chain(A, dw, "EagleDraftWorker.speculative_algorithm")
+    facts["spec_algorithm"] = UNKNOWN if algo is MISSING else str(getattr(algo, "name", algo))
+    # SGLang appends captures inside the layer loop (llama.py LlamaModel.forward): layer order.
+    facts["aux_concat_order"] = UNKNOWN if facts["aux_hf_indices"] == UNKNOWN else "ascending"
+    nout = _chain(A, dinner, "Eagle3LlamaModel.norm_output")
+    facts["norm_output"] = UNKNOWN if nout is MISSING else bool(nout)
+    facts.update(_weights_facts(A, target_runner=target_runner, dmodel=dmodel, dinner=dinner,
+                                vocab=facts["vocab_size"], draft_vocab=facts["draft_vocab_size"]))
+    facts.update(_rope_facts(A, dinner))
+    facts.update(_tokenizer_facts(A, sa))
     facts["unobservable"] = A.unobservable()
     return facts
 
