@@ -60,7 +60,7 @@ def test_a_crash_record_names_the_forward_and_the_shapes_involved():
     assert c["shapes"]["Linear.forward: input"] == [7, 512] and c["shapes"]["Linear.forward: self.weight"] == [256, 768]
     assert describe_crash(c).startswith("RuntimeError in draft extend (prefill) (iteration 0): mat1 and mat2")
     # outside any model forward: the innermost function is named instead
-    assert crash_record(exc, forward=None)["forward"].startswith("outside the model forwards, in ")
+    assert crash_record(exc, forward=None)["forward"].endswith("), outside the model forwards")
     assert forward_name(is_draft=False, mode="TARGET_VERIFY") == "target verify"
 
 
@@ -183,3 +183,60 @@ def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_
     first = d.output.splitlines()[0]
     assert first.startswith("first divergence: serving crashed: RuntimeError in draft extend (prefill)")
     assert "explained by pre-flight finding aux.slot_count" in first
+
+
+# ---- the plugin's crash path, on fake SGLang objects with SGLang's names --------------------------
+def _batch():
+    from types import SimpleNamespace
+
+    req = SimpleNamespace(rid="r0", origin_input_ids=[1, 2, 3, 4, 5, 6, 7])
+    return SimpleNamespace(reqs=[req], forward_iter=0, forward_mode=SimpleNamespace(is_extend=lambda: True),
+                           prefix_lens=[0], extend_lens=[7], seq_lens=torch.tensor([7]))
+
+
+@pytest.mark.parametrize("where,forward", [("draft", "draft extend (prefill)"), ("target", "target prefill"),
+                                           ("sampling", "eagle_sample (test_crash_evidence.py:")])
+def test_an_exception_in_an_iteration_is_written_with_its_forward_and_the_trace_closed(
+        tmp_path, monkeypatch, where, forward):
+    from types import SimpleNamespace
+
+    from specdiff.tracer import sglang_plugin
+    from specdiff.tracer.async_writer import AsyncTraceWriter
+    from specdiff.tracer.sglang_adapter import SGLangAdapter
+    from specdiff.tracer.sglang_hooks import Options, Recorder
+
+    path = tmp_path / "s.trace"
+    rec = Recorder(Options(path=str(path)), SGLangAdapter("0.5.23", log=lambda m: None))
+    rec.writer = AsyncTraceWriter(TraceWriter(str(path), side="serve", contract={"engine": "sglang"}), rec._write)
+    monkeypatch.setattr(sglang_plugin, "_rec", rec)
+    runner = SimpleNamespace(is_draft_worker=where == "draft", model=SimpleNamespace())
+    fb = SimpleNamespace(forward_mode=SimpleNamespace(name="EXTEND"), input_ids=torch.zeros(7, dtype=torch.long),
+                         positions=torch.arange(7))
+
+    def model_forward(self, forward_batch):
+        if where != "sampling":
+            _raise_fc()
+        return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=None, next_token_logits=None))
+
+    def eagle_sample():
+        raise RuntimeError("probabilities contain nan")
+
+    def iteration(self, batch):
+        sglang_plugin._around_runner_forward(model_forward, runner, fb)
+        if where == "sampling":
+            eagle_sample()
+
+    with pytest.raises(RuntimeError, match="probabilities" if where == "sampling" else "mat1 and mat2"):
+        sglang_plugin._around_iteration(iteration, SimpleNamespace(), _batch())
+    t = open_trace(str(path))
+    c = t.contract["crash"]
+    assert t.closed and c["forward"].startswith(forward) and (c["iter"], c["kind"], c["rids"]) == (0, "prefill", ["r0"])
+    if where != "sampling":
+        assert c["shapes"]["Linear.forward: self.weight"] == [256, 768]
+        assert c["forward_shapes"] == {"input_ids": [7], "positions": [7]}
+    else:
+        assert c["forward"].endswith("), outside the model forwards") and c["message"] == "probabilities contain nan"
+
+
+def _raise_fc():
+    raise _fc_crash()

@@ -256,3 +256,14 @@ def test_good_recorder_variables_are_quiet(caplog):
     with caplog.at_level(logging.WARNING, logger="specdiff.tracer"):
         o = Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_LOGITS_TOPK": " 4 ", "SPECDIFF_EAGER_DRAFT": "0"})
     assert (o.logits_topk, o.eager_draft) == (4, False) and not caplog.records
+
+
+def test_graph_hidden_stages_come_from_the_draft_workers_graph_runners():
+    from specdiff.tracer.sglang_hooks import graph_hidden_stages
+
+    a, lines = _adapter()
+    assert graph_hidden_stages(SimpleNamespace(cuda_graph_runner=None, cuda_graph_runner_for_draft_extend=None), a) == []
+    hidden = graph_hidden_stages(SimpleNamespace(cuda_graph_runner=object(), cuda_graph_runner_for_draft_extend=None), a)
+    assert "draft.hidden_out" in hidden and "draft.fc_out" not in hidden
+    assert graph_hidden_stages(SimpleNamespace(cuda_graph_runner=None), a) == UNKNOWN
+    assert len(lines) == 1 and "EagleDraftWorker.cuda_graph_runner_for_draft_extend" in lines[0]

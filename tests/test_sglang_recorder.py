@@ -527,3 +527,29 @@ def test_plugin_registers_only_in_scheduler_rank0(monkeypatch, tmp_path, caplog)
     lines = [r.getMessage() for r in caplog.records if "has no" in r.getMessage()]
     assert len(lines) == 1 and "EagleDraftWorker._draft_extend_for_prefill" in lines[0] and "draft.topk" in lines[0]
     assert sglang_plugin._rec.opts.path == str(tmp_path / "s.trace") + ".dp2"
+
+
+#: Contract fields that decide the draft's computation, read from live objects on both sides.
+COMPUTATION_FIELDS = ("spec_algorithm", "aux_hf_indices", "aux_concat_order", "embed_sha256", "embed_source",
+                      "lm_head_sha256", "lm_head_source", "rope_theta", "rope_scaling", "rope_style",
+                      "norm_before_fc", "fc_norm", "norm_output", "d2t_sha256", "hot_token_id_sha256",
+                      "tokenizer_sha256", "chat_template_sha256", "bos_added", "draft_vocab_size")
+
+
+@server
+def test_serving_and_training_contracts_agree_field_by_field_on_a_correct_pair(traced, models, tmp_path):
+    from specdiff.replay.align import Pair
+    from specdiff.replay.contract_check import check_contracts
+    from specdiff.replay.record_train import record_train
+
+    serve = open_trace(str(traced["path"]))
+    out = tmp_path / "train.trace"
+    record_train(models["target"], models["draft"], str(out), replay=str(traced["path"]))
+    train = open_trace(str(out))
+    for f in COMPUTATION_FIELDS:
+        assert f in serve.contract and f in train.contract, f
+        assert serve.contract[f] != "unknown", f
+    assert {f: serve.contract[f] for f in COMPUTATION_FIELDS} == {f: train.contract[f] for f in COMPUTATION_FIELDS}
+    assert serve.contract["embed_source"] == "target" and serve.contract["spec_algorithm"] == "EAGLE3"
+    assert serve.contract["graph_hidden_stages"] == []  # set after _capture_cuda_graphs (none on a CPU)
+    assert not [m for m in check_contracts(Pair(train, serve)) if m.field in COMPUTATION_FIELDS]

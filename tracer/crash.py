@@ -12,7 +12,7 @@ dict into the contract and closes the trace before the process dies:
 ``forward`` names the forward that was running (the recorder tracks it around every
 ``ModelRunner.forward``): target prefill, target verify, draft extend (prefill), draft extend
 (decode), draft decode; outside any model forward (e.g. verify's sampling), the innermost SGLang
-function. ``shapes`` are the tensor locals (and module weights) of the innermost frames.
+function: ``eagle_sample (eagle_utils.py:560), outside the model forwards``. ``shapes`` are the tensor locals (and module weights) of the innermost frames.
 """
 
 from __future__ import annotations
@@ -84,7 +84,11 @@ def crash_record(exc: BaseException, *, forward: str | None, forward_shapes: dic
     frames = _frames(exc)
     where = [f"{os.path.basename(f.f_code.co_filename)}:{line} {f.f_code.co_name}" for f, line in frames[-8:]]
     if forward is None:
-        forward = f"outside the model forwards, in {where[-1]}" if where else "unknown"
+        # the innermost SGLang function (torch's own frames say less about where in serving)
+        sg = [(f, line) for f, line in frames if f"{os.sep}sglang{os.sep}" in f.f_code.co_filename]
+        f, line = (sg or frames or [(None, 0)])[-1]
+        forward = ("unknown" if f is None else
+                   f"{f.f_code.co_name} ({os.path.basename(f.f_code.co_filename)}:{line}), outside the model forwards")
     return {"type": type(exc).__name__, "message": str(exc)[:_MAX_MESSAGE], "forward": forward,
             "iter": iteration, "kind": kind, "rids": [str(r) for r in rids],
             "forward_shapes": dict(forward_shapes or {}), "shapes": _frame_shapes(frames), "where": where}
