@@ -141,8 +141,10 @@ def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_
     env["SPECDIFF_TRACE"] = str(path)
     srv = ServerProcess(MODELS / "target", draft_model_path=draft, env=env,
                         spec=SpecSettings(num_steps=3, topk=1, num_draft_tokens=4))
-    srv.start()
+    # SGLang's /health runs a one-token generation, which this draft crashes: wait on /model_info.
+    srv.start(wait=False)
     try:
+        _wait_model_info(srv)
         # the contract is there before any request
         before = open_trace(str(path))
         assert before.contract["aux_hf_indices"] == [0, 3] and before.contract["aux_dropped_ids"] == [7]
@@ -183,6 +185,23 @@ def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_
     first = d.output.splitlines()[0]
     assert first.startswith("first divergence: serving crashed: RuntimeError in draft extend (prefill)")
     assert "explained by pre-flight finding aux.slot_count" in first
+
+
+def _wait_model_info(srv, timeout_s: float = 600.0) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert srv.proc.poll() is None, Path(srv.log_path).read_text(errors="replace")[-3000:]
+        try:
+            with urllib.request.urlopen(srv.url + "/model_info", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("server not up")
 
 
 # ---- the plugin's crash path, on fake SGLang objects with SGLang's names --------------------------

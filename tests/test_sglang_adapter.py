@@ -151,7 +151,9 @@ def _worker(*, ltc=(3, 5, 6), L=8, drop_ltc=False, hot=True):
     dinner = SimpleNamespace(fc=torch.nn.Linear(768, 256), norm_before_fc=False, fc_norm=None, norm_output=False,
                              embed_tokens=tembed, layers=[layer])  # the target's embedding, shared
     dmodel = SimpleNamespace(model=dinner, hot_token_id=None, lm_head=SimpleNamespace(weight=torch.randn(1024, 256)))
-    trunner = SimpleNamespace(model=SimpleNamespace(model=tinner, lm_head=SimpleNamespace(weight=torch.randn(4096, 256))),
+    tmodel = SimpleNamespace(model=tinner, lm_head=SimpleNamespace(weight=torch.randn(4096, 256)),
+                             capture_aux_hidden_states=True)
+    trunner = SimpleNamespace(model=tmodel,
                               model_config=SimpleNamespace(hf_config=tcfg, dtype=torch.bfloat16))
     # an EagleDraftWorker after alloc_memory_pool (SGLang 0.5.23 eagle_worker_v2.py:177-260)
     dw = SimpleNamespace(draft_runner=SimpleNamespace(model=dmodel, model_config=SimpleNamespace(hf_config=dcfg)),
@@ -166,10 +168,20 @@ def _worker(*, ltc=(3, 5, 6), L=8, drop_ltc=False, hot=True):
 
 
 def _contract(worker):
-    from specdiff.tracer.sglang_hooks import Options, contract_from_worker
+    """The contract a trace holds once start-up is over: alloc_memory_pool, then _capture_cuda_graphs."""
+    from specdiff.tracer.sglang_hooks import (
+        Options,
+        aux_capture_facts,
+        contract_from_worker,
+        graph_hidden_stages,
+    )
 
     a, lines = _adapter()
-    return contract_from_worker(worker, Options(path="/x"), a), lines
+    c = contract_from_worker(worker, Options(path="/x"), a)
+    assert (c["aux_hf_indices"], c["graph_hidden_stages"]) == (UNKNOWN, UNKNOWN)  # not settled at alloc time
+    c.update(aux_capture_facts(a, worker), graph_hidden_stages=graph_hidden_stages(worker, a))
+    c["unobservable"] = a.unobservable()
+    return c, lines
 
 
 def test_contract_reads_the_capture_sglang_really_does():
@@ -225,6 +237,7 @@ def test_an_unknown_fact_passes_contract_validation_and_survives_the_store(tmp_p
     from specdiff.tracer.store import TraceWriter, open_trace
 
     c, _ = _contract(_worker(drop_ltc=True)[0])
+    c.pop("bos_token_id")  # Recorder.start turns it into bos_added at close
     with TraceWriter(str(tmp_path / "u.trace"), side="serve", contract=c):
         pass
     t = open_trace(str(tmp_path / "u.trace"))
@@ -267,3 +280,11 @@ def test_graph_hidden_stages_come_from_the_draft_workers_graph_runners():
     assert "draft.hidden_out" in hidden and "draft.fc_out" not in hidden
     assert graph_hidden_stages(SimpleNamespace(cuda_graph_runner=None), a) == UNKNOWN
     assert len(lines) == 1 and "EagleDraftWorker.cuda_graph_runner_for_draft_extend" in lines[0]
+
+
+def test_a_target_with_aux_capture_off_feeds_no_aux_states():
+    # --speculative-algorithm EAGLE: set_eagle3_layers_to_capture is never called (llama.py:591)
+    w, _ = _worker(ltc=())
+    w.target_worker.model_runner.model.capture_aux_hidden_states = False
+    c, lines = _contract(w)
+    assert c["aux_hf_indices"] == [] and c["aux_dropped_ids"] == [] and not lines

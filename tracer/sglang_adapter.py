@@ -161,9 +161,11 @@ NAMES: tuple[SGLangName, ...] = (
        "(which also place the decode target rows)", tensors=(*_VERIFY, *_TARGET, "tokens"),
        hook=("AFTER", "_after_eagle_sample")),
     _n("EagleDraftWorker._capture_cuda_graphs", f"{_EW2}.EagleDraftWorker", "hook",
-       "srt/speculative/eagle_worker_v2.py:476", "which draft stages the captured CUDA graphs hide "
-       "(graph_hidden_stages); SPECDIFF_EAGER_DRAFT=1 drops the graphs so every draft stage runs eagerly",
-       facts=("graph_hidden_stages",), hook=("AFTER", "_after_capture_graphs")),
+       "srt/speculative/eagle_worker_v2.py:476", "last start-up step (after the target's init_attention_backends "
+       "set layers_to_capture, model_runner.py:1105): read the aux capture and which draft stages the captured "
+       "CUDA graphs hide; SPECDIFF_EAGER_DRAFT=1 drops the graphs so every draft stage runs eagerly",
+       facts=("graph_hidden_stages", "aux_hf_indices", "aux_dropped_ids", "aux_concat_order"),
+       hook=("AFTER", "_after_capture_graphs")),
     # ---- hook argument layouts ---------------------------------------------------------------
     _n("select_top_k_tokens(i, topk_p, topk_index)", _P + "speculative.spec_utils.select_top_k_tokens",
        "param", "srt/speculative/spec_utils.py:474", "positional layout (i, topk_p, topk_index) the hook reads",
@@ -240,6 +242,9 @@ NAMES: tuple[SGLangName, ...] = (
        "compute dtype", facts=("dtype",)),
     _n("LlamaForCausalLM.model", _P + "models.llama.LlamaForCausalLM", "instance", "srt/models/llama.py:567",
        "the target's decoder stack (holds layers_to_capture)", facts=("aux_hf_indices",)),
+    _n("LlamaForCausalLM.capture_aux_hidden_states", _P + "models.llama.LlamaForCausalLM", "instance",
+       "srt/models/llama.py:591", "whether the target returns aux hidden states at all (EAGLE-3 capture on)",
+       facts=("aux_hf_indices",)),
     _n("LlamaModel.layers_to_capture", _P + "models.llama.LlamaModel", "instance", "srt/models/llama.py:463",
        "what SGLang really captures: capture index i == HF hidden_states[i] (set_eagle3_layers_to_capture: "
        "id k -> k+1)", facts=("aux_hf_indices", "aux_dropped_ids", "aux_concat_order")),

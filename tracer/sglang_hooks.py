@@ -392,6 +392,15 @@ class Recorder:
 
         fc.register_forward_hook(_fc_hook)
 
+    def refresh(self, draft_worker) -> None:
+        """Facts SGLang settles only at the end of start-up (after ``_capture_cuda_graphs``): the
+        aux capture (layers_to_capture) and the stages CUDA graphs hide; written before any request."""
+        facts = aux_capture_facts(self.adapter, draft_worker)
+        facts["graph_hidden_stages"] = graph_hidden_stages(draft_worker, self.adapter)
+        self.num_aux = len(known(facts, "aux_hf_indices") or []) or None
+        self.update_contract(**facts)
+        self.sync_unobservable()
+
     def update_contract(self, **facts) -> None:
         """Merge facts learned after the trace was opened (written by the writer thread)."""
         self.contract.update(facts)
@@ -469,21 +478,27 @@ def hot_token_id(dw, adapter: SGLangAdapter):
     return hot.detach().to("cpu", torch.int64)
 
 
-def _aux_capture(adapter: SGLangAdapter, target_runner) -> tuple:
-    """(aux_hf_indices, aux_dropped_ids) as the target model really captures them.
+def aux_capture_facts(adapter: SGLangAdapter, dw) -> dict:
+    """``aux_hf_indices`` / ``aux_dropped_ids`` / ``aux_concat_order`` as the target really captures.
 
     SGLang 0.5.23 llama.py: layer i captures its input (HF hidden_states[i]) when i is in
-    ``layers_to_capture``; only i in [start_layer, end_layer) runs, so a larger index (id L-1)
-    is never captured. Captures are appended in layer order: the concat is ascending.
+    ``layers_to_capture`` and ``capture_aux_hidden_states`` is on; only i in [start_layer,
+    end_layer) runs, so a larger index (id L-1) is never captured. Captures are appended in the
+    layer loop: the concat is ascending. ``layers_to_capture`` is set by the target's
+    ``ModelRunner.init_attention_backends`` (model_runner.py:1105), after ``alloc_memory_pool``:
+    read it from ``_capture_cuda_graphs`` on (the contract says unknown until then).
     """
-    tmodel = _chain(adapter, target_runner, "ModelRunner.model", "LlamaForCausalLM.model")
-    ltc = _chain(adapter, tmodel, "LlamaModel.layers_to_capture")
-    start = _chain(adapter, tmodel, "LlamaModel.start_layer")
-    end = _chain(adapter, tmodel, "LlamaModel.end_layer")
-    if MISSING in (ltc, start, end):
-        return UNKNOWN, UNKNOWN
-    idx = sorted({int(i) for i in ltc})
-    return [i for i in idx if start <= i < end], [i - 1 for i in idx if not start <= i < end]
+    tmodel = _chain(adapter, dw, "EagleDraftWorker.target_worker", "TpModelWorker.model_runner", "ModelRunner.model")
+    on = _chain(adapter, tmodel, "LlamaForCausalLM.capture_aux_hidden_states")
+    inner = _chain(adapter, tmodel, "LlamaForCausalLM.model")
+    ltc = _chain(adapter, inner, "LlamaModel.layers_to_capture")
+    start = _chain(adapter, inner, "LlamaModel.start_layer")
+    end = _chain(adapter, inner, "LlamaModel.end_layer")
+    if MISSING in (on, ltc, start, end):
+        return {"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, "aux_concat_order": UNKNOWN}
+    idx = sorted({int(i) for i in ltc}) if on else []  # capture off: the draft gets the final hidden only
+    return {"aux_hf_indices": [i for i in idx if start <= i < end],
+            "aux_dropped_ids": [i - 1 for i in idx if not start <= i < end], "aux_concat_order": "ascending"}
 
 
 def graph_hidden_stages(dw, adapter: SGLangAdapter):
@@ -649,8 +664,9 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter) -> dict:
         ids = dict(eagle_config or {}).get("eagle_aux_hidden_state_layer_ids")
         res = resolve_aux_ids(ids, convention="sglang", num_layers=L).as_facts()
         facts.update(aux_native_ids=res["aux_native_ids"], aux_convention=res["aux_convention"])
-    # ... and what the target really captures: never the configured ids in its place.
-    facts["aux_hf_indices"], facts["aux_dropped_ids"] = _aux_capture(A, target_runner)
+    # ... and what the target really captures (never the configured ids in its place): SGLang sets
+    # it after this point (init_attention_backends); Recorder.refresh fills it in.
+    facts.update(aux_hf_indices=UNKNOWN, aux_dropped_ids=UNKNOWN, aux_concat_order=UNKNOWN)
     dmodel = _chain(A, draft_runner, "ModelRunner.model")
     dinner = _chain(A, dmodel, "LlamaForCausalLMEagle3.model")
     nbf = _chain(A, dinner, "Eagle3LlamaModel.norm_before_fc")
@@ -681,8 +697,6 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter) -> dict:
     facts["graph_hidden_stages"] = UNKNOWN
     algo = _chain(A, dw, "EagleDraftWorker.speculative_algorithm")
     facts["spec_algorithm"] = UNKNOWN if algo is MISSING else str(getattr(algo, "name", algo))
-    # SGLang appends captures inside the layer loop (llama.py LlamaModel.forward): layer order.
-    facts["aux_concat_order"] = UNKNOWN if facts["aux_hf_indices"] == UNKNOWN else "ascending"
     nout = _chain(A, dinner, "Eagle3LlamaModel.norm_output")
     facts["norm_output"] = UNKNOWN if nout is MISSING else bool(nout)
     facts.update(_weights_facts(A, target_runner=target_runner, dmodel=dmodel, dinner=dinner,

@@ -412,9 +412,7 @@ def _after_capture_graphs(result, self, *a, **kw):
         self.cuda_graph_runner_for_draft_extend = None
         logger.info("specdiff: draft CUDA graphs disabled while tracing (SPECDIFF_EAGER_DRAFT=1)")
     try:
-        from .sglang_hooks import graph_hidden_stages
-
-        rec.update_contract(graph_hidden_stages=graph_hidden_stages(self, rec.adapter))
+        rec.refresh(self)
     except Exception as exc:  # noqa: BLE001
         rec.fail("EagleDraftWorker._capture_cuda_graphs", exc)
     return None
