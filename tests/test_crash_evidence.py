@@ -259,3 +259,33 @@ def test_an_exception_in_an_iteration_is_written_with_its_forward_and_the_trace_
 
 def _raise_fc():
     raise _fc_crash()
+
+
+def test_the_app_opens_a_crashed_serve_trace_on_the_crash(tmp_path):
+    import asyncio
+    import sys
+    import time
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_tui import plain  # noqa: PLC0415
+
+    from specdiff.tui.app import SpecdiffApp
+
+    crash = crash_record(_fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill", rids=["r0"])
+    serve = _serve_trace(tmp_path / "serve.trace", _bad_draft(tmp_path), crash)
+    train = _train_trace(tmp_path / "train.trace")
+    app = SpecdiffApp(train, serve, export_root=tmp_path)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            deadline = time.monotonic() + 60
+            while app.report is None and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.pause()
+            verdict = plain(app.query_one("#verdict").content)
+            await pilot.press("q")
+            return verdict
+
+    verdict = asyncio.run(run())
+    assert verdict.startswith("first divergence: serving crashed: RuntimeError in draft extend (prefill)"), verdict
+    assert app.return_code == 1
