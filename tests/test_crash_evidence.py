@@ -166,13 +166,14 @@ def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_
     trace = open_trace(str(path))
     c = trace.contract["crash"]
     assert trace.closed and not trace.sequences
-    assert (c["type"], c["forward"], c["kind"], c["iter"]) == ("RuntimeError", "draft extend (prefill)", "prefill", 0)
+    assert (c["type"], c["forward"], c["kind"]) == ("RuntimeError", "draft extend (prefill)", "prefill")
     assert "mat1 and mat2 shapes cannot be multiplied" in c["message"]
     assert any(shape == [256, 768] for key, shape in c["shapes"].items() if key.endswith("self.weight")), c["shapes"]
 
     info = _cli("info", path)
     assert info.exit_code == 0
-    assert "crash      the server raised RuntimeError in draft extend (prefill) (iteration 0): mat1 and mat2" in info.output
+    assert f"crash      the server raised RuntimeError in draft extend (prefill) (iteration {c['iter']}): mat1 and mat2" \
+        in info.output
 
     prompts_train = tmp_path / "train.jsonl"
     prompts_train.write_text('{"text": "def main():"}\n')

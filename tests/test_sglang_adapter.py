@@ -162,8 +162,7 @@ def _worker(*, ltc=(3, 5, 6), L=8, drop_ltc=False, hot=True):
                          target_worker=SimpleNamespace(model_runner=trunner),
                          speculative_num_steps=3, topk=1, speculative_num_draft_tokens=4,
                          speculative_algorithm=SimpleNamespace(name="EAGLE3"),
-                         server_args=SimpleNamespace(model_path="/t", speculative_draft_model_path="/d", port=1,
-                                                     tokenizer_path=str(MODELS / "target"), chat_template=None))
+                         server_args=SimpleNamespace(model_path="/t", speculative_draft_model_path="/d", port=1))
     return dw, d2t
 
 
@@ -177,7 +176,8 @@ def _contract(worker):
     )
 
     a, lines = _adapter()
-    c = contract_from_worker(worker, Options(path="/x"), a)
+    serving = SimpleNamespace(tokenizer_path=str(MODELS / "target"), chat_template=None)
+    c = contract_from_worker(worker, Options(path="/x"), a, serving=serving)
     assert (c["aux_hf_indices"], c["graph_hidden_stages"]) == (UNKNOWN, UNKNOWN)  # not settled at alloc time
     c.update(aux_capture_facts(a, worker), graph_hidden_stages=graph_hidden_stages(worker, a))
     c["unobservable"] = a.unobservable()

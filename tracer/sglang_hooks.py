@@ -598,19 +598,30 @@ def _rope_facts(A: SGLangAdapter, dinner) -> dict:
     return out
 
 
-def _tokenizer_facts(A: SGLangAdapter, server_args) -> dict:
+def serving_config(adapter: SGLangAdapter):
+    """SGLang's resolved serving config (``runtime_context.get_serving()``), or MISSING."""
+    try:
+        from sglang.srt import runtime_context
+
+        return runtime_context.get_serving()
+    except Exception as exc:  # noqa: BLE001 - an SGLang without it: the facts it feeds are unknown
+        adapter.mark_missing("runtime_context.get_serving", f"{type(exc).__name__}: {exc}")
+        return MISSING
+
+
+def _tokenizer_facts(A: SGLangAdapter, serving) -> dict:
     """tokenizer / chat-template hashes of what SGLang's tokenizer process loads.
 
     Tokenizing happens in SGLang's main process, which the recorder (scheduler) does not see:
-    the facts are the files at ``--tokenizer-path``; a ``--chat-template`` override makes the
+    the facts are the files at the resolved tokenizer path; a ``--chat-template`` override makes the
     template hash unknown (one warning) rather than the file's.
     """
     import os
 
     from .contract import tokenizer_hashes
 
-    path = _chain(A, server_args, "ServerArgs.tokenizer_path")
-    override = _chain(A, server_args, "ServerArgs.chat_template")
+    path = _chain(A, serving, "serving.tokenizer_path")
+    override = _chain(A, serving, "serving.chat_template")
     if path is MISSING or not isinstance(path, str) or not os.path.isdir(path):
         if path is not MISSING:
             logger.warning("specdiff: tokenizer %r is not a local directory; contract facts tokenizer_sha256 "
@@ -625,8 +636,10 @@ def _tokenizer_facts(A: SGLangAdapter, server_args) -> dict:
     return {"tokenizer_sha256": tok, "chat_template_sha256": tmpl}
 
 
-def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter) -> dict:
+def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=None) -> dict:
     """Contract facts from a live ``EagleDraftWorker`` (called once, at start-up).
+
+    ``serving``: SGLang's resolved serving config (default ``serving_config(adapter)``).
 
     Every fact is read from the engine's objects through the adapter; one it cannot read is
     ``UNKNOWN`` and the missing SGLang names are listed in ``unobservable`` (never filled in
@@ -702,7 +715,7 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter) -> dict:
     facts.update(_weights_facts(A, target_runner=target_runner, dmodel=dmodel, dinner=dinner,
                                 vocab=facts["vocab_size"], draft_vocab=facts["draft_vocab_size"]))
     facts.update(_rope_facts(A, dinner))
-    facts.update(_tokenizer_facts(A, sa))
+    facts.update(_tokenizer_facts(A, serving_config(A) if serving is None else serving))
     facts["unobservable"] = A.unobservable()
     return facts
 
