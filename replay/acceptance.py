@@ -32,12 +32,19 @@ class Acceptance:
     samples: int
 
 
+def _readable_seq(trace, name: str, seq: np.ndarray) -> np.ndarray:
+    """``seq`` with -1 (no sequence) on rows in a damaged chunk, so no selection counts them."""
+    bad = trace.unreadable(name, np.arange(len(seq)))
+    return np.where(bad, -1, seq) if bad.any() else seq
+
+
 def serving_acceptance(trace, seq_of_pair: dict[int, int]) -> Acceptance:
     """Acceptance from verify records of the aligned sequences (``seq_of_pair``: pair -> seq id)."""
     if "verify.accept_length" not in trace.names:
         return Acceptance(None, None, {}, 0)
     keys = trace.keys("verify.accept_length")
     lens = trace.read("verify.accept_length").reshape(-1)
+    keys["seq"] = _readable_seq(trace, "verify.accept_length", keys["seq"])
     steps = int(known(trace.contract, "spec_steps", max(int(lens.max(initial=1)) - 1, 1)))
     per_seq, all_lens = {}, []
     for pair, seq in seq_of_pair.items():
@@ -58,6 +65,7 @@ def training_acceptance(trace, alignment: Alignment, *, side: str) -> Acceptance
         return Acceptance(None, None, {}, 0)
     keys = trace.keys("draft.accept_cum")
     acc = trace.read("draft.accept_cum").reshape(-1).astype(bool)
+    keys["seq"] = _readable_seq(trace, "draft.accept_cum", keys["seq"])
     steps = int(keys["depth"].max()) + 1 if len(acc) else 0
     per_seq: dict[int, float] = {}
     rows = np.zeros(len(acc), bool)

@@ -432,7 +432,12 @@ def _ids_for(cfg: Eagle3DraftConfig, convention: str, target_num_layers: int | N
     if target_num_layers is None:
         raise CheckpointError(f"aux ids {ids} are in the {cfg.aux_convention} convention; pass "
                               f"target_num_layers to write them in the {convention} convention")
-    res = resolve_aux_ids(ids, convention=cfg.aux_convention, num_layers=target_num_layers)
+    # One id for one id, in the order listed: a converted checkpoint keeps its slot order.
+    try:
+        res = resolve_aux_ids(ids, convention=cfg.aux_convention, num_layers=target_num_layers, concat="listed")
+    except ConventionError as e:
+        raise CheckpointError(f"aux ids {ids} ({cfg.aux_convention}) cannot be written in the {convention} "
+                              f"convention as given: {e}") from None
     return native_aux_ids(res.hf_indices, convention)
 
 

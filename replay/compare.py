@@ -20,7 +20,9 @@ from .align import Alignment, Pair, RowMatch, match_rows, pack_keys
 from .tolerance import Tolerance, apply_overrides, default_tolerance, looser_dtype
 
 MATCH, CLOSE, DIVERGED = 0, 1, 2
-STATUS_NAMES = {MATCH: "match", CLOSE: "within tolerance", DIVERGED: "diverged"}
+#: a row in a damaged chunk on either side (tracer.damage): not compared, never counted as a match
+UNREADABLE = 4
+STATUS_NAMES = {MATCH: "match", CLOSE: "within tolerance", DIVERGED: "diverged", UNREADABLE: "unreadable"}
 
 
 @dataclass
@@ -31,12 +33,14 @@ class TensorComparison:
         name: canonical tensor name.
         tolerance: the tolerance used.
         match: which rows paired (``pair``/``pos``/``depth`` [n]).
-        status: int8 [n] per row: MATCH (bit-identical), CLOSE (within tolerance), DIVERGED.
+        status: int8 [n] per row: MATCH (bit-identical), CLOSE (within tolerance), DIVERGED, or
+            UNREADABLE (the row lies in a damaged chunk on either side; excluded from every stat).
         score: float32 [n] per row: relative error (float) or 1 - overlap (ids).
         cos: float32 [n] per-row cosine (float tensors; 1 for ids).
         nonfinite: bool [n] rows holding NaN/Inf on either side.
         stats: summary numbers (max_abs, max_rel, mean_rel, min_cos, match_rate, argmax_agree,
-            topk_overlap, kl_mean, nonfinite_rows, rows, fail_rows, coverage).
+            topk_overlap, kl_mean, nonfinite_rows, rows, fail_rows, coverage, unreadable_rows);
+            fractions are over the readable rows.
         worst: the worst row: its index, pair, pos, depth, element index and both values.
         diverged: fail fraction above tolerance, or any non-finite row.
     """
@@ -165,6 +169,7 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     cos = np.ones(n, np.float32)
     exact = np.zeros(n, bool)
     nonfinite = np.zeros(n, bool)
+    unread = np.zeros(n, bool)
     max_abs = 0.0
     worst = None
     worst_score = -1.0
@@ -177,11 +182,14 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
         if x.shape[1:] != y.shape[1:]:
             raise ValueError(f"{name}: row shapes differ, {x.shape[1:]} vs {y.shape[1:]}")
         s, c, e, nf, rowmax = _compare_block(spec.kind, name, x, y)
-        score[a:b], cos[a:b], exact[a:b], nonfinite[a:b] = s, c, e, nf
-        if spec.kind == "float" and b > a:
-            max_abs = max(max_abs, float(rowmax.max()))
-        key = np.where(nf, np.inf, s)
-        if b > a and float(key.max()) > worst_score:
+        # After the read: a read is what finds a chunk damaged.
+        u = traces.x.unreadable(name, m.rows.x[a:b]) | traces.y.unreadable(name, m.rows.y[a:b])
+        nf &= ~u
+        score[a:b], cos[a:b], exact[a:b], nonfinite[a:b], unread[a:b] = s, c, e, nf, u
+        if spec.kind == "float" and b > a and not u.all():
+            max_abs = max(max_abs, float(rowmax[~u].max()))
+        key = np.where(u, -np.inf, np.where(nf, np.inf, s))
+        if b > a and not u.all() and float(key.max()) > worst_score:
             i = int(key.argmax())
             worst_score = float(key[i])
             fx, fy = x.reshape(b - a, -1)[i], y.reshape(b - a, -1)[i]
@@ -198,19 +206,23 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
         fail = (score > tolerance.rel) | (cos < tolerance.cos) | nonfinite
     else:
         fail = (1 - score) < tolerance.ids
-    status = np.where(fail, DIVERGED, np.where(exact, MATCH, CLOSE)).astype(np.int8)
-    fail_frac = float(fail.mean()) if n else 0.0
+    fail &= ~unread
+    exact &= ~unread
+    status = np.where(unread, UNREADABLE, np.where(fail, DIVERGED, np.where(exact, MATCH, CLOSE))).astype(np.int8)
+    readable = n - int(unread.sum())
+    fail_frac = float(fail.sum()) / readable if readable else 0.0
     stats = {"rows": n, "fail_rows": int(fail.sum()), "fail_frac": fail_frac, "coverage": m.coverage,
-             "nonfinite_rows": int(nonfinite.sum()), "exact_rows": int(exact.sum())}
+             "nonfinite_rows": int(nonfinite.sum()), "exact_rows": int(exact.sum()),
+             "unreadable_rows": int(unread.sum())}
     if spec.kind == "float":
-        finite = ~nonfinite
+        finite = ~nonfinite & ~unread
         stats.update(max_abs=max_abs, max_rel=float(score[finite].max()) if finite.any() else float("nan"),
                      mean_rel=float(score[finite].mean()) if finite.any() else float("nan"),
                      min_cos=float(cos[finite].min()) if finite.any() else float("nan"))
     else:
-        stats.update(match_rate=float(exact.mean()) if n else 1.0,
-                     topk_overlap=float((1 - score).mean()) if n else 1.0)
-    diverged = bool(n) and (fail_frac > tolerance.max_fail_frac or bool(nonfinite.any()))
+        stats.update(match_rate=float(exact.sum()) / readable if readable else 1.0,
+                     topk_overlap=float((1 - score[~unread]).mean()) if readable else 1.0)
+    diverged = bool(readable) and (fail_frac > tolerance.max_fail_frac or bool(nonfinite.any()))
     return TensorComparison(name, tolerance, m, status, score, cos, nonfinite, stats, worst, diverged)
 
 
@@ -219,25 +231,35 @@ def add_logit_stats(traces: Pair, comps: dict[str, TensorComparison]) -> None:
     ids = comps.get("draft.logits_topk.ids")
     vals = comps.get("draft.logits_topk.values")
     lse = comps.get("draft.logsumexp")
-    if ids is not None and ids.stats["rows"]:
-        m = ids.match
+    if ids is not None and ids.stats["rows"] > ids.stats["unreadable_rows"]:
+        m = _subset(ids.match, ids.status != UNREADABLE)
         ix, iy = traces.x.take(ids.name, m.rows.x), traces.y.take(ids.name, m.rows.y)
         ids.stats["argmax_agree"] = float(metrics.argmax_agreement(ix, iy).mean())
-        if vals is not None and lse is not None and len(vals.match.pair) == len(m.pair) == len(lse.match.pair) \
-                and np.array_equal(vals.match.rows.x, m.rows.x) and np.array_equal(lse.match.rows.x, m.rows.x):
-            kl = metrics.topk_kl(traces.x.take_float(vals.name, m.rows.x), ix,
-                                 traces.x.take_float(lse.name, m.rows.x).reshape(-1),
-                                 traces.y.take_float(vals.name, m.rows.y), iy,
-                                 traces.y.take_float(lse.name, m.rows.y).reshape(-1))
-            ids.stats["kl_mean"] = float(kl.mean()) if len(kl) else 0.0
-            ids.stats["kl_max"] = float(kl.max()) if len(kl) else 0.0
+        if vals is not None and lse is not None and len(vals.match.pair) == len(ids.match.pair) == len(lse.match.pair) \
+                and np.array_equal(vals.match.rows.x, ids.match.rows.x) \
+                and np.array_equal(lse.match.rows.x, ids.match.rows.x):
+            ok = ((vals.status != UNREADABLE) & (lse.status != UNREADABLE))[ids.status != UNREADABLE]
+            rx, ry = m.rows.x[ok], m.rows.y[ok]
+            kl = metrics.topk_kl(traces.x.take_float(vals.name, rx), ix[ok],
+                                 traces.x.take_float(lse.name, rx).reshape(-1),
+                                 traces.y.take_float(vals.name, ry), iy[ok],
+                                 traces.y.take_float(lse.name, ry).reshape(-1))
+            if len(kl):  # none when every row of values or logsumexp is unreadable
+                ids.stats["kl_mean"], ids.stats["kl_max"] = float(kl.mean()), float(kl.max())
     full = comps.get("draft.logits")
-    if full is not None and full.stats["rows"]:
-        m = full.match
+    if full is not None and full.stats["rows"] > full.stats["unreadable_rows"]:
+        m = _subset(full.match, full.status != UNREADABLE)
         fx, fy = traces.x.take_float(full.name, m.rows.x), traces.y.take_float(full.name, m.rows.y)
         full.stats["argmax_agree"] = float(metrics.full_logits_argmax_agreement(fx, fy).mean())
         kl = metrics.full_kl(fx, fy)
         full.stats["kl_mean"], full.stats["kl_max"] = float(kl.mean()), float(kl.max())
+
+
+def _subset(m: RowMatch, keep: np.ndarray) -> RowMatch:
+    """The rows of ``m`` where ``keep`` (bool [n]) holds, e.g. not UNREADABLE."""
+    if keep.all():
+        return m
+    return RowMatch(m.rows.map(lambda r: r[keep]), m.pair[keep], m.pos[keep], m.depth[keep], m.only)
 
 
 # Not compared row by row: constants, side-specific bookkeeping, and training-only labels.
@@ -291,4 +313,4 @@ def first_divergence(comps: dict[str, TensorComparison]) -> TensorComparison | N
 
 
 __all__ = ["TensorComparison", "compare_all", "compare_tensor", "first_divergence", "comparable_names",
-           "MATCH", "CLOSE", "DIVERGED", "STATUS_NAMES", "aux_slot"]
+           "MATCH", "CLOSE", "DIVERGED", "UNREADABLE", "STATUS_NAMES", "aux_slot"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdiff.tracer.contract import UNKNOWN, unknown_fields
+from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, unknown_fields
 
 from .align import Pair
 
@@ -29,8 +29,9 @@ _FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "aux_hf_indices": ("warn", "{ly} captured HF hidden_states{y}; {lx} used {x}", _AUX,
                        "write the training layers into the draft's eagle_config.eagle_aux_hidden_state_layer_ids "
                        "(SGLang id = HF index - 1), or record training with the served layers"),
-    "aux_concat_order": ("warn", "aux slots concatenated {lx} {x}, {ly} {y}", _AUX,
-                         "concatenate the aux states in ascending layer order in training (engines do)"),
+    AUX_CONCAT_ORDER: ("warn", "{ly} concatenated the aux slots as HF {y}; {lx} as HF {x}", _AUX,
+                       "concatenate the aux states in ascending layer order in training (SGLang and vLLM do), "
+                       "or retrain"),
     "d2t_sha256": ("warn", "the d2t vocab maps differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target", "verify"),
                    "export d2t as offsets (target id = draft id + d2t[draft id]) from the training vocab map"),
     "hot_token_id_sha256": ("warn", "the draft->target id maps (hot_token_id) differ ({lx} {xs}, {ly} {ys})",

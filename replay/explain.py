@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdiff.tracer.contract import known
+from specdiff.tracer.contract import aux_slot_layers, known
 from specdiff.tracer.schema import aux_name, aux_slot, probe_index
 
 from . import metrics
@@ -64,13 +64,16 @@ def _rel(traces: Pair, alignment: Alignment, name_x: str, name_y: str) -> tuple[
         return float("nan"), 0
     rx, ry = _sample(m)
     x, y = traces.x.take_float(name_x, rx), traces.y.take_float(name_y, ry)
-    return float(metrics.relative_error(x, y).mean()), len(rx)
+    ok = ~(traces.x.unreadable(name_x, rx) | traces.y.unreadable(name_y, ry))  # damaged chunks
+    if not ok.any():
+        return float("nan"), 0
+    return float(metrics.relative_error(x[ok], y[ok]).mean()), int(ok.sum())
 
 
 def _hf_candidates(trace) -> dict[int, str]:
     """HF index -> tensor name for every hidden state a trace recorded (aux slots and probes)."""
     out: dict[int, str] = {}
-    hf = known(trace.contract, "aux_hf_indices") or []
+    hf = aux_slot_layers(trace.contract) or []
     for name in trace.names:
         j, i = aux_slot(name), probe_index(name)
         if i is not None:
@@ -107,12 +110,13 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     closes = [b is not None and rel[a, cols.index(b)] <= tol_rel for a, b in enumerate(best)]
     matrix = {"rows": [f"{s_label} slot {j}" for j in slots], "cols": [f"HF[{i}]" for i in cols],
               "rel": [[None if not np.isfinite(v) else round(float(v), 4) for v in r] for r in rel]}
-    s_hf = [int(i) for i in (known(s_trace.contract, "aux_hf_indices") or [])]
-    o_hf = [int(i) for i in (known(o_trace.contract, "aux_hf_indices") or [])]
+    s_hf = aux_slot_layers(s_trace.contract) or []
+    o_hf = aux_slot_layers(o_trace.contract) or []
     evidence = tuple(
         f"{s_label} slot {j} = {o_label} HF hidden_states[{b}] (rel err {rel[a, cols.index(b)]:.2e})"
         if ok else f"{s_label} slot {j}: no {o_label} layer matches (best HF[{b}], rel err "
-                   f"{np.nanmin(rel[a]):.2e})"
+                   f"{np.nanmin(rel[a]):.2e})" if np.isfinite(rel[a]).any()
+        else f"{s_label} slot {j}: not identified (no readable rows)"
         for a, (j, b, ok) in enumerate(zip(slots, best, closes)))
     identified = [b for b, ok in zip(best, closes) if ok]
     if not identified:

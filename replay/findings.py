@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdiff.tracer.contract import known
+from specdiff.tracer.contract import aux_slot_layers, known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.schema import spec_for
 
@@ -42,7 +42,7 @@ def _serving_findings(traces: Pair) -> list[dict]:
         return []
     from .preflight import findings_as_facts, run_preflight  # reads configs and weight headers
 
-    layers = known(train.contract, "aux_hf_indices")
+    layers = aux_slot_layers(train.contract)  # in training's concat order: a permutation is a finding
     try:
         report = run_preflight(target, draft, engines=("sglang",),
                                training_layers=list(layers) if layers else None, training_convention="hf")

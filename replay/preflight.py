@@ -499,17 +499,30 @@ def check_training(captures: dict[str, EngineCapture], training_hf: tuple[int, .
             continue
         pairs = ", ".join(f"slot {j}: trained on {_label(t, L)}, gets {_label(s, L)}"
                           for j, (t, s) in enumerate(zip(training_hf, cap.hf_indices)) if t != s)
+        ascending = sorted(training_hf)
+        reorder = (f"{name} always concatenates in ascending layer order, whatever the id order: retrain "
+                   f"with the layers listed ascending, or reorder fc.weight's {len(training_hf)} column blocks "
+                   f"from HF {list(training_hf)} to HF {ascending}")
+        if ascending == list(cap.hf_indices):
+            out.append(Finding("training.aux_order", "error", eng,
+                               f"{name} feeds the training layers in ascending order HF "
+                               f"{_fmt_hf(cap.hf_indices, L)} but training concatenated them as HF "
+                               f"{_fmt_hf(training_hf, L)} ({pairs}): fc multiplies each slot by the weights "
+                               "trained for another layer", reorder))
+            continue
         if eng == "sglang":
             if L in training_hf or any(i > L for i in training_hf):
                 fix = "SGLang cannot capture the final-norm output (HF L): retrain on other layers"
             else:
                 fix = (f"set eagle_config.eagle_aux_hidden_state_layer_ids = "
-                       f"{native_aux_ids(training_hf, 'sglang')}")
+                       f"{native_aux_ids(ascending, 'sglang')}")
         else:
             if any(i >= L for i in training_hf):
                 fix = "vLLM captures only HF 0..L-1: retrain on other layers"
             else:
-                fix = f"set top-level eagle_aux_hidden_state_layer_ids = {list(training_hf)}"
+                fix = f"set top-level eagle_aux_hidden_state_layer_ids = {ascending}"
+        if list(training_hf) != ascending:
+            fix += f"; also: {reorder}"
         out.append(Finding("training.mismatch", "error", eng,
                            f"{name} feeds HF {_fmt_hf(cap.hf_indices, L)} but training used HF "
                            f"{_fmt_hf(training_hf, L)}" + (f" ({pairs})" if pairs else ""), fix))
@@ -840,7 +853,8 @@ def _training_hf(layers, convention: str, num_layers: int) -> tuple[int, ...] | 
     if convention not in CONVENTIONS:
         raise PreflightError(f"--training-convention {convention!r}: use one of {', '.join(CONVENTIONS)}")
     try:
-        return resolve_aux_ids(list(layers), convention=convention, num_layers=num_layers).hf_indices
+        return resolve_aux_ids(list(layers), convention=convention, num_layers=num_layers,
+                               concat="listed").hf_indices
     except ConventionError as e:
         raise PreflightError(f"--training-layers {list(layers)}: {e}") from None
 

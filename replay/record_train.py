@@ -21,13 +21,20 @@ Sequences come from a serving trace (``replay``: every served sequence, prompt +
 its prompt_len, rid and seq id, so the two traces align row for row) or from a prompts JSONL.
 
 Aux layers: the *training* layers, i.e. the draft's own configured ids resolved with its
-convention, or what the caller states (ids + convention). A serving trace's
-``aux_hf_indices`` are what the server captured, which is exactly what may be wrong, so they
-are never used as the default.
+convention, or what the caller states (ids + convention), concatenated in the order listed,
+as a trainer does (``tracer.conventions``, concat ``listed``); contract ``aux_concat_order``.
+A serving trace's ``aux_hf_indices`` are what the server captured, which is exactly what may be
+wrong, so they are never used as the default.
+
+Nothing the caller gives is rewritten: an input that cannot be used as given is refused with
+one line (``RecordTrainError``), and every option left unset is filled from
+``train_options.DEFAULTS`` or the serving trace and stored, with where it came from, in the
+contract field ``defaults_used``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
@@ -38,6 +45,7 @@ import numpy as np
 import torch
 
 from ..tracer.contract import (
+    DEFAULTS_USED,
     bos_added_fact,
     known,
     rope_scaling_fact,
@@ -60,13 +68,13 @@ from .target_capture import (
     target_lm_head,
     target_num_layers,
 )
+from .train_options import AUX_CONVENTION_DEFAULT, CAPTURE_LEVELS, DTYPE_NAMES, fill_defaults
 
 __all__ = ["RecordTrainError", "TrainSequence", "RecordTrainResult", "DTYPES", "CAPTURE_LEVELS",
            "LOGITS_TOPK", "sequences_from_trace", "sequences_from_prompts", "resolve_train_aux",
            "TrainReplayer", "record_train"]
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-CAPTURE_LEVELS = ("default", "full")
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 LOGITS_TOPK = 8
 
 
@@ -98,6 +106,7 @@ class RecordTrainResult:
             whose every depth is valid (SGLang's ``spec_accept_length`` counts the bonus token too).
         seconds: wall time of the replay (model loading excluded).
         notes: plain-words remarks (draft notes, aux notes).
+        defaults_used: option -> {"value", "source"} for every option the caller left unset.
     """
 
     path: str
@@ -109,17 +118,25 @@ class RecordTrainResult:
     mean_accept_length: float
     seconds: float
     notes: list[str] = field(default_factory=list)
+    defaults_used: dict[str, dict] = field(default_factory=dict)
 
 
 # ---- sequences ------------------------------------------------------------------------------
 def sequences_from_trace(path: str) -> tuple[list[TrainSequence], dict]:
-    """Every sequence of a (serving) trace, with its prompt_len, rid and seq id; and its contract."""
+    """Every sequence of a (serving) trace, with its prompt_len, rid and seq id; and its contract.
+
+    Sequences with fewer than 2 tokens have no draft row and are left out; the returned
+    contract then holds ``skipped_sequences`` (their seq ids) so the caller can say so."""
     trace = open_trace(path)
     seqs = [TrainSequence(np.asarray(s.tokens, np.int64), int(s.prompt_len), s.rid, int(s.id))
-            for s in trace.sequences if len(s.tokens)]
+            for s in trace.sequences if len(s.tokens) >= 2]
     if not seqs:
         raise RecordTrainError(f"{path}: the trace holds no token sequences to replay")
-    return seqs, dict(trace.contract)
+    contract = dict(trace.contract)
+    skipped = [int(s.id) for s in trace.sequences if len(s.tokens) < 2]
+    if skipped:
+        contract["skipped_sequences"] = skipped
+    return seqs, contract
 
 
 def _load_tokenizer(target_dir: Path):
@@ -134,7 +151,8 @@ def _load_tokenizer(target_dir: Path):
         raise RecordTrainError(f"cannot load the tokenizer of {target_dir}: {type(e).__name__}: {e}") from None
 
 
-def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[TrainSequence]:
+def sequences_from_prompts(path: str | Path, target_dir: str | Path, *,
+                           defaults_used: dict | None = None) -> list[TrainSequence]:
     """Sequences from a JSONL file, one object per line, any of:
 
     - ``{"input_ids": [...]}`` or ``{"tokens": [...]}`` (token ids; optional ``"prompt_len"``);
@@ -143,6 +161,9 @@ def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[Tra
     - ``{"messages": [...]}`` (the tokenizer's chat template).
 
     An optional ``"rid"`` names the sample. Raises RecordTrainError naming the line.
+
+    How text becomes tokens is a choice made here, not by the file: when ``defaults_used`` is a
+    dict, the choices used are added to it (``text_special_tokens``, ``chat_generation_prompt``).
     """
     path = Path(path)
     if not path.is_file():
@@ -158,13 +179,19 @@ def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[Tra
             ids = obj[ids_key]
             if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
                 raise RecordTrainError(f"{path}:{n}: {ids_key} must be a list of ints")
-            plen = int(obj.get("prompt_len", len(ids)))
+            plen = obj.get("prompt_len", len(ids))
+            if not isinstance(plen, int) or not 0 <= plen <= len(ids):
+                raise RecordTrainError(f"{path}:{n}: prompt_len {plen!r} is not an int in 0..{len(ids)} "
+                                       "(the number of tokens that came from the prompt)")
         else:
             if tok is None:
                 tok = _load_tokenizer(Path(target_dir))
             if "messages" in obj:
                 try:
                     ids = list(tok.apply_chat_template(obj["messages"], tokenize=True))
+                    _note_default(defaults_used, "chat_generation_prompt", False,
+                                  "record train default: messages go through the tokenizer's chat template "
+                                  "without a generation prompt (add_generation_prompt=False)")
                 except Exception as e:
                     raise RecordTrainError(f"{path}:{n}: chat template failed: {e}") from None
                 if ids and isinstance(ids[0], list):
@@ -173,6 +200,9 @@ def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[Tra
             elif "prompt" in obj or "text" in obj:
                 prompt = obj.get("prompt", obj.get("text"))
                 ids = tok(prompt, add_special_tokens=True)["input_ids"]
+                _note_default(defaults_used, "text_special_tokens", True,
+                              "record train default: text prompts are tokenized with the tokenizer's special "
+                              "tokens (BOS), a completion without")
                 plen = len(ids)
                 if obj.get("completion"):
                     ids = ids + tok(obj["completion"], add_special_tokens=False)["input_ids"]
@@ -180,10 +210,15 @@ def sequences_from_prompts(path: str | Path, target_dir: str | Path) -> list[Tra
                 raise RecordTrainError(f"{path}:{n}: needs one of input_ids, tokens, text, prompt, messages")
         if len(ids) < 2:
             raise RecordTrainError(f"{path}:{n}: a sequence needs at least 2 tokens, got {len(ids)}")
-        out.append(TrainSequence(np.asarray(ids, np.int64), min(plen, len(ids)), rid, None))
+        out.append(TrainSequence(np.asarray(ids, np.int64), plen, rid, None))
     if not out:
         raise RecordTrainError(f"{path}: no prompts")
     return out
+
+
+def _note_default(defaults_used: dict | None, name: str, value, source: str) -> None:
+    if defaults_used is not None:
+        defaults_used.setdefault(name, {"value": value, "source": source})
 
 
 @torch.no_grad()
@@ -202,26 +237,39 @@ def _extend_greedy(target, seqs: list[TrainSequence], max_new_tokens: int) -> li
 # ---- aux layers -----------------------------------------------------------------------------
 def resolve_train_aux(loaded: LoadedDraft, num_layers: int, aux_layers=None,
                       aux_convention: str | None = None) -> AuxResolution:
-    """The aux layers training feeds: ``aux_layers`` read in ``aux_convention`` (default ``hf``),
-    else the draft config's own ids in its convention (tool default when it has none).
+    """The aux layers training feeds, in the order listed (slot j = the j-th id): ``aux_layers``
+    read in ``aux_convention`` (default ``hf``), else the draft config's own ids in its
+    convention and order (tool default when it has none).
 
-    Raises RecordTrainError when the ids are invalid or their count differs from the draft's K.
+    Raises RecordTrainError when the ids are invalid, cannot be used in the order given (a
+    layer twice, an id the convention never captures) or their count differs from the draft's K.
     """
     c = loaded.config
     try:
         if aux_layers is not None:
-            res = resolve_aux_ids(list(aux_layers), convention=aux_convention or "hf", num_layers=num_layers)
+            res = resolve_aux_ids(list(aux_layers), convention=aux_convention or AUX_CONVENTION_DEFAULT,
+                                  num_layers=num_layers, concat="listed")
         else:
             res = resolve_aux_ids(c.eagle_aux_hidden_state_layer_ids, convention=c.aux_convention,
-                                  num_layers=num_layers)
+                                  num_layers=num_layers, concat="listed")
     except ConventionError as e:
-        raise RecordTrainError(f"aux layers: {e}") from None
+        src = (f"--aux-layers {list(aux_layers)}" if aux_layers is not None
+               else f"the draft config ids {c.eagle_aux_hidden_state_layer_ids} ({c.aux_convention})")
+        raise RecordTrainError(f"aux layers: {e}; give the layers training fed, in its concat order, "
+                               f"with --aux-layers (from {src})") from None
     if len(res.hf_indices) != c.num_aux:
-        src = (f"--aux-layers {list(aux_layers)} ({aux_convention or 'hf'})" if aux_layers is not None
+        src = (f"--aux-layers {list(aux_layers)} ({aux_convention or AUX_CONVENTION_DEFAULT})"
+               if aux_layers is not None
                else f"the draft config ids {c.eagle_aux_hidden_state_layer_ids} ({c.aux_convention})")
         raise RecordTrainError(
             f"{src} resolve to {len(res.hf_indices)} aux slots HF {list(res.hf_indices)} but the draft's "
             f"fc expects {c.num_aux} slots x {c.target_hidden_size} = {c.aux_width} features")
+    if aux_layers is None and list(res.hf_indices) != sorted(res.hf_indices):
+        res = dataclasses.replace(res, notes=res.notes + (
+            f"the draft config lists its aux ids {c.eagle_aux_hidden_state_layer_ids} out of ascending order: "
+            f"the training side concatenates them as listed, HF {list(res.hf_indices)} (as SpecForge does); "
+            f"SGLang concatenates HF {sorted(res.hf_indices)}. If training concatenated in ascending order, "
+            "pass --aux-layers in that order",))
     return res
 
 
@@ -449,22 +497,19 @@ def _quiet_transformers() -> None:
         pass
 
 
-def draft_computation_facts(draft, config, *, aux_hf, vocab: int, seqs, bos_token_id, tokenizer_dir) -> dict:
+def draft_computation_facts(draft, config, *, vocab: int, seqs, bos_token_id, tokenizer_dir) -> dict:
     """The contract fields that decide the draft's computation, from the training side's live
     draft module and sequences (the same field names and hashing as the SGLang recorder,
-    tracer/contract.py): algorithm, aux concat order, embedding / lm_head sha256, rope as the
-    reference attention applies it (rotate_half = neox), BOS and chat template.
-
-    ``aux_hf``: the HF indices in the order training concatenates them.
+    tracer/contract.py): algorithm, embedding / lm_head sha256, rope as the reference attention
+    applies it (rotate_half = neox), BOS and chat template. The aux layers and their concat
+    order come from ``AuxResolution.as_facts``.
     """
     scaling = config.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
     params = {k: scaling.get(k) for k in ("factor", "low_freq_factor", "high_freq_factor",
                                           "original_max_position_embeddings") if scaling.get(k) is not None}
-    aux = [int(i) for i in aux_hf]
     return {
         "spec_algorithm": "EAGLE3",  # the reference forward is EAGLE-3's (fc over the aux concat)
-        "aux_concat_order": "ascending" if aux == sorted(aux) else "as listed",
         "embed_sha256": weight_sha256(draft.embed_tokens.weight, rows=vocab),
         "lm_head_sha256": weight_sha256(draft.lm_head.weight, rows=config.draft_vocab_size),
         "rope_theta": float(config.rope_theta),
@@ -481,16 +526,48 @@ def _parse_dtype(name: str, what: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def _check_counts(*, steps, topk, probe_positions, max_new_tokens, batch_size, replay) -> None:
+    """Refuse option values that cannot be used as given (one line each, naming the option)."""
+    for opt, value, low in (("--steps", steps, 1), ("--topk", topk, 1), ("--probe-positions", probe_positions, 0),
+                            ("--max-new-tokens", max_new_tokens, 0), ("--batch-size", batch_size, 1)):
+        if value is not None and int(value) < low:
+            raise RecordTrainError(f"{opt} {value}: must be >= {low}")
+    if replay is not None and max_new_tokens:
+        raise RecordTrainError("--max-new-tokens extends --prompts sequences; with --replay the served "
+                               "sequences are replayed exactly as served (leave it out)")
+
+
+def _aux_defaults(aux_layers, aux_convention, loaded: LoadedDraft, aux: AuxResolution) -> dict[str, dict]:
+    """``defaults_used`` entries for the aux layers / convention the caller left unset."""
+    used: dict[str, dict] = {}
+    if aux_layers is None:
+        c = loaded.config
+        if c.eagle_aux_hidden_state_layer_ids is None:
+            src = f"no ids in the draft config: the {c.aux_convention} default HF [2, L//2, L-3]"
+        else:
+            key = ("eagle_aux_hidden_state_layer_ids" if loaded.format == "speculators"
+                   else "eagle_config.eagle_aux_hidden_state_layer_ids")
+            src = f"the draft config's {key} {c.eagle_aux_hidden_state_layer_ids}, in the order listed"
+        used["aux_layers"] = {"value": list(aux.hf_indices), "source": src + " (HF indices, concat order)"}
+        used["aux_convention"] = {"value": aux.convention, "source": f"the draft's {loaded.format} format"}
+    elif aux_convention is None:
+        used["aux_convention"] = {"value": AUX_CONVENTION_DEFAULT, "source": "record train default for --aux-layers"}
+    return used
+
+
 def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
                  replay: str | None = None, prompts: str | Path | None = None,
                  aux_layers=None, aux_convention: str | None = None, steps: int | None = None,
-                 topk: int | None = None, dtype: str = "bfloat16", target_dtype: str = "bfloat16",
-                 capture: str = "default", probe_positions: int = 64, max_new_tokens: int = 0,
-                 batch_size: int = 8, max_batch_tokens: int = 8192, overwrite: bool = False,
-                 device: str = "cpu",
+                 topk: int | None = None, dtype: str | None = None, target_dtype: str | None = None,
+                 capture: str | None = None, probe_positions: int | None = None,
+                 max_new_tokens: int | None = None, batch_size: int | None = None,
+                 max_batch_tokens: int = 8192, overwrite: bool = False, device: str | None = None,
                  progress: Callable[[int], None] | None = None,
                  on_start: Callable[[int, RecordTrainResult], None] | None = None) -> RecordTrainResult:
     """Replay sequences through target + draft and write a training-side trace at ``out``.
+
+    Every option left None takes its value from ``train_options.DEFAULTS`` (or, for steps / topk,
+    the serving trace); each such value is in the result's and the contract's ``defaults_used``.
 
     Args:
         target_dir / draft_dir: local HF target and EAGLE-3 draft checkpoint (either format).
@@ -498,35 +575,54 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
             seq ids, prompt_len and rid. Its ``spec_steps`` / ``spec_topk`` are the defaults of
             ``steps`` / ``topk``; its ``aux_hf_indices`` are NOT used (they are what serving did).
         prompts: a JSONL file (``sequences_from_prompts``); ``max_new_tokens`` > 0 extends each
-            with the target's greedy continuation.
-        aux_layers / aux_convention: the training aux layers (default: the draft config's).
+            with the target's greedy continuation (refused with ``replay``).
+        aux_layers / aux_convention: the training aux layers in training's concat order (default:
+            the draft config's ids, in the order listed); ``aux_convention`` needs ``aux_layers``.
         steps: TTT depths (default: the serving trace's spec_steps, else 3).
         topk: ``draft.topk`` width (default: the serving trace's spec_topk, else 1).
         dtype: draft compute dtype; target_dtype: target dtype (the serving dtype, bf16).
         capture: ``default`` (top-8 logits + logsumexp) or ``full`` (all draft logits).
         probe_positions: every HF hidden state is recorded at the first this-many positions.
         progress: called with the number of sequences finished after each batch.
-        on_start: called once with (total sequences, a result stub holding aux and notes).
+        on_start: called once with (total sequences, a result stub holding aux, notes and
+            defaults_used).
 
     Raises:
         RecordTrainError / CheckpointError / TargetError / TraceError: one line each.
     """
     if (replay is None) == (prompts is None):
         raise RecordTrainError("give exactly one of --replay SERVE_TRACE or --prompts FILE.jsonl")
-    ddtype = _parse_dtype(dtype, "--dtype")
-    tdtype = _parse_dtype(target_dtype, "--target-dtype")
-    if capture not in CAPTURE_LEVELS:
+    if aux_convention is not None and aux_layers is None:
+        raise RecordTrainError(f"--aux-convention {aux_convention} says how to read --aux-layers, which is "
+                               "missing; give both (e.g. --aux-layers 0,3,6 --aux-convention hf) or neither "
+                               "(the draft config's ids in its own convention)")
+    _check_counts(steps=steps, topk=topk, probe_positions=probe_positions, max_new_tokens=max_new_tokens,
+                  batch_size=batch_size, replay=replay)
+    for opt, name in (("--dtype", dtype), ("--target-dtype", target_dtype)):
+        if name is not None:
+            _parse_dtype(name, opt)
+    if capture is not None and capture not in CAPTURE_LEVELS:
         raise RecordTrainError(f"--capture {capture!r}: use one of {', '.join(CAPTURE_LEVELS)}")
     if aux_convention is not None and aux_convention not in CONVENTIONS:
         raise RecordTrainError(f"--aux-convention {aux_convention!r}: use one of {', '.join(CONVENTIONS)}")
     target_dir, draft_dir = Path(target_dir), Path(draft_dir)
     served: dict = {}
+    token_defaults: dict[str, dict] = {}
     if replay is not None:
         seqs, served = sequences_from_trace(replay)
     else:
-        seqs = sequences_from_prompts(prompts, target_dir)
+        seqs = sequences_from_prompts(prompts, target_dir, defaults_used=token_defaults)
     if not overwrite and Path(str(out)).exists():
         raise RecordTrainError(f"{out}: already exists; choose another path or pass --overwrite")
+    opts, defaults_used = fill_defaults(
+        {"steps": steps, "topk": topk, "dtype": dtype, "target_dtype": target_dtype, "capture": capture,
+         "probe_positions": probe_positions, "max_new_tokens": max_new_tokens, "batch_size": batch_size,
+         "device": device}, served)
+    steps, topk, dtype, target_dtype = int(opts["steps"]), int(opts["topk"]), opts["dtype"], opts["target_dtype"]
+    capture, probe_positions, device = opts["capture"], int(opts["probe_positions"]), opts["device"]
+    max_new_tokens, batch_size = int(opts["max_new_tokens"]), int(opts["batch_size"])
+    ddtype = _parse_dtype(dtype, "--dtype")
+    tdtype = _parse_dtype(target_dtype, "--target-dtype")
 
     _quiet_transformers()
     target = load_target(target_dir, dtype=tdtype).to(device)
@@ -535,16 +631,18 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
                         target_lm_head=target_lm_head(target).float())
     draft = loaded.model.to(device)
     aux = resolve_train_aux(loaded, L, aux_layers, aux_convention)
+    defaults_used = {**_aux_defaults(aux_layers, aux_convention, loaded, aux), **defaults_used, **token_defaults}
     if max_new_tokens > 0:
         seqs = _extend_greedy(target, seqs, max_new_tokens)
-    steps = int(steps if steps is not None else served.get("spec_steps") or 3)
-    topk = int(topk if topk is not None else served.get("spec_topk") or 1)
     if topk > loaded.config.draft_vocab_size:
         raise RecordTrainError(f"topk {topk} exceeds the draft vocab {loaded.config.draft_vocab_size}")
 
     tcfg = target.config
     facts = loaded.contract_facts(num_layers=L)
     notes = list(facts.pop("draft_notes", [])) + list(aux.notes)
+    if served.get("skipped_sequences"):
+        notes.append(f"serving sequences {served['skipped_sequences']} have fewer than 2 tokens (no draft row): "
+                     "not replayed")
     facts.update(aux.as_facts())
     facts.update({
         "engine": "specdiff-reference", "engine_version": _version(), "side": "train",
@@ -553,9 +651,9 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         "capture_level": capture, "logits_topk": LOGITS_TOPK if capture == "default" else 0,
         "model_name": str(target_dir), "draft_name": str(draft_dir),
         "tokenizer_sha256": _sha256_file(target_dir / "tokenizer.json"),
-        "probe_positions": int(probe_positions), "notes": notes,
+        "probe_positions": int(probe_positions), "notes": notes, DEFAULTS_USED: defaults_used,
     })
-    facts.update(draft_computation_facts(draft, loaded.config, aux_hf=aux.hf_indices, vocab=int(tcfg.vocab_size),
+    facts.update(draft_computation_facts(draft, loaded.config, vocab=int(tcfg.vocab_size),
                                          seqs=seqs, bos_token_id=getattr(tcfg, "bos_token_id", None),
                                          tokenizer_dir=target_dir))
     facts["findings"] = _preflight_facts(target_dir, draft_dir, aux.hf_indices)
@@ -573,7 +671,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     rep = TrainReplayer(target, draft, aux, steps=steps, topk=topk, capture=capture,
                         probe_positions=probe_positions, pad_id=int(pad_id) if pad_id is not None else 0)
     result = RecordTrainResult(str(out), len(seqs), int(sum(len(s.tokens) for s in seqs)), aux,
-                               [], [], float("nan"), 0.0, notes)
+                               [], [], float("nan"), 0.0, notes, defaults_used)
     if on_start:
         on_start(len(seqs), result)
     t0 = time.perf_counter()

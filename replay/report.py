@@ -57,6 +57,40 @@ class DiffReport:
         return self.first is not None or self.crash is not None
 
     @property
+    def damage(self) -> list:
+        """``tracer.damage.Damage`` found in either trace (at open and while diffing)."""
+        return self.traces.x.damage + self.traces.y.damage
+
+    @property
+    def incomplete(self) -> bool:
+        """Recorded values of either trace could not be read, so "no divergence" cannot be claimed."""
+        return any(d.lost for d in self.damage)
+
+    def unreadable_rows(self) -> int:
+        """Recorded rows of both traces that could not be read (union of damaged row ranges per tensor)."""
+        total = 0
+        for trace in (self.traces.x, self.traces.y):
+            spans: dict[str, list[tuple[int, int]]] = {}
+            for d in trace.damage:
+                if d.lost and d.rows is not None:
+                    spans.setdefault(d.tensor, []).append(d.rows)
+            for ranges in spans.values():
+                end = 0
+                for a, b in sorted(ranges):
+                    total += max(b - max(a, end), 0)
+                    end = max(end, b)
+        return total
+
+    def _damage_summary(self) -> str:
+        damage = self.damage
+        parts = f"{len(damage)} damaged part{'s' if len(damage) > 1 else ''}"
+        return f"{parts}, {self.unreadable_rows()} recorded rows unreadable" if self.incomplete else \
+            f"{parts}, nothing lost"
+
+    def _damage_note(self) -> str:
+        return f" (damaged traces: {self._damage_summary()}; see damage)" if self.damage else ""
+
+    @property
     def divergences(self) -> list[tuple[str, int]]:
         """(tensor name, aligned row) of every failing row, in dataflow then position order."""
         out = []
@@ -81,15 +115,18 @@ class DiffReport:
                    if self.findings else " — no pre-flight finding explains it")
             return f"first divergence: {self.crash['label']} crashed: {describe_crash(self.crash)}{why}"
         if self.first is None:
+            if self.incomplete:
+                return (f"no divergence in the rows that could be read, but the traces are damaged "
+                        f"({self._damage_summary()}), so equivalence is not shown; see damage")
             return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
-                    f"{len(self.alignment.seq_pairs)} sequences")
+                    f"{len(self.alignment.seq_pairs)} sequences{self._damage_note()}")
         w = self.first.worst or {}
         i = self.first.first_failing_row
         where = (f"seq {int(self.first.match.pair[i])} pos {int(self.first.match.pos[i])}"
                  + (f" depth {int(self.first.match.depth[i])}" if int(self.first.match.depth[i]) else "")) \
             if i is not None else f"seq {w.get('pair')} pos {w.get('pos')}"
         why = f" — {self.explanations[0].message}" if self.explanations else ""
-        return f"first divergence: {self.first.name} at {where}{why}"
+        return f"first divergence: {self.first.name} at {where}{why}{self._damage_note()}"
 
     def to_json(self) -> dict:
         """JSON-safe dict (``specdiff diff --format json``)."""
@@ -114,6 +151,8 @@ class DiffReport:
         return clean({
             "verdict": self.verdict(),
             "diverged": self.diverged,
+            "incomplete": self.incomplete,
+            "damage": [{"message": d.message(), **asdict(d)} for d in self.damage],
             "labels": [self.labels.x, self.labels.y],
             "traces": [self.paths.x, self.paths.y],
             "first_divergence": first,
@@ -225,6 +264,10 @@ def render_text(report: DiffReport) -> str:
             if f0.get("fix"):
                 out.append(f"    fix: {f0['fix']}")
         out.append("")
+    if report.damage:
+        out.append("damage")
+        out += [f"  {d.message()}" for d in report.damage]
+        out.append("")
     if report.first is not None:
         f = report.first
         s = f.stats
@@ -270,12 +313,26 @@ def render_text(report: DiffReport) -> str:
         out += ["", *_graft_rows(report.grafts)]
     out += ["", "tensors"]
     for name, c in report.comparisons.items():
-        mark = "DIVERGED" if c.diverged else "ok"
+        mark = "DIVERGED" if c.diverged else "DAMAGED" if c.stats.get("unreadable_rows") else "ok"
         key = "max_rel" if "max_rel" in c.stats else "match_rate"
         out.append(f"  {name:26s} {mark:8s} rows {c.stats['rows']:<6d} {key} {_fmt(c.stats.get(key, float('nan')))}"
-                   f"  coverage {c.stats['coverage']:.0%}")
+                   f"  coverage {c.stats['coverage']:.0%}{_unreadable_note(report, name, c)}")
     out.append(f"\n{report.alignment.summary()}")
     return "\n".join(out)
+
+
+def _unreadable_note(report: DiffReport, name: str, c: TensorComparison) -> str:
+    """``; N rows unreadable: <side> chunk K (+ M more), <what to do>`` for a tensor with damaged rows."""
+    n = c.stats.get("unreadable_rows", 0)
+    if not n:
+        return ""
+    found = [(label, d) for label, t in ((report.labels.x, report.traces.x), (report.labels.y, report.traces.y))
+             for d in t.damage if d.tensor == name]
+    if not found:
+        return f"; {n} rows unreadable"
+    label, d = found[0]
+    more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+    return f"; {n} rows unreadable: {label} chunk {d.key}{more} {d.problem}; {d.action}"
 
 
 def render_json(report: DiffReport) -> str:

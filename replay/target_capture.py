@@ -1,10 +1,11 @@
 """Run a HF Llama target and capture the aux hidden states EAGLE-3 feeds its draft.
 
 HF ``output_hidden_states[i]``: i = 0 is the embedding output, i in 1..L-1 the output of decoder
-layer i-1, i = L is after the final norm (DESIGN.md). Engines concatenate the captured slots in
-ascending layer order (SGLang aux_hidden_states.py), so ``hf_indices`` are sorted and
-de-duplicated here too. The default dtype is bf16, the serving dtype: DESIGN.md measured that
-replaying in the serving dtype keeps the tolerances tight.
+layer i-1, i = L is after the final norm (DESIGN.md). The slots are concatenated in the order
+given, as a trainer does (SpecForge 0.2.0 ``generate_eagle3_data`` concatenates its list in list
+order); an engine's ascending order is the caller's to pass (``tracer.conventions``). The
+default dtype is bf16, the serving dtype: DESIGN.md measured that replaying in the serving dtype
+keeps the tolerances tight.
 """
 
 from __future__ import annotations
@@ -61,9 +62,9 @@ class TargetCapture:
     Attributes:
         input_ids: int64 [B,T] (right-padded).
         lengths: int64 [B].
-        hf_indices: captured HF hidden_states indices, ascending (slot j = hf_indices[j]).
+        hf_indices: captured HF hidden_states indices in concat order (slot j = hf_indices[j]).
         aux: per slot [B,T,H] in the run dtype (``target.aux.{j}``).
-        aux_cat: [B,T,K*H], the slots concatenated in ascending order (``target.aux_cat``).
+        aux_cat: [B,T,K*H], the slots concatenated in ``hf_indices`` order (``target.aux_cat``).
         argmax: int64 [B,T], the target's greedy next token after position t (``target.argmax``).
         hidden_states: every HF hidden state [L+1] x [B,T,H] when ``keep_all`` (layer probes).
     """
@@ -94,18 +95,20 @@ def capture_target(model, input_ids: torch.Tensor, hf_indices, *, lengths: torch
     """Run ``model`` on ``input_ids`` [B,T] (right-padded to ``lengths``) and capture aux slots.
 
     Args:
-        hf_indices: HF hidden_states indices to capture (sorted and de-duplicated; resolve tool
-            ids with ``specdiff.tracer.conventions.resolve_aux_ids``).
+        hf_indices: HF hidden_states indices to capture, in concat order, used as given (resolve
+            tool ids with ``specdiff.tracer.conventions.resolve_aux_ids``).
         keep_all: also return every hidden state.
 
     Raises:
-        TargetError: an index outside 0..L.
+        TargetError: an index outside 0..L, or an index given twice.
     """
     L = target_num_layers(model)
-    idx = tuple(sorted({int(i) for i in hf_indices}))
+    idx = tuple(int(i) for i in hf_indices)
     bad = [i for i in idx if not 0 <= i <= L]
     if bad:
         raise TargetError(f"aux HF indices {bad} outside 0..{L} for a {L}-layer target")
+    if len(set(idx)) != len(idx):
+        raise TargetError(f"aux HF indices {list(idx)} name a layer twice; each slot must be a different layer")
     input_ids = input_ids.to(torch.int64)
     B, T = input_ids.shape
     lengths = torch.full((B,), T, dtype=torch.int64) if lengths is None else lengths.to(torch.int64).cpu()

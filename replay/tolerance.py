@@ -109,3 +109,50 @@ def apply_overrides(tol: Tolerance, name: str, overrides: dict[str, dict[str, fl
         if key in overrides:
             tol = replace(tol, **overrides[key])
     return tol
+
+
+#: Mantissa bits (without the implicit one) per float dtype: one unit in the last place of
+#: x is 2**(floor(log2|x|) - bits).
+_MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 52}
+
+#: Near-tie width in units in the last place. Two compute paths (e.g. SGLang's 4-token verify
+#: forward vs its 1-token decode) round differently in every layer, so the logits they produce
+#: differ by a few ulps, not one; a top-2 margin inside this band may flip either way.
+NEAR_TIE_ULPS = 4.0
+
+
+def logit_ulp(value: float, *, dtype: str) -> float:
+    """One unit in the last place of ``value`` in ``dtype`` (``bfloat16``: 8 significant bits).
+
+    Raises:
+        ToleranceError: ``dtype`` is not a float dtype specdiff knows.
+    """
+    import math
+
+    if dtype not in _MANTISSA_BITS:
+        raise ToleranceError(f"no ulp for dtype {dtype!r}; use one of {', '.join(_MANTISSA_BITS)}")
+    exponent = math.frexp(abs(value) or 1.0)[1] - 1  # |value| in [2**exponent, 2**(exponent+1))
+    return 2.0 ** (exponent - _MANTISSA_BITS[dtype])
+
+
+def is_near_tie(top1: float, top2: float, *, dtype: str, ulps: float = NEAR_TIE_ULPS) -> bool:
+    """Whether greedy's choice between two logits may differ between compute paths.
+
+    ``top1 >= top2`` are the two largest logits at one position, as the model computed them in
+    ``dtype``. They are a near tie when their margin is within ``ulps`` units in the last place
+    at their magnitude: another kernel path (another batch shape, ISA or tree shape) may round
+    them into the other order, so tokens after that position are not comparable across paths.
+    """
+    return (top1 - top2) <= ulps * logit_ulp(max(abs(top1), abs(top2)), dtype=dtype)
+
+
+def first_near_tie(top2_logits, *, dtype: str, ulps: float = NEAR_TIE_ULPS) -> int | None:
+    """Index of the first position whose top-2 logits ``(top1, top2)`` are a near tie, or None.
+
+    Greedy outputs of two compute paths are expected to agree on every token before this index
+    (and on the token at it only by luck); see ``is_near_tie``.
+    """
+    for i, (a, b) in enumerate(top2_logits):
+        if is_near_tie(a, b, dtype=dtype, ulps=ulps):
+            return i
+    return None

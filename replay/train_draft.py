@@ -66,7 +66,7 @@ class Features:
         input_ids: per sequence int64 [T].
         aux_cat: per sequence [T, K*H] in the target's dtype (bfloat16).
         argmax: per sequence int64 [T], the target's greedy next token after position t.
-        hf_indices: the captured HF hidden_states indices (ascending).
+        hf_indices: the captured HF hidden_states indices in concat order.
     """
 
     input_ids: list[torch.Tensor]
@@ -88,7 +88,7 @@ def capture_features(target, seqs: list[torch.Tensor], hf_indices, batch: int = 
         for r, n in enumerate(lengths.tolist()):
             aux.append(cap.aux_cat[r, :n].clone())
             arg.append(cap.argmax[r, :n].clone())
-    return Features(list(seqs), aux, arg, tuple(sorted(set(hf_indices))))
+    return Features(list(seqs), aux, arg, tuple(int(i) for i in hf_indices))
 
 
 # ---- draft vocabulary -----------------------------------------------------------------------

@@ -21,7 +21,7 @@ from specdiff.tracer.store import TraceWriter
 BASE = {
     "engine": "test", "num_layers": 8, "hidden_size": 16, "vocab_size": 64, "draft_hidden_size": 16,
     "draft_vocab_size": 32, "spec_algorithm": "EAGLE3", "aux_hf_indices": [2, 4, 5],
-    "aux_concat_order": "ascending", "d2t_sha256": "d" * 64, "hot_token_id_sha256": "h" * 64,
+    "aux_concat_order": [2, 4, 5], "d2t_sha256": "d" * 64, "hot_token_id_sha256": "h" * 64,
     "t2d_sha256": "t" * 64, "norm_before_fc": False, "fc_norm": False, "norm_output": False,
     "embed_source": "target", "embed_sha256": "e" * 64, "lm_head_source": "draft", "lm_head_sha256": "l" * 64,
     "rope_theta": 10000.0, "rope_scaling": None, "rope_style": "neox", "draft_weights_sha256": "w" * 64,
@@ -32,7 +32,7 @@ BASE = {
 #: field -> the serving side's value (training keeps BASE's)
 CHANGED = {
     "num_layers": 12, "hidden_size": 32, "vocab_size": 128, "draft_vocab_size": 48, "spec_algorithm": "EAGLE",
-    "aux_hf_indices": [3, 5, 6], "aux_concat_order": "as listed", "d2t_sha256": "D" * 64,
+    "aux_hf_indices": [3, 5, 6], "aux_concat_order": [5, 2, 4], "d2t_sha256": "D" * 64,
     "hot_token_id_sha256": "H" * 64, "t2d_sha256": "T" * 64, "norm_before_fc": True, "fc_norm": True,
     "norm_output": True, "embed_source": "draft", "embed_sha256": "E" * 64, "lm_head_source": "target",
     "lm_head_sha256": "L" * 64, "rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2.0},

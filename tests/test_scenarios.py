@@ -56,9 +56,13 @@ def test_correct_config_has_no_divergence_and_accepts_well(demo_root):
 def test_seed_bug_layer_shift_is_first_divergence(demo_root):
     proc, summary, workdir = run_demo("seed", demo_root)
     _, correct, _ = run_demo("correct", demo_root)
-    assert proc.returncode == 1
-    # Lower acceptance on every prompt than the same prompt served correctly.
-    assert all(s < c for s, c in zip(summary["served_accept_length"], correct["served_accept_length"], strict=True))
+    assert proc.returncode == 0, proc.stdout[-2000:]  # the demo found what it seeded
+    assert summary["demo_worked"] is True
+    assert "demo worked: scenario 'seed'" in proc.stdout
+    # Lower mean acceptance than the same prompts served correctly. Not per prompt: past a bf16
+    # near tie the served continuations depend on the CPU's kernels, and so does each prompt's
+    # accept length; the mean gap (~11 % here) is far above that.
+    assert summary["served_mean"] < correct["served_mean"]
     first = summary["report"]["first_divergence"]
     assert first["tensor"] == "target.aux.0"
     causes = [e["cause"] for e in summary["report"]["explanations"]]
@@ -112,3 +116,56 @@ def test_served_trace_matches_training_trace_for_a_correct_pair(demo_root):
         comp = report.comparisons[name]
         assert comp.stats["rows"] > 0, name
         assert not comp.diverged, (name, comp.stats)
+
+
+
+def test_aux_concat_order_permutation_is_found_at_the_aux_stage(demo_root):
+    """Issue 11 case 4: a draft trained on HF [6, 0, 3] (in that concat order), served by SGLang,
+    which concatenates the same layers ascending. `record train --aux-layers 6,0,3 --aux-convention
+    hf --replay serve.trace` keeps the order, so the diff finds the permutation at the aux stage
+    instead of answering "equivalent"."""
+    proc, summary, workdir = run_demo("aux-order", demo_root)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert summary["demo_worked"] is True, proc.stdout[-3000:]
+    report = summary["report"]
+    first = report["first_divergence"]["tensor"]
+    assert first.startswith("target.aux.") or first == "target.aux_cat", first
+    # `specdiff diff` on the two traces: a divergence, exit 1
+    diff = subprocess.run([sys.executable, "-m", "specdiff.tui", "diff", str(workdir / "train.trace"),
+                           str(workdir / "serve.trace"), "--format", "json"], capture_output=True, text=True)
+    assert diff.returncode == 1, diff.stderr[-2000:]
+    assert json.loads(diff.stdout)["first_divergence"]["tensor"] == first
+    # The training side recorded the order the user gave.
+    from specdiff.tracer.store import open_trace
+
+    train = open_trace(str(workdir / "train.trace"))
+    assert train.contract["aux_concat_order"] == [6, 0, 3] and train.contract["aux_hf_indices"] == [0, 3, 6]
+    # The training side, fed in its own order, drafts as the draft was trained; serving does not
+    # (measured: training-side estimate 3.64, served 2.61).
+    assert summary["training_estimate"] > summary["served_mean"] + 0.3, summary
+    # The served files, checked with the training order, name the permutation and its fix.
+    kinds = [f["kind"] for f in report["preflight_findings"]]
+    assert "training.aux_order" in kinds, kinds
+
+
+def test_aux_concat_order_of_serving_is_read_from_the_engine(demo_root):
+    _, summary, workdir = run_demo("aux-order", demo_root)
+    from specdiff.tracer.store import open_trace
+
+    assert open_trace(str(workdir / "serve.trace")).contract["aux_concat_order"] == [0, 3, 6]
+    contract = summary["report"]["contract_mismatches"]
+    assert any(c["field"] == "aux_concat_order" and c["x"] == [6, 0, 3] and c["y"] == [0, 3, 6]
+               for c in contract), contract
+
+
+@pytest.mark.xfail(reason="LEAD: waits for branch diffgen's permutation explanation in replay/explain.py "
+                          "(issue 11 case 4); remove this mark once it is merged", strict=False)
+def test_aux_concat_order_permutation_is_explained_as_a_permutation(demo_root):
+    _, summary, _ = run_demo("aux-order", demo_root)
+    explanations = summary["report"]["explanations"]
+    assert explanations, "no explanation for the aux permutation"
+    first = explanations[0]
+    assert first["cause"] != "aux_layer_shift", first  # the same layers, in another order: not a shift
+    assert "permut" in f"{first['cause']} {first['message']}".lower(), first
+    # no advice to set ids the config already has (SGLang ignores their order)
+    assert "[5, -1, 2]" not in first.get("fix", ""), first

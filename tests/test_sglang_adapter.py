@@ -192,7 +192,7 @@ def test_contract_reads_the_capture_sglang_really_does():
     assert c["d2t_sha256"] == sha256_array(d2t) and c["draft_vocab_size"] == 1024
     assert (c["spec_steps"], c["spec_topk"], c["spec_draft_tokens"], c["dtype"]) == (3, 1, 4, "bfloat16")
     assert (c["norm_before_fc"], c["fc_norm"], c["model_name"], c["draft_name"]) == (False, False, "/t", "/d")
-    assert (c["spec_algorithm"], c["aux_concat_order"], c["norm_output"]) == ("EAGLE3", "ascending", False)
+    assert (c["spec_algorithm"], c["aux_concat_order"], c["norm_output"]) == ("EAGLE3", [3, 5, 6], False)
     assert (c["embed_source"], c["lm_head_source"]) == ("target", "draft")
     assert c["embed_sha256"] == weight_sha256(w.draft_runner.model.model.embed_tokens.weight)
     assert c["lm_head_sha256"] == weight_sha256(w.draft_runner.model.lm_head.weight)

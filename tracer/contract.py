@@ -25,6 +25,11 @@ UNKNOWN = "unknown"
 _num = (int, float)
 _list = (list, tuple)
 
+#: HF index of each aux slot in concat order (slot j = ``target.aux.{j}``); both sides record it.
+AUX_CONCAT_ORDER = "aux_concat_order"
+#: every value ``record train`` filled in for an option the user did not give: name -> {value, source}
+DEFAULTS_USED = "defaults_used"
+
 #: name -> (accepted python types, meaning)
 CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "side": ((str,), "'serve' or 'train'"),
@@ -36,9 +41,10 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "vocab_size": ((int,), "target vocab V"),
     "draft_vocab_size": ((int,), "draft vocab Vd"),
     "spec_algorithm": ((str,), "speculative algorithm the draft runs under: 'EAGLE3', 'EAGLE', ..."),
-    "aux_hf_indices": (_list, "resolved aux capture as HF hidden_states indices, concat order"),
-    "aux_concat_order": ((str,), "how the aux slots are concatenated: 'ascending' (layer order; SGLang, "
-                                 "vLLM) or 'as listed' (the order the ids were given)"),
+    "aux_hf_indices": (_list, "the aux layers captured, as HF hidden_states indices, ascending"),
+    AUX_CONCAT_ORDER: (_list + (str,), "HF index of each aux slot in concat order (slot j = "
+                       "target.aux.{j}): SGLang ascending, record train as the user listed; 'unknown' "
+                       "when the engine's capture could not be read"),
     "aux_native_ids": (_list + (type(None),), "the ids as configured (None = tool default)"),
     "aux_convention": ((str,), "convention of aux_native_ids (tracer.conventions)"),
     "aux_dropped_ids": (_list, "native ids the engine silently drops"),
@@ -70,6 +76,8 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "dropped_records": ((int,), "records the recorder dropped because the writer fell behind"),
     "findings": (_list, "pre-flight contract findings (specdiff check)"),
     "model_name": ((str,), "target model path or name"),
+    DEFAULTS_USED: ((dict,), "options the recorder filled in: name -> {'value': ..., 'source': where "
+                    "the value came from}"),
     "draft_name": ((str,), "draft model path or name"),
     "unobservable": (_list, "engine names the recorder could not find: [{name, sglang, source, tensors, "
                             "facts, why, sglang_version}] (tracer/sglang_adapter.py)"),
@@ -169,6 +177,15 @@ def tokenizer_hashes(model_dir) -> tuple[str | None, str | None]:
                 template = json.dumps(template, sort_keys=True)
     tmpl_sha = hashlib.sha256(template.encode()).hexdigest() if isinstance(template, str) else None
     return tok_sha, tmpl_sha
+def aux_slot_layers(contract) -> list[int] | None:
+    """HF index of each aux slot j (``target.aux.{j}``) from a contract: ``aux_concat_order``,
+    else ``aux_hf_indices`` (traces written before the concat order was recorded were always
+    ascending); None when neither is a list (e.g. ``'unknown'``)."""
+    for key in (AUX_CONCAT_ORDER, "aux_hf_indices"):
+        value = contract.get(key)
+        if isinstance(value, (list, tuple)):
+            return [int(i) for i in value]
+    return None
 
 
 def sha256_array(array) -> str | None:

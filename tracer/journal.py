@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 import fsspec
 import msgpack
 
-from .errors import TraceError
-
 JOURNAL_NAME = "journal.msgpack"
 
 
@@ -65,41 +63,60 @@ def compact_journal(url: str) -> None:
 
 @dataclass
 class JournalScan:
-    """What a journal holds: decoded entries and whether its tail was cut."""
+    """What a journal holds: its complete entries before any damage, and what is wrong with it.
+
+    Attributes:
+        entries: decoded entries, in order, up to the first damage.
+        size: the journal's length in bytes (0 when missing).
+        cut_tail_bytes: bytes of an incomplete last entry (a writer killed mid-write, or a cut file).
+        problem: None for a readable journal, else what is wrong, as the end of a sentence
+            starting with the file name (``"is corrupt at byte 120 (...)"``); entries after it are lost.
+        usable: the journal starts with a specdiff header (so its entries can be trusted).
+    """
 
     entries: list[dict] = field(default_factory=list)
-    cut_tail_bytes: int = 0  # bytes of an incomplete last entry (a writer killed mid-write)
+    size: int = 0
+    cut_tail_bytes: int = 0
+    problem: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        return bool(self.entries) and self.entries[0].get("t") == "header"
 
 
-def read_journal(url: str, *, where: str) -> JournalScan:
-    """Decode every complete entry of a journal.
+def read_journal(url: str) -> JournalScan:
+    """Decode every complete entry of a journal; damage is described, not raised.
 
-    Raises:
-        TraceError: the journal is missing, does not start with a specdiff header, or holds bytes
-            that are not msgpack before its last entry (corruption, not a cut).
+    A cut last entry alone is what a killed writer leaves (``cut_tail_bytes``), not a problem here;
+    the store decides whether a cut is expected (the trace was not closed) or damage.
     """
+    scan = JournalScan()
     try:
         with fsspec.open(url, "rb") as fh:
             raw = fh.read()
     except FileNotFoundError:
-        raise TraceError(f"{where}: not a specdiff trace (no {JOURNAL_NAME} record journal)") from None
+        scan.problem = "is missing"
+        return scan
+    except OSError as exc:
+        scan.problem = f"cannot be read ({exc.strerror or exc})"
+        return scan
+    scan.size = len(raw)
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
     unpacker.feed(raw)
-    scan = JournalScan()
     consumed = 0
     try:
         for entry in unpacker:
             if not isinstance(entry, dict) or "t" not in entry:
-                raise TraceError(f"{where}: record journal is corrupt at byte {consumed} "
-                                 "(an entry that is not a specdiff record)")
+                scan.problem = f"is corrupt at byte {consumed} (an entry that is not a specdiff record)"
+                break
             scan.entries.append(entry)
             consumed = unpacker.tell()
     except (msgpack.UnpackException, ValueError) as exc:
-        raise TraceError(f"{where}: record journal is corrupt at byte {consumed} ({exc})") from None
-    scan.cut_tail_bytes = len(raw) - consumed
-    if not scan.entries or scan.entries[0].get("t") != "header":
-        if len(raw) == 0 or scan.cut_tail_bytes:
-            raise TraceError(f"{where}: record journal is truncated before its header "
-                             f"({len(raw)} bytes); the trace cannot be opened")
-        raise TraceError(f"{where}: record journal does not start with a specdiff header")
+        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        scan.problem = f"is corrupt at byte {consumed} ({why})"
+    if scan.problem is None:
+        scan.cut_tail_bytes = len(raw) - consumed
+    if not scan.usable and scan.problem is None:
+        scan.problem = (f"is truncated before its header ({len(raw)} bytes)" if len(raw) == 0 or scan.cut_tail_bytes
+                        else "does not start with a specdiff header")
     return scan

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .contract import UNKNOWN, known
+from .contract import AUX_CONCAT_ORDER, UNKNOWN, known
 from .sglang_adapter import MISSING, SGLangAdapter
 
 logger = logging.getLogger("specdiff.tracer")
@@ -495,10 +495,11 @@ def aux_capture_facts(adapter: SGLangAdapter, dw) -> dict:
     start = _chain(adapter, inner, "LlamaModel.start_layer")
     end = _chain(adapter, inner, "LlamaModel.end_layer")
     if MISSING in (on, ltc, start, end):
-        return {"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, "aux_concat_order": UNKNOWN}
+        return {"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN}
     idx = sorted({int(i) for i in ltc}) if on else []  # capture off: the draft gets the final hidden only
-    return {"aux_hf_indices": [i for i in idx if start <= i < end],
-            "aux_dropped_ids": [i - 1 for i in idx if not start <= i < end], "aux_concat_order": "ascending"}
+    captured = [i for i in idx if start <= i < end]
+    return {"aux_hf_indices": captured, "aux_dropped_ids": [i - 1 for i in idx if not start <= i < end],
+            AUX_CONCAT_ORDER: list(captured)}  # slot j of the concat = HF captured[j]
 
 
 def graph_hidden_stages(dw, adapter: SGLangAdapter):
@@ -679,7 +680,7 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
         facts.update(aux_native_ids=res["aux_native_ids"], aux_convention=res["aux_convention"])
     # ... and what the target really captures (never the configured ids in its place): SGLang sets
     # it after this point (init_attention_backends); Recorder.refresh fills it in.
-    facts.update(aux_hf_indices=UNKNOWN, aux_dropped_ids=UNKNOWN, aux_concat_order=UNKNOWN)
+    facts.update({"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN})
     dmodel = _chain(A, draft_runner, "ModelRunner.model")
     dinner = _chain(A, dmodel, "LlamaForCausalLMEagle3.model")
     nbf = _chain(A, dinner, "Eagle3LlamaModel.norm_before_fc")

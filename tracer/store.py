@@ -21,18 +21,24 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+import fsspec
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec
+from zarr.codecs import BloscCodec, Crc32cCodec
 
 from .arrays import STORAGE_DTYPES, from_storage, to_storage, to_torch
+from .chunks import ArrayReader, metadata_problem, read_bytes
+from .chunks import join as _join
 from .contract import validate_contract
+from .damage import Damage
 from .errors import TraceError
 from .journal import JOURNAL_NAME, JournalWriter, compact_journal, read_journal
 from .schema import ordered, spec_for
 
 FORMAT_VERSION = 1
 KEY_COLUMNS = (("seq", "int32"), ("pos", "int32"), ("depth", "int16"), ("iter", "int32"))
+#: the sequence table written at close (sequence s = tokens[offsets[s]:offsets[s+1]], its seq key id[s])
+SEQUENCE_ARRAYS = (("id", "int32"), ("tokens", "int32"), ("offsets", "int64"), ("prompt_len", "int32"))
 CHUNK_BYTES = 4 << 20
 KEY_CHUNK_FACTOR = 16
 COMMIT_CHUNKS = 4
@@ -42,16 +48,12 @@ SIDES = ("serve", "train")
 _ARRAY_CONFIG = {"write_empty_chunks": True}
 
 
-def _join(path: str, *parts: str) -> str:
-    if "://" in path:
-        return "/".join([path.rstrip("/"), *parts])
-    return os.path.join(path, *parts)
-
-
 def _compressors(dtype: np.dtype):
     # lz4 at level 1: hidden states barely compress, so speed beats ratio (benchmarks/store_throughput.py).
+    # crc32c (zarr v3 codec) over the compressed bytes: a changed or cut chunk reads as damage, not
+    # as a blosc error or, worse, as silently different values.
     shuffle = "bitshuffle" if dtype.itemsize <= 2 else "shuffle"
-    return [BloscCodec(cname="lz4", clevel=1, shuffle=shuffle, typesize=dtype.itemsize)]
+    return [BloscCodec(cname="lz4", clevel=1, shuffle=shuffle, typesize=dtype.itemsize), Crc32cCodec()]
 
 
 @dataclass
@@ -262,12 +264,14 @@ class TraceWriter:
         seqs = [self._sequences[i] for i in sorted(self._sequences)]
         if seqs:
             grp = self._group.require_group("sequences")
-            toks = np.concatenate([s.tokens for s in seqs]) if seqs else np.zeros(0, np.int32)
-            offsets = np.cumsum([0] + [len(s.tokens) for s in seqs]).astype(np.int64)
-            grp.create_array("tokens", data=toks, dimension_names=("token",), overwrite=True)
-            grp.create_array("offsets", data=offsets, dimension_names=("seq_edge",), overwrite=True)
-            grp.create_array("prompt_len", data=np.array([s.prompt_len for s in seqs], np.int32),
-                             dimension_names=("seq",), overwrite=True)
+            columns = {"id": [s.id for s in seqs], "tokens": np.concatenate([s.tokens for s in seqs]),
+                       "offsets": np.cumsum([0] + [len(s.tokens) for s in seqs]),
+                       "prompt_len": [s.prompt_len for s in seqs]}
+            dims = {"tokens": "token", "offsets": "seq_edge"}
+            for key, kd in SEQUENCE_ARRAYS:
+                values = np.asarray(columns[key], dtype=kd)
+                grp.create_array(key, data=values, dimension_names=(dims.get(key, "seq"),), overwrite=True,
+                                 compressors=_compressors(values.dtype), config=_ARRAY_CONFIG)
         self._group.attrs.update({"contract": self._contract, "closed": True, "records": self.records,
                                   "sequence_rids": [s.rid for s in seqs]})
         self._journal.write({"t": "close", "records": self.records})
@@ -299,68 +303,79 @@ class Trace:
     Attributes:
         path, side, format, contract, sequences (list[Sequence]), records (appends recorded),
         closed (the writer closed cleanly), cut_tail_bytes (bytes of a cut last journal entry).
+
+    Damage (``tracer.damage``) never stops reading: rows in a damaged chunk read as NaN (floats),
+    -1 (ints, row keys) or False, ``unreadable`` says which rows those are, and ``damage`` lists
+    what was found so far (at open: journal, metadata, missing chunk files; on read: chunks that
+    fail to decode). ``verify`` reads every chunk.
     """
 
-    def __init__(self, path: str, group, scan):
+    def __init__(self, path: str, store, contents: _Contents, damage: list[Damage]):
         self.path = path
-        self._group = group
-        header = scan.entries[0]
-        self.format = header["format"]
-        self.side = header["side"]
-        self.cut_tail_bytes = scan.cut_tail_bytes
-        self.contract: dict = {}
-        seqs: dict[int, Sequence] = {}
-        committed: dict[str, int] = {}
-        recs: dict[str, list[dict]] = defaultdict(list)
-        self.closed = False
-        self.records = 0
-        for e in scan.entries[1:]:
-            t = e["t"]
-            if t == "rec":
-                recs[e["name"]].append(e)
-                self.records += 1
-            elif t == "commit":
-                committed[e["name"]] = e["rows"]
-            elif t == "seq":
-                seqs[e["id"]] = Sequence(e["id"], np.frombuffer(e["tokens"], np.int32), e["prompt_len"], e["rid"])
-            elif t == "contract":
-                self.contract = validate_contract(e["contract"], where=path)
-            elif t == "close":
-                self.closed = True
-        self.sequences = [seqs[i] for i in sorted(seqs)]
-        self._committed = committed
-        self._layout: dict[str, tuple[str, tuple[int, ...]]] = {}
-        self._tail: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
-        for name, entries in recs.items():
-            first = entries[0]
-            self._layout[name] = (first["dtype"], tuple(first["shape"][1:]))
-            done = committed.get(name, 0)
-            tail = [e for e in entries if e["row0"] >= done]
-            if any("data" not in e for e in tail):
-                raise TraceError(f"{path}: rows of {name} from {done} on are neither committed nor in the "
-                                 "journal; the store is damaged")
-            if tail:
-                dt = STORAGE_DTYPES[first["dtype"]]
-                data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"]) for e in tail])
-                keys = {k: np.concatenate([np.frombuffer(e[k], kd) for e in tail]) for k, kd in KEY_COLUMNS}
-                self._tail[name] = (data, keys)
-        self._check_chunks()
-
-    def _check_chunks(self) -> None:
+        self._store = store
+        self.format = contents.format
+        self.side = contents.side
+        self.contract = contents.contract
+        self.sequences = contents.sequences
+        self.records = contents.records
+        self.closed = contents.closed
+        self.cut_tail_bytes = contents.cut_tail_bytes
+        self._committed = contents.committed
+        self._layout = contents.layout
+        self._tail = contents.tail
+        self._damage = list(damage)
+        self._readers: dict[str, dict[str, ArrayReader]] = {}
         for name, rows in self._committed.items():
-            node = f"tensors/{name}"
-            try:
-                grp = self._group[node]
-                arrays = [grp["data"]] + [grp[k] for k, _ in KEY_COLUMNS]
-            except KeyError:
-                raise TraceError(f"{self.path}: tensor {name} has {rows} committed rows but its zarr "
-                                 f"arrays are missing; the store is incomplete") from None
-            for arr in arrays:
-                need = -(-rows // arr.chunks[0])
-                have = arr.nchunks_initialized
-                if arr.shape[0] < rows or have < need:
-                    raise TraceError(f"{self.path}: {node}/{arr.basename} is missing {need - have} of {need} "
-                                     f"chunks; the store is incomplete (copy it again)")
+            if rows:
+                self._readers[name] = self._open_arrays(name, rows)
+        self._sequence_readers: list[ArrayReader] = []
+
+    def _open_arrays(self, name: str, rows: int) -> dict[str, ArrayReader]:
+        dtype_name, shape = self._layout[name]
+        out = {"data": ArrayReader(trace=self.path, store=self._store, key=f"tensors/{name}/data", tensor=name,
+                                   column="data", rows=rows, dtype=STORAGE_DTYPES[dtype_name], shape=shape,
+                                   fill=damaged_fill(dtype_name))}
+        for k, kd in KEY_COLUMNS:
+            out[k] = ArrayReader(trace=self.path, store=self._store, key=f"tensors/{name}/{k}", tensor=name,
+                                 column=k, rows=rows, dtype=np.dtype(kd), shape=(), fill=-1)
+        return out
+
+    # ---- damage -----------------------------------------------------------------------------
+    @property
+    def damage(self) -> list[Damage]:
+        """Every damage found so far: journal and metadata first, then tensors in dataflow order."""
+        out = list(self._damage)
+        for name in ordered(self._readers):
+            for reader in self._readers[name].values():
+                out += [d for _, d in sorted(reader.damage.copy().items())]
+        for reader in self._sequence_readers:
+            out += [d for _, d in sorted(reader.damage.copy().items())]
+        return out
+
+    def unreadable(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """bool [len(rows)]: which of ``rows`` of ``name`` lie in damaged chunks (data or row keys)."""
+        rows = np.asarray(rows, np.int64)
+        out = np.zeros(len(rows), bool)
+        for reader in self._readers.get(name, {}).values():
+            if reader.damage:
+                out |= reader.bad(rows) & (rows < self._committed.get(name, 0))
+        return out
+
+    def verify(self) -> list[Damage]:
+        """Read every chunk of every array (tensors, row keys, the sequence table) and return
+        ``damage``. Memory: one chunk at a time."""
+        for name in ordered(self._readers):
+            for reader in self._readers[name].values():
+                reader.verify()
+        if self.closed and self.sequences and not self._sequence_readers:
+            for k, kd in SEQUENCE_ARRAYS:
+                if k == "id" and read_bytes(self.path, "sequences/id/zarr.json") is None:
+                    continue  # written since specdiff stores sequence ids in zarr; older traces lack it
+                reader = ArrayReader(trace=self.path, store=self._store, key=f"sequences/{k}", tensor=None,
+                                     column="sequences", rows=None, dtype=np.dtype(kd), shape=(), fill=-1)
+                reader.verify()
+                self._sequence_readers.append(reader)
+        return self.damage
 
     # ---- tensor access ----------------------------------------------------------------------
     @property
@@ -382,8 +397,9 @@ class Trace:
         that many chunks, ~16 MiB by default); several chunks per read let zarr decode them in
         parallel (benchmarks/store_throughput.py: ~1.7x over one chunk per read)."""
         total, done = self.rows(name), self._committed.get(name, 0)
-        if done:
-            step = self._group[f"tensors/{name}/data"].chunks[0] * max(per_range, 1)
+        reader = self._readers[name]["data"] if done else None
+        if reader is not None and reader.array is not None:
+            step = reader.chunk_rows * max(per_range, 1)
         else:
             step = max(total, 1)
         bounds = list(range(0, done, step)) + [done] if done else [0]
@@ -396,7 +412,7 @@ class Trace:
         done = self._committed.get(name, 0)
         parts = []
         if start < done:
-            parts.append(self._group[f"tensors/{name}/{column}"][start:min(stop, done)])
+            parts.append(self._readers[name][column].read(start, min(stop, done)))
         if stop > done:
             data, keys = self._tail[name]
             src = data if column == "data" else keys[column]
@@ -413,8 +429,7 @@ class Trace:
         out = None
         head = rows < done
         if head.any():
-            arr = self._group[f"tensors/{name}/{column}"]
-            part = arr.get_orthogonal_selection((rows[head],) + (slice(None),) * (arr.ndim - 1))
+            part = self._readers[name][column].take(rows[head])
             out = np.empty((len(rows), *part.shape[1:]), part.dtype)
             out[head] = part
         if (~head).any():
@@ -456,31 +471,200 @@ class Trace:
         raise KeyError(seq_id)
 
 
+def damaged_fill(dtype_name: str):
+    """What a row of a damaged chunk reads as, in storage dtype: NaN floats (bf16 NaN bits 0x7FC0),
+    -1 ints, False flags, so a damaged row can never pass for a recorded value of 0."""
+    if dtype_name == "bfloat16":
+        return 0x7FC0
+    if dtype_name.startswith("float"):
+        return np.nan
+    return False if dtype_name == "bool" else -1
+
+
+@dataclass
+class _Contents:
+    """What a trace holds, read from its journal or (damaged journal, closed trace) its zarr metadata."""
+
+    format: int
+    side: str
+    contract: dict
+    sequences: list[Sequence]
+    records: int
+    closed: bool
+    committed: dict[str, int]
+    layout: dict[str, tuple[str, tuple[int, ...]]]
+    tail: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]]
+    cut_tail_bytes: int = 0
+
+
+def _from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
+                  zarr_rows: dict[str, tuple[str, tuple[int, ...], int]] | None = None) -> _Contents:
+    """Contents from journal entries. ``zarr_rows`` (name -> dtype, shape, rows in zarr) is given
+    when the journal lost entries: rows zarr holds count as committed even without their entry."""
+    header = entries[0]
+    contract: dict = {}
+    seqs: dict[int, Sequence] = {}
+    committed: dict[str, int] = {}
+    recs: dict[str, list[dict]] = defaultdict(list)
+    closed, records = False, 0
+    for e in entries[1:]:
+        t = e.get("t")
+        if t == "rec":
+            recs[e["name"]].append(e)
+            records += 1
+        elif t == "commit":
+            committed[e["name"]] = e["rows"]
+        elif t == "seq":
+            seqs[e["id"]] = Sequence(e["id"], np.frombuffer(e["tokens"], np.int32), e["prompt_len"], e["rid"])
+        elif t == "contract":
+            contract = validate_contract(e["contract"], where=path)
+        elif t == "close":
+            closed = True
+    layout: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, (dtype, shape, rows) in (zarr_rows or {}).items():
+        layout[name] = (dtype, shape)
+        committed[name] = max(committed.get(name, 0), rows)
+    tail: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+    for name, entries_of in recs.items():
+        first = entries_of[0]
+        layout.setdefault(name, (first["dtype"], tuple(first["shape"][1:])))
+        done = committed.get(name, 0)
+        # A commit can end inside a record (commits are whole chunks): keep that record's later rows.
+        pending = [e for e in entries_of if e["row0"] + e["n"] > done]
+        if any("data" not in e for e in pending):
+            raise TraceError(f"{path}: rows of {name} from {done} on are neither committed nor in the "
+                             "journal; the store is damaged (copy it again)")
+        if pending:
+            dt = STORAGE_DTYPES[first["dtype"]]
+            skip = [max(done - e["row0"], 0) for e in pending]
+            data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"])[k:] for e, k in zip(pending, skip, strict=True)])
+            keys = {c: np.concatenate([np.frombuffer(e[c], kd)[k:] for e, k in zip(pending, skip, strict=True)])
+                    for c, kd in KEY_COLUMNS}
+            tail[name] = (data, keys)
+    return _Contents(header["format"], header["side"], contract, [seqs[i] for i in sorted(seqs)], records,
+                     closed, committed, layout, tail, cut_tail_bytes)
+
+
+def _zarr_tensors(path: str, store) -> tuple[dict[str, tuple[str, tuple[int, ...], int]], list[Damage]]:
+    """name -> (dtype, feature shape, rows) of every tensor whose ``data`` array opens; damage for the rest."""
+    fs, root = fsspec.core.url_to_fs(_join(path, "tensors"))
+    try:
+        names = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(root, detail=True)
+                       if e["type"] == "directory")
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    out, damage = {}, []
+    for name in names:
+        key = f"tensors/{name}/data"
+        try:
+            arr = zarr.open_array(store=store, path=key, mode="r")
+            out[name] = (str(arr.attrs["specdiff_dtype"]), tuple(arr.shape[1:]), arr.shape[0])
+        except Exception as exc:  # zarr raises many types for bad metadata
+            problem, action = metadata_problem(path, f"{key}/zarr.json", exc)
+            damage.append(Damage(path, f"{key}/zarr.json", problem, f"tensor {name} cannot be read", action, name))
+    return out, damage
+
+
+def _from_zarr(path: str, store, attrs: dict) -> tuple[_Contents, list[Damage]]:
+    """Contents of a closed trace from its zarr metadata alone (its journal is damaged)."""
+    tensors, damage = _zarr_tensors(path, store)
+    rids = attrs.get("sequence_rids")
+    cols = {k: np.zeros(0, kd) for k, kd in SEQUENCE_ARRAYS}
+    cols["offsets"] = np.zeros(1, np.int64)
+    if rids is None or len(rids):
+        try:
+            cols = {k: zarr.open_array(store=store, path=f"sequences/{k}", mode="r")[:] for k, _ in SEQUENCE_ARRAYS}
+        except Exception as exc:  # zarr raises many types for bad bytes
+            why = ("it has no sequences/id array (written before specdiff stored sequence ids in zarr)"
+                   if isinstance(exc, (FileNotFoundError, zarr.errors.ArrayNotFoundError)) else
+                   f"its sequence table in zarr cannot be read either ({type(exc).__name__})")
+            raise TraceError(f"{path}: record journal is damaged and {why}; the trace cannot be opened "
+                             "(copy it again from where it was recorded)") from None
+    rids = rids or [None] * len(cols["prompt_len"])
+    off = cols["offsets"]
+    seqs = [Sequence(int(cols["id"][i]), cols["tokens"][off[i]:off[i + 1]], int(cols["prompt_len"][i]), rids[i])
+            for i in range(len(cols["prompt_len"]))]
+    meta = attrs["specdiff"]
+    contents = _Contents(meta["format"], meta["side"], validate_contract(attrs.get("contract", {}), where=path),
+                         seqs, int(attrs.get("records", 0)), True,
+                         {n: r for n, (_, _, r) in tensors.items()},
+                         {n: (d, s) for n, (d, s, _) in tensors.items()}, {})
+    return contents, damage
+
+
+def _store(path: str):
+    if "://" in path:
+        return zarr.storage.FsspecStore.from_url(path, read_only=True)
+    return zarr.storage.LocalStore(path, read_only=True)
+
+
 def open_trace(path: str) -> Trace:
     """Open a trace for reading (local path or fsspec URL).
 
+    A damaged journal or group metadata is read around when the other copy holds the same facts
+    (a closed trace's zarr metadata holds everything; the journal holds everything but the
+    arrays), and listed in ``Trace.damage``; damaged chunks cost only their own rows.
+
     Raises:
         TraceError: one line naming ``path`` and what was found: not a zarr store, a zarr store
-            that is not a specdiff trace, another format version, a corrupt or truncated journal,
-            missing chunks.
+            that is not a specdiff trace, another format version, or damage that leaves no copy
+            of the trace's facts (e.g. the journal of a trace whose writer never closed it cut
+            before its header).
     """
     path = str(path)
     if "://" not in path and not os.path.exists(path):
         raise TraceError(f"{path}: no such trace (the path does not exist)")
+    store = _store(path)
+    attrs, root_exc = None, None
     try:
-        group = zarr.open_group(store=path, mode="r")
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError):
-        raise TraceError(f"{path}: not a specdiff trace (no zarr group found)") from None
-    except Exception as exc:  # zarr raises many types for foreign bytes
-        raise TraceError(f"{path}: not a specdiff trace (zarr could not open it: {exc})") from None
-    meta = group.attrs.get("specdiff")
-    if not isinstance(meta, dict) or "format" not in meta:
-        raise TraceError(f"{path}: is a zarr store but not a specdiff trace (no 'specdiff' attributes)")
+        attrs = dict(zarr.open_group(store=store, mode="r").attrs)
+    except Exception as exc:  # zarr raises many types for missing or foreign bytes
+        root_exc = exc
+    scan = read_journal(_join(path, JOURNAL_NAME))
+    damage: list[Damage] = []
+    if attrs is None:
+        if not scan.usable or scan.problem:
+            if isinstance(root_exc, (FileNotFoundError, zarr.errors.GroupNotFoundError,
+                                     zarr.errors.NodeTypeValidationError)):
+                raise TraceError(f"{path}: not a specdiff trace (no zarr group found)") from None
+            if scan.size:  # both copies of the trace's facts are damaged
+                problem, _ = metadata_problem(path, "zarr.json", root_exc)
+                raise TraceError(f"{path}: zarr.json {problem} and {JOURNAL_NAME} {scan.problem}, so no intact copy "
+                                 "of the trace's facts is left; copy the trace again from where it was recorded")
+            raise TraceError(f"{path}: not a specdiff trace (zarr could not open it: {root_exc})") from None
+        problem, action = metadata_problem(path, "zarr.json", root_exc)
+        damage.append(Damage(path, "zarr.json", problem, "the trace's facts are read from its record journal "
+                             "(nothing lost)", "copy the trace again to repair it", lost=False))
+        meta = {"format": scan.entries[0].get("format"), "side": scan.entries[0].get("side")}
+    else:
+        meta = attrs.get("specdiff")
+        if not isinstance(meta, dict) or "format" not in meta:
+            raise TraceError(f"{path}: is a zarr store but not a specdiff trace (no 'specdiff' attributes)")
     if meta["format"] != FORMAT_VERSION:
         raise TraceError(f"{path}: specdiff trace format {meta['format']} is not supported "
                          f"(this specdiff reads format {FORMAT_VERSION}); use a matching specdiff version")
-    scan = read_journal(_join(path, JOURNAL_NAME), where=path)
-    if scan.entries[0].get("format") != FORMAT_VERSION:
-        raise TraceError(f"{path}: journal format {scan.entries[0].get('format')} does not match "
-                         f"the store's format {FORMAT_VERSION}")
-    return Trace(path, group, scan)
+    closed = bool(attrs and attrs.get("closed"))
+    ends_closed = scan.usable and scan.entries[-1].get("t") == "close"
+    journal_bad = scan.problem is not None or (closed and not ends_closed)
+    if journal_bad and closed:
+        problem = scan.problem or (f"is truncated ({scan.size} bytes, it ends before its close entry)")
+        contents, more = _from_zarr(path, store, attrs)
+        damage.append(Damage(path, JOURNAL_NAME, problem, "the trace was closed cleanly, so it is read from its "
+                             "zarr arrays (nothing lost)", "copy the trace again to repair the journal",
+                             lost=False))
+        damage += more
+    elif scan.problem is not None and not scan.usable:
+        raise TraceError(f"{path}: record journal {scan.problem} and the writer never closed the trace, so no "
+                         "other copy of its sequences exists; the trace cannot be opened (re-record it)")
+    else:
+        if scan.entries[0].get("format") != FORMAT_VERSION:
+            raise TraceError(f"{path}: journal format {scan.entries[0].get('format')} does not match "
+                             f"the store's format {FORMAT_VERSION}")
+        zarr_rows = None
+        if scan.problem is not None:  # unclosed trace, journal corrupt after its header
+            zarr_rows, more = _zarr_tensors(path, store)
+            damage.append(Damage(path, JOURNAL_NAME, scan.problem, "the writer never closed this trace, so records "
+                                 "journaled after that byte and not yet in zarr are lost", "re-record the trace"))
+            damage += more
+        contents = _from_journal(path, scan.entries, cut_tail_bytes=scan.cut_tail_bytes, zarr_rows=zarr_rows)
+    return Trace(path, store, contents, damage)

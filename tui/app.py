@@ -55,7 +55,7 @@ HELP = """\
 [b]?[/b]            this help;  [b]q[/b] quit
 
 Cells: [green]·[/] match  [yellow]~[/] within tolerance  [red]✗[/] diverged  [magenta]?[/] missing on one side
-       blank: not compared;  [bold red]▶[/] first divergence
+       [bright_magenta]▒[/] unreadable (damaged chunk);  blank: not compared;  [bold red]▶[/] first divergence
 """
 
 
@@ -244,8 +244,10 @@ class SpecdiffApp(App):
         self.query_one("#progress", ProgressBar).add_class("done")
         verdict = self.query_one("#verdict", Static)
         verdict.update(msg.report.verdict())
-        verdict.set_class(msg.report.diverged, "diverged")
-        verdict.set_class(not msg.report.diverged, "clean")
+        bad = msg.report.diverged or msg.report.incomplete
+        verdict.set_class(bad, "diverged")
+        verdict.set_class(not bad, "clean")
+        self.query_one("#legend", Static).update(legend(unreadable=msg.vm.unreadable))
         self._fill_sequences()
         self.query_one("#explain-body", Static).update(panes.explain(msg.vm))
         sel = msg.vm.initial() if first_time or self.sel is None else self.sel
@@ -263,7 +265,8 @@ class SpecdiffApp(App):
                           "prompt")
         acc = vm.report.acceptance
         for idx, p in vm.pairs.items():
-            mark = Text("✗", style="bold red") if idx in vm.diverged_pairs else Text("·", style="green")
+            mark = Text("✗", style="bold red") if idx in vm.diverged_pairs else \
+                Text("▒", style="bright_magenta") if idx in vm.unreadable_pairs else Text("·", style="green")
             ax, ay = acc.x.per_sequence.get(idx), acc.y.per_sequence.get(idx)
             both = "/".join("-" if a is None else f"{a:.2f}" for a in (ax, ay))
             table.add_row(mark, str(idx), str(p.length), both, vm.prompt_preview(idx, 40), key=str(idx))
@@ -416,7 +419,7 @@ class SpecdiffApp(App):
     def action_quit_app(self) -> None:
         if self.error is not None:
             self.exit(return_code=EXIT_BAD_INPUT)
-        elif self.report is not None and self.report.diverged:
+        elif self.report is not None and (self.report.diverged or self.report.incomplete):
             self.exit(return_code=EXIT_DIVERGED)
         else:
             self.exit(return_code=EXIT_OK)

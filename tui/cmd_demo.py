@@ -29,8 +29,8 @@ def demo(scenario, no_tui, workdir, models, prompts, max_new_tokens):
 
     Serves the tiny demo draft with the scenario's mistake on a real SGLang 0.5.23 server with
     tracing on, records the training side by replaying the served sequences, and shows the
-    first divergence with its explanation. Exit code 0 when the traces agree, 1 when a
-    divergence was found.
+    first divergence with its explanation. Exit code 0 when the demo found what the scenario
+    seeded (its mistake, or no divergence for 'correct'), 1 when it did not.
     """
     tui = not no_tui and sys.stdout.isatty()
     sys.exit(run_demo(scenario=scenario, workdir=workdir / scenario, models=models, prompts=prompts,

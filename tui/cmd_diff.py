@@ -32,8 +32,9 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir):
     """Align TRACE_A (usually training) with TRACE_B (usually serving) and report the first divergence.
 
     Leads with the first diverging tensor and its explanation, then the contract mismatches,
-    then acceptance on both sides. Exit code: 0 equivalent within tolerance, 1 a divergence
-    was found, 2 bad input.
+    then acceptance on both sides. A damaged chunk costs only its own rows (marked unreadable; each
+    damaged part is one line under "damage"). Exit code: 0 equivalent within tolerance, 1 a
+    divergence was found or recorded rows could not be read, 2 bad input.
     """
     overrides = parse_overrides(tol)
     if fmt is None and sys.stdout.isatty():
@@ -59,4 +60,5 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir):
             click.echo("  grafting (re-running the training draft on serving's inputs)...", err=True)
         report.grafts = run_graft(report, draft_path=draft_dir, target_path=target_dir)
     click.echo(render_json(report) if fmt == "json" else render_text(report))
-    sys.exit(EXIT_DIVERGED if report.diverged else EXIT_OK)
+    # A damaged trace that lost compared rows is never "equivalent" (the verdict says why).
+    sys.exit(EXIT_DIVERGED if report.diverged or report.incomplete else EXIT_OK)

@@ -1,6 +1,11 @@
-"""``specdiff info TRACE``: contract facts, sequences, tensors and the trace's completeness."""
+"""``specdiff info TRACE``: contract facts, sequences, tensors and the trace's completeness.
+
+``--verify`` reads every chunk and lists each damaged one (tracer.damage), exit 1 if any.
+"""
 
 from __future__ import annotations
+
+import sys
 
 import click
 
@@ -8,11 +13,12 @@ from specdiff.replay.contract_check import unknown_facts
 from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.store import open_trace
 
-from .cli import cli
+from .cli import EXIT_DIVERGED, EXIT_OK, cli
 
 
-def describe(trace) -> str:
-    """Plain-text summary of an opened trace (what ``specdiff info`` prints)."""
+def describe(trace, *, verified: bool = False) -> str:
+    """Plain-text summary of an opened trace (what ``specdiff info`` prints); ``verified``: every
+    chunk was read (``Trace.verify``) before, so no damage line means none exists."""
     lines = [f"trace      {trace.path}",
              f"side       {trace.side}   format {trace.format}   records {trace.records}"]
     if trace.closed:
@@ -53,14 +59,33 @@ def describe(trace) -> str:
         info = trace.info(name)
         dims = ", ".join(f"{d}={n}" for d, n in zip(info.dims, info.shape, strict=False))
         lines.append(f"  {name:26s} {info.dtype:9s} rows {info.rows:<8d} [{dims}]")
+    lines += damage_lines(trace.damage, verified=verified)
     return "\n".join(lines)
+
+
+def damage_lines(damage: list, *, verified: bool) -> list[str]:
+    """The ``damage`` section: one line per damaged part (``Damage.message``)."""
+    if damage:
+        return [f"damage     {len(damage)} damaged part{'s' if len(damage) > 1 else ''}"] + \
+            [f"  {d.message()}" for d in damage]
+    if verified:
+        return ["damage     none: every chunk was read and checked"]
+    return ["damage     none found at open (`specdiff info --verify` reads every chunk)"]
 
 
 @cli.command()
 @click.argument("trace")
-def info(trace):
+@click.option("--verify", is_flag=True,
+              help="Read every chunk (checksums, decoding) and list each damaged one; exit 1 if any.")
+def info(trace, verify):
     """Print a trace's contract facts, sequences, tensors and whether it was closed cleanly.
 
-    TRACE is a trace directory or an fsspec URL (s3://..., memory://...).
+    TRACE is a trace directory or an fsspec URL (s3://..., memory://...). Damage found at open
+    (journal, metadata, missing chunk files) is listed; --verify also reads every chunk.
+    Exit code: 0, or 1 when damage was found.
     """
-    click.echo(describe(open_trace(trace)))
+    opened = open_trace(trace)
+    if verify:
+        opened.verify()
+    click.echo(describe(opened, verified=verify))
+    sys.exit(EXIT_DIVERGED if opened.damage else EXIT_OK)

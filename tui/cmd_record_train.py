@@ -7,18 +7,33 @@ import sys
 
 import click
 
+from specdiff.replay.train_options import (
+    AUX_CONVENTION_DEFAULT,
+    CAPTURE_LEVELS,
+    DEFAULTS,
+    DTYPE_NAMES,
+    FALLBACK_STEPS,
+    FALLBACK_TOPK,
+    describe_defaults,
+)
 from specdiff.tracer.conventions import CONVENTIONS
+from specdiff.tracer.errors import SpecdiffError
 
 from .cmd_record import record
 
 
 def _parse_layers(value: str | None):
+    """The ids exactly as listed (order and all); an empty item is refused, not skipped."""
     if value is None:
         return None
+    items = value.replace(" ", "").split(",")
+    if items and items[-1] == "" and len(items) > 1:
+        items = items[:-1]  # a trailing comma adds nothing
     try:
-        return [int(v) for v in value.replace(" ", "").split(",") if v != ""]
+        return [int(v) for v in items]
     except ValueError:
-        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 0,3,6") from None
+        raise SpecdiffError(f"--aux-layers {value!r}: expected comma-separated integers in training's "
+                            "concat order, e.g. 6,0,3") from None
 
 
 def _fmt(xs) -> str:
@@ -36,24 +51,30 @@ def _fmt(xs) -> str:
               help="JSONL: input_ids / text / prompt(+completion) / messages per line.")
 @click.option("-o", "--out", "out", required=True, metavar="PATH", help="Trace store to create.")
 @click.option("--aux-layers", default=None, metavar="IDS",
-              help="Training aux layers, e.g. 0,3,6 (default: the draft config's ids, in its convention).")
+              help="Training aux layers in training's concat order, e.g. 6,0,3 (slot j = the j-th id; "
+                   "used as given). Default: the draft config's ids, in its convention and order.")
 @click.option("--aux-convention", type=click.Choice(list(CONVENTIONS)), default=None,
-              help="Convention of --aux-layers (default: hf = output_hidden_states index).")
+              help=f"Convention of --aux-layers (default: {AUX_CONVENTION_DEFAULT} = output_hidden_states index).")
 @click.option("--steps", type=int, default=None,
-              help="TTT depths (default: the serving trace's spec_steps, else 3).")
-@click.option("--topk", type=int, default=None, help="draft.topk width (default: serving spec_topk, else 1).")
-@click.option("--dtype", type=click.Choice(["bfloat16", "float32", "float16"]), default="bfloat16",
-              show_default=True, help="Draft compute dtype.")
-@click.option("--target-dtype", type=click.Choice(["bfloat16", "float32", "float16"]), default="bfloat16",
-              show_default=True, help="Target dtype (keep the serving dtype for tight tolerances).")
-@click.option("--capture", type=click.Choice(["default", "full"]), default="default", show_default=True,
-              help="default: draft logits as top-8 + logsumexp; full: all draft logits.")
-@click.option("--probe-positions", type=int, default=64, show_default=True,
-              help="Record every target layer at the first N positions (layer identification; 0 = off).")
-@click.option("--max-new-tokens", type=int, default=0, show_default=True,
-              help="With --prompts: extend each prompt with the target's greedy continuation.")
-@click.option("--batch-size", type=int, default=8, show_default=True, help="Sequences per forward.")
-@click.option("--device", default="cpu", show_default=True, help="torch device for both models.")
+              help=f"TTT depths (default: the serving trace's spec_steps, else {FALLBACK_STEPS}).")
+@click.option("--topk", type=int, default=None,
+              help=f"draft.topk width (default: serving spec_topk, else {FALLBACK_TOPK}).")
+@click.option("--dtype", type=click.Choice(DTYPE_NAMES), default=None,
+              help=f"Draft compute dtype (default: {DEFAULTS['dtype']}).")
+@click.option("--target-dtype", type=click.Choice(DTYPE_NAMES), default=None,
+              help=f"Target dtype; keep the serving dtype for tight tolerances (default: {DEFAULTS['target_dtype']}).")
+@click.option("--capture", type=click.Choice(CAPTURE_LEVELS), default=None,
+              help="default: draft logits as top-8 + logsumexp; full: all draft logits "
+                   f"(default: {DEFAULTS['capture']}).")
+@click.option("--probe-positions", type=int, default=None,
+              help="Record every target layer at the first N positions (layer identification; 0 = off; "
+                   f"default: {DEFAULTS['probe_positions']}).")
+@click.option("--max-new-tokens", type=int, default=None,
+              help="With --prompts: extend each prompt with the target's greedy continuation "
+                   f"(default: {DEFAULTS['max_new_tokens']}).")
+@click.option("--batch-size", type=int, default=None,
+              help=f"Sequences per forward (default: {DEFAULTS['batch_size']}).")
+@click.option("--device", default=None, help=f"torch device for both models (default: {DEFAULTS['device']}).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing trace at --out.")
 def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps, topk, dtype, target_dtype,
           capture, probe_positions, max_new_tokens, batch_size, device, overwrite):
@@ -70,9 +91,13 @@ def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps
 
     def on_start(total, result):
         aux = result.aux
-        src = (f"--aux-layers {aux.ids} ({aux.convention})" if aux_layers is not None
-               else f"draft config ids {list(aux.ids) if aux.ids is not None else 'default'} ({aux.convention})")
-        click.echo(f"aux layers: HF {list(aux.hf_indices)} from {src}", err=True)
+        ids = list(aux.ids) if aux.ids is not None else "default"
+        src = (f"--aux-layers {ids} ({aux.convention})" if aux_layers is not None
+               else f"draft config ids {ids} ({aux.convention})")
+        click.echo(f"aux layers: HF {list(aux.hf_indices)} in this concat order (slot j = the j-th) "
+                   f"from {src}", err=True)
+        if result.defaults_used:
+            click.echo(f"defaults used: {describe_defaults(result.defaults_used)}", err=True)
         bar["bar"] = click.progressbar(length=total, label="replaying sequences", file=sys.stderr)
         bar["bar"].__enter__()
 

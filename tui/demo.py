@@ -82,10 +82,13 @@ def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: l
     return results
 
 
-def record_train(*, models: Path, serve_trace: Path, out: Path) -> None:
-    """Replay the served sequences through the reference forward with the draft *as trained*."""
+def record_train(*, models: Path, serve_trace: Path, out: Path, draft: Path | None = None,
+                 extra: list[str] = ()) -> None:
+    """Replay the served sequences through the reference forward with the draft *as trained*
+    (``draft``, default the demo draft) and the ``extra`` options that say how it was trained."""
     cmd = [sys.executable, "-m", "specdiff.tui", "record", "train", "--target", str(models / "target"),
-           "--draft", str(models / "draft"), "--replay", str(serve_trace), "-o", str(out), "--overwrite"]
+           "--draft", str(draft or models / "draft"), "--replay", str(serve_trace), "-o", str(out),
+           "--overwrite", *extra]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         tail = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
@@ -94,7 +97,8 @@ def record_train(*, models: Path, serve_trace: Path, out: Path) -> None:
 
 def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_new_tokens: int,
              tui: bool) -> int:
-    """Run every phase; returns the exit code (0 no divergence, 1 divergence found)."""
+    """Run every phase; returns the exit code: 0 when the demo found what the scenario seeded
+    (its expected first divergence and cause, or no divergence for ``correct``), 1 when not."""
     from specdiff.replay.report import diff_traces, render_text
 
     sc = SCENARIOS[scenario]
@@ -119,7 +123,9 @@ def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_ne
     click.echo(f"    served accept length per prompt (SGLang meta_info): {', '.join(f'{a:.2f}' for a in per_prompt)}"
                f"  (mean {served_mean:.2f})")
     _phase(3, n, "record train", f"replaying {len(results)} served sequences with the draft as trained")
-    record_train(models=models, serve_trace=serve_trace, out=train_trace)
+    # A scenario trained in another concat order ships the checkpoint it trained: train on it too.
+    record_train(models=models, serve_trace=serve_trace, out=train_trace,
+                 draft=served if sc.trained_order is not None else None, extra=sc.training_args())
     _phase(4, n, "diff", f"{train_trace.name} vs {serve_trace.name}")
     report = diff_traces(str(train_trace), str(serve_trace))
     acc = report.acceptance
@@ -128,12 +134,17 @@ def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_ne
                f"{est:.2f}" if est is not None else f"    accept length: served {served_mean:.2f}")
     summary = {"scenario": scenario, "served_accept_length": per_prompt, "served_mean": served_mean,
                "training_estimate": est, "report": report.to_json(), "seconds": time.monotonic() - t0}
+    found, line = sc.check(report)
+    summary["demo_worked"] = found
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     _phase(5, n, "report", f"(summary in {workdir / 'summary.json'})")
     if tui:
         from .app import run_app
 
-        return run_app(str(train_trace), str(serve_trace))
+        run_app(str(train_trace), str(serve_trace))
+    else:
+        click.echo("")
+        click.echo(render_text(report))
     click.echo("")
-    click.echo(render_text(report))
-    return 1 if report.diverged else 0
+    click.echo(click.style(line, bold=True, fg="green" if found else "red"))
+    return 0 if found else 1

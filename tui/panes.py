@@ -16,7 +16,7 @@ from rich.text import Text
 
 from specdiff.tracer.schema import spec_for
 
-from .view import CELLS, MISSING, NONE, Sel, ViewModel
+from .view import CELLS, MISSING, NONE, UNREADABLE, Sel, ViewModel
 
 SLICE = 3  # elements either side of the worst one
 TOPK = 5
@@ -136,6 +136,9 @@ def detail(vm: ViewModel, sel: Sel) -> Detail:
     head.append(f"{sel.name}", style="bold")
     head.append(f"  seq {sel.pair} pos {sel.pos} depth {sel.depth}  ")
     head.append_text(_status_text(code))
+    damaged = [Text(f"{label}: {d.message()}", style="bold magenta") for label, d in vm.damage_at(sel)]
+    if code == UNREADABLE:
+        return Detail(Group(head, Text("not compared: this row lies in a damaged chunk", style="dim"), *damaged), [])
     if code in (NONE, MISSING) or i < 0:
         px, py = vm.present(sel)
         labels = vm.report.labels
@@ -145,7 +148,9 @@ def detail(vm: ViewModel, sel: Sel) -> Detail:
                    "depth path; serving drafts from its own guesses)")
         else:
             why = "no row on either side at this cell"
-        return Detail(Group(head, Text(why, style="dim")), [])
+        if damaged:
+            why += " (or its row keys lie in a damaged chunk)"
+        return Detail(Group(head, Text(why, style="dim"), *damaged), [])
     rows = vm.pair_rows(sel)
     if spec_for(sel.name).kind == "float":
         table, series, extra = _float_values(vm, sel, rows)
@@ -166,6 +171,10 @@ def explain(vm: ViewModel) -> Group:
     """Explanations (message, evidence, fix, similarity matrix), contract mismatches, acceptance."""
     r = vm.report
     parts: list = []
+    if r.damage:
+        parts.append(Text("Damage", style="bold underline magenta"))
+        parts += [Text(d.message(), style="magenta") for d in r.damage]
+        parts.append(Text(""))
     parts.append(Text("Explanation", style="bold underline"))
     if r.first is None:
         parts.append(Text("no divergence: nothing to explain", style="green"))

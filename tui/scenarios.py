@@ -4,6 +4,11 @@ Each scenario writes the *served* copy of the demo draft (what the user shipped 
 the training side always replays with the draft as it was trained. The demo draft was trained
 on HF hidden_states [0, 3, 6] (embedding output, outputs of layers 2 and 5): in SGLang's
 convention (id k captures HF k+1; -1 = embeddings) that is ids [-1, 2, 5].
+
+A scenario with ``trained_order`` stands for a draft trained on the same layers concatenated in
+another order: its fc.weight column blocks are reordered to match (``reorder_fc_blocks``), so
+the training side, fed in that order (``record train --aux-layers``), computes exactly what the
+demo draft computes; that reordered checkpoint is both what was trained and what is served.
 """
 
 from __future__ import annotations
@@ -17,34 +22,94 @@ import torch
 from safetensors.torch import load_file, save_file
 
 TRAINED_HF = [0, 3, 6]
-CORRECT_SGLANG_IDS = [-1, 2, 5]
+CORRECT_SGLANG_IDS = [-1, 2, 5]  # sglang_ids(TRAINED_HF)
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """A demo case: its name, what goes wrong, and what the diff should find."""
+    """A demo case: its name, what goes wrong, and what the diff should find.
+
+    Attributes:
+        expected_first: the tensors any of which may be the first divergence (the stage where
+            the mistake first shows), or None when the traces should agree.
+        expected_cause: the explanation the diff should rank first, or None when any will do.
+    """
 
     name: str
     summary: str
-    expected_first: str | None  # first diverging tensor (None = no divergence)
+    expected_first: tuple[str, ...] | None
     expected_cause: str | None
+    trained_order: tuple[int, ...] | None = None  # HF concat order of training, when not TRAINED_HF
+
+    def training_args(self) -> list[str]:
+        """``record train`` options that state how this scenario's draft was trained."""
+        if self.trained_order is None:
+            return []
+        return ["--aux-layers", ",".join(map(str, self.trained_order)), "--aux-convention", "hf"]
+
+    def check(self, report) -> tuple[bool, str]:
+        """Whether ``report`` (a ``replay.report.DiffReport``) found what this scenario seeded,
+        and one line saying so."""
+        first = report.first.name if report.first is not None else None
+        causes = [e.cause for e in report.explanations]
+        if self.expected_first is None:
+            if first is None:
+                return True, f"demo worked: scenario '{self.name}' served as trained and no divergence was found"
+            return False, f"demo FAILED: scenario '{self.name}' should agree, but the diff found {first}"
+        want = " or ".join(self.expected_first)
+        if first not in self.expected_first:
+            return False, f"demo FAILED: scenario '{self.name}' should diverge first at {want}, found {first or 'no divergence'}"
+        if self.expected_cause is not None and causes[:1] != [self.expected_cause]:
+            return False, (f"demo FAILED: scenario '{self.name}' diverged at {first} as expected, but the "
+                           f"explanation is {causes[0] if causes else 'missing'}, not {self.expected_cause}")
+        cause = f", explained as {causes[0]}" if causes else ""
+        return True, f"demo worked: scenario '{self.name}' seeded a mistake and specdiff found it at {first}{cause}"
 
 
 SCENARIOS = {
     "seed": Scenario("seed", "served with eagle_aux_hidden_state_layer_ids [2, 5, 6] (captures HF [3, 6, 7]) "
                      "while training used [embedding output, layer 2, layer 5] = HF [0, 3, 6]",
-                     "target.aux.0", "aux_layer_shift"),
+                     ("target.aux.0",), "aux_layer_shift"),
     "correct": Scenario("correct", "served with eagle_aux_hidden_state_layer_ids [-1, 2, 5] = HF [0, 3, 6], "
                         "as trained", None, None),
     "off-by-one": Scenario("off-by-one", "served with ids [0, 3, 6] written as HF / vLLM indices; SGLang reads "
-                           "id k as HF k+1 and captures HF [1, 4, 7]", "target.aux.0", "aux_layer_shift"),
+                           "id k as HF k+1 and captures HF [1, 4, 7]", ("target.aux.0",), "aux_layer_shift"),
     "d2t-direct": Scenario("d2t-direct", "d2t saved as direct target ids; SGLang reads offsets",
-                           "draft.topk_target", "d2t_direct_ids"),
+                           ("draft.topk_target",), "d2t_direct_ids"),
     "no-d2t": Scenario("no-d2t", "d2t left out of the checkpoint; SGLang serves draft id i as target id i",
-                       "draft.topk_target", "d2t_missing"),
+                       ("draft.topk_target",), "d2t_missing"),
     "norm-before-fc": Scenario("norm-before-fc", "served with norm_before_fc on (an RMSNorm over the aux "
-                               "concat) that training never applied", "draft.fc_out", None),
+                               "concat) that training never applied", ("draft.fc_in", "draft.fc_out"),
+                               "norm_before_fc"),
+    # The permutation explanation (each serving slot = another training slot) is replay/explain.py's:
+    # set expected_cause to its name once it exists.
+    "aux-order": Scenario("aux-order", "a draft trained on HF [6, 0, 3] concatenated in that order (SpecForge "
+                          "concatenates its layer list as listed), served with ids [5, -1, 2] = the same layers; "
+                          "SGLang concatenates them ascending, HF [0, 3, 6]",
+                          ("target.aux.0", "target.aux.1", "target.aux.2", "target.aux_cat"), None,
+                          trained_order=(6, 0, 3)),
 }
+
+
+def sglang_ids(hf_indices) -> list[int]:
+    """SGLang 0.5.23 llama.py ids for HF indices, in the same order: id k captures HF k+1."""
+    return [int(i) - 1 for i in hf_indices]
+
+
+def reorder_fc_blocks(fc_weight: torch.Tensor, *, from_order, to_order) -> torch.Tensor:
+    """fc.weight [Hd, K*H] trained on aux slots in ``from_order`` (HF indices, block j multiplies
+    slot j) rewritten for slots in ``to_order`` (a permutation of the same layers): the result
+    applied to the concat in ``to_order`` equals the input applied to the concat in ``from_order``.
+
+    Raises ValueError when the orders are not permutations of each other or K does not divide
+    the width.
+    """
+    from_order, to_order = [int(i) for i in from_order], [int(i) for i in to_order]
+    k = len(from_order)
+    if sorted(from_order) != sorted(to_order) or len(set(from_order)) != k or fc_weight.shape[1] % k:
+        raise ValueError(f"cannot reorder fc.weight {list(fc_weight.shape)} from HF {from_order} to HF {to_order}")
+    blocks = fc_weight.reshape(fc_weight.shape[0], k, -1)
+    return blocks[:, [from_order.index(i) for i in to_order]].reshape(fc_weight.shape).contiguous()
 
 
 def _weights_file(draft_dir: Path) -> Path:
@@ -77,6 +142,10 @@ def write_served_draft(scenario: str, trained_draft: Path, out: Path) -> Path:
     elif scenario == "no-d2t":
         weights.pop("d2t", None)
         weights.pop("t2d", None)
+    elif SCENARIOS[scenario].trained_order is not None:
+        order = SCENARIOS[scenario].trained_order
+        weights["fc.weight"] = reorder_fc_blocks(weights["fc.weight"], from_order=TRAINED_HF, to_order=order)
+        eagle["eagle_aux_hidden_state_layer_ids"] = sglang_ids(order)
     elif scenario == "norm-before-fc":
         cfg["norm_before_fc"] = True
         width = weights["fc.weight"].shape[1]

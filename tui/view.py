@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 # replay.compare imports numpy only, so the app still paints before torch loads.
-from specdiff.replay.compare import CLOSE, DIVERGED, MATCH, SKIP, is_compared  # noqa: F401  (SKIP re-exported)
+from specdiff.replay.compare import CLOSE, DIVERGED, MATCH, SKIP, UNREADABLE, is_compared  # noqa: F401  (SKIP re-exported)
 from specdiff.tracer.schema import ordered, spec_for
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ CELLS = {
     CLOSE: ("~", "yellow", "within tolerance"),
     DIVERGED: ("✗", "red", "diverged"),
     MISSING: ("?", "magenta", "missing on one side"),
+    UNREADABLE: ("▒", "bright_magenta", "unreadable (damaged chunk)"),
     NONE: (" ", "", "not compared"),
 }
 
@@ -117,6 +118,8 @@ class ViewModel:
             m = report.first.match
             self.first = Sel(report.first.name, int(m.depth[i]), int(m.pair[i]), int(m.pos[i]))
         self._cells: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.unreadable = any(c.stats.get("unreadable_rows", 0) for c in comps.values())
+        self.unreadable_pairs = {int(p) for c in comps.values() for p in np.unique(c.match.pair[c.status == UNREADABLE])}
 
     # ---- grid -------------------------------------------------------------------------------
     def rows(self, *, depths: bool, text: str = "") -> list[GridRow]:
@@ -181,6 +184,22 @@ class ViewModel:
             seq, pos, dep = keys
             out.append(bool(((seq == sid) & (pos == sel.pos) & (dep == sel.depth)).any()))
         return out[0], out[1]
+
+    def damage_at(self, sel: Sel) -> list[tuple[str, object]]:
+        """(side label, ``Damage``) of the damaged chunks that hold the selected cell's rows, or, for a
+        cell one side lacks, that side's damaged row-key chunks of the tensor (rows it cannot place)."""
+        traces, labels = self.report.traces, self.report.labels
+        rows = self.pair_rows(sel)
+        out = []
+        for k, (trace, label) in enumerate(((traces.x, labels.x), (traces.y, labels.y))):
+            for d in trace.damage:
+                if d.tensor != sel.name or d.rows is None:
+                    continue
+                if rows is not None and d.rows[0] <= rows[k] < d.rows[1]:
+                    out.append((label, d))
+                elif rows is None and d.column != "data" and not self.present(sel)[k]:
+                    out.append((label, d))
+        return out
 
     def pair_rows(self, sel: Sel) -> tuple[int, int] | None:
         """Storage rows (x, y) of the selected cell's comparison, or None when not compared."""

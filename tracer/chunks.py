@@ -1,0 +1,223 @@
+"""Read one stored array of a trace without losing its readable rows to a damaged chunk.
+
+zarr raises on the first chunk that fails to decode (losing the whole read) and returns the fill
+value for a chunk file that is not there (hiding the loss). ``ArrayReader`` reads in bulk while
+nothing is known to be wrong; when a read fails it reads chunk by chunk, records each failing
+chunk as a ``Damage`` and fills its rows, so every other row still arrives. Missing chunk files are
+found up front by listing the array's chunk keys against the rows the trace says were written.
+"""
+
+from __future__ import annotations
+
+import json
+
+import fsspec
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec
+
+from .damage import RECOPY, Damage, chunk_consequence, chunk_problem
+
+
+def join(path: str, *parts: str) -> str:
+    """``path/part/...`` for a local path or an fsspec URL."""
+    if "://" in path:
+        return "/".join([path.rstrip("/"), *parts])
+    import os
+
+    return os.path.join(path, *parts)
+
+
+def read_bytes(path: str, key: str) -> bytes | None:
+    """Raw bytes of ``key`` in the trace at ``path``; None when absent. OSError when unreadable."""
+    try:
+        with fsspec.open(join(path, key), "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def metadata_problem(path: str, key: str, exc: BaseException) -> tuple[str, str]:
+    """(problem, action) for a zarr.json that zarr could not open."""
+    try:
+        raw = read_bytes(path, key)
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})", "make the file readable (permissions, disk) and run again"
+    if raw is None:
+        return "is missing", RECOPY
+    try:
+        json.loads(raw)
+    except ValueError as err:
+        return f"is corrupt (not valid JSON: {err})", RECOPY
+    first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    return f"is corrupt (not zarr metadata: {first})", RECOPY
+
+
+class ArrayReader:
+    """One array of a trace (a tensor's ``data`` or a row-key column), read damage-tolerantly.
+
+    Args:
+        trace: the trace path (local or fsspec URL) as the user gave it.
+        store: the zarr store of the trace.
+        key: the array's path in the store, e.g. ``tensors/target.aux.0/data``.
+        tensor, column: what the array holds (for the damage lines).
+        rows: rows the trace says were written (journal commits, or the array's own shape).
+        dtype: storage dtype; ``shape``: per-row feature shape; ``fill``: what damaged rows read as.
+    """
+
+    def __init__(self, *, trace: str, store, key: str, tensor: str, column: str, rows: int | None,
+                 dtype: np.dtype, shape: tuple[int, ...], fill):
+        self.trace, self.key, self.tensor, self.column = trace, key, tensor, column
+        self.dtype, self.shape, self.fill = np.dtype(dtype), tuple(shape), fill
+        self.damage: dict[int, Damage] = {}  # chunk index -> damage; -1: the whole array
+        self.array = None
+        try:
+            self.array = zarr.open_array(store=store, path=key, mode="r")
+        except Exception as exc:  # zarr raises many types for bad metadata
+            problem, action = metadata_problem(trace, f"{key}/zarr.json", exc)
+            self.rows = rows or 0
+            consequence = chunk_consequence(column, 0, self.rows) if self.rows or column == "sequences" else \
+                f"tensor {tensor} cannot be read"
+            self._add(-1, Damage(trace, f"{key}/zarr.json", problem, consequence, action, tensor, column,
+                                 (0, self.rows) if self.rows else None, lost=column != "sequences"))
+            return
+        self.rows = self.array.shape[0] if rows is None else rows
+        self.chunk_rows = self.array.chunks[0]
+        self.checksummed = any(isinstance(c, Crc32cCodec) for c in self.array.compressors)
+        self.blosc = any(isinstance(c, BloscCodec) for c in self.array.compressors)
+        self._find_missing()
+
+    # ---- damage ---------------------------------------------------------------------------
+    def _add(self, index: int, damage: Damage) -> None:
+        self.damage.setdefault(index, damage)
+
+    def _chunk_key(self, i: int) -> str:
+        return f"{self.key}/{self.array.metadata.encode_chunk_key((i,) + (0,) * (self.array.ndim - 1))}"
+
+    def _chunk_rows_of(self, i: int) -> tuple[int, int]:
+        return i * self.chunk_rows, min((i + 1) * self.chunk_rows, self.rows)
+
+    def _find_missing(self) -> None:
+        stored = self.array.shape[0]
+        if stored < self.rows:
+            self._add(-2, Damage(self.trace, f"{self.key}/zarr.json",
+                                 f"holds {stored} rows but {self.rows} were written",
+                                 chunk_consequence(self.column, stored, self.rows), RECOPY, self.tensor,
+                                 self.column, (stored, self.rows)))
+        need = -(-min(stored, self.rows) // self.chunk_rows)
+        if not need:
+            return
+        fs, root = fsspec.core.url_to_fs(join(self.trace, self.key))
+        try:  # files only: zarr reads a directory where a chunk belongs as an absent chunk
+            present = {p[len(root.rstrip("/")) + 1:].replace("\\", "/") for p in fs.find(root)}
+        except OSError:
+            present = set()
+        for i in range(need):
+            key = self._chunk_key(i)
+            if key[len(self.key) + 1:] not in present:
+                problem, action = chunk_problem(None, None, checksummed=self.checksummed, blosc=self.blosc)
+                self._chunk_damage(i, problem, action)
+
+    def _chunk_damage(self, i: int, problem: str, action: str) -> None:
+        a, b = self._chunk_rows_of(i)
+        self._add(i, Damage(self.trace, self._chunk_key(i), problem, chunk_consequence(self.column, a, b),
+                            action, self.tensor, self.column, (a, b), lost=self.column != "sequences"))
+
+    def _record(self, i: int, exc: BaseException) -> None:
+        try:
+            raw = read_bytes(self.trace, self._chunk_key(i))
+        except OSError as err:
+            raw, exc = None, err
+        problem, action = chunk_problem(raw, exc, checksummed=self.checksummed, blosc=self.blosc)
+        self._chunk_damage(i, problem, action)
+
+    def bad(self, rows: np.ndarray) -> np.ndarray:
+        """bool [len(rows)]: rows lying in damaged chunks (or past what the array holds)."""
+        rows = np.asarray(rows, np.int64)
+        out = np.zeros(len(rows), bool)
+        for d in list(self.damage.values()):  # the app's worker may add damage meanwhile
+            if d.rows is not None:
+                out |= (rows >= d.rows[0]) & (rows < d.rows[1])
+        return out
+
+    def _is_bad(self, i: int) -> bool:
+        return i in self.damage or -1 in self.damage
+
+    # ---- reading --------------------------------------------------------------------------
+    def _filled(self, n: int) -> np.ndarray:
+        return np.full((n, *self.shape), self.fill, self.dtype)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) (storage dtype); damaged rows hold ``fill``."""
+        if self.array is None:
+            return self._filled(stop - start)
+        hi = min(stop, self.array.shape[0])
+        if start >= hi:
+            return self._filled(stop - start)
+        first, last = start // self.chunk_rows, (hi - 1) // self.chunk_rows
+        clean = hi == stop and -1 not in self.damage and not any(first <= i <= last for i in list(self.damage) if i >= 0)
+        if clean:
+            try:
+                return self.array[start:stop]
+            except MemoryError:
+                raise
+            except Exception:  # a damaged chunk: find it below, keep the rest
+                pass
+        out = self._filled(stop - start)
+        for i in range(first, last + 1):
+            if self._is_bad(i):
+                continue
+            a, b = max(start, i * self.chunk_rows), min(hi, (i + 1) * self.chunk_rows)
+            try:
+                out[a - start:b - start] = self.array[a:b]
+            except MemoryError:
+                raise
+            except Exception as exc:
+                self._record(i, exc)
+        return out
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows at the given indices (any order); damaged rows hold ``fill``."""
+        rows = np.asarray(rows, np.int64)
+        if self.array is None:
+            return self._filled(len(rows))
+        rest = (slice(None),) * (self.array.ndim - 1)
+        inside = rows < self.array.shape[0]
+        chunk = rows // self.chunk_rows
+        if inside.all() and -1 not in self.damage and not any(i >= 0 and (chunk == i).any() for i in list(self.damage)):
+            try:
+                return self.array.get_orthogonal_selection((rows,) + rest)
+            except MemoryError:
+                raise
+            except Exception:
+                pass
+        out = self._filled(len(rows))
+        for i in np.unique(chunk[inside]).tolist():
+            if self._is_bad(i):
+                continue
+            sel = inside & (chunk == i)
+            try:
+                out[sel] = self.array.get_orthogonal_selection((rows[sel],) + rest)
+            except MemoryError:
+                raise
+            except Exception as exc:
+                self._record(i, exc)
+        return out
+
+    def verify(self) -> None:
+        """Read every chunk once (one at a time); each one that fails becomes a ``Damage``."""
+        if self.array is None:
+            return
+        n = min(self.rows, self.array.shape[0])
+        for i in range(-(-n // self.chunk_rows)):
+            if not self._is_bad(i):
+                a, b = self._chunk_rows_of(i)
+                try:
+                    self.array[a:b]
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    self._record(i, exc)
+
+
+__all__ = ["ArrayReader", "join", "read_bytes", "metadata_problem"]
