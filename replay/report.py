@@ -10,14 +10,16 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
+from specdiff.tracer.crash import describe_crash
+from specdiff.tracer.schema import spec_for
 from specdiff.tracer.store import open_trace
 
 from .acceptance import Acceptance, acceptance
 from .align import Alignment, Pair, align_sequences
 from .compare import TensorComparison, compare_all, first_divergence
-from .contract_check import ContractMismatch, check_contracts, side_labels
+from .contract_check import ContractMismatch, bearing_on, check_contracts, side_labels, unknown_facts
 from .explain import Explanation, explain
-from .findings import matching_findings
+from .findings import crash_findings, matching_findings
 
 
 @dataclass
@@ -48,10 +50,11 @@ class DiffReport:
     traces: Pair
     grafts: list | None = None
     findings: list = field(default_factory=list)
+    crash: dict | None = None  # {"label": side, **the contract's crash record}: a side's engine died
 
     @property
     def diverged(self) -> bool:
-        return self.first is not None
+        return self.first is not None or self.crash is not None
 
     @property
     def damage(self) -> list:
@@ -99,8 +102,18 @@ class DiffReport:
             out += [(name, i) for i in bad]
         return out
 
+    def contract_bearing(self) -> list[ContractMismatch]:
+        """Contract differences (and unknown facts) that bear on the first divergence's stage."""
+        if self.first is None:
+            return []
+        return bearing_on(self.contract, spec_for(self.first.name).stage)
+
     def verdict(self) -> str:
         """The one-line verdict the header and the text report lead with."""
+        if self.first is None and self.crash is not None:
+            why = (f" — explained by pre-flight finding {self.findings[0]['kind']}: {self.findings[0]['message']}"
+                   if self.findings else " — no pre-flight finding explains it")
+            return f"first divergence: {self.crash['label']} crashed: {describe_crash(self.crash)}{why}"
         if self.first is None:
             if self.incomplete:
                 return (f"no divergence in the rows that could be read, but the traces are damaged "
@@ -133,7 +146,8 @@ class DiffReport:
                      "pos": int(self.first.match.pos[i]) if i is not None else None,
                      "depth": int(self.first.match.depth[i]) if i is not None else None,
                      "stats": self.first.stats, "worst": self.first.worst,
-                     "tolerance": asdict(self.first.tolerance)}
+                     "tolerance": asdict(self.first.tolerance),
+                     "contract": [asdict(m) for m in self.contract_bearing()]}
         return clean({
             "verdict": self.verdict(),
             "diverged": self.diverged,
@@ -144,9 +158,12 @@ class DiffReport:
             "first_divergence": first,
             "explanations": [asdict(e) for e in self.explanations],
             "contract_mismatches": [asdict(m) for m in self.contract],
+            "unknown_facts": {self.labels.x: unknown_facts(self.traces.x.contract),
+                              self.labels.y: unknown_facts(self.traces.y.contract)},
             "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
                                                         (self.labels.y, self.acceptance.y))},
             "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
+            "crash": self.crash,
             "preflight_findings": self.findings,
             "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length}
                           for p in self.alignment.seq_pairs],
@@ -166,15 +183,37 @@ def diff_traces(path_x: str, path_y: str, *, preset: str = "default", overrides:
     return diff_opened(traces, preset=preset, overrides=overrides, progress=progress)
 
 
+def _crash(traces: Pair, labels: Pair) -> dict | None:
+    for label, trace in ((labels.x, traces.x), (labels.y, traces.y)):
+        crash = trace.contract.get("crash")
+        if isinstance(crash, dict):
+            return {"label": label, **crash}
+    return None
+
+
 def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
                 progress=None) -> DiffReport:
-    """``diff_traces`` on already opened traces (the TUI re-runs this with another preset)."""
+    """``diff_traces`` on already opened traces (the TUI re-runs this with another preset).
+
+    A side whose engine crashed (contract ``crash``, tracer/crash.py) before recording any
+    sequence is compared by its contract and the pre-flight findings alone; the crash is the
+    first divergence, with the finding that explains it.
+    """
+    labels = side_labels(traces)
+    crash = _crash(traces, labels)
+    if crash is not None and not (traces.x.sequences and traces.y.sequences):
+        empty = Alignment((), Pair((), ()))
+        none = Acceptance(None, None, {}, 0)
+        return DiffReport(traces.map(lambda t: t.path), labels, empty, {}, None, [], check_contracts(traces),
+                          Pair(none, none), traces, findings=crash_findings(traces, crash), crash=crash)
     alignment = align_sequences(traces)
     comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress)
     first = first_divergence(comps)
-    return DiffReport(traces.map(lambda t: t.path), side_labels(traces), alignment, comps, first,
+    return DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
                       explain(traces, alignment, comps, first), check_contracts(traces),
-                      acceptance(traces, alignment), traces, findings=matching_findings(traces, first))
+                      acceptance(traces, alignment), traces,
+                      findings=matching_findings(traces, first) if crash is None or first is not None
+                      else crash_findings(traces, crash), crash=crash)
 
 
 def _fmt(v) -> str:
@@ -210,6 +249,21 @@ def _graft_rows(grafts: list) -> list[str]:
 def render_text(report: DiffReport) -> str:
     """The text report: first divergence and its explanation, contract mismatches, acceptance."""
     out = [report.verdict(), ""]
+    if report.crash is not None:
+        c = report.crash
+        out.append(f"crash ({c['label']}): {c.get('type')} in {c.get('forward')}")
+        out += [f"  {line}" for line in str(c.get("message", "")).splitlines()[:3]]
+        for key, shape in {**{f"{c.get('forward')} {k}": v for k, v in (c.get("forward_shapes") or {}).items()},
+                           **(c.get("shapes") or {})}.items():
+            out.append(f"  {key}: {shape}")
+        if c.get("where"):
+            out.append(f"  raised at {c['where'][-1]}")
+        if report.findings:
+            f0 = report.findings[0]
+            out.append(f"  explained by [{f0['severity']}] {f0['kind']}: {f0['message']}")
+            if f0.get("fix"):
+                out.append(f"    fix: {f0['fix']}")
+        out.append("")
     if report.damage:
         out.append("damage")
         out += [f"  {d.message()}" for d in report.damage]
@@ -227,6 +281,13 @@ def render_text(report: DiffReport) -> str:
             w = f.worst
             out.append(f"  worst: seq {w['pair']} pos {w['pos']} depth {w['depth']} element {w['element']}: "
                        f"{report.labels.x} {_fmt(w['x'])} vs {report.labels.y} {_fmt(w['y'])}")
+        bearing = report.contract_bearing()
+        if bearing:
+            out.append("  contract differences that bear on it")
+            for m in bearing:
+                out.append(f"    [{m.severity}] {m.field}: {m.message}")
+                if m.fix:
+                    out.append(f"      fix: {m.fix}")
         out.append("")
         if report.explanations:
             out.append("explanation")

@@ -133,7 +133,8 @@ class ViewModel:
         return out
 
     def length(self, pair: int) -> int:
-        return self.pairs[pair].length
+        """Token length of aligned pair ``pair``; 0 when there is none (a crashed side's trace)."""
+        return self.pairs[pair].length if pair in self.pairs else 0
 
     def cells(self, name: str, pair: int) -> tuple[np.ndarray, np.ndarray]:
         """(status int8 [depths, length], comparison row index int64 [depths, length], -1 = none)."""
