@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdiff.tracer.contract import known
+
 from .align import Alignment, Pair
 
 
@@ -43,7 +45,7 @@ def serving_acceptance(trace, seq_of_pair: dict[int, int]) -> Acceptance:
     keys = trace.keys("verify.accept_length")
     lens = trace.read("verify.accept_length").reshape(-1)
     keys["seq"] = _readable_seq(trace, "verify.accept_length", keys["seq"])
-    steps = int(trace.contract.get("spec_steps", max(int(lens.max(initial=1)) - 1, 1)))
+    steps = int(known(trace.contract, "spec_steps", max(int(lens.max(initial=1)) - 1, 1)))
     per_seq, all_lens = {}, []
     for pair, seq in seq_of_pair.items():
         sel = lens[keys["seq"] == seq]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from specdiff.tracer.contract import known
 from specdiff.tracer.schema import aux_slot, ordered, probe_index, sort_key, spec_for
 
 from . import metrics
@@ -367,7 +368,7 @@ def _compute_dtype(trace, name: str) -> str:
 
     A float32 logsumexp computed from bf16 logits carries bf16 error, so it gets bf16 tolerance.
     """
-    compute = str(trace.contract.get("dtype", "bfloat16")).replace("torch.", "")
+    compute = str(known(trace.contract, "dtype", "bfloat16")).replace("torch.", "")
     return looser_dtype(trace.info(name).dtype, compute)
 
 

@@ -4,41 +4,106 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdiff.tracer.contract import AUX_CONCAT_ORDER
+from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, unknown_fields
 
 from .align import Pair
 
 # Severity: "error" = the two sides cannot agree; "warn" = likely a cause; "info" = worth knowing.
-_FIELDS = [
-    ("num_layers", "error", "target layer counts differ ({x} vs {y}): traces of different target models"),
-    ("hidden_size", "error", "target hidden sizes differ ({x} vs {y}): traces of different target models"),
-    ("vocab_size", "error", "target vocab sizes differ ({x} vs {y}): traces of different target models"),
-    ("draft_vocab_size", "error", "draft vocab sizes differ ({x} vs {y}): different drafts"),
-    ("aux_hf_indices", "warn", "{ly} captured HF hidden_states{y}; {lx} used {x}"),
-    (AUX_CONCAT_ORDER, "warn", "{ly} concatenated the aux slots as HF {y}; {lx} as HF {x}"),
-    ("d2t_sha256", "warn", "the d2t vocab maps differ ({lx} {xs}, {ly} {ys})"),
-    ("hot_token_id_sha256", "warn", "the draft->target id maps (hot_token_id) differ ({lx} {xs}, {ly} {ys})"),
-    ("norm_before_fc", "warn", "norm before fc: {lx} {x}, {ly} {y}"),
-    ("fc_norm", "warn", "per-slot fc norm: {lx} {x}, {ly} {y}"),
-    ("embed_source", "warn", "draft embedding taken from the {x} on {lx}, from the {y} on {ly}"),
-    ("lm_head_source", "warn", "draft lm_head taken from the {x} on {lx}, from the {y} on {ly}"),
-    ("draft_weights_sha256", "warn", "draft weights differ ({lx} {xs}, {ly} {ys})"),
-    ("tokenizer_sha256", "warn", "tokenizers differ ({lx} {xs}, {ly} {ys})"),
-    ("chat_template_sha256", "info", "chat templates differ ({lx} {xs}, {ly} {ys})"),
-    ("dtype", "info", "compute dtypes differ ({lx} {x}, {ly} {y}): tolerances use the looser"),
-    ("spec_steps", "info", "draft steps differ ({lx} {x}, {ly} {y})"),
-]
+# Each field: (severity, message template, stages it bears on ("*" = every stage), fix).
+_ALL = ("*",)
+_AUX = ("target.aux", "target.aux_cat", "draft.fc_in", "draft.fc_out")
+_DRAFT_IN = ("draft.fc_out", "draft.attn_in", "draft.hidden_out", "draft.logits", "draft.topk")
+_TOK = ("tokens",)
+_FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
+    "num_layers": ("error", "target layer counts differ ({x} vs {y}): traces of different target models", _ALL,
+                   "record both sides with the same target model"),
+    "hidden_size": ("error", "target hidden sizes differ ({x} vs {y}): traces of different target models", _ALL,
+                    "record both sides with the same target model"),
+    "vocab_size": ("error", "target vocab sizes differ ({x} vs {y}): traces of different target models", _ALL,
+                   "record both sides with the same target model"),
+    "draft_vocab_size": ("error", "draft vocab sizes differ ({x} vs {y}): different drafts",
+                         ("draft.logits", "draft.topk", "draft.topk_target"), "serve the draft that was trained"),
+    "spec_algorithm": ("error", "speculative algorithm: {lx} {x}, {ly} {y}", _AUX + _DRAFT_IN,
+                       "serve an EAGLE-3 draft with --speculative-algorithm EAGLE3 (EAGLE feeds one final "
+                       "hidden state and skips fc)"),
+    "aux_hf_indices": ("warn", "{ly} captured HF hidden_states{y}; {lx} used {x}", _AUX,
+                       "write the training layers into the draft's eagle_config.eagle_aux_hidden_state_layer_ids "
+                       "(SGLang id = HF index - 1), or record training with the served layers"),
+    AUX_CONCAT_ORDER: ("warn", "{ly} concatenated the aux slots as HF {y}; {lx} as HF {x}", _AUX,
+                       "concatenate the aux states in ascending layer order in training (SGLang and vLLM do), "
+                       "or retrain"),
+    "d2t_sha256": ("warn", "the d2t vocab maps differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target", "verify"),
+                   "export d2t as offsets (target id = draft id + d2t[draft id]) from the training vocab map"),
+    "hot_token_id_sha256": ("warn", "the draft->target id maps (hot_token_id) differ ({lx} {xs}, {ly} {ys})",
+                            ("draft.topk_target", "verify"),
+                            "export d2t as offsets (target id = draft id + d2t[draft id]) from the training vocab map"),
+    "t2d_sha256": ("info", "the t2d masks differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target",),
+                   "SGLang ignores t2d; make d2t and t2d come from the same vocab map"),
+    "norm_before_fc": ("warn", "norm before fc: {lx} {x}, {ly} {y}", ("draft.fc_in", "draft.fc_out"),
+                       "set eagle_config.norm_before_fc in the draft config as in training"),
+    "fc_norm": ("warn", "per-slot fc norm: {lx} {x}, {ly} {y}", ("draft.fc_in", "draft.fc_out"),
+                "set fc_norm in the draft config as in training"),
+    "norm_output": ("warn", "hidden fed to the next depth normed: {lx} {x}, {ly} {y}",
+                    ("draft.fc_out", "draft.attn_in", "draft.hidden_out", "draft.logits"),
+                    "set norm_output in the draft config as in training (SGLang: True = feed the normed hidden)"),
+    "embed_source": ("warn", "draft embedding taken from the {x} on {lx}, from the {y} on {ly}",
+                     ("draft.attn_in", "draft.hidden_out", "draft.logits"),
+                     "SGLang shares the target's embedding with an EAGLE-3 draft: train with the target's "
+                     "(frozen) embedding"),
+    "embed_sha256": ("warn", "the embeddings the draft multiplies by differ ({lx} {xs}, {ly} {ys})",
+                     ("draft.attn_in", "draft.hidden_out", "draft.logits"),
+                     "train and serve with the same target embedding (SGLang uses the target's)"),
+    "lm_head_source": ("warn", "draft lm_head taken from the {x} on {lx}, from the {y} on {ly}",
+                       ("draft.logits", "draft.topk"),
+                       "put the trained lm_head into the draft checkpoint (SGLang loads the checkpoint's lm_head "
+                       "unless it has no draft_vocab_size or ties embeddings)"),
+    "lm_head_sha256": ("warn", "the lm_heads the draft multiplies by differ ({lx} {xs}, {ly} {ys})",
+                       ("draft.logits", "draft.topk"), "serve the lm_head that was trained"),
+    "rope_theta": ("warn", "draft rope theta: {lx} {x}, {ly} {y}", ("draft.hidden_out", "draft.logits"),
+                   "set rope_theta in the draft config to training's"),
+    "rope_scaling": ("warn", "draft rope scaling: {lx} {x}, {ly} {y}", ("draft.hidden_out", "draft.logits"),
+                     "set rope_scaling in the draft config to training's"),
+    "rope_style": ("warn", "draft rope style: {lx} {x}, {ly} {y}", ("draft.hidden_out", "draft.logits"),
+                   "use the same rotary style (neox rotate-halves vs gptj interleaved) on both sides"),
+    "draft_weights_sha256": ("warn", "draft weights differ ({lx} {xs}, {ly} {ys})", _DRAFT_IN,
+                             "serve the checkpoint that was trained"),
+    "tokenizer_sha256": ("warn", "tokenizers differ ({lx} {xs}, {ly} {ys})", _TOK,
+                         "tokenize training data with the serving tokenizer"),
+    "bos_added": ("warn", "prompts start with BOS: {lx} {x}, {ly} {y}", _TOK,
+                  "record training with the served token format (`specdiff record train --replay SERVE_TRACE`), "
+                  "or add/drop BOS in the training data as the server does"),
+    "chat_template_sha256": ("info", "chat templates differ ({lx} {xs}, {ly} {ys})", _TOK,
+                             "format training data with the serving chat template"),
+    "dtype": ("info", "compute dtypes differ ({lx} {x}, {ly} {y}): tolerances use the looser", _ALL,
+              "record training in the serving dtype (--dtype)"),
+    "spec_steps": ("info", "draft steps differ ({lx} {x}, {ly} {y})", ("draft.topk", "verify"),
+                   "record training with the serving --speculative-num-steps (--steps)"),
+    "spec_topk": ("info", "draft top-k differs ({lx} {x}, {ly} {y})", ("draft.topk", "draft.topk_target", "verify"),
+                  "record training with the serving --speculative-eagle-topk (--topk)"),
+}
 
 
 @dataclass(frozen=True)
 class ContractMismatch:
-    """One contract field that differs: its values on each side and a plain-words message."""
+    """One contract field that differs: its values on each side, a plain-words message, the
+    stages it bears on (tracer/schema.py STAGE_ORDER names, "*" = all) and what to change."""
 
     field: str
     severity: str
     x: object
     y: object
     message: str
+    stages: tuple[str, ...] = ()
+    fix: str = ""
+
+    def bears_on(self, stage: str) -> bool:
+        """True when this difference can explain a divergence at ``stage``."""
+        return "*" in self.stages or stage in self.stages
+
+
+def bearing_on(mismatches: list[ContractMismatch], stage: str) -> list[ContractMismatch]:
+    """The mismatches that bear on a first divergence at ``stage`` (unknown facts included)."""
+    return [m for m in mismatches if m.bears_on(stage)]
 
 
 def side_labels(traces: Pair) -> Pair[str]:
@@ -53,17 +118,38 @@ def _short(v) -> str:
     return "none" if v is None else (str(v)[:10] if isinstance(v, str) else str(v))
 
 
+def unknown_facts(contract: dict) -> dict[str, str]:
+    """Field -> why it is unknown: the engine name the recorder could not find (from the
+    contract's ``unobservable`` list), for every field recorded as ``"unknown"``."""
+    why: dict[str, str] = {}
+    for u in contract.get("unobservable") or []:
+        if isinstance(u, dict):
+            ver = u.get("sglang_version")
+            who = f"SGLang {ver} has no {u.get('name')}" if ver else f"the engine has no {u.get('name')}"
+            for f in u.get("facts") or []:
+                why.setdefault(f, who)
+    return {f: why.get(f, "the recorder could not read it") for f in unknown_fields(contract)}
+
+
 def check_contracts(traces: Pair) -> list[ContractMismatch]:
     """Every known contract field present on both sides whose values differ, most severe first.
 
-    Fields missing on one side are not reported (an engine may not know them); the SGLang-only
-    ``aux_dropped_ids`` is reported whenever non-empty.
+    Fields missing on one side are not reported (an engine may not know them); a field recorded
+    as ``"unknown"`` is reported as unknown (with the engine name that hid it), never compared;
+    the SGLang-only ``aux_dropped_ids`` is reported whenever non-empty.
     """
     cx, cy = traces.x.contract, traces.y.contract
     labels = side_labels(traces)
     out: list[ContractMismatch] = []
-    for field, severity, template in _FIELDS:
-        if field not in cx or field not in cy:
+    for label, c, is_x in ((labels.x, cx, True), (labels.y, cy, False)):
+        for field, why in unknown_facts(c).items():
+            other = (cy if is_x else cx).get(field)
+            x, y = (UNKNOWN, other) if is_x else (other, UNKNOWN)
+            stages = _FIELDS[field][2] if field in _FIELDS else ()
+            out.append(ContractMismatch(field, "warn", x, y, f"{field} is unknown on {label} ({why}): not compared",
+                                        stages, "check the SGLang version against specdiff's tested range"))
+    for field, (severity, template, stages, fix) in _FIELDS.items():
+        if field not in cx or field not in cy or UNKNOWN in (cx[field], cy[field]):
             continue
         x, y = cx[field], cy[field]
         if isinstance(x, tuple):
@@ -73,12 +159,13 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
         if x == y:
             continue
         msg = template.format(x=x, y=y, xs=_short(x), ys=_short(y), lx=labels.x, ly=labels.y)
-        out.append(ContractMismatch(field, severity, x, y, msg))
+        out.append(ContractMismatch(field, severity, x, y, msg, stages, fix))
     for label, c in ((labels.x, cx), (labels.y, cy)):
         dropped = c.get("aux_dropped_ids") or []
-        if dropped:
+        if dropped and dropped != UNKNOWN:
             out.append(ContractMismatch("aux_dropped_ids", "error", dropped, None,
                                         f"{label}: aux ids {dropped} are silently dropped by the engine "
-                                        "(SGLang id L-1 is never captured)"))
+                                        "(SGLang id L-1 is never captured)", _AUX,
+                                        "use ids in -1..L-2 (SGLang id k = HF k+1)"))
     rank = {"error": 0, "warn": 1, "info": 2}
     return sorted(out, key=lambda m: rank[m.severity])

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdiff.tracer.contract import aux_slot_layers
+from specdiff.tracer.contract import aux_slot_layers, known
 from specdiff.tracer.schema import aux_name, aux_slot, probe_index
 
 from . import metrics
@@ -227,7 +227,7 @@ def explain_norm_before_fc(traces: Pair, alignment: Alignment, tol: TensorCompar
         return []
     rx, ry = _sample(m)
     x, y = traces.x.take_float("draft.fc_in", rx), traces.y.take_float("draft.fc_in", ry)
-    k = len(traces.y.contract.get("aux_hf_indices") or traces.x.contract.get("aux_hf_indices") or [0, 0, 0])
+    k = len(known(traces.y.contract, "aux_hf_indices") or known(traces.x.contract, "aux_hf_indices") or [0, 0, 0])
     # Per-slot normalisation removes both a whole-concat norm (norm_before_fc) and per-slot ones
     # (fc_norm) up to their weights; if that makes the sides agree, a norm is the difference.
     rel = float(metrics.relative_error(_rmsnorm_chunks(x, k), _rmsnorm_chunks(y, k)).mean())

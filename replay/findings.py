@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdiff.tracer.contract import aux_slot_layers
+from specdiff.tracer.contract import aux_slot_layers, known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.schema import spec_for
 
@@ -37,7 +37,7 @@ def _serving_findings(traces: Pair) -> list[dict]:
     train = traces.x if serve is traces.y else traces.y
     if serve is None:
         return []
-    target, draft = serve.contract.get("model_name"), serve.contract.get("draft_name")
+    target, draft = known(serve.contract, "model_name"), known(serve.contract, "draft_name")
     if not target or not draft or not Path(target).is_dir() or not Path(draft).is_dir():
         return []
     from .preflight import findings_as_facts, run_preflight  # reads configs and weight headers
@@ -55,7 +55,35 @@ def matching_findings(traces: Pair, first) -> list[dict]:
     """error/warn findings whose kind concerns the first divergence's stage (empty if none)."""
     if first is None:
         return []
-    prefixes = STAGE_KINDS.get(spec_for(first.name).stage, ())
+    return findings_of_kinds(traces, STAGE_KINDS.get(spec_for(first.name).stage, ()))
+
+
+#: Which finding kinds can explain a crash in each kind of forward (tracer/crash.py names).
+CRASH_KINDS = {
+    "draft": ("aux.", "norm.", "weights.", "rope.", "vocab.", "algorithm."),
+    "target": ("aux.", "weights.", "algorithm."),
+    "other": ("vocab.", "algorithm.", "aux."),
+}
+
+
+def crash_findings(traces: Pair, crash: dict) -> list[dict]:
+    """error/warn findings that can explain a crash, the likeliest first: errors, then those that
+    predict this exception's message (e.g. aux.slot_count predicts 'mat1 and mat2 shapes ...')."""
+    forward = str(crash.get("forward", ""))
+    side = "draft" if forward.startswith("draft") else "target" if forward.startswith("target") else "other"
+    found = findings_of_kinds(traces, CRASH_KINDS[side])
+    head = str(crash.get("message", "")).split("(")[0].strip().lower()
+
+    def rank(f):
+        msg = str(f.get("message", "")).lower()
+        return (f.get("severity") != "error", not (head and head in msg), "crash" not in msg)
+
+    return sorted(found, key=rank)
+
+
+def findings_of_kinds(traces: Pair, prefixes: tuple[str, ...]) -> list[dict]:
+    """error/warn findings (pre-flight on the serving trace's models, and any stored in either
+    contract) whose kind starts with one of ``prefixes``, without duplicates."""
     found = _serving_findings(traces)
     for trace in (traces.x, traces.y):
         found += [f for f in trace.contract.get("findings") or [] if isinstance(f, dict)]

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdiff.tracer.contract import known
 from specdiff.tracer.errors import SpecdiffError
 
 from .align import match_rows
@@ -86,7 +87,7 @@ def _sides(report) -> tuple[str, str]:
 
 def _checkpoint_dir(train_trace, draft_path) -> Path:
     src = "--draft DIR" if draft_path else "the training trace's contract draft_name"
-    path = draft_path or train_trace.contract.get("draft_name")
+    path = draft_path or known(train_trace.contract, "draft_name")
     if not path:
         raise GraftError(f"{train_trace.path}: the training trace's contract has no draft_name; pass the "
                          "draft checkpoint with --draft DIR (graft(draft_path=...))")
@@ -108,7 +109,7 @@ def _load(train_trace, draft_path, target_path, dtype):
     except CheckpointError as e:
         if "lm_head" not in str(e):
             raise
-    tpath = target_path or train_trace.contract.get("model_name")
+    tpath = target_path or known(train_trace.contract, "model_name")
     src = "--target DIR" if target_path else "the training trace's contract model_name"
     if not tpath or not (Path(str(tpath)) / "config.json").is_file():
         raise GraftError(f"draft checkpoint {ddir} shares the target's embedding, but the target {tpath} "
@@ -136,7 +137,7 @@ def _d2t(trace, vd: int):
 
 
 def _flags(contract: dict, default: dict) -> dict:
-    return {f: bool(contract[f]) if contract.get(f) is not None else default[f] for f in NORM_FLAGS}
+    return {f: bool(known(contract, f)) if known(contract, f) is not None else default[f] for f in NORM_FLAGS}
 
 
 @contextlib.contextmanager
@@ -239,10 +240,10 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
             raise GraftError(f"{t.path}: no target.aux_cat rows; the graft replays the draft on recorded aux rows")
     if "target.argmax" not in ttrace.names:
         raise GraftError(f"{ttrace.path}: no target.argmax rows (the acceptance labels)")
-    dtype = DTYPES.get(str(ttrace.contract.get("dtype") or "bfloat16"), torch.bfloat16)
+    dtype = DTYPES.get(str(known(ttrace.contract, "dtype") or "bfloat16"), torch.bfloat16)
     loaded = _load(ttrace, draft_path, target_path, dtype)
     model, cfg = loaded.model, loaded.config
-    steps = int(steps or ttrace.contract.get("spec_steps") or 3)
+    steps = int(steps or known(ttrace.contract, "spec_steps") or 3)
     plan = _plan(report, tr, sv)
     if not plan:
         raise GraftError("no aligned sequence has aux rows on both sides at its leading positions")

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from ..tracer.contract import tokenizer_hashes
 from ..tracer.conventions import CONVENTIONS, ConventionError, default_hf_indices, resolve_aux_ids
 from ..tracer.errors import SpecdiffError
 from .checkpoint import (
@@ -213,22 +214,7 @@ def _model_dir(path, what: str) -> Path:
 
 
 def _tokenizer_hashes(p: Path) -> tuple[str | None, str | None]:
-    tok = p / "tokenizer.json"
-    tok_sha = _sha(tok.read_bytes()) if tok.is_file() else None
-    template = None
-    jinja = p / "chat_template.jinja"
-    if jinja.is_file():
-        template = jinja.read_text()
-    else:
-        tc = p / "tokenizer_config.json"
-        if tc.is_file():
-            try:
-                template = json.loads(tc.read_text()).get("chat_template")
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-                template = None
-            if isinstance(template, list):  # named templates
-                template = json.dumps(template, sort_keys=True)
-    return tok_sha, _sha(template) if isinstance(template, str) else None
+    return tokenizer_hashes(p)
 
 
 def read_target(path) -> TargetInfo:

@@ -44,7 +44,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..tracer.contract import DEFAULTS_USED, validate_contract
+from ..tracer.contract import (
+    DEFAULTS_USED,
+    bos_added_fact,
+    known,
+    rope_scaling_fact,
+    tokenizer_hashes,
+    validate_contract,
+    weight_sha256,
+)
 from ..tracer.conventions import CONVENTIONS, AuxResolution, ConventionError, resolve_aux_ids
 from ..tracer.errors import SpecdiffError, TraceError
 from ..tracer.jsonl import iter_jsonl
@@ -489,6 +497,29 @@ def _quiet_transformers() -> None:
         pass
 
 
+def draft_computation_facts(draft, config, *, vocab: int, seqs, bos_token_id, tokenizer_dir) -> dict:
+    """The contract fields that decide the draft's computation, from the training side's live
+    draft module and sequences (the same field names and hashing as the SGLang recorder,
+    tracer/contract.py): algorithm, embedding / lm_head sha256, rope as the reference attention
+    applies it (rotate_half = neox), BOS and chat template. The aux layers and their concat
+    order come from ``AuxResolution.as_facts``.
+    """
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    params = {k: scaling.get(k) for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                          "original_max_position_embeddings") if scaling.get(k) is not None}
+    return {
+        "spec_algorithm": "EAGLE3",  # the reference forward is EAGLE-3's (fc over the aux concat)
+        "embed_sha256": weight_sha256(draft.embed_tokens.weight, rows=vocab),
+        "lm_head_sha256": weight_sha256(draft.lm_head.weight, rows=config.draft_vocab_size),
+        "rope_theta": float(config.rope_theta),
+        "rope_scaling": rope_scaling_fact(kind, **params),
+        "rope_style": "neox",  # draft_model.py applies rope with rotate_half
+        "bos_added": bos_added_fact([int(s.tokens[0]) for s in seqs if len(s.tokens)], bos_token_id),
+        "chat_template_sha256": tokenizer_hashes(tokenizer_dir)[1],
+    }
+
+
 def _parse_dtype(name: str, what: str) -> torch.dtype:
     if name not in DTYPES:
         raise RecordTrainError(f"{what} {name!r}: use one of {', '.join(DTYPES)}")
@@ -622,10 +653,13 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         "tokenizer_sha256": _sha256_file(target_dir / "tokenizer.json"),
         "probe_positions": int(probe_positions), "notes": notes, DEFAULTS_USED: defaults_used,
     })
+    facts.update(draft_computation_facts(draft, loaded.config, vocab=int(tcfg.vocab_size),
+                                         seqs=seqs, bos_token_id=getattr(tcfg, "bos_token_id", None),
+                                         tokenizer_dir=target_dir))
     facts["findings"] = _preflight_facts(target_dir, draft_dir, aux.hf_indices)
     if replay is not None:
         facts["replay_of"] = str(replay)
-        if served.get("aux_hf_indices") is not None:
+        if known(served, "aux_hf_indices") is not None:
             facts["served_aux_hf_indices"] = list(served["aux_hf_indices"])
     try:
         validate_contract(facts, where=str(out))

@@ -10,14 +10,16 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
+from specdiff.tracer.crash import describe_crash
+from specdiff.tracer.schema import spec_for
 from specdiff.tracer.store import open_trace
 
 from .acceptance import Acceptance, acceptance
 from .align import Alignment, AlignmentError, Pair, align_sequences
 from .compare import TensorComparison, compare_all, first_divergence
-from .contract_check import ContractMismatch, check_contracts, side_labels
+from .contract_check import ContractMismatch, bearing_on, check_contracts, side_labels, unknown_facts
 from .explain import Explanation, explain
-from .findings import matching_findings
+from .findings import crash_findings, matching_findings
 from .structure import structure_mismatches
 
 
@@ -55,10 +57,11 @@ class DiffReport:
     findings: list = field(default_factory=list)
     narrowing: object = None  # replay.narrow.Narrowing, or the reason it could not run (str), or None
     alignment_error: str | None = None  # why no sequence paired (only kept when a structure finding leads)
+    crash: dict | None = None  # {"label": side, **the contract's crash record}: a side's engine died
 
     @property
     def diverged(self) -> bool:
-        return self.first is not None
+        return self.first is not None or self.crash is not None
 
     @property
     def damage(self) -> list:
@@ -106,8 +109,18 @@ class DiffReport:
             out += [(name, i) for i in bad]
         return out
 
+    def contract_bearing(self) -> list[ContractMismatch]:
+        """Contract differences (and unknown facts) that bear on the first divergence's stage."""
+        if self.first is None:
+            return []
+        return bearing_on(self.contract, spec_for(self.first.name).stage)
+
     def verdict(self) -> str:
         """The one-line verdict the header and the text report lead with."""
+        if self.first is None and self.crash is not None:
+            why = (f" — explained by pre-flight finding {self.findings[0]['kind']}: {self.findings[0]['message']}"
+                   if self.findings else " — no pre-flight finding explains it")
+            return f"first divergence: {self.crash['label']} crashed: {describe_crash(self.crash)}{why}"
         if self.first is None:
             if self.incomplete:
                 return (f"no divergence in the rows that could be read, but the traces are damaged "
@@ -140,7 +153,8 @@ class DiffReport:
             first = {"tensor": self.first.name, "seq": w.get("pair"), "pos": w.get("pos"), "depth": w.get("depth"),
                      "stats": self.first.stats, "worst": self.first.worst,
                      "tolerance": asdict(self.first.tolerance), "kind": self.first.kind,
-                     "structure": asdict(self.first.structure) if self.first.structure is not None else None}
+                     "structure": asdict(self.first.structure) if self.first.structure is not None else None,
+                     "contract": [asdict(m) for m in self.contract_bearing()]}
         return clean({
             "verdict": self.verdict(),
             "diverged": self.diverged,
@@ -151,9 +165,12 @@ class DiffReport:
             "first_divergence": first,
             "explanations": [asdict(e) for e in self.explanations],
             "contract_mismatches": [asdict(m) for m in self.contract],
+            "unknown_facts": {self.labels.x: unknown_facts(self.traces.x.contract),
+                              self.labels.y: unknown_facts(self.traces.y.contract)},
             "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
                                                         (self.labels.y, self.acceptance.y))},
             "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
+            "crash": self.crash,
             "preflight_findings": self.findings,
             "alignment_error": self.alignment_error,
             "narrowing": (None if self.narrowing is None else {"not_run": self.narrowing}
@@ -177,14 +194,32 @@ def diff_traces(path_x: str, path_y: str, *, preset: str = "default", overrides:
     return diff_opened(traces, preset=preset, overrides=overrides, progress=progress, narrow=narrow)
 
 
+def _crash(traces: Pair, labels: Pair) -> dict | None:
+    for label, trace in ((labels.x, traces.x), (labels.y, traces.y)):
+        crash = trace.contract.get("crash")
+        if isinstance(crash, dict):
+            return {"label": label, **crash}
+    return None
+
+
 def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
                 progress=None, narrow: bool = True) -> DiffReport:
     """``diff_traces`` on already opened traces (the TUI re-runs this with another preset).
+
+    A side whose engine crashed (contract ``crash``, tracer/crash.py) before recording any
+    sequence is compared by its contract and the pre-flight findings alone; the crash is the
+    first divergence, with the finding that explains it.
 
     ``narrow``: when no explanation fits a value divergence, re-run the training draft with each
     serving input grafted in (replay.narrow; loads torch and the draft checkpoint when at hand).
     """
     labels = side_labels(traces)
+    crash = _crash(traces, labels)
+    if crash is not None and not (traces.x.sequences and traces.y.sequences):
+        empty = Alignment((), Pair((), ()))
+        none = Acceptance(None, None, {}, 0)
+        return DiffReport(traces.map(lambda t: t.path), labels, empty, {}, None, [], check_contracts(traces),
+                          Pair(none, none), traces, findings=crash_findings(traces, crash), crash=crash)
     structure = structure_mismatches(traces, labels)
     alignment_error = None
     try:
@@ -199,8 +234,9 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     first = first_divergence(comps)
     report = DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
                         explain(traces, alignment, comps, first), check_contracts(traces),
-                        acceptance(traces, alignment), traces, findings=matching_findings(traces, first),
-                        alignment_error=alignment_error)
+                        acceptance(traces, alignment), traces,
+                        findings=matching_findings(traces, first) if crash is None or first is not None
+                        else crash_findings(traces, crash), crash=crash, alignment_error=alignment_error)
     if narrow and first is not None and first.kind == "values" and not report.explanations:
         from .narrow import narrow_or_reason
 
@@ -270,6 +306,21 @@ def _narrowing_rows(n) -> list[str]:
 def render_text(report: DiffReport) -> str:
     """The text report: first divergence and its explanation, contract mismatches, acceptance."""
     out = [report.verdict(), ""]
+    if report.crash is not None:
+        c = report.crash
+        out.append(f"crash ({c['label']}): {c.get('type')} in {c.get('forward')}")
+        out += [f"  {line}" for line in str(c.get("message", "")).splitlines()[:3]]
+        for key, shape in {**{f"{c.get('forward')} {k}": v for k, v in (c.get("forward_shapes") or {}).items()},
+                           **(c.get("shapes") or {})}.items():
+            out.append(f"  {key}: {shape}")
+        if c.get("where"):
+            out.append(f"  raised at {c['where'][-1]}")
+        if report.findings:
+            f0 = report.findings[0]
+            out.append(f"  explained by [{f0['severity']}] {f0['kind']}: {f0['message']}")
+            if f0.get("fix"):
+                out.append(f"    fix: {f0['fix']}")
+        out.append("")
     if report.damage:
         out.append("damage")
         out += [f"  {d.message()}" for d in report.damage]
@@ -291,6 +342,13 @@ def render_text(report: DiffReport) -> str:
             w = f.worst
             out.append(f"  worst: seq {w['pair']} pos {w['pos']} depth {w['depth']} element {w['element']}: "
                        f"{report.labels.x} {_fmt(w['x'])} vs {report.labels.y} {_fmt(w['y'])}")
+        bearing = report.contract_bearing()
+        if bearing:
+            out.append("  contract differences that bear on it")
+            for m in bearing:
+                out.append(f"    [{m.severity}] {m.field}: {m.message}")
+                if m.fix:
+                    out.append(f"      fix: {m.fix}")
         out.append("")
     if report.first is not None:
         if report.explanations:

@@ -148,11 +148,6 @@ def test_aux_concat_order_permutation_is_found_at_the_aux_stage(demo_root):
     assert "training.aux_order" in kinds, kinds
 
 
-@pytest.mark.xfail(reason="LEAD: SGLang sets layers_to_capture in ModelRunner.init_attention_backends "
-                          "(scheduler.py:1115, after the EAGLE worker is built), later than the recorder reads "
-                          "its contract (main: EAGLEWorkerV2.__init__ -> 'unknown'; branch adapter: "
-                          "alloc_memory_pool -> []); needs the aux facts read at/after that call, e.g. at the "
-                          "first recorded iteration", strict=False)
 def test_aux_concat_order_of_serving_is_read_from_the_engine(demo_root):
     _, summary, workdir = run_demo("aux-order", demo_root)
     from specdiff.tracer.store import open_trace

@@ -4,6 +4,11 @@ A contract is a plain dict (msgpack/JSON-safe: str, int, float, bool, None, list
 ``CONTRACT_FIELDS`` names the known fields, their types and meaning; unknown extra fields are
 kept (recorders may add more) but known ones are type-checked when a trace is written and
 opened. DESIGN.md "The trace model" lists them.
+
+A fact the recorder could not read from the live engine objects is the string ``UNKNOWN``
+(``"unknown"``), accepted for every field, and the field ``unobservable`` says which engine
+name was missing and what else it hid; readers use ``known`` so an unknown fact is never
+mistaken for a value.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ import hashlib
 import numpy as np
 
 from .errors import TraceError
+
+#: The value of a fact that could not be read from the live engine objects.
+UNKNOWN = "unknown"
 
 _num = (int, float)
 _list = (list, tuple)
@@ -32,6 +40,7 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "draft_hidden_size": ((int,), "draft hidden size Hd"),
     "vocab_size": ((int,), "target vocab V"),
     "draft_vocab_size": ((int,), "draft vocab Vd"),
+    "spec_algorithm": ((str,), "speculative algorithm the draft runs under: 'EAGLE3', 'EAGLE', ..."),
     "aux_hf_indices": (_list, "the aux layers captured, as HF hidden_states indices, ascending"),
     AUX_CONCAT_ORDER: (_list + (str,), "HF index of each aux slot in concat order (slot j = "
                        "target.aux.{j}): SGLang ascending, record train as the user listed; 'unknown' "
@@ -39,14 +48,22 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "aux_native_ids": (_list + (type(None),), "the ids as configured (None = tool default)"),
     "aux_convention": ((str,), "convention of aux_native_ids (tracer.conventions)"),
     "aux_dropped_ids": (_list, "native ids the engine silently drops"),
-    "norm_before_fc": ((bool,), "per-slot norm applied before fc"),
-    "fc_norm": ((bool,), "norm applied to fc input"),
+    "norm_before_fc": ((bool,), "one RMSNorm over the aux concat before fc"),
+    "fc_norm": ((bool,), "per-aux-slot RMSNorms before fc"),
+    "norm_output": ((bool,), "the hidden fed to the next draft depth is the normed one (SGLang semantics)"),
     "d2t_sha256": ((str, type(None)), "sha256 of d2t int64 bytes (None = no d2t: identity)"),
     "t2d_sha256": ((str, type(None)), "sha256 of t2d bool bytes"),
     "hot_token_id_sha256": ((str, type(None)), "sha256 of hot_token_id = d2t + arange (int64)"),
     "draft_weights_sha256": ((str, type(None)), "sha256 over the draft state dict"),
     "embed_source": ((str,), "'draft', 'target' or 'random'"),
     "lm_head_source": ((str,), "'draft', 'target' or 'random'"),
+    "embed_sha256": ((str,), "sha256 of the embedding the draft multiplies by (weight_sha256)"),
+    "lm_head_sha256": ((str,), "sha256 of the lm_head the draft multiplies by (weight_sha256)"),
+    "rope_theta": (_num, "rope base of the draft's attention"),
+    "rope_scaling": ((dict, type(None)), "rope scaling of the draft's attention (rope_scaling_fact)"),
+    "rope_style": ((str,), "'neox' (rotate halves) or 'gptj' (rotate interleaved pairs)"),
+    "bos_added": ((bool, str, type(None)), "every prompt starts with BOS (False: none does; 'mixed'; None: "
+                                          "no prompt) - bos_added_fact"),
     "spec_steps": ((int,), "--speculative-num-steps / TTT steps"),
     "spec_topk": ((int,), "--speculative-eagle-topk"),
     "spec_draft_tokens": ((int,), "--speculative-num-draft-tokens"),
@@ -62,6 +79,10 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     DEFAULTS_USED: ((dict,), "options the recorder filled in: name -> {'value': ..., 'source': where "
                     "the value came from}"),
     "draft_name": ((str,), "draft model path or name"),
+    "unobservable": (_list, "engine names the recorder could not find: [{name, sglang, source, tensors, "
+                            "facts, why, sglang_version}] (tracer/sglang_adapter.py)"),
+    "crash": ((dict,), "the exception that stopped the engine: {type, message, forward, shapes, "
+                       "traceback} (written before the process died)"),
 }
 
 
@@ -74,6 +95,8 @@ def validate_contract(contract, *, where: str) -> dict:
     if not isinstance(contract, dict):
         raise TraceError(f"{where}: contract facts are a {type(contract).__name__}, expected a mapping")
     for key, value in contract.items():
+        if value == UNKNOWN:
+            continue
         if key in CONTRACT_FIELDS:
             types, meaning = CONTRACT_FIELDS[key]
             if isinstance(value, bool) and bool not in types:
@@ -86,6 +109,74 @@ def validate_contract(contract, *, where: str) -> dict:
     return contract
 
 
+def known(contract: dict, field: str, default=None):
+    """``contract[field]``, or ``default`` when it is absent or ``UNKNOWN``."""
+    v = contract.get(field, default)
+    return default if isinstance(v, str) and v == UNKNOWN else v
+
+
+def unknown_fields(contract: dict) -> list[str]:
+    """Names of the contract fields recorded as ``UNKNOWN``, sorted."""
+    return sorted(k for k, v in contract.items() if isinstance(v, str) and v == UNKNOWN)
+
+
+def weight_sha256(weight, *, rows: int | None = None) -> str:
+    """sha256 of a weight's first ``rows`` rows as float32 C-order bytes (torch, any device/dtype).
+
+    float32 so a bf16 serving weight and the same values held in fp32 by training hash alike;
+    ``rows`` cuts an engine's vocab padding. Used for ``embed_sha256`` / ``lm_head_sha256``.
+    """
+    w = weight.detach()
+    if rows is not None:
+        w = w[:rows]
+    return hashlib.sha256(np.ascontiguousarray(w.float().cpu().numpy()).tobytes()).hexdigest()
+
+
+def rope_scaling_fact(kind: str | None, **params) -> dict | None:
+    """The ``rope_scaling`` fact: None for plain rope, else ``{"type": kind, **params}`` with
+    float params (None ones dropped), so both sides write the same dict for the same rope."""
+    if kind in (None, "default"):
+        return None
+    return {"type": str(kind), **{k: float(v) for k, v in sorted(params.items()) if v is not None}}
+
+
+def bos_added_fact(first_tokens, bos_token_id) -> bool | str | None:
+    """``bos_added`` from the first token of each prompt: True (all BOS), False (none), None (no
+    prompt), ``UNKNOWN`` (no BOS id known) or ``"mixed"`` (some)."""
+    firsts = list(first_tokens)
+    if not firsts:
+        return None
+    if bos_token_id is None:
+        return UNKNOWN
+    hits = sum(int(t) == int(bos_token_id) for t in firsts)
+    return True if hits == len(firsts) else False if hits == 0 else "mixed"
+
+
+def tokenizer_hashes(model_dir) -> tuple[str | None, str | None]:
+    """(sha256 of tokenizer.json, sha256 of the chat template) of a Hugging Face model directory:
+    the files a tokenizer loaded from it reads (``chat_template.jinja`` first, then
+    ``tokenizer_config.json``'s ``chat_template``; a list of named templates is hashed as JSON)."""
+    import json
+    from pathlib import Path
+
+    p = Path(model_dir)
+    tok = p / "tokenizer.json"
+    tok_sha = hashlib.sha256(tok.read_bytes()).hexdigest() if tok.is_file() else None
+    template = None
+    jinja = p / "chat_template.jinja"
+    if jinja.is_file():
+        template = jinja.read_text()
+    else:
+        tc = p / "tokenizer_config.json"
+        if tc.is_file():
+            try:
+                template = json.loads(tc.read_text()).get("chat_template")
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+                template = None
+            if isinstance(template, list):  # named templates
+                template = json.dumps(template, sort_keys=True)
+    tmpl_sha = hashlib.sha256(template.encode()).hexdigest() if isinstance(template, str) else None
+    return tok_sha, tmpl_sha
 def aux_slot_layers(contract) -> list[int] | None:
     """HF index of each aux slot j (``target.aux.{j}``) from a contract: ``aux_concat_order``,
     else ``aux_hf_indices`` (traces written before the concat order was recorded were always

@@ -34,6 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .contract import AUX_CONCAT_ORDER, UNKNOWN, known
+from .sglang_adapter import MISSING, SGLangAdapter
+
 logger = logging.getLogger("specdiff.tracer")
 
 
@@ -51,24 +54,55 @@ class Options:
 
     @classmethod
     def from_env(cls, env) -> Options | None:
+        """Options from ``SPECDIFF_*`` variables; None when ``SPECDIFF_TRACE`` is unset.
+
+        A bad value is never silently replaced: each one logs a warning naming the variable,
+        the value given and the value used.
+        """
         path = env.get("SPECDIFF_TRACE")
         if not path:
             return None
-        capture = env.get("SPECDIFF_CAPTURE", "default").strip().lower() or "default"
+        raw = env.get("SPECDIFF_CAPTURE", "default")
+        capture = raw.strip().lower() or "default"
         if capture not in ("default", "full"):
-            logger.warning("specdiff: SPECDIFF_CAPTURE=%r is not 'default' or 'full'; using default", capture)
+            _bad_env("SPECDIFF_CAPTURE", raw, "default", "use 'default' or 'full'")
             capture = "default"
-        try:
-            k = int(env.get("SPECDIFF_LOGITS_TOPK", "8"))
-        except ValueError:
-            k = 8
-        try:
-            mb = int(env.get("SPECDIFF_MAX_QUEUE_MB", "2048"))
-        except ValueError:
-            mb = 2048
-        return cls(path=path, capture=capture, logits_topk=max(1, k), max_queue_mb=max(1, mb),
+        return cls(path=path, capture=capture,
+                   logits_topk=_env_int(env, "SPECDIFF_LOGITS_TOPK", 8),
+                   max_queue_mb=_env_int(env, "SPECDIFF_MAX_QUEUE_MB", 2048),
                    rids=env.get("SPECDIFF_RIDS") or None,
-                   eager_draft=env.get("SPECDIFF_EAGER_DRAFT", "0").lower() in ("1", "true", "yes"))
+                   eager_draft=_env_flag(env, "SPECDIFF_EAGER_DRAFT"))
+
+
+def _bad_env(name: str, raw: str, used, hint: str) -> None:
+    logger.warning("specdiff: %s=%r is not valid (%s); using %r", name, raw, hint, used)
+
+
+def _env_int(env, name: str, default: int, *, minimum: int = 1) -> int:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        _bad_env(name, raw, default, f"an integer >= {minimum} is expected")
+        return default
+    if v < minimum:
+        _bad_env(name, raw, minimum, f"an integer >= {minimum} is expected")
+        return minimum
+    return v
+
+
+def _env_flag(env, name: str) -> bool:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return False
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v not in ("0", "false", "no", "off"):
+        _bad_env(name, raw, False, "use 1/true/yes/on or 0/false/no/off")
+    return False
 
 
 # ---- host copies ----------------------------------------------------------------------------
@@ -137,8 +171,14 @@ class IterCapture:
 class Recorder:
     """Process-wide recorder state (one per scheduler process, TP rank 0)."""
 
-    def __init__(self, opts: Options):
+    def __init__(self, opts: Options, adapter: SGLangAdapter | None = None):
         self.opts = opts
+        self.adapter = adapter if adapter is not None else SGLangAdapter.for_running_sglang()
+        self._unobservable_n = 0  # adapter.missing entries already in the trace's contract
+        self._prompt_firsts: list[int] = []  # first token of each recorded prompt (bos_added)
+        self.bos_token_id = None
+        self.in_iteration = False  # inside EAGLEWorkerV2.forward_batch_generation
+        self.phase: tuple[str, dict] | None = None  # (model forward running, its input shapes)
         self.enabled = True
         self.cur: IterCapture | None = None
         self.fc_sink: list | None = None
@@ -173,41 +213,73 @@ class Recorder:
     def active(self) -> bool:
         return self.enabled and (self.writer is None or self.writer.active)
 
-    def start(self, worker) -> None:
-        """Build the contract from the EAGLE worker and open the trace (once)."""
+    def start(self, draft_worker) -> None:
+        """Build the contract from the live ``EagleDraftWorker`` and open the trace (once).
+
+        Called after ``EagleDraftWorker.alloc_memory_pool`` (start-up, before any request), or
+        at the first iteration when that hook did not run.
+        """
         with self._lock:
             if self.writer is not None or not self.enabled:
                 return
             from .async_writer import AsyncTraceWriter
             from .store import TraceWriter
 
-            self.contract = contract_from_worker(worker, self.opts)
-            self.hidden_size = self.contract.get("hidden_size")
-            self.num_aux = len(self.contract.get("aux_hf_indices") or []) or None
-            self.topk = int(self.contract.get("spec_topk", 1))
+            self.contract = contract_from_worker(draft_worker, self.opts, self.adapter)
+            self.hidden_size = known(self.contract, "hidden_size")
+            self.num_aux = len(known(self.contract, "aux_hf_indices") or []) or None
+            self.topk = int(known(self.contract, "spec_topk", 1))
+            self._unobservable_n = len(self.contract["unobservable"])
+            bos = self.contract.pop("bos_token_id", None)
+            self.bos_token_id = None if bos == UNKNOWN else bos
             tw = TraceWriter(self.opts.path, side="serve", contract=self.contract)
             # The vocab map as served: d2t = hot_token_id - arange (zeros = identity, no d2t).
-            hot = hot_token_id(worker)
-            vd = int(self.contract.get("draft_vocab_size") or 0)
-            if hot is not None or vd:
+            hot = hot_token_id(draft_worker, self.adapter)
+            vd = known(self.contract, "draft_vocab_size")
+            if hot is not MISSING and (hot is not None or vd):
                 ar = torch.arange(vd if hot is None else hot.numel(), dtype=torch.int64)
                 tw.append("draft.d2t", torch.zeros_like(ar) if hot is None else hot - ar, seq=-1, pos=ar.numpy())
+            sa = self.adapter.get(draft_worker, "EagleDraftWorker.server_args")
+            port = MISSING if sa is MISSING else self.adapter.get(sa, "ServerArgs.port")
+            if isinstance(port, int):
+                from .live import register_server
+
+                register_server(port=port, trace=self.opts.path)
             self.writer = AsyncTraceWriter(tw, self._write, max_items=64,
                                            max_bytes=self.opts.max_queue_mb << 20)
             logger.info("specdiff: recording an EAGLE-3 trace to %s (capture %s)", self.opts.path,
                         self.opts.capture)
 
-    def close(self) -> None:
+    def close(self, *, crash: dict | None = None) -> None:
+        """Drain the writer and close the trace; ``crash`` (tracer/crash.py) goes into the contract."""
         w = self.writer
         if w is None:
             return
         self.enabled = False
         cost = {"recorder_hook_s": round(self.hook_s, 4), "recorder_iter_s": round(self.iter_s, 4),
-                "recorder_writer_s": round(w.busy_s, 4)}
+                "recorder_writer_s": round(w.busy_s, 4), "unobservable": self.adapter.unobservable()}
+        if crash is not None:
+            cost["crash"] = crash
+        from .contract import bos_added_fact
+
+        cost["bos_added"] = bos_added_fact(self._prompt_firsts, self.bos_token_id)
         if w.close(contract=cost):
             logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped; hooks %.2f s of "
                         "%.2f s in recorded forwards, writer thread %.2f s)", self.opts.path, w.written,
                         w.dropped, self.hook_s, self.iter_s, w.busy_s)
+
+    def record_crash(self, exc: BaseException, cap: IterCapture | None) -> None:
+        """The scheduler raised inside a recorded iteration: write the exception, the forward it
+        happened in and the shapes involved into the trace, and close it (before the process dies)."""
+        from .crash import crash_record, describe_crash
+
+        forward, shapes = self.phase if self.phase is not None else (None, {})
+        crash = crash_record(exc, forward=forward, forward_shapes=shapes,
+                             iteration=None if cap is None else cap.iter,
+                             kind=None if cap is None else cap.kind, rids=() if cap is None else cap.rids)
+        logger.error("specdiff: the server raised %s; the trace %s keeps the contract and this crash",
+                     describe_crash(crash), self.opts.path)
+        self.close(crash=crash)
 
     # -- capture helpers (hot path) --
     def keep_rid(self, rid: str) -> bool:
@@ -217,34 +289,54 @@ class Recorder:
         return self.rid_re is None or bool(self.rid_re.search(rid))
 
     def begin(self, batch) -> IterCapture | None:
-        reqs = list(getattr(batch, "reqs", None) or [])
+        """Start one iteration's capture, or None (nothing to record, or SGLang lacks a name the
+        attribution needs: logged once by the adapter, listed in the contract's ``unobservable``)."""
+        A = self.adapter
+        reqs = A.get(batch, "ScheduleBatch.reqs")
         if not reqs:
             return None
-        rids = [str(r.rid) for r in reqs]
+        reqs = list(reqs)
+        A.check_instance(reqs[0], "Req.rid", "Req.origin_input_ids")
+        rids = [A.get(r, "Req.rid") for r in reqs]
+        if MISSING in rids:
+            return None
+        rids = [str(r) for r in rids]
         if not any(self.keep_rid(r) for r in rids):
             return None
-        it = getattr(batch, "forward_iter", None)
-        if it is None:
+        it = A.get(batch, "ScheduleBatch.forward_iter")
+        if it is None or it is MISSING:  # SGLang leaves it None on some paths: count our own calls
             it = self._iter
         self._iter += 1
-        mode = batch.forward_mode
+        mode = A.get(batch, "ScheduleBatch.forward_mode")
+        if mode is MISSING:
+            return None
         kind = "prefill" if mode.is_extend() else "decode"
         cap = IterCapture(iter=int(it), kind=kind, rids=rids)
         if kind == "prefill":
-            cap.prefix_lens = [int(x) for x in batch.prefix_lens]
-            cap.extend_lens = [int(x) for x in batch.extend_lens]
-            for r in reqs:
-                if str(r.rid) not in self._seen_prompts:
-                    cap.prompts[str(r.rid)] = [int(x) for x in r.origin_input_ids]
-                    self._seen_prompts.add(str(r.rid))
-        cap.t["seq_lens"] = snap(batch.seq_lens)
+            prefix, extend = A.get(batch, "ScheduleBatch.prefix_lens"), A.get(batch, "ScheduleBatch.extend_lens")
+            if prefix is MISSING or extend is MISSING:
+                return None
+            cap.prefix_lens = [int(x) for x in prefix]
+            cap.extend_lens = [int(x) for x in extend]
+            for r, rid in zip(reqs, rids, strict=True):
+                if rid not in self._seen_prompts:
+                    prompt = A.get(r, "Req.origin_input_ids")
+                    cap.prompts[rid] = [] if prompt is MISSING else [int(x) for x in prompt]
+                    if cap.prompts[rid]:
+                        self._prompt_firsts.append(cap.prompts[rid][0])
+                    self._seen_prompts.add(rid)
+        seq_lens = A.get(batch, "ScheduleBatch.seq_lens")
+        if seq_lens is MISSING:
+            return None
+        cap.t["seq_lens"] = snap(seq_lens)
         return cap
 
     def finish(self, cap: IterCapture, result) -> None:
         if cap.kind == "prefill" and result is not None:
-            nti = getattr(result, "next_token_ids", None)
-            if nti is not None and "next_token_ids" not in cap.t:
+            nti = self.adapter.get(result, "GenerationBatchResult.next_token_ids")
+            if nti is not None and nti is not MISSING and "next_token_ids" not in cap.t:
                 cap.t["next_token_ids"] = snap(nti)
+        self.sync_unobservable()
         if torch.cuda.is_available() and any(_on_cuda(v) for v in cap.t.values()):
             ev = torch.cuda.Event()
             ev.record()
@@ -252,16 +344,15 @@ class Recorder:
         self.writer.submit(cap)
 
     def capture_draft_forward(self, mode: str, forward_batch, logits_output) -> DraftForward:
+        A = self.adapter
         df = DraftForward(mode=mode)
-        df.input_ids = snap(forward_batch.input_ids)
-        df.positions = snap(forward_batch.positions)
+        df.input_ids = _snap_present(A.get(forward_batch, "ForwardBatch.input_ids"))
+        df.positions = _snap_present(A.get(forward_batch, "ForwardBatch.positions"))
         if self.fc_sink:
             df.fc_in, df.fc_out = self.fc_sink[-1]
-        hs = getattr(logits_output, "hidden_states", None)
-        if hs is not None:
-            df.hidden = snap(hs)
-        logits = getattr(logits_output, "next_token_logits", None)
-        if logits is not None and logits.dim() == 2 and logits.shape[0] > 0:
+        df.hidden = _snap_present(A.get(logits_output, "LogitsProcessorOutput.hidden_states"))
+        logits = A.get(logits_output, "LogitsProcessorOutput.next_token_logits")
+        if logits is not None and logits is not MISSING and logits.dim() == 2 and logits.shape[0] > 0:
             lf = logits.detach()
             k = min(self.opts.logits_topk, lf.shape[-1])
             vals, ids = torch.topk(lf, k, dim=-1)
@@ -278,14 +369,12 @@ class Recorder:
         if key in self._hooked_models:
             return
         self._hooked_models.add(key)
-        fc = None
-        inner = getattr(model, "model", None)
-        if inner is not None and isinstance(getattr(inner, "fc", None), torch.nn.Module):
-            fc = inner.fc
-        elif isinstance(getattr(model, "fc", None), torch.nn.Module):
-            fc = model.fc
-        if fc is None:
-            logger.warning("specdiff: draft model has no fc module; draft.fc_out is not recorded")
+        A = self.adapter
+        inner = A.get(model, "LlamaForCausalLMEagle3.model")
+        fc = MISSING if inner is MISSING else A.get(inner, "Eagle3LlamaModel.fc")
+        if not isinstance(fc, torch.nn.Module):
+            if fc is not MISSING:  # present but not a module: say so once, like a missing name
+                A.mark_missing("Eagle3LlamaModel.fc", f"draft fc is a {type(fc).__name__}, not a module")
             return
         rec = self
 
@@ -303,9 +392,49 @@ class Recorder:
 
         fc.register_forward_hook(_fc_hook)
 
+    def refresh(self, draft_worker) -> None:
+        """Facts SGLang settles only at the end of start-up (after ``_capture_cuda_graphs``): the
+        aux capture (layers_to_capture) and the stages CUDA graphs hide; written before any request."""
+        facts = aux_capture_facts(self.adapter, draft_worker)
+        facts["graph_hidden_stages"] = graph_hidden_stages(draft_worker, self.adapter)
+        self.num_aux = len(known(facts, "aux_hf_indices") or []) or None
+        self.update_contract(**facts)
+        self.sync_unobservable()
+
+    def update_contract(self, **facts) -> None:
+        """Merge facts learned after the trace was opened (written by the writer thread)."""
+        self.contract.update(facts)
+        if self.writer is not None:
+            self.writer.submit(ContractUpdate(dict(facts)))
+
+    def sync_unobservable(self) -> None:
+        """Queue a contract update when SGLang names went missing after the trace was opened
+        (instance attributes first seen in a batch)."""
+        n = len(self.adapter.missing)
+        if n != self._unobservable_n and self.writer is not None:
+            self._unobservable_n = n
+            self.update_contract(unobservable=self.adapter.unobservable())
+
     # -- writer thread --
-    def _write(self, tw, cap: IterCapture) -> None:
-        write_capture(self, tw, cap)
+    def _write(self, tw, item) -> None:
+        if isinstance(item, ContractUpdate):
+            tw.set_contract(**item.facts)
+            return
+        write_capture(self, tw, item)
+
+
+@dataclass
+class ContractUpdate:
+    """Contract facts learned after the trace was opened, written by the writer thread."""
+
+    facts: dict
+
+    def nbytes(self) -> int:
+        return 0
+
+
+def _snap_present(v):
+    return None if v is MISSING else snap(v)
 
 
 def _on_cuda(v) -> bool:
@@ -313,83 +442,282 @@ def _on_cuda(v) -> bool:
 
 
 # ---- contract -------------------------------------------------------------------------------
-def hot_token_id(worker):
-    """The draft->target id map SGLang applies (int64 [Vd] on the host), or None (identity).
+def _chain(adapter: SGLangAdapter, obj, *keys: str):
+    """Follow ``keys`` from ``obj`` through the adapter; MISSING as soon as one step is absent."""
+    for key in keys:
+        if obj is MISSING:
+            return MISSING
+        obj = adapter.get(obj, key)
+    return obj
+
+
+def _cfg(cfg, attr: str, fact: str, what: str):
+    """A Hugging Face config attribute the engine built its model from, or UNKNOWN (one warning)."""
+    if cfg is MISSING:
+        return UNKNOWN
+    if not hasattr(cfg, attr):
+        logger.warning("specdiff: the %s config SGLang loaded has no %s; contract fact %s is unknown",
+                       what, attr, fact)
+        return UNKNOWN
+    return getattr(cfg, attr)
+
+
+def hot_token_id(dw, adapter: SGLangAdapter):
+    """The draft->target id map SGLang applies (int64 [Vd] on the host), None (identity: no d2t),
+    or MISSING (SGLang has no name for it here; logged by the adapter).
 
     SGLang 0.5.23 llama_eagle3.py:350-352: ``hot_token_id = d2t + arange``; copied to the draft
-    worker by ``init_lm_head``. Read once at startup, never on the hot path.
+    worker by ``EagleDraftWorker.init_lm_head``. Read once at startup, never on the hot path.
     """
-    dw = getattr(worker, "_draft_worker", None) or worker.draft_worker
-    hot = getattr(dw, "hot_token_id", None)
-    if hot is None:
-        hot = getattr(dw.draft_runner.model, "hot_token_id", None)
-    return None if hot is None else hot.detach().to("cpu", torch.int64)
+    hot = _chain(adapter, dw, "EagleDraftWorker.hot_token_id")
+    if hot is None:  # the worker's copy is made in init_lm_head; the model holds the loaded one
+        hot = _chain(adapter, dw, "EagleDraftWorker.draft_runner", "ModelRunner.model",
+                     "LlamaForCausalLMEagle3.hot_token_id")
+    if hot is None or hot is MISSING:
+        return hot
+    return hot.detach().to("cpu", torch.int64)
 
 
-def contract_from_worker(worker, opts: Options) -> dict:
-    """Contract facts from an ``EAGLEWorkerV2`` (called once, at startup)."""
-    from .contract import AUX_CONCAT_ORDER, sha256_array
+def aux_capture_facts(adapter: SGLangAdapter, dw) -> dict:
+    """``aux_hf_indices`` / ``aux_dropped_ids`` / ``aux_concat_order`` as the target really captures.
+
+    SGLang 0.5.23 llama.py: layer i captures its input (HF hidden_states[i]) when i is in
+    ``layers_to_capture`` and ``capture_aux_hidden_states`` is on; only i in [start_layer,
+    end_layer) runs, so a larger index (id L-1) is never captured. Captures are appended in the
+    layer loop: the concat is ascending. ``layers_to_capture`` is set by the target's
+    ``ModelRunner.init_attention_backends`` (model_runner.py:1105), after ``alloc_memory_pool``:
+    read it from ``_capture_cuda_graphs`` on (the contract says unknown until then).
+    """
+    tmodel = _chain(adapter, dw, "EagleDraftWorker.target_worker", "TpModelWorker.model_runner", "ModelRunner.model")
+    on = _chain(adapter, tmodel, "LlamaForCausalLM.capture_aux_hidden_states")
+    inner = _chain(adapter, tmodel, "LlamaForCausalLM.model")
+    ltc = _chain(adapter, inner, "LlamaModel.layers_to_capture")
+    start = _chain(adapter, inner, "LlamaModel.start_layer")
+    end = _chain(adapter, inner, "LlamaModel.end_layer")
+    if MISSING in (on, ltc, start, end):
+        return {"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN}
+    idx = sorted({int(i) for i in ltc}) if on else []  # capture off: the draft gets the final hidden only
+    captured = [i for i in idx if start <= i < end]
+    return {"aux_hf_indices": captured, "aux_dropped_ids": [i - 1 for i in idx if not start <= i < end],
+            AUX_CONCAT_ORDER: list(captured)}  # slot j of the concat = HF captured[j]
+
+
+def graph_hidden_stages(dw, adapter: SGLangAdapter):
+    """Stages the draft's captured CUDA graphs hide from the recorder (sorted), or UNKNOWN.
+
+    Target graphs return their outputs, so nothing the recorder reads from the target is hidden.
+    """
+    graph = _chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner")
+    graph_extend = _chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
+    if MISSING in (graph, graph_extend):
+        return UNKNOWN
+    hidden = []
+    if graph is not None:
+        hidden += ["tokens", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"]
+    if graph_extend is not None:
+        hidden += ["draft.fc_out", "draft.hidden_out", "draft.logits", "draft.topk"]
+    return sorted(set(hidden))
+
+
+def _same_tensor(a, b) -> bool:
+    return a is not MISSING and b is not MISSING and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+
+
+def _weight_sha(w, rows, what: str):
+    """weight_sha256 of the first ``rows`` rows, or UNKNOWN (shard of a TP rank, or rows unknown)."""
+    from .contract import weight_sha256
+
+    if w is MISSING or not isinstance(rows, int):
+        return UNKNOWN
+    if w.shape[0] < rows:
+        logger.warning("specdiff: the draft's %s holds %d of %d rows on this rank (tensor parallel); "
+                       "its sha256 is unknown", what, w.shape[0], rows)
+        return UNKNOWN
+    return weight_sha256(w, rows=rows)
+
+
+def _weights_facts(A: SGLangAdapter, *, target_runner, dmodel, dinner, vocab, draft_vocab) -> dict:
+    """sha256 and source of the embedding and lm_head the draft multiplies by.
+
+    SGLang 0.5.23 EagleDraftWorker.init_lm_head: an EAGLE-3 draft gets the target's embedding
+    (``set_embed``) and keeps its own lm_head unless ``load_lm_head_from_target``; "source" is
+    'target' when the draft's weight is the target's very tensor, else 'draft'.
+    """
+    tmodel = _chain(A, target_runner, "ModelRunner.model")
+    tembed = _chain(A, tmodel, "LlamaForCausalLM.model", "LlamaModel.embed_tokens", "VocabParallelEmbedding.weight")
+    thead = _chain(A, tmodel, "LlamaForCausalLM.lm_head", "VocabParallelEmbedding.weight")
+    dembed = _chain(A, dinner, "Eagle3LlamaModel.embed_tokens", "VocabParallelEmbedding.weight")
+    dhead = _chain(A, dmodel, "LlamaForCausalLMEagle3.lm_head", "VocabParallelEmbedding.weight")
+    out = {"embed_sha256": _weight_sha(dembed, vocab, "embedding"),
+           "lm_head_sha256": _weight_sha(dhead, draft_vocab, "lm_head")}
+    out["embed_source"] = (UNKNOWN if MISSING in (dembed, tembed) else
+                           "target" if _same_tensor(dembed, tembed) else "draft")
+    out["lm_head_source"] = (UNKNOWN if dhead is MISSING or (thead is MISSING and tembed is MISSING) else
+                             "target" if _same_tensor(dhead, thead) or _same_tensor(dhead, tembed) else "draft")
+    return out
+
+
+#: SGLang rotary-embedding class -> (rope_scaling type, adapter keys of its parameters -> fact keys)
+_ROPE_CLASSES = {
+    "RotaryEmbedding": (None, {}),
+    "LinearScalingRotaryEmbedding": ("linear", {"LinearScalingRotaryEmbedding.scaling_factors": "factor"}),
+    "Llama3RotaryEmbedding": ("llama3", {"Llama3RotaryEmbedding.scaling_factor": "factor",
+                                         "Llama3RotaryEmbedding.low_freq_factor": "low_freq_factor",
+                                         "Llama3RotaryEmbedding.high_freq_factor": "high_freq_factor",
+                                         "Llama3RotaryEmbedding.orig_max_position":
+                                             "original_max_position_embeddings"}),
+}
+
+
+def _rope_facts(A: SGLangAdapter, dinner) -> dict:
+    """rope_theta / rope_scaling / rope_style as the draft's attention applies them (its
+    ``rotary_emb``, built by get_rope from the draft config). Another rope class is recorded by
+    its class name, so it is compared, never guessed."""
+    from .contract import rope_scaling_fact
+
+    layers = _chain(A, dinner, "Eagle3LlamaModel.layers")
+    rot = MISSING if layers is MISSING or len(layers) == 0 else _chain(
+        A, layers[0], "LlamaDecoderLayer.self_attn", "LlamaAttention.rotary_emb")
+    base = _chain(A, rot, "RotaryEmbedding.base")
+    neox = _chain(A, rot, "RotaryEmbedding.is_neox_style")
+    out = {"rope_theta": UNKNOWN if base is MISSING else float(base),
+           "rope_style": UNKNOWN if neox is MISSING else ("neox" if neox else "gptj")}
+    if rot is MISSING:
+        out["rope_scaling"] = UNKNOWN
+        return out
+    cls = type(rot).__name__
+    if cls not in _ROPE_CLASSES:
+        out["rope_scaling"] = {"type": f"sglang {cls}"}
+        return out
+    kind, params = _ROPE_CLASSES[cls]
+    values = {fact: A.get(rot, key) for key, fact in params.items()}
+    if MISSING in values.values():
+        out["rope_scaling"] = UNKNOWN
+        return out
+    values = {k: (v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v) for k, v in values.items()}
+    out["rope_scaling"] = rope_scaling_fact(kind, **values)
+    return out
+
+
+def serving_config(adapter: SGLangAdapter):
+    """SGLang's resolved serving config (``runtime_context.get_serving()``), or MISSING."""
+    try:
+        from sglang.srt import runtime_context
+
+        return runtime_context.get_serving()
+    except Exception as exc:  # noqa: BLE001 - an SGLang without it: the facts it feeds are unknown
+        adapter.mark_missing("runtime_context.get_serving", f"{type(exc).__name__}: {exc}")
+        return MISSING
+
+
+def _tokenizer_facts(A: SGLangAdapter, serving) -> dict:
+    """tokenizer / chat-template hashes of what SGLang's tokenizer process loads.
+
+    Tokenizing happens in SGLang's main process, which the recorder (scheduler) does not see:
+    the facts are the files at the resolved tokenizer path; a ``--chat-template`` override makes the
+    template hash unknown (one warning) rather than the file's.
+    """
+    import os
+
+    from .contract import tokenizer_hashes
+
+    path = _chain(A, serving, "serving.tokenizer_path")
+    override = _chain(A, serving, "serving.chat_template")
+    if path is MISSING or not isinstance(path, str) or not os.path.isdir(path):
+        if path is not MISSING:
+            logger.warning("specdiff: tokenizer %r is not a local directory; contract facts tokenizer_sha256 "
+                           "and chat_template_sha256 are unknown", path)
+        return {"tokenizer_sha256": UNKNOWN, "chat_template_sha256": UNKNOWN}
+    tok, tmpl = tokenizer_hashes(path)
+    if override is MISSING or override:
+        if override:
+            logger.warning("specdiff: --chat-template %s is applied in SGLang's tokenizer process, which the "
+                           "recorder does not see; contract fact chat_template_sha256 is unknown", override)
+        tmpl = UNKNOWN
+    return {"tokenizer_sha256": tok, "chat_template_sha256": tmpl}
+
+
+def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=None) -> dict:
+    """Contract facts from a live ``EagleDraftWorker`` (called once, at start-up).
+
+    ``serving``: SGLang's resolved serving config (default ``serving_config(adapter)``).
+
+    Every fact is read from the engine's objects through the adapter; one it cannot read is
+    ``UNKNOWN`` and the missing SGLang names are listed in ``unobservable`` (never filled in
+    from a config file or a default).
+    """
+    from .contract import sha256_array
     from .conventions import resolve_aux_ids
 
-    facts: dict = {"engine": "sglang", "capture_level": opts.capture, "logits_topk": int(opts.logits_topk),
-                   "graph_hidden_stages": [], "dropped_records": 0}
-    try:
-        import sglang
-
-        facts["engine_version"] = str(getattr(sglang, "__version__", "unknown"))
-    except Exception:  # noqa: BLE001
-        facts["engine_version"] = "unknown"
-    target_runner = worker.target_worker.model_runner
-    dw = getattr(worker, "_draft_worker", None) or worker.draft_worker
-    draft_runner = dw.draft_runner
-    tcfg = target_runner.model_config.hf_config
-    dcfg = draft_runner.model_config.hf_config
-    L = int(tcfg.num_hidden_layers)
-    facts.update(num_layers=L, hidden_size=int(tcfg.hidden_size), vocab_size=int(tcfg.vocab_size),
-                 draft_hidden_size=int(dcfg.hidden_size))
-    facts["dtype"] = str(target_runner.model_config.dtype).replace("torch.", "")
-    eagle_config = getattr(dcfg, "eagle_config", None) or {}
-    if not isinstance(eagle_config, dict):
-        eagle_config = dict(eagle_config)
-    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
-    res = resolve_aux_ids(ids, convention="sglang", num_layers=L)
-    facts.update(res.as_facts())
-    # What SGLang really captures (capture index i == HF hidden_states[i]).
-    tmodel = getattr(target_runner.model, "model", None)
-    ltc = getattr(tmodel, "layers_to_capture", None)
-    if ltc:
-        facts["aux_hf_indices"] = sorted(int(i) for i in ltc)
-    facts[AUX_CONCAT_ORDER] = sorted(int(i) for i in ltc) if ltc else "unknown"  # SGLang concats ascending
-    dmodel = draft_runner.model
-    dinner = getattr(dmodel, "model", dmodel)
-    facts["norm_before_fc"] = bool(getattr(dinner, "norm_before_fc", False))
-    facts["fc_norm"] = getattr(dinner, "fc_norm", None) is not None
-    hot = hot_token_id(worker)
-    if hot is not None:
-        hot64 = hot.detach().to("cpu", torch.int64)
-        facts["hot_token_id_sha256"] = sha256_array(hot64)
-        facts["d2t_sha256"] = sha256_array(hot64 - torch.arange(hot64.numel(), dtype=torch.int64))
-        facts["draft_vocab_size"] = int(hot64.numel())
+    A = adapter
+    facts: dict = {"engine": "sglang", "engine_version": A.version, "capture_level": opts.capture,
+                   "logits_topk": int(opts.logits_topk), "dropped_records": 0}
+    # The CUDA graph runners exist only once _capture_cuda_graphs ran (after this): checked there.
+    A.check_instance(dw, *(n.key for n in A.names if n.kind == "instance" and n.key.startswith("EagleDraftWorker.")
+                           and "cuda_graph" not in n.key))
+    target_runner = _chain(A, dw, "EagleDraftWorker.target_worker", "TpModelWorker.model_runner")
+    draft_runner = _chain(A, dw, "EagleDraftWorker.draft_runner")
+    tmc = _chain(A, target_runner, "ModelRunner.model_config")
+    tcfg = _chain(A, tmc, "ModelConfig.hf_config")
+    dcfg = _chain(A, draft_runner, "ModelRunner.model_config", "ModelConfig.hf_config")
+    L = _cfg(tcfg, "num_hidden_layers", "num_layers", "target")
+    facts.update(num_layers=L, hidden_size=_cfg(tcfg, "hidden_size", "hidden_size", "target"),
+                 vocab_size=_cfg(tcfg, "vocab_size", "vocab_size", "target"),
+                 draft_hidden_size=_cfg(dcfg, "hidden_size", "draft_hidden_size", "draft"))
+    dtype = _chain(A, tmc, "ModelConfig.dtype")
+    facts["dtype"] = UNKNOWN if dtype is MISSING else str(dtype).replace("torch.", "")
+    # BOS id of the target config SGLang loaded: Recorder.close turns it into bos_added.
+    facts["bos_token_id"] = getattr(tcfg, "bos_token_id", None) if tcfg is not MISSING else UNKNOWN
+    # The ids as configured (SGLang reads them from the draft's hf_config.eagle_config) ...
+    # No eagle_config attribute means "no ids" to SGLang too (llama_eagle3.py:169: getattr(config,
+    # "eagle_config", None) or {}), so None is the fact here, not a fallback.
+    eagle_config = UNKNOWN if dcfg is MISSING else getattr(dcfg, "eagle_config", None)
+    if isinstance(eagle_config, str) or L == UNKNOWN:
+        facts.update(aux_native_ids=UNKNOWN, aux_convention="sglang")
+    else:
+        ids = dict(eagle_config or {}).get("eagle_aux_hidden_state_layer_ids")
+        res = resolve_aux_ids(ids, convention="sglang", num_layers=L).as_facts()
+        facts.update(aux_native_ids=res["aux_native_ids"], aux_convention=res["aux_convention"])
+    # ... and what the target really captures (never the configured ids in its place): SGLang sets
+    # it after this point (init_attention_backends); Recorder.refresh fills it in.
+    facts.update({"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN})
+    dmodel = _chain(A, draft_runner, "ModelRunner.model")
+    dinner = _chain(A, dmodel, "LlamaForCausalLMEagle3.model")
+    nbf = _chain(A, dinner, "Eagle3LlamaModel.norm_before_fc")
+    facts["norm_before_fc"] = UNKNOWN if nbf is MISSING else bool(nbf)
+    fcn = _chain(A, dinner, "Eagle3LlamaModel.fc_norm")
+    facts["fc_norm"] = UNKNOWN if fcn is MISSING else fcn is not None
+    hot = hot_token_id(dw, A)
+    if hot is MISSING:
+        facts.update(hot_token_id_sha256=UNKNOWN, d2t_sha256=UNKNOWN, draft_vocab_size=UNKNOWN)
+    elif hot is not None:
+        facts["hot_token_id_sha256"] = sha256_array(hot)
+        facts["d2t_sha256"] = sha256_array(hot - torch.arange(hot.numel(), dtype=torch.int64))
+        facts["draft_vocab_size"] = int(hot.numel())
     else:
         facts["hot_token_id_sha256"] = None
         facts["d2t_sha256"] = None
-        facts["draft_vocab_size"] = int(getattr(dcfg, "draft_vocab_size", None) or dcfg.vocab_size)
-    facts["spec_steps"] = int(worker.speculative_num_steps)
-    facts["spec_topk"] = int(worker.topk)
-    facts["spec_draft_tokens"] = int(worker.speculative_num_draft_tokens)
-    sa = getattr(worker, "server_args", None)
-    if sa is not None:
-        facts["model_name"] = str(getattr(sa, "model_path", "") or "")
-        facts["draft_name"] = str(getattr(sa, "speculative_draft_model_path", "") or "")
-    hidden = []
-    if getattr(dw, "cuda_graph_runner", None) is not None:
-        hidden += ["tokens", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"]
-    if getattr(dw, "cuda_graph_runner_for_draft_extend", None) is not None:
-        hidden += ["draft.fc_out", "draft.hidden_out", "draft.logits", "draft.topk"]
-    if getattr(target_runner, "decode_cuda_graph_runner", None) is not None or \
-            getattr(target_runner, "graph_runner", None) is not None:
-        hidden += []  # target outputs come back from the graph: nothing we record is hidden
-    facts["graph_hidden_stages"] = sorted(set(hidden))
+        facts["draft_vocab_size"] = _cfg(dcfg, "draft_vocab_size", "draft_vocab_size", "draft")
+        if facts["draft_vocab_size"] is None:  # SGLang sets it to vocab_size when absent (llama_eagle3.py:306)
+            facts["draft_vocab_size"] = _cfg(dcfg, "vocab_size", "draft_vocab_size", "draft")
+    for fact, key in (("spec_steps", "EagleDraftWorker.speculative_num_steps"), ("spec_topk", "EagleDraftWorker.topk"),
+                      ("spec_draft_tokens", "EagleDraftWorker.speculative_num_draft_tokens")):
+        facts[fact] = A.fact(dw, key, int)
+    sa = A.get(dw, "EagleDraftWorker.server_args")
+    facts["model_name"] = UNKNOWN if sa is MISSING else A.fact(sa, "ServerArgs.model_path", lambda v: str(v or ""))
+    facts["draft_name"] = UNKNOWN if sa is MISSING else A.fact(
+        sa, "ServerArgs.speculative_draft_model_path", lambda v: str(v or ""))
+    # Set after EagleDraftWorker._capture_cuda_graphs (start-up, before any request); unknown until then.
+    facts["graph_hidden_stages"] = UNKNOWN
+    algo = _chain(A, dw, "EagleDraftWorker.speculative_algorithm")
+    facts["spec_algorithm"] = UNKNOWN if algo is MISSING else str(getattr(algo, "name", algo))
+    nout = _chain(A, dinner, "Eagle3LlamaModel.norm_output")
+    facts["norm_output"] = UNKNOWN if nout is MISSING else bool(nout)
+    facts.update(_weights_facts(A, target_runner=target_runner, dmodel=dmodel, dinner=dinner,
+                                vocab=facts["vocab_size"], draft_vocab=facts["draft_vocab_size"]))
+    facts.update(_rope_facts(A, dinner))
+    facts.update(_tokenizer_facts(A, serving_config(A) if serving is None else serving))
+    facts["unobservable"] = A.unobservable()
     return facts
 
 

@@ -27,29 +27,19 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import pkgutil
 import signal
 import sys
 import time
 
+from .sglang_adapter import BY_KEY, MISSING, SGLangAdapter, hook_table
+
 logger = logging.getLogger("specdiff.tracer")
 
-_P = "sglang.srt."
-#: hook target -> (HookType name, hook function name in this module)
-HOOKS: dict[str, tuple[str, str]] = {
-    _P + "speculative.eagle_worker_v2.EAGLEWorkerV2.__init__": ("AFTER", "_after_worker_init"),
-    _P + "speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation": ("AROUND", "_around_iteration"),
-    _P + "managers.tp_worker.TpModelWorker.forward_batch_generation": ("AFTER", "_after_target_forward"),
-    _P + "model_executor.model_runner.ModelRunner.forward": ("AROUND", "_around_runner_forward"),
-    _P + "speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill": ("AFTER", "_after_de_prefill"),
-    _P + "speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode": ("AFTER", "_after_de_decode"),
-    _P + "speculative.spec_utils.select_top_k_tokens": ("AFTER", "_after_select_top_k"),
-    _P + "speculative.eagle_worker_common.build_eagle_verify_input": ("AFTER", "_after_build_verify"),
-    _P + "speculative.eagle_utils.eagle_sample": ("AFTER", "_after_eagle_sample"),
-}
-EAGER_HOOK = (_P + "speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs", "AFTER",
-              "_after_capture_graphs")
+#: hook target -> (HookType name, hook function name in this module); declared in sglang_adapter.
+HOOKS: dict[str, tuple[str, str]] = hook_table()
+EAGER_HOOKS: dict[str, tuple[str, str]] = {t: h for t, h in hook_table(eager_draft=True).items() if t not in HOOKS}
 
+_SCHEDULER_FN = BY_KEY["scheduler.run_scheduler_process"].attr
 _rec = None  # sglang_hooks.Recorder, set by load()
 
 
@@ -59,29 +49,20 @@ def _scheduler_frame():
     for _ in range(30):
         if f is None:
             return None
-        if f.f_code.co_name == "run_scheduler_process":
+        if f.f_code.co_name == _SCHEDULER_FN:
             return f
         f = f.f_back
     return None
 
 
-def missing_targets(targets, reasons: dict | None = None) -> list[str]:
-    """Hook targets that do not resolve in the installed SGLang (``reasons``: target -> error)."""
-    bad = []
-    for target in targets:
-        obj_path, attr = target.rsplit(".", 1)
-        try:
-            obj = pkgutil.resolve_name(obj_path)
-            getattr(obj, attr)
-        except Exception as exc:  # noqa: BLE001
-            bad.append(target)
-            if reasons is not None:
-                reasons[target] = f"{type(exc).__name__}: {exc}"
-    return bad
-
-
 def load(env=None) -> bool:
-    """SGLang plugin entry point. Returns True when recording hooks were registered."""
+    """SGLang plugin entry point. Returns True when recording hooks were registered.
+
+    In the scheduler process of TP rank 0 it checks the running SGLang's version (warns once
+    outside ``sglang_adapter.TESTED_RANGE``) and every SGLang name the recorder declares
+    (one warning line per missing name, naming what becomes unobservable); tracing is refused
+    only when a name without which nothing can be recorded is missing.
+    """
     global _rec
     env = os.environ if env is None else env
     from .sglang_hooks import Options, Recorder
@@ -92,6 +73,8 @@ def load(env=None) -> bool:
     frame = _scheduler_frame()
     if frame is None:
         return False  # main process, detokenizer, DP controller: nothing to record there
+    # SGLang 0.5.23 scheduler.py:6310 run_scheduler_process(server_args, port_args, gpu_id, tp_rank,
+    # pp_rank, dp_rank, ...): the adapter checks these parameter names at load (kind "param").
     tp_rank = frame.f_locals.get("tp_rank", 0)
     dp_rank = frame.f_locals.get("dp_rank")
     del frame
@@ -102,19 +85,13 @@ def load(env=None) -> bool:
 
     if _rec is not None:
         return True
-    targets = list(HOOKS) + ([EAGER_HOOK[0]] if opts.eager_draft else [])
-    reasons: dict = {}
-    bad = missing_targets(targets, reasons)
-    if bad:
-        try:
-            import sglang
-
-            ver = getattr(sglang, "__version__", "?")
-        except Exception:  # noqa: BLE001
-            ver = "?"
-        logger.error("specdiff: tracing refused: SGLang %s lacks hook target(s) %s (first error: %s; "
-                     "specdiff supports SGLang 0.5.23); the server runs untraced", ver, ", ".join(bad),
-                     reasons.get(bad[0], "?"))
+    adapter = SGLangAdapter.for_running_sglang()
+    adapter.check_version()
+    missing = {n.key for n in adapter.check_static(eager_draft=opts.eager_draft)}
+    essential = [n.key for n in adapter.names if n.essential and n.key in missing]
+    if essential:
+        logger.error("specdiff: tracing refused: SGLang %s lacks %s, without which nothing can be "
+                     "recorded; the server runs untraced", adapter.version, ", ".join(essential))
         return False
     if os.path.exists(opts.path):
         logger.error("specdiff: tracing refused: %s already exists; choose a new SPECDIFF_TRACE path",
@@ -122,12 +99,14 @@ def load(env=None) -> bool:
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    _rec = Recorder(opts)
+    _rec = Recorder(opts, adapter)
     mod = sys.modules[__name__]
-    for target, (htype, fname) in HOOKS.items():
+    hooks = {**HOOKS, **(EAGER_HOOKS if opts.eager_draft else {})}
+    targets = {n.target: n.key for n in adapter.names if n.kind == "hook"}
+    for target, (htype, fname) in hooks.items():
+        if targets.get(target) in missing:
+            continue  # logged by the adapter with the tensors this hook would have recorded
         HookRegistry.register(target, getattr(mod, fname), HookType[htype])
-    if opts.eager_draft:
-        HookRegistry.register(EAGER_HOOK[0], getattr(mod, EAGER_HOOK[2]), HookType[EAGER_HOOK[1]])
     atexit.register(_close)
     _install_sigterm()
     logger.info("specdiff: EAGLE-3 tracing armed (trace %s, capture %s)", opts.path, opts.capture)
@@ -189,13 +168,15 @@ def _live():
     return rec
 
 
-def _after_worker_init(result, self, *a, **kw):
+def _after_draft_alloc(result, self, *a, **kw):
+    """Start-up: the contract is written before any request (so a server that crashes on its
+    first request still leaves one)."""
     rec = _live()
     if rec is not None:
         try:
             rec.start(self)
         except Exception as exc:  # noqa: BLE001
-            rec.fail("EAGLEWorkerV2.__init__", exc)
+            rec.fail("EagleDraftWorker.alloc_memory_pool", exc)
     return None
 
 
@@ -206,18 +187,30 @@ def _around_iteration(orig, self, batch, *a, **kw):
     if rec is not None:
         try:
             if rec.writer is None:
-                rec.start(self)
+                dw = rec.adapter.get(self, "BaseSpecWorker.draft_worker")
+                if dw is not MISSING:
+                    rec.start(dw)
             cap = rec.begin(batch)
         except Exception as exc:  # noqa: BLE001
             rec.fail("forward_batch_generation (begin)", exc)
             cap = None
+        rec.in_iteration, rec.phase = True, None
     rec_ = rec if cap is not None else None
     if rec_ is not None:
         rec_.cur = cap
     t1 = time.perf_counter()
     try:
         result = orig(self, batch, *a, **kw)
+    except Exception as exc:
+        if rec is not None and rec.writer is not None:
+            try:
+                rec.record_crash(exc, cap)
+            except Exception as exc2:  # noqa: BLE001 - never mask the server's own exception
+                logger.error("specdiff: could not record the crash (%s: %s)", type(exc2).__name__, exc2)
+        raise
     finally:
+        if rec is not None:
+            rec.in_iteration = False
         if rec_ is not None:
             rec_.cur = None
     t2 = time.perf_counter()
@@ -231,6 +224,12 @@ def _around_iteration(orig, self, batch, *a, **kw):
         rec.hook_s += (t1 - t0) + (t3 - t2)
         rec.iter_s += t3 - t0
     return result
+
+
+def _chain(adapter, obj, *keys):
+    from .sglang_hooks import _chain as chain
+
+    return chain(adapter, obj, *keys)
 
 
 def _cur():
@@ -248,12 +247,14 @@ def _after_target_forward(result, self, *a, **kw):
     try:
         from .sglang_hooks import snap
 
-        lo = getattr(result, "logits_output", None)
-        hs = getattr(lo, "hidden_states", None)
-        if hs is not None and "target_aux" not in cap.t:
+        A = rec.adapter
+        lo = A.get(result, "GenerationBatchResult.logits_output")
+        hs = None if lo is None or lo is MISSING else A.get(lo, "LogitsProcessorOutput.hidden_states")
+        if hs is not None and hs is not MISSING and "target_aux" not in cap.t:
             cap.t["target_aux"] = snap(hs)
-        if cap.kind == "prefill" and getattr(result, "next_token_ids", None) is not None:
-            cap.t["next_token_ids"] = snap(result.next_token_ids)
+        nti = A.get(result, "GenerationBatchResult.next_token_ids") if cap.kind == "prefill" else None
+        if nti is not None and nti is not MISSING:
+            cap.t["next_token_ids"] = snap(nti)
     except Exception as exc:  # noqa: BLE001
         rec.fail("TpModelWorker.forward_batch_generation", exc)
     return None
@@ -263,15 +264,32 @@ _MODES = {"EXTEND": "extend", "DRAFT_EXTEND_V2": "extend_v2", "DECODE": "decode"
 
 
 def _around_runner_forward(orig, self, forward_batch, *a, **kw):
-    rec, cap = _cur()
-    if cap is None or not getattr(self, "is_draft_worker", False):
+    rec = _live()
+    if rec is None or not rec.in_iteration:
         return orig(self, forward_batch, *a, **kw)
-    mode = _MODES.get(getattr(forward_batch.forward_mode, "name", ""))
-    if mode is None:
-        return orig(self, forward_batch, *a, **kw)
+    from .crash import forward_name
+
+    A = rec.adapter
+    is_draft = A.get(self, "ModelRunner.is_draft_worker") is True
+    fmode = A.get(forward_batch, "ForwardBatch.forward_mode")
+    mname = None if fmode is MISSING else fmode.name
+    prev = rec.phase
+    # Which forward is running, for the crash record (its shapes only: no tensor is touched).
+    ids = A.get(forward_batch, "ForwardBatch.input_ids")
+    pos = A.get(forward_batch, "ForwardBatch.positions")
+    rec.phase = (forward_name(is_draft=is_draft, mode=mname),
+                 {k: list(v.shape) for k, v in (("input_ids", ids), ("positions", pos)) if hasattr(v, "shape")})
+    cap = rec.cur
+    mode = _MODES.get(mname or "") if is_draft else None
+    if cap is None or mode is None:
+        out = orig(self, forward_batch, *a, **kw)
+        rec.phase = prev  # only on success: a forward that raised stays named
+        return out
     t0 = time.perf_counter()
     try:
-        rec.ensure_fc_hook(self.model)
+        model = A.get(self, "ModelRunner.model")
+        if model is not MISSING:
+            rec.ensure_fc_hook(model)
         rec.fc_sink = []
     except Exception as exc:  # noqa: BLE001
         rec.fail("draft ModelRunner.forward (before)", exc)
@@ -281,11 +299,14 @@ def _around_runner_forward(orig, self, forward_batch, *a, **kw):
     except BaseException:
         rec.fc_sink = None
         raise
+    rec.phase = prev
     t2 = time.perf_counter()
     rec.hook_s += t1 - t0
     try:
         if rec.active and rec.cur is cap:
-            cap.draft.append(rec.capture_draft_forward(mode, forward_batch, out.logits_output))
+            lo = A.get(out, "ModelRunnerOutput.logits_output")
+            if lo is not MISSING:
+                cap.draft.append(rec.capture_draft_forward(mode, forward_batch, lo))
     except Exception as exc:  # noqa: BLE001
         rec.fail("draft ModelRunner.forward", exc)
     finally:
@@ -302,7 +323,9 @@ def _after_de_prefill(result, self, *a, **kw):
     try:
         from .sglang_hooks import snap
 
-        cap.t["de_topk_index"] = snap(result.topk_index)
+        topk = rec.adapter.get(result, "EagleDraftInput.topk_index")
+        if topk is not MISSING:
+            cap.t["de_topk_index"] = snap(topk)
     except Exception as exc:  # noqa: BLE001
         rec.fail("_draft_extend_for_prefill", exc)
     return None
@@ -316,7 +339,10 @@ def _after_de_decode(result, self, batch, batch_result, *a, **kw):
     try:
         from .sglang_hooks import snap
 
-        cap.t["de_topk_index"] = snap(batch_result.next_draft_input.topk_index)
+        topk = _chain(rec.adapter, batch_result, "GenerationBatchResult.next_draft_input",
+                      "EagleDraftInput.topk_index")
+        if topk is not MISSING:
+            cap.t["de_topk_index"] = snap(topk)
     except Exception as exc:  # noqa: BLE001
         rec.fail("_draft_extend_for_decode", exc)
     return None
@@ -344,12 +370,13 @@ def _after_build_verify(result, *a, **kw):
     try:
         from .sglang_hooks import snap
 
-        for key, attr in (("draft_token", "draft_token"), ("verify_positions", "positions"),
-                          ("retrieve_index", "retrieve_index"),
-                          ("retrieve_next_token", "retrieve_next_token"),
-                          ("retrieve_next_sibling", "retrieve_next_sibling")):
-            v = getattr(result, attr, None)
-            if v is not None:
+        for key, name in (("draft_token", "EagleVerifyInput.draft_token"),
+                          ("verify_positions", "EagleVerifyInput.positions"),
+                          ("retrieve_index", "EagleVerifyInput.retrieve_index"),
+                          ("retrieve_next_token", "EagleVerifyInput.retrieve_next_token"),
+                          ("retrieve_next_sibling", "EagleVerifyInput.retrieve_next_sibling")):
+            v = rec.adapter.get(result, name)
+            if v is not None and v is not MISSING:
                 cap.t[key] = snap(v)
     except Exception as exc:  # noqa: BLE001
         rec.fail("build_eagle_verify_input", exc)
@@ -374,8 +401,18 @@ def _after_eagle_sample(result, *a, **kw):
 
 
 def _after_capture_graphs(result, self, *a, **kw):
-    """SPECDIFF_EAGER_DRAFT=1: drop the draft's CUDA graphs so every draft stage runs eagerly."""
-    self.cuda_graph_runner = None
-    self.cuda_graph_runner_for_draft_extend = None
-    logger.info("specdiff: draft CUDA graphs disabled while tracing (SPECDIFF_EAGER_DRAFT=1)")
+    """After the draft's CUDA graphs are captured: record which stages they hide; with
+    SPECDIFF_EAGER_DRAFT=1 drop them first, so every draft stage runs eagerly."""
+    rec = _rec
+    if rec is None:
+        return None
+    if rec.opts.eager_draft:
+        # SGLang 0.5.23 eagle_worker_v2.py:478-479 (the names the adapter declares)
+        self.cuda_graph_runner = None
+        self.cuda_graph_runner_for_draft_extend = None
+        logger.info("specdiff: draft CUDA graphs disabled while tracing (SPECDIFF_EAGER_DRAFT=1)")
+    try:
+        rec.refresh(self)
+    except Exception as exc:  # noqa: BLE001
+        rec.fail("EagleDraftWorker._capture_cuda_graphs", exc)
     return None

@@ -299,6 +299,10 @@ class SpecdiffApp(App):
             body.update("")
             spark.data = []
             return
+        if not self.vm.pairs:  # a side crashed before recording any sequence: nothing to show per cell
+            body.update(Text(self.vm.report.verdict(), style="red" if self.vm.report.diverged else ""))
+            spark.data = []
+            return
         try:
             d = panes.detail(self.vm, self.sel)
         except SpecdiffError as exc:  # a damaged chunk in one row: say so, keep the app

@@ -9,6 +9,8 @@ import sys
 
 import click
 
+from specdiff.replay.contract_check import unknown_facts
+from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.store import open_trace
 
 from .cli import EXIT_DIVERGED, EXIT_OK, cli
@@ -24,9 +26,29 @@ def describe(trace, *, verified: bool = False) -> str:
     else:
         cut = f", last {trace.cut_tail_bytes} bytes of a record cut" if trace.cut_tail_bytes else ""
         lines.append(f"state      CUT OFF: the writer did not close it (all complete records kept{cut})")
+    crash = trace.contract.get("crash")
+    if isinstance(crash, dict):
+        lines.append(f"crash      the server raised {describe_crash(crash)}")
+        if crash.get("rids"):
+            lines.append(f"  requests   {', '.join(crash['rids'])}")
+        for key, shape in (crash.get("forward_shapes") or {}).items():
+            lines.append(f"  {crash.get('forward')} {key}: {shape}")
+        for key, shape in (crash.get("shapes") or {}).items():
+            lines.append(f"  {key}: {shape}")
+        if crash.get("where"):
+            lines.append(f"  raised at  {crash['where'][-1]}")
     lines.append("contract")
     for key in sorted(trace.contract):
+        if key in ("unobservable", "crash"):
+            continue
         lines.append(f"  {key:24s} {trace.contract[key]}")
+    unknown = unknown_facts(trace.contract)
+    if unknown:
+        lines.append(f"unknown    {len(unknown)} contract fact(s) could not be read from the engine")
+        lines += [f"  {field:24s} {why}" for field, why in unknown.items()]
+    for u in trace.contract.get("unobservable") or []:
+        if isinstance(u, dict) and u.get("tensors"):
+            lines.append(f"  unobservable tensors     {', '.join(u['tensors'])} (no {u.get('name')})")
     lines.append(f"sequences  {len(trace.sequences)}")
     for s in trace.sequences[:20]:
         lines.append(f"  seq {s.id:<4d} len {len(s.tokens):<5d} prompt {s.prompt_len:<5d} rid {s.rid}")

@@ -148,7 +148,7 @@ def _post(url: str, path: str, payload: dict, timeout_s: float) -> dict:
         raise SpecdiffError(f"{url}{path} answered HTTP {exc.code}: "
                             f"{exc.read().decode(errors='replace')[:300]}") from None
     except (urllib.error.URLError, ConnectionError, OSError) as exc:
-        raise SpecdiffError(f"{url}{path} failed: {exc}; is the server running?") from None
+        raise ServerGoneError(f"{url}{path} failed: {exc}; is the server running?", reason=str(exc)) from None
 
 
 def generate(url: str, prompt: dict, *, max_new_tokens: int, temperature: float, ignore_eos: bool,
@@ -184,6 +184,47 @@ def chat_completion(url: str, prompt: dict, *, max_new_tokens: int, temperature:
             "output_ids": []}
 
 
+class ServerGoneError(SpecdiffError):
+    """The server did not answer a request (connection refused, closed or reset)."""
+
+    def __init__(self, message: str, *, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def server_alive(url: str, *, timeout_s: float = 5.0) -> bool:
+    """True when ``/health`` answers (any HTTP status): the process is still serving."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return False
+
+
+def died_message(url: str, *, request: int, reason: str, trace: str | None) -> str:
+    """The one line ``record client`` prints when the server died under request ``request``."""
+    from specdiff.tracer.live import trace_of_server
+
+    trace = trace or trace_of_server(url)
+    head = f"the server at {url} died during request {request} ({reason})"
+    if trace is None:
+        return (f"{head}; no trace is registered for it here (its trace is where its SPECDIFF_TRACE "
+                "pointed; `specdiff info TRACE` shows the crash)")
+    if not os.path.exists(trace):
+        return f"{head}; its trace {trace} does not exist (was tracing on?)"
+    try:
+        from specdiff.tracer.crash import describe_crash
+        from specdiff.tracer.store import open_trace
+
+        crash = open_trace(trace).contract.get("crash")
+    except SpecdiffError:
+        crash = None
+    what = f"holds the crash: {describe_crash(crash)}" if isinstance(crash, dict) else "holds what it recorded"
+    return f"{head}; its trace {trace} {what} (see `specdiff info {trace}`)"
+
+
 @record.command("client")
 @click.option("--url", required=True, help="SGLang server, e.g. http://127.0.0.1:30000")
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False),
@@ -194,7 +235,10 @@ def chat_completion(url: str, prompt: dict, *, max_new_tokens: int, temperature:
 @click.option("--concurrency", default=1, show_default=True, help="Requests in flight at once.")
 @click.option("--chat", is_flag=True,
               help="Send through /v1/chat/completions (the server's chat template) instead of /generate.")
-def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurrency, chat):
+@click.option("--trace", "trace_path", default=None, metavar="PATH",
+              help="The server's trace, named if the server dies (default: the trace the server registered "
+                   "for its port on this machine).")
+def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurrency, chat, trace_path):
     """Send prompts to a running traced server and print each request's accept length.
 
     Writes nothing itself: the server's trace grows as requests run and is finalized when
@@ -210,10 +254,18 @@ def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurren
                           temperature=temperature, ignore_eos=ignore_eos)
         return i
 
-    with click.progressbar(length=len(prompts), label="requests", file=sys.stderr) as bar, \
-            ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        for _ in pool.map(_one, range(len(prompts))):
-            bar.update(1)
+    done = 0
+    try:
+        with click.progressbar(length=len(prompts), label="requests", file=sys.stderr) as bar, \
+                ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            for _ in pool.map(_one, range(len(prompts))):
+                bar.update(1)
+                done += 1
+    except ServerGoneError as exc:
+        if server_alive(url):
+            raise
+        # A server that dies under a request leaves its contract and the crash in its trace.
+        raise SpecdiffError(died_message(url, request=done, reason=exc.reason, trace=trace_path)) from None
     total_tok = total_ct = 0
     for i, r in enumerate(results):
         meta = (r or {}).get("meta_info", {})

@@ -122,7 +122,8 @@ class ViewModel:
         return out
 
     def length(self, pair: int) -> int:
-        """Aligned positions of ``pair`` (0 when no sequence paired: a structure finding alone)."""
+        """Aligned positions of ``pair``; 0 when there is none (a crashed side's trace, or a structure
+        finding on traces that share no sequence)."""
         return self.pairs[pair].length if pair in self.pairs else 0
 
     def cells(self, name: str, pair: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,119 @@
+"""The complete contract: every field that decides the draft's computation is compared, and a
+field that differs is shown beside the first divergence it bears on, with a fix.
+
+Synthetic trace pairs written with the real TraceWriter: both sides hold the same contract and
+the same rows except (1) one contract field changed on the serving side and (2) rows that diverge
+at a stage that field bears on. The diff must name exactly that field next to the first divergence.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specdiff.replay.contract_check import _FIELDS
+from specdiff.tracer.contract import CONTRACT_FIELDS
+from specdiff.tracer.store import TraceWriter
+
+BASE = {
+    "engine": "test", "num_layers": 8, "hidden_size": 16, "vocab_size": 64, "draft_hidden_size": 16,
+    "draft_vocab_size": 32, "spec_algorithm": "EAGLE3", "aux_hf_indices": [2, 4, 5],
+    "aux_concat_order": [2, 4, 5], "d2t_sha256": "d" * 64, "hot_token_id_sha256": "h" * 64,
+    "t2d_sha256": "t" * 64, "norm_before_fc": False, "fc_norm": False, "norm_output": False,
+    "embed_source": "target", "embed_sha256": "e" * 64, "lm_head_source": "draft", "lm_head_sha256": "l" * 64,
+    "rope_theta": 10000.0, "rope_scaling": None, "rope_style": "neox", "draft_weights_sha256": "w" * 64,
+    "tokenizer_sha256": "k" * 64, "bos_added": True, "chat_template_sha256": "c" * 64, "dtype": "float32",
+    "spec_steps": 3, "spec_topk": 1,
+}
+
+#: field -> the serving side's value (training keeps BASE's)
+CHANGED = {
+    "num_layers": 12, "hidden_size": 32, "vocab_size": 128, "draft_vocab_size": 48, "spec_algorithm": "EAGLE",
+    "aux_hf_indices": [3, 5, 6], "aux_concat_order": [5, 2, 4], "d2t_sha256": "D" * 64,
+    "hot_token_id_sha256": "H" * 64, "t2d_sha256": "T" * 64, "norm_before_fc": True, "fc_norm": True,
+    "norm_output": True, "embed_source": "draft", "embed_sha256": "E" * 64, "lm_head_source": "target",
+    "lm_head_sha256": "L" * 64, "rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2.0},
+    "rope_style": "gptj", "draft_weights_sha256": "W" * 64, "tokenizer_sha256": "K" * 64, "bos_added": False,
+    "chat_template_sha256": "C" * 64, "dtype": "bfloat16", "spec_steps": 5, "spec_topk": 2,
+}
+
+#: stage -> (tensor written with diverging rows, row shape, kind)
+TENSOR_OF_STAGE = {
+    "tokens": ("tokens", (), "int"), "target.aux": ("target.aux.0", (16,), "float"),
+    "target.aux_cat": ("target.aux_cat", (48,), "float"), "draft.fc_in": ("draft.fc_in", (48,), "float"),
+    "draft.fc_out": ("draft.fc_out", (16,), "float"), "draft.attn_in": ("draft.attn_in", (32,), "float"),
+    "draft.hidden_out": ("draft.hidden_out", (16,), "float"), "draft.logits": ("draft.logits", (32,), "float"),
+    "draft.topk": ("draft.topk", (1,), "int"), "draft.topk_target": ("draft.topk_target", (1,), "int"),
+    "verify": ("verify.accept_length", (), "int"),
+}
+
+
+def test_every_compared_field_is_a_declared_contract_field_and_is_exercised():
+    assert set(_FIELDS) <= set(CONTRACT_FIELDS)
+    assert set(CHANGED) == set(_FIELDS), set(_FIELDS) ^ set(CHANGED)
+
+
+def _trace(path, side, contract, *, stage, diverge: bool):
+    name, shape, kind = TENSOR_OF_STAGE[stage]
+    tokens = np.arange(1, 13, dtype=np.int32)
+    rng = np.random.default_rng(0)
+    n = 8
+    if kind == "float":
+        data = rng.standard_normal((n, *shape)).astype(np.float32)
+        if diverge:
+            data = -data + 3.0
+    else:
+        data = np.ones((n, *shape), np.int64) * (7 if diverge else 5)
+    with TraceWriter(str(path), side=side, contract=contract) as tw:
+        tw.add_sequence(tokens, prompt_len=4, rid="r0")
+        tw.append(name, data, seq=0, pos=np.arange(n))
+    return str(path)
+
+
+def _primary_stage(field: str) -> str:
+    stages = _FIELDS[field][2]
+    return "draft.fc_out" if "*" in stages else stages[0]
+
+
+@pytest.mark.parametrize("field", sorted(CHANGED))
+def test_a_serving_contract_field_that_differs_is_shown_beside_the_first_divergence(tmp_path, field):
+    from specdiff.tui.cli import _register, cli
+
+    stage = _primary_stage(field)
+    train = _trace(tmp_path / "train.trace", "train", BASE, stage=stage, diverge=False)
+    serve = _trace(tmp_path / "serve.trace", "serve", {**BASE, field: CHANGED[field]}, stage=stage, diverge=True)
+    _register()
+    r = CliRunner().invoke(cli, ["diff", train, serve, "--format", "json"])
+    assert r.exit_code == 1, r.output
+    first = json.loads(r.output)["first_divergence"]
+    assert first["tensor"] == TENSOR_OF_STAGE[stage][0]
+    assert [m["field"] for m in first["contract"]] == [field]
+    assert first["contract"][0]["fix"]
+    text = CliRunner().invoke(cli, ["diff", train, serve, "--format", "text"]).output
+    block = text.split("contract differences that bear on it\n", 1)[1].split("\n\n", 1)[0]
+    lines = block.splitlines()
+    assert lines[0].strip().startswith(f"[{_FIELDS[field][0]}] {field}: ") and lines[1].strip().startswith("fix: ")
+
+
+def test_an_unknown_serving_fact_is_shown_beside_the_divergence_it_could_explain(tmp_path):
+    from specdiff.tui.cli import _register, cli
+
+    unobs = [{"name": "LlamaModel.layers_to_capture", "sglang": "x", "source": "srt/models/llama.py:463",
+              "tensors": [], "facts": ["aux_hf_indices"], "why": "gone", "sglang_version": "0.5.99"}]
+    train = _trace(tmp_path / "train.trace", "train", BASE, stage="target.aux", diverge=False)
+    serve = _trace(tmp_path / "serve.trace", "serve", {**BASE, "aux_hf_indices": "unknown", "unobservable": unobs},
+                   stage="target.aux", diverge=True)
+    _register()
+    r = CliRunner().invoke(cli, ["diff", train, serve, "--format", "json"])
+    j = json.loads(r.output)
+    assert r.exit_code == 1
+    assert j["unknown_facts"]["serving"] == {"aux_hf_indices": "SGLang 0.5.99 has no LlamaModel.layers_to_capture"}
+    msgs = [m["message"] for m in j["first_divergence"]["contract"]]
+    assert msgs == ["aux_hf_indices is unknown on serving (SGLang 0.5.99 has no LlamaModel.layers_to_capture): "
+                    "not compared"]
+    info = CliRunner().invoke(cli, ["info", serve]).output
+    assert "unknown    1 contract fact(s) could not be read from the engine" in info
+    assert "aux_hf_indices           SGLang 0.5.99 has no LlamaModel.layers_to_capture" in info

@@ -1,0 +1,102 @@
+"""The crash record: what a server's exception leaves in its trace (contract field ``crash``).
+
+When the scheduler raises inside a recorded iteration, the recorder writes one msgpack/JSON-safe
+dict into the contract and closes the trace before the process dies:
+
+    {"type": "RuntimeError", "message": "mat1 and mat2 shapes cannot be multiplied (7x512 and 768x256)",
+     "forward": "draft extend (prefill)", "iter": 0, "kind": "prefill", "rids": [...],
+     "forward_shapes": {"input_ids": [7], "positions": [7]},
+     "shapes": {"Linear.forward: input": [7, 512], "Linear.forward: self.weight": [256, 768], ...},
+     "where": ["llama_eagle3.py:247 forward", "linear.py:134 forward", ...]}
+
+``forward`` names the forward that was running (the recorder tracks it around every
+``ModelRunner.forward``): target prefill, target verify, draft extend (prefill), draft extend
+(decode), draft decode; outside any model forward (e.g. verify's sampling), the innermost SGLang
+function: ``eagle_sample (eagle_utils.py:560), outside the model forwards``. ``shapes`` are the tensor locals (and module weights) of the innermost frames.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: ForwardMode name -> the forward's name in a crash record (SGLang 0.5.23 forward_batch_info.py:198).
+TARGET_FORWARDS = {"EXTEND": "target prefill", "TARGET_VERIFY": "target verify", "DECODE": "target decode"}
+DRAFT_FORWARDS = {"EXTEND": "draft extend (prefill)", "DRAFT_EXTEND_V2": "draft extend (decode)",
+                  "DECODE": "draft decode"}
+_MAX_MESSAGE = 2000
+_SHAPE_FRAMES = 3
+_MAX_SHAPES = 16
+
+
+def forward_name(*, is_draft: bool, mode: str | None) -> str:
+    """Name of a model forward from its runner (draft or target) and ForwardMode name."""
+    table = DRAFT_FORWARDS if is_draft else TARGET_FORWARDS
+    side = "draft" if is_draft else "target"
+    return table.get(mode or "", f"{side} forward ({(mode or 'unknown mode').lower()})")
+
+
+def _shape(v) -> list[int] | None:
+    shape = getattr(v, "shape", None)
+    if shape is None or not hasattr(v, "dtype"):
+        return None
+    try:
+        return [int(d) for d in shape]
+    except (TypeError, ValueError):
+        return None
+
+
+def _frames(exc: BaseException) -> list:
+    out, tb = [], exc.__traceback__
+    while tb is not None:
+        out.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    return out
+
+
+def _frame_shapes(frames) -> dict[str, list[int]]:
+    """Tensor locals (and a module ``self``'s weight) of the innermost frames, innermost first."""
+    shapes: dict[str, list[int]] = {}
+    for frame, _ in reversed(frames[-_SHAPE_FRAMES:]):
+        owner = frame.f_locals.get("self")
+        fn = f"{type(owner).__name__}.{frame.f_code.co_name}" if owner is not None else frame.f_code.co_name
+        for name, v in list(frame.f_locals.items()):
+            s = _shape(v)
+            if s is not None:
+                shapes[f"{fn}: {name}"] = s
+        w = _shape(getattr(owner, "__dict__", {}).get("_parameters", {}).get("weight")) if owner is not None else None
+        if w is not None:
+            shapes[f"{fn}: self.weight"] = w
+        if len(shapes) >= _MAX_SHAPES:
+            break
+    return dict(list(shapes.items())[:_MAX_SHAPES])
+
+
+def crash_record(exc: BaseException, *, forward: str | None, forward_shapes: dict | None = None,
+                 iteration: int | None = None, kind: str | None = None, rids=()) -> dict:
+    """The ``crash`` contract fact for ``exc`` (see the module docstring).
+
+    Args:
+        exc: the exception, with its traceback.
+        forward: the model forward that was running, or None (then the innermost function's name).
+        forward_shapes: shapes of that forward's inputs (name -> list of ints).
+        iteration, kind, rids: the recorded iteration it happened in ("prefill" / "decode").
+    """
+    frames = _frames(exc)
+    where = [f"{os.path.basename(f.f_code.co_filename)}:{line} {f.f_code.co_name}" for f, line in frames[-8:]]
+    if forward is None:
+        # the innermost SGLang function (torch's own frames say less about where in serving)
+        sg = [(f, line) for f, line in frames if f"{os.sep}sglang{os.sep}" in f.f_code.co_filename]
+        f, line = (sg or frames or [(None, 0)])[-1]
+        forward = ("unknown" if f is None else
+                   f"{f.f_code.co_name} ({os.path.basename(f.f_code.co_filename)}:{line}), outside the model forwards")
+    return {"type": type(exc).__name__, "message": str(exc)[:_MAX_MESSAGE], "forward": forward,
+            "iter": iteration, "kind": kind, "rids": [str(r) for r in rids],
+            "forward_shapes": dict(forward_shapes or {}), "shapes": _frame_shapes(frames), "where": where}
+
+
+def describe_crash(crash: dict) -> str:
+    """One line: ``RuntimeError in draft extend (prefill) (iteration 0): mat1 and mat2 ...``."""
+    it = crash.get("iter")
+    at = f" (iteration {it})" if it is not None else ""
+    msg = str(crash.get("message", "")).splitlines()[0] if crash.get("message") else ""
+    return f"{crash.get('type', 'exception')} in {crash.get('forward', 'unknown')}{at}: {msg}"

@@ -1,0 +1,555 @@
+"""Every SGLang name the recorder touches, declared once, checked against the running SGLang.
+
+The recorder (tracer/sglang_plugin.py, tracer/sglang_hooks.py) reads SGLang's private objects:
+hook targets, private methods, dataclass fields, attributes set in ``__init__``, the locals of
+the scheduler's entry function. A rename in a new SGLang release must not turn into silently
+missing rows or a contract fact filled in from elsewhere. So:
+
+- ``NAMES`` declares each name with what it is used for, the tensors (stages) and contract
+  facts that depend on it, and the SGLang 0.5.23 source it comes from.
+- ``SGLangAdapter.check_static`` (plugin load, scheduler process) resolves every class,
+  function, method and dataclass field by import + ``hasattr``; ``check_instance`` checks
+  attributes that only exist on instances where they are first seen (worker init, first batch).
+- A missing name is logged ONCE: ``specdiff: SGLang <version> has no <name> (<source>): now
+  unobservable: tensors ...; contract facts ...``. The facts it feeds are recorded as
+  ``"unknown"`` and the contract field ``unobservable`` lists the name, tensors and facts.
+- Hooks read through ``SGLangAdapter.get`` (never ``getattr(x, name, None)``): an absent
+  attribute is ``MISSING`` (logged, marked), a present attribute that is None stays None.
+
+Sources are paths under ``site-packages/sglang/`` of SGLang 0.5.23. ``TESTED_RANGE`` is the
+inclusive range of SGLang versions this table was verified on; outside it the plugin warns once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import pkgutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .contract import UNKNOWN
+
+logger = logging.getLogger("specdiff.tracer")
+
+#: SGLang versions (inclusive) whose names this table was verified against.
+TESTED_RANGE: tuple[str, str] = ("0.5.23", "0.5.23")
+
+_P = "sglang.srt."
+_EW2 = _P + "speculative.eagle_worker_v2"
+
+
+class _Missing:
+    """Sentinel: the attribute does not exist on the object (not the same as a None value)."""
+
+    _inst = None
+
+    def __new__(cls):
+        if cls._inst is None:
+            cls._inst = super().__new__(cls)
+        return cls._inst
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING = _Missing()
+
+# Kinds of name and how each is checked:
+#   hook      a HookRegistry target "<module>.<Class>.<method>" or "<module>.<function>": import + hasattr
+#   method    a method/property/class attribute read (not hooked): import + hasattr
+#   field     a dataclass field (maybe without default): import + dataclass fields / annotations
+#   instance  an attribute set in __init__: checked on the live object where first seen
+#   param     a parameter of a function whose frame / call the recorder reads: inspect.signature
+KINDS = ("hook", "method", "field", "instance", "param")
+
+
+@dataclass(frozen=True)
+class SGLangName:
+    """One SGLang name the recorder depends on.
+
+    Attributes:
+        key: handle the recorder uses, ``"<Owner>.<attr>"`` (e.g. ``"EagleDraftWorker.hot_token_id"``).
+        owner: dotted import path of the class / module / function that holds ``attr``.
+        attr: the attribute, method, field or parameter name.
+        kind: one of ``KINDS``.
+        source: where SGLang 0.5.23 defines it (path under site-packages/sglang, with line).
+        used_for: what the recorder does with it.
+        tensors: canonical tensors (tracer/schema.py) the recorder cannot record without it.
+        facts: contract fields (tracer/contract.py) it cannot read without it.
+        hook: for ``kind == "hook"``: (HookType name, hook function in sglang_plugin).
+        essential: without it nothing can be recorded (tracing is refused).
+        optional: only needed when an option asks for it (e.g. SPECDIFF_EAGER_DRAFT).
+    """
+
+    key: str
+    owner: str
+    attr: str
+    kind: str
+    source: str
+    used_for: str
+    tensors: tuple[str, ...] = ()
+    facts: tuple[str, ...] = ()
+    hook: tuple[str, str] | None = None
+    essential: bool = False
+    optional: bool = False
+
+    @property
+    def target(self) -> str:
+        """Dotted path of the name itself (the HookRegistry target for hooks)."""
+        return f"{self.owner}.{self.attr}"
+
+    def unobservable(self) -> dict:
+        """The contract's ``unobservable`` entry for this name (msgpack/JSON-safe)."""
+        return {"name": self.key, "sglang": self.target, "source": self.source,
+                "tensors": list(self.tensors), "facts": list(self.facts)}
+
+
+_ALL_DRAFT = ("tokens", "draft.fc_in", "draft.fc_out", "draft.hidden_out", "draft.logits",
+              "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp")
+_VERIFY = ("verify.accept_length", "verify.accept_index", "verify.accepted_tokens", "verify.predict",
+           "target.argmax")
+_TARGET = ("target.aux.{j}", "target.aux_cat")
+_EVERYTHING = ("every tensor",)
+
+
+def _n(key, owner, kind, source, used_for, *, attr=None, tensors=(), facts=(), hook=None,
+       essential=False, optional=False) -> SGLangName:
+    return SGLangName(key=key, owner=owner, attr=attr or key.rsplit(".", 1)[1], kind=kind, source=source,
+                      used_for=used_for, tensors=tuple(tensors), facts=tuple(facts), hook=hook,
+                      essential=essential, optional=optional)
+
+
+#: Every SGLang name the recorder touches (SGLang 0.5.23, EAGLE worker v2).
+NAMES: tuple[SGLangName, ...] = (
+    # ---- hook targets ----------------------------------------------------------------------
+    _n("EagleDraftWorker.alloc_memory_pool", f"{_EW2}.EagleDraftWorker", "hook",
+       "srt/speculative/eagle_worker_v2.py:243", "build the contract and open the trace at start-up, before "
+       "any request: here SGLang has set hot_token_id and shared the target's embedding / lm_head "
+       "(init_token_map, init_lm_head); at EAGLEWorkerV2.__init__ it has not",
+       tensors=_EVERYTHING, hook=("AFTER", "_after_draft_alloc"), essential=True),
+    _n("EAGLEWorkerV2.forward_batch_generation", f"{_EW2}.EAGLEWorkerV2", "hook",
+       "srt/speculative/eagle_worker_v2.py:1416", "one recorded iteration (prefill or decode) per call; "
+       "the crash record when it raises", tensors=_EVERYTHING, hook=("AROUND", "_around_iteration"),
+       essential=True),
+    _n("TpModelWorker.forward_batch_generation", _P + "managers.tp_worker.TpModelWorker", "hook",
+       "srt/managers/tp_worker.py:622", "the target forward's aux hidden states and prefill next token",
+       tensors=(*_TARGET, "target.argmax"), hook=("AFTER", "_after_target_forward")),
+    _n("ModelRunner.forward", _P + "model_executor.model_runner.ModelRunner", "hook",
+       "srt/model_executor/model_runner.py:1813", "every draft forward (extend, draft extend v2, decode): "
+       "input ids, positions, fc, hidden, logits", tensors=_ALL_DRAFT, hook=("AROUND", "_around_runner_forward")),
+    _n("EagleDraftWorker._draft_extend_for_prefill", f"{_EW2}.EagleDraftWorker", "hook",
+       "srt/speculative/eagle_worker_v2.py:961", "the draft's depth-0 top-k after the prefill draft extend",
+       tensors=("draft.topk",), hook=("AFTER", "_after_de_prefill")),
+    _n("EagleDraftWorker._draft_extend_for_decode", f"{_EW2}.EagleDraftWorker", "hook",
+       "srt/speculative/eagle_worker_v2.py:1110", "the draft's depth-0 top-k after the decode draft extend",
+       tensors=("draft.topk",), hook=("AFTER", "_after_de_decode")),
+    _n("spec_utils.select_top_k_tokens", _P + "speculative.spec_utils", "hook",
+       "srt/speculative/spec_utils.py:474", "the mapped (target-vocab) draft ids of each draft step",
+       tensors=("draft.topk_target",), hook=("AFTER", "_after_select_top_k")),
+    _n("eagle_worker_common.build_eagle_verify_input", _P + "speculative.eagle_worker_common", "hook",
+       "srt/speculative/eagle_worker_common.py:377", "the draft tree sent to verify and its positions",
+       tensors=("verify.draft_tokens", "verify.retrieve_index", "verify.parents"),
+       hook=("AFTER", "_after_build_verify")),
+    _n("eagle_utils.eagle_sample", _P + "speculative.eagle_utils", "hook",
+       "srt/speculative/eagle_utils.py:521", "verify's predictions, accept lengths and accepted indices "
+       "(which also place the decode target rows)", tensors=(*_VERIFY, *_TARGET, "tokens"),
+       hook=("AFTER", "_after_eagle_sample")),
+    _n("EagleDraftWorker._capture_cuda_graphs", f"{_EW2}.EagleDraftWorker", "hook",
+       "srt/speculative/eagle_worker_v2.py:476", "last start-up step (after the target's init_attention_backends "
+       "set layers_to_capture, model_runner.py:1105): read the aux capture and which draft stages the captured "
+       "CUDA graphs hide; SPECDIFF_EAGER_DRAFT=1 drops the graphs so every draft stage runs eagerly",
+       facts=("graph_hidden_stages", "aux_hf_indices", "aux_dropped_ids", "aux_concat_order"),
+       hook=("AFTER", "_after_capture_graphs")),
+    # ---- hook argument layouts ---------------------------------------------------------------
+    _n("select_top_k_tokens(i, topk_p, topk_index)", _P + "speculative.spec_utils.select_top_k_tokens",
+       "param", "srt/speculative/spec_utils.py:474", "positional layout (i, topk_p, topk_index) the hook reads",
+       attr="topk_index", tensors=("draft.topk_target",)),
+    _n("_draft_extend_for_decode(batch, batch_result)", f"{_EW2}.EagleDraftWorker._draft_extend_for_decode",
+       "param", "srt/speculative/eagle_worker_v2.py:1110", "positional layout (self, batch, batch_result)",
+       attr="batch_result", tensors=("draft.topk",)),
+    # ---- the scheduler's frame (tp_rank / dp_rank) ----------------------------------------------
+    _n("scheduler.run_scheduler_process", _P + "managers.scheduler", "method", "srt/managers/scheduler.py:6310",
+       "the call-stack walk finds this frame: the plugin records only in the scheduler process",
+       tensors=_EVERYTHING, essential=True),
+    _n("run_scheduler_process.tp_rank", _P + "managers.scheduler.run_scheduler_process", "param",
+       "srt/managers/scheduler.py:6314", "record on TP rank 0 only (read from the scheduler frame's locals)",
+       attr="tp_rank", tensors=_EVERYTHING, essential=True),
+    _n("run_scheduler_process.dp_rank", _P + "managers.scheduler.run_scheduler_process", "param",
+       "srt/managers/scheduler.py:6316", "data-parallel replica r > 0 writes <trace>.dp<r>",
+       attr="dp_rank", facts=("trace path of DP replicas",)),
+    # ---- EAGLE worker (contract at init) -------------------------------------------------------
+    _n("BaseSpecWorker.draft_worker", _P + "speculative.base_spec_worker.BaseSpecWorker", "method",
+       "srt/speculative/base_spec_worker.py:207", "the EagleDraftWorker of an EAGLEWorkerV2 (when the trace is "
+       "opened at the first iteration instead of at alloc_memory_pool)", tensors=_EVERYTHING),
+    _n("EagleDraftWorker.target_worker", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:191", "the target TpModelWorker (its runner, config, model)",
+       facts=("num_layers", "hidden_size", "vocab_size", "dtype", "aux_hf_indices")),
+    _n("EagleDraftWorker.speculative_num_steps", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:198", "draft steps of the contract", facts=("spec_steps",)),
+    _n("EagleDraftWorker.topk", f"{_EW2}.EagleDraftWorker", "instance", "srt/speculative/eagle_worker_v2.py:195",
+       "tree width: rows per (seq, pos, depth) of the draft steps", facts=("spec_topk",),
+       tensors=("draft.topk", "draft.topk_target")),
+    _n("EagleDraftWorker.speculative_num_draft_tokens", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:199", "draft tokens per verify", facts=("spec_draft_tokens",)),
+    _n("EagleDraftWorker.server_args", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:188", "model paths of the contract (pre-flight check in diff)",
+       facts=("model_name", "draft_name")),
+    _n("ServerArgs.model_path", _P + "server_args.ServerArgs", "field", "srt/server_args.py",
+       "the target's path", facts=("model_name",)),
+    _n("ServerArgs.speculative_draft_model_path", _P + "server_args.ServerArgs", "field", "srt/server_args.py",
+       "the draft's path", facts=("draft_name",)),
+    _n("ServerArgs.port", _P + "server_args.ServerArgs", "field", "srt/arg_groups/fields/serving.py:66",
+       "register <port> -> trace so `specdiff record client` can name the trace of a server that died",
+       facts=("trace of a dead server found by record client",)),
+    _n("TpModelWorker.model_runner", _P + "managers.tp_worker.TpModelWorker", "method",
+       "srt/managers/tp_worker.py:87", "the target's ModelRunner",
+       facts=("num_layers", "hidden_size", "vocab_size", "dtype", "aux_hf_indices")),
+    _n("EagleDraftWorker.draft_runner", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:235", "the draft's ModelRunner (config, model)",
+       facts=("draft_hidden_size", "norm_before_fc", "fc_norm")),
+    _n("EagleDraftWorker.hot_token_id", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:330", "the draft->target id map SGLang applies (d2t + arange)",
+       facts=("d2t_sha256", "hot_token_id_sha256", "draft_vocab_size"), tensors=("draft.d2t",)),
+    _n("EagleDraftWorker.cuda_graph_runner", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:478", "which draft-decode stages a CUDA graph hides",
+       facts=("graph_hidden_stages",)),
+    _n("EagleDraftWorker.cuda_graph_runner_for_draft_extend", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:479", "which draft-extend stages a CUDA graph hides",
+       facts=("graph_hidden_stages",)),
+    _n("ModelRunner.model_config", _P + "model_executor.model_runner.ModelRunner", "instance",
+       "srt/model_executor/model_runner.py:367", "hf_config and dtype of target and draft",
+       facts=("num_layers", "hidden_size", "vocab_size", "draft_hidden_size", "dtype", "aux_native_ids")),
+    _n("ModelRunner.model", _P + "model_executor.model_runner.ModelRunner", "instance",
+       "srt/model_executor/model_runner.py:1321", "the nn.Module of target / draft",
+       facts=("aux_hf_indices", "norm_before_fc", "fc_norm"), tensors=("draft.fc_in", "draft.fc_out")),
+    _n("ModelRunnerOutput.logits_output", _P + "model_executor.model_runner.ModelRunnerOutput", "field",
+       "srt/model_executor/model_runner.py:299", "what a draft forward returned (hidden, logits)",
+       tensors=("draft.hidden_out", "draft.logits", "draft.logits_topk.values", "draft.logits_topk.ids",
+                "draft.logsumexp", "draft.topk")),
+    _n("ModelRunner.is_draft_worker", _P + "model_executor.model_runner.ModelRunner", "instance",
+       "srt/model_executor/model_runner.py:370", "tell the draft's forwards from the target's",
+       tensors=_ALL_DRAFT),
+    _n("ModelConfig.hf_config", _P + "configs.model_config.ModelConfig", "instance",
+       "srt/configs/model_config.py", "dims of target and draft; the draft's configured aux ids",
+       facts=("num_layers", "hidden_size", "vocab_size", "draft_hidden_size", "aux_native_ids")),
+    _n("ModelConfig.dtype", _P + "configs.model_config.ModelConfig", "instance", "srt/configs/model_config.py",
+       "compute dtype", facts=("dtype",)),
+    _n("LlamaForCausalLM.model", _P + "models.llama.LlamaForCausalLM", "instance", "srt/models/llama.py:567",
+       "the target's decoder stack (holds layers_to_capture)", facts=("aux_hf_indices",)),
+    _n("LlamaForCausalLM.capture_aux_hidden_states", _P + "models.llama.LlamaForCausalLM", "instance",
+       "srt/models/llama.py:591", "whether the target returns aux hidden states at all (EAGLE-3 capture on)",
+       facts=("aux_hf_indices",)),
+    _n("LlamaModel.layers_to_capture", _P + "models.llama.LlamaModel", "instance", "srt/models/llama.py:463",
+       "what SGLang really captures: capture index i == HF hidden_states[i] (set_eagle3_layers_to_capture: "
+       "id k -> k+1)", facts=("aux_hf_indices", "aux_dropped_ids", "aux_concat_order")),
+    _n("LlamaModel.start_layer", _P + "models.llama.LlamaModel", "instance", "srt/models/llama.py:446",
+       "first layer this rank runs: capture indices outside [start_layer, end_layer) are never reached",
+       facts=("aux_hf_indices", "aux_dropped_ids")),
+    _n("LlamaModel.end_layer", _P + "models.llama.LlamaModel", "instance", "srt/models/llama.py:446",
+       "end of the layers this rank runs", facts=("aux_hf_indices", "aux_dropped_ids")),
+    _n("LlamaForCausalLMEagle3.model", _P + "models.llama_eagle3.LlamaForCausalLMEagle3", "instance",
+       "srt/models/llama_eagle3.py:292", "the draft's inner model (fc, norms)",
+       facts=("norm_before_fc", "fc_norm"), tensors=("draft.fc_in", "draft.fc_out")),
+    _n("LlamaForCausalLMEagle3.hot_token_id", _P + "models.llama_eagle3.LlamaForCausalLMEagle3", "instance",
+       "srt/models/llama_eagle3.py:323", "d2t + arange as loaded (when the worker has none)",
+       facts=("d2t_sha256", "hot_token_id_sha256")),
+    _n("Eagle3LlamaModel.fc", _P + "models.llama_eagle3.LlamaModel", "instance", "srt/models/llama_eagle3.py:163",
+       "forward hook on fc: its input (aux concat after norms) and output",
+       tensors=("draft.fc_in", "draft.fc_out")),
+    _n("Eagle3LlamaModel.norm_before_fc", _P + "models.llama_eagle3.LlamaModel", "instance",
+       "srt/models/llama_eagle3.py:173", "whether one RMSNorm is applied to the aux concat before fc",
+       facts=("norm_before_fc",)),
+    _n("Eagle3LlamaModel.fc_norm", _P + "models.llama_eagle3.LlamaModel", "instance",
+       "srt/models/llama_eagle3.py:189", "per-aux-slot RMSNorms before fc (None = off)", facts=("fc_norm",)),
+    # ---- what decides the draft's computation (contract, step 3 of issue 11) -----------------
+    _n("EagleDraftWorker.speculative_algorithm", f"{_EW2}.EagleDraftWorker", "instance",
+       "srt/speculative/eagle_worker_v2.py:200", "the algorithm the draft runs under (EAGLE skips fc)",
+       facts=("spec_algorithm",)),
+    _n("Eagle3LlamaModel.norm_output", _P + "models.llama_eagle3.LlamaModel", "instance",
+       "srt/models/llama_eagle3.py:207", "whether the hidden fed to the next depth is the normed one",
+       facts=("norm_output",)),
+    _n("Eagle3LlamaModel.embed_tokens", _P + "models.llama_eagle3.LlamaModel", "instance",
+       "srt/models/llama_eagle3.py:145", "the embedding the draft multiplies by (init_lm_head shares the "
+       "target's)", facts=("embed_sha256", "embed_source")),
+    _n("LlamaForCausalLMEagle3.lm_head", _P + "models.llama_eagle3.LlamaForCausalLMEagle3", "instance",
+       "srt/models/llama_eagle3.py:309", "the lm_head the draft multiplies by", facts=("lm_head_sha256", "lm_head_source")),
+    _n("LlamaModel.embed_tokens", _P + "models.llama.LlamaModel", "instance", "srt/models/llama.py:432",
+       "the target's embedding: is the draft's the same tensor?", facts=("embed_source", "lm_head_source")),
+    _n("LlamaForCausalLM.lm_head", _P + "models.llama.LlamaForCausalLM", "instance", "srt/models/llama.py:573",
+       "the target's lm_head: is the draft's the same tensor?", facts=("lm_head_source",)),
+    _n("VocabParallelEmbedding.weight", _P + "layers.vocab_parallel_embedding.VocabParallelEmbedding",
+       "instance", "srt/layers/vocab_parallel_embedding.py:188", "embedding / lm_head rows (created by the "
+       "quant method's create_weights)", facts=("embed_sha256", "lm_head_sha256", "embed_source", "lm_head_source")),
+    _n("Eagle3LlamaModel.layers", _P + "models.llama_eagle3.LlamaModel", "instance",
+       "srt/models/llama_eagle3.py:198", "the draft's decoder layer (its attention's rope)",
+       facts=("rope_theta", "rope_scaling", "rope_style")),
+    _n("LlamaDecoderLayer.self_attn", _P + "models.llama.LlamaDecoderLayer", "instance", "srt/models/llama.py:342",
+       "the draft layer's attention", facts=("rope_theta", "rope_scaling", "rope_style")),
+    _n("LlamaAttention.rotary_emb", _P + "models.llama.LlamaAttention", "instance", "srt/models/llama.py:225",
+       "the rope the draft's attention applies (get_rope)", facts=("rope_theta", "rope_scaling", "rope_style")),
+    _n("RotaryEmbedding.base", _P + "layers.rotary_embedding.base.RotaryEmbedding", "instance",
+       "srt/layers/rotary_embedding/base.py:106", "rope theta as applied", facts=("rope_theta",)),
+    _n("RotaryEmbedding.is_neox_style", _P + "layers.rotary_embedding.base.RotaryEmbedding", "instance",
+       "srt/layers/rotary_embedding/base.py:107", "rotate halves (neox) or interleaved pairs (gptj)",
+       facts=("rope_style",)),
+    _n("LinearScalingRotaryEmbedding.scaling_factors", _P + "layers.rotary_embedding.base.LinearScalingRotaryEmbedding",
+       "instance", "srt/layers/rotary_embedding/base.py:642", "linear rope scaling factor", facts=("rope_scaling",)),
+    _n("Llama3RotaryEmbedding.scaling_factor", _P + "layers.rotary_embedding.rope_variant.Llama3RotaryEmbedding",
+       "instance", "srt/layers/rotary_embedding/rope_variant.py:571", "llama3 rope scaling factor",
+       facts=("rope_scaling",)),
+    _n("Llama3RotaryEmbedding.low_freq_factor", _P + "layers.rotary_embedding.rope_variant.Llama3RotaryEmbedding",
+       "instance", "srt/layers/rotary_embedding/rope_variant.py:572", "llama3 rope low_freq_factor",
+       facts=("rope_scaling",)),
+    _n("Llama3RotaryEmbedding.high_freq_factor", _P + "layers.rotary_embedding.rope_variant.Llama3RotaryEmbedding",
+       "instance", "srt/layers/rotary_embedding/rope_variant.py:573", "llama3 rope high_freq_factor",
+       facts=("rope_scaling",)),
+    _n("Llama3RotaryEmbedding.orig_max_position", _P + "layers.rotary_embedding.rope_variant.Llama3RotaryEmbedding",
+       "instance", "srt/layers/rotary_embedding/rope_variant.py:574", "llama3 rope original max position",
+       facts=("rope_scaling",)),
+    _n("runtime_context.get_serving", _P + "runtime_context", "method", "srt/runtime_context.py:1346",
+       "the resolved serving config (ServerArgs keeps the raw flags: tokenizer_path stays None there)",
+       facts=("tokenizer_sha256", "chat_template_sha256")),
+    _n("serving.tokenizer_path", _P + "runtime_context._ConfigBag", "instance", "srt/arg_groups/serving_hook.py:636",
+       "the tokenizer SGLang's tokenizer process loads (resolved: --tokenizer-path or the model path)",
+       facts=("tokenizer_sha256", "chat_template_sha256")),
+    _n("serving.chat_template", _P + "runtime_context._ConfigBag", "instance", "srt/arg_groups/fields/serving.py:176",
+       "a --chat-template override (applied in the tokenizer process, not read here)",
+       facts=("chat_template_sha256",)),
+    # ---- per-iteration objects ---------------------------------------------------------------
+    _n("ScheduleBatch.reqs", _P + "managers.schedule_batch.ScheduleBatch", "field",
+       "srt/managers/schedule_batch.py:2460", "the requests of the iteration (rids, prompts)",
+       tensors=_EVERYTHING, essential=True),
+    _n("ScheduleBatch.forward_iter", _P + "managers.schedule_batch.ScheduleBatch", "field",
+       "srt/managers/schedule_batch.py:2514", "the iteration number (iter key); else the recorder counts "
+       "its own calls", facts=("iter keys are SGLang's forward_iter",)),
+    _n("ScheduleBatch.forward_mode", _P + "managers.schedule_batch.ScheduleBatch", "field",
+       "srt/managers/schedule_batch.py:2588", "prefill (extend) or decode", tensors=_EVERYTHING, essential=True),
+    _n("ScheduleBatch.prefix_lens", _P + "managers.schedule_batch.ScheduleBatch", "field",
+       "srt/managers/schedule_batch.py:2647", "prefill row positions (radix-cache prefix)",
+       tensors=("prefill rows of every tensor",)),
+    _n("ScheduleBatch.extend_lens", _P + "managers.schedule_batch.ScheduleBatch", "field",
+       "srt/managers/schedule_batch.py:2648", "prefill rows per request",
+       tensors=("prefill rows of every tensor",)),
+    _n("ScheduleBatch.seq_lens", _P + "managers.schedule_batch.ScheduleBatch", "field",
+       "srt/managers/schedule_batch.py:2546", "committed length L of each request (decode row positions)",
+       tensors=("decode rows of every tensor",)),
+    _n("ForwardMode.is_extend", _P + "model_executor.forward_batch_info.ForwardMode", "method",
+       "srt/model_executor/forward_batch_info.py:198", "prefill vs decode", tensors=_EVERYTHING),
+    _n("ForwardMode.EXTEND", _P + "model_executor.forward_batch_info.ForwardMode", "method",
+       "srt/model_executor/forward_batch_info.py:201", "the draft's prefill extend forward",
+       tensors=_ALL_DRAFT),
+    _n("ForwardMode.DRAFT_EXTEND_V2", _P + "model_executor.forward_batch_info.ForwardMode", "method",
+       "srt/model_executor/forward_batch_info.py:212", "the draft's decode draft-extend forward",
+       tensors=_ALL_DRAFT),
+    _n("ForwardMode.DECODE", _P + "model_executor.forward_batch_info.ForwardMode", "method",
+       "srt/model_executor/forward_batch_info.py:203", "the draft's decode steps (depth >= 1)",
+       tensors=_ALL_DRAFT),
+    _n("Req.rid", _P + "managers.schedule_batch.Req", "instance", "srt/managers/schedule_batch.py:1088",
+       "request id: one sequence per request, SPECDIFF_RIDS filter", tensors=_EVERYTHING, essential=True),
+    _n("Req.origin_input_ids", _P + "managers.schedule_batch.Req", "instance",
+       "srt/managers/schedule_batch.py:1090", "the prompt tokens of the sequence", tensors=("tokens",)),
+    _n("ForwardBatch.input_ids", _P + "model_executor.forward_batch_info.ForwardBatch", "field",
+       "srt/model_executor/forward_batch_info.py:502", "the draft's input tokens", tensors=("tokens",)),
+    _n("ForwardBatch.positions", _P + "model_executor.forward_batch_info.ForwardBatch", "field",
+       "srt/model_executor/forward_batch_info.py:659", "positions the draft attends at",
+       tensors=("draft positions",)),
+    _n("ForwardBatch.forward_mode", _P + "model_executor.forward_batch_info.ForwardBatch", "field",
+       "srt/model_executor/forward_batch_info.py", "which draft forward this is", tensors=_ALL_DRAFT),
+    _n("GenerationBatchResult.logits_output", _P + "managers.utils.GenerationBatchResult", "field",
+       "srt/managers/utils.py:57", "the target's output (aux hidden states in hidden_states)",
+       tensors=_TARGET),
+    _n("GenerationBatchResult.next_token_ids", _P + "managers.utils.GenerationBatchResult", "field",
+       "srt/managers/utils.py:59", "the prefill's sampled token", tensors=("target.argmax", "tokens")),
+    _n("GenerationBatchResult.next_draft_input", _P + "managers.utils.GenerationBatchResult", "field",
+       "srt/managers/utils.py:111", "the decode draft extend's result (its topk_index)",
+       tensors=("draft.topk",)),
+    _n("EagleDraftInput.topk_index", _P + "speculative.eagle_info.EagleDraftInput", "field",
+       "srt/speculative/eagle_info.py:164", "the draft's depth-0 top-k ids", tensors=("draft.topk",)),
+    _n("LogitsProcessorOutput.hidden_states", _P + "layers.logits_processor.LogitsProcessorOutput", "field",
+       "srt/layers/logits_processor.py:226", "target: the aux concat; draft: its hidden output",
+       tensors=(*_TARGET, "draft.hidden_out")),
+    _n("LogitsProcessorOutput.next_token_logits", _P + "layers.logits_processor.LogitsProcessorOutput",
+       "field", "srt/layers/logits_processor.py:223", "the draft's logits (top-k, logsumexp, full)",
+       tensors=("draft.logits", "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp",
+                "draft.topk")),
+    _n("EagleVerifyInput.draft_token", _P + "speculative.eagle_info.EagleVerifyInput", "field",
+       "srt/speculative/eagle_info.py:18", "the draft tree's tokens", tensors=("verify.draft_tokens",)),
+    _n("EagleVerifyInput.positions", _P + "speculative.eagle_info.EagleVerifyInput", "field",
+       "srt/speculative/eagle_info.py:22", "positions of the accepted target rows",
+       tensors=("decode rows of target.aux.{j}",)),
+    _n("EagleVerifyInput.retrieve_index", _P + "speculative.eagle_info.EagleVerifyInput", "field",
+       "srt/speculative/eagle_info.py:23", "tree node -> verify row", tensors=("verify.retrieve_index",)),
+    _n("EagleVerifyInput.retrieve_next_token", _P + "speculative.eagle_info.EagleVerifyInput", "field",
+       "srt/speculative/eagle_info.py:24", "first-child links of the tree", tensors=("verify.parents",)),
+    _n("EagleVerifyInput.retrieve_next_sibling", _P + "speculative.eagle_info.EagleVerifyInput", "field",
+       "srt/speculative/eagle_info.py:25", "sibling links of the tree", tensors=("verify.parents",)),
+)
+
+BY_KEY: dict[str, SGLangName] = {n.key: n for n in NAMES}
+
+
+def hook_table(*, eager_draft: bool = False, names=NAMES) -> dict[str, tuple[str, str]]:
+    """HookRegistry target -> (HookType name, hook function in sglang_plugin), optional ones on request."""
+    return {n.target: n.hook for n in names if n.kind == "hook" and (eager_draft or not n.optional)}
+
+
+def version_in_range(version: str, rng: tuple[str, str] = TESTED_RANGE) -> bool | None:
+    """True when ``version`` (its release part: 0.5.23.post1 counts as 0.5.23) lies in the inclusive
+    range, False outside, None when it does not parse."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(Version(version).base_version)
+        return Version(rng[0]) <= v <= Version(rng[1])
+    except InvalidVersion:
+        return None
+
+
+def _resolve_static(name: SGLangName, resolve: Callable[[str], object]) -> str | None:
+    """None when ``name`` resolves in the running SGLang, else why not (one short phrase)."""
+    try:
+        owner = resolve(name.owner)
+    except Exception as exc:  # noqa: BLE001 - any import failure means the name is not there
+        return f"cannot import {name.owner} ({type(exc).__name__}: {exc})"
+    if name.kind in ("hook", "method"):
+        return None if hasattr(owner, name.attr) else f"{name.owner} has no attribute {name.attr!r}"
+    if name.kind == "field":
+        if hasattr(owner, name.attr):
+            return None
+        fields = {f.name for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else set()
+        for klass in getattr(owner, "__mro__", ()):
+            fields |= set(getattr(klass, "__annotations__", {}) or {})
+        return None if name.attr in fields else f"{name.owner} has no field {name.attr!r}"
+    if name.kind == "param":
+        try:
+            params = inspect.signature(owner).parameters
+        except (TypeError, ValueError) as exc:
+            return f"no signature for {name.owner} ({exc})"
+        return None if name.attr in params else f"{name.owner}() has no parameter {name.attr!r}"
+    return None  # instance attributes: checked on the live object (check_instance)
+
+
+class SGLangAdapter:
+    """The recorder's view of the running SGLang: name checks, accessors, what became unobservable.
+
+    One per scheduler process. Thread-safe (the writer thread may read ``unobservable``).
+
+    Args:
+        version: ``sglang.__version__`` of the running SGLang ("?" when unreadable).
+        names: the declared names (default ``NAMES``).
+        log: where the one-line warnings go (default the ``specdiff.tracer`` logger's warning).
+    """
+
+    def __init__(self, version: str, *, names=NAMES, log: Callable[[str], None] | None = None):
+        self.version = str(version)
+        self.names = tuple(names)
+        self.by_key = {n.key: n for n in self.names}
+        self.missing: dict[str, str] = {}  # key -> why
+        self._log = log or logger.warning
+        self._lock = threading.Lock()
+        self._checked_instances: set[tuple[int, str]] = set()
+
+    @classmethod
+    def for_running_sglang(cls, **kw) -> SGLangAdapter:
+        """Adapter with the installed SGLang's ``__version__`` ("?" when sglang has none)."""
+        try:
+            import sglang
+
+            version = str(sglang.__version__)
+        except Exception:  # noqa: BLE001 - an SGLang without a version is still checked name by name
+            version = "?"
+        return cls(version, **kw)
+
+    # -- checks -------------------------------------------------------------------------------
+    def check_version(self, rng: tuple[str, str] = TESTED_RANGE) -> bool:
+        """Warn once when the running SGLang is outside ``rng``; True when inside (quiet)."""
+        ok = version_in_range(self.version, rng) if self.version != "?" else None
+        if ok:
+            return True
+        self._log(f"specdiff: SGLang {self.version} is outside the tested range {rng[0]}..{rng[1]}; "
+                  "every SGLang name the recorder uses is checked, and what it cannot read is recorded "
+                  "as unknown")
+        return False
+
+    def check_static(self, *, resolve: Callable[[str], object] = pkgutil.resolve_name,
+                     eager_draft: bool = False) -> list[SGLangName]:
+        """Check every class / function / method / field / parameter name; returns the missing ones
+        (each logged once). Instance attributes are left to ``check_instance``."""
+        bad = []
+        for n in self.names:
+            if n.kind == "instance" or (n.optional and not eager_draft):
+                continue
+            why = _resolve_static(n, resolve)
+            if why is not None:
+                self.mark_missing(n.key, why)
+                bad.append(n)
+        return bad
+
+    def check_instance(self, obj, *keys: str) -> list[str]:
+        """Check instance attributes ``keys`` on the live ``obj`` (once per object and key);
+        returns the missing keys (each logged once)."""
+        bad = []
+        for key in keys:
+            n = self.by_key[key]
+            tag = (id(obj), key)
+            if tag in self._checked_instances:
+                if key in self.missing:
+                    bad.append(key)
+                continue
+            self._checked_instances.add(tag)
+            if not hasattr(obj, n.attr):
+                self.mark_missing(key, f"{type(obj).__name__} object has no attribute {n.attr!r}")
+                bad.append(key)
+        return bad
+
+    def mark_missing(self, key: str, why: str) -> None:
+        """Record ``key`` as missing and log its one line (only the first time)."""
+        n = self.by_key[key]
+        with self._lock:
+            if key in self.missing:
+                return
+            self.missing[key] = why
+        what = []
+        if n.tensors:
+            what.append("tensors " + ", ".join(n.tensors))
+        if n.facts:
+            what.append("contract facts " + ", ".join(n.facts))
+        self._log(f"specdiff: SGLang {self.version} has no {n.key} ({n.source}; {why}): now unobservable: "
+                  f"{'; '.join(what) or 'nothing recorded depends on it'}")
+
+    # -- accessors ----------------------------------------------------------------------------
+    def get(self, obj, key: str):
+        """``obj.<attr of key>``, or ``MISSING`` (logged once, marked unobservable) when absent.
+
+        A present attribute whose value is None is returned as None: None is a fact (e.g. no
+        d2t), absence is not.
+        """
+        n = self.by_key[key]
+        try:
+            return getattr(obj, n.attr)
+        except AttributeError:
+            self.mark_missing(key, f"{type(obj).__name__} object has no attribute {n.attr!r}")
+            return MISSING
+
+    def fact(self, obj, key: str, convert: Callable = lambda v: v):
+        """``convert(obj.<attr>)`` for a contract fact, or ``UNKNOWN`` when the attribute is absent."""
+        v = self.get(obj, key)
+        return UNKNOWN if v is MISSING else convert(v)
+
+    def has(self, key: str) -> bool:
+        """False once ``key`` was found missing."""
+        return key not in self.missing
+
+    # -- what the contract says -----------------------------------------------------------------
+    def unobservable(self) -> list[dict]:
+        """The contract's ``unobservable`` list: one entry per missing name (declaration order)."""
+        with self._lock:
+            missing = dict(self.missing)
+        return [dict(n.unobservable(), why=missing[n.key], sglang_version=self.version)
+                for n in self.names if n.key in missing]
