@@ -71,7 +71,8 @@ def training_acceptance(trace, alignment: Alignment, *, side: str) -> Acceptance
     rows = np.zeros(len(acc), bool)
     for p in alignment.seq_pairs:
         seq = getattr(p.seq, side)
-        sel = (keys["seq"] == seq) & (keys["pos"] >= p.prompt_len - 1) & (keys["pos"] < p.length - 1)
+        start = getattr(p.start, side)  # content-paired sequences: the common part only
+        sel = (keys["seq"] == seq) & (keys["pos"] >= start + p.prompt_len - 1) & (keys["pos"] < start + p.length - 1)
         rows |= sel
         if sel.any():
             per_seq[p.index] = 1.0 + sum(float(acc[sel & (keys["depth"] == d)].mean())

@@ -8,12 +8,12 @@ Memory stays bounded by one block of rows (``block_rows``) plus small per-row re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from specdiff.tracer.contract import known
-from specdiff.tracer.schema import aux_slot, ordered, probe_index, spec_for
+from specdiff.tracer.schema import aux_slot, ordered, probe_index, sort_key, spec_for
 
 from . import metrics
 from .align import Alignment, Pair, RowMatch, match_rows, pack_keys
@@ -42,7 +42,12 @@ class TensorComparison:
             topk_overlap, kl_mean, nonfinite_rows, rows, fail_rows, coverage, unreadable_rows);
             fractions are over the readable rows.
         worst: the worst row: its index, pair, pos, depth, element index and both values.
-        diverged: fail fraction above tolerance, or any non-finite row.
+        diverged: fail fraction above tolerance, or any non-finite row; always True for a
+            ``structure`` finding.
+        kind: ``values`` (rows compared), ``structure`` (the layouts differ: no row compared,
+            ``structure`` holds the replay.structure.StructureMismatch) or ``tokens`` (the token
+            sequences pair only by content: ``alignment.token_formats`` say how they differ).
+        structure: the StructureMismatch of a ``structure`` finding, else None.
     """
 
     name: str
@@ -55,6 +60,22 @@ class TensorComparison:
     stats: dict = field(default_factory=dict)
     worst: dict | None = None
     diverged: bool = False
+    kind: str = "values"
+    structure: object = None
+
+    @property
+    def first_where(self) -> dict | None:
+        """Where the divergence first shows: ``{"pair", "pos", "depth"}`` (aligned keys), or None
+        (a ``structure`` finding has no row). A ``tokens`` finding points at the first pair whose
+        token formats differ, at the first differing token."""
+        if self.kind == "structure":
+            return None
+        if self.kind == "tokens" and self.worst is not None:
+            return {k: self.worst[k] for k in ("pair", "pos", "depth")}
+        i = self.first_failing_row
+        if i is None:
+            return None
+        return {"pair": int(self.match.pair[i]), "pos": int(self.match.pos[i]), "depth": int(self.match.depth[i])}
 
     @property
     def first_failing_row(self) -> int | None:
@@ -179,8 +200,6 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
         b = min(a + step, n)
         x = _rows(traces.x, name, m.rows.x[a:b], as_float=as_float)
         y = _rows(traces.y, name, m.rows.y[a:b], as_float=as_float)
-        if x.shape[1:] != y.shape[1:]:
-            raise ValueError(f"{name}: row shapes differ, {x.shape[1:]} vs {y.shape[1:]}")
         s, c, e, nf, rowmax = _compare_block(spec.kind, name, x, y)
         # After the read: a read is what finds a chunk damaged.
         u = traces.x.unreadable(name, m.rows.x[a:b]) | traces.y.unreadable(name, m.rows.y[a:b])
@@ -278,11 +297,21 @@ def comparable_names(traces: Pair) -> list[str]:
 
 
 def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
-                overrides: dict | None = None, progress=None) -> dict[str, TensorComparison]:
-    """Compare every comparable tensor; ``progress(name, i, total)`` is called before each."""
-    good = _token_path_keys(traces, alignment)
-    names = comparable_names(traces)
-    out: dict[str, TensorComparison] = {}
+                overrides: dict | None = None, progress=None,
+                structure: list | None = None) -> dict[str, TensorComparison]:
+    """Compare every comparable tensor; ``progress(name, i, total)`` is called before each.
+
+    ``structure`` (replay.structure.structure_mismatches) lists tensors whose layouts differ: each
+    becomes a ``structure`` finding instead of a row comparison (aux slots are not compared slot by
+    slot when the slot counts differ: slot j of one side is not slot j of the other).
+    """
+    structure = list(structure or ())
+    skip = {m.name for m in structure}
+    if any(m.kind == "slot_count" for m in structure):
+        skip |= {n for n in set(traces.x.names) | set(traces.y.names) if aux_slot(n) is not None}
+    good = _token_path_keys(traces, alignment) if "tokens" not in skip else None
+    names = [n for n in comparable_names(traces) if n not in skip]
+    out: dict[str, TensorComparison] = {m.name: structure_comparison(traces, m, preset=preset) for m in structure}
     for i, name in enumerate(names):
         if progress:
             progress(name, i, len(names))
@@ -292,7 +321,46 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         tol = apply_overrides(tol, name, overrides or {})
         out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good)
     add_logit_stats(traces, out)
-    return out
+    if alignment.token_formats:
+        out["tokens"] = token_format_comparison(traces, alignment, out.get("tokens"), preset=preset)
+    return {n: out[n] for n in ordered(out)}
+
+
+def _no_rows(name: str, tol: Tolerance) -> TensorComparison:
+    """A comparison of no rows (what a finding that compares nothing row by row starts from)."""
+    empty = np.zeros(0, np.int64)
+    stats = {"rows": 0, "fail_rows": 0, "fail_frac": 0.0, "coverage": 0.0, "nonfinite_rows": 0, "exact_rows": 0,
+             "unreadable_rows": 0}
+    if spec_for(name).kind != "float":
+        stats.update(match_rate=1.0, topk_overlap=1.0)
+    return TensorComparison(name, tol, RowMatch(Pair(empty, empty), empty, empty, empty, Pair(0, 0)),
+                            np.zeros(0, np.int8), np.zeros(0, np.float32), np.zeros(0, np.float32),
+                            np.zeros(0, bool), stats)
+
+
+def structure_comparison(traces: Pair, mismatch, *, preset: str = "default") -> TensorComparison:
+    """A ``structure`` finding as a comparison: diverged, no rows compared (the layouts differ)."""
+    spec = spec_for(mismatch.name)
+    dt = Pair(*(t.info(mismatch.name).dtype if mismatch.name in t.names else "bfloat16"
+                for t in (traces.x, traces.y)))
+    tol = default_tolerance(dt.x, dt.y, kind=spec.kind, preset=preset)
+    return replace(_no_rows(mismatch.name, tol), diverged=True, kind="structure", structure=mismatch)
+
+
+def token_format_comparison(traces: Pair, alignment: Alignment, base: TensorComparison | None,
+                            *, preset: str = "default") -> TensorComparison:
+    """``tokens`` as the first divergence of sequences that paired only by content.
+
+    Keeps ``base`` (the row comparison of ``tokens`` on the common runs) for the grid; ``worst``
+    points at the first such pair and its first differing token (its position on side A).
+    """
+    p = alignment.token_formats[0]
+    worst = {"row": None, "pair": p.index, "pos": p.format.first_diff, "depth": 0, "element": 0,
+             "x": None, "y": None}
+    if base is None:
+        base = _no_rows("tokens", default_tolerance("int64", "int64", kind="int", preset=preset))
+    stats = dict(base.stats, token_format_pairs=len(alignment.token_formats))
+    return replace(base, stats=stats, worst=worst, diverged=True, kind="tokens")
 
 
 def _compute_dtype(trace, name: str) -> str:
@@ -305,8 +373,16 @@ def _compute_dtype(trace, name: str) -> str:
 
 
 def first_divergence(comps: dict[str, TensorComparison]) -> TensorComparison | None:
-    """The earliest tensor in dataflow order that diverged (aux slots in slot order)."""
-    for name in ordered(comps):
+    """The earliest tensor in dataflow order that diverged (aux slots in slot order).
+
+    Within one stage a ``structure`` finding comes before value divergences: when the slot counts
+    differ, no slot's values mean what they mean on the other side.
+    """
+    def key(name):
+        stage, sub, n = sort_key(name)
+        return (stage, comps[name].kind != "structure", sub, n)
+
+    for name in sorted(comps, key=key):
         if comps[name].diverged:
             return comps[name]
     return None

@@ -5,6 +5,11 @@ the mistake only when the transformed tensors agree with the other side within t
 a transform that does not close the gap is never reported as the cause.
 
 Checks (DESIGN.md "Comparing"):
+- structure (a layout difference, replay/structure.py): nothing to transform; the likely causes are
+  named from the widths and the contract (another speculative algorithm, another number of aux
+  layers, draft vocab, top-k, dtype family);
+- token format (sequences paired only by content): how the formats differ, decoded;
+- aux slot permutation: each slot equals a different slot of the other side (concat order);
 - aux layer identity: each aux slot of one side against every HF hidden-state index the other
   side recorded (its aux slots and ``target.probe.{i}`` rows): layer shift, embedding output
   included or not, concat order;
@@ -27,6 +32,7 @@ from . import metrics
 from .align import Alignment, Pair, match_rows
 from .compare import TensorComparison
 from .contract_check import side_labels
+from .structure import contract_value
 
 MAX_ROWS = 2048
 
@@ -122,8 +128,10 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     if not identified:
         return []
     actual = [b if ok else None for b, ok in zip(best, closes)]
-    if o_hf and actual == o_hf:
-        return []  # every slot holds what the other side used: not a layer problem
+    if o_hf and len(o_hf) == len(actual) and all(b is None or b == o for b, o in zip(actual, o_hf, strict=True)):
+        # Every slot that matches a layer holds the layer the other side used there: the others hold
+        # no layer of the other side at all (another target or its weights), not a layer mix-up.
+        return []
     parts = [f"{s_label} slot {j} = {o_label} HF hidden_states[{b}]" for j, b, ok in zip(slots, best, closes) if ok]
     msg = "; ".join(parts[:3])
     shifted = o_hf and len(s_hf) == len(o_hf) and all(s == o + 1 for s, o in zip(s_hf, o_hf))
@@ -137,6 +145,42 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     fix = (f"set the draft config's eagle_config.eagle_aux_hidden_state_layer_ids to "
            f"{_sglang_ids(o_hf)} (SGLang convention for HF {o_hf})") if o_hf else ""
     return [Explanation("aux_layer_shift", msg, evidence, fix, matrix)]
+
+
+def explain_aux_permutation(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Explanation]:
+    """Each aux slot of one side equals a *different* slot of the other: the same layers, concatenated
+    in another order (SGLang concatenates in ascending layer order, aux_hidden_states.py; a trainer
+    may keep the order it was given). Slot against slot, so no HF indices or probes are needed."""
+    labels = side_labels(traces)
+    sx = sorted(j for j in (aux_slot(n) for n in traces.x.names) if j is not None)
+    sy = sorted(j for j in (aux_slot(n) for n in traces.y.names) if j is not None)
+    if len(sx) < 2 or sx != sy:
+        return []
+    rel = np.array([[_rel(traces, alignment, aux_name(i), aux_name(j))[0] for i in sx] for j in sy])
+    if not np.isfinite(rel).all():
+        return []
+    best = rel.argmin(1)  # serving slot j (row) -> training slot best[j]
+    closes = rel[np.arange(len(sy)), best] <= tol_rel
+    if not closes.all() or sorted(best.tolist()) != list(range(len(sx))) or (best == np.arange(len(sy))).all():
+        return []
+    hx, hy = aux_slot_layers(traces.x.contract) or [], aux_slot_layers(traces.y.contract) or []
+    pairs = [f"{labels.y} slot {j} = {labels.x} slot {int(b)}" for j, b in zip(sy, best, strict=True)]
+    orders = "; ".join(f"{lab} concatenates HF {list(h)}" for lab, h in ((labels.x, hx), (labels.y, hy)) if h)
+    msg = ("the aux slots are permuted — the same layers concatenated in another order: " + ", ".join(pairs)
+           + (f" ({orders})" if orders else "") + "; SGLang concatenates in ascending layer order")
+    ev = tuple(f"{labels.y} slot {j} vs {labels.x} slot {int(b)}: rel err {rel[k, b]:.2e} "
+               f"(vs its own slot {j}: {rel[k, k]:.2e})" for k, (j, b) in enumerate(zip(sy, best, strict=True)))
+    for fname in ("aux_concat_order", "aux_hf_indices"):
+        vx, vy = traces.x.contract.get(fname), traces.y.contract.get(fname)
+        if vx is not None or vy is not None:
+            ev += (f"contract {fname}: {labels.x} {vx}, {labels.y} {vy}",)
+    matrix = {"title": f"rel err: {labels.y} slot vs {labels.x} slot",
+              "rows": [f"{labels.y} slot {j}" for j in sy], "cols": [f"{labels.x} slot {i}" for i in sx],
+              "rel": [[round(float(v), 4) for v in r] for r in rel]}
+    return [Explanation("aux_slot_permutation", msg, ev,
+                        "train on the aux layers in ascending layer order (what SGLang concatenates), or permute "
+                        "the columns of the draft's fc.weight (and fc_norm/input_norm) to that order before serving",
+                        matrix)]
 
 
 def explain_vocab_map(traces: Pair, alignment: Alignment) -> list[Explanation]:
@@ -257,14 +301,126 @@ def explain_halves(traces: Pair, comps: dict[str, TensorComparison], first: Tens
     return []
 
 
+def _fields_lines(fields: dict, labels: Pair) -> tuple[str, ...]:
+    return tuple(f"contract {f}: {labels.x} {vx if vx is not None else 'not recorded'}, "
+                 f"{labels.y} {vy if vy is not None else 'not recorded'}" for f, (vx, vy) in fields.items())
+
+
+def _aux_widths(traces: Pair) -> Pair:
+    """Per side: (aux concat width, hidden size) where recorded, else None."""
+    def one(t):
+        h = t.contract.get("hidden_size")
+        w = t.info("target.aux_cat").shape[0] if "target.aux_cat" in t.names and t.info("target.aux_cat").shape else None
+        if w is None:
+            slots = [n for n in t.names if aux_slot(n) is not None]
+            w = sum(t.info(n).shape[0] for n in slots) if slots else None
+        return w, h
+    return traces.map(one)
+
+
+def explain_structure(traces: Pair, first: TensorComparison) -> list[Explanation]:
+    """Name the likely causes of a layout difference (a ``structure`` finding) and the contract
+    fields that show it. Nothing is transformed: shapes cannot be closed, only read."""
+    m = first.structure
+    labels = side_labels(traces)
+    ev = (m.message, *_fields_lines(m.fields, labels))
+    fc = traces.map(lambda t: "draft.fc_out" in t.names or "draft.fc_in" in t.names)
+    if fc.x != fc.y:
+        ev += (f"{labels.y if fc.x else labels.x} recorded no draft.fc_in / draft.fc_out rows: its draft never "
+               "ran fc",)
+    algo = traces.map(lambda t: contract_value(t.contract, "speculative_algorithm"))
+    algo_words = "; ".join(f"{lab} ran {a}" for lab, a in ((labels.x, algo.x), (labels.y, algo.y)) if a)
+    if m.kind in ("slot_count", "width") and (m.name.startswith("target.aux") or m.name == "draft.fc_in"):
+        (wx, hx), (wy, hy) = _aux_widths(traces).x, _aux_widths(traces).y
+        h = hx or hy
+        if h and wx and wy and wx != wy and h in (wx, wy):
+            one, many = (labels.x, labels.y) if wx == h else (labels.y, labels.x)
+            k = max(wx, wy) // h
+            msg = (f"{one} fed the draft ONE hidden state {h} wide where {many} fed {k} aux hidden states "
+                   f"{max(wx, wy)} wide ({k} x {h}): the EAGLE-3 draft was likely run with "
+                   f"--speculative-algorithm EAGLE (SGLang's EAGLE passes the target's final hidden state, "
+                   f"and the EAGLE-3 draft skips its fc because the width already equals its hidden size)"
+                   + (f" [{algo_words}]" if algo_words else "")
+                   + "; or aux capture was switched off on that side")
+            return [Explanation("speculative_algorithm", msg, ev,
+                                "serve the EAGLE-3 draft with --speculative-algorithm EAGLE3 (SGLang then captures "
+                                "the draft config's eagle_aux_hidden_state_layer_ids)")]
+        kx = wx // hx if wx and hx else None
+        ky = wy // hy if wy and hy else None
+        if kx and ky and kx != ky:
+            hfx, hfy = (traces.x.contract.get("aux_hf_indices"), traces.y.contract.get("aux_hf_indices"))
+            msg = (f"a different number of aux layers captured: {labels.x} {kx} (HF {hfx or '?'}), "
+                   f"{labels.y} {ky} (HF {hfy or '?'})" + (f" [{algo_words}]" if algo_words else ""))
+            return [Explanation("aux_layer_count", msg, ev,
+                                "capture exactly the layers the draft's fc was trained on (fc.weight is "
+                                "[H, K*H]): set eagle_aux_hidden_state_layer_ids to those K ids")]
+    if m.kind == "vocab":
+        sizes = Pair(*(v[0] if isinstance(v, tuple) else v for v in (m.x, m.y)))
+        v = traces.x.contract.get("vocab_size") or traces.y.contract.get("vocab_size")
+        full = [lab for lab, n in ((labels.x, sizes.x), (labels.y, sizes.y)) if v and n == v]
+        if full:
+            msg = (f"{full[0]}'s draft scores the whole target vocab ({v}) where the other side's has "
+                   f"{sizes.y if full[0] == labels.x else sizes.x} ids: draft vs target vocab — the draft config "
+                   "lacks draft_vocab_size (and d2t), so the engine built a target-vocab lm_head")
+        else:
+            msg = (f"the draft vocab sizes differ ({m.message}): another draft checkpoint, or one side maps "
+                   "through the target vocab (no draft_vocab_size / d2t in the served config)")
+        return [Explanation("draft_vocab_size", msg, ev,
+                            "serve and replay the same draft checkpoint; keep draft_vocab_size and d2t in its config")]
+    if m.kind == "topk_width":
+        if m.dim == "logits_topk":
+            return [Explanation("logits_topk", f"another logits top-k was captured ({m.message})", ev,
+                                "record both sides with the same --logits-topk (record serve) and capture level")]
+        return [Explanation("spec_topk", f"another draft top-k ({m.message}): --speculative-eagle-topk differs", ev,
+                            "record the training side with the serving trace's topk (record train --replay reads "
+                            "spec_topk from it, or pass --topk)")]
+    if m.kind == "dtype_family":
+        return [Explanation("dtype_family", f"{m.message}: the sides stored this tensor as different kinds of "
+                            "values (a trace from another recorder or format version?)", ev,
+                            "record both sides with the same specdiff version")]
+    why = {"draft_hidden": "the drafts have different hidden sizes (different checkpoints)",
+           "attn_in": "the drafts' attention inputs differ in width (different draft hidden sizes)",
+           "draft_tokens": "the verify trees differ in size (--speculative-num-draft-tokens)",
+           "accept_slots": "the draft step counts differ (--speculative-num-steps)",
+           "hidden": "the targets have different hidden sizes (different target models)",
+           "aux_hidden": "the aux concat widths differ (another number of aux layers, or another target)"}
+    return [Explanation("structure", f"{m.message}: {why.get(m.dim, 'the layouts differ')}"
+                        + (f" [{algo_words}]" if algo_words else ""), ev,
+                        "make both sides run the same target, draft and speculative settings")]
+
+
+def explain_token_format(traces: Pair, alignment: Alignment) -> list[Explanation]:
+    """The sides tokenized the same text in different formats: say how, decoded side by side."""
+    from .token_format import decoder, describe, load_tokenizer, special_ids
+
+    labels = side_labels(traces)
+    decode = decoder(load_tokenizer(traces))
+    specials = special_ids(traces)
+    pairs = alignment.token_formats
+    words, lines = describe(pairs[0], labels, decode=decode, specials=specials)
+    msg = (f"the token formats differ: {len(pairs)} of {len(alignment.seq_pairs)} sequence pairs share "
+           f"only a run of tokens, not a prefix" + (f" — {'; '.join(words)}" if words else ""))
+    first = pairs[0]
+    ev = (f"seq {first.index}: first differing token at position {first.format.first_diff}", *lines)
+    return [Explanation("token_format", msg, ev,
+                        "record the training side in the serving token format (the same BOS and chat template: "
+                        "train on what serving sends), or serve with the training format; "
+                        "`specdiff record train --replay SERVE_TRACE` replays exactly what serving saw")]
+
+
 def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorComparison],
             first: TensorComparison | None) -> list[Explanation]:
     """Every explanation whose transform closes the gap at the first divergence."""
     if first is None:
         return []
+    if first.kind == "structure":
+        return explain_structure(traces, first)
+    if first.kind == "tokens":
+        return explain_token_format(traces, alignment)
     out: list[Explanation] = []
     if first.name.startswith("target.aux"):
-        out += explain_aux(traces, alignment, first.tolerance.rel)
+        out += explain_aux_permutation(traces, alignment, first.tolerance.rel) or \
+            explain_aux(traces, alignment, first.tolerance.rel)
     if first.name in ("draft.topk_target", "draft.topk", "verify") or first.name.startswith("draft.logits"):
         out += explain_vocab_map(traces, alignment)
     if first.name in ("draft.fc_in", "draft.fc_out"):

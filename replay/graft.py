@@ -171,6 +171,7 @@ def _with_flags(model, flags: dict):
 @dataclass
 class _Seq:
     seq_train: int
+    start: int  # the common part's first token on the training side (content-paired sequences)
     n: int  # leading positions with aux rows on both sides
     prompt_len: int
     rows: dict  # side attr -> aux_cat row indices [n]
@@ -186,7 +187,7 @@ def _plan(report, tr: str, sv: str) -> list[_Seq]:
         if n < 2:
             continue
         rows = {"x": m.rows.x[sel][:n], "y": m.rows.y[sel][:n]}
-        out.append(_Seq(getattr(p.seq, tr), n, p.prompt_len, rows))
+        out.append(_Seq(getattr(p.seq, tr), getattr(p.start, tr), n, p.prompt_len, rows))
     return out
 
 
@@ -274,9 +275,11 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
         gen = torch.zeros(B, T, dtype=torch.bool)
         aux = {k: torch.zeros(B, T, cfg.aux_width, dtype=dtype) for k in ("train", "serve")}
         for r, s in enumerate(batch):
-            ids[r, : s.n] = torch.as_tensor(np.asarray(ttrace.sequence(s.seq_train).tokens[: s.n], np.int64))
-            sel = (am_keys["seq"] == s.seq_train) & (am_keys["depth"] == 0) & (am_keys["pos"] < s.n)
-            argmax[r, torch.as_tensor(am_keys["pos"][sel].astype(np.int64))] = torch.as_tensor(am_vals[sel])
+            toks = ttrace.sequence(s.seq_train).tokens[s.start: s.start + s.n]
+            ids[r, : s.n] = torch.as_tensor(np.asarray(toks, np.int64))
+            pos = am_keys["pos"].astype(np.int64) - s.start
+            sel = (am_keys["seq"] == s.seq_train) & (am_keys["depth"] == 0) & (pos >= 0) & (pos < s.n)
+            argmax[r, torch.as_tensor(pos[sel])] = torch.as_tensor(am_vals[sel])
             gen[r, max(s.prompt_len - 1, 0): s.n] = True
             for k, attr in side_attr.items():
                 t = getattr(traces, attr)

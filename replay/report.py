@@ -15,11 +15,12 @@ from specdiff.tracer.schema import spec_for
 from specdiff.tracer.store import open_trace
 
 from .acceptance import Acceptance, acceptance
-from .align import Alignment, Pair, align_sequences
+from .align import Alignment, AlignmentError, Pair, align_sequences
 from .compare import TensorComparison, compare_all, first_divergence
 from .contract_check import ContractMismatch, bearing_on, check_contracts, side_labels, unknown_facts
 from .explain import Explanation, explain
 from .findings import crash_findings, matching_findings
+from .structure import structure_mismatches
 
 
 @dataclass
@@ -37,6 +38,10 @@ class DiffReport:
         traces: the opened traces (for views that show values).
         grafts: ``replay.graft.GraftResult`` per substitution, ranked (``specdiff diff --graft``),
             or None when not computed.
+        findings: pre-flight findings that bear on the first divergence.
+        narrowing: when no explanation fits the first divergence: ``replay.narrow.Narrowing`` (which
+            serving input, grafted into the training draft, reproduces serving), or the one-line
+            reason it could not run; None when not run.
     """
 
     paths: Pair
@@ -50,6 +55,8 @@ class DiffReport:
     traces: Pair
     grafts: list | None = None
     findings: list = field(default_factory=list)
+    narrowing: object = None  # replay.narrow.Narrowing, or the reason it could not run (str), or None
+    alignment_error: str | None = None  # why no sequence paired (only kept when a structure finding leads)
     crash: dict | None = None  # {"label": side, **the contract's crash record}: a side's engine died
 
     @property
@@ -120,12 +127,13 @@ class DiffReport:
                         f"({self._damage_summary()}), so equivalence is not shown; see damage")
             return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
                     f"{len(self.alignment.seq_pairs)} sequences{self._damage_note()}")
-        w = self.first.worst or {}
-        i = self.first.first_failing_row
-        where = (f"seq {int(self.first.match.pair[i])} pos {int(self.first.match.pos[i])}"
-                 + (f" depth {int(self.first.match.depth[i])}" if int(self.first.match.depth[i]) else "")) \
-            if i is not None else f"seq {w.get('pair')} pos {w.get('pos')}"
         why = f" — {self.explanations[0].message}" if self.explanations else ""
+        if self.first.kind == "structure":
+            m = self.first.structure
+            return (f"first divergence: {self.first.name} (structure: {m.kind.replace('_', ' ')})"
+                    + (why or f" — {m.message}") + self._damage_note())
+        w = self.first.first_where or self.first.worst or {}
+        where = f"seq {w.get('pair')} pos {w.get('pos')}" + (f" depth {w['depth']}" if w.get("depth") else "")
         return f"first divergence: {self.first.name} at {where}{why}{self._damage_note()}"
 
     def to_json(self) -> dict:
@@ -141,12 +149,11 @@ class DiffReport:
 
         first = None
         if self.first is not None:
-            i = self.first.first_failing_row
-            first = {"tensor": self.first.name, "seq": int(self.first.match.pair[i]) if i is not None else None,
-                     "pos": int(self.first.match.pos[i]) if i is not None else None,
-                     "depth": int(self.first.match.depth[i]) if i is not None else None,
+            w = self.first.first_where or {}
+            first = {"tensor": self.first.name, "seq": w.get("pair"), "pos": w.get("pos"), "depth": w.get("depth"),
                      "stats": self.first.stats, "worst": self.first.worst,
-                     "tolerance": asdict(self.first.tolerance),
+                     "tolerance": asdict(self.first.tolerance), "kind": self.first.kind,
+                     "structure": asdict(self.first.structure) if self.first.structure is not None else None,
                      "contract": [asdict(m) for m in self.contract_bearing()]}
         return clean({
             "verdict": self.verdict(),
@@ -165,22 +172,26 @@ class DiffReport:
             "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
             "crash": self.crash,
             "preflight_findings": self.findings,
-            "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length}
+            "alignment_error": self.alignment_error,
+            "narrowing": (None if self.narrowing is None else {"not_run": self.narrowing}
+                          if isinstance(self.narrowing, str) else asdict(self.narrowing)),
+            "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length,
+                           "start": [p.start.x, p.start.y], "format": asdict(p.format) if p.format else None}
                           for p in self.alignment.seq_pairs],
-            "tensors": {n: {"diverged": c.diverged, **c.stats, "tolerance": asdict(c.tolerance)}
+            "tensors": {n: {"diverged": c.diverged, "kind": c.kind, **c.stats, "tolerance": asdict(c.tolerance)}
                         for n, c in self.comparisons.items()},
         })
 
 
 def diff_traces(path_x: str, path_y: str, *, preset: str = "default", overrides: dict | None = None,
-                progress=None) -> DiffReport:
+                progress=None, narrow: bool = True) -> DiffReport:
     """Diff two traces (paths or fsspec URLs); A is usually training, B serving.
 
     Raises:
         TraceError: a trace cannot be opened. AlignmentError: no common sequence.
     """
     traces = Pair(open_trace(path_x), open_trace(path_y))
-    return diff_opened(traces, preset=preset, overrides=overrides, progress=progress)
+    return diff_opened(traces, preset=preset, overrides=overrides, progress=progress, narrow=narrow)
 
 
 def _crash(traces: Pair, labels: Pair) -> dict | None:
@@ -192,12 +203,15 @@ def _crash(traces: Pair, labels: Pair) -> dict | None:
 
 
 def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
-                progress=None) -> DiffReport:
+                progress=None, narrow: bool = True) -> DiffReport:
     """``diff_traces`` on already opened traces (the TUI re-runs this with another preset).
 
     A side whose engine crashed (contract ``crash``, tracer/crash.py) before recording any
     sequence is compared by its contract and the pre-flight findings alone; the crash is the
     first divergence, with the finding that explains it.
+
+    ``narrow``: when no explanation fits a value divergence, re-run the training draft with each
+    serving input grafted in (replay.narrow; loads torch and the draft checkpoint when at hand).
     """
     labels = side_labels(traces)
     crash = _crash(traces, labels)
@@ -206,14 +220,42 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
         none = Acceptance(None, None, {}, 0)
         return DiffReport(traces.map(lambda t: t.path), labels, empty, {}, None, [], check_contracts(traces),
                           Pair(none, none), traces, findings=crash_findings(traces, crash), crash=crash)
-    alignment = align_sequences(traces)
-    comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress)
+    structure = structure_mismatches(traces, labels)
+    alignment_error = None
+    try:
+        alignment = align_sequences(traces, decode=_LazyDecode(traces))
+    except AlignmentError as exc:
+        if not structure:
+            raise
+        # The layouts differ: that is the finding, even when no row can be paired.
+        alignment, alignment_error = Alignment((), Pair((), ())), str(exc)
+    comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
+                        structure=structure)
     first = first_divergence(comps)
-    return DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
-                      explain(traces, alignment, comps, first), check_contracts(traces),
-                      acceptance(traces, alignment), traces,
-                      findings=matching_findings(traces, first) if crash is None or first is not None
-                      else crash_findings(traces, crash), crash=crash)
+    report = DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
+                        explain(traces, alignment, comps, first), check_contracts(traces),
+                        acceptance(traces, alignment), traces,
+                        findings=matching_findings(traces, first) if crash is None or first is not None
+                        else crash_findings(traces, crash), crash=crash, alignment_error=alignment_error)
+    if narrow and first is not None and first.kind == "values" and not report.explanations:
+        from .narrow import narrow_or_reason
+
+        report.narrowing = narrow_or_reason(report)
+    return report
+
+
+class _LazyDecode:
+    """``ids -> str`` with the target tokenizer, loaded on first use (only an error message needs it)."""
+
+    def __init__(self, traces: Pair):
+        self.traces, self.fn, self.loaded = traces, None, False
+
+    def __call__(self, ids):
+        if not self.loaded:
+            from .token_format import decoder, load_tokenizer
+
+            self.fn, self.loaded = decoder(load_tokenizer(self.traces)), True
+        return self.fn(ids) if self.fn else None
 
 
 def _fmt(v) -> str:
@@ -246,6 +288,21 @@ def _graft_rows(grafts: list) -> list[str]:
     return rows
 
 
+def _narrowing_rows(n) -> list[str]:
+    if n is None:
+        return []
+    if isinstance(n, str):
+        return [f"  narrowing not run: {n}"]
+    rows = [f"  narrowing: the training draft re-run at depth 0 on {n.positions} positions, compared with what "
+            f"serving recorded from {n.from_stage} on"]
+    for v in n.variants:
+        worst = max(n.stages[n.stages.index(n.from_stage):], key=lambda s: v.scores[s])
+        mark = "REPRODUCES serving" if v.reproduces else f"differs ({worst} {_fmt(v.scores[worst])})"
+        rows.append(f"    {v.name:28s} {mark}")
+    rows.append(f"  -> {n.conclusion}")
+    return rows
+
+
 def render_text(report: DiffReport) -> str:
     """The text report: first divergence and its explanation, contract mismatches, acceptance."""
     out = [report.verdict(), ""]
@@ -268,7 +325,11 @@ def render_text(report: DiffReport) -> str:
         out.append("damage")
         out += [f"  {d.message()}" for d in report.damage]
         out.append("")
-    if report.first is not None:
+    if report.first is not None and report.first.kind == "structure":
+        m = report.first.structure
+        out.append(f"  {m.name}: {m.message} — the layouts differ, so no row of it is compared")
+        out.append("")
+    if report.first is not None and report.first.kind != "structure":
         f = report.first
         s = f.stats
         nums = ", ".join(f"{k} {_fmt(s[k])}" for k in ("max_rel", "min_cos", "max_abs", "match_rate", "topk_overlap",
@@ -277,7 +338,7 @@ def render_text(report: DiffReport) -> str:
         tol = f.tolerance
         out.append(f"  tolerance: rel <= {tol.rel:g}, cos >= {tol.cos:g}, ids overlap >= {tol.ids:g}, "
                    f"fail fraction <= {tol.max_fail_frac:g}")
-        if f.worst:
+        if f.worst and f.kind != "tokens":
             w = f.worst
             out.append(f"  worst: seq {w['pair']} pos {w['pos']} depth {w['depth']} element {w['element']}: "
                        f"{report.labels.x} {_fmt(w['x'])} vs {report.labels.y} {_fmt(w['y'])}")
@@ -289,6 +350,7 @@ def render_text(report: DiffReport) -> str:
                 if m.fix:
                     out.append(f"      fix: {m.fix}")
         out.append("")
+    if report.first is not None:
         if report.explanations:
             out.append("explanation")
             for e in report.explanations:
@@ -297,7 +359,8 @@ def render_text(report: DiffReport) -> str:
                 if e.fix:
                     out.append(f"    fix: {e.fix}")
         else:
-            out.append("explanation: no known transform closes the gap (see the tensors below)")
+            out.append("explanation: no known cause — no known mistake's transform closes the gap")
+            out += _narrowing_rows(report.narrowing)
         out.append("")
     if report.findings:
         out.append("pre-flight findings (specdiff check) that bear on it")
@@ -313,11 +376,16 @@ def render_text(report: DiffReport) -> str:
         out += ["", *_graft_rows(report.grafts)]
     out += ["", "tensors"]
     for name, c in report.comparisons.items():
+        if c.kind == "structure":
+            out.append(f"  {name:26s} {'STRUCTURE':8s} {c.structure.message}")
+            continue
         mark = "DIVERGED" if c.diverged else "DAMAGED" if c.stats.get("unreadable_rows") else "ok"
         key = "max_rel" if "max_rel" in c.stats else "match_rate"
         out.append(f"  {name:26s} {mark:8s} rows {c.stats['rows']:<6d} {key} {_fmt(c.stats.get(key, float('nan')))}"
                    f"  coverage {c.stats['coverage']:.0%}{_unreadable_note(report, name, c)}")
     out.append(f"\n{report.alignment.summary()}")
+    if report.alignment_error:
+        out.append(f"no row compared: {report.alignment_error}")
     return "\n".join(out)
 
 

@@ -28,7 +28,7 @@ HIDDEN = {s: rng.standard_normal((L + 1, len(toks), H)).astype(np.float32) for s
 D2T = np.array(sorted(rng.choice(200, VD, replace=False)), np.int64) - np.arange(VD)
 
 
-def write_trace(path, *, side, hf, seqs=SEQS, order=None, noise=1e-4, probes=False, d2t=D2T,
+def write_trace(path, *, side, hf, seqs=SEQS, order=None, noise: float | list = 1e-4, probes=False, d2t=D2T,
                 topk_fn=None, nan_at=None, shift_pos=0, extra_seq=False, fc_in_norm=None, guess_wrong_at=()):
     """A trace holding aux slots for HF indices ``hf`` (ascending), tokens, topk and mapped ids."""
     contract = {"num_layers": L, "hidden_size": H, "aux_hf_indices": list(hf), "dtype": "float32",
@@ -41,7 +41,8 @@ def write_trace(path, *, side, hf, seqs=SEQS, order=None, noise=1e-4, probes=Fal
             n = len(toks) - 1
             pos = np.arange(n) + shift_pos
             for j, i in enumerate(hf):
-                rows = HIDDEN[s][i, :n] + noise * np.random.default_rng(s * 10 + j).standard_normal((n, H))
+                eps = noise[j] if isinstance(noise, list) else noise
+                rows = HIDDEN[s][i, :n] + eps * np.random.default_rng(s * 10 + j).standard_normal((n, H))
                 rows = rows.astype(np.float32)
                 if nan_at is not None and j == 0:
                     rows[nan_at] = np.nan
@@ -109,6 +110,36 @@ def test_all_slots_off_by_one_names_the_convention(tmp_path):
     report = diff_traces(a, b)
     assert report.first.name == "target.aux.0"
     assert "every layer off by one" in report.explanations[0].message
+
+
+@pytest.mark.parametrize("probes", [False, True], ids=["slots-only", "with-probes"])
+def test_aux_slots_in_another_concat_order_are_a_permutation(tmp_path, probes):
+    """Training kept the order the user gave (HF [6, 0, 3]); SGLang concatenates ascending."""
+    a = write_trace(tmp_path / "a", side="train", hf=[6, 0, 3], probes=probes)
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6])
+    report = diff_traces(a, b)
+    assert report.first.name == "target.aux.0"
+    cause = report.explanations[0]
+    assert [e.cause for e in report.explanations] == ["aux_slot_permutation"]
+    assert ("serving slot 0 = training slot 1, serving slot 1 = training slot 2, serving slot 2 = training slot 0"
+            in cause.message)
+    assert "training concatenates HF [6, 0, 3]; serving concatenates HF [0, 3, 6]" in cause.message
+    assert cause.matrix["rows"] == ["serving slot 0", "serving slot 1", "serving slot 2"]
+
+
+def test_a_layer_shift_is_not_called_a_permutation(tmp_path):
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = write_trace(tmp_path / "b", side="serve", hf=[3, 6, 7])  # slot 0 = training slot 1, but 7 is new
+    assert [e.cause for e in diff_traces(a, b).explanations] == ["aux_layer_shift"]
+
+
+def test_other_values_in_the_right_layers_are_not_called_a_layer_shift(tmp_path):
+    """Slot 0 matches its own layer, slots 1-2 match no layer (another target): not a layer mix-up."""
+    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], noise=[0, 0.5, 0.5])
+    report = diff_traces(a, b)
+    assert report.first.name == "target.aux.1"
+    assert report.explanations == []
 
 
 def test_depth_rows_off_the_teacher_path_are_not_compared(tmp_path):

@@ -158,8 +158,6 @@ def test_aux_concat_order_of_serving_is_read_from_the_engine(demo_root):
                for c in contract), contract
 
 
-@pytest.mark.xfail(reason="LEAD: waits for branch diffgen's permutation explanation in replay/explain.py "
-                          "(issue 11 case 4); remove this mark once it is merged", strict=False)
 def test_aux_concat_order_permutation_is_explained_as_a_permutation(demo_root):
     _, summary, _ = run_demo("aux-order", demo_root)
     explanations = summary["report"]["explanations"]

@@ -242,3 +242,37 @@ def test_main_screen_snapshot(snap_compare, scenario, size):
     import diff_app
 
     assert snap_compare(diff_app.build(scenario), terminal_size=size, run_before=_until_ready)
+
+
+async def test_a_structure_finding_opens_on_its_row_and_says_why_no_row_is_compared(tmp_path):
+    from test_structure import H
+    from test_structure import write_trace as write_all_stages
+
+    a = write_all_stages(tmp_path / "train.trace", side="train")
+    b = write_all_stages(tmp_path / "serve.trace", side="serve", slots=1, width_of="target.aux_cat",
+                         widths={"aux_hidden": H})
+    app = SpecdiffApp(a, b, export_root=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, ready(app))
+        assert app.sel == Sel("target.aux.1", 0, 0, 0)
+        assert static_text(app, "#verdict").startswith("first divergence: target.aux.1 (structure: slot count)")
+        assert "speculative_algorithm" in static_text(app, "#explain-body")
+        assert "the layouts differ, so no row is compared" in " ".join(static_text(app, "#detail-body").split())
+        await pilot.press("q")
+    assert app.return_code == 1
+
+
+async def test_a_structure_finding_without_any_paired_sequence_still_opens(tmp_path):
+    from test_structure import HD, on_other_tokens
+    from test_structure import write_trace as write_all_stages
+
+    a = write_all_stages(tmp_path / "train.trace", side="train")
+    b = write_all_stages(tmp_path / "serve.trace", side="serve", width_of="draft.fc_out",
+                         widths={"draft_hidden": 2 * HD})
+    app = SpecdiffApp(a, on_other_tokens(b, tmp_path / "other.trace"), export_root=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, ready(app))
+        assert app.sel == Sel("draft.fc_out", 0, 0, 0)
+        assert static_text(app, "#verdict").startswith("first divergence: draft.fc_out (structure: width)")
+        await pilot.press("q")
+    assert app.return_code == 1

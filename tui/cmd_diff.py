@@ -28,7 +28,9 @@ from .cli import EXIT_DIVERGED, EXIT_OK, cli
 @click.option("--target", "target_dir", default=None, metavar="DIR",
               help="With --graft: the target, when the draft shares its embedding "
                    "(default: the training contract's model_name).")
-def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir):
+@click.option("--no-narrow", is_flag=True,
+              help="When no explanation fits, do not re-run the training draft with serving's inputs grafted in.")
+def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_narrow):
     """Align TRACE_A (usually training) with TRACE_B (usually serving) and report the first divergence.
 
     Leads with the first diverging tensor and its explanation, then the contract mismatches,
@@ -50,7 +52,8 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir):
 
     from specdiff.replay.report import diff_traces, render_json, render_text  # torch-free CLI start
 
-    report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, progress=progress)
+    report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, progress=progress,
+                         narrow=not no_narrow)
     if show_progress:
         click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
     if graft:

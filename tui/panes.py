@@ -142,7 +142,10 @@ def detail(vm: ViewModel, sel: Sel) -> Detail:
     if code in (NONE, MISSING) or i < 0:
         px, py = vm.present(sel)
         labels = vm.report.labels
-        if px or py:
+        comp = vm.report.comparisons.get(sel.name)
+        if comp is not None and comp.kind == "structure":
+            why = f"structure: {comp.structure.message} — the layouts differ, so no row is compared"
+        elif px or py:
             why = (f"recorded by {labels.x if px else labels.y} only" if px != py else
                    "recorded by both sides but not compared (the draft's input tokens differ on this "
                    "depth path; serving drafts from its own guesses)")
@@ -179,7 +182,9 @@ def explain(vm: ViewModel) -> Group:
     if r.first is None:
         parts.append(Text("no divergence: nothing to explain", style="green"))
     elif not r.explanations:
-        parts.append(Text("no known transform closes the gap; inspect the tensors in the grid", style="yellow"))
+        parts.append(Text("no known cause: no known mistake's transform closes the gap; inspect the tensors "
+                          "in the grid", style="yellow"))
+        parts += _narrowing(r.narrowing)
     for e in r.explanations:
         parts.append(Text.assemble((f"{e.cause}: ", "bold red"), e.message))
         for line in e.evidence:
@@ -212,6 +217,24 @@ def explain(vm: ViewModel) -> Group:
     return Group(*parts)
 
 
+def _narrowing(n) -> list:
+    """The narrowing of an unexplained divergence: each serving input grafted into the training draft."""
+    if n is None:
+        return []
+    if isinstance(n, str):
+        return [Text(f"narrowing not run: {n}", style="dim")]
+    t = Table(title=f"training's draft re-run on {n.positions} positions vs serving's rows from {n.from_stage} on",
+              title_justify="left", box=None, padding=(0, 2), header_style="bold")
+    t.add_column("inputs")
+    t.add_column("vs serving")
+    judged = n.stages[n.stages.index(n.from_stage):]
+    for v in n.variants:
+        worst = max(judged, key=lambda s: v.scores[s])
+        t.add_row(v.name, Text("reproduces serving", style="bold green") if v.reproduces
+                  else Text(f"differs ({worst} {fmt(v.scores[worst])})", style="dim"))
+    return [t, Text.assemble(("→ ", "bold"), n.conclusion)]
+
+
 def _grafts(grafts: list) -> Table | Text:
     """The graft ranking: each training input substituted into the serving-input replay."""
     if not grafts:
@@ -231,7 +254,7 @@ def _grafts(grafts: list) -> Table | Text:
 
 
 def _matrix(m: dict) -> Table:
-    t = Table(title="rel err: slot vs HF hidden_states", title_justify="left", box=None, padding=(0, 1),
+    t = Table(title=m.get("title", "rel err: slot vs HF hidden_states"), title_justify="left", box=None, padding=(0, 1),
               header_style="bold")
     t.add_column("")
     for c in m["cols"]:

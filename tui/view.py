@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -64,20 +63,9 @@ def basename(path: str) -> str:
 
 def load_tokenizer(report: DiffReport):
     """``tokenizers.Tokenizer`` from a contract's ``model_name`` dir (tokenizer.json), else None."""
-    for trace in (report.traces.x, report.traces.y):
-        name = trace.contract.get("model_name")
-        if not name:
-            continue
-        path = Path(name)
-        cand = path if path.name.endswith(".json") else path / "tokenizer.json"
-        if cand.is_file():
-            try:
-                from tokenizers import Tokenizer
+    from specdiff.replay.token_format import load_tokenizer as from_traces
 
-                return Tokenizer.from_file(str(cand))
-            except Exception:  # a broken tokenizer only costs the decoded previews
-                return None
-    return None
+    return from_traces(report.traces)
 
 
 class ViewModel:
@@ -113,10 +101,11 @@ class ViewModel:
             self.divergences.append(Sel(name, int(m.depth[i]), int(m.pair[i]), int(m.pos[i])))
         self.diverged_pairs = {s.pair for s in self.divergences}
         self.first: Sel | None = None
-        if report.first is not None and report.first.first_failing_row is not None:
-            i = report.first.first_failing_row
-            m = report.first.match
-            self.first = Sel(report.first.name, int(m.depth[i]), int(m.pair[i]), int(m.pos[i]))
+        if report.first is not None:
+            # A structure finding has no row: land on its grid row at the first sequence's start.
+            w = report.first.first_where or {"pair": 0, "pos": 0, "depth": 0}
+            if w["pair"] in self.pairs or report.first.kind == "structure":
+                self.first = Sel(report.first.name, w["depth"], w["pair"], w["pos"])
         self._cells: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
         self.unreadable = any(c.stats.get("unreadable_rows", 0) for c in comps.values())
         self.unreadable_pairs = {int(p) for c in comps.values() for p in np.unique(c.match.pair[c.status == UNREADABLE])}
@@ -133,7 +122,8 @@ class ViewModel:
         return out
 
     def length(self, pair: int) -> int:
-        """Token length of aligned pair ``pair``; 0 when there is none (a crashed side's trace)."""
+        """Aligned positions of ``pair``; 0 when there is none (a crashed side's trace, or a structure
+        finding on traces that share no sequence)."""
         return self.pairs[pair].length if pair in self.pairs else 0
 
     def cells(self, name: str, pair: int) -> tuple[np.ndarray, np.ndarray]:
@@ -142,17 +132,20 @@ class ViewModel:
         hit = self._cells.get(key)
         if hit is not None:
             return hit
-        p = self.pairs[pair]
-        n, depths = p.length, self.max_depth[name] + 1
+        p = self.pairs.get(pair)
+        n, depths = (p.length if p is not None else 0), self.max_depth[name] + 1
         status = np.full((depths, n), NONE, np.int8)
         index = np.full((depths, n), -1, np.int64)
+        if p is None:
+            return status, index
         present = []
-        for keys, sid in zip(self._keys[name], (p.seq.x, p.seq.y)):
+        for keys, sid, start in zip(self._keys[name], (p.seq.x, p.seq.y), (p.start.x, p.start.y)):
             have = np.zeros((depths, n), bool)
             if keys is not None:
                 seq, pos, dep = keys
-                sel = (seq == sid) & (pos < n) & (dep < depths)
-                have[dep[sel].astype(np.int64), pos[sel].astype(np.int64)] = True
+                pos = pos.astype(np.int64) - start  # aligned positions (content-paired sequences)
+                sel = (seq == sid) & (pos >= 0) & (pos < n) & (dep < depths)
+                have[dep[sel].astype(np.int64), pos[sel]] = True
             present.append(have)
         status[present[0] ^ present[1]] = MISSING
         comp = self.report.comparisons.get(name)
@@ -175,14 +168,16 @@ class ViewModel:
 
     def present(self, sel: Sel) -> tuple[bool, bool]:
         """Whether each side recorded the selected cell."""
-        p = self.pairs[sel.pair]
+        p = self.pairs.get(sel.pair)
+        if p is None:
+            return False, False
         out = []
-        for keys, sid in zip(self._keys[sel.name], (p.seq.x, p.seq.y)):
+        for keys, sid, start in zip(self._keys[sel.name], (p.seq.x, p.seq.y), (p.start.x, p.start.y)):
             if keys is None:
                 out.append(False)
                 continue
             seq, pos, dep = keys
-            out.append(bool(((seq == sid) & (pos == sel.pos) & (dep == sel.depth)).any()))
+            out.append(bool(((seq == sid) & (pos == sel.pos + start) & (dep == sel.depth)).any()))
         return out[0], out[1]
 
     def damage_at(self, sel: Sel) -> list[tuple[str, object]]:

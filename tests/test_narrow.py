@@ -1,0 +1,91 @@
+"""Unexplained is said, then narrowed: when no known cause fits the first divergence, the report says
+"no known cause" and re-runs the training draft with each serving input grafted in.
+
+Real parts: the committed demo target and draft, ``record_train`` on both sides; the "serving"
+side replays the same sequences with one mistake no explainer knows (a fine-tuned target, or a
+draft whose MLP weights changed).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from specdiff.replay.record_train import record_train
+from specdiff.replay.report import diff_traces, render_text
+from specdiff.tui.demo import REPO_MODELS, demo_prompts
+
+pytestmark = pytest.mark.slow
+
+if not (REPO_MODELS / "draft" / "config.json").exists():
+    pytest.skip("the demo models are not built", allow_module_level=True)
+
+
+def scaled_copy(src, dst, key: str, factor: float):
+    shutil.copytree(src, dst)
+    f = next(dst.glob("*.safetensors"))
+    w = load_file(str(f))
+    w[key] = w[key] * factor
+    save_file(w, str(f), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.fixture(scope="module")
+def training_trace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("narrow")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": demo_prompts(REPO_MODELS, 1)[0]}) + "\n")
+    out = root / "train.trace"
+    record_train(REPO_MODELS / "target", REPO_MODELS / "draft", str(out), prompts=prompts, max_new_tokens=12,
+                 probe_positions=0)
+    return root, out
+
+
+def test_a_changed_draft_mlp_is_narrowed_to_the_draft_itself(training_trace):
+    root, train = training_trace
+    draft = scaled_copy(REPO_MODELS / "draft", root / "draft-other", "midlayer.mlp.down_proj.weight", 1.5)
+    serve = root / "draft-other.trace"
+    record_train(REPO_MODELS / "target", draft, str(serve), replay=str(train), probe_positions=0)
+    report = diff_traces(str(train), str(serve))
+    assert report.first is not None and report.first.name.startswith("draft.")
+    assert report.explanations == []
+    n = report.narrowing
+    assert not isinstance(n, str), n
+    assert [v.name for v in n.variants] == ["training inputs", "serving's target.aux_cat", "serving's draft.d2t",
+                                            "every serving input"]
+    assert not any(v.reproduces for v in n.variants)
+    assert n.variants[0].scores["draft.fc_out"] < 0.01  # the re-run reproduces training where nothing differs
+    assert "inside the draft's own computation" in n.conclusion and "draft_weights_sha256" in n.conclusion
+    text = render_text(report)
+    assert "explanation: no known cause" in text and "-> no serving input reproduces serving" in text
+
+
+def test_a_fine_tuned_target_is_narrowed_to_the_aux_hidden_states(training_trace):
+    root, train = training_trace
+    target = scaled_copy(REPO_MODELS / "target", root / "target-ft", "model.layers.2.mlp.down_proj.weight", 4.0)
+    serve = root / "target-ft.trace"
+    record_train(target, REPO_MODELS / "draft", str(serve), replay=str(train), probe_positions=0)
+    report = diff_traces(str(train), str(serve))
+    assert report.first.name == "target.aux.1" and report.explanations == []
+    n = report.narrowing
+    assert not isinstance(n, str), n
+    by = {v.name: v for v in n.variants}
+    assert by["serving's target.aux_cat"].reproduces and not by["training inputs"].reproduces
+    assert n.conclusion.startswith("substituting serving's target.aux_cat reproduces serving")
+    assert "REPRODUCES serving" in render_text(report)
+
+
+def test_without_the_draft_checkpoint_the_report_says_why_it_did_not_narrow(training_trace, tmp_path):
+    root, train = training_trace
+    draft = scaled_copy(REPO_MODELS / "draft", tmp_path / "gone", "midlayer.mlp.down_proj.weight", 1.5)
+    trained = scaled_copy(REPO_MODELS / "draft", tmp_path / "trained", "midlayer.mlp.up_proj.weight", 1.0)
+    a, b = tmp_path / "a.trace", tmp_path / "b.trace"
+    record_train(REPO_MODELS / "target", trained, str(a), replay=str(train), probe_positions=0)
+    record_train(REPO_MODELS / "target", draft, str(b), replay=str(train), probe_positions=0)
+    shutil.rmtree(trained)  # the training draft is not at hand any more
+    report = diff_traces(str(a), str(b))
+    assert isinstance(report.narrowing, str) and "not found" in report.narrowing
+    assert "narrowing not run: draft checkpoint" in render_text(report)
