@@ -21,7 +21,7 @@ from specdiff.tracer.schema import ordered, spec_for
 if TYPE_CHECKING:
     from specdiff.replay.report import DiffReport
 
-NONE, MISSING = -1, 3
+NONE, MISSING, UNOBSERVED = -1, 3, 5
 #: cell code -> (symbol, colour, legend text). Symbols alone carry the meaning (no colour needed).
 CELLS = {
     MATCH: ("·", "green", "match"),
@@ -29,6 +29,7 @@ CELLS = {
     DIVERGED: ("✗", "red", "diverged"),
     MISSING: ("?", "magenta", "missing on one side"),
     UNREADABLE: ("▒", "bright_magenta", "unreadable (damaged chunk)"),
+    UNOBSERVED: ("-", "blue", "not observable on one side (the trace says why)"),
     NONE: (" ", "", "not compared"),
 }
 
@@ -155,6 +156,11 @@ class ViewModel:
                 have[dep[sel].astype(np.int64), pos[sel].astype(np.int64)] = True
             present.append(have)
         status[present[0] ^ present[1]] = MISSING
+        for side, trace in enumerate((self.report.traces.x, self.report.traces.y)):
+            lacks = present[1 - side] & ~present[side]
+            for d in range(depths):
+                if lacks[d].any() and self.why_unobserved(name, d, trace) is not None:
+                    status[d][lacks[d]] = UNOBSERVED
         comp = self.report.comparisons.get(name)
         if comp is not None:
             m = comp.match
@@ -172,6 +178,32 @@ class ViewModel:
         if sel.depth >= status.shape[0] or not 0 <= sel.pos < status.shape[1]:
             return NONE, -1
         return int(status[sel.depth, sel.pos]), int(index[sel.depth, sel.pos])
+
+    @staticmethod
+    def why_unobserved(name: str, depth: int, trace) -> str | None:
+        """Why ``trace`` holds no row of ``name`` at ``depth`` where the other side does, when its
+        recorder said so (contract ``unrecorded_stages``, ``depth_coverage``) or never records the
+        tensor; None when nothing explains it (the cell stays ``?``)."""
+        c = trace.contract
+        reason = (c.get("unrecorded_stages") or {}).get(name)
+        if reason:
+            return str(reason)
+        if name not in trace.names:
+            return (f"this trace ({c.get('engine', 'unknown engine')} {c.get('engine_version', '')}".rstrip()
+                    + f") holds no {name} rows: its recorder does not record this stage")
+        if depth > 0 and spec_for(name).by_depth and c.get("depth_coverage"):
+            return str(c["depth_coverage"])
+        return None
+
+    def unobserved(self, sel: Sel) -> tuple[str, str] | None:
+        """(side label, reason) when the selected cell is unobservable on one side, else None."""
+        px, py = self.present(sel)
+        if px == py:
+            return None
+        label, trace = ((self.report.labels.y, self.report.traces.y) if px
+                        else (self.report.labels.x, self.report.traces.x))
+        why = self.why_unobserved(sel.name, sel.depth, trace)
+        return None if why is None else (label, why)
 
     def present(self, sel: Sel) -> tuple[bool, bool]:
         """Whether each side recorded the selected cell."""
