@@ -242,3 +242,11 @@ def test_app_says_why_a_stage_is_not_observable(chain, tmp_path):
     assert vm.cell(deep)[0] == UNOBSERVED
     assert "last accepted position" in str(detail(vm, deep).body.renderables[1])
     assert np.isin(vm.cells("draft.hidden_out", 0)[0][0][:-1], [0, 1]).all()  # depth 0: every draft row compared
+    # the repeated prompt: the radix cache served its prefix, so serving has no rows there for it
+    cached = [p for p in vm.pairs.values() if vm.first_computed(1, p.seq.y) > 0]
+    assert len(cached) == 1
+    pair, first = cached[0], vm.first_computed(1, cached[0].seq.y)
+    status = vm.cells("target.aux.0", pair.index)[0][0]
+    assert (status[:first] == UNOBSERVED).all() and np.isin(status[first:-1], [0, 1]).all()
+    why = str(detail(vm, Sel("target.aux.0", 0, pair.index, 0)).body.renderables[1])
+    assert "radix cache" in why

@@ -121,6 +121,8 @@ class ViewModel:
         self._cells: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
         self.unreadable = any(c.stats.get("unreadable_rows", 0) for c in comps.values())
         self.unreadable_pairs = {int(p) for c in comps.values() for p in np.unique(c.match.pair[c.status == UNREADABLE])}
+        self._first: dict[tuple[int, int], int] = {}
+        self._aux_keys: list = [None, None]
 
     # ---- grid -------------------------------------------------------------------------------
     def rows(self, *, depths: bool, text: str = "") -> list[GridRow]:
@@ -156,11 +158,15 @@ class ViewModel:
                 have[dep[sel].astype(np.int64), pos[sel].astype(np.int64)] = True
             present.append(have)
         status[present[0] ^ present[1]] = MISSING
-        for side, trace in enumerate((self.report.traces.x, self.report.traces.y)):
+        for side, (trace, sid) in enumerate(zip((self.report.traces.x, self.report.traces.y), (p.seq.x, p.seq.y))):
             lacks = present[1 - side] & ~present[side]
             for d in range(depths):
                 if lacks[d].any() and self.why_unobserved(name, d, trace) is not None:
                     status[d][lacks[d]] = UNOBSERVED
+            first = self.first_computed(side, sid)
+            if first:
+                cached = lacks[:, :first]
+                status[:, :first][cached] = UNOBSERVED
         comp = self.report.comparisons.get(name)
         if comp is not None:
             m = comp.match
@@ -195,13 +201,37 @@ class ViewModel:
             return str(c["depth_coverage"])
         return None
 
+    def first_computed(self, side: int, seq_id: int) -> int:
+        """First position a serving request computed itself: > 0 when SGLang's radix cache served
+        its prompt's prefix (the recorder writes prefill rows from the prefix length on; the
+        earlier request that computed the prefix holds those rows). 0 for training sides."""
+        key = (side, seq_id)
+        if key not in self._first:
+            trace = (self.report.traces.x, self.report.traces.y)[side]
+            first = 0
+            if trace.side == "serve" and "target.aux_cat" in trace.names:
+                if self._aux_keys[side] is None:
+                    self._aux_keys[side] = trace.keys("target.aux_cat", columns=("seq", "pos"))
+                k = self._aux_keys[side]
+                pos = k["pos"][k["seq"] == seq_id]
+                first = int(pos.min()) if len(pos) else 0
+            self._first[key] = first
+        return self._first[key]
+
     def unobserved(self, sel: Sel) -> tuple[str, str] | None:
         """(side label, reason) when the selected cell is unobservable on one side, else None."""
         px, py = self.present(sel)
         if px == py:
             return None
+        side = 1 if px else 0
         label, trace = ((self.report.labels.y, self.report.traces.y) if px
                         else (self.report.labels.x, self.report.traces.x))
+        pair = self.pairs[sel.pair]
+        first = self.first_computed(side, pair.seq.y if side else pair.seq.x)
+        if sel.pos < first:
+            return label, (f"positions 0..{first - 1} of this request's prompt came from SGLang's radix cache "
+                           "(computed for an earlier request with the same prefix, recorded there); this "
+                           f"request computed from position {first}")
         why = self.why_unobserved(sel.name, sel.depth, trace)
         return None if why is None else (label, why)
 
