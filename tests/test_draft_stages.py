@@ -59,6 +59,10 @@ def test_tree_path_that_ends_is_not_compared_below_it():
     orders = _branch_order(cap, [_Step([7, 8]), _Step([20, 21])], 0, 2, committed=torch.tensor([7]))
     assert orders[1][0].tolist() == [0, 1] and orders[1][1]
     assert orders[2][1] is False
+    # parents not captured: no depth-2 row can be claimed to continue the first path
+    orders = _branch_order(IterCapture(iter=1, kind="decode", rids=["r"]), [_Step([7, 8]), _Step([20, 21])], 0, 2,
+                           committed=torch.tensor([7]))
+    assert orders[1][1] and orders[2][1] is False
 
 
 # ---- real servers ---------------------------------------------------------------------------

@@ -1001,10 +1001,11 @@ def _branch_order(cap: IterCapture, steps: list, b: int, k: int, *, committed) -
     for i, df in enumerate(steps):
         d = i + 1
         par = cap.branch_parents.get(i)
-        if k == 1 or df.input_ids is None or (i > 0 and par is None):
-            orders[d] = (torch.arange(k), on_path)
-            first = 0
+        if k == 1:  # a chain: one row per depth, one path
+            orders[d] = (torch.arange(1), on_path)
             continue
+        if df.input_ids is None or (i > 0 and par is None):  # parents unknown: no path can be claimed
+            on_path = False
         if i == 0:
             parent = torch.zeros(k, dtype=torch.int64)
         else:
