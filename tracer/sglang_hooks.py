@@ -1006,15 +1006,13 @@ def _branch_order(cap: IterCapture, steps: list, b: int, k: int, *, committed) -
             continue
         if df.input_ids is None or (i > 0 and par is None):  # parents unknown: no path can be claimed
             on_path = False
-        if i == 0:
-            parent = torch.zeros(k, dtype=torch.int64)
-        else:
-            parent = (par.to(torch.int64).view(-1, k)[b] - (k * k * (i - 1) + k)) // k
-        children = [r for r in range(k) if int(parent[r]) == first] if on_path else []
-        if not children:
-            on_path = False
+        if on_path:
+            parent = (torch.zeros(k, dtype=torch.int64) if i == 0
+                      else (par.to(torch.int64).view(-1, k)[b] - (k * k * (i - 1) + k)) // k)
+            children = [r for r in range(k) if int(parent[r]) == first]
+            on_path = bool(children)
+        if not on_path:
             orders[d] = (torch.arange(k), False)
-            first = 0
             continue
         ids = df.input_ids[b * k:(b + 1) * k].to(torch.int64)
         teacher = int(committed[i]) if i < len(committed) else None
