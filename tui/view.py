@@ -191,15 +191,15 @@ class ViewModel:
         recorder said so (contract ``unrecorded_stages``, ``depth_coverage``) or never records the
         tensor; None when nothing explains it (the cell stays ``?``)."""
         c = trace.contract
-        reason = (c.get("unrecorded_stages") or {}).get(name)
-        if reason:
-            return str(reason)
-        if name not in trace.names:
-            return (f"this trace ({c.get('engine', 'unknown engine')} {c.get('engine_version', '')}".rstrip()
-                    + f") holds no {name} rows: its recorder does not record this stage")
-        if depth > 0 and spec_for(name).by_depth and c.get("depth_coverage"):
-            return str(c["depth_coverage"])
-        return None
+        reasons = []
+        if name in trace.names and depth > 0 and spec_for(name).by_depth and c.get("depth_coverage"):
+            reasons.append(str(c["depth_coverage"]))
+        if (c.get("unrecorded_stages") or {}).get(name):
+            reasons.append(str(c["unrecorded_stages"][name]))
+        if not reasons and name not in trace.names:
+            reasons.append(f"this trace ({c.get('engine', 'unknown engine')} {c.get('engine_version', '')}".rstrip()
+                           + f") holds no {name} rows: its recorder does not record this stage")
+        return "; ".join(reasons) or None
 
     def first_computed(self, side: int, seq_id: int) -> int:
         """First position a serving request computed itself: > 0 when SGLang's radix cache served
