@@ -18,8 +18,11 @@ own feedback with token x_{t+1+k} at depth k):
   target argmax, and the draft-extend rows of the same positions, depth 0). The draft steps
   of the iteration continue from the last draft-extend row of the previous iteration, at
   t = L-1: forward i (0-based) is depth i+1; ``select_top_k_tokens(i)`` gets the mapped ids
-  of depth i. With topk > 1 a (seq, pos, depth) key holds topk rows (one per branch, in
-  SGLang's row order).
+  of depth i. With topk > 1 a (seq, pos, depth) key holds topk rows (one per branch); the
+  first row of each depth continues the first row of the depth above (``_branch_order``).
+- the midlayer taps (``sglang_draft_stages``: hidden_in, positions, attn_in, hidden_out) come in
+  each draft forward's row order and are attributed like its input ids: every prefill row,
+  the accepted draft-extend rows, every draft-step branch.
 - ``verify.*`` rows are keyed by pos = L (the tree root's position), depth 0.
 """
 
