@@ -231,7 +231,8 @@ def test_app_says_why_a_stage_is_not_observable(chain, tmp_path):
     src = open_trace(str(chain["serve"]))
     reason = "depth >= 1: the draft steps replay a CUDA graph (no Python hooks run)"
     dst = str(tmp_path / "graph.trace")
-    with TraceWriter(dst, side="serve", contract={**src.contract, "unrecorded_stages": {"draft.attn_in": reason}}) as w:
+    unrecorded = {**src.contract["unrecorded_stages"], "draft.attn_in": reason}
+    with TraceWriter(dst, side="serve", contract={**src.contract, "unrecorded_stages": unrecorded}) as w:
         for s in src.sequences:
             w.add_sequence(s.tokens, prompt_len=s.prompt_len, rid=s.rid, seq_id=s.id)
         for name in src.names:
