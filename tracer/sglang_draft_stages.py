@@ -37,7 +37,9 @@ import torch
 
 logger = logging.getLogger("specdiff.tracer")
 
-#: canonical tensor -> dotted module path under the draft ModelRunner's model (LlamaForCausalLMEagle3)
+#: canonical tensor -> dotted module path under the draft ModelRunner's model (LlamaForCausalLMEagle3).
+#: SGLang 0.5.23: ``model.layers`` llama_eagle3.py:199 (forward :88), its ``self_attn`` called with
+#: keywords at :108 (LlamaAttention.forward, llama.py:264), ``model.norm`` :206 (called at :263).
 MODULES: dict[str, str] = {
     "draft.hidden_in": "model.layers.0",
     "draft.positions": "model.layers.0.self_attn",
