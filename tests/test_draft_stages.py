@@ -65,6 +65,52 @@ def test_tree_path_that_ends_is_not_compared_below_it():
     assert orders[1][1] and orders[2][1] is False
 
 
+def _pair_of_traces(tmp: Path, *, serve_first: int, serve_contract: dict) -> tuple[str, str]:
+    """Real stores: training rows at every position, serving rows from ``serve_first`` on (a
+    radix-cache prefix) and without draft.attn_in; hidden_out at depth 1 on training only."""
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, 50, size=10)
+    aux = rng.standard_normal((10, 8)).astype(np.float32)
+    hid = rng.standard_normal((10, 4)).astype(np.float32)
+    paths = []
+    for side, first in (("train", 0), ("serve", serve_first)):
+        path = str(tmp / f"{side}.trace")
+        contract = {"aux_hf_indices": [0], "dtype": "float32", **(serve_contract if side == "serve" else {})}
+        with TraceWriter(path, side=side, contract=contract) as w:
+            sid = w.add_sequence(toks, prompt_len=6, rid=side)
+            pos = np.arange(first, 9)
+            w.append("target.aux.0", aux[first:9], seq=sid, pos=pos)
+            w.append("target.aux_cat", aux[first:9], seq=sid, pos=pos)
+            w.append("draft.hidden_out", hid[first:9], seq=sid, pos=pos)
+            if side == "train":
+                w.append("draft.attn_in", np.tile(hid[:9], 2), seq=sid, pos=np.arange(9))
+                w.append("draft.hidden_out", hid[:8], seq=sid, pos=np.arange(8), depth=1)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def test_app_names_the_radix_prefix_and_the_trace_s_own_reasons(tmp_path):
+    from specdiff.tui.panes import detail
+    from specdiff.tui.view import MISSING, UNOBSERVED, Sel, ViewModel
+
+    cover = "drafts depths >= 1 only from the last accepted position"
+    train, serve = _pair_of_traces(tmp_path, serve_first=3, serve_contract={
+        "depth_coverage": cover, "unrecorded_stages": {"draft.attn_in": "a CUDA graph hid it"}})
+    vm = ViewModel(diff_traces(train, serve))
+    assert vm.first_computed(1, 0) == 3 and vm.first_computed(0, 0) == 0
+    status = vm.cells("target.aux.0", 0)[0][0]
+    assert (status[:3] == UNOBSERVED).all() and (status[3:9] == 0).all()
+    assert "radix cache" in str(detail(vm, Sel("target.aux.0", 0, 0, 1)).body.renderables[1])
+    assert vm.cell(Sel("draft.attn_in", 0, 0, 5))[0] == UNOBSERVED
+    assert "a CUDA graph hid it" in str(detail(vm, Sel("draft.attn_in", 0, 0, 5)).body.renderables[1])
+    assert vm.cell(Sel("draft.hidden_out", 1, 0, 5))[0] == UNOBSERVED
+    assert cover in str(detail(vm, Sel("draft.hidden_out", 1, 0, 5)).body.renderables[1])
+    # a trace that says nothing about a gap keeps '?': nothing is explained away
+    train2, serve2 = _pair_of_traces(tmp_path / "quiet", serve_first=0, serve_contract={})
+    vm2 = ViewModel(diff_traces(train2, serve2))
+    assert vm2.cell(Sel("draft.hidden_out", 1, 0, 5))[0] == MISSING
+
+
 # ---- real servers ---------------------------------------------------------------------------
 server = pytest.mark.server
 needs_models = pytest.mark.skipif(not (REPO_MODELS / "draft" / "config.json").exists(),

@@ -121,8 +121,7 @@ class ViewModel:
         self._cells: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
         self.unreadable = any(c.stats.get("unreadable_rows", 0) for c in comps.values())
         self.unreadable_pairs = {int(p) for c in comps.values() for p in np.unique(c.match.pair[c.status == UNREADABLE])}
-        self._first: dict[tuple[int, int], int] = {}
-        self._aux_keys: list = [None, None]
+        self._first: list[dict[int, int] | None] = [None, None]  # per side: seq id -> first position
 
     # ---- grid -------------------------------------------------------------------------------
     def rows(self, *, depths: bool, text: str = "") -> list[GridRow]:
@@ -205,18 +204,17 @@ class ViewModel:
         """First position a serving request computed itself: > 0 when SGLang's radix cache served
         its prompt's prefix (the recorder writes prefill rows from the prefix length on; the
         earlier request that computed the prefix holds those rows). 0 for training sides."""
-        key = (side, seq_id)
-        if key not in self._first:
+        if self._first[side] is None:  # one pass over the keys: min position per sequence
             trace = (self.report.traces.x, self.report.traces.y)[side]
-            first = 0
+            self._first[side] = {}
             if trace.side == "serve" and "target.aux_cat" in trace.names:
-                if self._aux_keys[side] is None:
-                    self._aux_keys[side] = trace.keys("target.aux_cat", columns=("seq", "pos"))
-                k = self._aux_keys[side]
-                pos = k["pos"][k["seq"] == seq_id]
-                first = int(pos.min()) if len(pos) else 0
-            self._first[key] = first
-        return self._first[key]
+                k = trace.keys("target.aux_cat", columns=("seq", "pos"))
+                if len(k["seq"]):
+                    order = np.lexsort((k["pos"], k["seq"]))
+                    seq, pos = k["seq"][order], k["pos"][order]
+                    start = np.r_[True, seq[1:] != seq[:-1]]
+                    self._first[side] = dict(zip(seq[start].tolist(), pos[start].tolist()))
+        return int(self._first[side].get(int(seq_id), 0))
 
     def unobserved(self, sel: Sel) -> tuple[str, str] | None:
         """(side label, reason) when the selected cell is unobservable on one side, else None."""
