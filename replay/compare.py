@@ -78,11 +78,33 @@ class TensorComparison:
         return {"pair": int(self.match.pair[i]), "pos": int(self.match.pos[i]), "depth": int(self.match.depth[i])}
 
     @property
+    def divergence_depth(self) -> int | None:
+        """The shallowest draft depth whose rows diverge by the tensor's rule (fail fraction above
+        ``max_fail_frac`` or a non-finite row); 0 for tensors without depths; None if not diverged.
+
+        Depth k of the draft runs after every stage of depth k-1 (its hidden_in is depth k-1's
+        hidden_out), so this orders the first divergence (``first_divergence``).
+        """
+        if not self.diverged:
+            return None
+        depth = self.match.depth
+        fail = self.status == DIVERGED
+        for d in np.unique(depth):
+            sel = depth == d
+            if self.nonfinite[sel].any() or fail[sel].mean() > self.tolerance.max_fail_frac:
+                return int(d)
+        return int(depth[fail].min()) if fail.any() else 0
+
+    @property
     def first_failing_row(self) -> int | None:
-        """Index (into the aligned rows) of the failing row at the earliest position, then pair."""
+        """Index (into the aligned rows) of the failing row at the earliest position, then pair,
+        among the rows at ``divergence_depth`` when that depth has failing rows."""
         bad = np.nonzero(self.status == DIVERGED)[0]
         if not len(bad):
             return None
+        d = self.divergence_depth
+        at_depth = bad[self.match.depth[bad] == d] if d is not None else bad
+        bad = at_depth if len(at_depth) else bad
         order = np.lexsort((self.match.depth[bad], self.match.pair[bad], self.match.pos[bad]))
         return int(bad[order[0]])
 
@@ -373,19 +395,23 @@ def _compute_dtype(trace, name: str) -> str:
 
 
 def first_divergence(comps: dict[str, TensorComparison]) -> TensorComparison | None:
-    """The earliest tensor in dataflow order that diverged (aux slots in slot order).
-
-    Within one stage a ``structure`` finding comes before value divergences: when the slot counts
+    """The earliest tensor that diverged: shallowest draft depth first
+    (``TensorComparison.divergence_depth``; depthless tensors and layout findings count as depth
+    0), then stage order (aux slots in slot order). An embedding-half mismatch at depth 0 is thus
+    reported at ``draft.attn_in``, not at depth 1's ``draft.hidden_in`` that inherits it. Within
+    one stage a ``structure`` finding comes before value divergences: when the slot counts
     differ, no slot's values mean what they mean on the other side.
     """
-    def key(name):
-        stage, sub, n = sort_key(name)
-        return (stage, comps[name].kind != "structure", sub, n)
+    diverged = [c for c in comps.values() if c.diverged]
+    if not diverged:
+        return None
 
-    for name in sorted(comps, key=key):
-        if comps[name].diverged:
-            return comps[name]
-    return None
+    def key(c):
+        stage, sub, n = sort_key(c.name)
+        depth = 0 if c.kind in ("structure", "tokens") else c.divergence_depth
+        return (depth, stage, c.kind != "structure", sub, n)
+
+    return min(diverged, key=key)
 
 
 __all__ = ["TensorComparison", "compare_all", "compare_tensor", "first_divergence", "comparable_names",

@@ -160,11 +160,31 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+class _Rope(nn.Module):
+    """Rope tables for positions: ``forward(positions [B,T] int64, dtype)`` -> cos, sin
+    [B,1,T,head_dim] (fp32 math, cast to ``dtype``). A module so that hooks see the positions
+    the attention rotates at (``tracer.training_hooks`` role ``rope`` -> ``draft.positions``).
+
+    The inverse frequencies are a plain attribute, not a buffer: ``model.to(bf16)`` must not
+    round them.
+    """
+
+    def __init__(self, cfg: Eagle3DraftConfig):
+        super().__init__()
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+    def forward(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 class _Attention(nn.Module):
     def __init__(self, cfg: Eagle3DraftConfig):
         super().__init__()
         hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim, self.nh, self.nkv = hd, nh, nkv
+        self.rotary_emb = _Rope(cfg)
         self.q_proj = nn.Linear(2 * cfg.hidden_size, nh * hd, bias=False)
         self.k_proj = nn.Linear(2 * cfg.hidden_size, nkv * hd, bias=False)
         self.v_proj = nn.Linear(2 * cfg.hidden_size, nkv * hd, bias=False)
@@ -210,7 +230,8 @@ class TTTOutput:
 
     Shapes (B batch, T positions): ``fc_in`` [B,T,K*H], ``fc_out`` [B,T,Hd]; per depth lists of
     ``tokens`` int64 [B,T] (x_{t+1+k}, pad id where absent), ``hidden_in`` [B,T,Hd],
-    ``attn_in`` [B,T,2Hd], ``hidden_out`` [B,T,Hd] (pre-norm), ``logits`` [B,T,Vd];
+    ``positions`` int64 [B,T] (rope position t+k+offset), ``attn_in`` [B,T,2Hd],
+    ``hidden_out`` [B,T,Hd] (pre-norm), ``logits`` [B,T,Vd];
     ``valid`` bool [B,T] per depth (t+1+k < length); ``lengths`` int64 [B]; ``d2t`` int64 [Vd].
     """
 
@@ -218,6 +239,7 @@ class TTTOutput:
     fc_out: torch.Tensor
     tokens: list[torch.Tensor]
     hidden_in: list[torch.Tensor]
+    positions: list[torch.Tensor]
     attn_in: list[torch.Tensor]
     hidden_out: list[torch.Tensor]
     logits: list[torch.Tensor]
@@ -241,7 +263,8 @@ class TTTOutput:
         """The canonical tensors (tracer/schema.py) as rows keyed (seq, pos, depth).
 
         ``draft.fc_in``/``draft.fc_out`` have depth 0 and a row for every t < length; by-depth
-        tensors (``tokens``, ``draft.hidden_in``, ``draft.attn_in``, ``draft.hidden_out``,
+        tensors (``tokens``, ``draft.hidden_in``, ``draft.positions``, ``draft.attn_in``,
+        ``draft.hidden_out``,
         ``draft.logits`` (if ``logits``), ``draft.topk``, ``draft.topk_target``) have a row for
         each valid (t, k). Values are detached.
         """
@@ -266,6 +289,7 @@ class TTTOutput:
             v = self.valid[d]
             add("tokens", block(v, self.tokens[d], d))
             add("draft.hidden_in", block(v, self.hidden_in[d], d))
+            add("draft.positions", block(v, self.positions[d], d))
             add("draft.attn_in", block(v, self.attn_in[d], d))
             add("draft.hidden_out", block(v, self.hidden_out[d], d))
             if logits:
@@ -314,8 +338,6 @@ class Eagle3Draft(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
-        # a plain attribute, not a buffer: ``model.to(bf16)`` must not round the frequencies
-        self._inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
         self.embed_source = "random"
         self.lm_head_source = "random"
 
@@ -357,20 +379,13 @@ class Eagle3Draft(nn.Module):
                           dim=-1)
         return h
 
-    def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B,1,T,head_dim] for positions [B,T] (fp32 math, cast to ``dtype``)."""
-        inv = self._inv_freq.to(positions.device)
-        freqs = positions.float()[..., None] * inv
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
     def _qkv(self, attn_in, positions):
         a = self.midlayer.self_attn
         B, T, _ = attn_in.shape
         q = a.q_proj(attn_in).view(B, T, a.nh, a.head_dim).transpose(1, 2)
         k = a.k_proj(attn_in).view(B, T, a.nkv, a.head_dim).transpose(1, 2)
         v = a.v_proj(attn_in).view(B, T, a.nkv, a.head_dim).transpose(1, 2)
-        cos, sin = self._rope(positions, q.dtype)
+        cos, sin = a.rotary_emb(positions, q.dtype)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         rep = a.nh // a.nkv
@@ -429,7 +444,7 @@ class Eagle3Draft(nn.Module):
         m = self.midlayer
         base_pos = torch.arange(T, device=dev)[None, :].expand(B, T) + position_offset
         ar = torch.arange(T)[None, :]
-        res = {n: [] for n in ("tokens", "hidden_in", "attn_in", "hidden_out", "logits", "valid")}
+        res = {n: [] for n in ("tokens", "hidden_in", "positions", "attn_in", "hidden_out", "logits", "valid")}
         h = fc_out
         k0 = v0 = None
         diag_k, diag_v = [], []
@@ -440,7 +455,8 @@ class Eagle3Draft(nn.Module):
             emb = self.embed_tokens(tok)
             residual = m.hidden_norm(h) if self.config.norm_before_residual else h
             attn_in = torch.cat([m.input_layernorm(emb), m.hidden_norm(h)], dim=-1)
-            q, k, v = self._qkv(attn_in, base_pos + d)
+            pos = base_pos + d
+            q, k, v = self._qkv(attn_in, pos)
             if d == 0:
                 k0, v0 = k, v
             else:
@@ -453,6 +469,7 @@ class Eagle3Draft(nn.Module):
             normed = self.norm(out)
             res["tokens"].append(tok)
             res["hidden_in"].append(h)
+            res["positions"].append(pos)
             res["attn_in"].append(attn_in)
             res["hidden_out"].append(out)
             res["logits"].append(self.lm_head(normed))

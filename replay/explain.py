@@ -16,7 +16,8 @@ Checks (DESIGN.md "Comparing"):
 - vocab map: the served ids against d2t read as offsets, as direct ids, missing (identity), arange;
 - norm before fc on one side only (per-slot RMSNorm of the aux concat);
 - position shift by +-1;
-- embedding vs hidden half of the attention input; lm_head vs hidden_out.
+- embedding vs hidden half of the attention input; lm_head vs hidden_out;
+- the draft's rope positions shifted by a constant.
 """
 
 from __future__ import annotations
@@ -283,16 +284,27 @@ def explain_halves(traces: Pair, comps: dict[str, TensorComparison], first: Tens
     labels = side_labels(traces)
     cx, cy = traces.x.contract, traces.y.contract
     if first.name == "draft.attn_in" and len(first.match.pair):
-        rx, ry = _sample(first.match)
+        # Deeper rows inherit the mismatch through the carried hidden: judge the halves where it begins.
+        m = _at_depth(first.match, first.divergence_depth)
+        rx, ry = _sample(m)
         x, y = traces.x.take_float(first.name, rx), traces.y.take_float(first.name, ry)
         h = x.shape[1] // 2
         emb = float(metrics.relative_error(x[:, :h], y[:, :h]).mean())
         hid = float(metrics.relative_error(x[:, h:], y[:, h:]).mean())
         if hid <= first.tolerance.rel < emb:
             src = f" ({labels.x}: {cx.get('embed_source', '?')}, {labels.y}: {cy.get('embed_source', '?')})"
-            return [Explanation("embed_source", "the draft's token embedding differs" + src,
+            return [Explanation("embed_source", "the embedding half of the draft's attention input differs, the "
+                                "hidden half agrees: the token embedding (or the input_layernorm over it) differs"
+                                + src,
                                 (f"embedding half rel err {emb:.2e}; hidden half rel err {hid:.2e}",),
-                                "serve the draft with the embedding it was trained with (SGLang shares the target's)")]
+                                "serve the draft with the embedding it was trained with (SGLang always shares "
+                                "the target's and ignores a checkpoint embed_tokens)")]
+        if emb <= first.tolerance.rel < hid:
+            return [Explanation("hidden_half", "the hidden half of the draft's attention input differs, the "
+                                "embedding half agrees: hidden_norm, or the hidden the midlayer is fed "
+                                "(draft.hidden_in), differs",
+                                (f"embedding half rel err {emb:.2e}; hidden half rel err {hid:.2e}",),
+                                "compare draft.hidden_in and the hidden_norm weight on both sides")]
     if first.name.startswith("draft.logits") and "draft.hidden_out" in comps and not comps["draft.hidden_out"].diverged:
         src = f" ({labels.x}: {cx.get('lm_head_source', '?')}, {labels.y}: {cy.get('lm_head_source', '?')})"
         return [Explanation("lm_head_source", "draft hidden states agree but logits do not: the lm_head differs" + src,
@@ -408,6 +420,35 @@ def explain_token_format(traces: Pair, alignment: Alignment) -> list[Explanation
                         "`specdiff record train --replay SERVE_TRACE` replays exactly what serving saw")]
 
 
+def _at_depth(m, depth):
+    """The rows of RowMatch ``m`` at draft depth ``depth`` (all rows when none is there)."""
+    keep = m.depth == (depth or 0)
+    if not keep.any():
+        return m
+    return type(m)(m.rows.map(lambda r: r[keep]), m.pair[keep], m.pos[keep], m.depth[keep], m.only)
+
+
+def explain_positions(traces: Pair, first: TensorComparison) -> list[Explanation]:
+    """``draft.positions``: one side's rope positions = the other's + a constant offset?"""
+    if first.name != "draft.positions" or not len(first.match.pair):
+        return []
+    rx, ry = _sample(first.match)
+    x = traces.x.take(first.name, rx).reshape(-1).astype(np.int64)
+    y = traces.y.take(first.name, ry).reshape(-1).astype(np.int64)
+    off, counts = np.unique(y - x, return_counts=True)
+    lab = side_labels(traces)
+    best = int(off[np.argmax(counts)])
+    share = float(counts.max() / len(x))
+    if best == 0 or share < 0.95:
+        return []
+    return [Explanation("position_offset",
+                        f"the draft's rope positions on {lab.y} are {lab.x}'s {best:+d}: row t at depth k is "
+                        f"rotated at t + k {best:+d} instead of t + k",
+                        (f"{share:.1%} of aligned rows differ by exactly {best:+d}",),
+                        "the draft attends at position t + k (SGLang draft extend: the token's own position; "
+                        "draft step k: seq_len + k - 1); check the position offset the draft is given")]
+
+
 def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorComparison],
             first: TensorComparison | None) -> list[Explanation]:
     """Every explanation whose transform closes the gap at the first divergence."""
@@ -426,6 +467,7 @@ def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorCompariso
     if first.name in ("draft.fc_in", "draft.fc_out"):
         out += explain_norm_before_fc(traces, alignment, first)
     out += explain_halves(traces, comps, first)
+    out += explain_positions(traces, first)
     if not out:
         out += explain_position_shift(traces, alignment, first)
     return out

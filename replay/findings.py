@@ -23,6 +23,7 @@ STAGE_KINDS = {
     "target.aux_cat": ("aux.", "training."),
     "draft.fc_in": ("norm.", "weights.", "aux."),
     "draft.fc_out": ("norm.", "weights.", "aux."),
+    "draft.positions": ("rope.",),
     "draft.attn_in": ("weights.", "rope."),
     "draft.hidden_out": ("weights.", "rope.", "norm."),
     "draft.logits": ("weights.", "vocab."),

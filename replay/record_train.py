@@ -10,7 +10,8 @@ tolerances against a serving trace stay tight), loads the draft checkpoint in ei
 - ``target.aux.{j}``, ``target.aux_cat``, ``target.argmax`` (position t predicts x_{t+1});
 - ``target.probe.{i}`` for every HF index i in 0..L at the first ``probe_positions`` positions
   (layer-identification evidence for ``specdiff diff``'s explain);
-- ``draft.fc_in``, ``draft.fc_out``, ``draft.hidden_in``, ``draft.attn_in``, ``draft.hidden_out``;
+- ``draft.fc_in``, ``draft.fc_out``, ``draft.hidden_in``, ``draft.positions`` (rope position
+  t + k), ``draft.attn_in``, ``draft.hidden_out``;
   logits by capture level (``default``: ``draft.logits_topk.{values,ids}`` k=8 and
   ``draft.logsumexp``; ``full``: ``draft.logits``); ``draft.topk``, ``draft.topk_target``;
 - ``draft.d2t``: one row per draft id (seq -1, pos i, value d2t[i]);
@@ -376,6 +377,7 @@ class TrainReplayer:
             idx, s, p = select(out.valid[d].cpu())
             items.append(("tokens", gather(out.tokens[d], idx), s, p, d))
             items.append(("draft.hidden_in", gather(out.hidden_in[d], idx), s, p, d))
+            items.append(("draft.positions", gather(out.positions[d], idx), s, p, d))
             items.append(("draft.attn_in", gather(out.attn_in[d], idx), s, p, d))
             items.append(("draft.hidden_out", gather(out.hidden_out[d], idx), s, p, d))
             lg = gather(out.logits[d], idx)

@@ -117,7 +117,7 @@ def test_record_train_prompts_writes_a_full_trace(tmp_path, models, prompts):
         assert tr.info(f"target.aux.{j}").shape == (H,) and tr.rows(f"target.aux.{j}") == n_pos
     assert tr.info("target.aux_cat").shape == (3 * H,) and tr.info("target.aux_cat").dtype == "bfloat16"
     assert tr.rows("target.argmax") == n_pos and tr.rows("draft.fc_out") == n_pos
-    for name, shape in (("tokens", ()), ("draft.hidden_in", (Hd,)), ("draft.attn_in", (2 * Hd,)),
+    for name, shape in (("tokens", ()), ("draft.hidden_in", (Hd,)), ("draft.positions", ()), ("draft.attn_in", (2 * Hd,)),
                         ("draft.hidden_out", (Hd,)), ("draft.logits_topk.values", (8,)),
                         ("draft.logits_topk.ids", (8,)), ("draft.logsumexp", ()), ("draft.topk", (1,)),
                         ("draft.topk_target", (1,)), ("draft.accept", ()), ("draft.accept_cum", ())):
@@ -129,6 +129,9 @@ def test_record_train_prompts_writes_a_full_trace(tmp_path, models, prompts):
     for r in range(0, len(toks), 7):
         s = tr.sequence(int(k["seq"][r]))
         assert toks[r] == s.tokens[k["pos"][r] + 1 + k["depth"][r]]
+    # the draft's rope position at (t, k) is t + k (SpecForge / speculators TTT, SGLang drafting)
+    pk = tr.keys("draft.positions")
+    assert (tr.read("draft.positions") == pk["pos"] + pk["depth"]).all()
     # probes: every HF index 0..L at the first 6 positions; slots equal their probes
     probes = sorted(n for n in tr.names if n.startswith("target.probe."))
     assert probes == sorted(f"target.probe.{i}" for i in range(L + 1))
@@ -223,7 +226,7 @@ def test_draft_with_missing_keys_is_refused(tmp_path, models, prompts):
 
 
 # ---- training hooks ---------------------------------------------------------------------
-_BORROWED = ("fc_input", "_qkv", "_attend", "_rope", "ttt_forward", "hot_token_id")
+_BORROWED = ("fc_input", "_qkv", "_attend", "ttt_forward", "hot_token_id")
 
 
 class LlamaForCausalLMEagle3(Eagle3Draft):
@@ -251,7 +254,6 @@ class Eagle3DraftModel(nn.Module):
         self.layers = nn.ModuleList([ref.midlayer])
         self.input_norm, self.fc_norm = ref.input_norm, ref.fc_norm
         self.register_buffer("d2t", ref.d2t.clone())
-        self._inv_freq = ref._inv_freq
 
     @property
     def midlayer(self):
@@ -334,8 +336,13 @@ def test_hooks_record_the_reference_tensors(tmp_path, kind):
     w.close()
     tr = open_trace(str(tmp_path / "h.trace"))
     exp = _expected(ref, aux, ids, lengths, steps, seq_ids)
-    for name in ("tokens", "draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.attn_in",
-                 "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"):
+    names = ["tokens", "draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.attn_in",
+             "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"]
+    if kind == "reference":  # only the reference map names a rope module fed the positions
+        names.append("draft.positions")
+    else:
+        assert "draft.positions" not in tr.names
+    for name in names:
         keys, vals = _sorted_rows(tr, name)
         ekeys, evals = exp[name]
         for c in ("seq", "pos", "depth"):

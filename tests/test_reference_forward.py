@@ -183,8 +183,8 @@ def test_canonical_rows_and_labels():
     aux, ids = torch.randn(2, 6, 72), torch.randint(0, 40, (2, 6))
     out = model.ttt_forward(aux, ids, 2, lengths=torch.tensor([6, 4]))
     rows = out.canonical_rows(topk=2)
-    assert set(rows) == {"draft.fc_in", "draft.fc_out", "tokens", "draft.hidden_in", "draft.attn_in",
-                         "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"}
+    assert set(rows) == {"draft.fc_in", "draft.fc_out", "tokens", "draft.hidden_in", "draft.positions",
+                         "draft.attn_in", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"}
     from specdiff.tracer.schema import spec_for
     for name in rows:
         spec_for(name)  # every name is canonical
@@ -196,6 +196,8 @@ def test_canonical_rows_and_labels():
     tk = rows["tokens"]
     j = int(((tk.seq == 0) & (tk.pos == 2) & (tk.depth == 1)).nonzero())
     assert int(tk.values[j]) == int(ids[0, 4])  # x_{t+1+k}
+    ps = rows["draft.positions"]
+    assert ps.values.dtype == torch.int64 and (ps.values == ps.pos.long() + ps.depth.long()).all()  # rope at t+k
     labels = ttt_labels(ids, 2, torch.tensor([6, 4]))
     assert int(labels[1][0, 2]) == int(ids[0, 4]) and int(labels[1][1, 2]) == -100
 

@@ -73,6 +73,10 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "tokenizer_sha256": ((str, type(None)), "sha256 of tokenizer.json"),
     "chat_template_sha256": ((str, type(None)), "sha256 of the chat template"),
     "graph_hidden_stages": (_list, "stages that CUDA graphs hid from the recorder"),
+    "unrecorded_stages": ((dict,), "tensor -> why this recorder could not observe it (a CUDA graph, "
+                                   "a module the engine's draft lacks); the app shows the reason"),
+    "depth_coverage": ((str,), "which positions have draft rows at depth >= 1, in words (serving drafts "
+                               "only from the last accepted position of each step)"),
     "dropped_records": ((int,), "records the recorder dropped because the writer fell behind"),
     "findings": (_list, "pre-flight contract findings (specdiff check)"),
     "model_name": ((str,), "target model path or name"),

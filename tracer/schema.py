@@ -34,6 +34,7 @@ STAGE_ORDER: tuple[str, ...] = (
     "target.aux_cat",
     "draft.fc_in",
     "draft.fc_out",
+    "draft.positions",
     "draft.attn_in",
     "draft.hidden_out",
     "draft.logits",
@@ -94,8 +95,14 @@ _SPECS: tuple[TensorSpec, ...] = (
     TensorSpec("draft.hidden_in", "draft.fc_out", ("draft_hidden",), "float", True,
                "Hidden fed to the midlayer at depth k: fc_out at k=0, the draft's own pre-norm "
                "output of depth k-1 after (SpecForge/speculators/SGLang feedback)."),
+    TensorSpec("draft.positions", "draft.positions", (), "int", True,
+               "Rope position the midlayer's attention gives row (t, k): t + k (SGLang draft extend "
+               "uses the ordinary positions, draft steps seq_lens + k - 1, advanced by "
+               "``positions.add_(1)``, eagle_worker_v2.py; SpecForge/speculators TTT: t + k)."),
     TensorSpec("draft.attn_in", "draft.attn_in", ("attn_in",), "float", True,
-               "Midlayer attention input concat(input_layernorm(embed x), hidden_norm(h)), [2*Hd]."),
+               "Midlayer attention input concat(input_layernorm(embed x), hidden_norm(h)), [2*Hd]: "
+               "the embedding half [:Hd] then the hidden half [Hd:] (SGLang llama_eagle3.py:97-102, "
+               "the qkv input after both norms)."),
     TensorSpec("draft.hidden_out", "draft.hidden_out", ("draft_hidden",), "float", True,
                "Midlayer output before the final norm (SGLang llama_eagle3.py returns this)."),
     TensorSpec("draft.logits", "draft.logits", ("draft_vocab",), "float", True,

@@ -18,8 +18,11 @@ own feedback with token x_{t+1+k} at depth k):
   target argmax, and the draft-extend rows of the same positions, depth 0). The draft steps
   of the iteration continue from the last draft-extend row of the previous iteration, at
   t = L-1: forward i (0-based) is depth i+1; ``select_top_k_tokens(i)`` gets the mapped ids
-  of depth i. With topk > 1 a (seq, pos, depth) key holds topk rows (one per branch, in
-  SGLang's row order).
+  of depth i. With topk > 1 a (seq, pos, depth) key holds topk rows (one per branch); the
+  first row of each depth continues the first row of the depth above (``_branch_order``).
+- the midlayer taps (``sglang_draft_stages``: hidden_in, positions, attn_in, hidden_out) come in
+  each draft forward's row order and are attributed like its input ids: every prefill row,
+  the accepted draft-extend rows, every draft-step branch.
 - ``verify.*`` rows are keyed by pos = L (the tree root's position), depth 0.
 """
 
@@ -36,6 +39,7 @@ import torch
 
 from .contract import AUX_CONCAT_ORDER, UNKNOWN, known
 from .sglang_adapter import MISSING, SGLangAdapter
+from .sglang_draft_stages import DraftStageTaps, graph_hidden
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -138,6 +142,7 @@ class DraftForward:
     lt_ids: Any = None
     lse: Any = None
     topk_ids: Any = None  # draft-vocab top-k computed from the logits (draft steps)
+    stages: dict = field(default_factory=dict)  # midlayer taps (sglang_draft_stages), forward row order
 
 
 @dataclass
@@ -153,6 +158,7 @@ class IterCapture:
     t: dict[str, Any] = field(default_factory=dict)
     draft: list[DraftForward] = field(default_factory=list)
     select: list[tuple[int, Any]] = field(default_factory=list)
+    branch_parents: dict[int, Any] = field(default_factory=dict)  # select_top_k_tokens(i) tree_info[2]
     event: Any = None
 
     def wait(self) -> None:
@@ -164,6 +170,7 @@ class IterCapture:
         n += sum(v.nbytes for _, v in self.select if isinstance(v, torch.Tensor))
         for d in self.draft:
             n += sum(v.nbytes for v in vars(d).values() if isinstance(v, torch.Tensor))
+            n += sum(v.nbytes for v in d.stages.values())
         return n
 
 
@@ -190,6 +197,7 @@ class Recorder:
         self.rid_re = re.compile(opts.rids) if opts.rids else None
         self._iter = 0
         self._hooked_models: set[int] = set()
+        self.stage_taps = DraftStageTaps(snap=snap, capturing=_capturing, on_error=self.fail)
         self._failed_once = False
         self._lock = threading.Lock()
         self._seen_prompts: set[str] = set()
@@ -226,6 +234,10 @@ class Recorder:
             from .store import TraceWriter
 
             self.contract = contract_from_worker(draft_worker, self.opts, self.adapter)
+            # Hooks on the draft's midlayer now, so the contract says which stages cannot be read.
+            dmodel = _chain(self.adapter, draft_worker, "EagleDraftWorker.draft_runner", "ModelRunner.model")
+            missing = {} if dmodel is MISSING else self.stage_taps.attach(dmodel)
+            self.contract["unrecorded_stages"] = unrecorded_stages(draft_worker, self.adapter, missing)
             self.hidden_size = known(self.contract, "hidden_size")
             self.num_aux = len(known(self.contract, "aux_hf_indices") or []) or None
             self.topk = int(known(self.contract, "spec_topk", 1))
@@ -396,7 +408,12 @@ class Recorder:
         """Facts SGLang settles only at the end of start-up (after ``_capture_cuda_graphs``): the
         aux capture (layers_to_capture) and the stages CUDA graphs hide; written before any request."""
         facts = aux_capture_facts(self.adapter, draft_worker)
-        facts["graph_hidden_stages"] = graph_hidden_stages(draft_worker, self.adapter)
+        facts["unrecorded_stages"] = unrecorded_stages(draft_worker, self.adapter, self.stage_taps.unrecorded)
+        hidden = graph_hidden_stages(draft_worker, self.adapter)
+        if known(facts, "unrecorded_stages") and hidden != UNKNOWN:  # the midlayer taps a graph hides too
+            graphs = graph_hidden(draft_decode_graph="tokens" in hidden, draft_extend_graph="draft.fc_out" in hidden)
+            hidden = sorted(set(hidden) | set(graphs))
+        facts["graph_hidden_stages"] = hidden
         self.num_aux = len(known(facts, "aux_hf_indices") or []) or None
         self.update_contract(**facts)
         self.sync_unobservable()
@@ -500,6 +517,29 @@ def aux_capture_facts(adapter: SGLangAdapter, dw) -> dict:
     captured = [i for i in idx if start <= i < end]
     return {"aux_hf_indices": captured, "aux_dropped_ids": [i - 1 for i in idx if not start <= i < end],
             AUX_CONCAT_ORDER: list(captured)}  # slot j of the concat = HF captured[j]
+
+
+#: tensors SGLang's prefill draft extend produces for each request's last prompt row only
+PREFILL_LAST_ONLY = ("draft.logits", "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp",
+                     "draft.topk", "draft.topk_target")
+
+
+def unrecorded_stages(dw, adapter: SGLangAdapter, missing: dict) -> dict:
+    """Tensor -> why the recorder cannot observe (some of) its rows: a midlayer module SGLang's
+    draft lacks (``missing``, from ``DraftStageTaps.attach``), a CUDA graph replay, and the logits
+    a prefill draft extend prunes to each request's last row (capture LAST)."""
+    out = dict(missing)
+    graph = _chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner")
+    graph_extend = _chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
+    for name, why in graph_hidden(draft_decode_graph=graph not in (None, MISSING),
+                                  draft_extend_graph=graph_extend not in (None, MISSING)).items():
+        out[name] = f"{out[name]}; {why}" if name in out else why
+    why = ("a prefill draft extend keeps logits only for each request's last prompt row (SGLang "
+           "eagle_worker_v2.py _draft_extend_for_prefill, capture LAST): earlier prompt positions "
+           "have no draft logits / top-k on serving")
+    for name in PREFILL_LAST_ONLY:
+        out[name] = f"{out[name]}; {why}" if name in out else why
+    return out
 
 
 def graph_hidden_stages(dw, adapter: SGLangAdapter):
@@ -717,6 +757,9 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
                                 vocab=facts["vocab_size"], draft_vocab=facts["draft_vocab_size"]))
     facts.update(_rope_facts(A, dinner))
     facts.update(_tokenizer_facts(A, serving_config(A) if serving is None else serving))
+    facts["depth_coverage"] = ("SGLang drafts depths >= 1 only from the last accepted position of each decode "
+                               "step (t = L-1, eagle_worker_v2.py draft); every other position has depth-0 "
+                               "rows only")
     facts["unobservable"] = A.unobservable()
     return facts
 
@@ -768,18 +811,24 @@ def _add_aux(rec: Recorder, out: _Batch, aux_rows, seq, pos, it) -> None:
 
 
 def _add_draft_rows(rec: Recorder, out: _Batch, df: DraftForward, sel, seq, pos, depth, it,
-                    *, has_logits=True, lsel=None) -> None:
-    """Add the draft tensors of rows ``sel`` (inputs/fc) and ``lsel`` (hidden/logits)."""
+                    *, has_logits=True, lsel=None, tokens=True) -> None:
+    """Add the draft tensors of rows ``sel`` (inputs, fc, midlayer taps) and ``lsel`` (logits;
+    hidden_out too when the final-norm tap did not record it). ``tokens=False`` leaves out the
+    input tokens (see ``_branch_order``)."""
     lsel = sel if lsel is None else lsel
-    if df.input_ids is not None:
+    if df.input_ids is not None and tokens:
         out.add("tokens", df.input_ids[sel], seq, pos, depth, it)
     if df.fc_out is not None and df.fc_out.shape[0] == df.input_ids.shape[0]:
         out.add("draft.fc_in", df.fc_in[sel], seq, pos, depth, it)
         out.add("draft.fc_out", df.fc_out[sel], seq, pos, depth, it)
+    n = df.input_ids.shape[0] if df.input_ids is not None else None
+    for name, t in df.stages.items():
+        if t.shape[0] == n:  # the taps see the forward's rows in input_ids order
+            out.add(name, (t.to(torch.int64) if name == "draft.positions" else t)[sel], seq, pos, depth, it)
     if not has_logits:
         return
     lpos, ldepth = pos, depth
-    if df.hidden is not None:
+    if df.hidden is not None and "draft.hidden_out" not in df.stages:
         out.add("draft.hidden_out", df.hidden[lsel], seq, lpos, ldepth, it)
     if df.lt_values is not None:
         out.add("draft.logits_topk.values", df.lt_values[lsel], seq, lpos, ldepth, it)
@@ -846,7 +895,9 @@ def _write_prefill(rec, tw, cap, out, touched) -> None:
         if de is not None:
             _add_draft_rows(rec, out, de, rows, sid, pos, 0, -1, has_logits=False)
             if final:
-                _add_draft_rows(rec, out, DraftForward(mode="extend", hidden=de.hidden, lt_values=de.lt_values,
+                tapped = "draft.hidden_out" in de.stages  # then every row's hidden_out is in already
+                _add_draft_rows(rec, out, DraftForward(mode="extend", hidden=None if tapped else de.hidden,
+                                                       lt_values=de.lt_values,
                                                        lt_ids=de.lt_ids, lse=de.lse, logits=de.logits),
                                 slice(b, b + 1), sid, last, 0, -1)
         if final and de_topk is not None:
@@ -920,12 +971,55 @@ def _write_decode(rec, tw, cap, out, touched) -> None:
         if de_topk is not None:
             out.add("draft.topk", de_topk[b:b + 1], sid, Lb + a - 1, 0, it)
         # draft steps of this iteration, continuing from the row at L-1
+        orders = _branch_order(cap, steps, b, k, committed=predict[gidx])
         for i, df in enumerate(steps):
-            rows = slice(b * k, (b + 1) * k)
-            _add_draft_rows(rec, out, df, rows, sid, Lb - 1, i + 1, it)
+            perm, on_path = orders[i + 1]
+            rows = b * k + perm
+            _add_draft_rows(rec, out, df, rows, sid, Lb - 1, i + 1, it, tokens=on_path)
             if df.topk_ids is not None:
                 out.add("draft.topk", df.topk_ids[rows], sid, Lb - 1, i + 1, it)
         for i, ids in cap.select:
             ids = ids.reshape(-1, k)
             per = ids.shape[0] // bs
-            out.add("draft.topk_target", ids[b * per:(b + 1) * per], sid, Lb - 1, i, it)
+            perm = orders[i][0] if per == k and i in orders else torch.arange(per)
+            out.add("draft.topk_target", ids[b * per + perm], sid, Lb - 1, i, it)
+
+
+def _branch_order(cap: IterCapture, steps: list, b: int, k: int, *, committed) -> dict[int, tuple]:
+    """Row order of request ``b``'s topk branches at each draft depth d >= 1: ``{d: (perm, on_path)}``.
+
+    The diff pairs a (seq, pos, depth) key by its first row and compares depth d only where the
+    first rows' input tokens equal the teacher-forced tokens at every depth 0..d. That is sound
+    only if the first rows form ONE draft path, so the first row at depth d is a child of the first
+    row at depth d-1 (SGLang spec_utils.py ``_select_top_k_tokens_later``: the parent of row r of
+    step i is ``(tree_info[2][r] - (k*k*(i-1) + k)) // k``; every row of step 0 descends from the
+    draft-extend row). Among the children, the one whose token is the committed token
+    ``committed[d-1]`` (x_{L+d}) goes first, else SGLang's best-scored. When no child survived
+    SGLang's top-k, the path ends: from that depth on ``on_path`` is False and the rows are written
+    without ``tokens``, so the diff does not compare them against the teacher-forced path.
+    Depth 0 (one row per request) gets ``(arange(1), True)``.
+    """
+    orders: dict[int, tuple] = {0: (torch.arange(1), True)}
+    first, on_path = 0, True
+    for i, df in enumerate(steps):
+        d = i + 1
+        par = cap.branch_parents.get(i)
+        if k == 1:  # a chain: one row per depth, one path
+            orders[d] = (torch.arange(1), on_path)
+            continue
+        if df.input_ids is None or (i > 0 and par is None):  # parents unknown: no path can be claimed
+            on_path = False
+        if on_path:
+            parent = (torch.zeros(k, dtype=torch.int64) if i == 0
+                      else (par.to(torch.int64).view(-1, k)[b] - (k * k * (i - 1) + k)) // k)
+            children = [r for r in range(k) if int(parent[r]) == first]
+            on_path = bool(children)
+        if not on_path:
+            orders[d] = (torch.arange(k), False)
+            continue
+        ids = df.input_ids[b * k:(b + 1) * k].to(torch.int64)
+        teacher = int(committed[i]) if i < len(committed) else None
+        pick = next((r for r in children if int(ids[r]) == teacher), children[0])
+        orders[d] = (torch.tensor([pick] + [r for r in range(k) if r != pick]), True)
+        first = pick
+    return orders

@@ -286,11 +286,14 @@ def _around_runner_forward(orig, self, forward_batch, *a, **kw):
         rec.phase = prev  # only on success: a forward that raised stays named
         return out
     t0 = time.perf_counter()
+    taps = rec.stage_taps
     try:
         model = A.get(self, "ModelRunner.model")
         if model is not MISSING:
             rec.ensure_fc_hook(model)
+            taps.attach(model)
         rec.fc_sink = []
+        taps.open()
     except Exception as exc:  # noqa: BLE001
         rec.fail("draft ModelRunner.forward (before)", exc)
     t1 = time.perf_counter()
@@ -298,15 +301,19 @@ def _around_runner_forward(orig, self, forward_batch, *a, **kw):
         out = orig(self, forward_batch, *a, **kw)
     except BaseException:
         rec.fc_sink = None
+        taps.close()
         raise
     rec.phase = prev
     t2 = time.perf_counter()
     rec.hook_s += t1 - t0
     try:
+        stages = taps.close()
         if rec.active and rec.cur is cap:
             lo = A.get(out, "ModelRunnerOutput.logits_output")
             if lo is not MISSING:
-                cap.draft.append(rec.capture_draft_forward(mode, forward_batch, lo))
+                df = rec.capture_draft_forward(mode, forward_batch, lo)
+                df.stages = stages
+                cap.draft.append(df)
     except Exception as exc:  # noqa: BLE001
         rec.fail("draft ModelRunner.forward", exc)
     finally:
@@ -357,6 +364,8 @@ def _after_select_top_k(result, i, topk_p, topk_index, *a, **kw):
         from .sglang_hooks import snap
 
         cap.select.append((int(i), snap(topk_index)))
+        if int(i) > 0 and rec.topk > 1:  # tree_info[2]: each row's parent (sglang_hooks._branch_order)
+            cap.branch_parents[int(i)] = snap(result[3][2])
     except Exception as exc:  # noqa: BLE001
         rec.fail("select_top_k_tokens", exc)
     return None

@@ -25,6 +25,12 @@ role           default module           canonical tensor
 ``embed``      ``embed_tokens``         input ids -> ``tokens`` at the current depth
 ``hidden_norm`` ``<layer>.hidden_norm`` input -> ``draft.hidden_in`` (first call per depth)
 ``attn``       ``<layer>.self_attn.q_proj`` input -> ``draft.attn_in``
+``rope``       reference: ``midlayer.      first input (the positions the attention rotates
+               self_attn.rotary_emb``      at) -> ``draft.positions``; optional, and only in
+                                        the reference map: SpecForge's and speculators'
+                                        ``rotary_emb`` take values and add the TTT step
+                                        inside, so name a module whose first input *is* the
+                                        rope positions
 ``norm``       ``norm``                 input -> ``draft.hidden_out`` (pre-norm)
 ``lm_head``    ``lm_head``              output -> logits (top-k + logsumexp, or full), ``draft.topk``,
                                         ``draft.topk_target`` (through the model's ``d2t``);
@@ -55,7 +61,7 @@ from .schema import aux_name
 
 __all__ = ["HookError", "Recorder", "attach_recorder", "ADAPTERS", "resolve_name_map"]
 
-ROLES = ("fc", "input_norm", "embed", "hidden_norm", "attn", "norm", "lm_head")
+ROLES = ("fc", "input_norm", "embed", "hidden_norm", "attn", "rope", "norm", "lm_head")
 _REQUIRED = ("fc", "embed", "hidden_norm", "attn", "norm", "lm_head")
 
 
@@ -71,7 +77,7 @@ def _layer_map(prefix: str, layer: str) -> dict[str, str]:
 
 #: adapter name -> callable(model) -> name map (role -> module path)
 ADAPTERS = {
-    "reference": lambda m: _layer_map("", "midlayer"),
+    "reference": lambda m: {**_layer_map("", "midlayer"), "rope": "midlayer.self_attn.rotary_emb"},
     "specforge": lambda m: _layer_map(_prefix(m), "midlayer"),
     "speculators": lambda m: _layer_map(_prefix(m), "layers.0"),
 }
@@ -106,7 +112,7 @@ def resolve_name_map(model: nn.Module, adapter="auto") -> tuple[str, dict[str, s
         layer = "midlayer" if f"{p}midlayer" in names else "layers.0"
         kind = "speculators" if layer == "layers.0" else ("specforge" if p or type(model).__name__ != "Eagle3Draft"
                                                          else "reference")
-        return kind, _layer_map(p, layer)
+        return kind, (ADAPTERS["reference"](model) if kind == "reference" else _layer_map(p, layer))
     if adapter not in ADAPTERS:
         raise HookError(f"unknown adapter {adapter!r}; use auto, {', '.join(ADAPTERS)} or a name map")
     return adapter, ADAPTERS[adapter](model)
@@ -203,6 +209,8 @@ class Recorder:
         reg(m["embed"].register_forward_pre_hook(self._embed_pre))
         reg(m["hidden_norm"].register_forward_pre_hook(self._hidden_pre))
         reg(m["attn"].register_forward_pre_hook(self._attn_pre))
+        if "rope" in m:
+            reg(m["rope"].register_forward_pre_hook(self._rope_pre))
         reg(m["norm"].register_forward_pre_hook(self._norm_pre))
         reg(m["lm_head"].register_forward_hook(self._lm_out))
 
@@ -360,6 +368,11 @@ class Recorder:
     def _attn_pre(self, module, args):
         if self._once("attn_in"):
             self._record("draft.attn_in", args[0], 1, self._depth)
+
+    @torch.no_grad()
+    def _rope_pre(self, module, args):
+        if self._once("positions"):
+            self._record("draft.positions", args[0].to(torch.int64), 0, self._depth)
 
     @torch.no_grad()
     def _norm_pre(self, module, args):

@@ -55,7 +55,8 @@ HELP = """\
 [b]?[/b]            this help;  [b]q[/b] quit
 
 Cells: [green]·[/] match  [yellow]~[/] within tolerance  [red]✗[/] diverged  [magenta]?[/] missing on one side
-       [bright_magenta]▒[/] unreadable (damaged chunk);  blank: not compared;  [bold red]▶[/] first divergence
+       [bright_magenta]▒[/] unreadable (damaged chunk);  [blue]-[/] not observable on one side (the detail pane
+       says why, from that trace);  blank: not compared;  [bold red]▶[/] first divergence
 """
 
 

@@ -20,7 +20,7 @@ from textual.strip import Strip
 from .view import CELLS, NONE, GridRow, Sel, ViewModel
 
 LABEL_W = 22
-SHORT = {0: "match", 1: "within tol", 2: "diverged", 3: "missing", 4: "unreadable"}
+SHORT = {0: "match", 1: "within tol", 2: "diverged", 3: "missing", 4: "unreadable", 5: "not observable"}
 CELL_W = 2
 
 
@@ -201,7 +201,7 @@ def legend(*, unreadable: bool = False) -> str:
     """One line: every cell symbol and what it means (Rich markup, readable without colour); the
     unreadable symbol only when a damaged trace put one in the grid."""
     parts = []
-    for code in (0, 1, 2, 3, 4) if unreadable else (0, 1, 2, 3):
+    for code in (0, 1, 2, 3, 4, 5) if unreadable else (0, 1, 2, 3, 5):
         sym, colour, _ = CELLS[code]
         text = SHORT[code]
         parts.append(f"[{colour}]{sym}[/] {text}")

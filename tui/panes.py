@@ -16,7 +16,7 @@ from rich.text import Text
 
 from specdiff.tracer.schema import spec_for
 
-from .view import CELLS, MISSING, NONE, UNREADABLE, Sel, ViewModel
+from .view import CELLS, MISSING, NONE, UNOBSERVED, UNREADABLE, Sel, ViewModel
 
 SLICE = 3  # elements either side of the worst one
 TOPK = 5
@@ -139,12 +139,14 @@ def detail(vm: ViewModel, sel: Sel) -> Detail:
     damaged = [Text(f"{label}: {d.message()}", style="bold magenta") for label, d in vm.damage_at(sel)]
     if code == UNREADABLE:
         return Detail(Group(head, Text("not compared: this row lies in a damaged chunk", style="dim"), *damaged), [])
-    if code in (NONE, MISSING) or i < 0:
+    if code in (NONE, MISSING, UNOBSERVED) or i < 0:
         px, py = vm.present(sel)
         labels = vm.report.labels
         comp = vm.report.comparisons.get(sel.name)
         if comp is not None and comp.kind == "structure":
             why = f"structure: {comp.structure.message} — the layouts differ, so no row is compared"
+        elif (hidden := vm.unobserved(sel)) is not None:
+            why = f"not observable on {hidden[0]}: {hidden[1]}"
         elif px or py:
             why = (f"recorded by {labels.x if px else labels.y} only" if px != py else
                    "recorded by both sides but not compared (the draft's input tokens differ on this "

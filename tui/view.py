@@ -20,7 +20,7 @@ from specdiff.tracer.schema import ordered, spec_for
 if TYPE_CHECKING:
     from specdiff.replay.report import DiffReport
 
-NONE, MISSING = -1, 3
+NONE, MISSING, UNOBSERVED = -1, 3, 5
 #: cell code -> (symbol, colour, legend text). Symbols alone carry the meaning (no colour needed).
 CELLS = {
     MATCH: ("·", "green", "match"),
@@ -28,6 +28,7 @@ CELLS = {
     DIVERGED: ("✗", "red", "diverged"),
     MISSING: ("?", "magenta", "missing on one side"),
     UNREADABLE: ("▒", "bright_magenta", "unreadable (damaged chunk)"),
+    UNOBSERVED: ("-", "blue", "not observable on one side (the trace says why)"),
     NONE: (" ", "", "not compared"),
 }
 
@@ -109,6 +110,7 @@ class ViewModel:
         self._cells: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
         self.unreadable = any(c.stats.get("unreadable_rows", 0) for c in comps.values())
         self.unreadable_pairs = {int(p) for c in comps.values() for p in np.unique(c.match.pair[c.status == UNREADABLE])}
+        self._first: list[dict[int, int] | None] = [None, None]  # per side: seq id -> first position
 
     # ---- grid -------------------------------------------------------------------------------
     def rows(self, *, depths: bool, text: str = "") -> list[GridRow]:
@@ -148,6 +150,15 @@ class ViewModel:
                 have[dep[sel].astype(np.int64), pos[sel]] = True
             present.append(have)
         status[present[0] ^ present[1]] = MISSING
+        for side, (trace, sid) in enumerate(zip((self.report.traces.x, self.report.traces.y), (p.seq.x, p.seq.y))):
+            lacks = present[1 - side] & ~present[side]
+            for d in range(depths):
+                if lacks[d].any() and self.why_unobserved(name, d, trace) is not None:
+                    status[d][lacks[d]] = UNOBSERVED
+            first = self.first_computed(side, sid)
+            if first:
+                cached = lacks[:, :first]
+                status[:, :first][cached] = UNOBSERVED
         comp = self.report.comparisons.get(name)
         if comp is not None:
             m = comp.match
@@ -165,6 +176,55 @@ class ViewModel:
         if sel.depth >= status.shape[0] or not 0 <= sel.pos < status.shape[1]:
             return NONE, -1
         return int(status[sel.depth, sel.pos]), int(index[sel.depth, sel.pos])
+
+    @staticmethod
+    def why_unobserved(name: str, depth: int, trace) -> str | None:
+        """Why ``trace`` holds no row of ``name`` at ``depth`` where the other side does, when its
+        recorder said so (contract ``unrecorded_stages``, ``depth_coverage``) or never records the
+        tensor; None when nothing explains it (the cell stays ``?``)."""
+        c = trace.contract
+        reasons = []
+        if name in trace.names and depth > 0 and spec_for(name).by_depth and c.get("depth_coverage"):
+            reasons.append(str(c["depth_coverage"]))
+        if (c.get("unrecorded_stages") or {}).get(name):
+            reasons.append(str(c["unrecorded_stages"][name]))
+        if not reasons and name not in trace.names:
+            reasons.append(f"this trace ({c.get('engine', 'unknown engine')} {c.get('engine_version', '')}".rstrip()
+                           + f") holds no {name} rows: its recorder does not record this stage")
+        return "; ".join(reasons) or None
+
+    def first_computed(self, side: int, seq_id: int) -> int:
+        """First position a serving request computed itself: > 0 when SGLang's radix cache served
+        its prompt's prefix (the recorder writes prefill rows from the prefix length on; the
+        earlier request that computed the prefix holds those rows). 0 for training sides."""
+        if self._first[side] is None:  # one pass over the keys: min position per sequence
+            trace = (self.report.traces.x, self.report.traces.y)[side]
+            self._first[side] = {}
+            if trace.side == "serve" and "target.aux_cat" in trace.names:
+                k = trace.keys("target.aux_cat", columns=("seq", "pos"))
+                if len(k["seq"]):
+                    order = np.lexsort((k["pos"], k["seq"]))
+                    seq, pos = k["seq"][order], k["pos"][order]
+                    start = np.r_[True, seq[1:] != seq[:-1]]
+                    self._first[side] = dict(zip(seq[start].tolist(), pos[start].tolist()))
+        return int(self._first[side].get(int(seq_id), 0))
+
+    def unobserved(self, sel: Sel) -> tuple[str, str] | None:
+        """(side label, reason) when the selected cell is unobservable on one side, else None."""
+        px, py = self.present(sel)
+        if px == py:
+            return None
+        side = 1 if px else 0
+        label, trace = ((self.report.labels.y, self.report.traces.y) if px
+                        else (self.report.labels.x, self.report.traces.x))
+        pair = self.pairs[sel.pair]
+        first = self.first_computed(side, pair.seq.y if side else pair.seq.x)
+        if sel.pos < first:
+            return label, (f"positions 0..{first - 1} of this request's prompt came from SGLang's radix cache "
+                           "(computed for an earlier request with the same prefix, recorded there); this "
+                           f"request computed from position {first}")
+        why = self.why_unobserved(sel.name, sel.depth, trace)
+        return None if why is None else (label, why)
 
     def present(self, sel: Sel) -> tuple[bool, bool]:
         """Whether each side recorded the selected cell."""
