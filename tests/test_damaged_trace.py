@@ -74,10 +74,19 @@ def chunk_cut_to_10_bytes(t: Path) -> str:
 
 def chunk_cut_in_half(t: Path) -> str:
     f = _chunk(t, "draft.hidden_out")
+    last = _first_chunk_rows(t, "draft.hidden_out") - 1
     raw = f.read_bytes()
     f.write_bytes(raw[: len(raw) // 2])
     return (f"{t}: tensor draft.hidden_out, chunk tensors/draft.hidden_out/data/c/0/0 is truncated "
-            f"({len(raw) // 2} of {len(raw)} bytes): rows 0-476 are unreadable and not compared; {RECOPY}")
+            f"({len(raw) // 2} of {len(raw)} bytes): rows 0-{last} are unreadable and not compared; {RECOPY}")
+
+
+def _first_chunk_rows(t: Path, name: str) -> int:
+    """Rows held by the first chunk of ``name`` (read before the damage, from zarr itself)."""
+    import zarr
+
+    arr = zarr.open_array(str(t / "tensors" / name / "data"), mode="r")
+    return min(arr.shape[0], arr.chunks[0])
 
 
 def chunk_bytes_flipped(t: Path) -> str:
