@@ -18,6 +18,25 @@ import specdiff.tracer.cpu.sgl_kernel as sk
 from specdiff.tracer.cpu import STANDIN_PATH
 
 OPS = torch.ops.sgl_kernel
+#: the KV-cache scale arguments, present in the attention ops' schema for the installed SGLang only
+SCALES = (1.0, 1.0) if sk._ops.sglang_passes_kv_scales() else ()
+
+
+def test_attention_ops_take_the_argument_list_of_the_installed_sglang():
+    """SGLang 0.5.19 calls the attention ops without ``k_scale, v_scale`` (0.5.20 added them):
+    its server died at the first prefill with "Expected a value of type 'float' for argument
+    'k_scale' but instead found type 'Tensor'" until the stand-in took both argument lists."""
+    from specdiff.tracer.cpu.sgl_kernel._ops import _SCHEMAS, _without_kv_scales, sglang_passes_kv_scales
+
+    assert [sglang_passes_kv_scales(v) for v in ("0.5.19", "0.5.20", "0.5.23.post1")] == [False, True, True]
+    seen = []
+    for name, at in (("decode_attention_cpu", 3), ("extend_attention_cpu", 6)):
+        schema, call = _without_kv_scales(_SCHEMAS[name], lambda *a: seen.append(a))
+        assert "k_scale" not in schema and "v_scale" not in schema
+        call(*range(10))
+        assert seen[-1] == (*range(at), 1.0, 1.0, *range(at, 10))
+    registered = str(OPS.extend_attention_cpu.default._schema)
+    assert ("float k_scale" in registered) == bool(SCALES)
 
 
 def test_standin_registers_the_cpu_ops_sglang_needs_and_hides_weight_packing():
@@ -379,7 +398,7 @@ def test_decode_attention_writes_new_kv_then_attends_over_the_request_slots(cap,
     out = torch.empty(2, h, d)
     logits = torch.empty(2, h, 8, d + 1)
     OPS.decode_attention_cpu(
-        q, kbuf, vbuf, 1.0, 1.0, out, knew, vnew, loc, logits, rtt, rpi, seq_lens,
+        q, kbuf, vbuf, *SCALES, out, knew, vnew, loc, logits, rtt, rpi, seq_lens,
         0.25, cap, False, window, None, sinks,
     )
     assert torch.equal(kbuf, kref) and torch.equal(vbuf, vref)
@@ -422,7 +441,7 @@ def test_extend_attention_over_prefix_plus_new_tokens(mask_kind):
         custom = None
     out = torch.empty(t, h, d)
     OPS.extend_attention_cpu(
-        q, ke, ve, out, kbuf, vbuf, 1.0, 1.0, rtt, rpi, seq_lens, torch.tensor(ext), starts,
+        q, ke, ve, out, kbuf, vbuf, *SCALES, rtt, rpi, seq_lens, torch.tensor(ext), starts,
         max(ext), 0.3, 0.0, False, 0, None, None, custom, True,
     )
     for b in range(2):

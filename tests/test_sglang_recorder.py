@@ -83,7 +83,52 @@ def test_async_writer_counts_drops_and_survives_failure(tmp_path):
     assert aw2.failed and not aw2.active and aw2.submit(2) is False
 
 
+def test_a_trace_cut_at_any_journal_write_has_no_target_row_past_its_tokens(tmp_path):
+    """A SIGKILLed server's trace ends at an arbitrary journal write. Seen on SGLang 0.5.20 (CPU,
+    loaded machine): rows of a request's first decode iteration were journaled, its tokens were
+    not, and the target rows at t had no token x_{t+1}. Invariant checked at every write: a
+    ``target.*`` row at t is written only once the sequence holds t + 2 tokens."""
+    from specdiff.tracer.sglang_hooks import IterCapture, Recorder, write_capture
+
+    H, K, N = 4, 3, 4  # hidden size, aux layers, draft tokens (chain, topk 1)
+    rec = Recorder(Options(path=str(tmp_path / "k.trace")))
+    rec.hidden_size, rec.num_aux, rec.topk = H, K, 1
+    tw = TraceWriter(rec.opts.path, side="serve")
+    violations = []
+    append = tw.append
+
+    def checked_append(name, data, *, seq, pos, **kw):
+        if name.startswith("target."):
+            for sq, t in zip(np.broadcast_to(seq, np.shape(pos)).tolist(), np.ravel(pos).tolist()):
+                if len(tw._sequences[sq].tokens) < t + 2:
+                    violations.append((name, sq, t, len(tw._sequences[sq].tokens)))
+        return append(name, data, seq=seq, pos=pos, **kw)
+
+    tw.append = checked_append
+    prefill = IterCapture(iter=0, kind="prefill", rids=["r"], prompts={"r": [5, 6, 7]}, prefix_lens=[0],
+                          extend_lens=[3])
+    prefill.t.update(target_aux=torch.randn(3, K * H), next_token_ids=torch.tensor([8]))
+    write_capture(rec, tw, prefill)
+    decode = IterCapture(iter=1, kind="decode", rids=["r"])  # committed length 3, accepts 3 of 4
+    decode.t.update(seq_lens=torch.tensor([3]), predict=torch.tensor([9, 10, 11, 12]),
+                    accept_lens=torch.tensor([3]), accept_index=torch.tensor([[0, 1, 2, -1]]),
+                    target_aux=torch.randn(N, K * H), verify_positions=torch.arange(3, 3 + N))
+    write_capture(rec, tw, decode)
+    assert violations == []
+    tw.close()
+    t = open_trace(rec.opts.path)
+    assert t.sequences[0].tokens.tolist() == [5, 6, 7, 8, 9, 10, 11]
+    assert t.rows("target.aux.0") == 3 + 3  # prompt rows + the accepted rows
+
+
 # ---- real servers ---------------------------------------------------------------------------
+def _sglang_version() -> str:
+    """The installed SGLang's version (the adapter's messages name it; tests also run on 0.5.19/0.5.20)."""
+    from importlib.metadata import version
+
+    return version("sglang")
+
+
 server = pytest.mark.server
 
 
@@ -244,7 +289,7 @@ def test_a_renamed_sglang_attribute_is_one_warning_an_unknown_fact_and_unchanged
 
     lines = [ln for ln in renamed["log"].splitlines() if "specdiff:" in ln and " has no " in ln]
     assert len(lines) == 1, lines
-    assert "SGLang 0.5.23 has no Eagle3LlamaModel.norm_before_fc (srt/models/llama_eagle3.py:173;" in lines[0]
+    assert f"SGLang {_sglang_version()} has no Eagle3LlamaModel.norm_before_fc (srt/models/llama_eagle3.py:173;" in lines[0]
     assert lines[0].endswith("now unobservable: contract facts norm_before_fc")
     trace = open_trace(str(renamed["path"]))
     c = trace.contract
@@ -256,7 +301,7 @@ def test_a_renamed_sglang_attribute_is_one_warning_an_unknown_fact_and_unchanged
     _register()
     r = CliRunner().invoke(cli, ["info", str(renamed["path"])])
     assert r.exit_code == 0
-    assert "norm_before_fc           SGLang 0.5.23 has no Eagle3LlamaModel.norm_before_fc" in r.output
+    assert f"norm_before_fc           SGLang {_sglang_version()} has no Eagle3LlamaModel.norm_before_fc" in r.output
 
 
 def _swallow(fn, *a, **kw):
@@ -513,7 +558,7 @@ def test_plugin_registers_only_in_scheduler_rank0(monkeypatch, tmp_path, caplog)
     monkeypatch.delattr(EAGLEWorkerV2, "forward_batch_generation")
     with caplog.at_level("WARNING", logger="specdiff.tracer"):
         assert run_scheduler_process(0, None) is False
-    assert "tracing refused: SGLang 0.5.23 lacks EAGLEWorkerV2.forward_batch_generation" in caplog.text
+    assert f"tracing refused: SGLang {_sglang_version()} lacks EAGLEWorkerV2.forward_batch_generation" in caplog.text
     assert not registered
     monkeypatch.undo()
     _fresh()

@@ -34,8 +34,10 @@ from .contract import UNKNOWN
 
 logger = logging.getLogger("specdiff.tracer")
 
-#: SGLang versions (inclusive) whose names this table was verified against.
-TESTED_RANGE: tuple[str, str] = ("0.5.23", "0.5.23")
+#: SGLang versions (inclusive) whose names this table was verified against: 0.5.19, 0.5.20 and
+#: 0.5.23 ran the recorder tests on a CPU server; 0.5.21 / 0.5.22 were checked statically only
+#: (README "SGLang compatibility" has the table, and what breaks before 0.5.19).
+TESTED_RANGE: tuple[str, str] = ("0.5.19", "0.5.23")
 
 _P = "sglang.srt."
 _EW2 = _P + "speculative.eagle_worker_v2"

@@ -859,11 +859,13 @@ def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
         _write_prefill(rec, tw, cap, out, touched)
     else:
         _write_decode(rec, tw, cap, out, touched)
-    out.flush(tw)
+    # Tokens before rows: a killed server's trace ends at any journal write, and a target row at
+    # t must never be on disk without the token x_{t+1} it is compared against.
     for rid in touched:
         toks = rec.seq_tokens[rid]
         tw.add_sequence(np.asarray(toks, np.int32), prompt_len=rec.seq_prompt[rid], rid=rid,
                         seq_id=rec.seq_ids[rid])
+    out.flush(tw)
 
 
 def _write_prefill(rec, tw, cap, out, touched) -> None:

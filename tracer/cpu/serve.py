@@ -3,7 +3,7 @@
 Run as a script (``python <STANDIN_PATH>/serve.py <sglang server args>``) or as
 ``python -m specdiff.tracer.cpu.serve``. It does what ``python -m sglang.launch_server`` does
 (SGLang 0.5.23 ``launch_server.py``: load plugins, parse args, run, kill children), after
-``override_platform(has_amx=True)`` in this, the launching, process only.
+``claim_amx()`` (``override_platform(has_amx=True)``) in this, the launching, process only.
 
 Why: SGLang's EAGLE draft backend table accepts only ``intel_amx`` on a CPU, while
 ``arg_groups/overrides.py:_attention_backend_platform_fallbacks`` rewrites ``intel_amx`` to
@@ -19,12 +19,39 @@ import os
 import sys
 
 
+def claim_amx() -> str:
+    """Make this process's SGLang believe the CPU has AMX; return the SGLang name that was set.
+
+    SGLang >= 0.5.19: ``sglang.srt.runtime_context.override_platform(has_amx=True)``. Older
+    releases (0.5.15.post1 checked) have no ``override_platform``; their
+    ``arg_groups/overrides.py:_attention_backend_platform_fallbacks`` calls the module-level
+    ``cpu_has_amx_support`` (imported from ``sglang.srt.utils``), so that name is replaced in
+    that module only. Raises ImportError when neither name exists.
+    """
+    try:
+        from sglang.srt.runtime_context import override_platform
+    except ImportError:
+        from sglang.srt.arg_groups import overrides
+
+        if not hasattr(overrides, "cpu_has_amx_support"):
+            raise ImportError("SGLang has neither sglang.srt.runtime_context.override_platform nor "
+                              "sglang.srt.arg_groups.overrides.cpu_has_amx_support") from None
+        overrides.cpu_has_amx_support = lambda: True
+        return "sglang.srt.arg_groups.overrides.cpu_has_amx_support"
+    override_platform(has_amx=True).install()
+    return "sglang.srt.runtime_context.override_platform"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Override ``has_amx``, then launch the SGLang HTTP server with ``argv`` (sglang flags)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    from sglang.srt.runtime_context import override_platform
+    try:
+        claim_amx()
+    except ImportError as exc:
+        import sglang
 
-    override_platform(has_amx=True).install()
+        sys.exit(f"specdiff: error: cannot run SGLang {getattr(sglang, '__version__', '?')} on a CPU "
+                 f"without AMX: {exc} (README: SGLang compatibility)")
 
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins

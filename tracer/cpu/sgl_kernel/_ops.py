@@ -86,6 +86,39 @@ _IMPLS = {
 }
 
 
+#: SGLang before 0.5.20 calls the two attention ops without the KV-cache scales (0.5.19
+#: ``layers/attention/intel_amx_backend.py:228`` and ``:291``); from 0.5.20 on ``k_scale, v_scale``
+#: follow the cache buffers. Registered: the argument list of the installed SGLang, read from its
+#: package metadata (the stand-in imports nothing from SGLang).
+KV_SCALE_ARGS_SINCE = "0.5.20"
+_KV_SCALES = "float k_scale, float v_scale, "
+
+
+def sglang_passes_kv_scales(sglang_version: str | None = None) -> bool:
+    """True when ``sglang_version`` (default: the installed SGLang's) passes ``k_scale, v_scale``
+    to ``decode_attention_cpu`` / ``extend_attention_cpu``; True when SGLang is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    if sglang_version is None:
+        try:
+            sglang_version = version("sglang")
+        except PackageNotFoundError:
+            return True
+    return Version(Version(sglang_version).base_version) >= Version(KV_SCALE_ARGS_SINCE)
+
+
+def _without_kv_scales(schema: str, impl):
+    """Schema and implementation for SGLang's older argument list: unscaled KV cache (scale 1)."""
+    at = schema[:schema.index(_KV_SCALES)].count(",")
+
+    def call(*args):
+        return impl(*args[:at], 1.0, 1.0, *args[at:])
+
+    return schema.replace(_KV_SCALES, ""), call
+
+
 def _fake_draft_metadata(req_to_token, req_pool_indices, seq_lens, topk, num_steps, pool_len):
     return req_to_token.new_empty((req_pool_indices.shape[0] * topk, pool_len))
 
@@ -108,7 +141,11 @@ def register() -> None:
     if _LIB is not None:
         return
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+    scales = sglang_passes_kv_scales()
     for name, schema in _SCHEMAS.items():
+        impl = _IMPLS[name]
+        if not scales and _KV_SCALES in schema:
+            schema, impl = _without_kv_scales(schema, impl)
         qualname = f"{NAMESPACE}::{name}"
         if torch._C._dispatch_has_kernel(qualname) and torch._C._dispatch_has_kernel_for_dispatch_key(
             qualname, "CPU"
@@ -116,7 +153,7 @@ def register() -> None:
             continue  # already provided (stand-in imported under another name, or a real build)
         if not torch._C._dispatch_has_kernel(qualname):
             lib.define(name + schema)
-        lib.impl(name, _IMPLS[name], "CPU")
+        lib.impl(name, impl, "CPU")
         fake = _fake_draft_metadata if name == "build_draft_decode_metadata_cpu" else _fake_none
         try:
             torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
