@@ -237,7 +237,8 @@ class Recorder:
             # Hooks on the draft's midlayer now, so the contract says which stages cannot be read.
             dmodel = _chain(self.adapter, draft_worker, "EagleDraftWorker.draft_runner", "ModelRunner.model")
             missing = {} if dmodel is MISSING else self.stage_taps.attach(dmodel)
-            self.contract["unrecorded_stages"] = unrecorded_stages(draft_worker, self.adapter, missing)
+            self.contract["unrecorded_stages"] = unrecorded_stages(draft_worker, self.adapter, missing,
+                                                                   with_graphs=False)
             self.hidden_size = known(self.contract, "hidden_size")
             self.num_aux = len(known(self.contract, "aux_hf_indices") or []) or None
             self.topk = int(known(self.contract, "spec_topk", 1))
@@ -524,16 +525,21 @@ PREFILL_LAST_ONLY = ("draft.logits", "draft.logits_topk.values", "draft.logits_t
                      "draft.topk", "draft.topk_target")
 
 
-def unrecorded_stages(dw, adapter: SGLangAdapter, missing: dict) -> dict:
+def unrecorded_stages(dw, adapter: SGLangAdapter, missing: dict, *, with_graphs: bool = True) -> dict:
     """Tensor -> why the recorder cannot observe (some of) its rows: a midlayer module SGLang's
     draft lacks (``missing``, from ``DraftStageTaps.attach``), a CUDA graph replay, and the logits
-    a prefill draft extend prunes to each request's last row (capture LAST)."""
+    a prefill draft extend prunes to each request's last row (capture LAST).
+
+    ``with_graphs=False`` at start-up: the draft's graph runners exist only after
+    ``_capture_cuda_graphs`` (``Recorder.refresh`` adds them), and reading them earlier would
+    report them as missing SGLang names."""
     out = dict(missing)
-    graph = _chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner")
-    graph_extend = _chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
-    for name, why in graph_hidden(draft_decode_graph=graph not in (None, MISSING),
-                                  draft_extend_graph=graph_extend not in (None, MISSING)).items():
-        out[name] = f"{out[name]}; {why}" if name in out else why
+    if with_graphs:
+        graph = _chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner")
+        graph_extend = _chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
+        for name, why in graph_hidden(draft_decode_graph=graph not in (None, MISSING),
+                                      draft_extend_graph=graph_extend not in (None, MISSING)).items():
+            out[name] = f"{out[name]}; {why}" if name in out else why
     why = ("a prefill draft extend keeps logits only for each request's last prompt row (SGLang "
            "eagle_worker_v2.py _draft_extend_for_prefill, capture LAST): earlier prompt positions "
            "have no draft logits / top-k on serving")
