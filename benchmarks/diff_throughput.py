@@ -8,7 +8,7 @@ tensor within tolerance: the diff does all its work and finds no divergence).
 In the same run, each in a fresh subprocess (page cache warmed by one untimed read first):
 
 - **read**: every data array of both traces, chunk by chunk via zarr, decompressed, no compare;
-- **diff**: ``specdiff.replay.report.diff_traces`` (align, compare, first divergence, contract,
+- **diff**: ``specdiff.replay.diff.report.diff_traces`` (align, compare, first divergence, contract,
   explain, acceptance);
 
 and prints both times, the ratio (goal <= 2x) and the diff's peak RSS (goal < 1 GiB).
@@ -90,7 +90,7 @@ def _status_kib(field: str) -> int:
 
 
 def run_diff(paths: list[str], profile: bool) -> dict:
-    from specdiff.replay.report import diff_traces
+    from specdiff.replay.diff.report import diff_traces
     imports = _status_kib("VmRSS") * 1024
     t0 = time.perf_counter()
     if profile:

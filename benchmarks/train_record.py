@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _models(tmp: Path, draft_dtype: torch.dtype):
-    from specdiff.replay.checkpoint import load_draft, save_draft
-    from specdiff.replay.draft_model import Eagle3Draft, Eagle3DraftConfig
-    from specdiff.replay.record_train import _quiet_transformers
-    from specdiff.replay.target_capture import load_target, target_embedding, target_lm_head
+    from specdiff.replay.model.checkpoint import load_draft, save_draft
+    from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
+    from specdiff.replay.model.target_capture import load_target, target_embedding, target_lm_head
+    from specdiff.replay.record.record_train import _quiet_transformers
 
     _quiet_transformers()
     demo = ROOT / "traces" / "models"
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from specdiff.replay.record_train import (
+    from specdiff.replay.record.record_train import (
         DTYPES,
         BackgroundWriter,
         TrainReplayer,

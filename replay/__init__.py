@@ -11,12 +11,12 @@ import importlib
 
 # Lazy (PEP 562): the diff engine imports specdiff.replay.* without paying for torch.
 _EXPORTS = {
-    "Eagle3DraftConfig": "draft_model", "Eagle3Draft": "draft_model", "TTTOutput": "draft_model",
-    "RowBlock": "draft_model", "ttt_labels": "draft_model",
-    "CheckpointError": "checkpoint", "LoadedDraft": "checkpoint", "load_draft": "checkpoint",
-    "save_draft": "checkpoint",
-    "TargetError": "target_capture", "TargetCapture": "target_capture", "capture_target": "target_capture",
-    "load_target": "target_capture",
+    "Eagle3DraftConfig": "model.draft_model", "Eagle3Draft": "model.draft_model", "TTTOutput": "model.draft_model",
+    "RowBlock": "model.draft_model", "ttt_labels": "model.draft_model",
+    "CheckpointError": "model.checkpoint", "LoadedDraft": "model.checkpoint", "load_draft": "model.checkpoint",
+    "save_draft": "model.checkpoint",
+    "TargetError": "model.target_capture", "TargetCapture": "model.target_capture", "capture_target": "model.target_capture",
+    "load_target": "model.target_capture",
 }
 __all__ = list(_EXPORTS)
 

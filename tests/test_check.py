@@ -16,9 +16,15 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from specdiff.replay.checkpoint import save_draft
-from specdiff.replay.draft_model import Eagle3Draft, Eagle3DraftConfig
-from specdiff.replay.preflight import Finding, PreflightError, check_vocab, findings_as_facts, run_preflight
+from specdiff.replay.model.checkpoint import save_draft
+from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
+from specdiff.replay.preflight.check import (
+    Finding,
+    PreflightError,
+    check_vocab,
+    findings_as_facts,
+    run_preflight,
+)
 from specdiff.tui.cli import _register, cli
 
 L, H, V, VD = 8, 64, 256, 128
@@ -293,7 +299,7 @@ def test_chat_template_differs(pair):
 
 def test_speculators_format_is_unsupported_by_sglang(pair, tmp_path):
     target, draft, _ = pair
-    from specdiff.replay.checkpoint import load_draft
+    from specdiff.replay.model.checkpoint import load_draft
     out = save_draft(load_draft(draft).model, tmp_path / "spec", "speculators", target_num_layers=L)
     report = run_preflight(target, out, training_layers=[0, 4, 7])
     assert _one(report, "format.unsupported", "sglang").severity == "error"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from specdiff.replay.contract_check import _FIELDS
+from specdiff.replay.diff.contract_check import _FIELDS
 from specdiff.tracer.contract import CONTRACT_FIELDS
 from specdiff.tracer.store import TraceWriter
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdiff.replay.checkpoint import native_aux_ids
-from specdiff.tracer.conventions import CONVENTIONS, ConventionError, default_hf_indices, resolve_aux_ids
+from specdiff.eagle3.aux_layers import CONVENTIONS, ConventionError, default_hf_indices, resolve_aux_ids
+from specdiff.replay.model.checkpoint import native_aux_ids
 
 L = 8
 

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_tui import static_text, wait_for  # noqa: E402
 
-from specdiff.replay.compare import UNREADABLE  # noqa: E402
-from specdiff.replay.report import diff_traces, render_json  # noqa: E402
+from specdiff.replay.diff.compare import UNREADABLE  # noqa: E402
+from specdiff.replay.diff.report import diff_traces, render_json  # noqa: E402
 from specdiff.tracer import store as store_module  # noqa: E402
 from specdiff.tracer.damage import READABLE, RECOPY  # noqa: E402
 from specdiff.tracer.errors import TraceError  # noqa: E402

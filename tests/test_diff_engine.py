@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from specdiff.replay import metrics
-from specdiff.replay.align import AlignmentError, Pair, align_sequences
-from specdiff.replay.report import diff_traces, render_text
-from specdiff.replay.tolerance import ToleranceError, default_tolerance, parse_overrides
+from specdiff.replay.diff import metrics
+from specdiff.replay.diff.align import AlignmentError, Pair, align_sequences
+from specdiff.replay.diff.report import diff_traces, render_text
+from specdiff.replay.diff.tolerance import ToleranceError, default_tolerance, parse_overrides
 from specdiff.tracer.schema import aux_name, probe_name
 from specdiff.tracer.store import TraceWriter, open_trace
 
@@ -203,7 +203,7 @@ def test_recorded_findings_that_bear_on_the_divergence_are_shown(tmp_path):
                 {"kind": "vocab.coverage", "severity": "warn", "engine": "all", "message": "low", "fix": ""}]
     trace_b = open_trace(b)
     trace_b.contract["findings"] = findings
-    from specdiff.replay.report import diff_opened
+    from specdiff.replay.diff.report import diff_opened
 
     report = diff_opened(Pair(open_trace(a), trace_b))
     assert [f["kind"] for f in report.findings] == ["aux.dropped_id"]  # vocab.* does not bear on target.aux

@@ -30,7 +30,7 @@ def _cli(args):
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> tuple[Path, Path]:
-    from specdiff.replay.tiny_models import DATA_FILE, load_prompt_lens, load_sequences
+    from specdiff.demo_models.tiny_models import DATA_FILE, load_prompt_lens, load_sequences
     from specdiff.tui.demo import MIN_DISTINCT
     d = tmp_path_factory.mktemp("graft")
     data = MODELS / "data" / DATA_FILE
@@ -52,8 +52,8 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_aux_substitution_recovers_the_seed_bug_gap(pair):
-    from specdiff.replay.graft import GraftResult, graft
-    from specdiff.replay.report import diff_traces, render_text
+    from specdiff.replay.diff.graft import GraftResult, graft
+    from specdiff.replay.diff.report import diff_traces, render_text
     report = diff_traces(str(pair[0]), str(pair[1]))
     grafts = graft(report)
     assert [g.name for g in grafts][0] == "target.aux_cat"
@@ -87,8 +87,8 @@ def test_cli_graft_and_missing_draft(pair, tmp_path):
 
 
 def test_missing_draft_named_by_the_contract(pair):
-    from specdiff.replay.graft import GraftError, graft
-    from specdiff.replay.report import diff_traces
+    from specdiff.replay.diff.graft import GraftError, graft
+    from specdiff.replay.diff.report import diff_traces
     report = diff_traces(str(pair[0]), str(pair[1]))
     tr = report.traces.x
     tr.contract = {**tr.contract, "draft_name": "/nonexistent/draft"}

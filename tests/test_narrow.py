@@ -14,8 +14,8 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
-from specdiff.replay.record_train import record_train
-from specdiff.replay.report import diff_traces, render_text
+from specdiff.replay.diff.report import diff_traces, render_text
+from specdiff.replay.record.record_train import record_train
 from specdiff.tui.demo import REPO_MODELS, demo_prompts
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""record train (replay/record_train.py, `specdiff record train`) and training hooks
+"""record train (replay/record/record_train.py, `specdiff record train`) and training hooks
 (tracer/training_hooks.py): trace contents, hooks vs the reference forward, detach, bad drafts."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from specdiff.replay.checkpoint import save_draft  # noqa: E402
-from specdiff.replay.draft_model import Eagle3Draft, Eagle3DraftConfig  # noqa: E402
+from specdiff.replay.model.checkpoint import save_draft  # noqa: E402
+from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig  # noqa: E402
 from specdiff.tracer.store import TraceWriter, open_trace  # noqa: E402
 from specdiff.tracer.training_hooks import HookError, attach_recorder  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The reference EAGLE-3 draft forward against an obviously-right per-token loop.
 
-The loop below shares nothing with replay/draft_model.py but the weights: plain Python loops
+The loop below shares nothing with replay/model/draft_model.py but the weights: plain Python loops
 over rows, float64, rope written out per rotation pair, attention over an explicit list of
 visible keys (depth-0 rows s <= t, plus this row's keys at depths 1..k: SpecForge
 llama3_eagle.py cache_hidden semantics).
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from specdiff.replay.draft_model import Eagle3Draft, Eagle3DraftConfig, ttt_labels
+from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig, ttt_labels
 
 
 def _cfg(**kw):
@@ -221,12 +221,12 @@ def test_training_step_is_differentiable_and_bf16_runs():
     assert out.logits[1].dtype == torch.bfloat16 and torch.isfinite(out.logits[1].float()).all()
 
 
-# ---- checkpoints (replay/checkpoint.py) -------------------------------------------------
+# ---- checkpoints (replay/model/checkpoint.py) -------------------------------------------------
 import json  # noqa: E402
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from specdiff.replay.checkpoint import CheckpointError, load_draft, save_draft  # noqa: E402
+from specdiff.replay.model.checkpoint import CheckpointError, load_draft, save_draft  # noqa: E402
 from specdiff.tracer.errors import SpecdiffError  # noqa: E402
 
 
@@ -360,7 +360,7 @@ def test_bad_config_and_bin_weights(tmp_path):
     _same_outputs(model, loaded.model)
 
 
-# ---- target capture (replay/target_capture.py) -----------------------------------------
+# ---- target capture (replay/model/target_capture.py) -----------------------------------------
 def _tiny_target(path):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -371,14 +371,14 @@ def _tiny_target(path):
 
 
 def test_target_capture_and_draft_on_top(tmp_path):
-    from specdiff.replay.target_capture import (
+    from specdiff.eagle3.aux_layers import resolve_aux_ids
+    from specdiff.replay.model.target_capture import (
         TargetError,
         capture_target,
         load_target,
         target_embedding,
         target_num_layers,
     )
-    from specdiff.tracer.conventions import resolve_aux_ids
 
     target = load_target(_tiny_target(tmp_path / "target"), dtype=torch.float32)
     L = target_num_layers(target)
@@ -411,7 +411,7 @@ def test_rope_frequencies_match_transformers(scaling):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from specdiff.replay.draft_model import rope_inv_freq
+    from specdiff.replay.model.draft_model import rope_inv_freq
     params = dict(scaling or {"rope_type": "default"}, rope_theta=500000.0)
     cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, rope_parameters=params)
     kind = params["rope_type"]

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from specdiff.replay.report import diff_traces
+from specdiff.replay.diff.report import diff_traces
 from specdiff.tui.demo import REPO_MODELS
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 if not (REPO_MODELS / "draft" / "config.json").exists():
-    pytest.skip("the demo models are not built (python -m specdiff.replay.tiny_models --out traces/models)",
+    pytest.skip("the demo models are not built (python -m specdiff.demo_models.tiny_models --out traces/models)",
                 allow_module_level=True)
 
 _RUNS: dict[str, tuple[subprocess.CompletedProcess, dict, Path]] = {}

@@ -345,7 +345,7 @@ def _check_accept_and_tokens(trace, outs):
 
 
 def _check_aux_vs_hf(trace, target_path):
-    from specdiff.replay.target_capture import capture_target, load_target
+    from specdiff.replay.model.target_capture import capture_target, load_target
 
     model = load_target(target_path)
     idx = trace.contract["aux_hf_indices"]
@@ -583,9 +583,9 @@ COMPUTATION_FIELDS = ("spec_algorithm", "aux_hf_indices", "aux_concat_order", "e
 
 @server
 def test_serving_and_training_contracts_agree_field_by_field_on_a_correct_pair(traced, models, tmp_path):
-    from specdiff.replay.align import Pair
-    from specdiff.replay.contract_check import check_contracts
-    from specdiff.replay.record_train import record_train
+    from specdiff.replay.diff.align import Pair
+    from specdiff.replay.diff.contract_check import check_contracts
+    from specdiff.replay.record.record_train import record_train
 
     serve = open_trace(str(traced["path"]))
     out = tmp_path / "train.trace"

@@ -1,6 +1,6 @@
 """The committed demo models (traces/models) load and are what the recipe says.
 
-Built by ``python -m specdiff.replay.tiny_models --out traces/models``; these checks only read
+Built by ``python -m specdiff.demo_models.tiny_models --out traces/models``; these checks only read
 them (a few seconds).
 """
 
@@ -21,20 +21,20 @@ pytestmark = pytest.mark.skipif(not (DRAFT / "model.safetensors").is_file(),
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from specdiff.replay.tiny_models import load_tokenizer
+    from specdiff.demo_models.tiny_models import load_tokenizer
     return load_tokenizer(TARGET)
 
 
 @pytest.fixture(scope="module")
 def target():
-    from specdiff.replay.tiny_models import load_target
+    from specdiff.demo_models.tiny_models import load_target
     return load_target(TARGET)
 
 
 @pytest.fixture(scope="module")
 def draft(target):
-    from specdiff.replay.checkpoint import load_draft
-    from specdiff.replay.target_capture import target_embedding
+    from specdiff.replay.model.checkpoint import load_draft
+    from specdiff.replay.model.target_capture import target_embedding
     return load_draft(DRAFT, target_embedding=target_embedding(target).float())
 
 
@@ -65,7 +65,7 @@ def test_target_config_and_weights(target):
 
 
 def test_data_file():
-    from specdiff.replay.tiny_models import load_prompt_lens, load_sequences
+    from specdiff.demo_models.tiny_models import load_prompt_lens, load_sequences
     train, held = load_sequences(DATA, "train"), load_sequences(DATA, "heldout")
     assert len(train) == 800 and len(held) == 64
     plens = load_prompt_lens(DATA)
@@ -105,8 +105,8 @@ def test_d2t_consistent_with_t2d(draft):
 
 def test_draft_predicts_target_on_heldout(target, draft):
     """Correct aux layers beat the seed's wrong ones on a few held-out sequences."""
-    from specdiff.replay.tiny_models import load_prompt_lens, load_sequences
-    from specdiff.replay.train_draft import (
+    from specdiff.demo_models.tiny_models import load_prompt_lens, load_sequences
+    from specdiff.demo_models.train_draft import (
         SEED_WRONG_HF_INDICES,
         TRAIN_HF_INDICES,
         capture_features,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdiff.replay.align import AlignmentError, Pair, align_sequences
-from specdiff.replay.report import diff_traces, render_text
+from specdiff.replay.diff.align import AlignmentError, Pair, align_sequences
+from specdiff.replay.diff.report import diff_traces, render_text
 from specdiff.tracer.schema import aux_name
 from specdiff.tracer.store import TraceWriter, open_trace
 from specdiff.tui.demo import REPO_MODELS

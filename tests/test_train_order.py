@@ -20,12 +20,12 @@ pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
 
-from specdiff.replay.align import Pair  # noqa: E402
-from specdiff.replay.contract_check import check_contracts  # noqa: E402
-from specdiff.replay.preflight import run_preflight  # noqa: E402
-from specdiff.replay.target_capture import TargetError, capture_target, load_target  # noqa: E402
+from specdiff.eagle3.aux_layers import ConventionError, resolve_aux_ids  # noqa: E402
+from specdiff.replay.diff.align import Pair  # noqa: E402
+from specdiff.replay.diff.contract_check import check_contracts  # noqa: E402
+from specdiff.replay.model.target_capture import TargetError, capture_target, load_target  # noqa: E402
+from specdiff.replay.preflight.check import run_preflight  # noqa: E402
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, DEFAULTS_USED, aux_slot_layers  # noqa: E402
-from specdiff.tracer.conventions import ConventionError, resolve_aux_ids  # noqa: E402
 from specdiff.tracer.store import TraceWriter, open_trace  # noqa: E402
 from specdiff.tui.scenarios import TRAINED_HF, reorder_fc_blocks, write_served_draft  # noqa: E402
 
@@ -263,8 +263,8 @@ def test_how_text_prompts_are_tokenized_is_a_stored_default(tmp_path):
 
 
 def test_converting_a_checkpoint_keeps_the_aux_id_order(tmp_path):
-    from specdiff.replay.checkpoint import load_draft, save_draft
-    from specdiff.replay.draft_model import Eagle3Draft, Eagle3DraftConfig
+    from specdiff.replay.model.checkpoint import load_draft, save_draft
+    from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
 
     cfg = Eagle3DraftConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                             vocab_size=128, draft_vocab_size=64, num_aux=3, target_hidden_size=32,

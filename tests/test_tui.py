@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from specdiff.replay.report import diff_traces
+from specdiff.replay.diff.report import diff_traces
 from specdiff.tracer.store import open_trace
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -217,7 +217,7 @@ def test_app_module_does_not_load_the_diff_engine_before_painting():
     code = "import sys, specdiff.tui.app; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    from specdiff.replay.compare import SKIP
+    from specdiff.replay.diff.compare import SKIP
     from specdiff.tui import view
 
     assert view.SKIP == SKIP

@@ -3,7 +3,7 @@
 Importable inside an SGLang worker: no Textual, no transformers at import time.
 """
 
-from .errors import SpecdiffError, TraceError
-from .schema import SPECS, STAGE_ORDER, TensorSpec, aux_name, spec_for
+from specdiff.tracer.errors import SpecdiffError, TraceError
+from specdiff.tracer.schema import SPECS, STAGE_ORDER, TensorSpec, aux_name, spec_for
 
 __all__ = ["SpecdiffError", "TraceError", "STAGE_ORDER", "SPECS", "TensorSpec", "aux_name", "spec_for"]

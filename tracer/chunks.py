@@ -16,7 +16,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 
-from .damage import RECOPY, Damage, chunk_consequence, chunk_problem
+from specdiff.tracer.damage import RECOPY, Damage, chunk_consequence, chunk_problem
 
 
 def join(path: str, *parts: str) -> str:

@@ -17,7 +17,8 @@ import hashlib
 
 import numpy as np
 
-from .errors import TraceError
+from specdiff.eagle3.aux_layers import AUX_CONCAT_ORDER
+from specdiff.tracer.errors import TraceError
 
 #: The value of a fact that could not be read from the live engine objects.
 UNKNOWN = "unknown"
@@ -26,7 +27,6 @@ _num = (int, float)
 _list = (list, tuple)
 
 #: HF index of each aux slot in concat order (slot j = ``target.aux.{j}``); both sides record it.
-AUX_CONCAT_ORDER = "aux_concat_order"
 #: every value ``record train`` filled in for an option the user did not give: name -> {value, source}
 DEFAULTS_USED = "defaults_used"
 

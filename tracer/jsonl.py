@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from .errors import SpecdiffError
+from specdiff.tracer.errors import SpecdiffError
 
 
 def iter_jsonl(path, *, error=SpecdiffError) -> Iterator[tuple[int, object]]:

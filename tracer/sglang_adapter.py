@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .contract import UNKNOWN
+from specdiff.tracer.contract import UNKNOWN
 
 logger = logging.getLogger("specdiff.tracer")
 

@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .contract import AUX_CONCAT_ORDER, UNKNOWN, known
-from .sglang_adapter import MISSING, SGLangAdapter
-from .sglang_draft_stages import DraftStageTaps, graph_hidden
+from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known
+from specdiff.tracer.sglang_adapter import MISSING, SGLangAdapter
+from specdiff.tracer.sglang_draft_stages import DraftStageTaps, graph_hidden
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -230,8 +230,8 @@ class Recorder:
         with self._lock:
             if self.writer is not None or not self.enabled:
                 return
-            from .async_writer import AsyncTraceWriter
-            from .store import TraceWriter
+            from specdiff.tracer.async_writer import AsyncTraceWriter
+            from specdiff.tracer.store import TraceWriter
 
             self.contract = contract_from_worker(draft_worker, self.opts, self.adapter)
             # Hooks on the draft's midlayer now, so the contract says which stages cannot be read.
@@ -255,7 +255,7 @@ class Recorder:
             sa = self.adapter.get(draft_worker, "EagleDraftWorker.server_args")
             port = MISSING if sa is MISSING else self.adapter.get(sa, "ServerArgs.port")
             if isinstance(port, int):
-                from .live import register_server
+                from specdiff.tracer.live import register_server
 
                 register_server(port=port, trace=self.opts.path)
             self.writer = AsyncTraceWriter(tw, self._write, max_items=64,
@@ -273,7 +273,7 @@ class Recorder:
                 "recorder_writer_s": round(w.busy_s, 4), "unobservable": self.adapter.unobservable()}
         if crash is not None:
             cost["crash"] = crash
-        from .contract import bos_added_fact
+        from specdiff.tracer.contract import bos_added_fact
 
         cost["bos_added"] = bos_added_fact(self._prompt_firsts, self.bos_token_id)
         if w.close(contract=cost):
@@ -284,7 +284,7 @@ class Recorder:
     def record_crash(self, exc: BaseException, cap: IterCapture | None) -> None:
         """The scheduler raised inside a recorded iteration: write the exception, the forward it
         happened in and the shapes involved into the trace, and close it (before the process dies)."""
-        from .crash import crash_record, describe_crash
+        from specdiff.tracer.crash import crash_record, describe_crash
 
         forward, shapes = self.phase if self.phase is not None else (None, {})
         crash = crash_record(exc, forward=forward, forward_shapes=shapes,
@@ -571,7 +571,7 @@ def _same_tensor(a, b) -> bool:
 
 def _weight_sha(w, rows, what: str):
     """weight_sha256 of the first ``rows`` rows, or UNKNOWN (shard of a TP rank, or rows unknown)."""
-    from .contract import weight_sha256
+    from specdiff.tracer.contract import weight_sha256
 
     if w is MISSING or not isinstance(rows, int):
         return UNKNOWN
@@ -619,7 +619,7 @@ def _rope_facts(A: SGLangAdapter, dinner) -> dict:
     """rope_theta / rope_scaling / rope_style as the draft's attention applies them (its
     ``rotary_emb``, built by get_rope from the draft config). Another rope class is recorded by
     its class name, so it is compared, never guessed."""
-    from .contract import rope_scaling_fact
+    from specdiff.tracer.contract import rope_scaling_fact
 
     layers = _chain(A, dinner, "Eagle3LlamaModel.layers")
     rot = MISSING if layers is MISSING or len(layers) == 0 else _chain(
@@ -665,7 +665,7 @@ def _tokenizer_facts(A: SGLangAdapter, serving) -> dict:
     """
     import os
 
-    from .contract import tokenizer_hashes
+    from specdiff.tracer.contract import tokenizer_hashes
 
     path = _chain(A, serving, "serving.tokenizer_path")
     override = _chain(A, serving, "serving.chat_template")
@@ -692,8 +692,8 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
     ``UNKNOWN`` and the missing SGLang names are listed in ``unobservable`` (never filled in
     from a config file or a default).
     """
-    from .contract import sha256_array
-    from .conventions import resolve_aux_ids
+    from specdiff.eagle3.aux_layers import resolve_aux_ids
+    from specdiff.tracer.contract import sha256_array
 
     A = adapter
     facts: dict = {"engine": "sglang", "engine_version": A.version, "capture_level": opts.capture,

@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 
-from .sglang_adapter import BY_KEY, MISSING, SGLangAdapter, hook_table
+from specdiff.tracer.sglang_adapter import BY_KEY, MISSING, SGLangAdapter, hook_table
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -65,7 +65,7 @@ def load(env=None) -> bool:
     """
     global _rec
     env = os.environ if env is None else env
-    from .sglang_hooks import Options, Recorder
+    from specdiff.tracer.sglang_hooks import Options, Recorder
 
     opts = Options.from_env(env)
     if opts is None:
@@ -161,7 +161,7 @@ def _live():
     rec = _rec
     if rec is None or not rec.active:
         return None
-    from .sglang_hooks import _capturing
+    from specdiff.tracer.sglang_hooks import _capturing
 
     if _capturing():
         return None
@@ -227,7 +227,7 @@ def _around_iteration(orig, self, batch, *a, **kw):
 
 
 def _chain(adapter, obj, *keys):
-    from .sglang_hooks import _chain as chain
+    from specdiff.tracer.sglang_hooks import _chain as chain
 
     return chain(adapter, obj, *keys)
 
@@ -245,7 +245,7 @@ def _after_target_forward(result, self, *a, **kw):
     if cap is None:
         return None
     try:
-        from .sglang_hooks import snap
+        from specdiff.tracer.sglang_hooks import snap
 
         A = rec.adapter
         lo = A.get(result, "GenerationBatchResult.logits_output")
@@ -267,7 +267,7 @@ def _around_runner_forward(orig, self, forward_batch, *a, **kw):
     rec = _live()
     if rec is None or not rec.in_iteration:
         return orig(self, forward_batch, *a, **kw)
-    from .crash import forward_name
+    from specdiff.tracer.crash import forward_name
 
     A = rec.adapter
     is_draft = A.get(self, "ModelRunner.is_draft_worker") is True
@@ -328,7 +328,7 @@ def _after_de_prefill(result, self, *a, **kw):
     if cap is None:
         return None
     try:
-        from .sglang_hooks import snap
+        from specdiff.tracer.sglang_hooks import snap
 
         topk = rec.adapter.get(result, "EagleDraftInput.topk_index")
         if topk is not MISSING:
@@ -344,7 +344,7 @@ def _after_de_decode(result, self, batch, batch_result, *a, **kw):
     if cap is None:
         return None
     try:
-        from .sglang_hooks import snap
+        from specdiff.tracer.sglang_hooks import snap
 
         topk = _chain(rec.adapter, batch_result, "GenerationBatchResult.next_draft_input",
                       "EagleDraftInput.topk_index")
@@ -361,7 +361,7 @@ def _after_select_top_k(result, i, topk_p, topk_index, *a, **kw):
     if cap is None:
         return None
     try:
-        from .sglang_hooks import snap
+        from specdiff.tracer.sglang_hooks import snap
 
         cap.select.append((int(i), snap(topk_index)))
         if int(i) > 0 and rec.topk > 1:  # tree_info[2]: each row's parent (sglang_hooks._branch_order)
@@ -377,7 +377,7 @@ def _after_build_verify(result, *a, **kw):
     if cap is None:
         return None
     try:
-        from .sglang_hooks import snap
+        from specdiff.tracer.sglang_hooks import snap
 
         for key, name in (("draft_token", "EagleVerifyInput.draft_token"),
                           ("verify_positions", "EagleVerifyInput.positions"),
@@ -398,7 +398,7 @@ def _after_eagle_sample(result, *a, **kw):
     if cap is None:
         return None
     try:
-        from .sglang_hooks import snap
+        from specdiff.tracer.sglang_hooks import snap
 
         predict, accept_lens, accept_index = result[:3]
         cap.t["predict"] = snap(predict)

@@ -26,14 +26,14 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 
-from .arrays import STORAGE_DTYPES, from_storage, to_storage, to_torch
-from .chunks import ArrayReader, metadata_problem, read_bytes
-from .chunks import join as _join
-from .contract import validate_contract
-from .damage import Damage
-from .errors import TraceError
-from .journal import JOURNAL_NAME, JournalWriter, compact_journal, read_journal
-from .schema import ordered, spec_for
+from specdiff.tracer.arrays import STORAGE_DTYPES, from_storage, to_storage, to_torch
+from specdiff.tracer.chunks import ArrayReader, metadata_problem, read_bytes
+from specdiff.tracer.chunks import join as _join
+from specdiff.tracer.contract import validate_contract
+from specdiff.tracer.damage import Damage
+from specdiff.tracer.errors import TraceError
+from specdiff.tracer.journal import JOURNAL_NAME, JournalWriter, compact_journal, read_journal
+from specdiff.tracer.schema import ordered, spec_for
 
 FORMAT_VERSION = 1
 KEY_COLUMNS = (("seq", "int32"), ("pos", "int32"), ("depth", "int16"), ("iter", "int32"))

@@ -55,9 +55,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .contract import sha256_array
-from .errors import SpecdiffError
-from .schema import aux_name
+from specdiff.tracer.contract import sha256_array
+from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.schema import aux_name
 
 __all__ = ["HookError", "Recorder", "attach_recorder", "ADAPTERS", "resolve_name_map"]
 

@@ -16,8 +16,8 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
-from .errors import TraceError
-from .store import _ARRAY_CONFIG, KEY_COLUMNS, SEQUENCE_ARRAYS, open_trace
+from specdiff.tracer.errors import TraceError
+from specdiff.tracer.store import _ARRAY_CONFIG, KEY_COLUMNS, SEQUENCE_ARRAYS, open_trace
 
 
 def _rewrite(src, dst, key: str) -> None:

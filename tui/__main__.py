@@ -1,5 +1,5 @@
 """``python -m specdiff.tui`` = the ``specdiff`` command."""
 
-from .cli import main
+from specdiff.tui.cli import main
 
 main()

@@ -1,6 +1,6 @@
 """The interactive terminal diff (``specdiff view A B``): lands on the first divergence.
 
-The app is a view of a ``DiffReport`` (replay/report.py). The diff runs in a thread worker that
+The app is a view of a ``DiffReport`` (replay/diff/report.py). The diff runs in a thread worker that
 posts small messages back (progress, ready, failed), so the screen paints at once; re-running it
 with another tolerance preset (``t``) reuses the opened traces.
 """
@@ -21,13 +21,12 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, ProgressBar, Sparkline, Static
 
 from specdiff.tracer.errors import SpecdiffError
-
-from . import panes
-from .grid import PipelineGrid, legend
-from .view import Sel, ViewModel, basename, load_tokenizer
+from specdiff.tui import panes
+from specdiff.tui.grid import PipelineGrid, legend
+from specdiff.tui.view import Sel, ViewModel, basename, load_tokenizer
 
 if TYPE_CHECKING:
-    from specdiff.replay.report import DiffReport
+    from specdiff.replay.diff.report import DiffReport
 
 # The diff engine (and torch, which it imports) loads in the worker, not before the first paint.
 PRESET_NAMES = ("strict", "default", "loose")  # replay.tolerance.PRESETS order
@@ -211,8 +210,8 @@ class SpecdiffApp(App):
     def run_diff(self, preset: str) -> None:
         """Open (once), diff, and index the report for drawing; posts DiffReady or DiffFailed."""
         try:
-            from specdiff.replay.align import Pair
-            from specdiff.replay.report import diff_opened
+            from specdiff.replay.diff.align import Pair
+            from specdiff.replay.diff.report import diff_opened
             from specdiff.tracer.store import open_trace
 
             if self.traces is None:
@@ -405,7 +404,7 @@ class SpecdiffApp(App):
     def action_export(self) -> None:
         if self.vm is None or self.sel is None:
             return
-        from .export import export_slice
+        from specdiff.tui.export import export_slice
 
         try:
             self.exported = export_slice(self.vm, self.sel, root=self.export_root)

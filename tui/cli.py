@@ -38,7 +38,7 @@ def cli():
 
 
 def _register():
-    from . import (  # noqa: F401  (register on import)
+    from specdiff.tui import (  # noqa: F401  (register on import)
         cmd_check,
         cmd_demo,
         cmd_diff,

@@ -13,9 +13,8 @@ import textwrap
 
 import click
 
-from specdiff.replay.preflight import ENGINES, PreflightError, PreflightReport, run_preflight
-
-from .cli import EXIT_DIVERGED, EXIT_OK, cli
+from specdiff.replay.preflight.check import ENGINES, PreflightError, PreflightReport, run_preflight
+from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
 
 _LABEL = {"sglang": "SGLang 0.5.23", "vllm": "vLLM"}
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from .cli import cli
-from .demo import REPO_MODELS, run_demo
-from .scenarios import SCENARIOS
+from specdiff.tui.cli import cli
+from specdiff.tui.demo import REPO_MODELS, run_demo
+from specdiff.tui.scenarios import SCENARIOS
 
 
 @cli.command()

@@ -6,9 +6,8 @@ import sys
 
 import click
 
-from specdiff.replay.tolerance import PRESETS, parse_overrides
-
-from .cli import EXIT_DIVERGED, EXIT_OK, cli
+from specdiff.replay.diff.tolerance import PRESETS, parse_overrides
+from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
 
 
 @cli.command()
@@ -40,7 +39,7 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
     """
     overrides = parse_overrides(tol)
     if fmt is None and sys.stdout.isatty():
-        from .app import run_app
+        from specdiff.tui.app import run_app
 
         sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))
 
@@ -50,14 +49,14 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
         if show_progress:
             click.echo(f"\r  comparing {i + 1}/{total} {name:30s}", nl=False, err=True)
 
-    from specdiff.replay.report import diff_traces, render_json, render_text  # torch-free CLI start
+    from specdiff.replay.diff.report import diff_traces, render_json, render_text  # torch-free CLI start
 
     report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, progress=progress,
                          narrow=not no_narrow)
     if show_progress:
         click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
     if graft:
-        from specdiff.replay.graft import graft as run_graft
+        from specdiff.replay.diff.graft import graft as run_graft
 
         if fmt != "json":
             click.echo("  grafting (re-running the training draft on serving's inputs)...", err=True)

@@ -9,11 +9,10 @@ import sys
 
 import click
 
-from specdiff.replay.contract_check import unknown_facts
+from specdiff.replay.diff.contract_check import unknown_facts
 from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.store import open_trace
-
-from .cli import EXIT_DIVERGED, EXIT_OK, cli
+from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
 
 
 def describe(trace, *, verified: bool = False) -> str:

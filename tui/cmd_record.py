@@ -24,8 +24,7 @@ import click
 
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.jsonl import iter_jsonl
-
-from .cli import cli
+from specdiff.tui.cli import cli
 
 
 @cli.group()

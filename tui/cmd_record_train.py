@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from specdiff.replay.train_options import (
+from specdiff.eagle3.aux_layers import CONVENTIONS
+from specdiff.replay.record.train_options import (
     AUX_CONVENTION_DEFAULT,
     CAPTURE_LEVELS,
     DEFAULTS,
@@ -16,10 +17,8 @@ from specdiff.replay.train_options import (
     FALLBACK_TOPK,
     describe_defaults,
 )
-from specdiff.tracer.conventions import CONVENTIONS
 from specdiff.tracer.errors import SpecdiffError
-
-from .cmd_record import record
+from specdiff.tui.cmd_record import record
 
 
 def _parse_layers(value: str | None):
@@ -85,7 +84,7 @@ def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps
       specdiff record train --target T --draft D --replay serve.trace -o train.trace
       specdiff diff train.trace serve.trace
     """
-    from specdiff.replay.record_train import record_train
+    from specdiff.replay.record.record_train import record_train
 
     bar = {}
 

@@ -6,9 +6,8 @@ import sys
 
 import click
 
-from specdiff.replay.tolerance import PRESETS, parse_overrides
-
-from .cli import cli
+from specdiff.replay.diff.tolerance import PRESETS, parse_overrides
+from specdiff.tui.cli import cli
 
 
 @cli.command()
@@ -31,6 +30,6 @@ def view(trace_a, trace_b, preset, tol):
 
     for path in (trace_a, trace_b):  # a bad path is one line on stderr, not a full-screen app
         open_trace(path)
-    from .app import run_app
+    from specdiff.tui.app import run_app
 
     sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))

@@ -18,8 +18,7 @@ from pathlib import Path
 import click
 
 from specdiff.tracer.errors import SpecdiffError
-
-from .scenarios import SCENARIOS, write_served_draft
+from specdiff.tui.scenarios import SCENARIOS, write_served_draft
 
 REPO_MODELS = Path(__file__).resolve().parent.parent / "traces" / "models"
 
@@ -37,9 +36,9 @@ def ensure_models(models: Path) -> Path:
     if (models / "target" / "config.json").exists() and (models / "draft" / "config.json").exists():
         return models
     click.echo(f"    building the tiny demo models into {models} (about 8 minutes, once)")
-    from specdiff.replay import tiny_models
-
-    if tiny_models.main(["--out", str(models)]) != 0:
+    # a subprocess: product code does not import the demo's model building
+    build = [sys.executable, "-m", "specdiff.demo_models.tiny_models", "--out", str(models)]
+    if subprocess.run(build).returncode != 0:
         raise DemoError(f"building the demo models into {models} failed")
     return models
 
@@ -52,7 +51,7 @@ def demo_prompts(models: Path, n: int) -> list[list[int]]:
     a short loop: at least ``MIN_DISTINCT`` distinct tokens in its first 64. On a loop even a
     draft fed the wrong layers is accepted, which hides what the demo is about.
     """
-    from specdiff.replay.tiny_models import DATA_FILE, load_prompt_lens, load_sequences
+    from specdiff.tui.demo_data import DATA_FILE, load_prompt_lens, load_sequences
 
     path = models / "data" / DATA_FILE
     seqs = load_sequences(path, split="heldout")
@@ -99,7 +98,7 @@ def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_ne
              tui: bool) -> int:
     """Run every phase; returns the exit code: 0 when the demo found what the scenario seeded
     (its expected first divergence and cause, or no divergence for ``correct``), 1 when not."""
-    from specdiff.replay.report import diff_traces, render_text
+    from specdiff.replay.diff.report import diff_traces, render_text
 
     sc = SCENARIOS[scenario]
     n = 5
@@ -139,7 +138,7 @@ def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_ne
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     _phase(5, n, "report", f"(summary in {workdir / 'summary.json'})")
     if tui:
-        from .app import run_app
+        from specdiff.tui.app import run_app
 
         run_app(str(train_trace), str(serve_trace))
     else:

@@ -16,8 +16,7 @@ import numpy as np
 
 from specdiff.tracer.arrays import to_torch
 from specdiff.tracer.store import TraceWriter
-
-from .view import CELLS, Sel, ViewModel
+from specdiff.tui.view import CELLS, Sel, ViewModel
 
 
 def _clean(v):

@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from .view import CELLS, NONE, GridRow, Sel, ViewModel
+from specdiff.tui.view import CELLS, NONE, GridRow, Sel, ViewModel
 
 LABEL_W = 22
 SHORT = {0: "match", 1: "within tol", 2: "diverged", 3: "missing", 4: "unreadable", 5: "not observable"}

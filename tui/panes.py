@@ -15,8 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specdiff.tracer.schema import spec_for
-
-from .view import CELLS, MISSING, NONE, UNOBSERVED, UNREADABLE, Sel, ViewModel
+from specdiff.tui.view import CELLS, MISSING, NONE, UNOBSERVED, UNREADABLE, Sel, ViewModel
 
 SLICE = 3  # elements either side of the worst one
 TOPK = 5

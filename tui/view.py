@@ -1,6 +1,6 @@
 """What the app shows, indexed for drawing: cells of the pipeline grid, divergences, selections.
 
-Everything here is a lookup into a ``DiffReport`` (replay/report.py) and the row keys of the two
+Everything here is a lookup into a ``DiffReport`` (replay/diff/report.py) and the row keys of the two
 traces; nothing is compared again. Built once per report in the diff worker, so the UI thread
 only indexes numpy arrays.
 """
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 # replay.compare imports numpy only, so the app still paints before torch loads.
-from specdiff.replay.compare import CLOSE, DIVERGED, MATCH, SKIP, UNREADABLE, is_compared  # noqa: F401  (SKIP re-exported)
+from specdiff.replay.diff.compare import CLOSE, DIVERGED, MATCH, SKIP, UNREADABLE, is_compared  # noqa: F401  (SKIP re-exported)
 from specdiff.tracer.schema import ordered, spec_for
 
 if TYPE_CHECKING:
-    from specdiff.replay.report import DiffReport
+    from specdiff.replay.diff.report import DiffReport
 
 NONE, MISSING, UNOBSERVED = -1, 3, 5
 #: cell code -> (symbol, colour, legend text). Symbols alone carry the meaning (no colour needed).
@@ -64,7 +64,7 @@ def basename(path: str) -> str:
 
 def load_tokenizer(report: DiffReport):
     """``tokenizers.Tokenizer`` from a contract's ``model_name`` dir (tokenizer.json), else None."""
-    from specdiff.replay.token_format import load_tokenizer as from_traces
+    from specdiff.replay.diff.token_format import load_tokenizer as from_traces
 
     return from_traces(report.traces)
 

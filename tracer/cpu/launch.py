@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecdiffError
-from . import STANDIN_PATH
+from specdiff.tracer.cpu import STANDIN_PATH
+from specdiff.tracer.errors import SpecdiffError
 
 SERVE_SCRIPT = os.path.join(STANDIN_PATH, "serve.py")
 

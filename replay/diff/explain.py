@@ -5,7 +5,7 @@ the mistake only when the transformed tensors agree with the other side within t
 a transform that does not close the gap is never reported as the cause.
 
 Checks (DESIGN.md "Comparing"):
-- structure (a layout difference, replay/structure.py): nothing to transform; the likely causes are
+- structure (a layout difference, replay/diff/structure.py): nothing to transform; the likely causes are
   named from the widths and the contract (another speculative algorithm, another number of aux
   layers, draft vocab, top-k, dtype family);
 - token format (sequences paired only by content): how the formats differ, decoded;
@@ -26,14 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specdiff.replay.diff import metrics
+from specdiff.replay.diff.align import Alignment, Pair, match_rows
+from specdiff.replay.diff.compare import TensorComparison
+from specdiff.replay.diff.contract_check import side_labels
+from specdiff.replay.diff.structure import contract_value
 from specdiff.tracer.contract import aux_slot_layers, known
 from specdiff.tracer.schema import aux_name, aux_slot, probe_index
-
-from . import metrics
-from .align import Alignment, Pair, match_rows
-from .compare import TensorComparison
-from .contract_check import side_labels
-from .structure import contract_value
 
 MAX_ROWS = 2048
 
@@ -403,7 +402,7 @@ def explain_structure(traces: Pair, first: TensorComparison) -> list[Explanation
 
 def explain_token_format(traces: Pair, alignment: Alignment) -> list[Explanation]:
     """The sides tokenized the same text in different formats: say how, decoded side by side."""
-    from .token_format import decoder, describe, load_tokenizer, special_ids
+    from specdiff.replay.diff.token_format import decoder, describe, load_tokenizer, special_ids
 
     labels = side_labels(traces)
     decode = decoder(load_tokenizer(traces))

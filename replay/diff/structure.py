@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdiff.replay.diff.align import Pair
 from specdiff.tracer.schema import aux_name, aux_slot, ordered, probe_index, sort_key, spec_for
-
-from .align import Pair
 
 #: storage dtype -> dtype family (a float side against an int side cannot be compared at all;
 #: bf16 against fp32 can, with the looser tolerance).

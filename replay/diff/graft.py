@@ -30,10 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from specdiff.replay.diff.align import match_rows
 from specdiff.tracer.contract import known
 from specdiff.tracer.errors import SpecdiffError
-
-from .align import match_rows
 
 __all__ = ["GraftError", "GraftResult", "graft", "NORM_FLAGS"]
 
@@ -100,7 +99,7 @@ def _checkpoint_dir(train_trace, draft_path) -> Path:
 
 def _load(train_trace, draft_path, target_path, dtype):
     """The draft as trained; the target is loaded only when the draft shares its embedding/lm_head."""
-    from .checkpoint import CheckpointError, load_draft
+    from specdiff.replay.model.checkpoint import CheckpointError, load_draft
     ddir = _checkpoint_dir(train_trace, draft_path)
     try:
         loaded = load_draft(ddir, dtype=dtype)
@@ -114,8 +113,8 @@ def _load(train_trace, draft_path, target_path, dtype):
     if not tpath or not (Path(str(tpath)) / "config.json").is_file():
         raise GraftError(f"draft checkpoint {ddir} shares the target's embedding, but the target {tpath} "
                          f"(from {src}) is not found; pass it with --target DIR (graft(target_path=...))")
-    from .record_train import _quiet_transformers
-    from .target_capture import load_target, target_embedding, target_lm_head
+    from specdiff.replay.model.target_capture import load_target, target_embedding, target_lm_head
+    from specdiff.replay.record.record_train import _quiet_transformers
     _quiet_transformers()
     target = load_target(Path(str(tpath)))
     return load_draft(ddir, dtype=dtype, target_embedding=target_embedding(target).float(),
@@ -143,7 +142,7 @@ def _flags(contract: dict, default: dict) -> dict:
 @contextlib.contextmanager
 def _with_flags(model, flags: dict):
     """Temporarily run ``model`` with other norm flags (a missing input_norm / fc_norm gets unit weights)."""
-    from .draft_model import RMSNorm
+    from specdiff.replay.model.draft_model import RMSNorm
     c = model.config
     saved = {f: getattr(c, f) for f in NORM_FLAGS}
     mods = (model.input_norm, model.fc_norm)
@@ -227,10 +226,9 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
     """
     import torch
 
+    from specdiff.replay.model.draft_model import ttt_labels
+    from specdiff.replay.record.record_train import DTYPES
     from specdiff.tracer.arrays import to_torch
-
-    from .draft_model import ttt_labels
-    from .record_train import DTYPES
 
     tr, sv = _sides(report)
     traces = report.traces

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdiff.replay.diff.align import Pair
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, unknown_fields
-
-from .align import Pair
 
 # Severity: "error" = the two sides cannot agree; "warn" = likely a cause; "info" = worth knowing.
 # Each field: (severity, message template, stages it bears on ("*" = every stage), fix).

@@ -1,6 +1,6 @@
 """Train the tiny EAGLE-3 demo draft: a small, readable EAGLE-3 training loop.
 
-This is the draft half of the demo model pair (:mod:`specdiff.replay.tiny_models` builds the
+This is the draft half of the demo model pair (:mod:`specdiff.demo_models.tiny_models` builds the
 tokenizer, the target and the self-distilled data). It is written the way a user's own
 training loop looks, so it doubles as the example that specdiff's training-side recorder hooks
 attach to:
@@ -10,7 +10,7 @@ attach to:
    embedding output, the output of decoder layer 2 and of layer 5) and the target's argmax;
 2. pick the draft vocabulary: the ``DRAFT_VOCAB`` most frequent target-argmax ids
    (``d2t`` int64 offsets, target = draft + d2t[draft]; ``t2d`` bool [V]);
-3. build the draft (:class:`specdiff.replay.draft_model.Eagle3Draft`): embedding shared with the
+3. build the draft (:class:`specdiff.replay.model.draft_model.Eagle3Draft`): embedding shared with the
    target and frozen, ``lm_head`` initialised from the target's rows of the draft vocab;
 4. train with the teacher-forced TTT forward, ``TTT_STEPS`` depths, loss = sum over depth k of
    0.8^k x cross entropy against the target's argmax mapped into the draft vocab (SpecForge
@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import save_draft
-from .draft_model import Eagle3Draft, Eagle3DraftConfig, ttt_labels
-from .target_capture import capture_target, load_target, target_embedding, target_lm_head
+from specdiff.replay.model.checkpoint import save_draft
+from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig, ttt_labels
+from specdiff.replay.model.target_capture import capture_target, load_target, target_embedding, target_lm_head
 
 # ---- recipe ---------------------------------------------------------------------------------
 TRAIN_HF_INDICES = (0, 3, 6)     # what training feeds: [embedding, layer a, layer b]
@@ -300,7 +300,7 @@ def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Pat
     Returns:
         stats dict (vocab coverage, training, held-out evaluations).
     """
-    from .tiny_models import load_prompt_lens, load_sequences
+    from specdiff.demo_models.tiny_models import load_prompt_lens, load_sequences
 
     torch.manual_seed(SEED)
     t0 = time.time()
@@ -333,7 +333,7 @@ def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m specdiff.replay.train_draft --target DIR --data DIR --out DIR``."""
+    """CLI: ``python -m specdiff.demo_models.train_draft --target DIR --data DIR --out DIR``."""
     import argparse
 
     ap = argparse.ArgumentParser(description="Train the tiny EAGLE-3 demo draft")

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .contract import AUX_CONCAT_ORDER
+#: contract field: HF index of each aux slot in fc-input concat order (slot j = fc_in[:, j*H:(j+1)*H])
+AUX_CONCAT_ORDER = "aux_concat_order"
 
 CONVENTIONS = ("hf", "sglang", "vllm", "speculators", "specforge")
 #: how the captured slots are ordered in the fc input (see the module docstring)

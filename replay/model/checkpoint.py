@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from ..tracer.contract import sha256_array
-from ..tracer.conventions import ConventionError, resolve_aux_ids
-from ..tracer.errors import SpecdiffError
-from .draft_model import Eagle3Draft, Eagle3DraftConfig
+from specdiff.eagle3.aux_layers import ConventionError, resolve_aux_ids
+from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
+from specdiff.tracer.contract import sha256_array
+from specdiff.tracer.errors import SpecdiffError
 
 __all__ = ["CheckpointError", "LoadedDraft", "load_draft", "save_draft", "read_state_dict",
            "draft_config_from_dict", "detect_format", "draft_weights_sha256", "native_aux_ids"]

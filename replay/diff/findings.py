@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdiff.replay.diff.align import Pair
 from specdiff.tracer.contract import aux_slot_layers, known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.schema import spec_for
-
-from .align import Pair
 
 # Which finding kinds can explain a divergence at each stage.
 STAGE_KINDS = {
@@ -41,7 +40,10 @@ def _serving_findings(traces: Pair) -> list[dict]:
     target, draft = known(serve.contract, "model_name"), known(serve.contract, "draft_name")
     if not target or not draft or not Path(target).is_dir() or not Path(draft).is_dir():
         return []
-    from .preflight import findings_as_facts, run_preflight  # reads configs and weight headers
+    from specdiff.replay.preflight.check import (  # reads configs and weight headers
+        findings_as_facts,
+        run_preflight,
+    )
 
     layers = aux_slot_layers(train.contract)  # in training's concat order: a permutation is a finding
     try:

@@ -66,7 +66,7 @@ class Eagle3DraftConfig:
         norm_output: SGLang semantics: feed back the *normed* hidden to the next depth.
         norm_before_residual: speculators flag: residual = hidden_norm(h) instead of h.
         eagle_aux_hidden_state_layer_ids: native aux ids as configured (None = tool default).
-        aux_convention: convention of those ids (``specdiff.tracer.conventions``).
+        aux_convention: convention of those ids (``specdiff.eagle3.aux_layers``).
         hidden_act: only ``"silu"`` is supported.
     """
 

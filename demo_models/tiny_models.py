@@ -1,6 +1,6 @@
 """Build the tiny demo model pair offline, deterministically, with one command.
 
-    python -m specdiff.replay.tiny_models --out traces/models
+    python -m specdiff.demo_models.tiny_models --out traces/models
 
 builds into ``OUT``:
 
@@ -13,7 +13,7 @@ builds into ``OUT``:
   it). Flat int32 ``tokens``, int64 ``offsets`` [N+1], int32 ``prompt_lens`` [N], int8
   ``split`` [N] (0 = train, 1 = held out). No pickle.
 - ``draft/``: an EAGLE-3 draft in SpecForge/SGLang format, trained by
-  :mod:`specdiff.replay.train_draft` on the train split.
+  :mod:`specdiff.demo_models.train_draft` on the train split.
 
 Every step is skipped when its output already exists (delete a folder, or pass ``--force``, to
 rebuild it). Seeds are fixed; the target trains for a fixed number of steps (not a time budget)
@@ -32,6 +32,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from specdiff.replay.model.target_capture import greedy_generate  # noqa: F401  (re-exported for the demo build)
+from specdiff.tui.demo_data import DATA_FILE, load_prompt_lens, load_sequences  # noqa: F401
 
 # ---- recipe constants (DESIGN.md "Demo models (measured recipe)") ---------------------------
 VOCAB_SIZE = 4096
@@ -64,7 +67,6 @@ N_HELDOUT_SEQS = 64
 PROMPT_LEN_RANGE = (16, 48)      # prompt tokens after BOS, inclusive
 CONTINUATION_LEN_RANGE = (64, 96)  # greedy tokens kept per sequence, inclusive
 
-DATA_FILE = "sequences.safetensors"
 NUM_THREADS = 2
 
 
@@ -268,25 +270,6 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.bfloat16):
 
 
 # ---- self-distilled data --------------------------------------------------------------------
-@torch.no_grad()
-def greedy_generate(model, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """Greedy continuation of equal-length ``prompts`` [B, P] with a KV cache (no padding).
-
-    EOS is not treated specially (generation never stops early). Returns [B, max_new_tokens].
-    """
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    out = model(input_ids=prompts, past_key_values=cache, use_cache=True)
-    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-    gen = [nxt]
-    for _ in range(max_new_tokens - 1):
-        out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        gen.append(nxt)
-    return torch.cat(gen, dim=1)
-
-
 def build_data(model, docs: list[np.ndarray], out_path: str | Path, *, seed: int = SEED,
                n_train: int = N_TRAIN_SEQS, n_heldout: int = N_HELDOUT_SEQS, log=print) -> dict:
     """Make self-distilled sequences: ``[BOS] + stdlib window`` + the target's greedy tokens.
@@ -352,37 +335,6 @@ def build_data(model, docs: list[np.ndarray], out_path: str | Path, *, seed: int
             "tokens": int(offsets[-1]), "generate_seconds": round(gen_s, 1)}
 
 
-def load_sequences(path: str | Path, split: str | None = None) -> list[torch.Tensor]:
-    """Load the sequences file as a list of int64 token tensors.
-
-    Args:
-        path: the ``sequences.safetensors`` file, or the ``data/`` folder holding it.
-        split: ``"train"``, ``"heldout"`` or None for all.
-    """
-    from safetensors.numpy import load_file
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / DATA_FILE
-    d = load_file(str(path))
-    toks, off, sp = d["tokens"], d["offsets"], d["split"]
-    want = {None: None, "train": 0, "heldout": 1}[split]
-    return [torch.from_numpy(toks[off[i]:off[i + 1]].astype(np.int64))
-            for i in range(len(sp)) if want is None or sp[i] == want]
-
-
-def load_prompt_lens(path: str | Path, split: str | None = None) -> list[int]:
-    """Prompt length (BOS included) of each sequence, in the order of :func:`load_sequences`."""
-    from safetensors.numpy import load_file
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / DATA_FILE
-    d = load_file(str(path))
-    want = {None: None, "train": 0, "heldout": 1}[split]
-    return [int(p) for p, s in zip(d["prompt_lens"], d["split"]) if want is None or s == want]
-
-
 # ---- driver ---------------------------------------------------------------------------------
 def _write_manifest(path: Path, manifest: dict) -> None:
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -444,7 +396,7 @@ def build_all(out: str | Path, *, stdlib: str | Path | None = None, force: bool 
         torch.set_num_threads(NUM_THREADS)
         _write_manifest(man_path, manifest)
 
-    from specdiff.replay import train_draft
+    from specdiff.demo_models import train_draft
 
     if force or need_data or not _exists(rdir, "config.json", "model.safetensors"):
         kw = {} if draft_steps is None else {"steps": draft_steps}
@@ -454,7 +406,7 @@ def build_all(out: str | Path, *, stdlib: str | Path | None = None, force: bool 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m specdiff.replay.tiny_models --out DIR [--force] [--stdlib PATH]``."""
+    """CLI: ``python -m specdiff.demo_models.tiny_models --out DIR [--force] [--stdlib PATH]``."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="output folder (target/, data/, draft/)")
     ap.add_argument("--stdlib", default=None, help="Python stdlib folder (default: this interpreter's)")

@@ -34,10 +34,8 @@ from pathlib import Path
 
 import torch
 
-from ..tracer.contract import tokenizer_hashes
-from ..tracer.conventions import CONVENTIONS, ConventionError, default_hf_indices, resolve_aux_ids
-from ..tracer.errors import SpecdiffError
-from .checkpoint import (
+from specdiff.eagle3.aux_layers import CONVENTIONS, ConventionError, default_hf_indices, resolve_aux_ids
+from specdiff.replay.model.checkpoint import (
     _IGNORED,
     _OPTIONAL_SHAPES,
     SPECFORGE_ARCH,
@@ -50,6 +48,8 @@ from .checkpoint import (
     draft_config_from_dict,
     native_aux_ids,
 )
+from specdiff.tracer.contract import tokenizer_hashes
+from specdiff.tracer.errors import SpecdiffError
 
 __all__ = ["PreflightError", "Finding", "EngineCapture", "TargetInfo", "DraftInfo", "PreflightReport",
            "ENGINES", "SEVERITIES", "read_target", "read_draft", "run_preflight", "findings_as_facts",

@@ -10,17 +10,22 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
+from specdiff.replay.diff.acceptance import Acceptance, acceptance
+from specdiff.replay.diff.align import Alignment, AlignmentError, Pair, align_sequences
+from specdiff.replay.diff.compare import TensorComparison, compare_all, first_divergence
+from specdiff.replay.diff.contract_check import (
+    ContractMismatch,
+    bearing_on,
+    check_contracts,
+    side_labels,
+    unknown_facts,
+)
+from specdiff.replay.diff.explain import Explanation, explain
+from specdiff.replay.diff.findings import crash_findings, matching_findings
+from specdiff.replay.diff.structure import structure_mismatches
 from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.schema import spec_for
 from specdiff.tracer.store import open_trace
-
-from .acceptance import Acceptance, acceptance
-from .align import Alignment, AlignmentError, Pair, align_sequences
-from .compare import TensorComparison, compare_all, first_divergence
-from .contract_check import ContractMismatch, bearing_on, check_contracts, side_labels, unknown_facts
-from .explain import Explanation, explain
-from .findings import crash_findings, matching_findings
-from .structure import structure_mismatches
 
 
 @dataclass
@@ -238,7 +243,7 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
                         findings=matching_findings(traces, first) if crash is None or first is not None
                         else crash_findings(traces, crash), crash=crash, alignment_error=alignment_error)
     if narrow and first is not None and first.kind == "values" and not report.explanations:
-        from .narrow import narrow_or_reason
+        from specdiff.replay.diff.narrow import narrow_or_reason
 
         report.narrowing = narrow_or_reason(report)
     return report
@@ -252,7 +257,7 @@ class _LazyDecode:
 
     def __call__(self, ids):
         if not self.loaded:
-            from .token_format import decoder, load_tokenizer
+            from specdiff.replay.diff.token_format import decoder, load_tokenizer
 
             self.fn, self.loaded = decoder(load_tokenizer(self.traces)), True
         return self.fn(ids) if self.fn else None

@@ -45,7 +45,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..tracer.contract import (
+from specdiff.eagle3.aux_layers import CONVENTIONS, AuxResolution, ConventionError, resolve_aux_ids
+from specdiff.replay.model.checkpoint import LoadedDraft, load_draft
+from specdiff.replay.model.draft_model import Eagle3Draft, TTTOutput, ttt_labels
+from specdiff.replay.model.target_capture import (
+    TargetCapture,
+    capture_target,
+    load_target,
+    target_embedding,
+    target_lm_head,
+    target_num_layers,
+)
+from specdiff.replay.record.train_options import (
+    AUX_CONVENTION_DEFAULT,
+    CAPTURE_LEVELS,
+    DTYPE_NAMES,
+    fill_defaults,
+)
+from specdiff.tracer.contract import (
     DEFAULTS_USED,
     bos_added_fact,
     known,
@@ -54,22 +71,10 @@ from ..tracer.contract import (
     validate_contract,
     weight_sha256,
 )
-from ..tracer.conventions import CONVENTIONS, AuxResolution, ConventionError, resolve_aux_ids
-from ..tracer.errors import SpecdiffError, TraceError
-from ..tracer.jsonl import iter_jsonl
-from ..tracer.schema import aux_name, probe_name
-from ..tracer.store import TraceWriter, open_trace
-from .checkpoint import LoadedDraft, load_draft
-from .draft_model import Eagle3Draft, TTTOutput, ttt_labels
-from .target_capture import (
-    TargetCapture,
-    capture_target,
-    load_target,
-    target_embedding,
-    target_lm_head,
-    target_num_layers,
-)
-from .train_options import AUX_CONVENTION_DEFAULT, CAPTURE_LEVELS, DTYPE_NAMES, fill_defaults
+from specdiff.tracer.errors import SpecdiffError, TraceError
+from specdiff.tracer.jsonl import iter_jsonl
+from specdiff.tracer.schema import aux_name, probe_name
+from specdiff.tracer.store import TraceWriter, open_trace
 
 __all__ = ["RecordTrainError", "TrainSequence", "RecordTrainResult", "DTYPES", "CAPTURE_LEVELS",
            "LOGITS_TOPK", "sequences_from_trace", "sequences_from_prompts", "resolve_train_aux",
@@ -225,7 +230,8 @@ def _note_default(defaults_used: dict | None, name: str, value, source: str) -> 
 @torch.no_grad()
 def _extend_greedy(target, seqs: list[TrainSequence], max_new_tokens: int) -> list[TrainSequence]:
     """Append the target's greedy continuation (``max_new_tokens``) to each sequence."""
-    from .tiny_models import greedy_generate
+    from specdiff.replay.model.target_capture import greedy_generate
+
     dev = next(target.parameters()).device
     out = []
     for s in seqs:
@@ -706,7 +712,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
 
 def _preflight_facts(target_dir, draft_dir, training_hf) -> list[dict]:
     """``specdiff check`` on the pair as recorded (error/warn only), for the contract ``findings``."""
-    from .preflight import findings_as_facts, run_preflight
+    from specdiff.replay.preflight.check import findings_as_facts, run_preflight
 
     try:
         report = run_preflight(target_dir, draft_dir, training_layers=list(training_hf), training_convention="hf")

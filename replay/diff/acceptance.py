@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdiff.replay.diff.align import Alignment, Pair
 from specdiff.tracer.contract import known
-
-from .align import Alignment, Pair
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specdiff.replay.diff import metrics
+from specdiff.replay.diff.align import match_rows
+from specdiff.replay.diff.graft import NORM_FLAGS, GraftError, _d2t, _flags, _load, _plan, _sides, _with_flags
 from specdiff.tracer.errors import SpecdiffError
-
-from . import metrics
-from .align import match_rows
-from .graft import NORM_FLAGS, GraftError, _d2t, _flags, _load, _plan, _sides, _with_flags
 
 #: draft stages a depth-0 re-run computes, in dataflow order (ids compared on the top-1 id)
 STAGES = ("draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.attn_in", "draft.hidden_out",
@@ -104,9 +103,8 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
         raise NarrowError(f"{strace.path}: serving recorded no draft stage to compare a re-run with")
     import torch
 
+    from specdiff.replay.record.record_train import DTYPES
     from specdiff.tracer.arrays import to_torch
-
-    from .record_train import DTYPES
 
     dtype = DTYPES.get(str(ttrace.contract.get("dtype") or "bfloat16"), torch.bfloat16)
     loaded = _load(ttrace, draft_path, target_path, dtype)

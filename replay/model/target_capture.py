@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from ..tracer.errors import SpecdiffError
-from ..tracer.schema import aux_name
-from .draft_model import RowBlock
+from specdiff.replay.model.draft_model import RowBlock
+from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.schema import aux_name
 
 __all__ = ["TargetError", "TargetCapture", "load_target", "capture_target", "target_embedding",
            "target_lm_head", "target_num_layers"]
@@ -96,7 +96,7 @@ def capture_target(model, input_ids: torch.Tensor, hf_indices, *, lengths: torch
 
     Args:
         hf_indices: HF hidden_states indices to capture, in concat order, used as given (resolve
-            tool ids with ``specdiff.tracer.conventions.resolve_aux_ids``).
+            tool ids with ``specdiff.eagle3.aux_layers.resolve_aux_ids``).
         keep_all: also return every hidden state.
 
     Raises:
@@ -121,3 +121,22 @@ def capture_target(model, input_ids: torch.Tensor, hf_indices, *, lengths: torch
     return TargetCapture(input_ids=input_ids, lengths=lengths, hf_indices=idx, aux=aux,
                          aux_cat=torch.cat(aux, dim=-1), argmax=out.logits.argmax(-1).cpu(),
                          hidden_states=tuple(h.detach() for h in hs) if keep_all else None)
+
+
+@torch.no_grad()
+def greedy_generate(model, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Greedy continuation of equal-length ``prompts`` [B, P] with a KV cache (no padding).
+
+    EOS is not treated specially (generation never stops early). Returns [B, max_new_tokens].
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    out = model(input_ids=prompts, past_key_values=cache, use_cache=True)
+    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    gen = [nxt]
+    for _ in range(max_new_tokens - 1):
+        out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        gen.append(nxt)
+    return torch.cat(gen, dim=1)

@@ -12,12 +12,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from specdiff.replay.diff import metrics
+from specdiff.replay.diff.align import Alignment, Pair, RowMatch, match_rows, pack_keys
+from specdiff.replay.diff.tolerance import Tolerance, apply_overrides, default_tolerance, looser_dtype
 from specdiff.tracer.contract import known
 from specdiff.tracer.schema import aux_slot, ordered, probe_index, sort_key, spec_for
-
-from . import metrics
-from .align import Alignment, Pair, RowMatch, match_rows, pack_keys
-from .tolerance import Tolerance, apply_overrides, default_tolerance, looser_dtype
 
 MATCH, CLOSE, DIVERGED = 0, 1, 2
 #: a row in a damaged chunk on either side (tracer.damage): not compared, never counted as a match

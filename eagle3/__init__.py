@@ -1,0 +1,7 @@
+"""specdiff.eagle3: the EAGLE-3 contract rules, each in one module, imported everywhere else.
+
+Imports nothing else from specdiff, so the recorder (tracer), the diff engine (replay) and the
+app (tui) all read the same rule. Each rule names the engine or framework source it was read from.
+
+- ``aux_layers``: what a list of aux-layer ids means in each engine / training framework (HF indices).
+"""

@@ -1,0 +1,1 @@
+"""specdiff.replay.preflight: the pre-flight contract check (``specdiff check``), from files only."""
