@@ -84,8 +84,10 @@ def test_no_test_edits_sys_path():
 
 @pytest.mark.skipif(not (EXAMPLE / "serve.trace").exists(), reason="the shipped example pair is absent")
 def test_diff_of_the_example_pair_is_byte_identical_to_the_golden_json():
-    # The golden file is `specdiff diff ... --format json` on the shipped seed pair before the
-    # issue-13 redesign. Regenerate it only when the example pair itself is re-recorded.
+    # The golden file is `specdiff diff ... --format json` on the shipped seed pair, computed by
+    # the code before the issue-13 redesign (commit fb78f8e) on a clean clone: the model paths the
+    # traces name do not exist here, so no pre-flight findings. Regenerate it only when the example
+    # pair itself is re-recorded.
     result = subprocess.run(
         [sys.executable, "-m", "specdiff.tui", "diff", "traces/examples/seed/train.trace",
          "traces/examples/seed/serve.trace", "--format", "json"],  # relative: the JSON names them
