@@ -63,7 +63,11 @@ class EngineCapture:
         return len(self.hf_indices) + (1 if self.prenorm_ids else 0)
 
     def as_dict(self) -> dict:
+        """JSON-safe dict; ``prenorm_ids`` only when there is one (the JSON of every other
+        capture stays as it was before the key existed)."""
         d = dataclasses.asdict(self)
+        if not self.prenorm_ids:
+            del d["prenorm_ids"]
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
 
 
