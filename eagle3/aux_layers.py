@@ -99,7 +99,6 @@ class IdRule:
         return i if lo <= i <= hi and i != self.embed_id else None
 
 
-_SGLANG = "sglang 0.5.23 (python/sglang/srt/...)"
 RULES: dict[str, IdRule] = {
     "hf": IdRule("hf", "transformers 5.19 output_hidden_states", offset=0, lo=0, hi=0, sources=(
         "transformers models/llama/modeling_llama.py LlamaModel.forward: hidden_states[0] = embeddings, "

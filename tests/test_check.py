@@ -363,6 +363,8 @@ def test_vllm_id_L_is_fed_as_the_last_layer_before_the_final_norm_not_dropped(pa
     assert mism.fix == "vLLM captures only HF 0..L-1: retrain on other layers"
     r = _cli("--target", target, "--draft", draft, "--engine", "vllm", "--format", "json")
     assert json.loads(r.output)["captures"]["vllm"]["prenorm_ids"] == [L]
+    r = _cli("--target", target, "--draft", draft, "--engine", "vllm")
+    assert "-> HF [0=embed, 4=out L3] + pre-norm out L7  [3/3 slots, ok]" in r.output
 
 
 def test_vllm_ids_past_its_last_capture_point_are_dropped_and_crash(pair):

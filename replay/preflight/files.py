@@ -33,6 +33,8 @@ class PreflightError(SpecdiffError):
 
 @dataclass
 class TargetInfo:
+    """What the target's config.json and tokenizer files say (dims, rope, eos ids, sha256s)."""
+
     path: str
     config: dict
     num_layers: int
@@ -48,6 +50,9 @@ class TargetInfo:
 
 @dataclass
 class DraftInfo:
+    """What the draft directory holds: raw config, detected format (None: not EAGLE-3), parsed
+    config, ``tensors`` {file name: (shape, dtype)} from the headers, ``d2t`` / ``t2d`` tensors."""
+
     path: str
     raw: dict
     format: str | None  # None: not an EAGLE-3 checkpoint
@@ -58,7 +63,6 @@ class DraftInfo:
     t2d: torch.Tensor | None
     tokenizer_sha256: str | None
     chat_template_sha256: str | None
-
 
 
 def _load_json(f: Path, what: str) -> dict:
@@ -78,7 +82,6 @@ def _model_dir(path, what: str) -> Path:
     if not (p / "config.json").is_file():
         raise PreflightError(f"{what} {p}: no config.json (not a Hugging Face model directory)")
     return p
-
 
 
 def read_target(path) -> TargetInfo:

@@ -37,6 +37,7 @@ class Finding:
     fix: str = ""
 
     def as_fact(self) -> dict:
+        """JSON/msgpack-safe dict of the finding."""
         return {"kind": self.kind, "severity": self.severity, "engine": self.engine,
                 "message": self.message, "fix": self.fix}
 
@@ -48,6 +49,9 @@ def findings_as_facts(findings) -> list[dict]:
 
 @dataclass
 class PreflightReport:
+    """A check's result: what was read, what each engine captures, the training layers (HF
+    indices, concat order) and the findings, error first."""
+
     target: TargetInfo
     draft: DraftInfo
     engines: tuple[str, ...]

@@ -192,7 +192,6 @@ def check_training(captures: dict[str, EngineCapture], training_hf: tuple[int, .
     return out
 
 
-
 # ---- weights ----------------------------------------------------------------------------
 def check_weights(draft: DraftInfo, target: TargetInfo, *, engines) -> list[Finding]:
     """Every expected key present with the right shape; missing / unexpected / ignored keys; dtype."""
@@ -294,7 +293,6 @@ def check_weights(draft: DraftInfo, target: TargetInfo, *, engines) -> list[Find
                 out.append(Finding("weights.dtype", sev, "all", f"{key} has dtype {dt}, expected {want}",
                                    f"store {key} as {want}"))
     return out
-
 
 
 # ---- vocab map --------------------------------------------------------------------------
