@@ -33,16 +33,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specdiff.demo_models.tiny_models import TARGET_DIMS
+from specdiff.eagle3.aux_layers import default_hf_indices, resolve_aux_ids
 from specdiff.replay.model.checkpoint import save_draft
 from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig, ttt_labels
 from specdiff.replay.model.target_capture import capture_target, load_target, target_embedding, target_lm_head
+from specdiff.tui.scenarios import CORRECT_SGLANG_IDS, SEED_WRONG_IDS, TRAINED_HF
 
 # ---- recipe ---------------------------------------------------------------------------------
-TRAIN_HF_INDICES = (0, 3, 6)     # what training feeds: [embedding, layer a, layer b]
-SERVE_IDS = [-1, 2, 5]           # SGLang ids that capture exactly TRAIN_HF_INDICES
-SEED_WRONG_IDS = [2, 5, 6]       # the seed's serving ids: SGLang captures HF [3, 6, 7]
-SEED_WRONG_HF_INDICES = (3, 6, 7)
-SGLANG_DEFAULT_HF_INDICES = (2, 4, 5)  # no ids in the config: HF [2, L//2, L-3] for L = 8
+# The layers are defined once, in the demo's scenarios; the rest follows from the SGLang rule.
+TRAIN_HF_INDICES = tuple(TRAINED_HF)  # what training feeds: [embedding, layer a, layer b]
+SERVE_IDS = CORRECT_SGLANG_IDS        # SGLang ids that capture exactly TRAIN_HF_INDICES
+TARGET_LAYERS = TARGET_DIMS["num_hidden_layers"]  # the demo target's L
+SEED_WRONG_HF_INDICES = resolve_aux_ids(SEED_WRONG_IDS, convention="sglang", num_layers=TARGET_LAYERS).hf_indices
+SGLANG_DEFAULT_HF_INDICES = default_hf_indices(TARGET_LAYERS)  # no ids in the config
 
 DRAFT_VOCAB = 1024
 DRAFT_DIMS = dict(hidden_size=256, intermediate_size=1024, num_attention_heads=4,

@@ -3,5 +3,7 @@
 Imports nothing else from specdiff, so the recorder (tracer), the diff engine (replay) and the
 app (tui) all read the same rule. Each rule names the engine or framework source it was read from.
 
-- ``aux_layers``: what a list of aux-layer ids means in each engine / training framework (HF indices).
+- ``aux_layers``: what a list of aux-layer ids means in each engine / training framework (HF
+  indices, both directions) and what an engine really captures from a config.
+- ``vocab_map``: ``d2t`` / ``t2d`` / ``hot_token_id`` semantics (offsets, how engines read them).
 """

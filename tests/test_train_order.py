@@ -66,7 +66,9 @@ def test_trainer_order_is_kept_and_engine_order_is_ascending():
 
 
 @pytest.mark.parametrize("ids,conv,words", [([3, 3, 6], "hf", "twice"), ([2, -1, 2], "sglang", "twice"),
-                                            ([0, 3, L - 1], "sglang", "never reaches")])
+                                            ([0, 3, L - 1], "sglang", "never reaches"),
+                                            ([0, 3, L], "vllm", "before the final norm"),
+                                            ([0, 3, L - 1], "specforge", "before the final norm")])
 def test_trainer_ids_that_cannot_be_used_as_given_are_refused(ids, conv, words):
     with pytest.raises(ConventionError, match=words):
         resolve_aux_ids(ids, convention=conv, num_layers=L, concat="listed")
@@ -180,6 +182,7 @@ def test_every_default_filled_in_is_printed_and_stored(tmp_path):
     (["--aux-layers", "3,3,6"], "HF hidden_states[3] twice"),
     (["--aux-layers", "6,,3"], "expected comma-separated integers"),
     (["--aux-layers", "0,3,7", "--aux-convention", "sglang"], "never reaches"),
+    (["--aux-layers", "0,3,8", "--aux-convention", "vllm"], "before the final norm"),
     (["--aux-convention", "hf"], "--aux-layers, which is missing"),
     (["--steps", "0"], "--steps 0: must be >= 1"),
     (["--topk", "0"], "--topk 0: must be >= 1"),

@@ -55,8 +55,9 @@ def render_text(report: PreflightReport, *, width: int = 110) -> str:
                    else f"{cap.source} ids {list(cap.native_ids)}")
             drop = f"  dropped ids {list(cap.dropped_ids)}" if cap.dropped_ids else ""
             status = {"ok": "ok", "crash": "CRASH", "fc-skipped": "FC SKIPPED"}[cap.outcome]
-            lines.append(f"  {_LABEL[eng]:14s} {src:34s} -> HF {_hf(cap.hf_indices, L)}{drop}  "
-                         f"[{len(cap.hf_indices)}/{cap.slots_expected} slots, {status}]")
+            pre = f" + pre-norm out L{L - 1}" if cap.prenorm_ids else ""
+            lines.append(f"  {_LABEL[eng]:14s} {src:34s} -> HF {_hf(cap.hf_indices, L)}{pre}{drop}  "
+                         f"[{cap.slots}/{cap.slots_expected} slots, {status}]")
         if report.training_hf is not None:
             lines.append(f"  {'training':14s} {'':34s} -> HF {_hf(report.training_hf, L)}")
     counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warn", "info")}

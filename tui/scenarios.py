@@ -21,8 +21,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-TRAINED_HF = [0, 3, 6]
-CORRECT_SGLANG_IDS = [-1, 2, 5]  # sglang_ids(TRAINED_HF)
+from specdiff.eagle3.aux_layers import native_aux_ids
+from specdiff.eagle3.vocab_map import hot_token_ids
+
+# The demo's one definition of its layers (demo_models.train_draft trains on them).
+TRAINED_HF = [0, 3, 6]  # HF hidden_states the demo draft was trained on: embedding, out L2, out L5
+CORRECT_SGLANG_IDS = native_aux_ids(TRAINED_HF, "sglang")  # [-1, 2, 5]
+SEED_WRONG_IDS = [2, 5, 6]  # the seed's serving ids: SGLang captures HF [3, 6, 7]
 
 
 @dataclass(frozen=True)
@@ -91,11 +96,6 @@ SCENARIOS = {
 }
 
 
-def sglang_ids(hf_indices) -> list[int]:
-    """SGLang 0.5.23 llama.py ids for HF indices, in the same order: id k captures HF k+1."""
-    return [int(i) - 1 for i in hf_indices]
-
-
 def reorder_fc_blocks(fc_weight: torch.Tensor, *, from_order, to_order) -> torch.Tensor:
     """fc.weight [Hd, K*H] trained on aux slots in ``from_order`` (HF indices, block j multiplies
     slot j) rewritten for slots in ``to_order`` (a permutation of the same layers): the result
@@ -133,19 +133,19 @@ def write_served_draft(scenario: str, trained_draft: Path, out: Path) -> Path:
     wfile = _weights_file(out)
     weights = load_file(str(wfile))
     if scenario == "seed":
-        eagle["eagle_aux_hidden_state_layer_ids"] = [2, 5, 6]
+        eagle["eagle_aux_hidden_state_layer_ids"] = list(SEED_WRONG_IDS)
     elif scenario == "off-by-one":
         eagle["eagle_aux_hidden_state_layer_ids"] = list(TRAINED_HF)
     elif scenario == "d2t-direct":
         d2t = weights["d2t"]
-        weights["d2t"] = d2t + torch.arange(len(d2t), dtype=d2t.dtype)
+        weights["d2t"] = hot_token_ids(d2t).to(d2t.dtype)  # direct ids
     elif scenario == "no-d2t":
         weights.pop("d2t", None)
         weights.pop("t2d", None)
     elif SCENARIOS[scenario].trained_order is not None:
         order = SCENARIOS[scenario].trained_order
         weights["fc.weight"] = reorder_fc_blocks(weights["fc.weight"], from_order=TRAINED_HF, to_order=order)
-        eagle["eagle_aux_hidden_state_layer_ids"] = sglang_ids(order)
+        eagle["eagle_aux_hidden_state_layer_ids"] = native_aux_ids(order, "sglang")
     elif scenario == "norm-before-fc":
         cfg["norm_before_fc"] = True
         width = weights["fc.weight"].shape[1]

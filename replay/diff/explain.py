@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specdiff.eagle3.aux_layers import native_aux_ids
 from specdiff.replay.diff import metrics
 from specdiff.replay.diff.align import Alignment, Pair, match_rows
 from specdiff.replay.diff.compare import TensorComparison
@@ -89,11 +90,6 @@ def _hf_candidates(trace) -> dict[int, str]:
     return out
 
 
-def _sglang_ids(hf: list[int]) -> list[int]:
-    # SGLang 0.5.23 llama.py: id k captures HF k+1; id -1 captures the embeddings (HF 0).
-    return [h - 1 for h in hf]
-
-
 def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Explanation]:
     """Identify which HF hidden state each aux slot holds, by similarity with the other side."""
     labels = side_labels(traces)
@@ -143,7 +139,7 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     elif o_hf and s_hf:
         msg += f" — layer ids shifted ({s_label} captured HF {s_hf}, {o_label} used {o_hf})"
     fix = (f"set the draft config's eagle_config.eagle_aux_hidden_state_layer_ids to "
-           f"{_sglang_ids(o_hf)} (SGLang convention for HF {o_hf})") if o_hf else ""
+           f"{native_aux_ids(o_hf, 'sglang')} (SGLang convention for HF {o_hf})") if o_hf else ""
     return [Explanation("aux_layer_shift", msg, evidence, fix, matrix)]
 
 

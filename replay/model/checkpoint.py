@@ -32,19 +32,24 @@ from pathlib import Path
 
 import torch
 
-from specdiff.eagle3.aux_layers import ConventionError, resolve_aux_ids
+from specdiff.eagle3.aux_layers import ConventionError, native_aux_ids, resolve_aux_ids
+from specdiff.eagle3.vocab_map import read_d2t
 from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
 from specdiff.tracer.contract import sha256_array
 from specdiff.tracer.errors import SpecdiffError
 
-__all__ = ["CheckpointError", "LoadedDraft", "load_draft", "save_draft", "read_state_dict",
-           "draft_config_from_dict", "detect_format", "draft_weights_sha256", "native_aux_ids"]
+__all__ = ["CheckpointError", "LoadedDraft", "load_draft", "save_draft", "read_state_dict", "read_weight_headers",
+           "draft_config_from_dict", "detect_format", "draft_weights_sha256", "canonical_name",
+           "expected_shapes", "OPTIONAL_SHAPES", "IGNORED_KEYS", "rope_params"]
 
 FORMATS = ("specforge", "speculators")
 SPECFORGE_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHS = ("Eagle3DraftModel", "Eagle3Speculator")
-#: keys speculators writes or keeps that the draft forward does not use
-_IGNORED = ("verifier_norm.weight", "verifier_lm_head.weight")
+#: keys speculators writes or keeps that the draft forward does not use (engines skip them too)
+IGNORED_KEYS = ("verifier_norm.weight", "verifier_lm_head.weight")
+_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+              "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32",
+              "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 _LEGACY = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
 
 
@@ -53,30 +58,79 @@ class CheckpointError(SpecdiffError):
 
 
 # ---- files ------------------------------------------------------------------------------
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory: every ``*.safetensors`` file, else ``*.bin``
-    loaded with ``weights_only=True``. Raises CheckpointError when there is none."""
-    path = Path(path)
+def _weight_files(path: Path) -> tuple[str, list[Path]]:
     st = sorted(path.glob("*.safetensors"))
-    out: dict[str, torch.Tensor] = {}
     if st:
-        from safetensors.torch import load_file
-        for f in st:
-            try:
-                out.update(load_file(str(f)))
-            except Exception as e:  # corrupt header etc.
-                raise CheckpointError(f"cannot read {f}: {e}") from None
-        return out
+        return "safetensors", st
     bins = sorted(path.glob("*.bin"))
     if not bins:
-        raise CheckpointError(f"{path}: no *.safetensors or *.bin weights found")
-    for f in bins:
+        raise CheckpointError(f"draft {path}: no *.safetensors or *.bin weights found")
+    return "bin", bins
+
+
+def _load_bin(f: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
+    try:
+        return torch.load(str(f), map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:  # pickle with code, truncated file
+        raise CheckpointError(f"draft weights {f}: unreadable (weights_only=True: {type(e).__name__}: {e})") from None
+
+
+def _unreadable(f: Path, e: Exception) -> CheckpointError:
+    return CheckpointError(f"draft weights {f}: unreadable safetensors ({type(e).__name__}: {e})")
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory: every ``*.safetensors`` file, else ``*.bin``
+    loaded with ``weights_only=True``. Raises CheckpointError when there is none or one is
+    unreadable (the file named)."""
+    path = Path(path)
+    kind, files = _weight_files(path)
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        if kind == "bin":
+            out.update(_load_bin(f))
+            continue
+        from safetensors.torch import load_file
         try:
-            sd = torch.load(str(f), map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise CheckpointError(f"cannot read {f} (weights_only=True): {e}") from None
-        out.update(sd)
+            out.update(load_file(str(f)))
+        except Exception as e:  # corrupt header etc.
+            raise _unreadable(f, e) from None
     return out
+
+
+def read_weight_headers(path: str | Path, *, load=("d2t", "t2d")) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Shapes and dtypes of every tensor of a checkpoint directory without loading the weights
+    (safetensors headers; ``.bin`` memory-mapped with ``weights_only=True``), plus the tensors
+    whose ``canonical_name`` is in ``load`` (by default the small ``d2t`` / ``t2d``).
+
+    Returns:
+        ({file tensor name: (shape tuple, dtype name e.g. 'bfloat16')}, {canonical name: tensor}).
+
+    Raises:
+        CheckpointError: no weights, or an unreadable file (named).
+    """
+    path = Path(path)
+    kind, files = _weight_files(path)
+    meta: dict[str, tuple[tuple[int, ...], str]] = {}
+    loaded: dict[str, torch.Tensor] = {}
+    for f in files:
+        if kind == "bin":
+            for name, t in _load_bin(f, mmap=True).items():
+                meta[name] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
+                if canonical_name(name) in load:
+                    loaded[canonical_name(name)] = t.clone()
+            continue
+        from safetensors import safe_open
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():
+                    sl = sf.get_slice(name)
+                    meta[name] = (tuple(sl.get_shape()), _ST_DTYPES.get(sl.get_dtype(), sl.get_dtype().lower()))
+                    if canonical_name(name) in load:
+                        loaded[canonical_name(name)] = sf.get_tensor(name)
+        except Exception as e:  # corrupt header, truncated file
+            raise _unreadable(f, e) from None
+    return meta, loaded
 
 
 def _read_config(path: Path) -> dict:
@@ -102,7 +156,7 @@ def detect_format(raw: dict) -> str:
 
 
 # ---- config -----------------------------------------------------------------------------
-def _rope(d: dict) -> tuple[float, dict | None]:
+def rope_params(d: dict) -> tuple[float, dict | None]:
     """rope_theta / rope_scaling from a LlamaConfig dict (transformers 5 ``rope_parameters`` too)."""
     rp = d.get("rope_parameters") or {}
     theta = d.get("rope_theta", rp.get("rope_theta", 10000.0))
@@ -143,7 +197,7 @@ def draft_config_from_dict(raw: dict, fmt: str | None = None) -> tuple[Eagle3Dra
                if k not in d]
     if missing:
         raise CheckpointError(f"draft config lacks {', '.join(missing)}")
-    theta, scaling = _rope(d)
+    theta, scaling = rope_params(d)
     num_aux = top.get("num_aux_hidden_states") or (len(ids) if ids else 3)
     eagle = top.get("eagle_config") or {}
     nbf = bool(eagle.get("norm_before_fc", top.get("norm_before_fc", False)))
@@ -173,7 +227,9 @@ def draft_config_from_dict(raw: dict, fmt: str | None = None) -> tuple[Eagle3Dra
 
 
 # ---- weights ----------------------------------------------------------------------------
-def _canonical_name(name: str) -> str:
+def canonical_name(name: str) -> str:
+    """A weight name as SGLang loads it: no ``model.`` prefix, legacy ``aux_norm_*`` ->
+    ``fc_norm.{j}``, speculators ``layers.0.`` -> ``midlayer.`` (llama_eagle3.py:337-348)."""
     if name.startswith("model."):
         name = name[len("model."):]
     for old, new in _LEGACY.items():
@@ -183,7 +239,9 @@ def _canonical_name(name: str) -> str:
     return name
 
 
-def _expected_shapes(cfg: Eagle3DraftConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: Eagle3DraftConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical weight name -> shape every draft with ``cfg`` must have (the optional ones,
+    embedding and vocab map, are in ``OPTIONAL_SHAPES``)."""
     Hd, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
     shapes = {
@@ -209,7 +267,8 @@ def _expected_shapes(cfg: Eagle3DraftConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-_OPTIONAL_SHAPES = {"embed_tokens.weight": lambda c: (c.vocab_size, c.hidden_size),
+#: canonical name -> shape (from the config) of the weights a checkpoint may omit
+OPTIONAL_SHAPES = {"embed_tokens.weight": lambda c: (c.vocab_size, c.hidden_size),
                     "d2t": lambda c: (c.draft_vocab_size,), "t2d": lambda c: (c.vocab_size,)}
 
 
@@ -326,13 +385,13 @@ def load_draft(path: str | Path, *, dtype: torch.dtype = torch.float32,
     canon: dict[str, torch.Tensor] = {}
     origin: dict[str, str] = {}
     unexpected: list[str] = []
-    expected = _expected_shapes(cfg)
+    expected = expected_shapes(cfg)
     for name, t in sd_file.items():
-        if name in _IGNORED or name.endswith("rotary_emb.inv_freq"):
+        if name in IGNORED_KEYS or name.endswith("rotary_emb.inv_freq"):
             notes.append(f"ignored {name}")
             continue
-        c = _canonical_name(name)
-        if c not in expected and c not in _OPTIONAL_SHAPES:
+        c = canonical_name(name)
+        if c not in expected and c not in OPTIONAL_SHAPES:
             unexpected.append(name)
             continue
         canon[c], origin[c] = t, name
@@ -345,7 +404,7 @@ def load_draft(path: str | Path, *, dtype: torch.dtype = torch.float32,
     if unexpected:
         problems.append("unexpected keys: " + ", ".join(sorted(unexpected)))
     for c, t in canon.items():
-        want = expected[c] if c in expected else _OPTIONAL_SHAPES[c](cfg)
+        want = expected[c] if c in expected else OPTIONAL_SHAPES[c](cfg)
         if tuple(t.shape) != tuple(want):
             problems.append(_width_message(origin[c], t.shape, want, cfg))
     if "d2t" in canon and canon["d2t"].is_floating_point():
@@ -394,37 +453,16 @@ def load_draft(path: str | Path, *, dtype: torch.dtype = torch.float32,
 
 
 def _check_d2t(d2t: torch.Tensor, vocab_size: int, notes: list[str]) -> None:
-    ar = torch.arange(d2t.shape[0])
-    mapped = d2t + ar
-    if d2t.shape[0] > 1 and torch.equal(d2t, ar):
+    r = read_d2t(d2t, vocab_size=vocab_size)
+    if r.is_arange:
         notes.append("d2t equals arange(Vd): read as offsets it maps draft id i to 2i "
                      "(it may hold direct ids or a placeholder)")
-    if int(mapped.min()) < 0 or int(mapped.max()) >= vocab_size:
+    if not r.in_range:
         notes.append(f"d2t read as offsets maps draft ids outside the target vocab [0, {vocab_size}): "
                      "it may hold direct target ids")
 
 
 # ---- writing ----------------------------------------------------------------------------
-def native_aux_ids(hf_indices, convention: str) -> list[int]:
-    """Native ids that ``convention`` resolves to the given HF indices (inverse of
-    ``tracer.conventions.resolve_aux_ids``): sglang = hf-1 (HF 0 -> -1), specforge = hf-1,
-    hf / vllm / speculators = hf."""
-    out = []
-    for i in hf_indices:
-        i = int(i)
-        if convention in ("hf", "vllm", "speculators"):
-            out.append(i)
-        elif convention == "sglang":
-            out.append(i - 1)
-        elif convention == "specforge":
-            if i == 0:
-                raise CheckpointError("SpecForge ids cannot express the embedding output (HF index 0)")
-            out.append(i - 1)
-        else:
-            raise CheckpointError(f"unknown aux convention {convention!r}")
-    return out
-
-
 def _ids_for(cfg: Eagle3DraftConfig, convention: str, target_num_layers: int | None):
     ids = cfg.eagle_aux_hidden_state_layer_ids
     if ids is None or cfg.aux_convention == convention:
@@ -435,10 +473,10 @@ def _ids_for(cfg: Eagle3DraftConfig, convention: str, target_num_layers: int | N
     # One id for one id, in the order listed: a converted checkpoint keeps its slot order.
     try:
         res = resolve_aux_ids(ids, convention=cfg.aux_convention, num_layers=target_num_layers, concat="listed")
+        return native_aux_ids(res.hf_indices, convention, num_layers=target_num_layers)
     except ConventionError as e:
         raise CheckpointError(f"aux ids {ids} ({cfg.aux_convention}) cannot be written in the {convention} "
                               f"convention as given: {e}") from None
-    return native_aux_ids(res.hf_indices, convention)
 
 
 def _llama_dims(cfg: Eagle3DraftConfig) -> dict:

@@ -3,7 +3,7 @@
 HF ``output_hidden_states[i]``: i = 0 is the embedding output, i in 1..L-1 the output of decoder
 layer i-1, i = L is after the final norm (DESIGN.md). The slots are concatenated in the order
 given, as a trainer does (SpecForge 0.2.0 ``generate_eagle3_data`` concatenates its list in list
-order); an engine's ascending order is the caller's to pass (``tracer.conventions``). The
+order); an engine's ascending order is the caller's to pass (``specdiff.eagle3.aux_layers``). The
 default dtype is bf16, the serving dtype: DESIGN.md measured that replaying in the serving dtype
 keeps the tolerances tight.
 """

@@ -1,0 +1,140 @@
+"""What each engine will capture from the target and feed the draft's fc, from its config alone.
+
+Owns: where each engine reads the aux ids (SGLang: ``eagle_config`` only; vLLM: top level, else
+``eagle_config``), how many fc slots it builds, and the outcome (ok / crash / fc skipped /
+unsupported format). What an id captures is ``specdiff.eagle3.aux_layers.engine_capture``; this
+module only applies it to a draft config.
+
+- SGLang 0.5.23 reads aux ids only from ``eagle_config.eagle_aux_hidden_state_layer_ids``
+  (spec_aux_hidden_state.py:185-196; a list, even empty, is used as given, no key = default).
+  fc is built for K = ``num_aux_hidden_states`` / len(eagle ids) / 3 slots
+  (llama_eagle3.py:156-161) and is *skipped* when the aux width equals the draft hidden
+  (llama_eagle3.py:238). There is no model class for the speculators format.
+- vLLM 0.32.0 reads the top-level ``eagle_aux_hidden_state_layer_ids`` and, when that is absent
+  or empty, ``eagle_config``'s (v1/worker/gpu_model_runner.py:5252-5287). Measured crash with a
+  missing slot: ``shape '[-1, K*H]' is invalid`` (shared/research/vllm-cpu.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from specdiff.eagle3.aux_layers import engine_capture
+from specdiff.replay.preflight.files import PreflightError
+
+__all__ = ["ENGINES", "ENGINE_NAME", "EngineCapture", "resolve_engine_capture", "sglang_fc_slots", "hf_label",
+           "fmt_hf"]
+
+ENGINES = ("sglang", "vllm")
+ENGINE_NAME = {"sglang": "SGLang", "vllm": "vLLM", "all": "all engines"}
+
+
+@dataclass(frozen=True)
+class EngineCapture:
+    """What one engine will capture from the target and feed the draft's fc.
+
+    Attributes:
+        engine: 'sglang' or 'vllm'.
+        source: where the ids were read: 'eagle_config', 'top-level' or 'default'.
+        native_ids: the ids as read (None = default).
+        convention: how the engine reads them ('sglang' or 'vllm').
+        hf_indices: HF hidden_states indices that arrive, in concat (ascending) order.
+        dropped_ids: native ids that are never captured.
+        slots_expected: K, the slots fc is built for.
+        outcome: 'ok', 'crash', 'fc-skipped' or 'unsupported'.
+        prenorm_ids: native ids captured as the last decoder layer's output before the final
+            norm (vLLM id L): a slot that arrives after the HF ones and that no HF index holds.
+    """
+
+    engine: str
+    source: str
+    native_ids: tuple[int, ...] | None
+    convention: str
+    hf_indices: tuple[int, ...]
+    dropped_ids: tuple[int, ...]
+    slots_expected: int
+    outcome: str
+    prenorm_ids: tuple[int, ...] = ()
+
+    @property
+    def slots(self) -> int:
+        """Slots that arrive at fc (HF ones plus a pre-norm one)."""
+        return len(self.hf_indices) + (1 if self.prenorm_ids else 0)
+
+    def as_dict(self) -> dict:
+        """JSON-safe dict; ``prenorm_ids`` only when there is one (the JSON of every other
+        capture stays as it was before the key existed)."""
+        d = dataclasses.asdict(self)
+        if not self.prenorm_ids:
+            del d["prenorm_ids"]
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+def hf_label(i: int, L: int) -> str:
+    """Plain name of HF hidden_states[i]."""
+    if i == 0:
+        return "embed"
+    if i == L:
+        return "final-norm"
+    return f"out L{i - 1}"
+
+
+def fmt_hf(indices, L: int) -> str:
+    """``[0 (embed), 4 (out L3)]``: HF indices with their plain names."""
+    return "[" + ", ".join(f"{i} ({hf_label(i, L)})" for i in indices) + "]"
+
+
+def _ids_or_none(v):
+    if v is None:
+        return None
+    if not isinstance(v, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        raise PreflightError(f"draft config: eagle_aux_hidden_state_layer_ids {v!r} is not a list of ints")
+    return tuple(v)
+
+
+def sglang_fc_slots(raw: dict) -> int:
+    """K as SGLang builds fc (llama_eagle3.py:156-161): ``num_aux_hidden_states``, else the
+    number of eagle_config ids, else 3."""
+    k = raw.get("num_aux_hidden_states")
+    if k is None:
+        ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        k = len(ids) if ids else 3
+    return int(k)
+
+
+def resolve_engine_capture(engine: str, *, raw: dict, fmt: str, num_layers: int, k_fc: int,
+                           aux_width: int, draft_hidden: int) -> EngineCapture:
+    """What ``engine`` captures for this draft config on an L-layer target.
+
+    Args:
+        raw: the draft's config.json.
+        fmt: 'specforge' or 'speculators'.
+        k_fc: slots fc expects; aux_width: width per slot (target H); draft_hidden: Hd (SGLang
+            skips fc when the arriving width equals it).
+
+    Raises:
+        PreflightError: ids that are not a list of ints.
+    """
+    eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
+    e_ids = _ids_or_none(eagle.get("eagle_aux_hidden_state_layer_ids"))
+    t_ids = _ids_or_none(raw.get("eagle_aux_hidden_state_layer_ids"))
+    if engine == "sglang":
+        if fmt == "speculators":
+            return EngineCapture("sglang", "none", None, "sglang", (), (), k_fc, "unsupported")
+        ids, source = (e_ids, "eagle_config") if e_ids is not None else (None, "default")
+    elif t_ids:
+        ids, source = t_ids, "top-level"
+    elif e_ids:
+        ids, source = e_ids, "eagle_config"
+    else:
+        ids, source = None, "default"
+    plan = engine_capture(engine, ids, num_layers=num_layers)
+    if plan.slots == k_fc:
+        outcome = "ok"
+    elif engine == "sglang" and plan.slots * aux_width == draft_hidden:
+        outcome = "fc-skipped"
+    else:
+        outcome = "crash"
+    return EngineCapture(engine, source, ids, engine, plan.hf_indices, plan.dropped, k_fc, outcome,
+                         plan.prenorm)

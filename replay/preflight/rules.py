@@ -1,0 +1,496 @@
+"""The pre-flight rule families: each takes what ``files`` read and ``engines`` resolved and
+returns ``Finding`` rows (aux capture, training layers, weights, vocab map, norms, rope,
+speculative algorithm, tokenizer). Pure functions of their inputs; the EAGLE-3 facts they apply
+come from ``specdiff.eagle3`` (aux ids, vocab map) and ``replay.model.checkpoint`` (weight names
+and shapes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+
+from specdiff.eagle3.aux_layers import ConventionError, default_hf_indices, native_aux_ids, resolve_aux_ids
+from specdiff.eagle3.vocab_map import read_d2t, t2d_from_d2t
+from specdiff.replay.model.checkpoint import (
+    IGNORED_KEYS,
+    OPTIONAL_SHAPES,
+    SPECFORGE_ARCH,
+    SPECULATORS_ARCHS,
+    canonical_name,
+    expected_shapes,
+)
+from specdiff.replay.preflight.engines import ENGINE_NAME, EngineCapture, fmt_hf, hf_label
+from specdiff.replay.preflight.files import DraftInfo, TargetInfo
+from specdiff.replay.preflight.report import Finding
+
+__all__ = ["check_aux", "check_training", "check_weights", "check_vocab", "check_norms", "check_rope",
+           "check_algorithm", "check_tokenizer"]
+
+
+def slots_text(cap: EngineCapture, L: int) -> str:
+    """The slots an engine feeds in plain words: HF indices with names, then a pre-norm one."""
+    text = fmt_hf(cap.hf_indices, L)
+    return text + (f" + pre-norm out L{L - 1}" if cap.prenorm_ids else "")
+
+
+def check_aux(captures: dict[str, EngineCapture], *, raw: dict, num_layers: int, aux_width: int,
+              training_hf: tuple[int, ...] | None) -> list[Finding]:
+    """Findings about the aux capture: ignored keys, dropped ids, slot-count crashes, defaults,
+    engines that disagree."""
+    L = num_layers
+    out: list[Finding] = []
+    eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
+    e_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    t_ids = raw.get("eagle_aux_hidden_state_layer_ids")
+    sg = captures.get("sglang")
+    if sg is not None and sg.outcome == "unsupported":
+        out.append(Finding("format.unsupported", "error", "sglang",
+                           f"architectures {raw.get('architectures')} (speculators format): SGLang 0.5.23 "
+                           f"has no model class for it, only {SPECFORGE_ARCH}",
+                           "re-export in SpecForge format: load_draft(D) then save_draft(model, OUT, "
+                           f"'specforge', target_num_layers={L})"))
+    if sg is not None and sg.outcome != "unsupported" and e_ids is None and t_ids is not None:
+        default = default_hf_indices(L)
+        meanings = set()
+        for conv in ("hf", "sglang"):
+            try:
+                meanings.add(resolve_aux_ids(t_ids, convention=conv, num_layers=L).hf_indices)
+            except ConventionError:
+                pass
+        sev = "warn" if tuple(default) in meanings else "error"
+        want = native_aux_ids(sorted(set(int(i) for i in t_ids if 0 <= int(i) <= L - 1)), "sglang") \
+            if all(isinstance(i, int) for i in t_ids) else t_ids
+        out.append(Finding("aux.ignored_key", sev, "sglang",
+                           f"eagle_aux_hidden_state_layer_ids {list(t_ids)} is only at the top level: SGLang "
+                           f"ignores it and captures its default HF {fmt_hf(default, L)}",
+                           "put the ids in eagle_config.eagle_aux_hidden_state_layer_ids (SGLang convention: "
+                           f"HF index - 1; e.g. HF indices {sorted(set(int(i) for i in t_ids))} -> {want})"))
+    for eng, cap in captures.items():
+        name = ENGINE_NAME[eng]
+        if cap.outcome == "unsupported":
+            continue
+        for i in cap.dropped_ids:
+            if eng == "sglang":
+                why = (f"maps to capture index {i + 1}, which is never reached (only layers 0..{L - 1} run)"
+                       if i >= L - 1 else f"maps to capture index {i + 1}, which no layer has")
+                fix = ("the output of the last decoder layer cannot be captured by SGLang; use an earlier "
+                       "layer (id L-2 = HF L-1) and retrain, or drop the id and K" if i == L - 1 else
+                       f"use ids in -1..{L - 2} (id k = HF k+1; -1 = embeddings)")
+            else:
+                # vLLM 0.32.0 llama.py:427-441: capture points are ids 0 (embeddings) .. L (after layer L-1)
+                why = (f"never matches a layer index (vLLM's ids are 0..{L}; id 0 is the embeddings)" if i < 0
+                       else f"is past vLLM's last capture point, id {L} (after layer {L - 1})")
+                fix = (f"write vLLM ids at the top level: id k = HF index k, 0..{L - 1}"
+                       " (HF 0 = embeddings)")
+            out.append(Finding("aux.dropped_id", "error", eng,
+                               f"{cap.source} id {i} {why}: {name} silently drops that slot", fix))
+        got = cap.slots
+        if cap.prenorm_ids:
+            out.append(Finding("aux.prenorm_last", "warn", eng,
+                               f"{cap.source} id {cap.prenorm_ids[0]} = L: {name} captures the output of the last "
+                               f"decoder layer (layer {L - 1}) before the final norm (vLLM 0.32.0 llama.py:438-441); "
+                               f"no HF hidden_states index holds it (HF {L} is after the final norm), so a draft "
+                               f"trained on HF {L} gets another tensor",
+                               "train on the state vLLM feeds (speculators reads it from vLLM), or use ids "
+                               f"0..{L - 1} (id k = HF index k)"))
+        if cap.outcome == "crash":
+            if eng == "sglang":
+                msg = (f"{name} captures {got} slot(s) HF {slots_text(cap, L)} but fc expects "
+                       f"{cap.slots_expected} x {aux_width}: the first request crashes with 'mat1 and mat2 "
+                       f"shapes cannot be multiplied (Nx{got * aux_width} and "
+                       f"{cap.slots_expected * aux_width}xHd)'")
+            else:
+                msg = (f"{name} captures {got} slot(s) HF {slots_text(cap, L)} but fc expects "
+                       f"{cap.slots_expected} x {aux_width}: the first request crashes with \"shape "
+                       f"'[-1, {cap.slots_expected * aux_width}]' is invalid for input of size ...\"")
+            out.append(Finding("aux.slot_count", "error", eng, msg,
+                               f"configure exactly {cap.slots_expected} distinct in-range ids for {name}"))
+        elif cap.outcome == "fc-skipped":
+            out.append(Finding("aux.slot_count", "error", eng,
+                               f"{name} captures {got} slot(s) whose width {got * aux_width} equals the draft "
+                               "hidden size: SGLang skips fc and feeds the raw target state (no error, "
+                               "acceptance collapses)",
+                               f"configure exactly {cap.slots_expected} distinct in-range ids"))
+        if cap.source == "default":
+            out.append(Finding("aux.default", "info", eng,
+                               f"no aux ids for {name}: it captures its default HF {fmt_hf(cap.hf_indices, L)} "
+                               "(= SpecForge's default training layers, ids [1, L//2-1, L-4])",
+                               "" if training_hf is not None else
+                               "if the draft was trained on other layers, write them into the config"))
+        elif list(cap.native_ids) != sorted(cap.native_ids):
+            out.append(Finding("aux.order", "info", eng,
+                               f"ids {list(cap.native_ids)} are not ascending: {name} concatenates in layer "
+                               f"order HF {list(cap.hf_indices)}",
+                               "make sure training concatenated in ascending layer order too"))
+    if e_ids and t_ids is not None and "sglang" in captures and "vllm" in captures \
+            and captures["sglang"].outcome == "ok" and captures["vllm"].outcome == "ok" \
+            and captures["sglang"].hf_indices != captures["vllm"].hf_indices:
+        out.append(Finding("aux.conflicting_keys", "warn", "all",
+                           f"eagle_config ids {list(e_ids)} (read by SGLang) and top-level ids {list(t_ids)} "
+                           "(read by vLLM) name different layers",
+                           "make both keys resolve to the training layers"))
+    ok = {e: c for e, c in captures.items() if c.outcome == "ok"}
+    if training_hf is None and len(ok) == 2 and ok["sglang"].hf_indices != ok["vllm"].hf_indices \
+            and not any(f.kind == "aux.conflicting_keys" for f in out):
+        out.append(Finding("aux.engines_disagree", "warn", "all",
+                           f"SGLang captures HF {fmt_hf(ok['sglang'].hf_indices, L)} but vLLM captures HF "
+                           f"{fmt_hf(ok['vllm'].hf_indices, L)} from the same config: the draft is right "
+                           "for at most one of them",
+                           "state the training layers with --training-layers; write SGLang ids in "
+                           "eagle_config and vLLM ids (HF indices) at the top level"))
+    return out
+
+
+def check_training(captures: dict[str, EngineCapture], training_hf: tuple[int, ...] | None, *,
+                   num_layers: int) -> list[Finding]:
+    """Per engine: do the layers it feeds equal the layers the draft was trained on?"""
+    if training_hf is None:
+        return []
+    L = num_layers
+    out = []
+    for eng, cap in captures.items():
+        if cap.outcome == "unsupported":
+            continue
+        name = ENGINE_NAME[eng]
+        if cap.hf_indices == training_hf and not cap.prenorm_ids:
+            out.append(Finding("training.match", "info", eng,
+                               f"{name} feeds HF {fmt_hf(cap.hf_indices, L)} = the training layers", ""))
+            continue
+        fed = [hf_label(i, L) for i in cap.hf_indices] + [f"pre-norm out L{L - 1}"] * bool(cap.prenorm_ids)
+        pairs = ", ".join(f"slot {j}: trained on {hf_label(t, L)}, gets {s}"
+                          for j, (t, s) in enumerate(zip(training_hf, fed)) if hf_label(t, L) != s)
+        ascending = sorted(training_hf)
+        reorder = (f"{name} always concatenates in ascending layer order, whatever the id order: retrain "
+                   f"with the layers listed ascending, or reorder fc.weight's {len(training_hf)} column blocks "
+                   f"from HF {list(training_hf)} to HF {ascending}")
+        if ascending == list(cap.hf_indices) and not cap.prenorm_ids:
+            out.append(Finding("training.aux_order", "error", eng,
+                               f"{name} feeds the training layers in ascending order HF "
+                               f"{fmt_hf(cap.hf_indices, L)} but training concatenated them as HF "
+                               f"{fmt_hf(training_hf, L)} ({pairs}): fc multiplies each slot by the weights "
+                               "trained for another layer", reorder))
+            continue
+        if eng == "sglang":
+            if L in training_hf or any(i > L for i in training_hf):
+                fix = "SGLang cannot capture the final-norm output (HF L): retrain on other layers"
+            else:
+                fix = (f"set eagle_config.eagle_aux_hidden_state_layer_ids = "
+                       f"{native_aux_ids(ascending, 'sglang')}")
+        else:
+            if any(i >= L for i in training_hf):
+                fix = "vLLM captures only HF 0..L-1: retrain on other layers"
+            else:
+                fix = f"set top-level eagle_aux_hidden_state_layer_ids = {ascending}"
+        if list(training_hf) != ascending:
+            fix += f"; also: {reorder}"
+        out.append(Finding("training.mismatch", "error", eng,
+                           f"{name} feeds HF {slots_text(cap, L)} but training used HF "
+                           f"{fmt_hf(training_hf, L)}" + (f" ({pairs})" if pairs else ""), fix))
+    return out
+
+
+# ---- weights ----------------------------------------------------------------------------
+def check_weights(draft: DraftInfo, target: TargetInfo, *, engines) -> list[Finding]:
+    """Every expected key present with the right shape; missing / unexpected / ignored keys; dtype."""
+    cfg = draft.config
+    out: list[Finding] = []
+    H, V = target.hidden_size, target.vocab_size
+    th = cfg.target_hidden_size
+    if th != H:
+        out.append(Finding("weights.target_hidden", "error", "all",
+                           f"draft config target_hidden_size {th} but the target's hidden_size is {H}",
+                           f"set target_hidden_size = {H} (and retrain: fc was built for {th})"))
+    if cfg.vocab_size != V:
+        out.append(Finding("vocab.size", "error", "all",
+                           f"draft config vocab_size {cfg.vocab_size} but the target's is {V} (t2d and "
+                           "the shared embedding are [V])", f"set vocab_size = {V}"))
+    cfg_t = dataclasses.replace(cfg, target_hidden_size=H, vocab_size=V, extra=dict(cfg.extra))
+    expected = expected_shapes(cfg_t)
+    canon: dict[str, str] = {}
+    unexpected, ignored = [], []
+    for name in draft.tensors:
+        if name in IGNORED_KEYS or name.endswith("rotary_emb.inv_freq"):
+            ignored.append(name)
+            continue
+        c = canonical_name(name)
+        if c not in expected and c not in OPTIONAL_SHAPES:
+            unexpected.append(name)
+        else:
+            canon[c] = name
+    lm_from_target = not cfg.extra.get("draft_vocab_size_in_config")
+    for k in expected:
+        if k in canon:
+            continue
+        if k == "lm_head.weight" and lm_from_target:
+            out.append(Finding("weights.lm_head_from_target", "info", "sglang",
+                               "no lm_head.weight and no draft_vocab_size: SGLang loads the target's lm_head",
+                               ""))
+            continue
+        out.append(Finding("weights.missing", "error", "all",
+                           f"{k} {list(expected[k])} is missing: the engines leave that parameter "
+                           "uninitialised (SGLang skips it silently)",
+                           "re-export the checkpoint with every draft parameter"))
+    for c, name in canon.items():
+        shape = draft.tensors[name][0]
+        want = expected[c] if c in expected else OPTIONAL_SHAPES[c](cfg_t)
+        if tuple(shape) != tuple(want):
+            if c == "fc.weight" and len(shape) == 2 and len(want) == 2 and shape[1] != want[1]:
+                msg = (f"fc.weight is {list(shape)} but {cfg.num_aux} aux slots x target hidden {H} = "
+                       f"{want[1]}: loading fails ('Attempted to load weight ... into parameter ...')")
+            elif c.split(".")[-2:-1] in (["q_proj"], ["k_proj"], ["v_proj"]) and len(shape) == 2 \
+                    and shape[1] != want[1]:
+                msg = (f"{name} is {list(shape)} but attention input is 2 x draft hidden = {want[1]} "
+                       f"(expected {list(want)})")
+            elif c == "lm_head.weight":
+                msg = f"lm_head.weight is {list(shape)} but [draft_vocab_size, hidden] = {list(want)}"
+            elif c == "embed_tokens.weight" and "sglang" in engines and "vllm" not in engines:
+                continue  # SGLang replaces it anyway (reported below)
+            else:
+                msg = f"{name} is {list(shape)} but the config implies {list(want)}"
+            out.append(Finding("weights.shape", "error", "all", msg,
+                               "fix the config dims or re-export the weights so they agree"))
+    if unexpected:
+        out.append(Finding("weights.unexpected", "warn", "all",
+                           f"{len(unexpected)} key(s) match no draft parameter and are skipped silently: "
+                           + ", ".join(sorted(unexpected)[:6]) + (" ..." if len(unexpected) > 6 else ""),
+                           "check the flags (norm_before_fc, fc_norm) and names; trained weights may be unused"))
+    if ignored:
+        out.append(Finding("weights.ignored", "info", "all",
+                           "ignored by the engines: " + ", ".join(sorted(ignored)), ""))
+    has_embed = "embed_tokens.weight" in canon
+    if has_embed and "sglang" in engines:
+        out.append(Finding("weights.ignored", "info", "sglang",
+                           "embed_tokens.weight is in the checkpoint but SGLang replaces it with the "
+                           "target's embedding (init_lm_head -> set_embed)",
+                           "train with the target's embedding frozen, or serve with vLLM"))
+    if not has_embed and cfg.hidden_size != H:
+        out.append(Finding("weights.embed", "error", "all",
+                           f"no embed_tokens.weight: the engines share the target's embedding [{V}, {H}] "
+                           f"but the draft hidden is {cfg.hidden_size}",
+                           "ship embed_tokens.weight in the checkpoint"))
+    # dtypes
+    floats = {name: dt for name, (_, dt) in draft.tensors.items() if dt.startswith(("float", "bfloat"))}
+    kinds = sorted(set(floats.values()))
+    if len(kinds) > 1:
+        by = {k: sorted(n for n, d in floats.items() if d == k) for k in kinds}
+        out.append(Finding("weights.dtype", "warn", "all",
+                           "mixed float dtypes: " + "; ".join(f"{k}: {len(v)} ({v[0]}...)" for k, v in by.items()),
+                           "cast every float tensor to one dtype"))
+    cdt = draft.raw.get("torch_dtype") or draft.raw.get("dtype")
+    if isinstance(cdt, str) and len(kinds) == 1 and cdt != kinds[0]:
+        out.append(Finding("weights.dtype", "info", "all",
+                           f"config torch_dtype {cdt} but the weights are {kinds[0]} (engines use --dtype / "
+                           "the target's dtype)", ""))
+    for key in ("d2t", "t2d"):
+        if key in canon:
+            dt = draft.tensors[canon[key]][1]
+            want = "int64" if key == "d2t" else "bool"
+            if dt != want:
+                sev = "error" if dt.startswith(("float", "bfloat")) else "warn"
+                out.append(Finding("weights.dtype", sev, "all", f"{key} has dtype {dt}, expected {want}",
+                                   f"store {key} as {want}"))
+    return out
+
+
+# ---- vocab map --------------------------------------------------------------------------
+def check_vocab(d2t: torch.Tensor | None, t2d: torch.Tensor | None, *, draft_vocab_size: int,
+                vocab_size: int, eos_token_ids=()) -> list[Finding]:
+    """d2t present, in range, consistent with t2d; direct ids / arange; coverage
+    (d2t read as offsets, ``specdiff.eagle3.vocab_map.read_d2t``)."""
+    Vd, V = draft_vocab_size, vocab_size
+    out: list[Finding] = []
+    if d2t is None:
+        if Vd < V:
+            out.append(Finding("vocab.d2t_missing", "error", "all",
+                               f"no d2t but the draft vocab ({Vd}) is smaller than the target's ({V}): draft id i "
+                               f"is served as target id i, so only tokens 0..{Vd - 1} can be proposed",
+                               "ship the d2t (offsets) written at training time"))
+        else:
+            out.append(Finding("vocab.identity", "info", "all",
+                               f"no d2t and draft vocab = target vocab ({V}): identity mapping", ""))
+        return out
+    d2t = d2t.reshape(-1)
+    if d2t.is_floating_point():
+        return out  # reported by check_weights; values are meaningless
+    d2t = d2t.to(torch.int64)
+    if d2t.numel() != Vd:
+        out.append(Finding("vocab.d2t_shape", "error", "all",
+                           f"d2t has {d2t.numel()} entries but draft_vocab_size is {Vd}",
+                           "d2t must have one offset per draft id"))
+        return out
+    r = read_d2t(d2t, t2d, vocab_size=V)
+    if r.t2d_size is not None and r.t2d is None:
+        out.append(Finding("vocab.t2d_shape", "warn", "all",
+                           f"t2d has {r.t2d_size} entries but the target vocab is {V} (engines ignore t2d)", ""))
+    mapped, t2d = r.mapped, r.t2d  # t2d: bool [V], None when absent or of the wrong length
+    in_range, is_arange, direct_valid = r.in_range, r.is_arange, r.direct_valid
+    offsets_match, direct_match, looks_direct = r.offsets_match, r.direct_match, r.looks_direct
+    if looks_direct:
+        ev = ("t2d marks exactly the ids d2t holds" if direct_match else
+              f"read as offsets, draft id {int(torch.argmax(mapped))} maps to {int(mapped.max())} >= V={V}")
+        out.append(Finding("vocab.d2t_direct", "error", "all",
+                           f"d2t holds direct target ids, not offsets ({ev}); engines use d2t + arange, so "
+                           f"draft id i is served as d2t[i] + i",
+                           "store offsets: d2t = target_ids - arange(Vd)"))
+        return out
+    if direct_valid and t2d is None and Vd > 2 and in_range and not is_arange:
+        out.append(Finding("vocab.d2t_direct", "warn", "all",
+                           f"d2t is strictly increasing ({int(d2t[0])}, {int(d2t[1])}, {int(d2t[2])}, ...) and "
+                           "there is no t2d to confirm: offsets of a sorted vocab usually repeat, so these "
+                           "may be direct target ids", "ship t2d, or check that d2t = target_ids - arange(Vd)"))
+    if not in_range:
+        bad = r.out_of_range
+        i = int(bad[0])
+        out.append(Finding("vocab.d2t_range", "error", "all",
+                           f"d2t + arange maps {bad.numel()} draft id(s) outside [0, {V}) (first: draft {i} -> "
+                           f"{int(mapped[i])}): an out-of-range index on the first proposal",
+                           "rebuild d2t from the training vocab map"))
+        return out
+    if is_arange and not offsets_match:
+        out.append(Finding("vocab.d2t_arange", "warn", "all",
+                           "d2t equals arange(Vd): as offsets it maps draft id i to 2i (a placeholder or "
+                           "direct ids?)", "store offsets: d2t = target_ids - arange(Vd)"))
+    if r.distinct != Vd:
+        out.append(Finding("vocab.d2t_duplicate", "error", "all",
+                           f"d2t + arange maps {Vd} draft ids onto only {r.distinct} target ids",
+                           "rebuild d2t: each draft id must map to a distinct target id"))
+    if t2d is not None and not offsets_match:
+        marked = t2d_from_d2t(d2t, V)
+        extra = torch.nonzero(marked & ~t2d).reshape(-1)
+        unreached = torch.nonzero(t2d & ~marked).reshape(-1)
+        parts = []
+        if not bool(t2d.any()):
+            parts.append("t2d marks no token at all (an unfilled placeholder?)")
+        elif extra.numel():
+            tid = int(extra[0])
+            did = int(torch.nonzero(mapped == tid).reshape(-1)[0])
+            parts.append(f"{extra.numel()} draft id(s) map to tokens t2d does not mark (first: draft {did} -> {tid})")
+        if unreached.numel():
+            parts.append(f"{unreached.numel()} token(s) t2d marks are reached by no draft id (first: {int(unreached[0])})")
+        out.append(Finding("vocab.t2d_mismatch", "error", "all",
+                           "d2t + arange disagrees with t2d: " + "; ".join(parts) + " (engines follow d2t only)",
+                           "write d2t and t2d from the same vocab map (t2d[d2t + arange] = True, nothing else)"))
+    # coverage
+    pct = 100.0 * r.distinct / V
+    out.append(Finding("vocab.coverage", "info", "all",
+                       f"draft vocab covers {r.distinct} of {V} target tokens ({pct:.1f}%)", ""))
+    miss_eos = [e for e in eos_token_ids if 0 <= e < V and not bool((mapped == e).any())]
+    if miss_eos:
+        out.append(Finding("vocab.eos", "warn", "all",
+                           f"target eos id(s) {miss_eos} are not in the draft vocab: the draft can never "
+                           "propose the end of a reply", "include the eos tokens when building the draft vocab"))
+    return out
+
+
+# ---- other contract points --------------------------------------------------------------
+def check_norms(draft: DraftInfo, *, engines) -> list[Finding]:
+    """norm_before_fc / fc_norm / norm_output / norm_before_residual and the weights they need."""
+    cfg, raw = draft.config, draft.raw
+    out: list[Finding] = []
+    canon = {canonical_name(n) for n in draft.tensors}
+    has_input_norm = "input_norm.weight" in canon
+    has_fc_norm = any(c.startswith("fc_norm.") for c in canon)
+    if has_input_norm and not cfg.norm_before_fc:
+        out.append(Finding("norm.flag_missing", "error", "all",
+                           "input_norm.weight is in the checkpoint but norm_before_fc is not set: the engines "
+                           "skip the norm over the aux concat that training applied",
+                           "set eagle_config.norm_before_fc = true (SGLang reads eagle_config first, then "
+                           "the top level)"))
+    if has_fc_norm and not cfg.fc_norm:
+        out.append(Finding("norm.flag_missing", "error", "all",
+                           "fc_norm.{j}.weight are in the checkpoint but fc_norm / use_aux_norm is not set: "
+                           "the per-slot norms are skipped", "set fc_norm = true"))
+    if cfg.norm_before_fc or cfg.fc_norm:
+        flags = [n for n, v in (("norm_before_fc", cfg.norm_before_fc), ("fc_norm", cfg.fc_norm)) if v]
+        out.append(Finding("norm.flags", "info", "all",
+                           f"{' and '.join(flags)} set: SGLang applies input_norm over the K*H concat, then "
+                           "fc_norm per slot, then fc (llama_eagle3.py:239-246)", ""))
+    if "norm_output" in raw or "norm_output" in (raw.get("eagle_config") or {}):
+        out.append(Finding("norm.norm_output", "warn" if cfg.norm_output else "info", "sglang",
+                           f"norm_output={cfg.norm_output}: in SGLang true means the next draft step gets the "
+                           "normed hidden; SpecForge's flag of the same name means the opposite",
+                           "check which hidden (pre- or post-norm) training fed back, and set the flag for SGLang"))
+    if cfg.norm_before_residual and "sglang" in engines:
+        out.append(Finding("norm.norm_before_residual", "error", "sglang",
+                           "norm_before_residual=true (speculators): SGLang 0.5.23 does not implement it "
+                           "(residual = raw hidden)", "serve with vLLM or retrain without it"))
+    return out
+
+
+def _scaling_key(s):
+    return json.dumps(s, sort_keys=True) if s else None
+
+
+def check_rope(draft: DraftInfo, target: TargetInfo) -> list[Finding]:
+    """rope theta / scaling / max positions of the draft vs the target."""
+    cfg = draft.config
+    out = []
+    if float(cfg.rope_theta) != float(target.rope_theta):
+        out.append(Finding("rope.theta", "warn", "all",
+                           f"draft rope_theta {cfg.rope_theta:g} but target rope_theta {target.rope_theta:g}: "
+                           "the engines rotate draft positions with the draft's value",
+                           f"set the draft rope_theta to what training used (usually the target's, "
+                           f"{target.rope_theta:g})"))
+    if _scaling_key(cfg.rope_scaling) != _scaling_key(target.rope_scaling):
+        out.append(Finding("rope.scaling", "warn", "all",
+                           f"draft rope_scaling {cfg.rope_scaling} but target rope_scaling {target.rope_scaling}",
+                           "copy the target's rope_scaling into the draft config if training used it"))
+    tm = target.max_position_embeddings
+    if tm is not None and cfg.max_position_embeddings < tm:
+        out.append(Finding("rope.max_positions", "warn", "all",
+                           f"draft max_position_embeddings {cfg.max_position_embeddings} < target {tm}: "
+                           "positions past the draft's limit index beyond its rope cache",
+                           f"set max_position_embeddings = {tm} in the draft config"))
+    return out
+
+
+def _normalize_algorithm(a: str) -> str:
+    return a.upper().replace("-", "").replace("_", "")
+
+
+def check_algorithm(draft: DraftInfo, algorithm: str | None, *, target_hidden: int) -> list[Finding]:
+    """--speculative-algorithm vs the checkpoint kind."""
+    archs = draft.raw.get("architectures") or []
+    if draft.format is None:
+        return [Finding("algorithm.not_eagle3", "error", "all",
+                        f"draft architectures {archs} is not an EAGLE-3 checkpoint (expected {SPECFORGE_ARCH} "
+                        f"or {list(SPECULATORS_ARCHS)})",
+                        "use an EAGLE-3 draft, or the speculative algorithm this draft was trained for")]
+    if algorithm is None:
+        return []
+    a = _normalize_algorithm(algorithm)
+    if a == "EAGLE3":
+        return []
+    if a == "EAGLE":
+        hd = draft.config.hidden_size
+        what = ("fc is skipped because the width equals the draft hidden" if target_hidden == hd
+                else "fc gets a width it was not built for")
+        return [Finding("algorithm.mismatch", "error", "sglang",
+                        f"--speculative-algorithm EAGLE with an EAGLE-3 checkpoint ({archs}): no aux layers are "
+                        f"captured, the last hidden [{target_hidden}] arrives, {what}, and lm_head is replaced "
+                        "by the target's", "serve with --speculative-algorithm EAGLE3")]
+    return [Finding("algorithm.mismatch", "error", "all",
+                    f"--speculative-algorithm {algorithm} with an EAGLE-3 checkpoint ({archs})",
+                    "serve with --speculative-algorithm EAGLE3")]
+
+
+def check_tokenizer(draft: DraftInfo, target: TargetInfo) -> list[Finding]:
+    """Tokenizer / chat template of the draft directory vs the target's, when both are present."""
+    out = []
+    if draft.tokenizer_sha256 and target.tokenizer_sha256 and draft.tokenizer_sha256 != target.tokenizer_sha256:
+        out.append(Finding("tokenizer.mismatch", "warn", "all",
+                           f"draft tokenizer.json sha256 {draft.tokenizer_sha256[:12]} != target "
+                           f"{target.tokenizer_sha256[:12]}: training data may have used another tokenizer",
+                           "train the draft on data tokenized with the target's tokenizer"))
+    if draft.chat_template_sha256 and target.chat_template_sha256 \
+            and draft.chat_template_sha256 != target.chat_template_sha256:
+        out.append(Finding("tokenizer.chat_template", "warn", "all",
+                           f"draft chat template sha256 {draft.chat_template_sha256[:12]} != target "
+                           f"{target.chat_template_sha256[:12]}: training prompts were formatted differently "
+                           "from serving", "regenerate the training data with the target's chat template"))
+    return out
+
+
