@@ -7,11 +7,21 @@ can be cut. Entry types (key ``t``):
 - ``header``  ``{format, side, created}`` — always first;
 - ``contract`` ``{contract}`` — the contract facts (last one wins);
 - ``seq``     ``{id, tokens (int32 bytes), prompt_len, rid}`` — sequence table (last one per id wins);
-- ``rec``     ``{name, row0, n, dtype, shape, seq, pos, depth, iter, data}`` — one appended record:
-  its key columns and its tensor bytes. ``row0`` is the tensor's row index of the first row;
-- ``commit``  ``{name, rows}`` — rows [0, rows) of ``name`` are durable in the zarr arrays, so
-  their ``rec`` payloads need not be replayed;
+- ``rec``     ``{name, row0, n, dtype, shape, seq, pos, depth, iter}`` — one appended record: its
+  key columns. ``row0`` is the tensor's row index of the first row. Its tensor bytes are in the
+  tensor's spill file (below); journals written before spill files (no ``payload`` in the header)
+  carry them inline as ``data``;
+- ``commit``  ``{name, rows, spill}`` — rows [0, rows) of ``name`` are durable in the zarr arrays,
+  and rows from ``rows`` on are in spill file generation ``spill``;
 - ``close``   ``{records}`` — the writer closed cleanly.
+
+Spill files (``journal.spill/<name>.<gen>``, header ``payload: "spill"``) hold each tensor's
+uncommitted rows as raw bytes, row after row: the file of generation g starts at the rows of the
+commit that named g (0 for generation 0). A commit writes the rows it leaves uncommitted to
+generation g+1, journals the commit, then deletes generation g: the payload is written to disk
+once (to zarr) plus at most the rows of one chunk per commit, and every journalled row is at all
+times in zarr or in the spill file the journal names. A spill write always precedes its ``rec``
+entry, so a ``rec`` that decodes has its bytes in the spill file.
 
 No pickle: msgpack with ``raw=False`` and no ext hooks; arrays travel as raw bytes + dtype + shape.
 """
@@ -24,6 +34,14 @@ import fsspec
 import msgpack
 
 JOURNAL_NAME = "journal.msgpack"
+SPILL_DIR = "journal.spill"
+#: header ``payload`` value of a journal whose ``rec`` payloads live in spill files
+SPILL_PAYLOAD = "spill"
+
+
+def spill_key(name: str, gen: int) -> str:
+    """Store key of generation ``gen`` of tensor ``name``'s spill file."""
+    return f"{SPILL_DIR}/{name}.{gen}"
 
 
 class JournalWriter:
@@ -43,11 +61,59 @@ class JournalWriter:
         self._fh.close()
 
 
-def compact_journal(url: str) -> None:
-    """Drop the tensor payloads of ``rec`` entries once every row is committed to zarr.
+class SpillWriter:
+    """One tensor's spill file: the raw bytes of its uncommitted rows (see the module docstring).
 
-    Called by a writer that closed cleanly: the payloads are a crash copy only, and dropping
-    them halves the trace on disk. The new journal is written beside the old one and moved over
+    Args:
+        url: the file (local path or fsspec URL); created empty (or truncated).
+    """
+
+    def __init__(self, url: str):
+        self.url = url
+        fs, path = fsspec.core.url_to_fs(url)
+        fs.makedirs(fs._parent(path), exist_ok=True)
+        self._fh = fs.open(path, "wb")
+        self.size = 0
+
+    def write(self, data) -> None:
+        """Write the rows' bytes (a C-contiguous array or bytes) and flush to the OS before the
+        caller journals the ``rec`` entry that refers to them (survives SIGKILL)."""
+        view = memoryview(data).cast("B")
+        self._fh.write(view)
+        self._fh.flush()
+        self.size += view.nbytes
+
+    def close_and_remove(self) -> None:
+        """Close and delete the file (its rows are committed to zarr or in the next generation)."""
+        self._fh.close()
+        fs, path = fsspec.core.url_to_fs(self.url)
+        fs.rm(path)
+
+
+def remove_spill_dir(store_url: str, join) -> None:
+    """Delete the (empty) spill directory of a closed trace; ``join`` builds ``store_url/key``."""
+    fs, path = fsspec.core.url_to_fs(join(store_url, SPILL_DIR))
+    try:
+        if not fs.ls(path):
+            fs.rmdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+
+
+def read_spill(url: str) -> bytes | None:
+    """The bytes of a spill file, None when it is missing."""
+    try:
+        with fsspec.open(url, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def compact_journal(url: str) -> None:
+    """Drop the row keys (and, in journals before spill files, the tensor payloads) of ``rec``
+    entries once every row is committed to zarr.
+
+    Called by a writer that closed cleanly: they are a crash copy only. The new journal is written beside the old one and moved over
     it, so a crash here leaves one of the two, both valid.
     """
     fs, path = fsspec.core.url_to_fs(url)

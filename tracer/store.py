@@ -8,10 +8,12 @@ Layout (traces/FORMAT.md has the full description)::
     <trace>/tensors/<name>/{seq,pos,depth,iter}  [row] int32/int16 row keys (schema.py)
     <trace>/sequences/{tokens,offsets,prompt_len}  written at close, for plain-zarr readers
 
-``TraceWriter.append`` writes the record to the journal at once (so a SIGKILL loses nothing
-already appended) and buffers rows per tensor; whole chunks go to zarr as they fill and a
-``commit`` entry marks them durable. ``open_trace`` reads committed rows from zarr and replays
-the uncommitted tail from the journal.
+``TraceWriter.append`` writes the record at once (its bytes to the tensor's spill file, then its
+keys to the journal, so a SIGKILL loses nothing already appended) and buffers rows per tensor;
+whole chunks go to zarr as they fill, a ``commit`` entry marks them durable and the spill file
+is replaced by one holding only the rows still uncommitted (tracer.journal), so the trace's bytes
+reach the disk once. ``open_trace`` reads committed rows from zarr and the uncommitted tail from
+the spill files the journal names.
 """
 
 from __future__ import annotations
@@ -32,7 +34,17 @@ from specdiff.tracer.chunks import join as _join
 from specdiff.tracer.contract import validate_contract
 from specdiff.tracer.damage import Damage
 from specdiff.tracer.errors import TraceError
-from specdiff.tracer.journal import JOURNAL_NAME, JournalWriter, compact_journal, read_journal
+from specdiff.tracer.journal import (
+    JOURNAL_NAME,
+    SPILL_PAYLOAD,
+    JournalWriter,
+    SpillWriter,
+    compact_journal,
+    read_journal,
+    read_spill,
+    remove_spill_dir,
+    spill_key,
+)
 from specdiff.tracer.schema import ordered, spec_for
 
 FORMAT_VERSION = 1
@@ -130,13 +142,15 @@ class TraceWriter:
         if overwrite and "://" not in self.path and os.path.exists(journal_url):
             os.remove(journal_url)
         self._journal = JournalWriter(journal_url)
-        self._journal.write({"t": "header", "format": FORMAT_VERSION, "side": side, "created": time.time()})
+        self._journal.write({"t": "header", "format": FORMAT_VERSION, "side": side, "created": time.time(),
+                             "payload": SPILL_PAYLOAD})
         self._journal.write({"t": "contract", "contract": self._contract})
         self._pending: dict[str, _Pending] = {}
         self._layout: dict[str, tuple[str, tuple[int, ...]]] = {}  # name -> (dtype, feature shape)
         self._rows: dict[str, int] = defaultdict(int)
         self._committed: dict[str, int] = defaultdict(int)
         self._arrays: dict[str, dict] = {}
+        self._spills: dict[str, tuple[int, SpillWriter]] = {}  # name -> (generation, file)
         self._sequences: dict[int, Sequence] = {}
         self.records = 0
         self.closed = False
@@ -205,16 +219,20 @@ class TraceWriter:
         keys = {k: np.broadcast_to(np.asarray(v, dtype=kd), (n,)).copy()
                 for (k, kd), v in zip(KEY_COLUMNS, (seq, pos, depth, iter), strict=True)}
         row0 = self._rows[name]
+        arr = np.ascontiguousarray(arr)
+        if name not in self._spills:
+            self._spills[name] = (0, SpillWriter(_join(self.path, spill_key(name, 0))))
+        self._spills[name][1].write(arr)  # before its rec entry: a rec that decodes has its bytes
         self._journal.write({"t": "rec", "name": name, "row0": row0, "n": n, "dtype": dtype_name,
-                             "shape": list(arr.shape), **{k: v.tobytes() for k, v in keys.items()},
-                             "data": arr.tobytes()})
+                             "shape": list(arr.shape), **{k: v.tobytes() for k, v in keys.items()}})
         self._rows[name] = row0 + n
         self.records += 1
         pending = self._pending.setdefault(name, _Pending())
         pending.add(arr, keys)
         chunk_rows = self._chunk_rows(name)
-        # Commit several whole chunks at once so zarr encodes them in parallel; the journal
-        # already holds every row, so buffering longer costs memory, not safety.
+        # Commit several whole chunks at once so zarr encodes them in parallel (and the rows
+        # rewritten to the next spill file are at most 1/COMMIT_CHUNKS of those committed); the
+        # spill file already holds every row, so buffering longer costs memory, not safety.
         if pending.rows >= COMMIT_CHUNKS * chunk_rows:
             self._commit(name, (pending.rows // chunk_rows) * chunk_rows)
 
@@ -235,7 +253,15 @@ class TraceWriter:
             target.resize((stop, *target.shape[1:]))
             target[start:stop] = values
         self._committed[name] = stop
-        self._journal.write({"t": "commit", "name": name, "rows": stop})
+        # Order for crash safety: zarr rows, then the next spill file with the rows still
+        # uncommitted, then the commit entry naming it (the switch), then the old file goes.
+        gen, old = self._spills[name]
+        new = SpillWriter(_join(self.path, spill_key(name, gen + 1)))
+        for part in self._pending[name].data:
+            new.write(np.ascontiguousarray(part))
+        self._journal.write({"t": "commit", "name": name, "rows": stop, "spill": gen + 1})
+        old.close_and_remove()
+        self._spills[name] = (gen + 1, new)
 
     def _create_arrays(self, name: str) -> dict:
         grp = self._group.require_group(f"tensors/{name}")
@@ -276,6 +302,9 @@ class TraceWriter:
                                   "sequence_rids": [s.rid for s in seqs]})
         self._journal.write({"t": "close", "records": self.records})
         self._journal.close()
+        for _, spill in self._spills.values():  # empty: every row is committed
+            spill.close_and_remove()
+        remove_spill_dir(self.path, _join)
         compact_journal(self._journal.url)
         self.closed = True
 
@@ -505,6 +534,7 @@ def _from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
     contract: dict = {}
     seqs: dict[int, Sequence] = {}
     committed: dict[str, int] = {}
+    spills: dict[str, tuple[int, int]] = {}  # name -> (spill generation, its first row)
     recs: dict[str, list[dict]] = defaultdict(list)
     closed, records = False, 0
     for e in entries[1:]:
@@ -514,6 +544,8 @@ def _from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
             records += 1
         elif t == "commit":
             committed[e["name"]] = e["rows"]
+            if "spill" in e:
+                spills[e["name"]] = (e["spill"], e["rows"])
         elif t == "seq":
             seqs[e["id"]] = Sequence(e["id"], np.frombuffer(e["tokens"], np.int32), e["prompt_len"], e["rid"])
         elif t == "contract":
@@ -525,24 +557,52 @@ def _from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
         layout[name] = (dtype, shape)
         committed[name] = max(committed.get(name, 0), rows)
     tail: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+    spilled = header.get("payload") == SPILL_PAYLOAD
     for name, entries_of in recs.items():
         first = entries_of[0]
         layout.setdefault(name, (first["dtype"], tuple(first["shape"][1:])))
         done = committed.get(name, 0)
         # A commit can end inside a record (commits are whole chunks): keep that record's later rows.
         pending = [e for e in entries_of if e["row0"] + e["n"] > done]
-        if any("data" not in e for e in pending):
+        if not pending:
+            continue
+        if any(c not in e for e in pending for c, _ in KEY_COLUMNS) or (not spilled and any("data" not in e for e in pending)):
             raise TraceError(f"{path}: rows of {name} from {done} on are neither committed nor in the "
                              "journal; the store is damaged (copy it again)")
-        if pending:
-            dt = STORAGE_DTYPES[first["dtype"]]
-            skip = [max(done - e["row0"], 0) for e in pending]
+        dt = STORAGE_DTYPES[first["dtype"]]
+        skip = [max(done - e["row0"], 0) for e in pending]
+        keys = {c: np.concatenate([np.frombuffer(e[c], kd)[k:] for e, k in zip(pending, skip, strict=True)])
+                for c, kd in KEY_COLUMNS}
+        if spilled:
+            gen, base = spills.get(name, (0, 0))
+            data = _spilled_rows(path, name, gen=gen, base=base, start=done, stop=pending[-1]["row0"] + pending[-1]["n"],
+                                 dtype=dt, shape=layout[name][1])
+        else:
             data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"])[k:] for e, k in zip(pending, skip, strict=True)])
-            keys = {c: np.concatenate([np.frombuffer(e[c], kd)[k:] for e, k in zip(pending, skip, strict=True)])
-                    for c, kd in KEY_COLUMNS}
-            tail[name] = (data, keys)
+        tail[name] = (data, keys)
     return _Contents(header["format"], header["side"], contract, [seqs[i] for i in sorted(seqs)], records,
                      closed, committed, layout, tail, cut_tail_bytes)
+
+
+def _spilled_rows(path: str, name: str, *, gen: int, base: int, start: int, stop: int, dtype: np.dtype,
+                  shape: tuple[int, ...]) -> np.ndarray:
+    """Rows [start, stop) of ``name`` from its spill file of generation ``gen`` (whose first row is
+    ``base``): [stop - start, *shape] of ``dtype``.
+
+    Raises:
+        TraceError: the file is missing or shorter than the journal says (the store was damaged
+            after the writer wrote it: a spill write always precedes its ``rec`` entry).
+    """
+    key = spill_key(name, gen)
+    row_bytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    raw = read_spill(_join(path, key))
+    need = (stop - base) * row_bytes
+    if raw is None or len(raw) < need:
+        held = "is missing" if raw is None else f"holds {max(len(raw) // max(row_bytes, 1) + base - start, 0)} of them"
+        raise TraceError(f"{path}: rows {start}-{stop - 1} of {name} were journalled but not committed, and {key} "
+                         f"{held}; the store is damaged (copy it again from where it was recorded)")
+    elems = int(np.prod(shape, dtype=np.int64))
+    return np.frombuffer(raw, dtype, count=(stop - base) * elems).reshape(stop - base, *shape)[start - base:]
 
 
 def _zarr_tensors(path: str, store) -> tuple[dict[str, tuple[str, tuple[int, ...], int]], list[Damage]]:
