@@ -571,7 +571,7 @@ def test_plugin_registers_only_in_scheduler_rank0(monkeypatch, tmp_path, caplog)
     assert set(registered) == set(sglang_plugin.HOOKS) - {gone}
     lines = [r.getMessage() for r in caplog.records if "has no" in r.getMessage()]
     assert len(lines) == 1 and "EagleDraftWorker._draft_extend_for_prefill" in lines[0] and "draft.topk" in lines[0]
-    assert sglang_plugin._rec.opts.path == str(tmp_path / "s.trace") + ".dp2"
+    assert sglang_plugin._rec.opts.path == str(tmp_path / "s.trace" / "dp2")  # one store per DP replica
 
 
 #: Contract fields that decide the draft's computation, read from live objects on both sides.

@@ -3,8 +3,11 @@
 Declared in pyproject as ``[project.entry-points."sglang.srt.plugins"] specdiff``; SGLang's
 ``load_plugins()`` calls ``load()`` in every process it starts. ``load()`` does nothing unless
 ``SPECDIFF_TRACE=<store path>`` is set, and registers hooks only in the scheduler process of
-TP rank 0 (the one that runs the EAGLE worker and sees gathered logits / broadcast samples);
-data-parallel replica r > 0 writes ``<SPECDIFF_TRACE>.dp<r>``.
+TP rank 0 (the other TP ranks run the same batch and hold the same all-reduced hidden states and
+all-gathered logits, so their tensors add nothing); with data parallelism (``--dp-size N``) every
+replica r writes its own store ``<SPECDIFF_TRACE>/dp<r>``, and ``open_trace(<SPECDIFF_TRACE>)``
+reads them as one trace (tracer/ranks.py). With DP attention only attention-DP group 0 (global
+TP rank 0) records.
 
 Environment:
     SPECDIFF_TRACE        trace store path (must not exist yet)
@@ -80,8 +83,12 @@ def load(env=None) -> bool:
     del frame
     if tp_rank not in (0, None):
         return False
-    if isinstance(dp_rank, int) and dp_rank > 0:  # data-parallel replicas: one trace each
-        opts.path = f"{opts.path.rstrip('/')}.dp{dp_rank}"
+    # SGLang 0.5.23 passes dp_rank=None when one replica serves (entrypoints/engine.py:945-953) and
+    # an int, 0 included, to every replica the data-parallel controller starts
+    # (managers/data_parallel_controller.py:772-800): then one store per replica under the path,
+    # opened together as one trace (tracer/ranks.py).
+    if isinstance(dp_rank, int):
+        opts.path = os.path.join(opts.path, f"dp{dp_rank}")
 
     if _rec is not None:
         return True

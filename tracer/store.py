@@ -658,8 +658,21 @@ def _store(path: str):
     return zarr.storage.LocalStore(path, read_only=True)
 
 
+def _is_rank_parent(path: str) -> bool:
+    """``path`` holds no trace of its own but per-rank traces (tracer.ranks)."""
+    try:
+        if read_bytes(path, "zarr.json") is not None:
+            return False
+    except OSError:
+        return False
+    from specdiff.tracer.ranks import rank_stores
+
+    return bool(rank_stores(path))
+
+
 def open_trace(path: str) -> Trace:
-    """Open a trace for reading (local path or fsspec URL).
+    """Open a trace for reading (local path or fsspec URL); a directory of per-rank traces
+    (``dp<r>``, written by a data-parallel server) opens as one ``tracer.ranks.RankedTrace``.
 
     A damaged journal or group metadata is read around when the other copy holds the same facts
     (a closed trace's zarr metadata holds everything; the journal holds everything but the
@@ -674,6 +687,10 @@ def open_trace(path: str) -> Trace:
     path = str(path)
     if "://" not in path and not os.path.exists(path):
         raise TraceError(f"{path}: no such trace (the path does not exist)")
+    if _is_rank_parent(path):
+        from specdiff.tracer.ranks import RankedTrace, rank_stores
+
+        return RankedTrace(path, [(label, open_trace(sub)) for label, sub in rank_stores(path)])
     store = _store(path)
     attrs, root_exc = None, None
     try:

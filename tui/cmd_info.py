@@ -25,6 +25,12 @@ def describe(trace, *, verified: bool = False) -> str:
     else:
         cut = f", last {trace.cut_tail_bytes} bytes of a record cut" if trace.cut_tail_bytes else ""
         lines.append(f"state      CUT OFF: the writer did not close it (all complete records kept{cut})")
+    ranks = getattr(trace, "ranks", None)  # tracer.ranks.RankedTrace: one store per DP replica
+    if ranks:
+        lines.append(f"ranks      {len(ranks)} (one store per data-parallel replica)")
+        for label, t in ranks:
+            state = "closed cleanly" if t.closed else "CUT OFF"
+            lines.append(f"  {label:8s} {t.path}   {len(t.sequences)} sequences, {t.records} records, {state}")
     crash = trace.contract.get("crash")
     if isinstance(crash, dict):
         lines.append(f"crash      the server raised {describe_crash(crash)}")
