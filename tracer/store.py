@@ -85,6 +85,12 @@ class Sequence:
     rid: str | None
 
 
+def local_path(path: str) -> str:
+    """``file://`` URLs as plain paths: zarr's LocalStore creates parent directories where
+    fsspec's local filesystem, by default, does not (so a ``file://`` trace could not be written)."""
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
 class _Pending:
     """Rows appended to one tensor but not yet committed to zarr."""
 
@@ -128,7 +134,7 @@ class TraceWriter:
                  chunk_bytes: int = CHUNK_BYTES, overwrite: bool = False):
         if side not in SIDES:
             raise TraceError(f"{path}: side must be one of {SIDES}, got {side!r}")
-        self.path = str(path)
+        self.path = local_path(str(path))
         self.side = side
         self.chunk_bytes = chunk_bytes
         try:
@@ -684,7 +690,7 @@ def open_trace(path: str) -> Trace:
             of the trace's facts (e.g. the journal of a trace whose writer never closed it cut
             before its header).
     """
-    path = str(path)
+    path = local_path(str(path))
     if "://" not in path and not os.path.exists(path):
         raise TraceError(f"{path}: no such trace (the path does not exist)")
     if _is_rank_parent(path):
