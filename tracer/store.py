@@ -582,7 +582,8 @@ def _from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
         if spilled:
             gen, base = spills.get(name, (0, 0))
             data = _spilled_rows(path, name, gen=gen, base=base, start=done, stop=pending[-1]["row0"] + pending[-1]["n"],
-                                 dtype=dt, shape=layout[name][1])
+                                 dtype=dt, shape=layout[name][1], lost_ok=zarr_rows is not None)
+            keys = {c: v[:len(data)] for c, v in keys.items()}
         else:
             data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"])[k:] for e, k in zip(pending, skip, strict=True)])
         tail[name] = (data, keys)
@@ -591,24 +592,28 @@ def _from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
 
 
 def _spilled_rows(path: str, name: str, *, gen: int, base: int, start: int, stop: int, dtype: np.dtype,
-                  shape: tuple[int, ...]) -> np.ndarray:
+                  shape: tuple[int, ...], lost_ok: bool) -> np.ndarray:
     """Rows [start, stop) of ``name`` from its spill file of generation ``gen`` (whose first row is
-    ``base``): [stop - start, *shape] of ``dtype``.
+    ``base``): [rows, *shape] of ``dtype``; fewer rows only with ``lost_ok`` (the journal is
+    damaged and already reported as losing uncommitted records).
 
     Raises:
         TraceError: the file is missing or shorter than the journal says (the store was damaged
             after the writer wrote it: a spill write always precedes its ``rec`` entry).
     """
     key = spill_key(name, gen)
-    row_bytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-    raw = read_spill(_join(path, key))
-    need = (stop - base) * row_bytes
-    if raw is None or len(raw) < need:
-        held = "is missing" if raw is None else f"holds {max(len(raw) // max(row_bytes, 1) + base - start, 0)} of them"
-        raise TraceError(f"{path}: rows {start}-{stop - 1} of {name} were journalled but not committed, and {key} "
-                         f"{held}; the store is damaged (copy it again from where it was recorded)")
     elems = int(np.prod(shape, dtype=np.int64))
-    return np.frombuffer(raw, dtype, count=(stop - base) * elems).reshape(stop - base, *shape)[start - base:]
+    row_bytes = dtype.itemsize * elems
+    raw = read_spill(_join(path, key))
+    held = stop if not row_bytes else base + len(raw or b"") // row_bytes
+    if held < stop and not lost_ok:
+        what = "is missing" if raw is None else f"holds {max(held - start, 0)} of them"
+        raise TraceError(f"{path}: rows {start}-{stop - 1} of {name} were journalled but not committed, and {key} "
+                         f"{what}; the store is damaged (copy it again from where it was recorded)")
+    stop = min(stop, held)
+    if stop <= start:
+        return np.empty((0, *shape), dtype)
+    return np.frombuffer(raw or b"", dtype, count=(stop - base) * elems).reshape(stop - base, *shape)[start - base:]
 
 
 def _zarr_tensors(path: str, store) -> tuple[dict[str, tuple[str, tuple[int, ...], int]], list[Damage]]:
