@@ -18,6 +18,7 @@ the spill files the journal names.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections import defaultdict
@@ -27,6 +28,7 @@ import fsspec
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.core.sync import sync as zarr_sync
 
 from specdiff.tracer.arrays import STORAGE_DTYPES, from_storage, to_storage, to_torch
 from specdiff.tracer.chunks import ArrayReader, metadata_problem, read_bytes
@@ -114,6 +116,16 @@ class _Pending:
         self.keys = defaultdict(list, {k: [v[n:]] for k, v in keys.items()} if tail.shape[0] else {})
         self.rows -= n
         return head, {k: v[:n] for k, v in keys.items()}
+
+
+async def _grow_and_write(targets, start: int, stop: int) -> None:
+    """Grow each zarr ``AsyncArray`` to ``stop`` rows and write ``values`` to rows [start, stop)."""
+
+    async def one(array, values):
+        await array.resize((stop, *array.shape[1:]))
+        await array.setitem(slice(start, stop), values)
+
+    await asyncio.gather(*(one(a, v) for a, v in targets))
 
 
 class TraceWriter:
@@ -254,10 +266,10 @@ class TraceWriter:
         if start == 0:
             self._arrays[name] = self._create_arrays(name)
         arrays = self._arrays[name]
-        for key, values in (("data", data), *keys.items()):
-            target = arrays[key]
-            target.resize((stop, *target.shape[1:]))
-            target[start:stop] = values
+        # One trip to zarr's event loop for the data and the four key arrays (grown, then written),
+        # not ten: under load each trip costs more than encoding a small key chunk.
+        zarr_sync(_grow_and_write([(arrays[key].async_array, values)
+                                             for key, values in (("data", data), *keys.items())], start, stop))
         self._committed[name] = stop
         # Order for crash safety: zarr rows, then the next spill file with the rows still
         # uncommitted, then the commit entry naming it (the switch), then the old file goes.
