@@ -302,6 +302,9 @@ class Eagle3DraftConfig:
                 default(name, value, f"off ({NORM_FLAGS[name].sources['sglang' if fmt == 'specforge' else fmt]})")
         if flags["norm_before_residual"]:
             notes.append("norm_before_residual=true (speculators): SGLang 0.5.23 does not implement it")
+        if fmt == "speculators" and flags["norm_before_fc"] and flags["fc_norm"]:
+            notes.append("norm_before_fc and fc_norm are both true: speculators 0.9.0 refuses the pair "
+                         "(models/eagle3/config.py:90-95); SGLang applies input_norm, then fc_norm")
         cfg = cls(hidden_size=hd, intermediate_size=dims["intermediate_size"], num_attention_heads=heads,
                   num_key_value_heads=kv, head_dim=head_dim, vocab_size=dims["vocab_size"], draft_vocab_size=dvs,
                   rms_norm_eps=eps, rope_theta=theta, rope_scaling=scaling, num_aux=num_aux,
@@ -333,6 +336,10 @@ class Eagle3DraftConfig:
         if fmt not in FORMATS:
             raise DraftConfigError(field="format", file=self.source or "(built in code)",
                                    problem=f"unknown draft format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+        if fmt == "speculators" and self.norm_before_fc and self.fc_norm:
+            self._fail("fc_norm", "is true together with norm_before_fc, which speculators 0.9.0 refuses "
+                       "(models/eagle3/config.py:90-95)", "write the specforge format (SGLang applies both) "
+                       "or turn one of them off")
         dims = {
             "model_type": "llama", "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
             "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
