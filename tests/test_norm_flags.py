@@ -73,6 +73,17 @@ def test_a_specforge_config_never_says_norm_output_false():
     assert conf == {"norm_before_fc": False, "fc_norm": False}
 
 
+@pytest.mark.parametrize("flag", ["norm_before_fc", "fc_norm"])
+def test_the_check_describes_a_norm_flag_as_the_contract_does(tmp_path, flag):
+    from specdiff.replay.model.checkpoint import save_draft
+    from specdiff.replay.preflight.files import read_draft
+    from specdiff.replay.preflight.rules import check_norms
+
+    save_draft(_random_model(**{flag: True}), tmp_path, "specforge")
+    found = [f for f in check_norms(read_draft(tmp_path), engines=("sglang",)) if f.kind == "norm.flags"]
+    assert len(found) == 1 and f"{flag} set: {CONTRACT_FIELDS[flag][1]} (SGLang 0.5.23" in found[0].message
+
+
 # ---- the reference forward against SGLang's own code ----------------------------------------
 K, H, HD = 3, 16, 24  # aux slots, target hidden, draft hidden (K*H != HD: SGLang runs fc)
 
