@@ -1,6 +1,7 @@
 """Load and save EAGLE-3 draft checkpoints (SpecForge/SGLang and speculators formats).
 
-Formats (DESIGN.md "Checkpoint formats"; shared/research/training-side.md):
+Formats (DESIGN.md "Checkpoint formats"; shared/research/training-side.md); config.json of
+both is read and written by ``replay.model.draft_config.Eagle3DraftConfig``, the weights here:
 
 - ``specforge`` (what SGLang 0.5.23 serves): ``architectures ["LlamaForCausalLMEagle3"]``, a flat
   LlamaConfig plus ``draft_vocab_size``, optional ``target_hidden_size``,
