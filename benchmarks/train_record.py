@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _models(tmp: Path, draft_dtype: torch.dtype):
+    from specdiff.eagle3.norms import NORMS_OFF
     from specdiff.replay.model.checkpoint import load_draft, save_draft
     from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
     from specdiff.replay.model.target_capture import load_target, target_embedding, target_lm_head
@@ -43,8 +44,10 @@ def _models(tmp: Path, draft_dtype: torch.dtype):
         tdir, ddir = tmp / "target", tmp / "draft"
         LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(tdir))
         d = Eagle3Draft(Eagle3DraftConfig(hidden_size=256, intermediate_size=1024, num_attention_heads=4,
-                                          num_key_value_heads=4, vocab_size=4096, draft_vocab_size=1024,
-                                          target_hidden_size=256, eagle_aux_hidden_state_layer_ids=[-1, 2, 5]))
+                                          num_key_value_heads=4, head_dim=64, vocab_size=4096,
+                                          draft_vocab_size=1024, num_aux=3, target_hidden_size=256,
+                                          rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, **NORMS_OFF,
+                                          eagle_aux_hidden_state_layer_ids=[-1, 2, 5]))
         with torch.no_grad():
             for p in d.parameters():
                 p.normal_(0, 0.05)

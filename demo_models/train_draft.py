@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from specdiff.demo_models.tiny_models import TARGET_DIMS
 from specdiff.eagle3.aux_layers import default_hf_indices, resolve_aux_ids
+from specdiff.eagle3.norms import NORMS_OFF
 from specdiff.replay.model.checkpoint import save_draft
 from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig, ttt_labels
 from specdiff.replay.model.target_capture import capture_target, load_target, target_embedding, target_lm_head
@@ -50,7 +51,7 @@ SGLANG_DEFAULT_HF_INDICES = default_hf_indices(TARGET_LAYERS)  # no ids in the c
 
 DRAFT_VOCAB = 1024
 DRAFT_DIMS = dict(hidden_size=256, intermediate_size=1024, num_attention_heads=4,
-                  num_key_value_heads=4)
+                  num_key_value_heads=4, head_dim=64)
 TTT_STEPS = 3
 LOSS_DECAY = 0.8
 SEED = 4321
@@ -134,7 +135,7 @@ def make_draft(target, hot: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
     tcfg = target.config
     cfg = Eagle3DraftConfig(
         **DRAFT_DIMS, vocab_size=tcfg.vocab_size, draft_vocab_size=len(hot),
-        rms_norm_eps=tcfg.rms_norm_eps, rope_theta=_rope_theta(tcfg),
+        rms_norm_eps=tcfg.rms_norm_eps, rope_theta=_rope_theta(tcfg), rope_scaling=None, **NORMS_OFF,
         max_position_embeddings=tcfg.max_position_embeddings, num_aux=len(TRAIN_HF_INDICES),
         target_hidden_size=tcfg.hidden_size, eagle_aux_hidden_state_layer_ids=list(SERVE_IDS),
         aux_convention="sglang")

@@ -6,4 +6,5 @@ app (tui) all read the same rule. Each rule names the engine or framework source
 - ``aux_layers``: what a list of aux-layer ids means in each engine / training framework (HF
   indices, both directions) and what an engine really captures from a config.
 - ``vocab_map``: ``d2t`` / ``t2d`` / ``hot_token_id`` semantics (offsets, how engines read them).
+- ``norms``: the draft's norm flags: config keys per layout, what each computes, engine sources.
 """

@@ -19,7 +19,6 @@ trained demo models live in ``specdiff.replay``.
 
 from __future__ import annotations
 
-import json
 import os
 import sysconfig
 from pathlib import Path
@@ -107,13 +106,24 @@ def build_target(out_dir: Path, seed: int = 0, constant_output: bool = False) ->
 
 
 def build_draft(
-    out_dir: Path, seed: int = 1, aux_layer_ids: list[int] | None = None, constant_output: bool = False
+    out_dir: Path, seed: int = 1, aux_layer_ids: list[int] | None = None, constant_output: bool = False,
+    **norms: bool,
 ) -> None:
-    """Random EAGLE-3 draft (SpecForge/SGLang checkpoint layout) in ``out_dir``.
+    """Random EAGLE-3 draft (SpecForge/SGLang checkpoint layout) in ``out_dir``; config.json is
+    written by ``Eagle3DraftConfig.write``.
 
     ``constant_output``: zero the final norm (all draft logits 0, argmax draft id 0) and map
-    draft id 0 to target id 0, so the draft always proposes target id 0."""
+    draft id 0 to target id 0, so the draft always proposes target id 0.
+    ``norms``: norm flags to turn on (``specdiff.eagle3.norms``), e.g. ``fc_norm=True``; the
+    norms they add get random weights around 1."""
     from safetensors.torch import save_file
+
+    from specdiff.eagle3.norms import NORMS_OFF
+    from specdiff.replay.model.draft_config import Eagle3DraftConfig
+
+    unknown = set(norms) - set(NORMS_OFF)
+    if unknown:
+        raise ValueError(f"unknown norm flags {sorted(unknown)}")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     ids = list(AUX_LAYER_IDS if aux_layer_ids is None else aux_layer_ids)
@@ -148,30 +158,16 @@ def build_draft(
         "d2t": d2t,
         "t2d": t2d,
     }
+    for name, width in (("norm_before_fc", 3 * h), ("fc_norm", h)):
+        if norms.get(name):  # random norm weights: a norm that is skipped or swapped shows in fc_in
+            for key in (["input_norm.weight"] if name == "norm_before_fc" else [f"fc_norm.{j}.weight" for j in range(3)]):
+                tensors[key] = (1.0 + torch.randn(width, generator=g) * 0.3).to(torch.bfloat16)
     save_file(tensors, str(out_dir / "model.safetensors"))
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": h,
-        "intermediate_size": inter,
-        "num_hidden_layers": 1,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": HEADS,
-        "head_dim": hd,
-        "hidden_act": "silu",
-        "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "vocab_size": v,
-        "draft_vocab_size": vd,
-        "target_hidden_size": h,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids},
-    }
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    config = Eagle3DraftConfig(
+        hidden_size=h, intermediate_size=inter, num_attention_heads=HEADS, num_key_value_heads=HEADS, head_dim=hd,
+        vocab_size=v, draft_vocab_size=vd, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None, num_aux=3,
+        target_hidden_size=h, **{**NORMS_OFF, **norms}, max_position_embeddings=2048)
+    config.write(out_dir, "specforge", aux_ids=ids, torch_dtype="bfloat16")
 
 
 def build_bringup_models(root: str | os.PathLike, force: bool = False) -> tuple[Path, Path]:

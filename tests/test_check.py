@@ -16,6 +16,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+from specdiff.eagle3.norms import NORMS_OFF
 from specdiff.replay.model.checkpoint import load_draft, save_draft
 from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
 from specdiff.replay.preflight.check import PreflightError, findings_as_facts, run_preflight
@@ -36,8 +37,9 @@ def pair_src(tmp_path_factory):
                 num_key_value_heads=2, vocab_size=V, max_position_embeddings=512, rope_theta=10000.0,
                 eos_token_id=1, bos_token_id=0).save_pretrained(target)
     cfg = Eagle3DraftConfig(hidden_size=H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                            vocab_size=V, draft_vocab_size=VD, num_aux=3, target_hidden_size=H,
-                            max_position_embeddings=512, rope_theta=10000.0,
+                            head_dim=H // 4, vocab_size=V, draft_vocab_size=VD, num_aux=3, target_hidden_size=H,
+                            max_position_embeddings=512, rope_theta=10000.0, rope_scaling=None, rms_norm_eps=1e-6,
+                            **NORMS_OFF,
                             eagle_aux_hidden_state_layer_ids=[-1, 3, 6], aux_convention="sglang")
     torch.manual_seed(0)
     model = Eagle3Draft(cfg)

@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+from specdiff.eagle3.norms import NORMS_OFF  # noqa: E402
 from specdiff.replay.model.checkpoint import save_draft  # noqa: E402
 from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig  # noqa: E402
 from specdiff.tracer.store import TraceWriter, open_trace  # noqa: E402
@@ -38,7 +39,8 @@ def _demo_models() -> tuple[Path, Path] | None:
 
 def _draft_cfg(**kw):
     base = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                vocab_size=V, draft_vocab_size=128, target_hidden_size=32, num_aux=3,
+                head_dim=8, vocab_size=V, draft_vocab_size=128, target_hidden_size=32, num_aux=3,
+                rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, **NORMS_OFF,
                 eagle_aux_hidden_state_layer_ids=[-1, 2, 4], aux_convention="sglang")
     base.update(kw)
     return Eagle3DraftConfig(**base)

@@ -266,11 +266,13 @@ def test_how_text_prompts_are_tokenized_is_a_stored_default(tmp_path):
 
 
 def test_converting_a_checkpoint_keeps_the_aux_id_order(tmp_path):
+    from specdiff.eagle3.norms import NORMS_OFF
     from specdiff.replay.model.checkpoint import load_draft, save_draft
     from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
 
     cfg = Eagle3DraftConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                            vocab_size=128, draft_vocab_size=64, num_aux=3, target_hidden_size=32,
+                            head_dim=8, vocab_size=128, draft_vocab_size=64, num_aux=3, target_hidden_size=32,
+                            rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, **NORMS_OFF,
                             eagle_aux_hidden_state_layer_ids=[5, -1, 2], aux_convention="sglang")
     save_draft(Eagle3Draft(cfg), tmp_path / "spec", "speculators", target_num_layers=L)
     loaded = load_draft(tmp_path / "spec")

@@ -18,6 +18,7 @@ import hashlib
 import numpy as np
 
 from specdiff.eagle3.aux_layers import AUX_CONCAT_ORDER
+from specdiff.eagle3.norms import meaning as norm_meaning
 from specdiff.tracer.errors import TraceError
 
 #: The value of a fact that could not be read from the live engine objects.
@@ -48,9 +49,11 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "aux_native_ids": (_list + (type(None),), "the ids as configured (None = tool default)"),
     "aux_convention": ((str,), "convention of aux_native_ids (tracer.conventions)"),
     "aux_dropped_ids": (_list, "native ids the engine silently drops"),
-    "norm_before_fc": ((bool,), "one RMSNorm over the aux concat before fc"),
-    "fc_norm": ((bool,), "per-aux-slot RMSNorms before fc"),
-    "norm_output": ((bool,), "the hidden fed to the next draft depth is the normed one (SGLang semantics)"),
+    # the norm flags' meanings are written once, in specdiff.eagle3.norms
+    "norm_before_fc": ((bool,), norm_meaning("norm_before_fc")),
+    "fc_norm": ((bool,), norm_meaning("fc_norm")),
+    "norm_output": ((bool,), norm_meaning("norm_output")),
+    "norm_before_residual": ((bool,), norm_meaning("norm_before_residual")),
     "d2t_sha256": ((str, type(None)), "sha256 of d2t int64 bytes (None = no d2t: identity)"),
     "t2d_sha256": ((str, type(None)), "sha256 of t2d bool bytes"),
     "hot_token_id_sha256": ((str, type(None)), "sha256 of hot_token_id = d2t + arange (int64)"),

@@ -30,13 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
+from specdiff.eagle3.norms import NORM_FLAGS as _NORMS
 from specdiff.replay.diff.align import match_rows
 from specdiff.tracer.contract import known
 from specdiff.tracer.errors import SpecdiffError
 
 __all__ = ["GraftError", "GraftResult", "graft", "NORM_FLAGS"]
 
-NORM_FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+NORM_FLAGS = tuple(_NORMS)  # specdiff.eagle3.norms: the one list of norm flags
 BATCH = 8
 MIN_GAP = 0.005  # tokens per verify step: below this there is no gap to recover
 

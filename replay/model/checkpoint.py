@@ -1,6 +1,7 @@
 """Load and save EAGLE-3 draft checkpoints (SpecForge/SGLang and speculators formats).
 
-Formats (DESIGN.md "Checkpoint formats"; shared/research/training-side.md):
+Formats (DESIGN.md "Checkpoint formats"; shared/research/training-side.md); config.json of
+both is read and written by ``replay.model.draft_config.Eagle3DraftConfig``, the weights here:
 
 - ``specforge`` (what SGLang 0.5.23 serves): ``architectures ["LlamaForCausalLMEagle3"]``, a flat
   LlamaConfig plus ``draft_vocab_size``, optional ``target_hidden_size``,
@@ -34,27 +35,29 @@ import torch
 
 from specdiff.eagle3.aux_layers import ConventionError, native_aux_ids, resolve_aux_ids
 from specdiff.eagle3.vocab_map import read_d2t
-from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
+from specdiff.replay.model.draft_config import (  # noqa: F401  (re-exported: preflight, callers)
+    FORMATS,
+    SPECFORGE_ARCH,
+    SPECULATORS_ARCHS,
+    CheckpointError,
+    DraftConfigError,
+    Eagle3DraftConfig,
+    detect_format,
+    rope_params,
+)
+from specdiff.replay.model.draft_model import Eagle3Draft
 from specdiff.tracer.contract import sha256_array
-from specdiff.tracer.errors import SpecdiffError
 
 __all__ = ["CheckpointError", "LoadedDraft", "load_draft", "save_draft", "read_state_dict", "read_weight_headers",
            "draft_config_from_dict", "detect_format", "draft_weights_sha256", "canonical_name",
            "expected_shapes", "OPTIONAL_SHAPES", "IGNORED_KEYS", "rope_params"]
 
-FORMATS = ("specforge", "speculators")
-SPECFORGE_ARCH = "LlamaForCausalLMEagle3"
-SPECULATORS_ARCHS = ("Eagle3DraftModel", "Eagle3Speculator")
 #: keys speculators writes or keeps that the draft forward does not use (engines skip them too)
 IGNORED_KEYS = ("verifier_norm.weight", "verifier_lm_head.weight")
 _ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
               "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32",
               "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 _LEGACY = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
-
-
-class CheckpointError(SpecdiffError):
-    """A draft checkpoint that cannot be loaded as an EAGLE-3 draft (one clear line)."""
 
 
 # ---- files ------------------------------------------------------------------------------
@@ -133,97 +136,12 @@ def read_weight_headers(path: str | Path, *, load=("d2t", "t2d")) -> tuple[dict,
     return meta, loaded
 
 
-def _read_config(path: Path) -> dict:
-    f = path / "config.json"
-    if not f.is_file():
-        raise CheckpointError(f"{path}: no config.json")
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
-
-
-def detect_format(raw: dict) -> str:
-    """'specforge' or 'speculators' from a config dict (architectures / speculators keys)."""
-    archs = raw.get("architectures") or []
-    if any(a in SPECULATORS_ARCHS for a in archs) or "speculators_config" in raw \
-            or "transformer_layer_config" in raw:
-        return "speculators"
-    if SPECFORGE_ARCH in archs:
-        return "specforge"
-    raise CheckpointError(f"config architectures {archs} is not an EAGLE-3 draft "
-                          f"(expected {SPECFORGE_ARCH!r} or one of {list(SPECULATORS_ARCHS)})")
-
-
 # ---- config -----------------------------------------------------------------------------
-def rope_params(d: dict) -> tuple[float, dict | None]:
-    """rope_theta / rope_scaling from a LlamaConfig dict (transformers 5 ``rope_parameters`` too)."""
-    rp = d.get("rope_parameters") or {}
-    theta = d.get("rope_theta", rp.get("rope_theta", 10000.0))
-    scaling = d.get("rope_scaling")
-    if scaling is None and rp.get("rope_type", "default") != "default":
-        scaling = dict(rp)
-    return float(theta), scaling
-
-
-def draft_config_from_dict(raw: dict, fmt: str | None = None) -> tuple[Eagle3DraftConfig, list[str]]:
-    """Eagle3DraftConfig (and notes) from a checkpoint's config.json dict.
-
-    K (num_aux) follows SGLang llama_eagle3.py:156-161: ``num_aux_hidden_states``, else the
-    number of configured ids, else 3.
-    """
-    fmt = fmt or detect_format(raw)
-    notes: list[str] = []
-    if fmt == "speculators":
-        d = dict(raw.get("transformer_layer_config") or raw)
-        top = raw
-        ids = top.get("eagle_aux_hidden_state_layer_ids")
-        convention = "speculators"
-    else:
-        d = top = raw
-        eagle = raw.get("eagle_config") or {}
-        ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-        convention = "sglang"
-        if ids is None and raw.get("eagle_aux_hidden_state_layer_ids") is not None:
-            notes.append("top-level eagle_aux_hidden_state_layer_ids "
-                         f"{raw['eagle_aux_hidden_state_layer_ids']} is ignored by SGLang "
-                         "(it reads only eagle_config.eagle_aux_hidden_state_layer_ids)")
-    if d.get("num_hidden_layers", 1) != 1:
-        raise CheckpointError(f"draft has num_hidden_layers={d['num_hidden_layers']}; "
-                              "the reference EAGLE-3 draft has exactly one decoder layer")
-    if top.get("tie_word_embeddings") or d.get("tie_word_embeddings"):
-        raise CheckpointError("draft has tie_word_embeddings=true (lm_head = embedding): not supported")
-    missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
-               if k not in d]
-    if missing:
-        raise CheckpointError(f"draft config lacks {', '.join(missing)}")
-    theta, scaling = rope_params(d)
-    num_aux = top.get("num_aux_hidden_states") or (len(ids) if ids else 3)
-    eagle = top.get("eagle_config") or {}
-    nbf = bool(eagle.get("norm_before_fc", top.get("norm_before_fc", False)))
-    dvs = top.get("draft_vocab_size")
-    try:
-        cfg = Eagle3DraftConfig(
-            hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
-            num_attention_heads=d["num_attention_heads"],
-            num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-            head_dim=d.get("head_dim"), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=theta, rope_scaling=scaling,
-            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-            vocab_size=d["vocab_size"], draft_vocab_size=dvs if dvs is not None else d["vocab_size"],
-            num_aux=int(num_aux),
-            target_hidden_size=top.get("target_hidden_size") or d.get("target_hidden_size"),
-            norm_before_fc=nbf, fc_norm=bool(top.get("fc_norm") or top.get("use_aux_norm")),
-            norm_output=bool(top.get("norm_output", False)),
-            norm_before_residual=bool(top.get("norm_before_residual", False)),
-            eagle_aux_hidden_state_layer_ids=None if ids is None else [int(i) for i in ids],
-            aux_convention=convention, hidden_act=d.get("hidden_act", "silu"),
-            extra={"draft_vocab_size_in_config": dvs is not None})
-    except ValueError as e:
-        raise CheckpointError(f"draft config: {e}") from None
-    if cfg.norm_before_residual:
-        notes.append("norm_before_residual=true (speculators): SGLang 0.5.23 does not implement it")
-    return cfg, notes
+def draft_config_from_dict(raw: dict, fmt: str | None = None, *,
+                           source: str = "config.json") -> tuple[Eagle3DraftConfig, list[str]]:
+    """``Eagle3DraftConfig.from_dict`` and its notes (raises DraftConfigError naming ``source``)."""
+    cfg = Eagle3DraftConfig.from_dict(raw, source=source, fmt=fmt)
+    return cfg, list(cfg.notes)
 
 
 # ---- weights ----------------------------------------------------------------------------
@@ -377,9 +295,9 @@ def load_draft(path: str | Path, *, dtype: torch.dtype = torch.float32,
             mismatched widths (all named in one line).
     """
     path = Path(path)
-    raw = _read_config(path)
-    fmt = detect_format(raw)
-    cfg, notes = draft_config_from_dict(raw, fmt)
+    cfg = Eagle3DraftConfig.from_file(path)
+    raw = json.loads((path / "config.json").read_text())
+    fmt, notes = cfg.format, list(cfg.notes)
     sd_file = read_state_dict(path)
 
     canon: dict[str, torch.Tensor] = {}
@@ -396,7 +314,7 @@ def load_draft(path: str | Path, *, dtype: torch.dtype = torch.float32,
             continue
         canon[c], origin[c] = t, name
     lm_from_target = ("lm_head.weight" not in canon and target_lm_head is not None
-                      and not cfg.extra.get("draft_vocab_size_in_config"))
+                      and cfg.lm_head_from_target)
     missing = [k for k in expected if k not in canon and not (k == "lm_head.weight" and lm_from_target)]
     problems = []
     if missing:
@@ -479,21 +397,6 @@ def _ids_for(cfg: Eagle3DraftConfig, convention: str, target_num_layers: int | N
                               f"convention as given: {e}") from None
 
 
-def _llama_dims(cfg: Eagle3DraftConfig) -> dict:
-    d = {
-        "model_type": "llama", "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-        "num_hidden_layers": 1, "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
-        "max_position_embeddings": cfg.max_position_embeddings, "vocab_size": cfg.vocab_size,
-        "hidden_act": cfg.hidden_act, "tie_word_embeddings": False,
-    }
-    if cfg.rope_scaling is not None:
-        d["rope_scaling"] = cfg.rope_scaling
-    return d
-
-
 def save_draft(model: Eagle3Draft, directory: str | Path, format: str = "specforge", *,
                verifier: str | None = None, include_embed: bool | None = None,
                target_num_layers: int | None = None, dtype: torch.dtype | None = None) -> Path:
@@ -528,38 +431,6 @@ def save_draft(model: Eagle3Draft, directory: str | Path, format: str = "specfor
         sd[name] = t.clone()
     ids = _ids_for(cfg, "sglang" if format == "specforge" else "speculators", target_num_layers)
     wdtype = str(dtype or model.fc.weight.dtype).replace("torch.", "")
-    if format == "specforge":
-        conf = {"architectures": [SPECFORGE_ARCH], **_llama_dims(cfg),
-                "draft_vocab_size": cfg.draft_vocab_size,
-                "target_hidden_size": cfg.target_hidden_size, "torch_dtype": wdtype}
-        if ids is None or len(ids) != cfg.num_aux:
-            conf["num_aux_hidden_states"] = cfg.num_aux
-        eagle = {}
-        if ids is not None:
-            eagle["eagle_aux_hidden_state_layer_ids"] = list(ids)
-        if cfg.norm_before_fc:
-            eagle["norm_before_fc"] = True
-        if eagle:
-            conf["eagle_config"] = eagle
-        if cfg.fc_norm:
-            conf["fc_norm"] = True
-        if cfg.norm_output:
-            conf["norm_output"] = True
-        if cfg.norm_before_residual:
-            conf["norm_before_residual"] = True
-    else:
-        conf = {"architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
-                "transformer_layer_config": _llama_dims(cfg),
-                "draft_vocab_size": cfg.draft_vocab_size,
-                "target_hidden_size": cfg.target_hidden_size,
-                "norm_before_fc": cfg.norm_before_fc, "fc_norm": cfg.fc_norm,
-                "norm_output": cfg.norm_output, "norm_before_residual": cfg.norm_before_residual,
-                "eagle_aux_hidden_state_layer_ids": None if ids is None else list(ids),
-                "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                       "verifier": {"name_or_path": verifier}},
-                "torch_dtype": wdtype}
-        if ids is None or len(ids) != cfg.num_aux:
-            conf["num_aux_hidden_states"] = cfg.num_aux
+    cfg.write(directory, format, aux_ids=ids, torch_dtype=wdtype, verifier=verifier)
     save_file(sd, str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
     return directory

@@ -4,18 +4,18 @@ This is specdiff's own, compact implementation of the EAGLE-3 draft as SGLang se
 SpecForge / speculators train it. Every convention below names its source:
 
 - **fc input** (SGLang 0.5.23 ``srt/models/llama_eagle3.py:237-247``): the aux concat
-  [N, K*H] goes through the optional ``input_norm`` (flag ``norm_before_fc``: ONE RMSNorm over
-  the whole K*H concat, weight ``input_norm.weight`` [K*H]), then the optional ``fc_norm``
-  (one RMSNorm per H-wide chunk, weights ``fc_norm.{j}.weight`` [H]; legacy names
-  ``aux_norm_low/mid/high``), then ``fc`` [Hd, K*H] without bias.
+  [N, K*H] goes through the norms the flags turn on, in the order and with the meanings of
+  ``specdiff.eagle3.norms`` (``norm_before_fc``: ONE RMSNorm ``input_norm`` over the whole K*H
+  concat; ``fc_norm``: one RMSNorm per H-wide slot, ``fc_norm.{j}``), then ``fc`` [Hd, K*H]
+  without bias.
 - **decoder layer** (llama_eagle3.py:97-119; SpecForge ``llama3_eagle.py`` LlamaDecoderLayer):
   ``residual = h``; ``attn_in = cat(input_layernorm(embed(x)), hidden_norm(h))`` [N, 2*Hd]
   (embedding FIRST); q/k/v project from 2*Hd, o_proj to Hd; ``h1 = residual + attn``;
   ``hidden_out = h1 + mlp(post_attention_layernorm(h1))``. speculators' ``norm_before_residual``
   (residual = hidden_norm(h)) is supported as a flag; SGLang does not implement it.
 - **output**: ``logits = lm_head(norm(hidden_out))`` [N, Vd]; the hidden fed back to the next
-  depth is the pre-norm ``hidden_out`` (llama_eagle3.py:263-269; SGLang ``norm_output=True``
-  feeds back the normed one instead).
+  depth is the pre-norm ``hidden_out`` (llama_eagle3.py:263-269); ``norm_output`` feeds back
+  the normed one instead (``specdiff.eagle3.norms.fed_back_hidden``).
 - **vocab map**: ``d2t`` int64 [Vd] offsets, target id = draft id + d2t[draft id]
   (llama_eagle3.py:350-352 ``hot_token_id = d2t + arange``); ``t2d`` bool [V] is carried but
   unused by serving.
@@ -35,80 +35,19 @@ token is x_{t+1+k} (teacher forcing) and the label is the target's argmax at pos
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdiff.eagle3.norms import apply_fc_norms, fed_back_hidden
+from specdiff.replay.model.draft_config import Eagle3DraftConfig
+
 __all__ = [
     "Eagle3DraftConfig", "Eagle3Draft", "TTTOutput", "RowBlock", "RMSNorm",
     "rope_inv_freq", "ttt_labels",
 ]
-
-
-@dataclass
-class Eagle3DraftConfig:
-    """Dimensions and flags of an EAGLE-3 draft (mirrors the checkpoint config).
-
-    Attributes:
-        hidden_size: draft hidden Hd.
-        intermediate_size: draft MLP width.
-        num_attention_heads / num_key_value_heads / head_dim: attention shape (head_dim None =
-            Hd // heads).
-        rms_norm_eps, rope_theta, rope_scaling, max_position_embeddings: as in a LlamaConfig.
-        vocab_size: target vocab V (embedding rows, t2d length).
-        draft_vocab_size: Vd (lm_head rows, d2t length).
-        num_aux: K, number of aux slots concatenated into fc.
-        target_hidden_size: target H (None = Hd).
-        norm_before_fc: RMSNorm over the whole K*H concat before fc (SGLang ``input_norm``).
-        fc_norm: per-slot RMSNorm of each H chunk before fc (SGLang ``fc_norm``/``use_aux_norm``).
-        norm_output: SGLang semantics: feed back the *normed* hidden to the next depth.
-        norm_before_residual: speculators flag: residual = hidden_norm(h) instead of h.
-        eagle_aux_hidden_state_layer_ids: native aux ids as configured (None = tool default).
-        aux_convention: convention of those ids (``specdiff.eagle3.aux_layers``).
-        hidden_act: only ``"silu"`` is supported.
-    """
-
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vocab_size: int
-    draft_vocab_size: int
-    head_dim: int | None = None
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    max_position_embeddings: int = 2048
-    num_aux: int = 3
-    target_hidden_size: int | None = None
-    norm_before_fc: bool = False
-    fc_norm: bool = False
-    norm_output: bool = False
-    norm_before_residual: bool = False
-    eagle_aux_hidden_state_layer_ids: list[int] | None = None
-    aux_convention: str = "sglang"
-    hidden_act: str = "silu"
-    extra: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.target_hidden_size is None:
-            self.target_hidden_size = self.hidden_size
-        if self.hidden_act != "silu":
-            raise ValueError(f"draft hidden_act {self.hidden_act!r} is not supported (only silu)")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-
-    @property
-    def aux_width(self) -> int:
-        """K * H: width of the aux concat fed to fc."""
-        return self.num_aux * self.target_hidden_size
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class RMSNorm(nn.Module):
@@ -371,13 +310,7 @@ class Eagle3Draft(nn.Module):
     def fc_input(self, aux_cat: torch.Tensor) -> torch.Tensor:
         """[..., K*H] -> the fc input after optional input_norm, then per-slot fc_norm
         (llama_eagle3.py:239-246, in that order)."""
-        h = aux_cat.to(self.fc.weight.dtype)
-        if self.input_norm is not None:
-            h = self.input_norm(h)
-        if self.fc_norm is not None:
-            h = torch.cat([n(c) for n, c in zip(self.fc_norm, h.chunk(self.config.num_aux, dim=-1))],
-                          dim=-1)
-        return h
+        return apply_fc_norms(aux_cat.to(self.fc.weight.dtype), input_norm=self.input_norm, fc_norm=self.fc_norm)
 
     def _qkv(self, attn_in, positions):
         a = self.midlayer.self_attn
@@ -474,7 +407,7 @@ class Eagle3Draft(nn.Module):
             res["hidden_out"].append(out)
             res["logits"].append(self.lm_head(normed))
             res["valid"].append((ar + 1 + d < lengths[:, None]).to(dev))
-            h = normed if self.config.norm_output else out
+            h = fed_back_hidden(out, normed, norm_output=self.config.norm_output)
         return TTTOutput(fc_in=fc_in, fc_out=fc_out, lengths=lengths, d2t=self.d2t, **res)
 
     def forward(self, aux_cat, input_ids, steps: int = 1, **kw) -> TTTOutput:

@@ -126,7 +126,7 @@ def read_draft(path) -> DraftInfo:
     cfg, notes = (None, [])
     if fmt is not None:
         try:
-            cfg, notes = draft_config_from_dict(raw, fmt)
+            cfg, notes = draft_config_from_dict(raw, fmt, source=str(p / "config.json"))
         except CheckpointError as e:
             raise PreflightError(f"draft {p}: {e}") from None
     tok_sha, tmpl_sha = tokenizer_hashes(p)

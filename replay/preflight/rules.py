@@ -13,6 +13,7 @@ import json
 import torch
 
 from specdiff.eagle3.aux_layers import ConventionError, default_hf_indices, native_aux_ids, resolve_aux_ids
+from specdiff.eagle3.norms import NORM_FLAGS, SPECFORGE_NORM_OUTPUT
 from specdiff.eagle3.vocab_map import read_d2t, t2d_from_d2t
 from specdiff.replay.model.checkpoint import (
     IGNORED_KEYS,
@@ -207,7 +208,7 @@ def check_weights(draft: DraftInfo, target: TargetInfo, *, engines) -> list[Find
         out.append(Finding("vocab.size", "error", "all",
                            f"draft config vocab_size {cfg.vocab_size} but the target's is {V} (t2d and "
                            "the shared embedding are [V])", f"set vocab_size = {V}"))
-    cfg_t = dataclasses.replace(cfg, target_hidden_size=H, vocab_size=V, extra=dict(cfg.extra))
+    cfg_t = dataclasses.replace(cfg, target_hidden_size=H, vocab_size=V)
     expected = expected_shapes(cfg_t)
     canon: dict[str, str] = {}
     unexpected, ignored = [], []
@@ -220,7 +221,7 @@ def check_weights(draft: DraftInfo, target: TargetInfo, *, engines) -> list[Find
             unexpected.append(name)
         else:
             canon[c] = name
-    lm_from_target = not cfg.extra.get("draft_vocab_size_in_config")
+    lm_from_target = cfg.lm_head_from_target
     for k in expected:
         if k in canon:
             continue
@@ -404,14 +405,14 @@ def check_norms(draft: DraftInfo, *, engines) -> list[Finding]:
                            "fc_norm.{j}.weight are in the checkpoint but fc_norm / use_aux_norm is not set: "
                            "the per-slot norms are skipped", "set fc_norm = true"))
     if cfg.norm_before_fc or cfg.fc_norm:
-        flags = [n for n, v in (("norm_before_fc", cfg.norm_before_fc), ("fc_norm", cfg.fc_norm)) if v]
+        flags = [n for n in ("norm_before_fc", "fc_norm") if getattr(cfg, n)]
         out.append(Finding("norm.flags", "info", "all",
-                           f"{' and '.join(flags)} set: SGLang applies input_norm over the K*H concat, then "
-                           "fc_norm per slot, then fc (llama_eagle3.py:239-246)", ""))
+                           "; ".join(f"{n} set: {NORM_FLAGS[n].meaning} ({NORM_FLAGS[n].sources['sglang']})"
+                                     for n in flags), ""))
     if "norm_output" in raw or "norm_output" in (raw.get("eagle_config") or {}):
         out.append(Finding("norm.norm_output", "warn" if cfg.norm_output else "info", "sglang",
                            f"norm_output={cfg.norm_output}: in SGLang true means the next draft step gets the "
-                           "normed hidden; SpecForge's flag of the same name means the opposite",
+                           f"normed hidden; {SPECFORGE_NORM_OUTPUT}",
                            "check which hidden (pre- or post-norm) training fed back, and set the flag for SGLang"))
     if cfg.norm_before_residual and "sglang" in engines:
         out.append(Finding("norm.norm_before_residual", "error", "sglang",

@@ -639,7 +639,8 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
                         target_lm_head=target_lm_head(target).float())
     draft = loaded.model.to(device)
     aux = resolve_train_aux(loaded, L, aux_layers, aux_convention)
-    defaults_used = {**_aux_defaults(aux_layers, aux_convention, loaded, aux), **defaults_used, **token_defaults}
+    defaults_used = {**_aux_defaults(aux_layers, aux_convention, loaded, aux), **defaults_used, **token_defaults,
+                     **{f"draft_config.{k}": v for k, v in loaded.config.defaults_used.items()}}
     if max_new_tokens > 0:
         seqs = _extend_greedy(target, seqs, max_new_tokens)
     if topk > loaded.config.draft_vocab_size:

@@ -1,0 +1,414 @@
+"""The EAGLE-3 draft config: one class that reads, validates and writes both checkpoint layouts.
+
+Owns ``Eagle3DraftConfig`` (what the reference forward computes with), its ``config.json``
+reader (``from_dict`` / ``from_file``) and writer (``to_json`` / ``write``) for the two formats
+(DESIGN.md "Checkpoint formats"; shared/research/training-side.md):
+
+- ``specforge`` (SpecForge export, what SGLang 0.5.23 serves): architectures
+  ``["LlamaForCausalLMEagle3"]``, a flat LlamaConfig plus ``draft_vocab_size``,
+  ``target_hidden_size``, ``num_aux_hidden_states``, the norm flags (``specdiff.eagle3.norms``),
+  aux ids only in ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang convention; a
+  top-level key is ignored by SGLang, llama_eagle3.py:156-161).
+- ``speculators`` (speculators 0.9.0 ``models/eagle3/config.py``): architectures
+  ``["Eagle3DraftModel"]`` (or ``Eagle3Speculator``), ``speculators_model_type "eagle3"``, the
+  Llama dims in ``transformer_layer_config``, top-level ``draft_vocab_size``,
+  ``target_hidden_size``, norm flags and ``eagle_aux_hidden_state_layer_ids`` (vLLM convention),
+  ``speculators_config.verifier.name_or_path``.
+
+No silent defaults: a field that changes the computation and is absent from the file takes the
+value the serving engine (or transformers' LlamaConfig, which SGLang builds the config with)
+gives it, and the config records it in ``defaults_used`` (name -> {value, source}), which
+``record train`` stores in the trace contract and prints; it is also logged here. A field
+without such a value (the dims) is an error naming the field, the file and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdiff.eagle3.norms import FORMATS, NORM_FLAGS, read_norm_flags, write_norm_flags
+from specdiff.tracer.errors import SpecdiffError
+
+__all__ = ["Eagle3DraftConfig", "CheckpointError", "DraftConfigError", "detect_format", "FORMATS",
+           "SPECFORGE_ARCH", "SPECULATORS_ARCHS", "ROPE_TYPES", "rope_params"]
+
+log = logging.getLogger(__name__)
+
+SPECFORGE_ARCH = "LlamaForCausalLMEagle3"
+SPECULATORS_ARCHS = ("Eagle3DraftModel", "Eagle3Speculator")
+#: rope_scaling types the reference forward implements (``draft_model.rope_inv_freq``)
+ROPE_TYPES = (None, "default", "linear", "llama3")
+#: the dims no engine fills in: absent = error
+_REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "num_hidden_layers")
+_PROVENANCE = ("source", "format", "defaults_used", "notes")
+_LLAMA = "transformers LlamaConfig default (SGLang builds the draft's config with it)"
+
+
+class CheckpointError(SpecdiffError):
+    """A draft checkpoint that cannot be loaded as an EAGLE-3 draft (one clear line)."""
+
+
+class DraftConfigError(CheckpointError):
+    """A draft config.json field that is missing or wrong: says which field, which file, the fix.
+
+    Attributes: ``field`` (the config.json key, ``a.b`` = key b inside a), ``file``, ``fix``.
+    """
+
+    def __init__(self, *, field: str, file: str, problem: str, fix: str):
+        self.field, self.file, self.fix = field, file, fix
+        super().__init__(f"draft config {file}: {field}: {problem}; fix: {fix}")
+
+
+def detect_format(raw: dict, *, source: str = "config.json") -> str:
+    """'specforge' or 'speculators' from a config.json dict (architectures / speculators keys).
+
+    Raises:
+        DraftConfigError: neither layout.
+    """
+    archs = raw.get("architectures") or []
+    if any(a in SPECULATORS_ARCHS for a in archs) or "speculators_config" in raw \
+            or "transformer_layer_config" in raw:
+        return "speculators"
+    if SPECFORGE_ARCH in archs:
+        return "specforge"
+    raise DraftConfigError(field="architectures", file=source,
+                           problem=f"{archs} is not an EAGLE-3 draft",
+                           fix=f"set architectures to [{SPECFORGE_ARCH!r}] (SpecForge/SGLang layout) or "
+                               f"[{SPECULATORS_ARCHS[0]!r}] (speculators layout)")
+
+
+@dataclass(kw_only=True)
+class Eagle3DraftConfig:
+    """Dimensions and flags of an EAGLE-3 draft; validated on construction.
+
+    Every field that changes the computation is required (no defaults): a config read from a
+    file gets the engine's value for an absent key and lists it in ``defaults_used``.
+
+    Attributes:
+        hidden_size: draft hidden Hd.
+        intermediate_size: draft MLP width.
+        num_attention_heads / num_key_value_heads / head_dim: attention shape.
+        rms_norm_eps, rope_theta, rope_scaling: as in a LlamaConfig (rope_scaling None = plain).
+        vocab_size: target vocab V (embedding rows, t2d length).
+        draft_vocab_size: Vd (lm_head rows, d2t length).
+        num_aux: K, number of aux slots concatenated into fc.
+        target_hidden_size: target H (width of one aux slot).
+        norm_before_fc / fc_norm / norm_output / norm_before_residual: the norm flags, meanings
+            in ``specdiff.eagle3.norms.NORM_FLAGS``.
+        hidden_act: only ``"silu"``.
+        lm_head_from_target: the config has no ``draft_vocab_size``, so SGLang loads the lm_head
+            from the target (``load_lm_head_from_target``, llama_eagle3.py:306-308).
+        max_position_embeddings: written back to config.json; not used by the forward.
+        eagle_aux_hidden_state_layer_ids: native aux ids as configured (None = engine default).
+        aux_convention: convention of those ids (``specdiff.eagle3.aux_layers``).
+        source: the file it was read from (None = built in code); errors name it.
+        format: the layout it was read from (None = built in code).
+        defaults_used: field -> {"value", "source"} for each computation field the file lacked.
+        notes: plain-words remarks (keys an engine ignores, flags SGLang does not implement).
+
+    Raises:
+        DraftConfigError: a value the draft forward cannot compute with.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    num_aux: int
+    target_hidden_size: int
+    norm_before_fc: bool
+    fc_norm: bool
+    norm_output: bool
+    norm_before_residual: bool
+    hidden_act: str = "silu"
+    lm_head_from_target: bool = False
+    max_position_embeddings: int = 2048
+    eagle_aux_hidden_state_layer_ids: list[int] | None = None
+    aux_convention: str = "sglang"
+    source: str | None = None
+    format: str | None = None
+    defaults_used: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    def __post_init__(self):
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "vocab_size", "draft_vocab_size", "num_aux", "target_hidden_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                self._fail(name, f"is {v!r}", "give a positive integer")
+        for name in NORM_FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                self._fail(name, f"is {getattr(self, name)!r}", "give true or false")
+        if self.hidden_act != "silu":
+            self._fail("hidden_act", f"{self.hidden_act!r} is not supported", 'use "silu" (the only activation '
+                       "the reference EAGLE-3 draft implements)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            self._fail("num_key_value_heads", f"{self.num_key_value_heads} does not divide num_attention_heads "
+                       f"{self.num_attention_heads}", "give a divisor of num_attention_heads")
+        if not (isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0):
+            self._fail("rms_norm_eps", f"is {self.rms_norm_eps!r}", "give a positive number (Llama: 1e-5 or 1e-6)")
+        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
+            self._fail("rope_theta", f"is {self.rope_theta!r}", "give a positive number (Llama: 10000 or 500000)")
+        kind = None if not self.rope_scaling else self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+        if kind not in ROPE_TYPES:
+            self._fail("rope_scaling", f"type {kind!r} is not supported by the reference draft",
+                       "use none, linear or llama3 rope scaling")
+        if kind in ("linear", "llama3") and "factor" not in self.rope_scaling:
+            self._fail("rope_scaling", f"{kind} scaling without factor", "add rope_scaling.factor")
+        if kind == "llama3" and "original_max_position_embeddings" not in self.rope_scaling:
+            self._fail("rope_scaling", "llama3 scaling without original_max_position_embeddings",
+                       "add rope_scaling.original_max_position_embeddings")
+
+    # ---- derived -----------------------------------------------------------------------------
+    @property
+    def aux_width(self) -> int:
+        """K * H: width of the aux concat fed to fc."""
+        return self.num_aux * self.target_hidden_size
+
+    def norm_flags(self) -> dict[str, bool]:
+        """name -> value of the norm flags (``specdiff.eagle3.norms.NORM_FLAGS``)."""
+        return {name: getattr(self, name) for name in NORM_FLAGS}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def settings(self) -> dict:
+        """``to_dict`` without where it was read from (source, format, defaults_used, notes): two
+        configs that compute the same draft have equal settings."""
+        d = self.to_dict()
+        for k in _PROVENANCE:
+            d.pop(k)
+        return d
+
+    def _key(self, name: str) -> str:
+        """The config.json key of field ``name`` in this config's format."""
+        if self.format is None:
+            return name
+        return _key_path(self.format, name)
+
+    def _fail(self, name: str, problem: str, fix: str):
+        raise DraftConfigError(field=self._key(name), file=self.source or "(built in code)", problem=problem,
+                               fix=fix)
+
+    # ---- reading -----------------------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | Path) -> Eagle3DraftConfig:
+        """Read ``path`` (a checkpoint directory or its config.json).
+
+        Raises:
+            CheckpointError: no such file / not JSON; DraftConfigError: see ``from_dict``.
+        """
+        f = Path(path)
+        f = f / "config.json" if f.is_dir() or not f.suffix else f
+        if not f.is_file():
+            raise CheckpointError(f"{f.parent}: no config.json")
+        try:
+            raw = json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{f}: not valid JSON ({e})") from None
+        return cls.from_dict(raw, source=str(f))
+
+    @classmethod
+    def from_dict(cls, raw: dict, *, source: str = "config.json", fmt: str | None = None) -> Eagle3DraftConfig:
+        """The config of a config.json dict in either format (detected when ``fmt`` is None).
+
+        Absent computation fields take the engine's value and are listed in ``defaults_used``
+        (and logged): num_key_value_heads = heads, head_dim = Hd // heads, rms_norm_eps 1e-6,
+        rope_theta 10000, rope_scaling none, hidden_act silu (transformers LlamaConfig);
+        target_hidden_size = Hd (llama_eagle3.py:151-154); num_aux = number of ids, else 3
+        (llama_eagle3.py:156-161); draft_vocab_size = V with the lm_head from the target
+        (llama_eagle3.py:306-308); norm flags false (``specdiff.eagle3.norms``).
+
+        Raises:
+            DraftConfigError: an absent dim, num_hidden_layers != 1, tie_word_embeddings, or a
+                value the forward cannot compute with (field, ``source`` and fix in one line).
+        """
+        fmt = fmt or detect_format(raw, source=source)
+        dims = raw.get("transformer_layer_config") if fmt == "speculators" else raw
+        if not isinstance(dims, dict):
+            raise DraftConfigError(field="transformer_layer_config", file=source, problem="is missing",
+                                   fix="add the draft's Llama dims under transformer_layer_config")
+        defaults: dict[str, dict] = {}
+        notes: list[str] = []
+
+        def default(name: str, value, why: str):
+            defaults[name] = {"value": value, "source": f"absent from {source}: {why}"}
+            return value
+
+        for name in _REQUIRED:
+            if name not in dims:
+                fix = ('add "num_hidden_layers": 1 (without it SGLang builds transformers\' default 32 layers)'
+                       if name == "num_hidden_layers" else f"add {name} (the draft's {name} as trained)")
+                raise DraftConfigError(field=_key_path(fmt, name), file=source, problem="is missing", fix=fix)
+        if dims["num_hidden_layers"] != 1:
+            raise DraftConfigError(field=_key_path(fmt, "num_hidden_layers"), file=source,
+                                   problem=f"is {dims['num_hidden_layers']}",
+                                   fix="the reference EAGLE-3 draft has exactly one decoder layer: use 1")
+        if raw.get("tie_word_embeddings") or dims.get("tie_word_embeddings"):
+            raise DraftConfigError(field=_key_path(fmt, "tie_word_embeddings"), file=source,
+                                   problem="is true (lm_head = embedding): not supported",
+                                   fix="set it to false and ship lm_head.weight")
+        hd, heads = dims["hidden_size"], dims["num_attention_heads"]
+
+        def dim(name: str, fallback, why: str):
+            if dims.get(name) is not None:
+                return dims[name]
+            return default(name, fallback, why)
+
+        kv = dim("num_key_value_heads", heads, f"num_attention_heads ({_LLAMA})")
+        head_dim = dim("head_dim", hd // heads if isinstance(heads, int) and heads else None,
+                       f"hidden_size // num_attention_heads ({_LLAMA}; SGLang llama.py LlamaAttention)")
+        eps = dim("rms_norm_eps", 1e-6, _LLAMA)
+        act = dim("hidden_act", "silu", _LLAMA)
+        theta, scaling = rope_params(dims, default)
+        if fmt == "speculators":
+            ids = raw.get("eagle_aux_hidden_state_layer_ids")
+            convention = "speculators"
+        else:
+            ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+            convention = "sglang"
+            if ids is None and raw.get("eagle_aux_hidden_state_layer_ids") is not None:
+                notes.append("top-level eagle_aux_hidden_state_layer_ids "
+                             f"{raw['eagle_aux_hidden_state_layer_ids']} is ignored by SGLang "
+                             "(it reads only eagle_config.eagle_aux_hidden_state_layer_ids)")
+        if raw.get("num_aux_hidden_states") is not None:
+            num_aux = raw["num_aux_hidden_states"]
+        elif ids:
+            num_aux = len(ids)  # SGLang llama_eagle3.py:159-161: the number of configured ids
+        else:
+            num_aux = default("num_aux", 3, "no num_aux_hidden_states and no aux ids: SGLang 0.5.23 "
+                                            "llama_eagle3.py:156-161 uses 3")
+        th = raw.get("target_hidden_size", dims.get("target_hidden_size"))
+        if th is None:
+            th = default("target_hidden_size", hd, "the draft hidden_size (SGLang 0.5.23 llama_eagle3.py:151-154)")
+        dvs = raw.get("draft_vocab_size")
+        if dvs is None:
+            dvs = default("draft_vocab_size", dims["vocab_size"], "vocab_size, lm_head from the target "
+                                                                  "(SGLang 0.5.23 llama_eagle3.py:306-308)")
+        flags = {}
+        for name, (value, key) in read_norm_flags(raw, fmt).items():
+            flags[name] = value
+            if key is None:
+                default(name, value, f"off ({NORM_FLAGS[name].sources['sglang' if fmt == 'specforge' else fmt]})")
+        if flags["norm_before_residual"]:
+            notes.append("norm_before_residual=true (speculators): SGLang 0.5.23 does not implement it")
+        if fmt == "speculators" and flags["norm_before_fc"] and flags["fc_norm"]:
+            notes.append("norm_before_fc and fc_norm are both true: speculators 0.9.0 refuses the pair "
+                         "(models/eagle3/config.py:90-95); SGLang applies input_norm, then fc_norm")
+        cfg = cls(hidden_size=hd, intermediate_size=dims["intermediate_size"], num_attention_heads=heads,
+                  num_key_value_heads=kv, head_dim=head_dim, vocab_size=dims["vocab_size"], draft_vocab_size=dvs,
+                  rms_norm_eps=eps, rope_theta=theta, rope_scaling=scaling, num_aux=num_aux,
+                  target_hidden_size=th, hidden_act=act, lm_head_from_target="draft_vocab_size" in defaults,
+                  max_position_embeddings=int(dims.get("max_position_embeddings", 2048)),
+                  eagle_aux_hidden_state_layer_ids=None if ids is None else [int(i) for i in ids],
+                  aux_convention=convention, source=source, format=fmt, defaults_used=defaults,
+                  notes=notes, **flags)
+        for name, entry in defaults.items():
+            log.info("draft config default: %s = %r (%s)", name, entry["value"], entry["source"])
+        return cfg
+
+    # ---- writing -----------------------------------------------------------------------------
+    def to_json(self, fmt: str, *, aux_ids: list[int] | None, torch_dtype: str,
+                verifier: str | None = None) -> dict:
+        """The config.json dict in ``fmt`` ('specforge' or 'speculators').
+
+        Args:
+            aux_ids: native aux ids in ``fmt``'s convention (SGLang for specforge, vLLM for
+                speculators; the caller converts), None = engine default.
+            torch_dtype: dtype name of the weights written beside it (e.g. "bfloat16").
+            verifier: speculators ``speculators_config.verifier.name_or_path``.
+
+        Every computation field is written, so reading it back needs no default.
+
+        Raises:
+            DraftConfigError: unknown ``fmt``.
+        """
+        if fmt not in FORMATS:
+            raise DraftConfigError(field="format", file=self.source or "(built in code)",
+                                   problem=f"unknown draft format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+        if fmt == "speculators" and self.norm_before_fc and self.fc_norm:
+            self._fail("fc_norm", "is true together with norm_before_fc, which speculators 0.9.0 refuses "
+                       "(models/eagle3/config.py:90-95)", "write the specforge format (SGLang applies both) "
+                       "or turn one of them off")
+        dims = {
+            "model_type": "llama", "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim, "num_hidden_layers": 1, "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta, "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size, "hidden_act": self.hidden_act, "tie_word_embeddings": False,
+        }
+        dims["rope_scaling"] = self.rope_scaling
+        if fmt == "specforge":
+            conf = {"architectures": [SPECFORGE_ARCH], **dims}
+        else:
+            conf = {"architectures": [SPECULATORS_ARCHS[0]], "speculators_model_type": "eagle3",
+                    "transformer_layer_config": dims}
+        if not self.lm_head_from_target:
+            conf["draft_vocab_size"] = self.draft_vocab_size
+        conf["target_hidden_size"] = self.target_hidden_size
+        if aux_ids is None or len(aux_ids) != self.num_aux:
+            conf["num_aux_hidden_states"] = self.num_aux
+        if fmt == "specforge":
+            if aux_ids is not None:
+                conf["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(aux_ids)}
+            write_norm_flags(conf, fmt, self.norm_flags())
+        else:
+            write_norm_flags(conf, fmt, self.norm_flags())
+            conf["eagle_aux_hidden_state_layer_ids"] = None if aux_ids is None else list(aux_ids)
+            conf["speculators_config"] = {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                          "verifier": {"name_or_path": verifier}}
+        conf["torch_dtype"] = torch_dtype
+        return conf
+
+    def write(self, directory: str | Path, fmt: str, *, aux_ids: list[int] | None, torch_dtype: str,
+              verifier: str | None = None) -> Path:
+        """Write ``to_json(...)`` as ``directory/config.json``; returns its path."""
+        f = Path(directory) / "config.json"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(self.to_json(fmt, aux_ids=aux_ids, torch_dtype=torch_dtype, verifier=verifier),
+                                indent=2) + "\n")
+        return f
+
+
+def _key_path(fmt: str, name: str) -> str:
+    """config.json key of a config field in ``fmt`` (dims live in transformer_layer_config in speculators)."""
+    if name in NORM_FLAGS:
+        return NORM_FLAGS[name].keys[fmt][0]
+    if name == "num_aux":
+        return "num_aux_hidden_states"
+    if name in ("draft_vocab_size", "target_hidden_size") or fmt == "specforge":
+        return name
+    return f"transformer_layer_config.{name}"
+
+
+def rope_params(d: dict, default=None) -> tuple[float, dict | None]:
+    """rope_theta / rope_scaling of a LlamaConfig dict (transformers 5 ``rope_parameters`` too);
+    an absent one takes transformers' value (10000, plain rope) through ``default(name, value,
+    why)`` when given (which records it)."""
+    if default is None:
+        def default(_name, value, _why):
+            return value
+    rp = d.get("rope_parameters") or {}
+    if d.get("rope_theta") is not None:
+        theta = d["rope_theta"]
+    elif rp.get("rope_theta") is not None:
+        theta = rp["rope_theta"]
+    else:
+        theta = default("rope_theta", 10000.0, _LLAMA)
+    if "rope_scaling" in d:
+        scaling = d["rope_scaling"]
+    elif rp:
+        scaling = dict(rp) if rp.get("rope_type", "default") != "default" else None
+    else:
+        scaling = default("rope_scaling", None, f"plain rope ({_LLAMA})")
+    return float(theta), scaling
