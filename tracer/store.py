@@ -506,6 +506,11 @@ class Trace:
         stop = self.rows(name) if stop is None else stop
         return from_storage(self._read(name, "data", start, stop), self._layout[name][0], as_float32=as_float32)
 
+    def read_storage(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows [start, stop) of ``name`` in storage dtype (bf16 as raw uint16 bits; no upcast copy)."""
+        stop = self.rows(name) if stop is None else stop
+        return self._read(name, "data", start, stop)
+
     def read_torch(self, name: str, start: int = 0, stop: int | None = None):
         """Rows [start, stop) as a torch tensor in the recorded dtype (bf16 restored bit for bit)."""
         stop = self.rows(name) if stop is None else stop

@@ -8,15 +8,17 @@ Memory stays bounded by one block of rows (``block_rows``) plus small per-row re
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from specdiff.replay.diff import metrics
+from specdiff.replay.diff import blocks, metrics
 from specdiff.replay.diff.align import Alignment, Pair, RowMatch, match_rows, pack_keys
+from specdiff.replay.diff.early import FirstDivergenceWatch, divergence_key
 from specdiff.replay.diff.tolerance import Tolerance, apply_overrides, default_tolerance, looser_dtype
 from specdiff.tracer.contract import known
-from specdiff.tracer.schema import aux_slot, ordered, probe_index, sort_key, spec_for
+from specdiff.tracer.schema import aux_slot, ordered, probe_index, spec_for
 
 MATCH, CLOSE, DIVERGED = 0, 1, 2
 #: a row in a damaged chunk on either side (tracer.damage): not compared, never counted as a match
@@ -139,73 +141,18 @@ def _filter_depth(m: RowMatch, good: np.ndarray | None) -> RowMatch:
                     Pair(m.only.x + dropped, m.only.y + dropped))
 
 
-def _compare_block(kind: str, name: str, x: np.ndarray, y: np.ndarray):
-    """Per-row (score, cos, exact, nonfinite, max |x - y|) for one block.
-
-    Float rows: one difference array and row dot products (no per-metric copies); NaN/Inf rows
-    take the slow path (values zeroed for the metrics, |NaN - y| counted as inf).
-    """
-    n = len(x)
-    if kind == "float":
-        fx, fy = _flat(x), _flat(y)
-        nx = np.sqrt(np.einsum("ij,ij->i", fx, fx))
-        ny = np.sqrt(np.einsum("ij,ij->i", fy, fy))
-        # A NaN/Inf element makes its row norm non-finite; only then scan elements (a finite row
-        # whose squares overflow is a false candidate that the scan clears).
-        bad = not (np.isfinite(nx).all() and np.isfinite(ny).all())
-        nonfinite = metrics.nonfinite_rows(x, y) if bad else np.zeros(n, bool)
-        bad = bool(nonfinite.any())
-        if bad:
-            fx, fy = _flat(np.nan_to_num(x)), _flat(np.nan_to_num(y))
-            nx = np.sqrt(np.einsum("ij,ij->i", fx, fx))
-            ny = np.sqrt(np.einsum("ij,ij->i", fy, fy))
-        d = fx - fy
-        rel = np.sqrt(np.einsum("ij,ij->i", d, d)) / np.maximum(np.maximum(nx, ny), metrics._EPS)
-        both_zero = (nx < metrics._EPS) & (ny < metrics._EPS)
-        cos = np.where(both_zero, 1.0, np.einsum("ij,ij->i", fx, fy) / np.maximum(nx * ny, metrics._EPS))
-        if bad:
-            ad = np.abs(np.nan_to_num(x, nan=np.inf) - np.nan_to_num(y, nan=-np.inf)).reshape(n, -1)
-            rowmax = ad.max(1) if ad.shape[1] else np.zeros(n)
-            exact = (x.reshape(n, -1) == y.reshape(n, -1)).all(1) & ~nonfinite
-        else:
-            rowmax = np.maximum(d.max(1), -d.min(1)) if d.shape[1] else np.zeros(n)
-            exact = ~d.any(1)  # finite floats: x == y exactly when x - y == 0
-        return rel.astype(np.float32), cos.astype(np.float32), exact, nonfinite, rowmax
-    overlap = metrics.id_overlap(x, y)
-    exact = (x.reshape(n, -1) == y.reshape(n, -1)).all(1)
-    return 1 - overlap, np.ones(n, np.float32), exact, np.zeros(n, bool), None
-
-
-def _flat(a: np.ndarray) -> np.ndarray:
-    a = a.reshape(a.shape[0], -1)
-    return a if a.dtype == np.float32 else a.astype(np.float32)
-
-
-def _rows(trace, name: str, rows: np.ndarray, *, as_float: bool) -> np.ndarray:
-    """``take`` / ``take_float`` of ``rows``; a contiguous ascending run is read as one slice
-    (no per-row index selection), which is what aligned rows of one recorder mostly are."""
-    run = len(rows) > 0 and int(rows[-1]) - int(rows[0]) + 1 == len(rows) and bool((np.diff(rows) == 1).all())
-    if run and as_float:
-        return trace.read(name, int(rows[0]), int(rows[-1]) + 1, as_float32=True)
-    if run and trace.info(name).dtype != "bfloat16":  # read() upcasts bf16; take() keeps raw bits
-        return trace.read(name, int(rows[0]), int(rows[-1]) + 1)
-    return trace.take_float(name, rows) if as_float else trace.take(name, rows)
-
-
-def _block_rows(trace, name: str, cap: int, budget: int = 16 << 20) -> int:
-    """Rows per block: at most ``cap``, and about ``budget`` bytes of float32 per side (blocks under
-    glibc's 32 MiB mmap threshold reuse freed memory instead of faulting in fresh pages)."""
-    width = int(np.prod(trace.info(name).shape)) if trace.info(name).shape else 1
-    return max(16, min(cap, budget // max(4 * width, 1)))
-
-
 def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: Tolerance,
-                   good_paths: np.ndarray | None, block_rows: int = 4096) -> TensorComparison:
-    """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows)."""
+                   good_paths: np.ndarray | None, block_rows: int = 4096, match: RowMatch | None = None,
+                   watch=None, on_rows=None) -> TensorComparison:
+    """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows).
+
+    Blocks of ``block_rows`` rows (at most ~16 MiB of float32 a side) are compared on the block
+    pool (replay/diff/blocks.py), a few in flight at once, and consumed in row order: ``watch``
+    (early.FirstDivergenceWatch) sees each block's failing rows as they arrive, ``on_rows(n)``
+    counts the rows done. ``match``: the aligned rows, when the caller already has them.
+    """
     spec = spec_for(name)
-    m = match_rows(traces, alignment, name)
-    if spec.by_depth:
-        m = _filter_depth(m, good_paths)
+    m = match if match is not None else tensor_match(traces, alignment, name, good_paths=good_paths)
     n = len(m.pair)
     score = np.zeros(n, np.float32)
     cos = np.ones(n, np.float32)
@@ -215,37 +162,22 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     max_abs = 0.0
     worst = None
     worst_score = -1.0
-    step = _block_rows(traces.x, name, block_rows)
-    as_float = spec.kind == "float"
-    for a in range(0, n, step):
-        b = min(a + step, n)
-        x = _rows(traces.x, name, m.rows.x[a:b], as_float=as_float)
-        y = _rows(traces.y, name, m.rows.y[a:b], as_float=as_float)
-        s, c, e, nf, rowmax = _compare_block(spec.kind, name, x, y)
-        # After the read: a read is what finds a chunk damaged.
-        u = traces.x.unreadable(name, m.rows.x[a:b]) | traces.y.unreadable(name, m.rows.y[a:b])
-        nf &= ~u
-        score[a:b], cos[a:b], exact[a:b], nonfinite[a:b], unread[a:b] = s, c, e, nf, u
-        if spec.kind == "float" and b > a and not u.all():
-            max_abs = max(max_abs, float(rowmax[~u].max()))
-        key = np.where(u, -np.inf, np.where(nf, np.inf, s))
-        if b > a and not u.all() and float(key.max()) > worst_score:
-            i = int(key.argmax())
-            worst_score = float(key[i])
-            fx, fy = x.reshape(b - a, -1)[i], y.reshape(b - a, -1)[i]
-            if spec.kind == "float":
-                bad = ~np.isfinite(fx) | ~np.isfinite(fy)
-                diff = np.where(bad, np.inf, np.abs(np.nan_to_num(fx.astype(np.float64)) - np.nan_to_num(fy.astype(np.float64))))
-            else:
-                diff = (fx != fy).astype(np.float64)
-            e_idx = int(np.argmax(diff)) if diff.size else 0
+    if watch is not None:
+        watch.start(name, tolerance, m)
+    step = blocks.block_rows(traces.x, name, block_rows)
+    for r in _blocks_in_order(traces, name, spec.kind, m, step):
+        a, b = r.a, r.b
+        score[a:b], cos[a:b], exact[a:b], nonfinite[a:b], unread[a:b] = r.score, r.cos, r.exact, r.nonfinite, r.unread
+        max_abs = max(max_abs, r.max_abs)
+        if r.worst is not None and r.worst[0] > worst_score:
+            worst_score, i, e_idx, vx, vy = r.worst
             worst = {"row": a + i, "pair": int(m.pair[a + i]), "pos": int(m.pos[a + i]),
-                     "depth": int(m.depth[a + i]), "element": e_idx,
-                     "x": float(fx[e_idx]) if fx.size else None, "y": float(fy[e_idx]) if fy.size else None}
-    if spec.kind == "float":
-        fail = (score > tolerance.rel) | (cos < tolerance.cos) | nonfinite
-    else:
-        fail = (1 - score) < tolerance.ids
+                     "depth": int(m.depth[a + i]), "element": e_idx, "x": vx, "y": vy}
+        if watch is not None:
+            watch.block(a, b, _fails(spec.kind, tolerance, r.score, r.cos, r.nonfinite) & ~r.unread, r.nonfinite)
+        if on_rows is not None:
+            on_rows(b - a)
+    fail = _fails(spec.kind, tolerance, score, cos, nonfinite)
     fail &= ~unread
     exact &= ~unread
     status = np.where(unread, UNREADABLE, np.where(fail, DIVERGED, np.where(exact, MATCH, CLOSE))).astype(np.int8)
@@ -263,7 +195,52 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
         stats.update(match_rate=float(exact.sum()) / readable if readable else 1.0,
                      topk_overlap=float((1 - score[~unread]).mean()) if readable else 1.0)
     diverged = bool(readable) and (fail_frac > tolerance.max_fail_frac or bool(nonfinite.any()))
-    return TensorComparison(name, tolerance, m, status, score, cos, nonfinite, stats, worst, diverged)
+    comp = TensorComparison(name, tolerance, m, status, score, cos, nonfinite, stats, worst, diverged)
+    if watch is not None:
+        watch.finished(comp)
+    return comp
+
+
+def tensor_match(traces: Pair, alignment: Alignment, name: str, *, good_paths: np.ndarray | None) -> RowMatch:
+    """The aligned rows of ``name`` that are compared (depth > 0 rows only on agreeing token paths)."""
+    m = match_rows(traces, alignment, name)
+    return _filter_depth(m, good_paths) if spec_for(name).by_depth else m
+
+
+def _fails(kind: str, tolerance: Tolerance, score: np.ndarray, cos: np.ndarray, nonfinite: np.ndarray) -> np.ndarray:
+    """bool [n]: rows outside ``tolerance`` (float: rel or cos or non-finite; ids: overlap)."""
+    if kind == "float":
+        return (score > tolerance.rel) | (cos < tolerance.cos) | nonfinite
+    return (1 - score) < tolerance.ids
+
+
+def _blocks_in_order(traces: Pair, name: str, kind: str, m: RowMatch, step: int):
+    """``blocks.BlockResult`` of rows [0, n) in ``step``-row blocks, in row order, computed on the
+    block pool with at most ``blocks.in_flight()`` blocks outstanding (bounded memory)."""
+    n = len(m.pair)
+    starts = iter(range(0, n, step))
+    pool, ahead = blocks.pool(), blocks.in_flight()
+    queue: deque = deque()
+
+    def submit() -> bool:
+        a = next(starts, None)
+        if a is None:
+            return False
+        b = min(a + step, n)
+        queue.append(pool.submit(blocks.compare_block, traces, name, kind=kind, rows_x=m.rows.x[a:b],
+                                 rows_y=m.rows.y[a:b], a=a, b=b))
+        return True
+
+    while len(queue) < ahead and submit():
+        pass
+    try:
+        while queue:
+            r = queue.popleft().result()
+            submit()
+            yield r
+    finally:  # a consumer that stops early (an error) leaves no block running
+        for f in queue:
+            f.cancel()
 
 
 def add_logit_stats(traces: Pair, comps: dict[str, TensorComparison]) -> None:
@@ -319,20 +296,34 @@ def comparable_names(traces: Pair) -> list[str]:
 
 def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                 overrides: dict | None = None, progress=None,
-                structure: list | None = None) -> dict[str, TensorComparison]:
-    """Compare every comparable tensor; ``progress(name, i, total)`` is called before each.
+                structure: list | None = None, on_first=None, on_rows=None) -> dict[str, TensorComparison]:
+    """Compare every comparable tensor, in dataflow order; ``progress(name, i, total)`` is called
+    before each, ``on_rows(done, total)`` after each block (rows compared so far; ``total`` bounds
+    them from above: side A's rows of every compared tensor).
+
+    ``on_first(early.EarlyFirst)`` is called once, as soon as the first divergence is proven by
+    the rows read so far (replay/diff/early.py: it equals the full data's ``first_divergence``),
+    or at the end when only the full data proves it; never when nothing diverges.
 
     ``structure`` (replay.structure.structure_mismatches) lists tensors whose layouts differ: each
     becomes a ``structure`` finding instead of a row comparison (aux slots are not compared slot by
     slot when the slot counts differ: slot j of one side is not slot j of the other).
     """
     structure = list(structure or ())
-    skip = {m.name for m in structure}
-    if any(m.kind == "slot_count" for m in structure):
-        skip |= {n for n in set(traces.x.names) | set(traces.y.names) if aux_slot(n) is not None}
-    good = _token_path_keys(traces, alignment) if "tokens" not in skip else None
-    names = [n for n in comparable_names(traces) if n not in skip]
+    good, names = _plan(traces, alignment, structure)
     out: dict[str, TensorComparison] = {m.name: structure_comparison(traces, m, preset=preset) for m in structure}
+    known = list(out.values())
+    if alignment.token_formats:
+        known.append(token_format_comparison(traces, alignment, None, preset=preset))
+    watch = FirstDivergenceWatch(pending={n: _shallowest_depth(traces.x, n) for n in names}, known=known,
+                                 on_first=on_first)
+    total, done = sum(traces.x.rows(n) for n in names), 0
+
+    def rows_done(k: int) -> None:
+        nonlocal done
+        done += k
+        on_rows(min(done, total), total)
+
     for i, name in enumerate(names):
         if progress:
             progress(name, i, len(names))
@@ -340,11 +331,30 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         tol = default_tolerance(_compute_dtype(traces.x, name), _compute_dtype(traces.y, name),
                                 kind=spec.kind, preset=preset)
         tol = apply_overrides(tol, name, overrides or {})
-        out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good)
+        out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, watch=watch,
+                                   on_rows=rows_done if on_rows is not None else None)
     add_logit_stats(traces, out)
     if alignment.token_formats:
         out["tokens"] = token_format_comparison(traces, alignment, out.get("tokens"), preset=preset)
+    watch.done()
     return {n: out[n] for n in ordered(out)}
+
+
+def _plan(traces: Pair, alignment: Alignment, structure: list) -> tuple[np.ndarray | None, list[str]]:
+    """(token-path keys for depth > 0 rows, tensors compared row by row in dataflow order)."""
+    skip = {m.name for m in structure}
+    if any(m.kind == "slot_count" for m in structure):
+        skip |= {n for n in set(traces.x.names) | set(traces.y.names) if aux_slot(n) is not None}
+    good = _token_path_keys(traces, alignment) if "tokens" not in skip else None
+    return good, [n for n in comparable_names(traces) if n not in skip]
+
+
+def _shallowest_depth(trace, name: str) -> int:
+    """The smallest draft depth of ``name``'s rows on this side: no aligned row, hence no
+    divergence, can be shallower (early.py rule 3). 0 for depthless tensors."""
+    if not spec_for(name).by_depth or not trace.rows(name):
+        return 0
+    return int(trace.keys(name, columns=("depth",))["depth"].min())
 
 
 def _no_rows(name: str, tol: Tolerance) -> TensorComparison:
@@ -406,9 +416,8 @@ def first_divergence(comps: dict[str, TensorComparison]) -> TensorComparison | N
         return None
 
     def key(c):
-        stage, sub, n = sort_key(c.name)
         depth = 0 if c.kind in ("structure", "tokens") else c.divergence_depth
-        return (depth, stage, c.kind != "structure", sub, n)
+        return divergence_key(c.name, kind=c.kind, depth=depth)
 
     return min(diverged, key=key)
 
