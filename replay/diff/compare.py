@@ -173,10 +173,10 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
             worst_score, i, e_idx, vx, vy = r.worst
             worst = {"row": a + i, "pair": int(m.pair[a + i]), "pos": int(m.pos[a + i]),
                      "depth": int(m.depth[a + i]), "element": e_idx, "x": vx, "y": vy}
-        if watch is not None:
-            watch.block(a, b, _fails(spec.kind, tolerance, r.score, r.cos, r.nonfinite) & ~r.unread, r.nonfinite)
         if on_rows is not None:
             on_rows(b - a)
+        if watch is not None:
+            watch.block(a, b, _fails(spec.kind, tolerance, r.score, r.cos, r.nonfinite) & ~r.unread, r.nonfinite)
     fail = _fails(spec.kind, tolerance, score, cos, nonfinite)
     fail &= ~unread
     exact &= ~unread

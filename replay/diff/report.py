@@ -189,14 +189,17 @@ class DiffReport:
 
 
 def diff_traces(path_x: str, path_y: str, *, preset: str = "default", overrides: dict | None = None,
-                progress=None, narrow: bool = True) -> DiffReport:
+                progress=None, narrow: bool = True, on_first=None, on_rows=None) -> DiffReport:
     """Diff two traces (paths or fsspec URLs); A is usually training, B serving.
+
+    ``on_first`` / ``on_rows``: see ``diff_opened``.
 
     Raises:
         TraceError: a trace cannot be opened. AlignmentError: no common sequence.
     """
     traces = Pair(open_trace(path_x), open_trace(path_y))
-    return diff_opened(traces, preset=preset, overrides=overrides, progress=progress, narrow=narrow)
+    return diff_opened(traces, preset=preset, overrides=overrides, progress=progress, narrow=narrow,
+                       on_first=on_first, on_rows=on_rows)
 
 
 def _crash(traces: Pair, labels: Pair) -> dict | None:
@@ -208,7 +211,7 @@ def _crash(traces: Pair, labels: Pair) -> dict | None:
 
 
 def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
-                progress=None, narrow: bool = True) -> DiffReport:
+                progress=None, narrow: bool = True, on_first=None, on_rows=None) -> DiffReport:
     """``diff_traces`` on already opened traces (the TUI re-runs this with another preset).
 
     A side whose engine crashed (contract ``crash``, tracer/crash.py) before recording any
@@ -217,6 +220,11 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
 
     ``narrow``: when no explanation fits a value divergence, re-run the training draft with each
     serving input grafted in (replay.narrow; loads torch and the draft checkpoint when at hand).
+
+    ``on_first(replay.diff.early.EarlyFirst)``: called once, as soon as the rows read so far prove
+    the first divergence (the same the report's ``first`` names), before the totals, the
+    explanation and the narrowing are computed; not called when nothing diverges.
+    ``on_rows(done, total)``: rows compared so far (see ``compare.compare_all``).
     """
     labels = side_labels(traces)
     crash = _crash(traces, labels)
@@ -235,7 +243,7 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
         # The layouts differ: that is the finding, even when no row can be paired.
         alignment, alignment_error = Alignment((), Pair((), ())), str(exc)
     comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
-                        structure=structure)
+                        structure=structure, on_first=on_first, on_rows=on_rows)
     first = first_divergence(comps)
     report = DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
                         explain(traces, alignment, comps, first), check_contracts(traces),
