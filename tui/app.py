@@ -1,8 +1,10 @@
 """The interactive terminal diff (``specdiff view A B``): lands on the first divergence.
 
 The app is a view of a ``DiffReport`` (replay/diff/report.py). The diff runs in a thread worker that
-posts small messages back (progress, ready, failed), so the screen paints at once; re-running it
-with another tolerance preset (``t``) reuses the opened traces.
+posts small messages back (progress, early first divergence, partial grid, ready, failed), so the
+screen paints at once, says the first divergence as soon as the rows read prove it, and fills the
+grid tensor by tensor until the full report lands; re-running it with another tolerance preset
+(``t``) reuses the opened traces (and keeps the previous report on screen until the new one is ready).
 """
 
 from __future__ import annotations
@@ -72,6 +74,20 @@ class DiffReady(Message):
     report: DiffReport
     vm: ViewModel
     preset: str
+
+
+@dataclass
+class DiffEarly(Message):
+    """The first divergence, proven before the full statistics (replay/diff/early.py)."""
+
+    early: object  # replay.diff.early.EarlyFirst
+
+
+@dataclass
+class DiffPartial(Message):
+    """The comparisons so far, indexed for the grid (no explanation, contract or acceptance yet)."""
+
+    vm: ViewModel
 
 
 @dataclass
@@ -167,6 +183,8 @@ class SpecdiffApp(App):
         self.filter_text = ""
         self.error: str | None = None
         self.exported: Path | None = None
+        self.early = None  # replay.diff.early.EarlyFirst once proven, before the full report
+        self.partial: ViewModel | None = None  # the grid's model while the diff runs
 
     # ---- layout -----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -220,7 +238,12 @@ class SpecdiffApp(App):
             def progress(name, i, total):
                 self.post_message(DiffProgress(name, i, total))
 
-            report = diff_opened(self.traces, preset=preset, overrides=self.overrides, progress=progress)
+            def on_partial(partial):
+                self.post_message(DiffPartial(ViewModel(partial)))
+
+            report = diff_opened(self.traces, preset=preset, overrides=self.overrides, progress=progress,
+                                 on_first=lambda early: self.post_message(DiffEarly(early)),
+                                 on_partial=on_partial if self.report is None else None)
             vm = ViewModel(report, tokenizer=load_tokenizer(report))
         except SpecdiffError as exc:
             self.post_message(DiffFailed(str(exc)))
@@ -232,6 +255,27 @@ class SpecdiffApp(App):
         bar.remove_class("done")
         bar.update(total=msg.total, progress=msg.done)
         self.query_one("#verdict", Static).update(f"comparing {msg.done + 1}/{msg.total}: {msg.name}…")
+
+    def on_diff_early(self, msg: DiffEarly) -> None:
+        if self.report is not None:  # a preset re-run: the report on screen stays until the new one
+            return
+        self.early = msg.early
+        verdict = self.query_one("#verdict", Static)
+        verdict.update(f"{msg.early.verdict()} — computing the totals and the explanation…")
+        verdict.set_class(True, "diverged")
+
+    def on_diff_partial(self, msg: DiffPartial) -> None:
+        if self.report is not None:
+            return
+        vm, grid = msg.vm, self.query_one(PipelineGrid)
+        self.partial = vm
+        first = vm.first if self.early is not None else None
+        sel = first if first is not None and grid.vm is not None and grid.vm.first is None else grid.selection
+        if sel is None or sel.pair not in vm.pairs:
+            sel = first or vm.initial()
+        if sel.depth > 0:
+            self.depths = True
+        grid.show(vm, vm.rows(depths=self.depths, text=self.filter_text), sel)
 
     def on_diff_failed(self, msg: DiffFailed) -> None:
         self.error = msg.message

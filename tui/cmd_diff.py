@@ -44,17 +44,24 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
         sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))
 
     show_progress = fmt != "json" and sys.stderr.isatty()
+    bar = None
 
-    def progress(name, i, total):
-        if show_progress:
-            click.echo(f"\r  comparing {i + 1}/{total} {name:30s}", nl=False, err=True)
+    def on_rows(done, total):
+        nonlocal bar
+        if bar is None:
+            bar = click.progressbar(length=total, label="  comparing rows", file=sys.stderr)
+        bar.update(done - bar.pos)
+
+    def on_first(early):
+        # Said at once (proven by the rows read so far, replay/diff/early.py); totals follow.
+        click.echo(("\n" if bar is not None else "") + f"{early.verdict()} (computing the totals...)", err=True)
 
     from specdiff.replay.diff.report import diff_traces, render_json, render_text  # torch-free CLI start
 
-    report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, progress=progress,
-                         narrow=not no_narrow)
-    if show_progress:
-        click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
+    report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, narrow=not no_narrow,
+                         on_rows=on_rows if show_progress else None, on_first=on_first if show_progress else None)
+    if bar is not None:
+        bar.render_finish()
     if graft:
         from specdiff.replay.diff.graft import graft as run_graft
 

@@ -143,13 +143,15 @@ def _filter_depth(m: RowMatch, good: np.ndarray | None) -> RowMatch:
 
 def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: Tolerance,
                    good_paths: np.ndarray | None, block_rows: int = 4096, match: RowMatch | None = None,
-                   watch=None, on_rows=None) -> TensorComparison:
+                   watch=None, on_rows=None, on_partial=None) -> TensorComparison:
     """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows).
 
     Blocks of ``block_rows`` rows (at most ~16 MiB of float32 a side) are compared on the block
     pool (replay/diff/blocks.py), a few in flight at once, and consumed in row order: ``watch``
     (early.FirstDivergenceWatch) sees each block's failing rows as they arrive, ``on_rows(n)``
     counts the rows done. ``match``: the aligned rows, when the caller already has them.
+    ``on_partial(TensorComparison)``: called once when ``watch`` proves the first divergence while
+    this tensor's rows are read, with the rows compared so far (status -1 on rows not read yet).
     """
     spec = spec_for(name)
     m = match if match is not None else tensor_match(traces, alignment, name, good_paths=good_paths)
@@ -176,7 +178,11 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
         if on_rows is not None:
             on_rows(b - a)
         if watch is not None:
+            proven = watch.first is not None
             watch.block(a, b, _fails(spec.kind, tolerance, r.score, r.cos, r.nonfinite) & ~r.unread, r.nonfinite)
+            if on_partial is not None and not proven and watch.first is not None:
+                on_partial(_partial(name, tolerance, m, b, score, cos, exact, nonfinite, unread, spec.kind,
+                                    diverged=watch.first.name == name))
     fail = _fails(spec.kind, tolerance, score, cos, nonfinite)
     fail &= ~unread
     exact &= ~unread
@@ -199,6 +205,14 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     if watch is not None:
         watch.finished(comp)
     return comp
+
+
+def _partial(name, tolerance, m, b, score, cos, exact, nonfinite, unread, kind, *, diverged) -> TensorComparison:
+    """The comparison of rows [0, b) as it stands (status -1: not compared yet; no stats)."""
+    status = np.full(len(m.pair), -1, np.int8)
+    fail = _fails(kind, tolerance, score[:b], cos[:b], nonfinite[:b]) & ~unread[:b]
+    status[:b] = np.where(unread[:b], UNREADABLE, np.where(fail, DIVERGED, np.where(exact[:b], MATCH, CLOSE)))
+    return TensorComparison(name, tolerance, m, status, score, cos, nonfinite, {}, None, diverged)
 
 
 def tensor_match(traces: Pair, alignment: Alignment, name: str, *, good_paths: np.ndarray | None) -> RowMatch:
@@ -296,7 +310,8 @@ def comparable_names(traces: Pair) -> list[str]:
 
 def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                 overrides: dict | None = None, progress=None,
-                structure: list | None = None, on_first=None, on_rows=None) -> dict[str, TensorComparison]:
+                structure: list | None = None, on_first=None, on_rows=None,
+                on_partial=None) -> dict[str, TensorComparison]:
     """Compare every comparable tensor, in dataflow order; ``progress(name, i, total)`` is called
     before each, ``on_rows(done, total)`` after each block (rows compared so far; ``total`` bounds
     them from above: side A's rows of every compared tensor).
@@ -304,6 +319,10 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     ``on_first(early.EarlyFirst)`` is called once, as soon as the first divergence is proven by
     the rows read so far (replay/diff/early.py: it equals the full data's ``first_divergence``),
     or at the end when only the full data proves it; never when nothing diverges.
+
+    ``on_partial(comps, early)``: the comparisons so far, after each tensor and when the first
+    divergence is proven mid-tensor (that tensor's rows read so far), with the proven first
+    divergence (``early.EarlyFirst``) or None, for views that fill in as the diff runs.
 
     ``structure`` (replay.structure.structure_mismatches) lists tensors whose layouts differ: each
     becomes a ``structure`` finding instead of a row comparison (aux slots are not compared slot by
@@ -332,7 +351,11 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                                 kind=spec.kind, preset=preset)
         tol = apply_overrides(tol, name, overrides or {})
         out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, watch=watch,
-                                   on_rows=rows_done if on_rows is not None else None)
+                                   on_rows=rows_done if on_rows is not None else None,
+                                   on_partial=None if on_partial is None
+                                   else lambda c: on_partial({**out, c.name: c}, watch.first))
+        if on_partial is not None:
+            on_partial(dict(out), watch.first)
     add_logit_stats(traces, out)
     if alignment.token_formats:
         out["tokens"] = token_format_comparison(traces, alignment, out.get("tokens"), preset=preset)

@@ -24,7 +24,7 @@ from specdiff.replay.diff.explain import Explanation, explain
 from specdiff.replay.diff.findings import crash_findings, matching_findings
 from specdiff.replay.diff.structure import structure_mismatches
 from specdiff.tracer.crash import describe_crash
-from specdiff.tracer.schema import spec_for
+from specdiff.tracer.schema import ordered, spec_for
 from specdiff.tracer.store import open_trace
 
 
@@ -211,7 +211,8 @@ def _crash(traces: Pair, labels: Pair) -> dict | None:
 
 
 def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
-                progress=None, narrow: bool = True, on_first=None, on_rows=None) -> DiffReport:
+                progress=None, narrow: bool = True, on_first=None, on_rows=None,
+                on_partial=None) -> DiffReport:
     """``diff_traces`` on already opened traces (the TUI re-runs this with another preset).
 
     A side whose engine crashed (contract ``crash``, tracer/crash.py) before recording any
@@ -225,6 +226,8 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     the first divergence (the same the report's ``first`` names), before the totals, the
     explanation and the narrowing are computed; not called when nothing diverges.
     ``on_rows(done, total)``: rows compared so far (see ``compare.compare_all``).
+    ``on_partial(DiffReport)``: the report as it stands while tensors are compared (comparisons so
+    far, ``first`` once proven; no explanation, contract or acceptance yet), for the app's grid.
     """
     labels = side_labels(traces)
     crash = _crash(traces, labels)
@@ -243,7 +246,9 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
         # The layouts differ: that is the finding, even when no row can be paired.
         alignment, alignment_error = Alignment((), Pair((), ())), str(exc)
     comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
-                        structure=structure, on_first=on_first, on_rows=on_rows)
+                        structure=structure, on_first=on_first, on_rows=on_rows,
+                        on_partial=None if on_partial is None else
+                        lambda comps, early: on_partial(_partial_report(traces, labels, alignment, comps, early)))
     first = first_divergence(comps)
     report = DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
                         explain(traces, alignment, comps, first), check_contracts(traces),
@@ -255,6 +260,16 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
 
         report.narrowing = narrow_or_reason(report)
     return report
+
+
+def _partial_report(traces: Pair, labels: Pair, alignment: Alignment, comps: dict, early) -> DiffReport:
+    """A report of the comparisons so far; ``first`` only once proven (``early``, replay/diff/early.py)."""
+    none = Acceptance(None, None, {}, 0)
+    first = comps.get(early.name) if early is not None else None
+    if first is not None and first.kind != early.kind:
+        first = None
+    return DiffReport(traces.map(lambda t: t.path), labels, alignment, {n: comps[n] for n in ordered(comps)},
+                      first, [], [], Pair(none, none), traces)
 
 
 class _LazyDecode:
