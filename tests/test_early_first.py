@@ -105,3 +105,26 @@ def test_the_shipped_seed_pair_says_its_first_divergence_early():
     w = report.first.first_where
     assert seen["early"] == EarlyFirst(report.first.name, report.first.kind, w)
     assert seen["rows"] < seen["total"]
+
+
+def test_the_app_shows_the_proven_first_divergence_and_a_partial_grid_before_the_report(tmp_path, small_blocks):
+    import asyncio
+
+    from specdiff.tui.app import SpecdiffApp
+    from specdiff.tui.view import Sel
+
+    a, b = write_pair(tmp_path, bad_seqs=range(N_SEQ))
+    app = SpecdiffApp(a, b, export_root=tmp_path)
+
+    async def run():
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(600):
+                if app.vm is not None:
+                    break
+                await pilot.pause(0.02)
+
+    asyncio.run(run())
+    # the early message and the partial grid arrived (they are only posted before the report)
+    assert app.early == EarlyFirst("target.aux.0", "values", {"pair": 0, "pos": 0, "depth": 0})
+    assert app.partial is not None and app.partial.first == Sel("target.aux.0", 0, 0, 0)
+    assert app.vm.first == app.partial.first == app.sel
