@@ -3,7 +3,10 @@
 Rows at draft depth k > 0 are compared only where both sides fed the draft the same input tokens
 at depths 0..k of that position: serving drafts from its own guesses, training is
 teacher-forced, so elsewhere the inputs differ by design and a difference proves nothing.
-Memory stays bounded by one block of rows (``block_rows``) plus small per-row results.
+Tensors are compared in dataflow order, rows in order, in blocks on every core (replay/diff/blocks.py);
+memory stays bounded by the blocks in flight (``blocks.in_flight``, ~16 MiB of float32 a side each)
+plus small per-row results. The first divergence is said as soon as the rows read prove it
+(replay/diff/early.py), before the totals.
 """
 
 from __future__ import annotations
