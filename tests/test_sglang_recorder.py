@@ -34,6 +34,48 @@ def test_options_from_env():
     o = Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": "full", "SPECDIFF_LOGITS_TOPK": "4",
                           "SPECDIFF_RIDS": "^a", "SPECDIFF_EAGER_DRAFT": "1"})
     assert (o.path, o.capture, o.logits_topk, o.rids, o.eager_draft) == ("/x", "full", 4, "^a", True)
+    # unset or empty: the defaults
+    o = Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": "", "SPECDIFF_LOGITS_TOPK": " "})
+    assert (o.capture, o.logits_topk, o.max_queue_mb, o.rids, o.eager_draft) == ("default", 8, 2048, None, False)
+    assert Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": " FULL ",
+                             "SPECDIFF_EAGER_DRAFT": "off"}).capture == "full"
+
+
+@pytest.mark.parametrize(("name", "value", "accepted"), [
+    ("SPECDIFF_CAPTURE", "fulll", "default or full"),
+    ("SPECDIFF_LOGITS_TOPK", "eight", "an integer >= 1 (default 8)"),
+    ("SPECDIFF_LOGITS_TOPK", "0", "an integer >= 1 (default 8)"),
+    ("SPECDIFF_MAX_QUEUE_MB", "2GB", "an integer >= 1 (default 2048)"),
+    ("SPECDIFF_EAGER_DRAFT", "maybe", "1/true/yes/on or 0/false/no/off"),
+    ("SPECDIFF_RIDS", "req-[", "a Python regular expression (this one: unterminated character set at position 4)"),
+])
+def test_a_bad_environment_value_is_one_error_naming_the_variable_the_value_and_what_is_accepted(name, value,
+                                                                                               accepted):
+    from specdiff.tracer.errors import SpecdiffError
+    from specdiff.tracer.sglang_hooks import OptionError
+
+    with pytest.raises(OptionError) as err:
+        Options.from_env({"SPECDIFF_TRACE": "/x", name: value})
+    assert str(err.value) == f"{name}={value!r} is not valid; accepted values: {accepted}"
+    assert isinstance(err.value, SpecdiffError) and err.value.name == name
+
+
+def test_a_bad_environment_value_refuses_tracing_in_one_log_line_of_the_scheduler(tmp_path, caplog):
+    from specdiff.tracer import sglang_plugin
+
+    env = {"SPECDIFF_TRACE": str(tmp_path / "s.trace"), "SPECDIFF_LOGITS_TOPK": "-3"}
+
+    def run_scheduler_process(tp_rank, dp_rank):  # the name load() looks for up the stack
+        return sglang_plugin.load(env)
+
+    with caplog.at_level("WARNING", logger="specdiff.tracer"):
+        assert sglang_plugin.load(env) is False  # not a scheduler: nothing logged
+        assert caplog.records == []
+        assert run_scheduler_process(0, None) is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "specdiff: tracing refused: SPECDIFF_LOGITS_TOPK='-3' is not valid; accepted values: an integer >= 1 "
+        "(default 8); the server runs untraced"]
+    assert sglang_plugin._rec is None and not (tmp_path / "s.trace").exists()
 
 
 def test_plugin_is_inert_outside_the_scheduler(monkeypatch):

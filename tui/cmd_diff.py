@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 
 import click
 
@@ -43,18 +44,24 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
 
         sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))
 
-    show_progress = fmt != "json" and sys.stderr.isatty()
-
-    def progress(name, i, total):
-        if show_progress:
-            click.echo(f"\r  comparing {i + 1}/{total} {name:30s}", nl=False, err=True)
-
     from specdiff.replay.diff.report import diff_traces, render_json, render_text  # torch-free CLI start
 
-    report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, progress=progress,
-                         narrow=not no_narrow)
-    if show_progress:
-        click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
+    # A bar on a terminal's stderr only: stdout is the report, and a log or pipe gets no bar lines.
+    show_progress = fmt != "json" and sys.stderr.isatty()
+    with ExitStack() as bars:
+        bar = None
+
+        def progress(name, i, total):
+            nonlocal bar
+            if not show_progress:
+                return
+            if bar is None:
+                bar = bars.enter_context(click.progressbar(length=total, label="comparing", file=sys.stderr,
+                                                           item_show_func=lambda item: item))
+            bar.update(1, current_item=name)
+
+        report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, progress=progress,
+                             narrow=not no_narrow)
     if graft:
         from specdiff.replay.diff.graft import graft as run_graft
 
