@@ -7,7 +7,7 @@ tracing off, ``SPECDIFF_CAPTURE=default`` and ``SPECDIFF_CAPTURE=full``; sends o
 request, then the same greedy prompt set in batches of ``--batch`` concurrent requests, and
 prints output tokens/s and the traced/untraced ratios. Goal (issue 3): default capture costs
 <= 10 % throughput, full capture <= 50 %. Uses the demo pair in traces/models when it is
-built, else the throwaway bring-up models (tests/_bringup_models.py) — throughput depends on
+built, else the throwaway bring-up models (specdiff.demo_models.bringup) — throughput depends on
 shapes and accept lengths, so the demo pair is the fairer measurement. On a shared machine
 run it twice: neighbours' load moves the numbers by more than the recorder does.
 """
@@ -15,7 +15,6 @@ run it twice: neighbours' load moves the numbers by more than the recorder does.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -32,10 +31,9 @@ def models() -> tuple[Path, Path]:
     demo = ROOT / "traces" / "models"
     if (demo / "target" / "config.json").exists() and (demo / "draft" / "config.json").exists():
         return demo / "target", demo / "draft"
-    spec = importlib.util.spec_from_file_location("_bringup_models", ROOT / "tests" / "_bringup_models.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.build_bringup_models(Path(tempfile.gettempdir()) / "specdiff-bringup")
+    from specdiff.demo_models.bringup import build_bringup_models
+
+    return build_bringup_models(Path(tempfile.gettempdir()) / "specdiff-bringup")
 
 
 def run(mode: str, target, draft, args, workdir: Path) -> dict:

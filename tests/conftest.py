@@ -1,10 +1,310 @@
-"""Checks that hold on every diff any test runs in-process."""
+"""Shared fixtures: the CLI, the tiny models, real SGLang CPU servers, synthetic trace pairs and
+the Textual pilot helpers. Tests reach specdiff only through its public CLI and public functions;
+nothing here edits the import path and no test module imports another.
+
+- ``run_cli``: ``specdiff ARGS`` in-process through the public entry point
+  ``specdiff.tui.cli.main`` (``click.testing.CliRunner``).
+- ``repo_models``: the committed demo pair (``traces/models``, built by
+  ``python -m specdiff.demo_models.tiny_models --out traces/models``).
+- ``bringup_models``: the throwaway random pair and the always-accepted "oracle" pair of
+  ``specdiff.demo_models.bringup``, built once per session (cached across sessions in pytest's
+  cache, keyed by the builder's source and the library versions).
+- ``bringup_chain_server``: a real SGLang server on the CPU, shared by the test files that serve
+  the same configuration; stopped by PID at session end, also when a test failed.
+- ``server_env``: the environment for a server a test starts itself (no inherited ``SPECDIFF_*``).
+- ``aux_traces``: hand-built trace pairs with aux slots for chosen HF layer indices.
+- ``tui``: helpers for Textual pilot tests (wait without fixed sleeps, read a widget's text).
+- ``early_first_divergence_equals_the_full_one`` (autouse): every in-process diff's early first
+  divergence (replay/diff/early.py) equals the full data's.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 
+
+# ---- the CLI ------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def run_cli():
+    """``run_cli(*args, input=None)`` -> ``click.testing.Result`` of ``specdiff ARGS``.
+
+    Arguments are passed through ``str`` (paths welcome). Exceptions other than the CLI's own exit
+    propagate (``catch_exceptions=False``): an unexpected traceback fails the test where it happened.
+    ``result.stdout`` / ``result.stderr`` are separate; ``result.output`` interleaves both."""
+    from click.testing import CliRunner
+
+    from specdiff.tui.cli import main
+
+    def invoke(*args, input: str | None = None):  # noqa: A002 - click's name
+        return CliRunner().invoke(main, [str(a) for a in args], input=input, catch_exceptions=False)
+
+    return invoke
+
+
+# ---- models -------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def repo_models() -> Path:
+    """``traces/models`` (``target/``, ``draft/``, ``data/``); skips when it is not built."""
+    from specdiff.tui.demo import REPO_MODELS
+
+    if not (REPO_MODELS / "draft" / "config.json").is_file():
+        pytest.skip("the demo models are not built (python -m specdiff.demo_models.tiny_models --out traces/models)")
+    return REPO_MODELS
+
+
+def _bringup_key() -> str:
+    from specdiff.demo_models import bringup
+
+    h = hashlib.sha256(Path(bringup.__file__).read_bytes())
+    for dist in ("torch", "transformers", "tokenizers", "safetensors"):
+        h.update(f"{dist}={version(dist)};".encode())
+    return h.hexdigest()[:16]
+
+
+@pytest.fixture(scope="session")
+def bringup_models(request, tmp_path_factory) -> SimpleNamespace:
+    """The bring-up pairs of ``specdiff.demo_models.bringup``: ``.target``/``.draft`` (random
+    weights, draft aux ids [1, 3, 4]) and ``.oracle_target``/``.oracle_draft`` (a draft that is
+    always right). Built once; reused from pytest's cache while the builder and libraries are
+    unchanged (built in a private folder, then renamed, so two sessions never see half a model)."""
+    from specdiff.demo_models.bringup import build_bringup_models, build_oracle_models
+
+    cache = getattr(request.config, "cache", None)
+    if cache is None:  # -p no:cacheprovider
+        root = tmp_path_factory.mktemp("bringup")
+    else:
+        root = Path(cache.mkdir("specdiff-bringup")) / _bringup_key()
+    if not (root / "READY").exists() or not (root / "ORACLE_READY").exists():
+        building = Path(tempfile.mkdtemp(prefix=f"{root.name}.", dir=root.parent))
+        build_bringup_models(building)
+        build_oracle_models(building)
+        try:
+            building.rename(root) if not root.exists() else shutil.rmtree(building)
+        except OSError:  # another session finished first: use its copy
+            shutil.rmtree(building, ignore_errors=True)
+    target, draft = build_bringup_models(root)
+    oracle_target, oracle_draft = build_oracle_models(root)
+    return SimpleNamespace(root=root, target=target, draft=draft, oracle_target=oracle_target,
+                           oracle_draft=oracle_draft)
+
+
+# ---- real SGLang servers on the CPU ---------------------------------------------------------------
+def _server_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def server_env():
+    """``server_env(**extra)`` -> this process's environment without any ``SPECDIFF_*`` variable
+    (a server must trace only where a test asks it to), plus ``extra``."""
+    return _server_env
+
+
+class SharedServer:
+    """A running :class:`~specdiff.tracer.cpu.launch.ServerProcess` that several test files use.
+
+    ``fresh()`` returns it with an empty radix cache (SGLang's ``/flush_cache``): a prefix cached
+    by an earlier user would change the prefill's shapes, and so bf16 results past a near tie."""
+
+    def __init__(self, server):
+        self.server = server
+
+    def fresh(self):
+        import requests
+
+        deadline = time.monotonic() + 60
+        while True:  # SGLang refuses to flush while a request is still running
+            r = requests.post(self.server.url + "/flush_cache", timeout=30)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 200, f"/flush_cache answered {r.status_code}: {r.text}"
+        return self.server
+
+
+@pytest.fixture(scope="session")
+def bringup_chain_server(bringup_models):
+    """:class:`SharedServer`: untraced SGLang, bring-up target + draft, EAGLE-3 chain (3 steps,
+    topk 1, 4 draft tokens), bfloat16. test_cpu_server.py (speculative vs plain greedy) and
+    test_sglang_recorder.py (traced vs untraced tokens) both serve this configuration, so it
+    starts once per session. Idle, it sleeps (``--sleep-on-idle``) instead of polling a core.
+    Stopped by PID at session end, also when a test failed; the teardown checks it is gone."""
+    pytest.importorskip("sglang")
+    from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
+
+    srv = ServerProcess(bringup_models.target, draft_model_path=bringup_models.draft,
+                        spec=SpecSettings(num_steps=3, topk=1, num_draft_tokens=4),
+                        extra_args=["--dtype", "bfloat16", "--sleep-on-idle"], env=_server_env())
+    srv.start()
+    try:
+        yield SharedServer(srv)
+    finally:
+        pid = srv.pid
+        srv.stop()
+        assert srv.proc.poll() is not None, f"server {pid} still running after stop()"
+
+
+# ---- hand-built trace pairs -----------------------------------------------------------------------
+class AuxTraces:
+    """Hand-built traces (real ``TraceWriter`` stores) with aux slots for chosen HF indices.
+
+    One "hidden state" per HF index 0..L and position is drawn once (seed 0): two traces that name
+    the same HF index hold the same values (plus ``noise``), so a layer shift, a permutation, a
+    position shift or a d2t mistake is visible in the rows exactly as the diff engine sees it.
+    Sizes: L = 8 layers, hidden H = 32 (float32), draft vocab VD = 16, sequences of 12 and 9 tokens.
+    """
+
+    L, H, VD = 8, 32, 16
+
+    def __init__(self):
+        rng = np.random.default_rng(0)
+        self.SEQS = [rng.integers(0, 100, size=n) for n in (12, 9)]
+        self.HIDDEN = {s: rng.standard_normal((self.L + 1, len(toks), self.H)).astype(np.float32)
+                       for s, toks in enumerate(self.SEQS)}
+        self.D2T = np.array(sorted(rng.choice(200, self.VD, replace=False)), np.int64) - np.arange(self.VD)
+
+    def write(self, path, *, side, hf, seqs=None, order=None, noise: float | list = 1e-4, probes=False, d2t=None,
+              topk_fn=None, nan_at=None, shift_pos=0, extra_seq=False, fc_in_norm=None, guess_wrong_at=()) -> str:
+        """A trace at ``path`` holding aux slots for HF indices ``hf`` (in that slot order), tokens,
+        draft top-k ids and their mapped target ids at depths 0 and 1; returns the path."""
+        from specdiff.tracer.schema import aux_name, probe_name
+        from specdiff.tracer.store import TraceWriter
+
+        seqs = self.SEQS if seqs is None else seqs
+        d2t = self.D2T if d2t is None else d2t
+        L, H, VD, HIDDEN = self.L, self.H, self.VD, self.HIDDEN
+        contract = {"num_layers": L, "hidden_size": H, "aux_hf_indices": list(hf), "dtype": "float32",
+                    "draft_vocab_size": VD, "spec_steps": 2}
+        with TraceWriter(str(path), side=side, contract=contract, overwrite=True) as w:
+            order = order or list(range(len(seqs)))
+            for s in order:
+                toks = seqs[s]
+                sid = w.add_sequence(toks, prompt_len=4, rid=f"{side}-{s}")
+                n = len(toks) - 1
+                pos = np.arange(n) + shift_pos
+                for j, i in enumerate(hf):
+                    eps = noise[j] if isinstance(noise, list) else noise
+                    rows = HIDDEN[s][i, :n] + eps * np.random.default_rng(s * 10 + j).standard_normal((n, H))
+                    rows = rows.astype(np.float32)
+                    if nan_at is not None and j == 0:
+                        rows[nan_at] = np.nan
+                    w.append(aux_name(j), rows, seq=sid, pos=pos)
+                if fc_in_norm is not None:
+                    cat = np.concatenate([HIDDEN[s][i, :n] for i in hf], axis=1)
+                    if fc_in_norm:
+                        cat = cat / np.sqrt((cat * cat).mean(1, keepdims=True) + 1e-6)
+                    w.append("draft.fc_in", cat.astype(np.float32), seq=sid, pos=pos)
+                if probes:
+                    for i in range(L + 1):
+                        w.append(probe_name(i), HIDDEN[s][i, :n], seq=sid, pos=pos)
+                for depth in range(2):
+                    inputs = toks[1 + depth:1 + depth + n].astype(np.int64)[: n - depth].copy()
+                    draft_ids = (toks[:n - depth] % VD).reshape(-1, 1).copy()
+                    if depth and guess_wrong_at:  # serving drafted its own (wrong) token here
+                        inputs[list(guess_wrong_at)] += 1
+                        draft_ids[list(guess_wrong_at)] = (draft_ids[list(guess_wrong_at)] + 1) % VD
+                    w.append("tokens", inputs, seq=sid, pos=np.arange(n - depth), depth=depth)
+                    w.append("draft.topk", draft_ids, seq=sid, pos=np.arange(n - depth), depth=depth)
+                    mapped = topk_fn(draft_ids, d2t) if topk_fn else draft_ids + d2t[draft_ids]
+                    w.append("draft.topk_target", mapped, seq=sid, pos=np.arange(n - depth), depth=depth)
+            w.append("draft.d2t", d2t, seq=-1, pos=np.arange(VD))
+            if extra_seq:
+                w.add_sequence([999, 998, 997], rid="lonely")
+        return str(path)
+
+
+@pytest.fixture(scope="session")
+def aux_traces() -> AuxTraces:
+    """:class:`AuxTraces`: ``aux_traces.write(path, side=..., hf=[...], ...)``."""
+    return AuxTraces()
+
+
+#: Pairs of the main-screen snapshots: (training, serving) arguments of :meth:`AuxTraces.write`.
+SNAPSHOT_SCENARIOS = {
+    "seed_bug": ({"hf": [0, 3, 6], "probes": True}, {"hf": [3, 6, 7]}),
+    "no_divergence": ({"hf": [0, 3, 6], "probes": True}, {"hf": [0, 3, 6], "order": [1, 0], "noise": 2e-4}),
+}
+
+
+@pytest.fixture(scope="session")
+def snapshot_app(aux_traces):
+    """``snapshot_app(scenario)`` -> a ``SpecdiffApp`` on that pair. The traces go to a fixed folder
+    (not a random temp dir) and the app shows only their basenames, so the rendered screen is the
+    same on every machine."""
+    from specdiff.tui.app import SpecdiffApp
+
+    root = Path(tempfile.gettempdir()) / "specdiff-snapshot-traces"
+
+    def build(scenario: str) -> SpecdiffApp:
+        train, serve = SNAPSHOT_SCENARIOS[scenario]
+        where = root / scenario
+        where.mkdir(parents=True, exist_ok=True)
+        a = aux_traces.write(where / "train.trace", side="train", **train)
+        b = aux_traces.write(where / "serve.trace", side="serve", **serve)
+        return SpecdiffApp(a, b, export_root=where)
+
+    return build
+
+
+# ---- Textual pilot helpers ------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """Async tests (``pytest.mark.anyio``: the Textual pilot) run on asyncio."""
+    return "asyncio"
+
+
+async def _wait_for(pilot, predicate, *, timeout: float = 30.0) -> None:
+    """Poll ``predicate`` between pilot pauses (no fixed sleeps); AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached within the timeout")
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
+def _ready(app):
+    """Predicate: the app has its view model and a selection (the report is loaded)."""
+    return lambda: app.vm is not None and app.sel is not None
+
+
+def _plain(renderable, width: int = 110) -> str:
+    """A Rich renderable as plain text (no colour), ``width`` columns."""
+    from rich.console import Console
+
+    with open(os.devnull, "w") as sink:
+        console = Console(width=width, record=True, color_system=None, file=sink)
+        console.print(renderable)
+    return console.export_text()
+
+
+def _static_text(app, selector: str) -> str:
+    """The plain text of the widget ``selector`` (a ``Static``)."""
+    return _plain(app.query_one(selector).content)
+
+
+@pytest.fixture(scope="session")
+def tui() -> SimpleNamespace:
+    """Pilot helpers: ``await tui.wait_for(pilot, tui.ready(app))``, ``tui.static_text(app, "#verdict")``,
+    ``tui.plain(renderable)``."""
+    return SimpleNamespace(wait_for=_wait_for, ready=_ready, plain=_plain, static_text=_static_text)
+
+
+# ---- a check on every in-process diff --------------------------------------------------------
 @pytest.fixture(autouse=True)
 def early_first_divergence_equals_the_full_one(monkeypatch):
     """Every ``compare_all`` a test runs (through ``diff_traces`` / ``diff_opened``, the app

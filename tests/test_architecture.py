@@ -75,7 +75,6 @@ def test_the_import_check_catches_a_recorder_that_imports_the_diff_engine(tmp_pa
         bad.unlink()
 
 
-@pytest.mark.xfail(strict=True, reason="tests still edit sys.path; removed with tests/conftest.py")
 def test_no_test_edits_sys_path():
     offenders = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").rglob("*.py"))
                  if "sys.path" in p.read_text() and p.name != Path(__file__).name]

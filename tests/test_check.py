@@ -13,7 +13,6 @@ import shutil
 
 import pytest
 import torch
-from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from specdiff.eagle3.norms import NORMS_OFF
@@ -22,7 +21,6 @@ from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
 from specdiff.replay.preflight.check import PreflightError, findings_as_facts, run_preflight
 from specdiff.replay.preflight.report import Finding
 from specdiff.replay.preflight.rules import check_vocab
-from specdiff.tui.cli import _register, cli
 
 L, H, V, VD = 8, 64, 256, 128
 TRAIN_HF = "0,4,7"
@@ -76,11 +74,6 @@ def _edit_weights(path, fn):
     save_file(sd, str(f))
 
 
-def _cli(*args):
-    _register()
-    return CliRunner().invoke(cli, ["check", *map(str, args)])
-
-
 def _one(report, kind, engine=None) -> Finding:
     got = [f for f in report.findings if f.kind == kind and (engine is None or f.engine == engine)]
     assert got, f"no {kind} finding in {[(f.kind, f.engine) for f in report.findings]}"
@@ -88,9 +81,9 @@ def _one(report, kind, engine=None) -> Finding:
 
 
 # ---- a correct pair ------------------------------------------------------------------------
-def test_correct_pair_has_no_errors_and_prints_resolved_indices_per_engine(pair):
+def test_correct_pair_has_no_errors_and_prints_resolved_indices_per_engine(pair, run_cli):
     target, draft, _ = pair
-    r = _cli("--target", target, "--draft", draft, "--training-layers", TRAIN_HF)
+    r = run_cli("check", "--target", target, "--draft", draft, "--training-layers", TRAIN_HF)
     assert r.exit_code == 0, r.output
     out = r.output
     assert "SGLang 0.5.23" in out and "eagle_config ids [-1, 3, 6]" in out
@@ -102,9 +95,9 @@ def test_correct_pair_has_no_errors_and_prints_resolved_indices_per_engine(pair)
     assert {e: c.hf_indices for e, c in report.captures.items()} == {"sglang": (0, 4, 7), "vllm": (0, 4, 7)}
 
 
-def test_json_format_and_findings_as_facts(pair):
+def test_json_format_and_findings_as_facts(pair, run_cli):
     target, draft, _ = pair
-    r = _cli("--target", target, "--draft", draft, "--format", "json")
+    r = run_cli("check", "--target", target, "--draft", draft, "--format", "json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["captures"]["sglang"]["hf_indices"] == [0, 4, 7]
@@ -118,7 +111,7 @@ def test_json_format_and_findings_as_facts(pair):
 
 
 # ---- aux capture ------------------------------------------------------------------------------
-def test_ids_shifted_by_one_mismatch_training_per_engine(pair):
+def test_ids_shifted_by_one_mismatch_training_per_engine(pair, run_cli):
     target, draft, _ = pair
     # the seed bug: SGLang ids written as HF indices -> SGLang captures one layer later
     _edit_config(draft, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 4, 6]))
@@ -129,10 +122,10 @@ def test_ids_shifted_by_one_mismatch_training_per_engine(pair):
     assert "slot 0: trained on embed, gets out L0" in f.message
     assert "[-1, 3, 6]" in f.fix
     assert _one(report, "training.match", "vllm").severity == "info"
-    r = _cli("--target", target, "--draft", draft, "--training-layers", TRAIN_HF)
+    r = run_cli("check", "--target", target, "--draft", draft, "--training-layers", TRAIN_HF)
     assert r.exit_code == 1 and "training.mismatch" in r.output
     # the same layers stated as SpecForge ids cannot express the embeddings: exit 2
-    r = _cli("--target", target, "--draft", draft, "--training-layers", "0,3", "--training-convention", "bogus")
+    r = run_cli("check", "--target", target, "--draft", draft, "--training-layers", "0,3", "--training-convention", "bogus")
     assert r.exit_code == 2
 
 
@@ -144,7 +137,7 @@ def test_training_layers_in_specforge_convention(pair):
     assert _one(report, "training.mismatch", "vllm").fix.endswith("[2, 4, 6]")
 
 
-def test_id_at_last_layer_is_dropped_by_sglang_and_crashes(pair):
+def test_id_at_last_layer_is_dropped_by_sglang_and_crashes(pair, run_cli):
     target, draft, _ = pair
     _edit_config(draft, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[-1, 3, 7]))
     report = run_preflight(target, draft, engines=("sglang",))
@@ -155,7 +148,7 @@ def test_id_at_last_layer_is_dropped_by_sglang_and_crashes(pair):
     assert "captures 2 slot(s)" in crash.message and "mat1 and mat2 shapes cannot be multiplied" in crash.message
     assert "(Nx128 and 192xHd)" in crash.message
     assert report.captures["sglang"].outcome == "crash"
-    r = _cli("--target", target, "--draft", draft, "--engine", "sglang")
+    r = run_cli("check", "--target", target, "--draft", draft, "--engine", "sglang")
     assert r.exit_code == 1 and "dropped ids [7]" in r.output and "CRASH" in r.output
 
 
@@ -279,9 +272,9 @@ def test_mismatched_rope(pair):
         _one(run_preflight(target, draft), "rope.scaling").message
 
 
-def test_eagle_algorithm_with_eagle3_checkpoint(pair):
+def test_eagle_algorithm_with_eagle3_checkpoint(pair, run_cli):
     target, draft, _ = pair
-    r = _cli("--target", target, "--draft", draft, "--speculative-algorithm", "EAGLE")
+    r = run_cli("check", "--target", target, "--draft", draft, "--speculative-algorithm", "EAGLE")
     assert r.exit_code == 1 and "algorithm.mismatch" in r.output
     f = _one(run_preflight(target, draft, speculative_algorithm="EAGLE"), "algorithm.mismatch")
     assert "fc is skipped" in f.message
@@ -308,7 +301,7 @@ def test_speculators_format_is_unsupported_by_sglang(pair, tmp_path):
 # ---- malformed input ----------------------------------------------------------------------------
 @pytest.mark.parametrize("case", ["no_config", "bad_safetensors", "not_a_model", "no_weights", "no_dir",
                                   "target_not_a_model"])
-def test_malformed_inputs_exit_2_with_one_line(pair, case):
+def test_malformed_inputs_exit_2_with_one_line(pair, case, run_cli):
     target, draft, _ = pair
     if case == "no_config":
         (draft / "config.json").unlink()
@@ -322,7 +315,7 @@ def test_malformed_inputs_exit_2_with_one_line(pair, case):
         draft = draft / "nope"
     else:
         (target / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    r = _cli("--target", target, "--draft", draft)
+    r = run_cli("check", "--target", target, "--draft", draft)
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("specdiff: error: "), r.output
@@ -330,10 +323,10 @@ def test_malformed_inputs_exit_2_with_one_line(pair, case):
         run_preflight(target, draft)
 
 
-def test_draft_that_is_not_eagle3(pair):
+def test_draft_that_is_not_eagle3(pair, run_cli):
     target, draft, _ = pair
     _edit_config(draft, lambda c: c.update(architectures=["LlamaForCausalLM"]))
-    r = _cli("--target", target, "--draft", draft)
+    r = run_cli("check", "--target", target, "--draft", draft)
     assert r.exit_code == 1 and "algorithm.not_eagle3" in r.output
     report = run_preflight(target, draft)
     assert [f.kind for f in report.findings] == ["algorithm.not_eagle3"] and not report.captures
@@ -350,7 +343,7 @@ def test_d2t_direct_ids_without_t2d_is_a_warning():
 
 
 # ---- engine rules read from the engines' source (specdiff.eagle3.aux_layers.RULES) -------------
-def test_vllm_id_L_is_fed_as_the_last_layer_before_the_final_norm_not_dropped(pair):
+def test_vllm_id_L_is_fed_as_the_last_layer_before_the_final_norm_not_dropped(pair, run_cli):
     # vLLM 0.32.0 llama.py:427-441 captures id idx+1 after layer idx: id L is a real slot (no crash),
     # the output of layer L-1 before the final norm, which no HF hidden_states index holds.
     target, draft, _ = pair
@@ -363,9 +356,9 @@ def test_vllm_id_L_is_fed_as_the_last_layer_before_the_final_norm_not_dropped(pa
     mism = _one(report, "training.mismatch", "vllm")
     assert "slot 2: trained on final-norm, gets pre-norm out L7" in mism.message
     assert mism.fix == "vLLM captures only HF 0..L-1: retrain on other layers"
-    r = _cli("--target", target, "--draft", draft, "--engine", "vllm", "--format", "json")
+    r = run_cli("check", "--target", target, "--draft", draft, "--engine", "vllm", "--format", "json")
     assert json.loads(r.output)["captures"]["vllm"]["prenorm_ids"] == [L]
-    r = _cli("--target", target, "--draft", draft, "--engine", "vllm")
+    r = run_cli("check", "--target", target, "--draft", draft, "--engine", "vllm")
     assert "-> HF [0=embed, 4=out L3] + pre-norm out L7  [3/3 slots, ok]" in r.output
 
 
@@ -405,7 +398,7 @@ def test_check_and_load_read_a_placeholder_d2t_the_same_way(pair):
     assert any("d2t equals arange(Vd)" in n for n in load_draft(draft).notes)
 
 
-def test_bin_weights_are_checked_like_safetensors(pair):
+def test_bin_weights_are_checked_like_safetensors(pair, run_cli):
     target, draft, _ = pair
     before = [(f.kind, f.severity, f.engine) for f in run_preflight(target, draft).findings]
     sd = load_file(str(draft / "model.safetensors"))
@@ -415,5 +408,5 @@ def test_bin_weights_are_checked_like_safetensors(pair):
     assert [(f.kind, f.severity, f.engine) for f in after.findings] == before
     assert after.draft.d2t is not None and after.draft.tensors["fc.weight"] == ((H, 3 * H), "float32")
     (draft / "pytorch_model.bin").write_bytes(b"not a pickle")
-    r = _cli("--target", target, "--draft", draft)
+    r = run_cli("check", "--target", target, "--draft", draft)
     assert r.exit_code == 2 and r.output.startswith("specdiff: error: draft weights ") and "weights_only" in r.output

@@ -12,7 +12,6 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from specdiff.replay.diff.contract_check import _FIELDS
 from specdiff.tracer.contract import CONTRACT_FIELDS
@@ -79,41 +78,37 @@ def _primary_stage(field: str) -> str:
 
 
 @pytest.mark.parametrize("field", sorted(CHANGED))
-def test_a_serving_contract_field_that_differs_is_shown_beside_the_first_divergence(tmp_path, field):
-    from specdiff.tui.cli import _register, cli
+def test_a_serving_contract_field_that_differs_is_shown_beside_the_first_divergence(tmp_path, field, run_cli):
 
     stage = _primary_stage(field)
     train = _trace(tmp_path / "train.trace", "train", BASE, stage=stage, diverge=False)
     serve = _trace(tmp_path / "serve.trace", "serve", {**BASE, field: CHANGED[field]}, stage=stage, diverge=True)
-    _register()
-    r = CliRunner().invoke(cli, ["diff", train, serve, "--format", "json"])
+    r = run_cli("diff", train, serve, "--format", "json")
     assert r.exit_code == 1, r.output
     first = json.loads(r.output)["first_divergence"]
     assert first["tensor"] == TENSOR_OF_STAGE[stage][0]
     assert [m["field"] for m in first["contract"]] == [field]
     assert first["contract"][0]["fix"]
-    text = CliRunner().invoke(cli, ["diff", train, serve, "--format", "text"]).output
+    text = run_cli("diff", train, serve, "--format", "text").output
     block = text.split("contract differences that bear on it\n", 1)[1].split("\n\n", 1)[0]
     lines = block.splitlines()
     assert lines[0].strip().startswith(f"[{_FIELDS[field][0]}] {field}: ") and lines[1].strip().startswith("fix: ")
 
 
-def test_an_unknown_serving_fact_is_shown_beside_the_divergence_it_could_explain(tmp_path):
-    from specdiff.tui.cli import _register, cli
+def test_an_unknown_serving_fact_is_shown_beside_the_divergence_it_could_explain(tmp_path, run_cli):
 
     unobs = [{"name": "LlamaModel.layers_to_capture", "sglang": "x", "source": "srt/models/llama.py:463",
               "tensors": [], "facts": ["aux_hf_indices"], "why": "gone", "sglang_version": "0.5.99"}]
     train = _trace(tmp_path / "train.trace", "train", BASE, stage="target.aux", diverge=False)
     serve = _trace(tmp_path / "serve.trace", "serve", {**BASE, "aux_hf_indices": "unknown", "unobservable": unobs},
                    stage="target.aux", diverge=True)
-    _register()
-    r = CliRunner().invoke(cli, ["diff", train, serve, "--format", "json"])
+    r = run_cli("diff", train, serve, "--format", "json")
     j = json.loads(r.output)
     assert r.exit_code == 1
     assert j["unknown_facts"]["serving"] == {"aux_hf_indices": "SGLang 0.5.99 has no LlamaModel.layers_to_capture"}
     msgs = [m["message"] for m in j["first_divergence"]["contract"]]
     assert msgs == ["aux_hf_indices is unknown on serving (SGLang 0.5.99 has no LlamaModel.layers_to_capture): "
                     "not compared"]
-    info = CliRunner().invoke(cli, ["info", serve]).output
+    info = run_cli("info", serve).output
     assert "unknown    1 contract fact(s) could not be read from the engine" in info
     assert "aux_hf_indices           SGLang 0.5.99 has no LlamaModel.layers_to_capture" in info

@@ -2,13 +2,14 @@
 
 Starts real servers (``specdiff.tracer.cpu.launch.ServerProcess``: stand-in ``sgl_kernel``
 first on PYTHONPATH, AMX platform override in the launching process) on throwaway tiny
-models built offline (``tests/_bringup_models.py``). Each server takes ~30-60 s to start.
-Run with ``pytest -m server``.
+models built offline (``specdiff.demo_models.bringup``, the ``bringup_models`` fixture). Each
+server takes ~30-60 s to start; the bfloat16 chain is the session's shared
+``bringup_chain_server`` (tests/conftest.py). Run with ``pytest -m server``.
 """
 
 from __future__ import annotations
 
-import importlib.util
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,20 +24,12 @@ PROMPTS = ["def main():\n    ", "import os\nimport sys\n\nclass "]
 MAX_NEW = 24
 
 
-def _bringup():
-    spec = importlib.util.spec_from_file_location("_bringup_models", Path(__file__).with_name("_bringup_models.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+CHAIN = SpecSettings(num_steps=3, topk=1, num_draft_tokens=4)
 
 
 @pytest.fixture(scope="module")
-def model_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("bringup")
-    mod = _bringup()
-    mod.build_bringup_models(root)
-    mod.build_oracle_models(root)
-    return root
+def model_root(bringup_models) -> Path:
+    return bringup_models.root
 
 
 def _generate_all(srv: ServerProcess, prompt_ids: list[list[int]], **request) -> list[dict]:
@@ -95,11 +88,11 @@ def plain_run(request, plain_runs):
 
 @pytest.mark.parametrize(
     "spec",
-    [SpecSettings(num_steps=3, topk=1, num_draft_tokens=4), SpecSettings(num_steps=3, topk=2, num_draft_tokens=4)],
+    [CHAIN, SpecSettings(num_steps=3, topk=2, num_draft_tokens=4)],
     ids=["chain", "topk2-tree"],
 )
 def test_greedy_eagle3_output_equals_non_speculative_output_up_to_the_first_near_tie(model_root, prompt_ids,
-                                                                                      plain_run, spec):
+                                                                                      plain_run, spec, request):
     """Speculative and plain greedy decoding run different kernel paths (a verify forward over
     the draft tree vs a 1-token decode), so they agree by design only until the plain run's
     top-2 logit margin is within the dtype's resolution (``replay.tolerance.first_near_tie``);
@@ -107,11 +100,8 @@ def test_greedy_eagle3_output_equals_non_speculative_output_up_to_the_first_near
     from specdiff.replay.diff.tolerance import first_near_tie
 
     dtype, plain_outputs, plain_top2 = plain_run
-    with ServerProcess(model_root / "target", draft_model_path=model_root / "draft", spec=spec,
-                       extra_args=["--dtype", dtype]) as srv:
-        pid = srv.pid
+    with _speculating(request, model_root, spec, dtype) as srv:
         outs = _generate_all(srv, prompt_ids)
-    assert srv.proc.poll() is not None, f"server {pid} still running after stop()"
     compared = 0
     for o, plain, top2 in zip(outs, plain_outputs, plain_top2, strict=True):
         meta = o["meta_info"]
@@ -124,6 +114,20 @@ def test_greedy_eagle3_output_equals_non_speculative_output_up_to_the_first_near
     if dtype == "float32":
         # float32 resolves every margin this tiny model produces: the whole output is compared.
         assert compared == MAX_NEW * len(PROMPTS)
+
+
+@contextmanager
+def _speculating(request, model_root: Path, spec: SpecSettings, dtype: str):
+    """A server speculating with ``spec`` in ``dtype`` on the bring-up pair: the session's shared
+    one for the bf16 chain (stopped at session end), else one of its own, stopped by PID here."""
+    if (spec, dtype) == (CHAIN, "bfloat16"):
+        yield request.getfixturevalue("bringup_chain_server").fresh()
+        return
+    with ServerProcess(model_root / "target", draft_model_path=model_root / "draft", spec=spec,
+                       extra_args=["--dtype", dtype]) as srv:
+        pid = srv.pid
+        yield srv
+    assert srv.proc.poll() is not None, f"server {pid} still running after stop()"
 
 
 def test_near_tie_rule_on_constructed_logits():

@@ -9,25 +9,16 @@ crashes the first request in the draft's fc ('mat1 and mat2 shapes cannot be mul
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from specdiff.tracer.crash import crash_record, describe_crash, forward_name
 from specdiff.tracer.store import TraceWriter, open_trace
 
 MODELS = Path(__file__).resolve().parents[1] / "traces" / "models"
-
-
-def _cli(*args):
-    from specdiff.tui.cli import _register, cli
-
-    _register()
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def _bad_draft(root: Path) -> Path:
@@ -84,11 +75,11 @@ def _train_trace(path: Path) -> str:
     return str(path)
 
 
-def test_diff_of_a_serve_trace_that_crashed_before_any_sequence_reports_the_crash_first(tmp_path):
+def test_diff_of_a_serve_trace_that_crashed_before_any_sequence_reports_the_crash_first(tmp_path, run_cli):
     crash = crash_record(_fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill", rids=["r0"])
     serve = _serve_trace(tmp_path / "serve.trace", _bad_draft(tmp_path), crash)
     train = _train_trace(tmp_path / "train.trace")
-    r = _cli("diff", train, serve, "--format", "text")
+    r = run_cli("diff", train, serve, "--format", "text")
     assert r.exit_code == 1, r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)
     first = r.output.splitlines()[0]
@@ -98,18 +89,18 @@ def test_diff_of_a_serve_trace_that_crashed_before_any_sequence_reports_the_cras
     assert "Linear.forward: self.weight: [256, 768]" in r.output
     # the contracts are still compared
     assert "serving captured HF hidden_states[0, 3]; training used [0, 3, 6]" in r.output
-    j = json.loads(_cli("diff", train, serve, "--format", "json").output)
+    j = json.loads(run_cli("diff", train, serve, "--format", "json").output)
     assert j["diverged"] and j["crash"]["forward"] == "draft extend (prefill)" and j["crash"]["label"] == "serving"
     assert j["preflight_findings"][0]["kind"] == "aux.slot_count"
 
 
-def test_diff_without_a_crash_and_without_sequences_is_still_a_bad_input_line(tmp_path):
+def test_diff_without_a_crash_and_without_sequences_is_still_a_bad_input_line(tmp_path, run_cli):
     serve = _serve_trace(tmp_path / "serve.trace", _bad_draft(tmp_path), None)
-    r = _cli("diff", _train_trace(tmp_path / "train.trace"), serve, "--format", "text")
+    r = run_cli("diff", _train_trace(tmp_path / "train.trace"), serve, "--format", "text")
     assert r.exit_code == 2 and r.output.startswith("specdiff: error: ") and "share no token sequence" in r.output
 
 
-def test_record_client_names_the_trace_of_a_server_that_died(tmp_path, monkeypatch):
+def test_record_client_names_the_trace_of_a_server_that_died(tmp_path, monkeypatch, run_cli):
     from specdiff.tracer import live
     from specdiff.tracer.cpu.launch import free_port
 
@@ -120,7 +111,7 @@ def test_record_client_names_the_trace_of_a_server_that_died(tmp_path, monkeypat
     live.register_server(port=port, trace=serve)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"text": "def f():"}\n')
-    r = _cli("record", "client", "--url", f"http://127.0.0.1:{port}", "--prompts", prompts)
+    r = run_cli("record", "client", "--url", f"http://127.0.0.1:{port}", "--prompts", prompts)
     assert r.exit_code == 2
     lines = [ln for ln in r.output.splitlines() if ln.startswith("specdiff: error:")]
     assert len(lines) == 1
@@ -130,16 +121,15 @@ def test_record_client_names_the_trace_of_a_server_that_died(tmp_path, monkeypat
 
 # ---- a real server ------------------------------------------------------------------------------
 @pytest.mark.server
-def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_crash(tmp_path, monkeypatch):
+def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_crash(tmp_path, monkeypatch, run_cli,
+                                                                                      server_env):
     pytest.importorskip("sglang")
     from specdiff.tracer import live
     from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
 
     draft = _bad_draft(tmp_path)
     path = tmp_path / "serve.trace"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
-    env["SPECDIFF_TRACE"] = str(path)
-    srv = ServerProcess(MODELS / "target", draft_model_path=draft, env=env,
+    srv = ServerProcess(MODELS / "target", draft_model_path=draft, env=server_env(SPECDIFF_TRACE=str(path)),
                         spec=SpecSettings(num_steps=3, topk=1, num_draft_tokens=4))
     # SGLang's /health runs a one-token generation, which this draft crashes: wait on /model_info.
     srv.start(wait=False)
@@ -152,7 +142,7 @@ def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_
         assert live.trace_of_server(srv.url) == str(path)
         prompts = tmp_path / "p.jsonl"
         prompts.write_text('{"text": "def main():"}\n')
-        r = _cli("record", "client", "--url", srv.url, "--prompts", prompts, "--max-new-tokens", "8")
+        r = run_cli("record", "client", "--url", srv.url, "--prompts", prompts, "--max-new-tokens", "8")
         srv.proc.wait(120)
     finally:
         log = Path(srv.log_path).read_text(errors="replace")
@@ -170,7 +160,7 @@ def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_
     assert "mat1 and mat2 shapes cannot be multiplied" in c["message"]
     assert any(shape == [256, 768] for key, shape in c["shapes"].items() if key.endswith("self.weight")), c["shapes"]
 
-    info = _cli("info", path)
+    info = run_cli("info", path)
     assert info.exit_code == 0
     assert f"crash      the server raised RuntimeError in draft extend (prefill) (iteration {c['iter']}): mat1 and mat2" \
         in info.output
@@ -178,10 +168,10 @@ def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_
     prompts_train = tmp_path / "train.jsonl"
     prompts_train.write_text('{"text": "def main():"}\n')
     train = tmp_path / "train.trace"
-    rt = _cli("record", "train", "--target", MODELS / "target", "--draft", MODELS / "draft",
+    rt = run_cli("record", "train", "--target", MODELS / "target", "--draft", MODELS / "draft",
               "--prompts", prompts_train, "-o", train)
     assert rt.exit_code == 0, rt.output
-    d = _cli("diff", train, path, "--format", "text")
+    d = run_cli("diff", train, path, "--format", "text")
     assert d.exit_code == 1, d.output
     first = d.output.splitlines()[0]
     assert first.startswith("first divergence: serving crashed: RuntimeError in draft extend (prefill)")
@@ -190,16 +180,16 @@ def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_
 
 def _wait_model_info(srv, timeout_s: float = 600.0) -> None:
     import time
-    import urllib.request
+
+    import requests
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert srv.proc.poll() is None, Path(srv.log_path).read_text(errors="replace")[-3000:]
         try:
-            with urllib.request.urlopen(srv.url + "/model_info", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
+            if requests.get(srv.url + "/model_info", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:  # not listening yet, or busy starting
             pass
         time.sleep(0.5)
     raise AssertionError("server not up")
@@ -262,13 +252,9 @@ def _raise_fc():
     raise _fc_crash()
 
 
-def test_the_app_opens_a_crashed_serve_trace_on_the_crash(tmp_path):
+def test_the_app_opens_a_crashed_serve_trace_on_the_crash(tmp_path, tui):
     import asyncio
-    import sys
     import time
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_tui import plain  # noqa: PLC0415
 
     from specdiff.tui.app import SpecdiffApp
 
@@ -283,7 +269,7 @@ def test_the_app_opens_a_crashed_serve_trace_on_the_crash(tmp_path):
             while app.report is None and time.monotonic() < deadline:
                 await pilot.pause(0.05)
             await pilot.pause()
-            verdict = plain(app.query_one("#verdict").content)
+            verdict = tui.static_text(app, "#verdict")
             await pilot.press("q")
             return verdict
 

@@ -7,45 +7,28 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_tui import static_text, wait_for  # noqa: E402
-
-from specdiff.replay.diff.compare import UNREADABLE  # noqa: E402
-from specdiff.replay.diff.report import diff_traces, render_json  # noqa: E402
-from specdiff.tracer import store as store_module  # noqa: E402
-from specdiff.tracer.damage import READABLE, RECOPY  # noqa: E402
-from specdiff.tracer.errors import TraceError  # noqa: E402
-from specdiff.tracer.store import TraceWriter, open_trace  # noqa: E402
-from specdiff.tracer.upgrade import upgrade  # noqa: E402
-from specdiff.tui.app import SpecdiffApp  # noqa: E402
-from specdiff.tui.cli import _register, cli  # noqa: E402
-from specdiff.tui.view import Sel  # noqa: E402
+from specdiff.replay.diff.compare import UNREADABLE
+from specdiff.replay.diff.report import diff_traces, render_json
+from specdiff.tracer import store as store_module
+from specdiff.tracer.damage import READABLE, RECOPY
+from specdiff.tracer.errors import TraceError
+from specdiff.tracer.store import TraceWriter, open_trace
+from specdiff.tracer.upgrade import upgrade
+from specdiff.tui.app import SpecdiffApp
+from specdiff.tui.view import Sel
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "traces" / "examples" / "seed"
 JSON_ERR = "not valid JSON: Expecting property name enclosed in double quotes: line 1 column 3 (char 2)"
 CLOSED_FALLBACK = ("the trace was closed cleanly, so it is read from its zarr arrays (nothing lost); "
                    "copy the trace again to repair the journal")
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-def _cli(*args):
-    _register()
-    return CliRunner().invoke(cli, list(args))
 
 
 def _chunk(trace: Path, name: str, column: str = "data") -> Path:
@@ -180,30 +163,30 @@ def clean_report():
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_info_verify_lists_each_damaged_part_in_one_line(pair, kind):
+def test_info_verify_lists_each_damaged_part_in_one_line(pair, kind, run_cli):
     damage, _, at_open = KINDS[kind]
     line = damage(pair[1])
-    res = _cli("info", "--verify", str(pair[1]))
+    res = run_cli("info", "--verify", str(pair[1]))
     assert res.exit_code == 1, res.output
     assert "damage     1 damaged part\n" in res.output
     assert f"\n  {line}\n" in res.output + "\n"
     assert "Traceback" not in res.output
-    plain = _cli("info", str(pair[1]))  # without --verify: what opening alone finds
+    plain = run_cli("info", str(pair[1]))  # without --verify: what opening alone finds
     assert (f"\n  {line}" in plain.output) == at_open
     assert plain.exit_code == (1 if at_open else 0)
 
 
-def test_info_verify_on_the_intact_example_says_every_chunk_was_checked():
-    res = _cli("info", "--verify", str(EXAMPLE / "serve.trace"))
+def test_info_verify_on_the_intact_example_says_every_chunk_was_checked(run_cli):
+    res = run_cli("info", "--verify", str(EXAMPLE / "serve.trace"))
     assert res.exit_code == 0
     assert res.output.rstrip().endswith("damage     none: every chunk was read and checked")
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_diff_names_the_damage_and_compares_everything_else(pair, kind, clean_report):
+def test_diff_names_the_damage_and_compares_everything_else(pair, kind, clean_report, run_cli):
     damage, lost, _ = KINDS[kind]
     line = damage(pair[1])
-    res = _cli("diff", str(pair[0]), str(pair[1]), "--format", "text")
+    res = run_cli("diff", str(pair[0]), str(pair[1]), "--format", "text")
     assert res.exit_code == 1, res.output
     out = res.output.splitlines()
     assert out[out.index("damage") + 1] == f"  {line}"
@@ -234,23 +217,23 @@ def test_diff_names_the_damage_and_compares_everything_else(pair, kind, clean_re
     assert [d["message"] for d in as_json["damage"]] == [line] and as_json["incomplete"] == bool(lost or "key" in kind)
 
 
-def test_a_damaged_copy_is_never_reported_equivalent_to_its_original(tmp_path):
+def test_a_damaged_copy_is_never_reported_equivalent_to_its_original(tmp_path, run_cli):
     copy = tmp_path / "copy.trace"
     shutil.copytree(EXAMPLE / "train.trace", copy)
     f = _chunk(copy, "draft.fc_out")
     f.write_bytes(f.read_bytes()[:10])
-    res = _cli("diff", str(EXAMPLE / "train.trace"), str(copy), "--format", "text")
+    res = run_cli("diff", str(EXAMPLE / "train.trace"), str(copy), "--format", "text")
     assert res.exit_code == 1
     assert res.output.splitlines()[0] == (
         "no divergence in the rows that could be read, but the traces are damaged (1 damaged part, 405 recorded "
         "rows unreadable), so equivalence is not shown; see damage")
 
 
-def test_a_damaged_journal_of_a_closed_trace_loses_nothing_and_says_so(tmp_path):
+def test_a_damaged_journal_of_a_closed_trace_loses_nothing_and_says_so(tmp_path, run_cli):
     copy = tmp_path / "copy.trace"
     shutil.copytree(EXAMPLE / "train.trace", copy)
     journal_corrupt(copy)
-    res = _cli("diff", str(EXAMPLE / "train.trace"), str(copy), "--format", "text")
+    res = run_cli("diff", str(EXAMPLE / "train.trace"), str(copy), "--format", "text")
     assert res.exit_code == 0  # every recorded value was read from zarr: equivalent, with the warning
     assert res.output.splitlines()[0].endswith("(damaged traces: 1 damaged part, nothing lost; see damage)")
     a, b = open_trace(str(EXAMPLE / "train.trace")), open_trace(str(copy))
@@ -263,23 +246,23 @@ def test_a_damaged_journal_of_a_closed_trace_loses_nothing_and_says_so(tmp_path)
 FILE_KINDS = ("journal truncated", "journal corrupt", "group zarr.json corrupt")
 
 
-def _explain_has(app, lines) -> None:
-    explain = " ".join(static_text(app, "#explain-body").split())
+def _explain_has(tui, app, lines) -> None:
+    explain = " ".join(tui.static_text(app, "#explain-body").split())
     assert explain.startswith("Damage ")
     for line in lines:
         assert " ".join(line.split()) in explain, line
 
 
-async def test_the_app_shows_each_chunk_damage_line_and_marks_unreadable_cells(pair, tmp_path):
+async def test_the_app_shows_each_chunk_damage_line_and_marks_unreadable_cells(pair, tmp_path, tui):
     lines = [group_metadata_corrupt(pair[0])]
     lines += [KINDS[k][0](pair[1]) for k in KINDS if k not in FILE_KINDS]  # one trace, many damaged parts
     app = SpecdiffApp(str(pair[0]), str(pair[1]), export_root=tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.vm is not None and app.sel is not None, timeout=180)
-        _explain_has(app, lines)
-        assert "▒ unreadable" in static_text(app, "#legend")
+        await tui.wait_for(pilot, lambda: app.vm is not None and app.sel is not None, timeout=180)
+        _explain_has(tui, app, lines)
+        assert "▒ unreadable" in tui.static_text(app, "#legend")
         assert app.vm.unreadable_pairs == {0, 1, 2}
-        verdict = " ".join(static_text(app, "#verdict").split())
+        verdict = " ".join(tui.static_text(app, "#verdict").split())
         assert verdict.startswith("first divergence: ") and f"(damaged traces: {len(lines)} damaged parts, " in verdict
         for name, line in zip(("target.aux.0", "draft.hidden_out", "draft.fc_out", "target.aux.2", "target.aux_cat"),
                               lines[1:], strict=False):
@@ -288,27 +271,27 @@ async def test_the_app_shows_each_chunk_damage_line_and_marks_unreadable_cells(p
             app.select(cell)
             await pilot.pause()
             assert app.vm.cell(app.sel)[0] == UNREADABLE
-            detail = " ".join(static_text(app, "#detail-body").split())
+            detail = " ".join(tui.static_text(app, "#detail-body").split())
             assert f"{name} seq {cell.pair} pos {cell.pos} depth {cell.depth} ▒ unreadable (damaged chunk)" in detail
             assert f"serving: {' '.join(line.split())}" in detail
         app.select(Sel("target.aux.1", 0, 0, 5))  # serving's row keys are damaged: the row cannot be placed
         await pilot.pause()
-        detail = " ".join(static_text(app, "#detail-body").split())
+        detail = " ".join(tui.static_text(app, "#detail-body").split())
         assert "recorded by training only (or its row keys lie in a damaged chunk)" in detail
         assert f"serving: {' '.join(lines[6].split())}" in detail
         await pilot.press("q")
     assert app.return_code == 1
 
 
-async def test_the_app_shows_journal_damage_and_still_finds_the_divergence(pair, tmp_path):
+async def test_the_app_shows_journal_damage_and_still_finds_the_divergence(pair, tmp_path, tui):
     lines = [journal_truncated(pair[0]), journal_corrupt(pair[1])]
     app = SpecdiffApp(str(pair[0]), str(pair[1]), export_root=tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.vm is not None and app.sel is not None, timeout=180)
-        _explain_has(app, lines)
-        assert "unreadable" not in static_text(app, "#legend")  # nothing lost: no unreadable cell
+        await tui.wait_for(pilot, lambda: app.vm is not None and app.sel is not None, timeout=180)
+        _explain_has(tui, app, lines)
+        assert "unreadable" not in tui.static_text(app, "#legend")  # nothing lost: no unreadable cell
         assert app.sel == Sel("target.aux.0", 0, 0, 0)
-        assert " ".join(static_text(app, "#verdict").split()).endswith(
+        assert " ".join(tui.static_text(app, "#verdict").split()).endswith(
             "(damaged traces: 2 damaged parts, nothing lost; see damage)")
         await pilot.press("q")
     assert app.return_code == 1
@@ -413,10 +396,10 @@ def test_an_unreadable_accept_length_chunk_is_not_counted_as_acceptance(pair):
     assert [d.tensor for d in report.damage] == ["verify.accept_length"]
 
 
-def test_a_trace_whose_journal_and_group_metadata_are_both_damaged_is_one_error_line(pair):
+def test_a_trace_whose_journal_and_group_metadata_are_both_damaged_is_one_error_line(pair, run_cli):
     at = journal_corrupt(pair[1]).split("is corrupt at byte ")[1].split(" ")[0]
     group_metadata_corrupt(pair[1])
-    res = _cli("info", str(pair[1]))
+    res = run_cli("info", str(pair[1]))
     assert res.exit_code == 2
     assert res.stderr == (f"specdiff: error: {pair[1]}: zarr.json is corrupt ({JSON_ERR}) and journal.msgpack is "
                           f"corrupt at byte {at} (FormatError), so no intact copy of the trace's facts is left; copy "

@@ -17,63 +17,12 @@ from specdiff.replay.diff import metrics
 from specdiff.replay.diff.align import AlignmentError, Pair, align_sequences
 from specdiff.replay.diff.report import diff_traces, render_text
 from specdiff.replay.diff.tolerance import ToleranceError, default_tolerance, parse_overrides
-from specdiff.tracer.schema import aux_name, probe_name
 from specdiff.tracer.store import TraceWriter, open_trace
 
-L, H, VD = 8, 32, 16
-rng = np.random.default_rng(0)
-SEQS = [rng.integers(0, 100, size=n) for n in (12, 9)]
-# One "hidden state" per HF index per position: what a target would produce.
-HIDDEN = {s: rng.standard_normal((L + 1, len(toks), H)).astype(np.float32) for s, toks in enumerate(SEQS)}
-D2T = np.array(sorted(rng.choice(200, VD, replace=False)), np.int64) - np.arange(VD)
 
-
-def write_trace(path, *, side, hf, seqs=SEQS, order=None, noise: float | list = 1e-4, probes=False, d2t=D2T,
-                topk_fn=None, nan_at=None, shift_pos=0, extra_seq=False, fc_in_norm=None, guess_wrong_at=()):
-    """A trace holding aux slots for HF indices ``hf`` (ascending), tokens, topk and mapped ids."""
-    contract = {"num_layers": L, "hidden_size": H, "aux_hf_indices": list(hf), "dtype": "float32",
-                "draft_vocab_size": VD, "spec_steps": 2}
-    with TraceWriter(str(path), side=side, contract=contract, overwrite=True) as w:
-        order = order or list(range(len(seqs)))
-        for s in order:
-            toks = seqs[s]
-            sid = w.add_sequence(toks, prompt_len=4, rid=f"{side}-{s}")
-            n = len(toks) - 1
-            pos = np.arange(n) + shift_pos
-            for j, i in enumerate(hf):
-                eps = noise[j] if isinstance(noise, list) else noise
-                rows = HIDDEN[s][i, :n] + eps * np.random.default_rng(s * 10 + j).standard_normal((n, H))
-                rows = rows.astype(np.float32)
-                if nan_at is not None and j == 0:
-                    rows[nan_at] = np.nan
-                w.append(aux_name(j), rows, seq=sid, pos=pos)
-            if fc_in_norm is not None:
-                cat = np.concatenate([HIDDEN[s][i, :n] for i in hf], axis=1)
-                if fc_in_norm:
-                    cat = cat / np.sqrt((cat * cat).mean(1, keepdims=True) + 1e-6)
-                w.append("draft.fc_in", cat.astype(np.float32), seq=sid, pos=pos)
-            if probes:
-                for i in range(L + 1):
-                    w.append(probe_name(i), HIDDEN[s][i, :n], seq=sid, pos=pos)
-            for depth in range(2):
-                inputs = toks[1 + depth:1 + depth + n].astype(np.int64)[: n - depth].copy()
-                draft_ids = (toks[:n - depth] % VD).reshape(-1, 1).copy()
-                if depth and guess_wrong_at:  # serving drafted its own (wrong) token here
-                    inputs[list(guess_wrong_at)] += 1
-                    draft_ids[list(guess_wrong_at)] = (draft_ids[list(guess_wrong_at)] + 1) % VD
-                w.append("tokens", inputs, seq=sid, pos=np.arange(n - depth), depth=depth)
-                w.append("draft.topk", draft_ids, seq=sid, pos=np.arange(n - depth), depth=depth)
-                mapped = topk_fn(draft_ids, d2t) if topk_fn else draft_ids + d2t[draft_ids]
-                w.append("draft.topk_target", mapped, seq=sid, pos=np.arange(n - depth), depth=depth)
-        w.append("draft.d2t", d2t, seq=-1, pos=np.arange(VD))
-        if extra_seq:
-            w.add_sequence([999, 998, 997], rid="lonely")
-    return str(path)
-
-
-def test_identical_pair_has_no_divergence_and_exit_0(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], order=[1, 0], noise=2e-4)  # other row order
+def test_identical_pair_has_no_divergence_and_exit_0(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], order=[1, 0], noise=2e-4)  # other row order
     report = diff_traces(a, b)
     assert report.first is None, report.verdict()
     assert report.verdict().startswith("no divergence")
@@ -83,9 +32,9 @@ def test_identical_pair_has_no_divergence_and_exit_0(tmp_path):
     assert json.loads(proc.stdout)["diverged"] is False
 
 
-def test_seed_layer_shift_is_first_divergence_with_slot_mapping(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
-    b = write_trace(tmp_path / "b", side="serve", hf=[3, 6, 7])
+def test_seed_layer_shift_is_first_divergence_with_slot_mapping(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[3, 6, 7])
     report = diff_traces(a, b)
     assert report.first.name == "target.aux.0"
     i = report.first.first_failing_row
@@ -104,19 +53,19 @@ def test_seed_layer_shift_is_first_divergence_with_slot_mapping(tmp_path):
     assert proc.returncode == 1 and "aux_layer_shift" in proc.stdout
 
 
-def test_all_slots_off_by_one_names_the_convention(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[2, 4, 5], probes=True)
-    b = write_trace(tmp_path / "b", side="serve", hf=[3, 5, 6])
+def test_all_slots_off_by_one_names_the_convention(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[2, 4, 5], probes=True)
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[3, 5, 6])
     report = diff_traces(a, b)
     assert report.first.name == "target.aux.0"
     assert "every layer off by one" in report.explanations[0].message
 
 
 @pytest.mark.parametrize("probes", [False, True], ids=["slots-only", "with-probes"])
-def test_aux_slots_in_another_concat_order_are_a_permutation(tmp_path, probes):
+def test_aux_slots_in_another_concat_order_are_a_permutation(tmp_path, probes, aux_traces):
     """Training kept the order the user gave (HF [6, 0, 3]); SGLang concatenates ascending."""
-    a = write_trace(tmp_path / "a", side="train", hf=[6, 0, 3], probes=probes)
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6])
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[6, 0, 3], probes=probes)
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6])
     report = diff_traces(a, b)
     assert report.first.name == "target.aux.0"
     cause = report.explanations[0]
@@ -127,24 +76,24 @@ def test_aux_slots_in_another_concat_order_are_a_permutation(tmp_path, probes):
     assert cause.matrix["rows"] == ["serving slot 0", "serving slot 1", "serving slot 2"]
 
 
-def test_a_layer_shift_is_not_called_a_permutation(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
-    b = write_trace(tmp_path / "b", side="serve", hf=[3, 6, 7])  # slot 0 = training slot 1, but 7 is new
+def test_a_layer_shift_is_not_called_a_permutation(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[3, 6, 7])  # slot 0 = training slot 1, but 7 is new
     assert [e.cause for e in diff_traces(a, b).explanations] == ["aux_layer_shift"]
 
 
-def test_other_values_in_the_right_layers_are_not_called_a_layer_shift(tmp_path):
+def test_other_values_in_the_right_layers_are_not_called_a_layer_shift(tmp_path, aux_traces):
     """Slot 0 matches its own layer, slots 1-2 match no layer (another target): not a layer mix-up."""
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], noise=[0, 0.5, 0.5])
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], noise=[0, 0.5, 0.5])
     report = diff_traces(a, b)
     assert report.first.name == "target.aux.1"
     assert report.explanations == []
 
 
-def test_depth_rows_off_the_teacher_path_are_not_compared(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], guess_wrong_at=(1, 4))
+def test_depth_rows_off_the_teacher_path_are_not_compared(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], guess_wrong_at=(1, 4))
     report = diff_traces(a, b)
     assert report.first is None, report.verdict()
     topk = report.comparisons["draft.topk"]
@@ -152,53 +101,53 @@ def test_depth_rows_off_the_teacher_path_are_not_compared(tmp_path):
     assert not ((topk.match.depth == 1) & np.isin(topk.match.pos, [1, 4])).any()
 
 
-def test_d2t_direct_ids_is_first_divergence_at_mapped_ids(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
-    direct = D2T + np.arange(VD)  # saved as target ids, served as offsets
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], d2t=direct)
+def test_d2t_direct_ids_is_first_divergence_at_mapped_ids(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
+    direct = aux_traces.D2T + np.arange(aux_traces.VD)  # saved as target ids, served as offsets
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], d2t=direct)
     report = diff_traces(a, b)
     assert report.first.name == "draft.topk_target"
     assert [e.cause for e in report.explanations] == ["d2t_direct_ids"]
 
 
-def test_missing_d2t_is_explained_as_identity(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], d2t=np.zeros(VD, np.int64))
+def test_missing_d2t_is_explained_as_identity(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], d2t=np.zeros(aux_traces.VD, np.int64))
     report = diff_traces(a, b)
     assert report.first.name == "draft.topk_target"
     assert report.explanations[0].cause == "d2t_missing"
 
 
-def test_norm_before_fc_on_serving_only_is_explained(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], fc_in_norm=False)
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], fc_in_norm=True)
+def test_norm_before_fc_on_serving_only_is_explained(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6], fc_in_norm=False)
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], fc_in_norm=True)
     report = diff_traces(a, b)
     assert report.first.name == "draft.fc_in"
     assert [e.cause for e in report.explanations] == ["norm_before_fc"]
     assert "applied on serving only" in report.explanations[0].message
 
 
-def test_nan_is_always_a_divergence_and_reported(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], nan_at=5)
+def test_nan_is_always_a_divergence_and_reported(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], nan_at=5)
     report = diff_traces(a, b)
     assert report.first.name == "target.aux.0"
     assert report.first.stats["nonfinite_rows"] == 2  # one per sequence
     assert int(report.first.match.pos[report.first.first_failing_row]) == 5
 
 
-def test_position_shift_is_explained(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], shift_pos=1)
+def test_position_shift_is_explained(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], shift_pos=1)
     report = diff_traces(a, b)
     assert report.first is not None
     assert any(e.cause == "position_shift" for e in report.explanations)
 
 
-def test_recorded_findings_that_bear_on_the_divergence_are_shown(tmp_path):
+def test_recorded_findings_that_bear_on_the_divergence_are_shown(tmp_path, aux_traces):
 
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
-    b = write_trace(tmp_path / "b", side="serve", hf=[3, 6, 7])
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[3, 6, 7])
     findings = [{"kind": "aux.dropped_id", "severity": "error", "engine": "sglang", "message": "id 7 dropped", "fix": ""},
                 {"kind": "vocab.coverage", "severity": "warn", "engine": "all", "message": "low", "fix": ""}]
     trace_b = open_trace(b)
@@ -210,10 +159,10 @@ def test_recorded_findings_that_bear_on_the_divergence_are_shown(tmp_path):
     assert "[error] aux.dropped_id: id 7 dropped" in render_text(report)
 
 
-def test_non_overlapping_traces_are_a_clear_error(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
+def test_non_overlapping_traces_are_a_clear_error(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
     other = [np.arange(500, 510), np.arange(600, 607)]
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], seqs=other)
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], seqs=other)
     with pytest.raises(AlignmentError, match="share no token sequence"):
         diff_traces(a, b)
     proc = subprocess.run([sys.executable, "-m", "specdiff.tui", "diff", a, b, "--format", "text"],
@@ -222,16 +171,16 @@ def test_non_overlapping_traces_are_a_clear_error(tmp_path):
     assert proc.stderr.startswith("specdiff: error: ") and proc.stderr.count("\n") == 1
 
 
-def test_empty_trace_is_a_clear_error(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
+def test_empty_trace_is_a_clear_error(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
     TraceWriter(str(tmp_path / "empty"), side="serve").close()
     with pytest.raises(AlignmentError, match=r"\(2 vs 0 sequences\)"):
         diff_traces(a, str(tmp_path / "empty"))
 
 
-def test_prefix_match_aligns_a_shorter_replay(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6], seqs=[SEQS[0][:8], SEQS[1]], extra_seq=True)
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6])
+def test_prefix_match_aligns_a_shorter_replay(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6], seqs=[aux_traces.SEQS[0][:8], aux_traces.SEQS[1]], extra_seq=True)
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6])
     traces = Pair(open_trace(a), open_trace(b))
     al = align_sequences(traces)
     assert [p.length for p in al.seq_pairs] == [8, 9]
@@ -267,9 +216,9 @@ def test_tolerance_edges_are_inclusive_and_looser_dtype_wins():
         parse_overrides(["draft.fc_out=rel:abc"])
 
 
-def test_tolerance_override_turns_a_divergence_off(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], noise=0.2)  # rel err ~0.2
+def test_tolerance_override_turns_a_divergence_off(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], noise=0.2)  # rel err ~0.2
     assert diff_traces(a, b).first.name == "target.aux.0"
     loose = diff_traces(a, b, overrides=parse_overrides(["target.aux=rel:0.5,cos:0.9"]))
     assert loose.first is None

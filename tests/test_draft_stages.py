@@ -8,7 +8,6 @@ The first tests need no server.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -117,27 +116,22 @@ needs_models = pytest.mark.skipif(not (REPO_MODELS / "draft" / "config.json").ex
                                   reason="the demo models are not built (traces/models)")
 
 
-def _record_train(serve: Path, out: Path, draft: Path = REPO_MODELS / "draft") -> Path:
-    from click.testing import CliRunner
+def _record_train(run_cli, serve: Path, out: Path, draft: Path = REPO_MODELS / "draft") -> Path:
 
-    from specdiff.tui.cli import _register, cli
 
-    _register()
-    r = CliRunner().invoke(cli, ["record", "train", "--target", str(REPO_MODELS / "target"), "--draft", str(draft),
-                                 "--replay", str(serve), "-o", str(out)])
+    r = run_cli("record", "train", "--target", REPO_MODELS / "target", "--draft", draft, "--replay", serve, "-o", out)
     assert r.exit_code == 0, r.output
     return out
 
 
-def _serve(tmp: Path, *, topk: int, draft_tokens: int) -> dict:
+def _serve(run_cli, server_env, tmp: Path, *, topk: int, draft_tokens: int) -> dict:
     """Serve the demo pair (chunked prefill 16), two prompts at once, one alone, then the first
     again (radix-cache hit); record train on the served sequences."""
     from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
 
     pytest.importorskip("sglang")
     trace = tmp / "serve.trace"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
-    env["SPECDIFF_TRACE"] = str(trace)
+    env = server_env(SPECDIFF_TRACE=str(trace))
     prompts = demo_prompts(REPO_MODELS, 3)
     spec = SpecSettings(num_steps=STEPS, topk=topk, num_draft_tokens=draft_tokens)
     with ServerProcess(REPO_MODELS / "target", draft_model_path=REPO_MODELS / "draft", spec=spec, env=env,
@@ -145,18 +139,18 @@ def _serve(tmp: Path, *, topk: int, draft_tokens: int) -> dict:
         outs = srv.generate(input_ids=prompts[:2], max_new_tokens=40)
         outs += [srv.generate(input_ids=prompts[2], max_new_tokens=40)]
         outs += [srv.generate(input_ids=prompts[0], max_new_tokens=40)]
-    train = _record_train(trace, tmp / "train.trace")
+    train = _record_train(run_cli, trace, tmp / "train.trace")
     return {"serve": trace, "train": train, "prompts": prompts, "outs": outs}
 
 
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory):
-    return _serve(tmp_path_factory.mktemp("chain"), topk=1, draft_tokens=STEPS + 1)
+def chain(tmp_path_factory, run_cli, server_env):
+    return _serve(run_cli, server_env, tmp_path_factory.mktemp("chain"), topk=1, draft_tokens=STEPS + 1)
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory):
-    return _serve(tmp_path_factory.mktemp("tree"), topk=2, draft_tokens=4)
+def tree(tmp_path_factory, run_cli, server_env):
+    return _serve(run_cli, server_env, tmp_path_factory.mktemp("tree"), topk=2, draft_tokens=4)
 
 
 def _check_stages_on_both_sides(run: dict) -> None:
@@ -211,7 +205,7 @@ def test_top2_tree_records_every_draft_stage_and_matches_training(tree):
 
 @server
 @needs_models
-def test_draft_trained_with_its_own_embedding_diverges_at_the_attention_input(chain, tmp_path):
+def test_draft_trained_with_its_own_embedding_diverges_at_the_attention_input(chain, tmp_path, run_cli):
     """A draft trained with its own (fine-tuned) embed_tokens: SGLang ignores a checkpoint
     embedding and shares the target's (eagle_worker_v2.py init_lm_head -> set_embed), so the served
     draft is the demo draft itself; the training side runs the draft as trained."""
@@ -227,7 +221,7 @@ def test_draft_trained_with_its_own_embedding_diverges_at_the_attention_input(ch
     weights["embed_tokens.weight"] = (emb.float() + 0.5 * emb.float().std() * torch.randn(emb.shape, generator=g)
                                       ).to(emb.dtype)
     save_file(weights, str(wfile), metadata={"format": "pt"})
-    train = _record_train(chain["serve"], tmp_path / "train.trace", draft=own)
+    train = _record_train(run_cli, chain["serve"], tmp_path / "train.trace", draft=own)
     report = diff_traces(str(train), str(chain["serve"]))
     first = report.first
     assert first is not None and first.name == "draft.attn_in", report.verdict()

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 pytest.importorskip("torch")
 
@@ -22,14 +21,8 @@ pytestmark = pytest.mark.skipif(not (MODELS / "draft" / "config.json").is_file()
                                 reason="the committed demo models are not built")
 
 
-def _cli(args):
-    from specdiff.tui.cli import _register, cli
-    _register()
-    return CliRunner().invoke(cli, args, catch_exceptions=False)
-
-
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory) -> tuple[Path, Path]:
+def pair(tmp_path_factory, run_cli) -> tuple[Path, Path]:
     from specdiff.demo_models.tiny_models import DATA_FILE, load_prompt_lens, load_sequences
     from specdiff.tui.demo import MIN_DISTINCT
     d = tmp_path_factory.mktemp("graft")
@@ -44,9 +37,9 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
     out = {}
     for side, extra in (("train", []), ("serve", ["--aux-layers", "3,6,7", "--aux-convention", "hf"])):
         out[side] = d / f"{side}.trace"
-        res = _cli(["record", "train", "--target", str(MODELS / "target"), "--draft", str(MODELS / "draft"),
+        res = run_cli("record", "train", "--target", str(MODELS / "target"), "--draft", str(MODELS / "draft"),
                     "--prompts", str(prompts), "-o", str(out[side]), "--steps", "3", "--probe-positions", "0",
-                    *extra])
+                    *extra)
         assert res.exit_code == 0, res.output
     return out["train"], out["serve"]
 
@@ -74,13 +67,13 @@ def test_aux_substitution_recovers_the_seed_bug_gap(pair):
     assert js["grafts"][0]["name"] == "target.aux_cat" and js["grafts"][0]["recovered"] >= 0.9
 
 
-def test_cli_graft_and_missing_draft(pair, tmp_path):
-    res = _cli(["diff", str(pair[0]), str(pair[1]), "--graft", "--format", "json"])
+def test_cli_graft_and_missing_draft(pair, tmp_path, run_cli):
+    res = run_cli("diff", str(pair[0]), str(pair[1]), "--graft", "--format", "json")
     assert res.exit_code == 1, res.output
     out = json.loads(res.stdout[res.stdout.index("{"):])
     assert out["grafts"][0]["name"] == "target.aux_cat"
     missing = tmp_path / "no-draft"
-    res = _cli(["diff", str(pair[0]), str(pair[1]), "--graft", "--draft", str(missing), "--format", "text"])
+    res = run_cli("diff", str(pair[0]), str(pair[1]), "--graft", "--draft", str(missing), "--format", "text")
     assert res.exit_code == 2
     lines = [ln for ln in res.output.splitlines() if "error" in ln]
     assert len(lines) == 1 and str(missing) in lines[0] and "--draft" in lines[0]

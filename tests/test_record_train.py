@@ -14,7 +14,6 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
-from click.testing import CliRunner  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from specdiff.eagle3.norms import NORMS_OFF  # noqa: E402
@@ -88,18 +87,12 @@ def prompts(tmp_path_factory, models) -> Path:
     return p
 
 
-def _cli(args):
-    from specdiff.tui.cli import _register, cli
-    _register()
-    return CliRunner().invoke(cli, args, catch_exceptions=False)
-
-
 # ---- record train -----------------------------------------------------------------------
-def test_record_train_prompts_writes_a_full_trace(tmp_path, models, prompts):
+def test_record_train_prompts_writes_a_full_trace(tmp_path, models, prompts, run_cli):
     target, draft = models
     out = tmp_path / "train.trace"
-    res = _cli(["record", "train", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
-                "-o", str(out), "--steps", "3", "--probe-positions", "6", "--max-new-tokens", "4"])
+    res = run_cli("record", "train", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+                "-o", str(out), "--steps", "3", "--probe-positions", "6", "--max-new-tokens", "4")
     assert res.exit_code == 0, res.output
     assert "mean accept length" in res.output
     tr = open_trace(str(out))
@@ -168,7 +161,7 @@ def test_record_train_prompts_writes_a_full_trace(tmp_path, models, prompts):
     assert (tr.read("draft.logsumexp") + 1e-2 >= vals[:, 0]).all()
 
 
-def test_record_train_replays_a_serving_trace_and_full_capture(tmp_path, models):
+def test_record_train_replays_a_serving_trace_and_full_capture(tmp_path, models, run_cli):
     target, draft = models
     serve = tmp_path / "serve.trace"
     w = TraceWriter(str(serve), side="serve", contract={"engine": "sglang", "spec_steps": 2, "spec_topk": 2,
@@ -177,8 +170,8 @@ def test_record_train_replays_a_serving_trace_and_full_capture(tmp_path, models)
     w.add_sequence([0, 50, 51, 52, 53, 54], prompt_len=2, rid="req-8", seq_id=5)
     w.close()
     out = tmp_path / "train.trace"
-    res = _cli(["record", "train", "--target", str(target), "--draft", str(draft), "--replay", str(serve),
-                "-o", str(out), "--capture", "full", "--dtype", "float32", "--probe-positions", "0"])
+    res = run_cli("record", "train", "--target", str(target), "--draft", str(draft), "--replay", str(serve),
+                "-o", str(out), "--capture", "full", "--dtype", "float32", "--probe-positions", "0")
     assert res.exit_code == 0, res.output
     tr = open_trace(str(out))
     c = tr.contract
@@ -190,26 +183,26 @@ def test_record_train_replays_a_serving_trace_and_full_capture(tmp_path, models)
     assert not any(n.startswith("target.probe") for n in tr.names)
     assert set(tr.keys("draft.fc_out")["seq"]) == {3, 5}
     # the trace exists: a second run without --overwrite is one clear error
-    res = _cli(["record", "train", "--target", str(target), "--draft", str(draft), "--replay", str(serve),
-                "-o", str(out)])
+    res = run_cli("record", "train", "--target", str(target), "--draft", str(draft), "--replay", str(serve),
+                "-o", str(out))
     assert res.exit_code == 2 and "already exists" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
-def test_explicit_aux_layers_and_bad_counts(tmp_path, models, prompts):
+def test_explicit_aux_layers_and_bad_counts(tmp_path, models, prompts, run_cli):
     target, draft = models
     out = tmp_path / "t.trace"
-    res = _cli(["record", "train", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+    res = run_cli("record", "train", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
                 "-o", str(out), "--aux-layers", "0,3,5", "--aux-convention", "hf", "--probe-positions", "0",
-                "--steps", "1"])
+                "--steps", "1")
     assert res.exit_code == 0, res.output
     assert open_trace(str(out)).contract["aux_hf_indices"] == [0, 3, 5]
-    res = _cli(["record", "train", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
-                "-o", str(tmp_path / "u.trace"), "--aux-layers", "1,2", "--aux-convention", "specforge"])
+    res = run_cli("record", "train", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+                "-o", str(tmp_path / "u.trace"), "--aux-layers", "1,2", "--aux-convention", "specforge")
     assert res.exit_code == 2 and "expects 3 slots" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 
 
-def test_draft_with_missing_keys_is_refused(tmp_path, models, prompts):
+def test_draft_with_missing_keys_is_refused(tmp_path, models, prompts, run_cli):
     target, draft = models
     bad = tmp_path / "bad"
     shutil.copytree(draft, bad)
@@ -218,8 +211,8 @@ def test_draft_with_missing_keys_is_refused(tmp_path, models, prompts):
     del sd["midlayer.mlp.up_proj.weight"]
     sd["extra.weight"] = torch.zeros(2)
     save_file(sd, str(f))
-    res = _cli(["record", "train", "--target", str(target), "--draft", str(bad), "--prompts", str(prompts),
-                "-o", str(tmp_path / "x.trace")])
+    res = run_cli("record", "train", "--target", str(target), "--draft", str(bad), "--prompts", str(prompts),
+                "-o", str(tmp_path / "x.trace"))
     assert res.exit_code == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specdiff: error:")

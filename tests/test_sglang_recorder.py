@@ -1,15 +1,15 @@
 """The SGLang EAGLE-3 recorder plugin against real SGLang 0.5.23 servers on this CPU.
 
-Servers (module-scoped, one per configuration, stopped by PID through ``ServerProcess``):
-untraced chain, traced chain (random bring-up pair) and traced topk-2 tree (the always-accepted
-"oracle" pair when ``_bringup_models`` has it, so accepted paths are longer than one token).
+Servers (stopped by PID through ``ServerProcess``): the untraced chain (the session's shared
+``bringup_chain_server``, tests/conftest.py), and module-scoped: traced chain (random bring-up
+pair) and traced topk-2 tree (the always-accepted "oracle" pair, so accepted paths are longer than
+one token)
 The topk-2 server is SIGKILLed mid-request at the end to show that a killed server's trace
 opens. Run with ``pytest -m server``. The first tests in this file need no server.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import threading
@@ -34,6 +34,48 @@ def test_options_from_env():
     o = Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": "full", "SPECDIFF_LOGITS_TOPK": "4",
                           "SPECDIFF_RIDS": "^a", "SPECDIFF_EAGER_DRAFT": "1"})
     assert (o.path, o.capture, o.logits_topk, o.rids, o.eager_draft) == ("/x", "full", 4, "^a", True)
+    # unset or empty: the defaults
+    o = Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": "", "SPECDIFF_LOGITS_TOPK": " "})
+    assert (o.capture, o.logits_topk, o.max_queue_mb, o.rids, o.eager_draft) == ("default", 8, 2048, None, False)
+    assert Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": " FULL ",
+                             "SPECDIFF_EAGER_DRAFT": "off"}).capture == "full"
+
+
+@pytest.mark.parametrize(("name", "value", "accepted"), [
+    ("SPECDIFF_CAPTURE", "fulll", "default or full"),
+    ("SPECDIFF_LOGITS_TOPK", "eight", "an integer >= 1 (default 8)"),
+    ("SPECDIFF_LOGITS_TOPK", "0", "an integer >= 1 (default 8)"),
+    ("SPECDIFF_MAX_QUEUE_MB", "2GB", "an integer >= 1 (default 2048)"),
+    ("SPECDIFF_EAGER_DRAFT", "maybe", "1/true/yes/on or 0/false/no/off"),
+    ("SPECDIFF_RIDS", "req-[", "a Python regular expression (this one: unterminated character set at position 4)"),
+])
+def test_a_bad_environment_value_is_one_error_naming_the_variable_the_value_and_what_is_accepted(name, value,
+                                                                                               accepted):
+    from specdiff.tracer.errors import SpecdiffError
+    from specdiff.tracer.sglang_hooks import OptionError
+
+    with pytest.raises(OptionError) as err:
+        Options.from_env({"SPECDIFF_TRACE": "/x", name: value})
+    assert str(err.value) == f"{name}={value!r} is not valid; accepted values: {accepted}"
+    assert isinstance(err.value, SpecdiffError) and err.value.name == name
+
+
+def test_a_bad_environment_value_refuses_tracing_in_one_log_line_of_the_scheduler(tmp_path, caplog):
+    from specdiff.tracer import sglang_plugin
+
+    env = {"SPECDIFF_TRACE": str(tmp_path / "s.trace"), "SPECDIFF_LOGITS_TOPK": "-3"}
+
+    def run_scheduler_process(tp_rank, dp_rank):  # the name load() looks for up the stack
+        return sglang_plugin.load(env)
+
+    with caplog.at_level("WARNING", logger="specdiff.tracer"):
+        assert sglang_plugin.load(env) is False  # not a scheduler: nothing logged
+        assert caplog.records == []
+        assert run_scheduler_process(0, None) is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "specdiff: tracing refused: SPECDIFF_LOGITS_TOPK='-3' is not valid; accepted values: an integer >= 1 "
+        "(default 8); the server runs untraced"]
+    assert sglang_plugin._rec is None and not (tmp_path / "s.trace").exists()
 
 
 def test_plugin_is_inert_outside_the_scheduler(monkeypatch):
@@ -132,31 +174,18 @@ def _sglang_version() -> str:
 server = pytest.mark.server
 
 
-def _bringup():
-    spec = importlib.util.spec_from_file_location("_bringup_models", Path(__file__).with_name("_bringup_models.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(bringup_models):
     pytest.importorskip("sglang")
-    root = tmp_path_factory.mktemp("recmodels")
-    mod = _bringup()
-    target, draft = mod.build_bringup_models(root)
-    oracle = mod.build_oracle_models(root) if hasattr(mod, "build_oracle_models") else (target, draft)
-    return {"target": target, "draft": draft, "oracle_target": oracle[0], "oracle_draft": oracle[1]}
+    return {"target": bringup_models.target, "draft": bringup_models.draft,
+            "oracle_target": bringup_models.oracle_target, "oracle_draft": bringup_models.oracle_draft}
 
 
-def _server(target, draft, spec, trace=None, **env_extra):
+def _server(server_env, target, draft, spec, *, trace, **env_extra):
     from specdiff.tracer.cpu.launch import ServerProcess
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
-    if trace is not None:
-        env["SPECDIFF_TRACE"] = str(trace)
-    env.update(env_extra)
-    return ServerProcess(target, draft_model_path=draft, spec=spec, env=env)
+    return ServerProcess(target, draft_model_path=draft, spec=spec,
+                         env=server_env(SPECDIFF_TRACE=str(trace), **env_extra))
 
 
 def _chain():
@@ -166,31 +195,26 @@ def _chain():
 
 
 @pytest.fixture(scope="module")
-def untraced(models):
-    with _server(models["target"], models["draft"], _chain()) as srv:
-        out = srv.generate(PROMPTS, max_new_tokens=MAX_NEW)
-    return out
+def untraced(bringup_chain_server):
+    """The untraced chain's outputs: the session's shared server (the same pair and chain)."""
+    return bringup_chain_server.fresh().generate(PROMPTS, max_new_tokens=MAX_NEW)
 
 
 @pytest.fixture(scope="module")
-def traced(models, tmp_path_factory):
+def traced(models, tmp_path_factory, run_cli, server_env):
     path = tmp_path_factory.mktemp("rec") / "chain.trace"
     t0 = time.monotonic()
-    srv = _server(models["target"], models["draft"], _chain(), trace=path)
+    srv = _server(server_env, models["target"], models["draft"], _chain(), trace=path)
     srv.start()
     try:
         # one /generate call with 2 prompts: SGLang batches them (concurrent requests)
         out = srv.generate(PROMPTS, max_new_tokens=MAX_NEW)
         # `specdiff record client` against the same traced server
-        from click.testing import CliRunner
 
-        from specdiff.tui.cli import _register, cli
 
-        _register()
         prompts = path.parent / "prompts.jsonl"
         prompts.write_text('{"text": "for i in range(3):"}\n')
-        client = CliRunner().invoke(cli, ["record", "client", "--url", srv.url, "--prompts", str(prompts),
-                                          "--max-new-tokens", "5"])
+        client = run_cli("record", "client", "--url", srv.url, "--prompts", prompts, "--max-new-tokens", "5")
     finally:
         srv.stop()
     return {"out": out, "path": path, "seconds": time.monotonic() - t0, "startup_s": srv.startup_s,
@@ -198,13 +222,13 @@ def traced(models, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tree(models, tmp_path_factory):
+def tree(models, tmp_path_factory, server_env):
     """topk-2 tree server; killed with SIGKILL in the middle of a long last request."""
     from specdiff.tracer.cpu.launch import SpecSettings
 
     path = tmp_path_factory.mktemp("rec") / "tree.trace"
     spec = SpecSettings(num_steps=3, topk=2, num_draft_tokens=4)
-    srv = _server(models["oracle_target"], models["oracle_draft"], spec, trace=path,
+    srv = _server(server_env, models["oracle_target"], models["oracle_draft"], spec, trace=path,
                   SPECDIFF_CAPTURE="full", SPECDIFF_LOGITS_TOPK="4")
     srv.start()
     try:
@@ -265,13 +289,13 @@ sys.meta_path.insert(0, _RenameNormBeforeFc())
 
 
 @pytest.fixture(scope="module")
-def renamed(models, tmp_path_factory):
+def renamed(models, tmp_path_factory, server_env):
     """Traced chain server whose SGLang lacks the draft's ``norm_before_fc`` attribute."""
     root = tmp_path_factory.mktemp("renamed")
     (root / "site").mkdir()
     (root / "site" / "sitecustomize.py").write_text(RENAME_SITECUSTOMIZE)
     path = root / "renamed.trace"
-    srv = _server(models["target"], models["draft"], _chain(), trace=path,
+    srv = _server(server_env, models["target"], models["draft"], _chain(), trace=path,
                   PYTHONPATH=os.pathsep.join([str(root / "site"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     srv.start()
     try:
@@ -282,10 +306,9 @@ def renamed(models, tmp_path_factory):
 
 
 @server
-def test_a_renamed_sglang_attribute_is_one_warning_an_unknown_fact_and_unchanged_outputs(renamed, untraced):
-    from click.testing import CliRunner
+def test_a_renamed_sglang_attribute_is_one_warning_an_unknown_fact_and_unchanged_outputs(renamed, untraced,
+                                                                                          run_cli):
 
-    from specdiff.tui.cli import _register, cli
 
     lines = [ln for ln in renamed["log"].splitlines() if "specdiff:" in ln and " has no " in ln]
     assert len(lines) == 1, lines
@@ -298,8 +321,7 @@ def test_a_renamed_sglang_attribute_is_one_warning_an_unknown_fact_and_unchanged
     assert c["aux_hf_indices"] == [2, 4, 5] and trace.rows("draft.fc_out") > 0  # everything else recorded
     # what the server computed is what the untraced server computed on the same path
     assert [o["output_ids"] for o in renamed["out"]] == [o["output_ids"] for o in untraced]
-    _register()
-    r = CliRunner().invoke(cli, ["info", str(renamed["path"])])
+    r = run_cli("info", str(renamed["path"]))
     assert r.exit_code == 0
     assert f"norm_before_fc           SGLang {_sglang_version()} has no Eagle3LlamaModel.norm_before_fc" in r.output
 
@@ -485,20 +507,17 @@ def test_record_serve_command_and_env(tmp_path):
     assert env3["SGLANG_USE_CPU_ENGINE"] == "1" and env3["SPECDIFF_TRACE"] == env["SPECDIFF_TRACE"]
 
 
-def test_record_cli_errors_are_one_line(tmp_path):
-    from click.testing import CliRunner
+def test_record_cli_errors_are_one_line(tmp_path, run_cli):
 
-    from specdiff.tui.cli import _register, cli
 
-    _register()
-    r = CliRunner().invoke(cli, ["record", "serve", "--cpu"])
+    r = run_cli("record", "serve", "--cpu")
     assert r.exit_code == 2 and "no SGLang arguments" in r.output
     (tmp_path / "exists.trace").mkdir()
-    r = CliRunner().invoke(cli, ["record", "serve", "--trace", str(tmp_path / "exists.trace"), "--", "--model-path", "M"])
+    r = run_cli("record", "serve", "--trace", str(tmp_path / "exists.trace"), "--", "--model-path", "M")
     assert r.exit_code == 2 and "already exists" in r.output
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"text": "a"}\n{"nope": 1}\n')
-    r = CliRunner().invoke(cli, ["record", "client", "--url", "http://127.0.0.1:9", "--prompts", str(bad)])
+    r = run_cli("record", "client", "--url", "http://127.0.0.1:9", "--prompts", str(bad))
     assert r.exit_code == 2 and "p.jsonl:2" in r.output
 
 

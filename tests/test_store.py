@@ -154,20 +154,16 @@ def test_closed_trace_journal_is_compacted(tmp_path):
     assert np.array_equal(trace.read("draft.fc_out"), np.ones((100, 256), np.float32))
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "specdiff.tui", *args], capture_output=True, text=True)
-
-
-def _assert_one_line_error(path, message):
+def _assert_one_line_error(run_cli, path, message):
     with pytest.raises(TraceError) as err:
         open_trace(path)
     assert str(err.value) == message
-    proc = _cli("info", path)
-    assert proc.returncode == 2
-    assert proc.stderr == f"specdiff: error: {message}\n"  # one line, no traceback
+    result = run_cli("info", path)
+    assert result.exit_code == 2
+    assert result.stderr == f"specdiff: error: {message}\n"  # one line, no traceback
 
 
-def test_truncated_journal_of_a_closed_trace_is_read_from_zarr(tmp_path):
+def test_truncated_journal_of_a_closed_trace_is_read_from_zarr(tmp_path, run_cli):
     path = tmp_path / "t"
     with TraceWriter(str(path), side="serve", overwrite=True) as w:
         w.add_sequence([5, 6, 7], rid="r")
@@ -178,11 +174,11 @@ def test_truncated_journal_of_a_closed_trace_is_read_from_zarr(tmp_path):
     line = (f"{path}: journal.msgpack is truncated before its header (5 bytes): the trace was closed cleanly, so it "
             "is read from its zarr arrays (nothing lost); copy the trace again to repair the journal")
     assert [d.message() for d in trace.damage] == [line]
-    proc = _cli("info", str(path))
-    assert proc.returncode == 1 and proc.stderr == "" and f"\n  {line}\n" in proc.stdout
+    result = run_cli("info", str(path))
+    assert result.exit_code == 1 and result.stderr == "" and f"\n  {line}\n" in result.stdout
 
 
-def test_missing_chunk_is_named_and_costs_only_its_rows(tmp_path):
+def test_missing_chunk_is_named_and_costs_only_its_rows(tmp_path, run_cli):
     path = tmp_path / "t"
     with TraceWriter(str(path), side="serve", chunk_bytes=64 * 2 * 16, overwrite=True) as w:
         w.append("draft.fc_out", torch.ones(40, 64, dtype=torch.bfloat16), seq=0, pos=np.arange(40))
@@ -193,30 +189,30 @@ def test_missing_chunk_is_named_and_costs_only_its_rows(tmp_path):
     line = (f"{path}: tensor draft.fc_out, chunk tensors/draft.fc_out/data/c/1/0 is missing: rows 16-31 are "
             "unreadable and not compared; copy the trace again from where it was recorded, or re-record it")
     assert [d.message() for d in trace.damage] == [line]
-    proc = _cli("info", str(path))
-    assert proc.returncode == 1 and proc.stderr == "" and f"\n  {line}\n" in proc.stdout
+    result = run_cli("info", str(path))
+    assert result.exit_code == 1 and result.stderr == "" and f"\n  {line}\n" in result.stdout
 
 
-def test_foreign_zarr_store_is_a_clear_error(tmp_path):
+def test_foreign_zarr_store_is_a_clear_error(tmp_path, run_cli):
     path = tmp_path / "foreign"
     zarr.open_group(str(path), mode="w").create_array("x", shape=(3,), dtype="f4")
-    _assert_one_line_error(str(path), f"{path}: is a zarr store but not a specdiff trace (no 'specdiff' attributes)")
+    _assert_one_line_error(run_cli, str(path), f"{path}: is a zarr store but not a specdiff trace (no 'specdiff' attributes)")
 
 
-def test_plain_directory_is_a_clear_error(tmp_path):
+def test_plain_directory_is_a_clear_error(tmp_path, run_cli):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "notes.txt").write_text("hello")
-    _assert_one_line_error(str(tmp_path / "d"), f"{tmp_path / 'd'}: not a specdiff trace (no zarr group found)")
+    _assert_one_line_error(run_cli, str(tmp_path / "d"), f"{tmp_path / 'd'}: not a specdiff trace (no zarr group found)")
 
 
-def test_future_format_version_is_a_clear_error(tmp_path):
+def test_future_format_version_is_a_clear_error(tmp_path, run_cli):
     path = tmp_path / "t"
     with TraceWriter(str(path), side="serve", overwrite=True) as w:
         w.append("tokens", np.array([1]), seq=0, pos=0)
     meta = json.loads((path / "zarr.json").read_text())
     meta["attributes"]["specdiff"]["format"] = 99
     (path / "zarr.json").write_text(json.dumps(meta))
-    _assert_one_line_error(str(path), f"{path}: specdiff trace format 99 is not supported (this specdiff "
+    _assert_one_line_error(run_cli, str(path), f"{path}: specdiff trace format 99 is not supported (this specdiff "
                                       "reads format 1); use a matching specdiff version")
 
 
@@ -261,12 +257,12 @@ def test_xarray_alone_opens_a_trace_with_named_dims(tmp_path):
     assert seqs["tokens"].dims == ("token",) and seqs.sizes["token"] == sum(SEQ_LENS)
 
 
-def test_info_prints_contract_sequences_tensors_and_state(tmp_path):
+def test_info_prints_contract_sequences_tensors_and_state(tmp_path, run_cli):
     path = str(tmp_path / "t")
     _write_everything(path, torch.float16)
-    proc = _cli("info", path)
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+    result = run_cli("info", path)
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
     assert "state      closed cleanly" in out
     assert "num_layers               8" in out
     assert "seq 2    len 30    prompt 15    rid req-2" in out
@@ -274,11 +270,11 @@ def test_info_prints_contract_sequences_tensors_and_state(tmp_path):
     assert "records" in out and "[aux_hidden=192]" in out
 
 
-def test_info_reports_a_cut_off_trace(tmp_path):
+def test_info_reports_a_cut_off_trace(tmp_path, run_cli):
     path = Path(tmp_path / "k")
     proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(path), "7"], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     proc.kill()
     proc.wait()
-    out = _cli("info", str(path)).stdout
+    out = run_cli("info", str(path)).stdout
     assert "CUT OFF: the writer did not close it" in out and "records 7" in out

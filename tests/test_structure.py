@@ -12,13 +12,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from specdiff.replay.diff.report import diff_traces, render_text
 from specdiff.tracer import store
 from specdiff.tracer.schema import aux_name, spec_for
 from specdiff.tracer.store import TraceWriter
-from specdiff.tui.cli import _register, cli
+from specdiff.tui.app import SpecdiffApp
+from specdiff.tui.view import Sel
 
 H, HD, VD, K, N, TOPK, LTOPK, STEPS = 16, 16, 32, 3, 10, 1, 4, 2
 rng = np.random.default_rng(1)
@@ -99,7 +99,8 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "kind", "serve"), CASES, ids=[f"{k}@{n}" for n, k, _ in CASES])
-def test_layout_difference_is_a_structure_divergence_at_its_stage(tmp_path, monkeypatch, name, kind, serve):
+def test_layout_difference_is_a_structure_divergence_at_its_stage(tmp_path, monkeypatch, run_cli, name, kind,
+                                                                 serve):
     a = write_trace(tmp_path / "train", side="train")
     b = write_trace(tmp_path / "serve", side="serve", monkeypatch=monkeypatch, **serve)
     report = diff_traces(a, b)
@@ -109,8 +110,7 @@ def test_layout_difference_is_a_structure_divergence_at_its_stage(tmp_path, monk
     assert report.explanations, "a structure finding always names its likely causes"
     text = render_text(report)
     assert "no row of it is compared" in text
-    _register()
-    result = CliRunner().invoke(cli, ["diff", a, b, "--format", "text"])
+    result = run_cli("diff", a, b, "--format", "text")
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit)  # no traceback: a clean exit 1
 
@@ -182,3 +182,34 @@ def test_a_structure_finding_survives_traces_that_share_no_sequence(tmp_path):
     assert report.first.name == "draft.fc_out" and report.first.kind == "structure"
     assert "share no token sequence" in report.alignment_error
     assert "no row compared: " in render_text(report)
+
+
+# ---- the app on a structure finding ------------------------------------------------------------
+@pytest.mark.anyio
+async def test_a_structure_finding_opens_on_its_row_and_says_why_no_row_is_compared(tmp_path, tui):
+    a = write_trace(tmp_path / "train.trace", side="train")
+    b = write_trace(tmp_path / "serve.trace", side="serve", slots=1, width_of="target.aux_cat",
+                    widths={"aux_hidden": H})
+    app = SpecdiffApp(a, b, export_root=tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await tui.wait_for(pilot, tui.ready(app))
+        assert app.sel == Sel("target.aux.1", 0, 0, 0)
+        assert tui.static_text(app, "#verdict").startswith("first divergence: target.aux.1 (structure: slot count)")
+        assert "speculative_algorithm" in tui.static_text(app, "#explain-body")
+        assert "the layouts differ, so no row is compared" in " ".join(tui.static_text(app, "#detail-body").split())
+        await pilot.press("q")
+    assert app.return_code == 1
+
+
+@pytest.mark.anyio
+async def test_a_structure_finding_without_any_paired_sequence_still_opens(tmp_path, tui):
+    a = write_trace(tmp_path / "train.trace", side="train")
+    b = write_trace(tmp_path / "serve.trace", side="serve", width_of="draft.fc_out",
+                    widths={"draft_hidden": 2 * HD})
+    app = SpecdiffApp(a, on_other_tokens(b, tmp_path / "other.trace"), export_root=tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await tui.wait_for(pilot, tui.ready(app))
+        assert app.sel == Sel("draft.fc_out", 0, 0, 0)
+        assert tui.static_text(app, "#verdict").startswith("first divergence: draft.fc_out (structure: width)")
+        await pilot.press("q")
+    assert app.return_code == 1

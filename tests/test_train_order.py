@@ -18,7 +18,6 @@ import torch
 
 pytest.importorskip("transformers")
 
-from click.testing import CliRunner  # noqa: E402
 
 from specdiff.eagle3.aux_layers import ConventionError, resolve_aux_ids  # noqa: E402
 from specdiff.replay.diff.align import Pair  # noqa: E402
@@ -36,12 +35,6 @@ L = 8
 
 needs_models = pytest.mark.skipif(not (DRAFT / "config.json").is_file() or not (TARGET / "config.json").is_file(),
                                   reason="the demo models are not built (traces/models)")
-
-
-def _cli(args):
-    from specdiff.tui.cli import _register, cli
-    _register()
-    return CliRunner().invoke(cli, args, catch_exceptions=False)
 
 
 @pytest.fixture(scope="module")
@@ -110,13 +103,13 @@ def test_reordered_fc_blocks_compute_the_same_on_the_reordered_concat():
 
 # ---- record train -------------------------------------------------------------------------
 @needs_models
-def test_record_train_keeps_the_users_aux_order_and_says_so(tmp_path, prompts):
+def test_record_train_keeps_the_users_aux_order_and_says_so(tmp_path, prompts, run_cli):
     """The issue's report: `--aux-layers 6,0,3 --aux-convention hf` used to print HF [0, 3, 6]."""
     draft = write_served_draft("aux-order", DRAFT, tmp_path / "draft-603")
     out = tmp_path / "train.trace"
-    res = _cli(["record", "train", "--target", str(TARGET), "--draft", str(draft), "--prompts", str(prompts),
+    res = run_cli("record", "train", "--target", str(TARGET), "--draft", str(draft), "--prompts", str(prompts),
                 "-o", str(out), "--aux-layers", "6,0,3", "--aux-convention", "hf", "--steps", "2",
-                "--probe-positions", "8"])
+                "--probe-positions", "8")
     assert res.exit_code == 0, res.output
     assert "aux layers: HF [6, 0, 3] in this concat order" in res.stderr
     tr = open_trace(str(out))
@@ -134,18 +127,18 @@ def test_record_train_keeps_the_users_aux_order_and_says_so(tmp_path, prompts):
                                                                                        strict=True)]), probe)
     # the draft trained on 6,0,3 and fed 6,0,3 computes what the demo draft computes on 0,3,6
     ref = tmp_path / "ref.trace"
-    res = _cli(["record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--prompts", str(prompts),
-                "-o", str(ref), "--steps", "2", "--probe-positions", "0"])
+    res = run_cli("record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--prompts", str(prompts),
+                "-o", str(ref), "--steps", "2", "--probe-positions", "0")
     assert res.exit_code == 0, res.output
     assert open_trace(str(ref)).contract["accept_cum_rate"] == c["accept_cum_rate"]
 
 
 @needs_models
-def test_draft_config_ids_out_of_order_are_used_as_listed_with_a_note(tmp_path, prompts):
+def test_draft_config_ids_out_of_order_are_used_as_listed_with_a_note(tmp_path, prompts, run_cli):
     draft = write_served_draft("aux-order", DRAFT, tmp_path / "draft-603")  # config ids [5, -1, 2]
     out = tmp_path / "train.trace"
-    res = _cli(["record", "train", "--target", str(TARGET), "--draft", str(draft), "--prompts", str(prompts),
-                "-o", str(out), "--steps", "1", "--probe-positions", "0"])
+    res = run_cli("record", "train", "--target", str(TARGET), "--draft", str(draft), "--prompts", str(prompts),
+                "-o", str(out), "--steps", "1", "--probe-positions", "0")
     assert res.exit_code == 0, res.output
     c = open_trace(str(out)).contract
     assert c[AUX_CONCAT_ORDER] == [6, 0, 3]
@@ -156,15 +149,15 @@ def test_draft_config_ids_out_of_order_are_used_as_listed_with_a_note(tmp_path, 
 
 
 @needs_models
-def test_every_default_filled_in_is_printed_and_stored(tmp_path):
+def test_every_default_filled_in_is_printed_and_stored(tmp_path, run_cli):
     serve = tmp_path / "serve.trace"
     w = TraceWriter(str(serve), side="serve", contract={"engine": "sglang", "spec_steps": 2, "spec_topk": 2,
                                                        "aux_hf_indices": [0, 3, 6]})
     w.add_sequence([1, 40, 41, 42, 43, 44, 45, 46, 47], prompt_len=4, rid="r0", seq_id=0)
     w.close()
     out = tmp_path / "train.trace"
-    res = _cli(["record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--replay", str(serve),
-                "-o", str(out), "--dtype", "float32", "--probe-positions", "0"])
+    res = run_cli("record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--replay", str(serve),
+                "-o", str(out), "--dtype", "float32", "--probe-positions", "0")
     assert res.exit_code == 0, res.output
     used = open_trace(str(out)).contract[DEFAULTS_USED]
     assert used["steps"] == {"value": 2, "source": "the serving trace's spec_steps"}
@@ -189,10 +182,10 @@ def test_every_default_filled_in_is_printed_and_stored(tmp_path):
     (["--batch-size", "0"], "--batch-size 0: must be >= 1"),
     (["--probe-positions", "-1"], "--probe-positions -1: must be >= 0"),
 ])
-def test_input_that_cannot_be_used_as_given_is_one_error_line(tmp_path, prompts, extra, words):
+def test_input_that_cannot_be_used_as_given_is_one_error_line(tmp_path, prompts, extra, words, run_cli):
     out = tmp_path / "t.trace"
-    res = _cli(["record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--prompts", str(prompts),
-                "-o", str(out), *extra])
+    res = run_cli("record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--prompts", str(prompts),
+                "-o", str(out), *extra)
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specdiff: error:") and words in lines[0], lines
@@ -200,18 +193,18 @@ def test_input_that_cannot_be_used_as_given_is_one_error_line(tmp_path, prompts,
 
 
 @needs_models
-def test_replayed_sequences_are_not_extended_and_prompt_len_is_not_clipped(tmp_path):
+def test_replayed_sequences_are_not_extended_and_prompt_len_is_not_clipped(tmp_path, run_cli):
     serve = tmp_path / "serve.trace"
     w = TraceWriter(str(serve), side="serve", contract={"engine": "sglang"})
     w.add_sequence([1, 40, 41, 42, 43], prompt_len=2, rid="r0", seq_id=0)
     w.close()
-    res = _cli(["record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--replay", str(serve),
-                "-o", str(tmp_path / "a.trace"), "--max-new-tokens", "4"])
+    res = run_cli("record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--replay", str(serve),
+                "-o", str(tmp_path / "a.trace"), "--max-new-tokens", "4")
     assert res.exit_code == 2 and "replayed exactly as served" in res.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"input_ids": [1, 2, 3], "prompt_len": 9}) + "\n")
-    res = _cli(["record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--prompts", str(bad),
-                "-o", str(tmp_path / "b.trace")])
+    res = run_cli("record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--prompts", str(bad),
+                "-o", str(tmp_path / "b.trace"))
     assert res.exit_code == 2 and "prompt_len 9" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
@@ -251,14 +244,14 @@ def test_preflight_fix_for_other_layers_in_a_permuted_order_also_says_to_reorder
 
 
 @needs_models
-def test_how_text_prompts_are_tokenized_is_a_stored_default(tmp_path):
+def test_how_text_prompts_are_tokenized_is_a_stored_default(tmp_path, run_cli):
     if not (TARGET / "tokenizer.json").is_file():
         pytest.skip("the demo target has no tokenizer")
     p = tmp_path / "text.jsonl"
     p.write_text(json.dumps({"prompt": "import os\n", "completion": "def main():\n    return 1\n"}) + "\n")
     out = tmp_path / "t.trace"
-    res = _cli(["record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--prompts", str(p),
-                "-o", str(out), "--steps", "1", "--probe-positions", "0"])
+    res = run_cli("record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--prompts", str(p),
+                "-o", str(out), "--steps", "1", "--probe-positions", "0")
     assert res.exit_code == 0, res.output
     used = open_trace(str(out)).contract[DEFAULTS_USED]
     assert used["text_special_tokens"]["value"] is True and "BOS" in used["text_special_tokens"]["source"]

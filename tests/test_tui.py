@@ -1,7 +1,7 @@
 """The interactive diff (``specdiff view``): pilot tests on small synthetic trace pairs, and SVG
 snapshots of the main screen (pytest-textual-snapshot; update with ``--snapshot-update``).
 
-Pairs come from test_diff_engine.write_trace: the seed bug (training HF [0, 3, 6] with layer
+Pairs come from the ``aux_traces`` fixture (tests/conftest.py): the seed bug (training HF [0, 3, 6] with layer
 probes vs serving HF [3, 6, 7]) and a correct pair (same layers, other row order, noise).
 """
 
@@ -9,95 +9,56 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from rich.console import Console
 
 from specdiff.replay.diff.report import diff_traces
 from specdiff.tracer.store import open_trace
-
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent / "snapshot_apps"))
-
-from test_diff_engine import write_trace  # noqa: E402
-
-from specdiff.tui.app import ErrorScreen, SpecdiffApp  # noqa: E402
-from specdiff.tui.grid import PipelineGrid  # noqa: E402
-from specdiff.tui.view import Sel  # noqa: E402
+from specdiff.tui.app import ErrorScreen, SpecdiffApp
+from specdiff.tui.grid import PipelineGrid
+from specdiff.tui.view import Sel
 
 SIZE = (120, 40)
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-async def wait_for(pilot, predicate, *, timeout: float = 30.0) -> None:
-    """Poll ``predicate`` between pilot pauses (no fixed sleeps)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached within the timeout")
-        await pilot.pause(0.02)
-    await pilot.pause()
-
-
-def ready(app: SpecdiffApp):
-    return lambda: app.vm is not None and app.sel is not None
-
-
-def plain(renderable, width: int = 110) -> str:
-    console = Console(width=width, record=True, color_system=None, file=open("/dev/null", "w"))
-    console.print(renderable)
-    return console.export_text()
-
-
-def static_text(app, selector: str) -> str:
-    return plain(app.query_one(selector).content)
-
-
-@pytest.fixture
-def seed_pair(tmp_path):
-    a = write_trace(tmp_path / "train.trace", side="train", hf=[0, 3, 6], probes=True)
-    b = write_trace(tmp_path / "serve.trace", side="serve", hf=[3, 6, 7])
+def seed_pair(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "train.trace", side="train", hf=[0, 3, 6], probes=True)
+    b = aux_traces.write(tmp_path / "serve.trace", side="serve", hf=[3, 6, 7])
     return a, b
 
 
 @pytest.fixture
-def correct_pair(tmp_path):
-    a = write_trace(tmp_path / "train.trace", side="train", hf=[0, 3, 6], probes=True)
-    b = write_trace(tmp_path / "serve.trace", side="serve", hf=[0, 3, 6], order=[1, 0], noise=2e-4)
+def correct_pair(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "train.trace", side="train", hf=[0, 3, 6], probes=True)
+    b = aux_traces.write(tmp_path / "serve.trace", side="serve", hf=[0, 3, 6], order=[1, 0], noise=2e-4)
     return a, b
 
 
-async def test_seed_bug_opens_on_the_first_divergence(seed_pair, tmp_path):
+async def test_seed_bug_opens_on_the_first_divergence(seed_pair, tmp_path, tui):
     app = SpecdiffApp(*seed_pair, export_root=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, ready(app))
+        await tui.wait_for(pilot, tui.ready(app))
         assert app.sel == Sel("target.aux.0", 0, 0, 0)
         grid = app.query_one(PipelineGrid)
         assert grid.selection == app.sel and grid.has_focus
-        verdict = static_text(app, "#verdict")
+        verdict = tui.static_text(app, "#verdict")
         assert verdict.startswith("first divergence: target.aux.0 at seq 0 pos 0 — serving slot 0")
         # the grid row of the first divergence carries the marker, its cell the ▶ lead
         line = "".join(seg.text for seg in grid.render_line(1 + grid.rows.index(next(
             r for r in grid.rows if r.name == "target.aux.0"))))
         assert line.startswith("▶ target.aux.0") and "▶✗" in line
-        assert "aux_layer_shift" in static_text(app, "#explain-body")
+        assert "aux_layer_shift" in tui.static_text(app, "#explain-body")
         await pilot.press("q")
     assert app.return_code == 1
 
 
-async def test_n_and_N_walk_the_divergences_in_report_order(seed_pair, tmp_path):
+async def test_n_and_N_walk_the_divergences_in_report_order(seed_pair, tmp_path, tui):
     app = SpecdiffApp(*seed_pair, export_root=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, ready(app))
+        await tui.wait_for(pilot, tui.ready(app))
         report = app.report
         expected = []
         for name, i in report.divergences:
@@ -116,18 +77,18 @@ async def test_n_and_N_walk_the_divergences_in_report_order(seed_pair, tmp_path)
         assert app.sel == expected[0]
 
 
-async def test_detail_pane_shows_the_reports_numbers(seed_pair, tmp_path):
+async def test_detail_pane_shows_the_reports_numbers(seed_pair, tmp_path, tui):
     app = SpecdiffApp(*seed_pair, export_root=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, ready(app))
+        await tui.wait_for(pilot, tui.ready(app))
         comp = app.report.comparisons["target.aux.0"]
         i = comp.first_failing_row
-        body = static_text(app, "#detail-body")
+        body = tui.static_text(app, "#detail-body")
         assert "target.aux.0  seq 0 pos 0 depth 0  ✗ diverged" in body
         assert f"rel err {comp.score[i]:.4g}   cos {comp.cos[i]:.4g}" in body
         assert "tolerance rel ≤ 0.001  cos ≥ 0.99999  fail ≤ 0.02" in body  # float32 default
         assert f"{comp.stats['fail_rows']}/{comp.stats['rows']} rows fail" in body
-        values = static_text(app, "#detail-values")
+        values = tui.static_text(app, "#detail-values")
         x = app.report.traces.x.take_float("target.aux.0", comp.match.rows.x[i:i + 1])[0]
         y = app.report.traces.y.take_float("target.aux.0", comp.match.rows.y[i:i + 1])[0]
         e = int(np.argmax(np.abs(x - y)))
@@ -138,13 +99,13 @@ async def test_detail_pane_shows_the_reports_numbers(seed_pair, tmp_path):
         # ids rows: both sides' lists
         await pilot.press("up", "up")
         assert app.sel.name == "tokens"
-        assert "training" in static_text(app, "#detail-values")
+        assert "training" in tui.static_text(app, "#detail-values")
 
 
-async def test_depth_toggle_filter_and_tolerance_cycle(seed_pair, tmp_path):
+async def test_depth_toggle_filter_and_tolerance_cycle(seed_pair, tmp_path, tui):
     app = SpecdiffApp(*seed_pair, export_root=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, ready(app))
+        await tui.wait_for(pilot, tui.ready(app))
         grid = app.query_one(PipelineGrid)
         assert all(r.depth == 0 for r in grid.rows)
         await pilot.press("d")
@@ -154,17 +115,17 @@ async def test_depth_toggle_filter_and_tolerance_cycle(seed_pair, tmp_path):
         await pilot.press("escape")
         assert "tokens" in {r.name for r in grid.rows}
         await pilot.press("t")
-        await wait_for(pilot, lambda: app.preset == "loose")
+        await tui.wait_for(pilot, lambda: app.preset == "loose")
         assert app.report.comparisons["target.aux.0"].tolerance.rel == pytest.approx(5e-3)
         assert app.sel is not None
 
 
-async def test_export_writes_a_readable_store_and_metrics(seed_pair, tmp_path):
+async def test_export_writes_a_readable_store_and_metrics(seed_pair, tmp_path, tui):
     app = SpecdiffApp(*seed_pair, export_root=tmp_path / "out")
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, ready(app))
+        await tui.wait_for(pilot, tui.ready(app))
         await pilot.press("e")
-        await wait_for(pilot, lambda: app.exported is not None)
+        await tui.wait_for(pilot, lambda: app.exported is not None)
     out = app.exported
     assert out.name == "specdiff-export-target.aux.0-0-0"
     a, b = open_trace(str(out / "a.trace")), open_trace(str(out / "b.trace"))
@@ -175,11 +136,11 @@ async def test_export_writes_a_readable_store_and_metrics(seed_pair, tmp_path):
     assert diff_traces(str(out / "a.trace"), str(out / "b.trace")).first.name == "target.aux.0"
 
 
-async def test_correct_pair_shows_no_divergence(correct_pair, tmp_path):
+async def test_correct_pair_shows_no_divergence(correct_pair, tmp_path, tui):
     app = SpecdiffApp(*correct_pair, export_root=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, ready(app))
-        assert static_text(app, "#verdict").startswith("no divergence")
+        await tui.wait_for(pilot, tui.ready(app))
+        assert tui.static_text(app, "#verdict").startswith("no divergence")
         assert app.sel == Sel("tokens", 0, 0, 0)
         await pilot.press("n")
         assert app.sel == Sel("tokens", 0, 0, 0)
@@ -187,25 +148,25 @@ async def test_correct_pair_shows_no_divergence(correct_pair, tmp_path):
     assert app.return_code == 0
 
 
-async def test_corrupt_trace_shows_an_error_screen_not_a_traceback(seed_pair, tmp_path):
+async def test_corrupt_trace_shows_an_error_screen_not_a_traceback(seed_pair, tmp_path, tui):
     bad = tmp_path / "bad.trace"
     bad.mkdir()
     (bad / "zarr.json").write_text("{ not json")
     app = SpecdiffApp(seed_pair[0], str(bad), export_root=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, ErrorScreen))
-        assert "not a specdiff trace" in plain(app.screen.query_one("#error").content)
+        await tui.wait_for(pilot, lambda: isinstance(app.screen, ErrorScreen))
+        assert "not a specdiff trace" in tui.plain(app.screen.query_one("#error").content)
         await pilot.press("q")
     assert app.return_code == 2
 
 
-async def test_traces_with_no_common_sequence_show_an_error_screen(tmp_path):
-    a = write_trace(tmp_path / "a", side="train", hf=[0, 3, 6])
-    b = write_trace(tmp_path / "b", side="serve", hf=[0, 3, 6], seqs=[np.arange(500, 510), np.arange(600, 607)])
+async def test_traces_with_no_common_sequence_show_an_error_screen(tmp_path, tui, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], seqs=[np.arange(500, 510), np.arange(600, 607)])
     app = SpecdiffApp(a, b, export_root=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, ErrorScreen))
-        assert "share no token sequence" in plain(app.screen.query_one("#error").content)
+        await tui.wait_for(pilot, lambda: isinstance(app.screen, ErrorScreen))
+        assert "share no token sequence" in tui.plain(app.screen.query_one("#error").content)
         await pilot.press("q")
     assert app.return_code == 2
 
@@ -223,56 +184,21 @@ def test_app_module_does_not_load_the_diff_engine_before_painting():
     assert view.SKIP == SKIP
 
 
-def test_view_command_is_registered():
-    from specdiff.tui.cli import _register, cli
-
-    _register()
-    result = CliRunner().invoke(cli, ["view", "--help"])
+def test_view_command_is_registered(run_cli):
+    result = run_cli("view", "--help")
     assert result.exit_code == 0 and "TRACE_A" in result.output
 
 
 # ---- snapshots ------------------------------------------------------------------------------
-async def _until_ready(pilot):
-    await wait_for(pilot, ready(pilot.app))
+@pytest.fixture
+def until_ready(tui):
+    async def run_before(pilot):
+        await tui.wait_for(pilot, tui.ready(pilot.app))
+
+    return run_before
 
 
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
 @pytest.mark.parametrize("scenario", ["seed_bug", "no_divergence"])
-def test_main_screen_snapshot(snap_compare, scenario, size):
-    import diff_app
-
-    assert snap_compare(diff_app.build(scenario), terminal_size=size, run_before=_until_ready)
-
-
-async def test_a_structure_finding_opens_on_its_row_and_says_why_no_row_is_compared(tmp_path):
-    from test_structure import H
-    from test_structure import write_trace as write_all_stages
-
-    a = write_all_stages(tmp_path / "train.trace", side="train")
-    b = write_all_stages(tmp_path / "serve.trace", side="serve", slots=1, width_of="target.aux_cat",
-                         widths={"aux_hidden": H})
-    app = SpecdiffApp(a, b, export_root=tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, ready(app))
-        assert app.sel == Sel("target.aux.1", 0, 0, 0)
-        assert static_text(app, "#verdict").startswith("first divergence: target.aux.1 (structure: slot count)")
-        assert "speculative_algorithm" in static_text(app, "#explain-body")
-        assert "the layouts differ, so no row is compared" in " ".join(static_text(app, "#detail-body").split())
-        await pilot.press("q")
-    assert app.return_code == 1
-
-
-async def test_a_structure_finding_without_any_paired_sequence_still_opens(tmp_path):
-    from test_structure import HD, on_other_tokens
-    from test_structure import write_trace as write_all_stages
-
-    a = write_all_stages(tmp_path / "train.trace", side="train")
-    b = write_all_stages(tmp_path / "serve.trace", side="serve", width_of="draft.fc_out",
-                         widths={"draft_hidden": 2 * HD})
-    app = SpecdiffApp(a, on_other_tokens(b, tmp_path / "other.trace"), export_root=tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, ready(app))
-        assert app.sel == Sel("draft.fc_out", 0, 0, 0)
-        assert static_text(app, "#verdict").startswith("first divergence: draft.fc_out (structure: width)")
-        await pilot.press("q")
-    assert app.return_code == 1
+def test_main_screen_snapshot(snap_compare, snapshot_app, until_ready, scenario, size):
+    assert snap_compare(snapshot_app(scenario), terminal_size=size, run_before=until_ready)

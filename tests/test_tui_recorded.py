@@ -9,41 +9,32 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_tui import static_text, wait_for  # noqa: E402
-
-from specdiff.tracer.store import open_trace  # noqa: E402
-from specdiff.tui.app import SpecdiffApp  # noqa: E402
-from specdiff.tui.view import Sel  # noqa: E402
+from specdiff.tracer.store import open_trace
+from specdiff.tui.app import SpecdiffApp
+from specdiff.tui.view import Sel
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "traces" / "examples" / "seed"
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-async def test_recorded_seed_pair_opens_on_the_layer_shift(tmp_path):
+async def test_recorded_seed_pair_opens_on_the_layer_shift(tmp_path, tui):
     app = SpecdiffApp(str(EXAMPLE / "train.trace"), str(EXAMPLE / "serve.trace"), export_root=tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.vm is not None and app.sel is not None, timeout=120)
+        await tui.wait_for(pilot, lambda: app.vm is not None and app.sel is not None, timeout=120)
         assert app.sel == Sel("target.aux.0", 0, 0, 0)
-        assert static_text(app, "#verdict").startswith(
+        assert tui.static_text(app, "#verdict").startswith(
             "first divergence: target.aux.0 at seq 0 pos 0 — serving slot 0 = training HF hidden_states[3]")
-        explain = static_text(app, "#explain-body")
+        explain = tui.static_text(app, "#explain-body")
         assert "aux_layer_shift" in explain and "[-1, 2, 5]" in explain
         comp = app.report.comparisons["target.aux.0"]
-        body = static_text(app, "#detail-body")
+        body = tui.static_text(app, "#detail-body")
         assert f"{comp.stats['fail_rows']}/{comp.stats['rows']} rows fail" in body
         assert "tolerance rel ≤ 0.05  cos ≥ 0.995" in body  # bf16 traces: bf16 tolerance
         # n walks to the next divergence: the same tensor, the next position
         await pilot.press("n")
         assert app.sel.name == "target.aux.0" and (app.sel.pair, app.sel.pos) != (0, 0)
         await pilot.press("f", "e")
-        await wait_for(pilot, lambda: any(tmp_path.glob("specdiff-export-*")), timeout=30)
+        await tui.wait_for(pilot, lambda: any(tmp_path.glob("specdiff-export-*")), timeout=30)
         export = next(tmp_path.glob("specdiff-export-*"))
         assert open_trace(str(export / "b.trace")).rows("target.aux.0") > 0
         await pilot.press("q")

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known
+from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.sglang_adapter import MISSING, SGLangAdapter
 from specdiff.tracer.sglang_draft_stages import DraftStageTaps, graph_hidden
 
@@ -58,55 +59,80 @@ class Options:
 
     @classmethod
     def from_env(cls, env) -> Options | None:
-        """Options from ``SPECDIFF_*`` variables; None when ``SPECDIFF_TRACE`` is unset.
+        """Options from ``SPECDIFF_*`` variables; None when ``SPECDIFF_TRACE`` is unset or empty.
 
-        A bad value is never silently replaced: each one logs a warning naming the variable,
-        the value given and the value used.
+        An unset or empty variable takes its default. A value that cannot be used is never
+        replaced by a default: :class:`OptionError` names the variable, the value given and the
+        values accepted (the plugin then refuses to trace, in one log line).
         """
         path = env.get("SPECDIFF_TRACE")
         if not path:
             return None
-        raw = env.get("SPECDIFF_CAPTURE", "default")
-        capture = raw.strip().lower() or "default"
-        if capture not in ("default", "full"):
-            _bad_env("SPECDIFF_CAPTURE", raw, "default", "use 'default' or 'full'")
-            capture = "default"
-        return cls(path=path, capture=capture,
+        return cls(path=path,
+                   capture=_env_choice(env, "SPECDIFF_CAPTURE", ("default", "full"), default="default"),
                    logits_topk=_env_int(env, "SPECDIFF_LOGITS_TOPK", 8),
                    max_queue_mb=_env_int(env, "SPECDIFF_MAX_QUEUE_MB", 2048),
-                   rids=env.get("SPECDIFF_RIDS") or None,
+                   rids=_env_regex(env, "SPECDIFF_RIDS"),
                    eager_draft=_env_flag(env, "SPECDIFF_EAGER_DRAFT"))
 
 
-def _bad_env(name: str, raw: str, used, hint: str) -> None:
-    logger.warning("specdiff: %s=%r is not valid (%s); using %r", name, raw, hint, used)
+class OptionError(SpecdiffError):
+    """A ``SPECDIFF_*`` variable holds a value the recorder cannot use."""
+
+    def __init__(self, name: str, raw: str, accepted: str):
+        super().__init__(f"{name}={raw!r} is not valid; accepted values: {accepted}")
+        self.name = name
+
+
+def _given(env, name: str) -> str | None:
+    raw = env.get(name)
+    return None if raw is None or not raw.strip() else raw
+
+
+def _env_choice(env, name: str, choices: tuple[str, ...], *, default: str) -> str:
+    raw = _given(env, name)
+    if raw is None:
+        return default
+    if raw.strip().lower() not in choices:
+        raise OptionError(name, raw, " or ".join(choices))
+    return raw.strip().lower()
 
 
 def _env_int(env, name: str, default: int, *, minimum: int = 1) -> int:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
+    raw = _given(env, name)
+    if raw is None:
         return default
     try:
         v = int(raw.strip())
     except ValueError:
-        _bad_env(name, raw, default, f"an integer >= {minimum} is expected")
-        return default
-    if v < minimum:
-        _bad_env(name, raw, minimum, f"an integer >= {minimum} is expected")
-        return minimum
+        v = None
+    if v is None or v < minimum:
+        raise OptionError(name, raw, f"an integer >= {minimum} (default {default})")
     return v
 
 
+def _env_regex(env, name: str) -> str | None:
+    raw = _given(env, name)
+    if raw is None:
+        return None
+    try:
+        re.compile(raw)
+    except re.error as exc:
+        raise OptionError(name, raw, f"a Python regular expression (this one: {exc})") from None
+    return raw
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def _env_flag(env, name: str) -> bool:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
+    raw = _given(env, name)
+    if raw is None:
         return False
     v = raw.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v not in ("0", "false", "no", "off"):
-        _bad_env(name, raw, False, "use 1/true/yes/on or 0/false/no/off")
-    return False
+    if v not in _TRUE + _FALSE:
+        raise OptionError(name, raw, "/".join(_TRUE) + " or " + "/".join(_FALSE))
+    return v in _TRUE
 
 
 # ---- host copies ----------------------------------------------------------------------------

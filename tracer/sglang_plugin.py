@@ -68,9 +68,14 @@ def load(env=None) -> bool:
     """
     global _rec
     env = os.environ if env is None else env
-    from specdiff.tracer.sglang_hooks import Options, Recorder
+    from specdiff.tracer.sglang_hooks import OptionError, Options, Recorder
 
-    opts = Options.from_env(env)
+    try:
+        opts = Options.from_env(env)
+    except OptionError as exc:
+        if _scheduler_frame() is not None:  # one line per scheduler, not per process that loads plugins
+            logger.error("specdiff: tracing refused: %s; the server runs untraced", exc)
+        return False
     if opts is None:
         return False
     frame = _scheduler_frame()

@@ -16,12 +16,29 @@ EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 class _Group(click.Group):
+    """The top-level group: turns a :class:`SpecdiffError` into one ``specdiff: error:`` line
+    (exit 2), and registers the subcommands on first lookup. They register themselves on
+    :data:`cli` when their module is imported, and import this module to reach it, so they are
+    imported lazily rather than at the top of this file."""
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except SpecdiffError as exc:
             click.echo(f"specdiff: error: {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
+
+    def get_command(self, ctx, cmd_name):
+        _register_subcommands()
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx):
+        _register_subcommands()
+        return super().list_commands(ctx)
+
+    def main(self, args=None, prog_name=None, **kwargs):
+        # "specdiff" also under `python -m specdiff.tui` and click.testing.CliRunner
+        return super().main(args, prog_name or "specdiff", **kwargs)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,7 +54,7 @@ def cli():
     """
 
 
-def _register():
+def _register_subcommands() -> None:
     from specdiff.tui import (  # noqa: F401  (register on import)
         cmd_check,
         cmd_demo,
@@ -49,7 +66,7 @@ def _register():
     )
 
 
-def main(argv=None):
-    """Console-script entry point."""
-    _register()
-    cli.main(args=argv, prog_name="specdiff")
+#: The public entry point: the ``specdiff`` console script, ``python -m specdiff.tui``, and the
+#: command tests invoke (``click.testing.CliRunner().invoke(main, ["diff", ...])``). A click group,
+#: so ``main(["diff", a, b])`` runs like the shell command (and exits with its code).
+main = cli

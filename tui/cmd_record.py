@@ -10,17 +10,15 @@ server's Python so SGLang finds the plugin.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import click
+import requests
 
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.jsonl import iter_jsonl
@@ -138,16 +136,38 @@ def read_prompts(path: str) -> list[dict]:
 
 
 def _post(url: str, path: str, payload: dict, timeout_s: float) -> dict:
-    req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
+    """POST ``payload`` as JSON; the decoded JSON answer. An HTTP error status or a body that is not
+    JSON is a :class:`SpecdiffError`; no answer at all (refused, reset, timed out) a
+    :class:`ServerGoneError`."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return json.loads(r.read().decode())
-    except urllib.error.HTTPError as exc:
-        raise SpecdiffError(f"{url}{path} answered HTTP {exc.code}: "
-                            f"{exc.read().decode(errors='replace')[:300]}") from None
-    except (urllib.error.URLError, ConnectionError, OSError) as exc:
-        raise ServerGoneError(f"{url}{path} failed: {exc}; is the server running?", reason=str(exc)) from None
+        r = requests.post(url.rstrip("/") + path, json=payload, timeout=timeout_s)
+    except requests.RequestException as exc:
+        reason = request_failure(exc)
+        raise ServerGoneError(f"{url}{path} failed: {reason}; is the server running?", reason=reason) from None
+    if not r.ok:
+        raise SpecdiffError(f"{url}{path} answered HTTP {r.status_code}: {r.text[:300]}")
+    try:
+        return r.json()
+    except ValueError:
+        raise SpecdiffError(f"{url}{path} answered HTTP {r.status_code} with a body that is not JSON: "
+                            f"{r.text[:300]!r}") from None
+
+
+def request_failure(exc: BaseException) -> str:
+    """The innermost cause of a failed request, in a few words: ``Connection refused``, ``Remote end
+    closed connection without response``, ``Read timed out. (read timeout=5)``. requests wraps
+    urllib3's errors, which wrap the socket's; their own messages repeat the whole chain."""
+    while True:
+        inner = getattr(exc, "reason", None)
+        if not isinstance(inner, BaseException):
+            inner = next((a for a in exc.args if isinstance(a, BaseException)), None)
+        inner = inner or exc.__cause__
+        if inner is None or inner is exc:
+            break
+        exc = inner
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
 
 
 def generate(url: str, prompt: dict, *, max_new_tokens: int, temperature: float, ignore_eos: bool,
@@ -194,12 +214,10 @@ class ServerGoneError(SpecdiffError):
 def server_alive(url: str, *, timeout_s: float = 5.0) -> bool:
     """True when ``/health`` answers (any HTTP status): the process is still serving."""
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s):
-            return True
-    except urllib.error.HTTPError:
-        return True
-    except (urllib.error.URLError, ConnectionError, OSError):
+        requests.get(url.rstrip("/") + "/health", timeout=timeout_s)
+    except requests.RequestException:
         return False
+    return True
 
 
 def died_message(url: str, *, request: int, reason: str, trace: str | None) -> str:

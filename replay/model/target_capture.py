@@ -125,18 +125,25 @@ def capture_target(model, input_ids: torch.Tensor, hf_indices, *, lengths: torch
 
 @torch.no_grad()
 def greedy_generate(model, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """Greedy continuation of equal-length ``prompts`` [B, P] with a KV cache (no padding).
+    """Greedy continuation of equal-length ``prompts`` [B, P] int64 (no padding): transformers'
+    ``model.generate`` (``do_sample=False``, one beam, KV cache). Returns [B, max_new_tokens].
 
-    EOS is not treated specially (generation never stops early). Returns [B, max_new_tokens].
+    EOS is not treated specially: generation never stops early (``eos_token_id=[]``: no stop
+    token), and no token is forced or suppressed, so every step is the plain argmax of the last
+    logits. The target's own ``generation_config`` (a repetition penalty, a forced EOS, suppressed
+    tokens...) is set aside for the call, since generate would merge it in and change the argmax.
+    Every prompt token is attended (an explicit all-ones mask: generate would otherwise mask
+    prompt tokens equal to the pad id).
     """
-    from transformers import DynamicCache
+    from transformers import GenerationConfig
 
-    cache = DynamicCache()
-    out = model(input_ids=prompts, past_key_values=cache, use_cache=True)
-    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-    gen = [nxt]
-    for _ in range(max_new_tokens - 1):
-        out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        gen.append(nxt)
-    return torch.cat(gen, dim=1)
+    # generate needs a pad id once an EOS list is given; it is never emitted (no sequence finishes)
+    config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, min_new_tokens=0,
+                              eos_token_id=[], pad_token_id=0)
+    own = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), generation_config=config)
+    finally:
+        model.generation_config = own
+    return out[:, prompts.shape[1]:]

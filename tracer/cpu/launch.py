@@ -9,7 +9,6 @@ See DESIGN.md "Real SGLang on a CPU" for why each piece is needed.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -17,12 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import requests
 
 from specdiff.tracer.cpu import STANDIN_PATH
 from specdiff.tracer.errors import SpecdiffError
@@ -221,11 +220,10 @@ class ServerProcess:
                     f"(log {self.log_path}); last lines:\n{_tail(Path(self.log_path))}"
                 )
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        self.startup_s = time.monotonic() - self._t0
-                        return
-            except (urllib.error.URLError, ConnectionError, OSError):
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                    self.startup_s = time.monotonic() - self._t0
+                    return
+            except requests.RequestException:  # not listening yet, or too busy starting to answer
                 pass
             if time.monotonic() > deadline:
                 raise ServerError(
@@ -235,22 +233,26 @@ class ServerProcess:
             time.sleep(0.5)
 
     def post(self, path: str, payload: Mapping[str, Any], timeout_s: float = 300.0) -> Any:
-        """POST JSON to the server and return the decoded JSON answer."""
+        """POST JSON to the server and return the decoded JSON answer.
+
+        Raises :class:`ServerError` when the server is not running, answers an HTTP error (its
+        body, cut at 2000 characters, is in the message), or the connection fails or times out
+        after ``timeout_s`` seconds (with the log's last lines)."""
         if self.proc is None or self.proc.poll() is not None:
             raise ServerError(f"SGLang server is not running (log {self.log_path})")
-        req = urllib.request.Request(
-            self.url + path, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
-        )
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as r:
-                return json.loads(r.read().decode())
-        except urllib.error.HTTPError as e:
-            body = e.read().decode(errors="replace")[:2000]
-            raise ServerError(f"SGLang {path} answered HTTP {e.code}: {body}") from e
-        except (urllib.error.URLError, ConnectionError, OSError) as e:
+            r = requests.post(self.url + path, json=payload, timeout=timeout_s)
+        except requests.RequestException as e:
             raise ServerError(
                 f"SGLang {path} failed: {e}; last log lines:\n{_tail(Path(self.log_path))}"
             ) from e
+        if not r.ok:
+            raise ServerError(f"SGLang {path} answered HTTP {r.status_code}: {r.text[:2000]}")
+        try:
+            return r.json()
+        except ValueError as e:
+            raise ServerError(f"SGLang {path} answered HTTP {r.status_code} with a body that is not JSON: "
+                              f"{r.text[:2000]!r}") from e
 
     def generate(
         self,

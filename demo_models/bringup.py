@@ -1,4 +1,4 @@
-"""Throwaway tiny models for bringing up real SGLang on a CPU (tests only, no network).
+"""Throwaway tiny models for bringing up real SGLang on a CPU (tests and benchmarks, no network).
 
 ``build_bringup_models(root)`` writes, under ``root``:
 - ``target/``: a random Llama (8 layers, hidden 256, 4 heads, MLP 512) with a byte-level BPE
@@ -14,7 +14,8 @@ wrong, so accept lengths sit near 1. ``build_oracle_models(root)`` writes a dege
 whose draft is always right (both final norms are zero, so every logit is 0 and greedy
 argmax is id 0 on both sides; the draft's d2t maps draft id 0 to target id 0): a chain then
 accepts every drafted token (accept length = steps + 1). These models only prove the serving path works; the
-trained demo models live in ``specdiff.replay``.
+trained demo models are built by ``specdiff.demo_models.tiny_models``. Not product code: only tests
+(``tests/conftest.py``) and benchmarks import it. ``python -m specdiff.demo_models.bringup DIR`` builds both pairs.
 """
 
 from __future__ import annotations

@@ -1,0 +1,147 @@
+"""What the CLI prints around its results and how it talks HTTP: the progress bar of ``specdiff
+diff`` (a terminal's stderr only, never in the report), and ``record client`` against servers that
+fail in each way an HTTP exchange can (no answer, an error status, a body that is not JSON): one
+``specdiff: error:`` line, exit 2, with the cause in a few words.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+
+# ---- diff's progress bar --------------------------------------------------------------------------
+def _diff(a: str, b: str, *, stderr_tty: bool) -> tuple[int, str, str]:
+    """``specdiff diff A B --format text`` in a child process; (exit code, stdout, stderr), stderr
+    attached to a pseudo-terminal when ``stderr_tty``."""
+    argv = [sys.executable, "-m", "specdiff.tui", "diff", a, b, "--format", "text"]
+    if not stderr_tty:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        return p.returncode, p.stdout, p.stderr
+    master, slave = pty.openpty()
+    chunks: list[bytes] = []
+
+    def drain():
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=slave, text=True, timeout=300)
+    finally:
+        os.close(slave)
+    reader.join(30)
+    os.close(master)
+    return p.returncode, p.stdout, b"".join(chunks).decode(errors="replace")
+
+
+def test_diff_draws_a_progress_bar_on_a_terminal_and_nothing_into_a_pipe(tmp_path, aux_traces):
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[3, 6, 7])
+    rc, report, err = _diff(a, b, stderr_tty=False)
+    assert rc == 1 and report.startswith("first divergence: target.aux.0") and err == ""
+    rc_tty, report_tty, bar = _diff(a, b, stderr_tty=True)
+    assert (rc_tty, report_tty) == (rc, report)  # the bar never reaches the report
+    assert "comparing" in bar and "100%" in bar, bar
+    assert "draft.topk_target" in bar  # the tensor being compared is named beside the bar
+
+
+# ---- record client against failing servers -----------------------------------------------------
+@pytest.fixture
+def prompts(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"text": "def f():"}\n')
+    return p
+
+
+def test_a_server_that_closes_the_connection_unanswered_died_during_the_request(prompts, run_cli, tmp_path,
+                                                                                monkeypatch):
+    from specdiff.tracer import live
+
+    monkeypatch.setattr(live, "registry_dir", lambda: str(tmp_path / "reg"))  # no trace registered here
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+
+    def accept_then_die():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        listener.close()  # the process is gone: /health is refused
+        conn.close()
+
+    threading.Thread(target=accept_then_die, daemon=True).start()
+    r = run_cli("record", "client", "--url", f"http://127.0.0.1:{port}", "--prompts", prompts)
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("specdiff: error:")]
+    assert len(lines) == 1, r.output
+    assert lines[0].startswith(f"specdiff: error: the server at http://127.0.0.1:{port} died during request 0 "
+                               "(Remote end closed connection without response); no trace is registered")
+
+
+class _Answer(BaseHTTPRequestHandler):
+    status, body = 200, b""
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(self.status)
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    do_GET = do_POST  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(("status", "body", "says"), [
+    (400, b'{"error": "max_new_tokens too large"}', 'answered HTTP 400: {"error": "max_new_tokens too large"}'),
+    (200, b"<html>a proxy page</html>", "answered HTTP 200 with a body that is not JSON: '<html>a proxy page</html>'"),
+])
+def test_a_server_that_answers_badly_is_one_line_with_its_answer(prompts, run_cli, status, body, says):
+    handler = type("Handler", (_Answer,), {"status": status, "body": body})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        r = run_cli("record", "client", "--url", url, "--prompts", prompts)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("specdiff: error:")]
+    assert lines == [f"specdiff: error: {url}/generate {says}"], r.output
+
+
+def test_request_failures_are_named_by_their_innermost_cause():
+    import requests
+
+    from specdiff.tracer.cpu.launch import free_port
+    from specdiff.tui.cmd_record import request_failure
+
+    with pytest.raises(requests.ConnectionError) as err:
+        requests.get(f"http://127.0.0.1:{free_port()}/health", timeout=5)
+    assert request_failure(err.value) == "Connection refused"
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)  # accepts into the backlog, never answers
+    try:
+        with pytest.raises(requests.Timeout) as err:
+            requests.get(f"http://127.0.0.1:{silent.getsockname()[1]}/health", timeout=0.5)
+    finally:
+        silent.close()
+    assert request_failure(err.value) == "timed out"
