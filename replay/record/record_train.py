@@ -45,9 +45,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdiff.eagle3.acceptance import AcceptTally
 from specdiff.eagle3.aux_layers import CONVENTIONS, AuxResolution, ConventionError, resolve_aux_ids
 from specdiff.replay.model.checkpoint import LoadedDraft, load_draft
-from specdiff.replay.model.draft_model import Eagle3Draft, TTTOutput, ttt_labels
+from specdiff.replay.model.draft_model import Eagle3Draft, TTTOutput
 from specdiff.replay.model.target_capture import (
     TargetCapture,
     capture_target,
@@ -62,6 +63,7 @@ from specdiff.replay.record.train_options import (
     DTYPE_NAMES,
     fill_defaults,
 )
+from specdiff.tracer.async_writer import AsyncTraceWriter
 from specdiff.tracer.contract import (
     DEFAULTS_USED,
     bos_added_fact,
@@ -73,7 +75,7 @@ from specdiff.tracer.contract import (
 )
 from specdiff.tracer.errors import SpecdiffError, TraceError
 from specdiff.tracer.jsonl import iter_jsonl
-from specdiff.tracer.schema import aux_name, probe_name
+from specdiff.tracer.rows import RowBatch, RowLayout, target_rows, ttt_rows
 from specdiff.tracer.store import TraceWriter, open_trace
 
 __all__ = ["RecordTrainError", "TrainSequence", "RecordTrainResult", "DTYPES", "CAPTURE_LEVELS",
@@ -319,11 +321,9 @@ class TrainReplayer:
         self.probe_positions = probe_positions
         self.pad_id = pad_id
         self.num_layers = target_num_layers(target)
-        self.accept_sum = np.zeros(steps)
-        self.accept_cum_sum = np.zeros(steps)
-        self.row_count = np.zeros(steps)
-        self.chain_sum = 0.0
-        self.chain_rows = 0
+        self.accept = AcceptTally(steps)  # draft.accept alone
+        self.accept_cum = AcceptTally(steps)  # draft.accept_cum, every defined row
+        self.chain = AcceptTally(steps)  # draft.accept_cum at positions whose every depth is defined
 
     @staticmethod
     def pad(seqs: list[TrainSequence]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -345,138 +345,39 @@ class TrainReplayer:
         return cap, out
 
     @torch.no_grad()
-    def rows(self, seq_ids: list[int], cap: TargetCapture, out: TTTOutput) -> list[tuple]:
-        """Every canonical row of one batch as ``(name, values, seq, pos, depth)`` appends
-        (row b -> ``seq_ids[b]``); also accumulates the acceptance statistics."""
-        sid = np.asarray(seq_ids, dtype=np.int64)
-        B, T = cap.input_ids.shape
-        lengths = cap.lengths
-        ar = torch.arange(T)
-        items: list[tuple] = []
+    def rows(self, seq_ids: list[int], cap: TargetCapture, out: TTTOutput) -> RowBatch:
+        """Every canonical row of one batch (row b -> ``seq_ids[b]``), built by
+        ``tracer.rows`` (the row builder the training hooks share); also accumulates the
+        acceptance statistics (``accept_rates``)."""
+        layout = RowLayout.padded(seq_ids, cap.lengths, cap.input_ids.shape[1])
+        batch = RowBatch()
+        target_rows(batch, layout, aux=cap.aux, aux_cat=cap.aux_cat, argmax=cap.argmax,
+                    hidden_states=cap.hidden_states, probe_positions=self.probe_positions)
+        last = layout.defined(self.steps - 1)
 
-        def select(mask: torch.Tensor):
-            idx = mask.reshape(-1).nonzero().squeeze(1)
-            n = idx.numpy()
-            return idx, sid[n // T], (n % T).astype(np.int32)
+        def tally(d, idx, outs, chain):
+            self.accept.add(d, outs["draft.accept"])
+            self.accept_cum.add(d, outs["draft.accept_cum"])
+            self.chain.add(d, chain.cum[torch.as_tensor(last)])
 
-        def gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-            x = x.detach()
-            return x.reshape(B * T, *x.shape[2:]).index_select(0, idx.to(x.device)).cpu()
-
-        idx, s, p = select(ar[None, :] < lengths[:, None])
-        for j, a in enumerate(cap.aux):
-            items.append((aux_name(j), gather(a, idx), s, p, 0))
-        items.append(("target.aux_cat", gather(cap.aux_cat, idx), s, p, 0))
-        items.append(("target.argmax", gather(cap.argmax, idx), s, p, 0))
-        if self.probe_positions > 0 and cap.hidden_states is not None:
-            pidx, ps, pp = select((ar[None, :] < min(self.probe_positions, T)) & (ar[None, :] < lengths[:, None]))
-            for i, hs in enumerate(cap.hidden_states):
-                items.append((probe_name(i), gather(hs, pidx), ps, pp, 0))
-        items.append(("draft.fc_in", gather(out.fc_in, idx), s, p, 0))
-        items.append(("draft.fc_out", gather(out.fc_out, idx), s, p, 0))
-        labels = ttt_labels(cap.argmax, self.steps, lengths)
-        hot = self.draft.hot_token_id().cpu()
-        cum = torch.ones(B * T, dtype=torch.bool)
-        chain = torch.zeros(B * T, dtype=torch.int64)
-        kk = max(LOGITS_TOPK, self.topk)
-        for d in range(self.steps):
-            idx, s, p = select(out.valid[d].cpu())
-            items.append(("tokens", gather(out.tokens[d], idx), s, p, d))
-            items.append(("draft.hidden_in", gather(out.hidden_in[d], idx), s, p, d))
-            items.append(("draft.positions", gather(out.positions[d], idx), s, p, d))
-            items.append(("draft.attn_in", gather(out.attn_in[d], idx), s, p, d))
-            items.append(("draft.hidden_out", gather(out.hidden_out[d], idx), s, p, d))
-            lg = gather(out.logits[d], idx)
-            lf = lg.float()
-            vals, ids = lf.topk(min(kk, lf.shape[-1]), dim=-1)
-            if self.capture == "full":
-                items.append(("draft.logits", lg, s, p, d))
-            else:
-                items.append(("draft.logits_topk.values", vals[:, :LOGITS_TOPK].to(lg.dtype), s, p, d))
-                items.append(("draft.logits_topk.ids", ids[:, :LOGITS_TOPK], s, p, d))
-                items.append(("draft.logsumexp", torch.logsumexp(lf, dim=-1), s, p, d))
-            top = ids[:, : self.topk]
-            mapped = hot[top]
-            items.append(("draft.topk", top, s, p, d))
-            items.append(("draft.topk_target", mapped, s, p, d))
-            acc = mapped[:, 0] == labels[d].reshape(-1)[idx]
-            full = torch.zeros(B * T, dtype=torch.bool)
-            full[idx] = acc
-            cum = cum & full
-            chain += cum.to(torch.int64)
-            items.append(("draft.accept", acc, s, p, d))
-            items.append(("draft.accept_cum", cum[idx], s, p, d))
-            self.accept_sum[d] += float(acc.sum())
-            self.accept_cum_sum[d] += float(cum[idx].sum())
-            self.row_count[d] += len(idx)
-        last = out.valid[-1].cpu().reshape(-1)
-        if last.any():
-            self.chain_sum += float((chain[last] + 1).double().sum())
-            self.chain_rows += int(last.sum())
-        return items
+        ttt_rows(batch, layout, out, level=self.capture, logits_topk=LOGITS_TOPK, topk=self.topk,
+                 hot_token_id=self.draft.hot_token_id(), argmax=cap.argmax, on_depth=tally)
+        return batch
 
     def write(self, writer, seq_ids: list[int], cap: TargetCapture, out: TTTOutput) -> None:
-        """Append every canonical row of one batch to ``writer`` (a TraceWriter or _Background)."""
-        emit(writer, self.rows(seq_ids, cap, out))
+        """Append every canonical row of one batch to ``writer`` (a TraceWriter)."""
+        self.rows(seq_ids, cap, out).flush(writer)
 
     def write_d2t(self, writer: TraceWriter) -> None:
         d2t = self.draft.d2t.detach().cpu().to(torch.int64)
         writer.append("draft.d2t", d2t.numpy(), seq=-1, pos=np.arange(d2t.shape[0], dtype=np.int32), depth=0)
 
     def accept_rates(self) -> tuple[list[float], list[float], float]:
-        rows = np.maximum(self.row_count, 1)
-        mean = self.chain_sum / self.chain_rows if self.chain_rows else float("nan")
-        return (list(map(float, self.accept_sum / rows)), list(map(float, self.accept_cum_sum / rows)), mean)
-
-
-def emit(writer, items: list[tuple]) -> None:
-    """Append ``(name, values, seq, pos, depth)`` items to a TraceWriter, or queue them on a
-    ``BackgroundWriter``."""
-    if isinstance(writer, BackgroundWriter):
-        writer.submit(items)
-        return
-    for name, values, seq, pos, depth in items:
-        writer.append(name, values, seq=seq, pos=pos, depth=depth)
-
-
-class BackgroundWriter:
-    """Runs a TraceWriter's appends on one thread so compression and I/O overlap the next
-    batch's forward. Lossless: ``submit`` blocks when ``max_pending`` batches wait. An error in
-    the thread is raised by the next ``submit`` or by ``close``."""
-
-    def __init__(self, writer: TraceWriter, max_pending: int = 2):
-        import queue
-        import threading
-        self.writer = writer
-        self._q: queue.Queue = queue.Queue(maxsize=max_pending)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="specdiff-record-train", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            items = self._q.get()
-            if items is None:
-                return
-            if self._error is None:
-                try:
-                    emit(self.writer, items)
-                except BaseException as e:  # re-raised in the caller's thread
-                    self._error = e
-
-    def _check(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def submit(self, items: list[tuple]) -> None:
-        self._check()
-        self._q.put(items)
-
-    def join(self) -> None:
-        """Wait until every submitted batch is appended; re-raise a thread error."""
-        self._q.put(None)
-        self._thread.join()
-        self._check()
+        """(``draft.accept`` rate, ``draft.accept_cum`` rate) per depth over every defined row,
+        and the mean accept length (``specdiff.eagle3.acceptance``: 1 + the sum of the
+        cumulative rates) over the positions whose every depth is defined; NaN when none is."""
+        mean = self.chain.mean_accept_length() if self.chain.count[-1] else float("nan")
+        return list(self.accept.per_depth()), list(self.accept_cum.per_depth()), mean
 
 
 def _batches(seqs: list[TrainSequence], batch_size: int, max_tokens: int) -> list[list[int]]:
@@ -690,21 +591,24 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
                                       seq_id=s.seq_id if s.seq_id is not None else i)
             seq_ids.append(sid)
         rep.write_d2t(writer)
-        bg = BackgroundWriter(writer)
-        try:
-            for idx in _batches(seqs, batch_size, max_batch_tokens):
-                ids, lengths = TrainReplayer.pad([seqs[i] for i in idx])
-                cap, tout = rep.forward(ids, lengths)
-                rep.write(bg, [seq_ids[i] for i in idx], cap, tout)
-                if progress:
-                    progress(len(idx))
-        finally:
-            bg.join()
-        acc, acc_cum, mean = rep.accept_rates()
-        writer.set_contract(accept_rate=acc, accept_cum_rate=acc_cum,
-                            mean_accept_length=None if mean != mean else mean)
-    finally:
+    except BaseException:
         writer.close()
+        raise
+    # Appends run on one thread so compression and I/O overlap the next batch's forward;
+    # lossless: a full queue waits, and a write error is raised here by submit / close.
+    aw = AsyncTraceWriter(writer, lambda w, item: item[1].flush(w), max_items=2, lossless=True,
+                          on_written=(lambda item: progress(item[0])) if progress else None)
+    facts: dict = {}
+    try:
+        for idx in _batches(seqs, batch_size, max_batch_tokens):
+            ids, lengths = TrainReplayer.pad([seqs[i] for i in idx])
+            cap, tout = rep.forward(ids, lengths)
+            aw.submit((len(idx), rep.rows([seq_ids[i] for i in idx], cap, tout)))
+        acc, acc_cum, mean = rep.accept_rates()
+        facts = {"accept_rate": acc, "accept_cum_rate": acc_cum,
+                 "mean_accept_length": None if mean != mean else mean}
+    finally:
+        aw.close(timeout_s=None, contract=facts)
     result.accept_rate, result.accept_cum_rate, result.mean_accept_length = acc, acc_cum, mean
     result.seconds = time.perf_counter() - t0
     return result
