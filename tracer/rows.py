@@ -31,8 +31,8 @@ import torch
 from specdiff.eagle3.acceptance import chain_accept
 from specdiff.tracer.schema import aux_name
 
-__all__ = ["LOGITS_LEVELS", "RowLayout", "RowBatch", "AcceptChain", "draft_topk", "draft_outputs",
-           "target_rows", "ttt_rows"]
+__all__ = ["LOGITS_LEVELS", "TOPK_WIDTH", "RowLayout", "RowBatch", "AcceptChain", "draft_topk", "draft_top_ids",
+           "draft_outputs", "target_rows", "ttt_rows"]
 
 #: how draft logits are recorded: ``default`` top-k values/ids + logsumexp, ``full`` every
 #: logit, ``none`` neither (``draft.topk`` / ``draft.topk_target`` always)
@@ -188,15 +188,28 @@ class AcceptChain:
         return acc, cum
 
 
+#: width of the one top-k taken over draft logits per row (and the default ``logits_topk``)
+TOPK_WIDTH = 8
+
+
 def draft_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Descending top-k ``(values float32, ids int64)`` of draft logits [..., Vd], taken over a
-    float32 copy so every recorder and graft break ties alike whatever the draft dtype (the bf16
-    values are exact in float32)."""
+    """Descending top-k ``(values float32, ids int64)`` of draft logits [..., Vd] over a float32
+    copy (bf16 values are exact in float32)."""
     lf = logits.float()
     return lf.topk(min(k, lf.shape[-1]), dim=-1)
 
 
-def draft_outputs(logits: torch.Tensor, *, level: str = "default", logits_topk: int = 8, topk: int = 1,
+def draft_top_ids(logits: torch.Tensor, topk: int) -> torch.Tensor:
+    """``draft.topk``: int64 [..., topk] draft ids of the largest logits, descending.
+
+    Always the first ``topk`` of one top-``max(TOPK_WIDTH, topk)``: torch breaks ties by an order
+    that depends on k, so every recorder (record train, training hooks) and graft take the same
+    k and agree on tied logits.
+    """
+    return draft_topk(logits, max(TOPK_WIDTH, topk))[1][..., :topk]
+
+
+def draft_outputs(logits: torch.Tensor, *, level: str = "default", logits_topk: int = TOPK_WIDTH, topk: int = 1,
                   hot_token_id: torch.Tensor | None = None, label: torch.Tensor | None = None,
                   chain: AcceptChain | None = None, idx: np.ndarray | None = None) -> dict[str, torch.Tensor]:
     """The draft-output tensors of n rows at one depth, by canonical name (host tensors).
@@ -206,8 +219,8 @@ def draft_outputs(logits: torch.Tensor, *, level: str = "default", logits_topk: 
         level: ``default``: ``draft.logits_topk.values`` [n, logits_topk] (logits' dtype,
             descending), ``.ids`` int64 and ``draft.logsumexp`` float32 [n]; ``full``:
             ``draft.logits`` as given; ``none``: neither.
-        topk: width of ``draft.topk`` int64 [n, topk] (draft vocab, descending, SGLang
-            ``fast_topk``); ``draft.topk_target`` = ``hot_token_id[draft.topk]`` (SGLang 0.5.23
+        topk: width of ``draft.topk`` int64 [n, topk] (``draft_top_ids``; SGLang ``fast_topk``);
+            ``draft.topk_target`` = ``hot_token_id[draft.topk]`` (SGLang 0.5.23
             llama_eagle3.py:350-352 ``hot_token_id = d2t + arange``; the ids themselves if None).
         label: [n] int64, the target argmax at t + 1 + k: adds ``draft.accept`` and
             ``draft.accept_cum`` (needs ``chain`` and the rows' flat indices ``idx``).
@@ -217,13 +230,14 @@ def draft_outputs(logits: torch.Tensor, *, level: str = "default", logits_topk: 
     """
     if level not in LOGITS_LEVELS:
         raise ValueError(f"logits level {level!r}: use one of {', '.join(LOGITS_LEVELS)}")
-    vals, ids = draft_topk(logits, max(logits_topk, topk))
+    vals, ids = draft_topk(logits, max(TOPK_WIDTH, topk))  # the draft_top_ids call
     out: dict[str, torch.Tensor] = {}
     if level == "full":
         out["draft.logits"] = logits
     elif level == "default":
-        out["draft.logits_topk.values"] = vals[:, :logits_topk].to(logits.dtype)
-        out["draft.logits_topk.ids"] = ids[:, :logits_topk]
+        lv, li = (vals, ids) if logits_topk <= vals.shape[-1] else draft_topk(logits, logits_topk)
+        out["draft.logits_topk.values"] = lv[:, :logits_topk].to(logits.dtype)
+        out["draft.logits_topk.ids"] = li[:, :logits_topk]
         out["draft.logsumexp"] = torch.logsumexp(logits.float(), dim=-1)
     top = ids[:, :topk]
     out["draft.topk"] = top
@@ -265,7 +279,7 @@ _DEPTH_TENSORS = (("tokens", "tokens", 0), ("hidden_in", "draft.hidden_in", 1),
                   ("hidden_out", "draft.hidden_out", 1))
 
 
-def ttt_rows(batch: RowBatch, layout: RowLayout, out, *, level: str = "default", logits_topk: int = 8,
+def ttt_rows(batch: RowBatch, layout: RowLayout, out, *, level: str = "default", logits_topk: int = TOPK_WIDTH,
              topk: int = 1, hot_token_id: torch.Tensor | None = None, argmax: torch.Tensor | None = None,
              on_depth=None) -> None:
     """Add the draft rows of one teacher-forced TTT forward over a padded batch.

@@ -13,7 +13,7 @@ inputs for the aligned sequences:
 - **training**: every training input, i.e. the training estimate on the same positions.
 
 Acceptance is the greedy chain acceptance ``record_train`` computes (``specdiff.eagle3.acceptance``,
-the draft's top-1 taken as ``tracer.rows.draft_topk`` takes it): at depth k the mapped draft top-1
+the draft's top-1 taken as ``tracer.rows.draft_top_ids`` takes it): at depth k the mapped draft top-1
 (``i + d2t[i]``) must equal the training trace's ``target.argmax`` label at position t+1+k,
 cumulatively over depths; estimated accept length = 1 + sum of the per-depth cumulative rates. Positions: the leading run of positions where both sides hold aux rows, counted only at
 generated positions (t >= prompt_len - 1) like ``replay.acceptance``.
@@ -214,7 +214,7 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
     from specdiff.replay.model.draft_model import ttt_labels
     from specdiff.replay.record.record_train import DTYPES
     from specdiff.tracer.arrays import to_torch
-    from specdiff.tracer.rows import draft_topk
+    from specdiff.tracer.rows import draft_top_ids
 
     tr, sv = _sides(report)
     traces = report.traces
@@ -276,7 +276,7 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
             if key not in cache:
                 with _with_flags(model, flags[f]), torch.no_grad():
                     out = model.ttt_forward(aux[a].to(dev), ids.to(dev), steps, lengths=lengths)
-                cache[key] = ([draft_topk(lg, 1)[1][..., 0].cpu() for lg in out.logits],
+                cache[key] = ([draft_top_ids(lg, 1)[..., 0].cpu() for lg in out.logits],
                               [v.cpu() for v in out.valid])
             top, valid = cache[key]
             hot = d2t[d] + torch.arange(vd)  # SGLang llama_eagle3.py:350-352 hot_token_id

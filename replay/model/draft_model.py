@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdiff.tracer.rows import draft_topk
+from specdiff.tracer.rows import draft_top_ids
 
 __all__ = [
     "Eagle3DraftConfig", "Eagle3Draft", "TTTOutput", "RMSNorm",
@@ -246,7 +246,7 @@ class TTTOutput:
 
     def topk(self, k: int = 1) -> list[torch.Tensor]:
         """Draft-vocab top-k ids per depth, int64 [B,T,k], descending (SGLang ``fast_topk``)."""
-        return [draft_topk(lg, k)[1] for lg in self.logits]
+        return [draft_top_ids(lg, k) for lg in self.logits]
 
     def topk_target(self, k: int = 1) -> list[torch.Tensor]:
         """Top-k mapped to target ids, ``i + d2t[i]`` (SGLang hot_token_id), int64 [B,T,k]."""
