@@ -44,7 +44,8 @@ def test_record_train_rows_are_the_reference_forward_values_in_batch_order(tmp_p
         target_embedding,
         target_lm_head,
     )
-    from specdiff.replay.record.record_train import TrainReplayer, TrainSequence, _batches
+    from specdiff.replay.record.replayer import TrainReplayer
+    from specdiff.replay.record.sequences import TrainSequence, batches_by_length
 
     lines = [{"input_ids": [0, 17, 33, 51, 90, 12, 7, 300, 41, 42, 43, 44], "prompt_len": 5, "rid": "a"},
              {"input_ids": [0, 5, 6, 7, 8, 9, 10, 11], "rid": "b"},
@@ -72,7 +73,7 @@ def test_record_train_rows_are_the_reference_forward_values_in_batch_order(tmp_p
     def put(name, sid, t, d, v):
         want.setdefault(name, []).append(((sid, t, d), v))
 
-    for idx in _batches(seqs, 2, 8192):
+    for idx in batches_by_length(seqs, 2, 8192):
         ids, lengths = TrainReplayer.pad([seqs[i] for i in idx])
         cap = capture_target(target, ids, c["aux_hf_indices"], lengths=lengths, keep_all=True)
         with torch.no_grad():
