@@ -164,8 +164,6 @@ class Recorder:
         self.num_aux = int(k)
         self.aux_width = int(getattr(fc, "in_features", 0)) or None
         self._d2t = self._find_buffer("d2t")
-        self._hot = (None if self._d2t is None else  # SGLang llama_eagle3.py:350-352 hot_token_id = d2t + arange
-                     self._d2t.detach().cpu().to(torch.int64) + torch.arange(self._d2t.shape[0]))
         self._attach()
         self._set_facts()
 
@@ -343,8 +341,12 @@ class Recorder:
             if self._argmax is not None:
                 self._chain = self._chain or AcceptChain(lay.rows)
                 label = self._argmax[torch.as_tensor(lay.label_index(sel, d))]
+            # the live d2t buffer at this call (a loaded checkpoint may have replaced it);
+            # SGLang llama_eagle3.py:350-352 hot_token_id = d2t + arange
+            d2t = None if self._d2t is None else self._d2t.detach().cpu().to(torch.int64)
+            hot = None if d2t is None else d2t + torch.arange(d2t.shape[0])
             outs = draft_outputs(lay.take(logits, sel, 1), level=_LEVELS[self.logits], logits_topk=self.logits_topk,
-                                 topk=self.topk, hot_token_id=self._hot, label=label, chain=self._chain, idx=sel)
+                                 topk=self.topk, hot_token_id=hot, label=label, chain=self._chain, idx=sel)
             for name, v in outs.items():
                 self._write(name, v, sel, d)
             self.max_depth = max(self.max_depth, d)
