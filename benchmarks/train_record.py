@@ -73,14 +73,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from specdiff.replay.record.record_train import (
-        DTYPES,
-        BackgroundWriter,
-        TrainReplayer,
-        TrainSequence,
-        emit,
-        resolve_train_aux,
-    )
+    from specdiff.replay.record.record_train import DTYPES, TrainReplayer, TrainSequence, resolve_train_aux
+    from specdiff.tracer.async_writer import AsyncTraceWriter
     from specdiff.tracer.store import TraceWriter
 
     tmp = Path(tempfile.mkdtemp(prefix="specdiff-bench-"))
@@ -113,7 +107,7 @@ def main(argv=None) -> int:
             rep.forward(ids, lengths)
             t1 = time.perf_counter()
             cap, out = rep.forward(ids, lengths)
-            emit(w, rep.rows([s.seq_id for s in b], cap, out))
+            rep.write(w, [s.seq_id for s in b], cap, out)
             t2 = time.perf_counter()
             bare += t1 - t0
             rec += t2 - t1
@@ -134,12 +128,11 @@ def main(argv=None) -> int:
         o_bare1 = bare_pass()
         t0 = time.perf_counter()
         w = TraceWriter(str(path), side="train", contract={"engine": "specdiff-reference"})
-        bg = BackgroundWriter(w)
+        bg = AsyncTraceWriter(w, lambda tw, rows: rows.flush(tw), max_items=2, lossless=True)
         for b in batches:
             cap, out = rep.forward(*TrainReplayer.pad(b))
-            rep.write(bg, [s.seq_id for s in b], cap, out)
-        bg.join()
-        w.close()
+            bg.submit(rep.rows([s.seq_id for s in b], cap, out))
+        bg.close(timeout_s=None)
         o_rec = time.perf_counter() - t0
         o_bare = (o_bare1 + bare_pass()) / 2
         tokens = args.seqs * args.len

@@ -12,7 +12,7 @@ import importlib
 # Lazy (PEP 562): the diff engine imports specdiff.replay.* without paying for torch.
 _EXPORTS = {
     "Eagle3DraftConfig": "model.draft_model", "Eagle3Draft": "model.draft_model", "TTTOutput": "model.draft_model",
-    "RowBlock": "model.draft_model", "ttt_labels": "model.draft_model",
+    "ttt_labels": "model.draft_model",
     "CheckpointError": "model.checkpoint", "LoadedDraft": "model.checkpoint", "load_draft": "model.checkpoint",
     "save_draft": "model.checkpoint",
     "TargetError": "model.target_capture", "TargetCapture": "model.target_capture", "capture_target": "model.target_capture",

@@ -291,14 +291,16 @@ def _sorted_rows(tr, name):
 
 
 def _expected(ref, aux, ids, lengths, steps, seq_ids):
+    """The rows ``record train`` builds from the reference forward (tracer.rows.ttt_rows)."""
+    from specdiff.tracer.rows import RowBatch, RowLayout, ttt_rows
     out = ref.ttt_forward(aux, ids, steps, lengths=lengths)
-    rows = out.canonical_rows(2, logits=True)
+    batch = RowBatch()
+    ttt_rows(batch, RowLayout.padded(seq_ids, lengths, ids.shape[1]), out, level="full", topk=2,
+             hot_token_id=ref.hot_token_id())
     res = {}
-    for name, blk in rows.items():
-        seq = np.asarray(seq_ids)[blk.seq.numpy()]
-        order = np.lexsort((blk.pos.numpy(), blk.depth.numpy(), seq))
-        res[name] = ({"seq": seq[order], "pos": blk.pos.numpy()[order], "depth": blk.depth.numpy()[order]},
-                     blk.values.numpy()[order])
+    for name, (values, seq, pos, depth, _it) in batch.collected().items():
+        order = np.lexsort((pos, depth, seq))
+        res[name] = ({"seq": seq[order], "pos": pos[order], "depth": depth[order]}, values.numpy()[order])
     return res
 
 

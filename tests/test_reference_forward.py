@@ -179,14 +179,26 @@ def test_right_padding_leaves_valid_rows_unchanged():
         torch.testing.assert_close(out.logits[d][1][v], short.logits[d][0][short.valid[d][0]])
 
 
-def test_canonical_rows_and_labels():
+def _rows(batch):
+    """tracer.rows.RowBatch -> name -> namespace(values, seq, pos, depth) as torch tensors."""
+    from types import SimpleNamespace
+    return {name: SimpleNamespace(values=v, seq=torch.as_tensor(s), pos=torch.as_tensor(p), depth=torch.as_tensor(d))
+            for name, (v, s, p, d, _it) in batch.collected().items()}
+
+
+def test_trace_rows_of_a_ttt_forward_follow_the_eagle3_pairing():
+    from specdiff.tracer.rows import RowBatch, RowLayout, ttt_rows
     model = Eagle3Draft(_cfg())
     _randomize(model)
     aux, ids = torch.randn(2, 6, 72), torch.randint(0, 40, (2, 6))
     out = model.ttt_forward(aux, ids, 2, lengths=torch.tensor([6, 4]))
-    rows = out.canonical_rows(topk=2)
+    batch = RowBatch()
+    ttt_rows(batch, RowLayout.padded([0, 1], torch.tensor([6, 4])), out, level="full", topk=2,
+             hot_token_id=model.hot_token_id(), argmax=ids)
+    rows = _rows(batch)
     assert set(rows) == {"draft.fc_in", "draft.fc_out", "tokens", "draft.hidden_in", "draft.positions",
-                         "draft.attn_in", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"}
+                         "draft.attn_in", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target",
+                         "draft.accept", "draft.accept_cum"}
     from specdiff.tracer.schema import spec_for
     for name in rows:
         spec_for(name)  # every name is canonical
@@ -200,6 +212,10 @@ def test_canonical_rows_and_labels():
     assert int(tk.values[j]) == int(ids[0, 4])  # x_{t+1+k}
     ps = rows["draft.positions"]
     assert ps.values.dtype == torch.int64 and (ps.values == ps.pos.long() + ps.depth.long()).all()  # rope at t+k
+    # accept at (t, k): mapped top-1 == the label at t+1+k (here argmax = the tokens themselves)
+    acc, tkt = rows["draft.accept"], rows["draft.topk_target"]
+    want = tkt.values[:, 0] == ids[acc.seq.long(), acc.pos.long() + 1 + acc.depth.long()]
+    assert torch.equal(acc.values, want)
     labels = ttt_labels(ids, 2, torch.tensor([6, 4]))
     assert int(labels[1][0, 2]) == int(ids[0, 4]) and int(labels[1][1, 2]) == -100
 
@@ -397,8 +413,12 @@ def test_target_capture_and_draft_on_top(tmp_path):
     for b in range(2):  # causal + right padding: the first 5 positions match a solo run
         solo = target(input_ids=ids[b:b + 1, :5]).logits.argmax(-1)[0]
         assert torch.equal(cap.argmax[b, :5], solo)
-    rows = cap.canonical_rows()
+    from specdiff.tracer.rows import RowBatch, RowLayout, target_rows
+    batch = RowBatch()
+    target_rows(batch, RowLayout.padded([0, 1], cap.lengths), aux=cap.aux, aux_cat=cap.aux_cat, argmax=cap.argmax)
+    rows = _rows(batch)
     assert rows["target.aux.1"].values.shape == (12, 24) and rows["target.argmax"].values.shape == (12,)
+    torch.testing.assert_close(rows["target.aux.1"].values[7], cap.aux[1][1, 0])  # row 7 = (seq 1, pos 0)
     with pytest.raises(TargetError, match="outside 0..6"):
         capture_target(target, ids, [7])
     # the draft runs on the captured features with the target's embedding

@@ -1,12 +1,21 @@
-"""Background trace writer for the SGLang recorder: a bounded queue drained by one thread.
+"""The background trace writer: a bounded queue drained by one thread into a ``TraceWriter``.
 
-The serving hot path only *submits* captured items (tensors already cloned, or copied with
-``non_blocking=True`` into pinned host memory, plus a CUDA event). The writer thread waits
-for the item's event, then hands it to a ``handler(trace_writer, item)`` that attributes the
-rows and appends them to the ``TraceWriter``. When the queue is full the item is dropped and
-counted (the count lands in the contract field ``dropped_records``); so is an item that would
-push the bytes held in the queue over ``max_bytes`` (items report their size with ``nbytes()``). Any exception in the
-writer disables recording with one log line; the server keeps serving.
+One writer serves both recorders, in one of two modes:
+
+- **lossy** (the SGLang recorder, default): the serving hot path only *submits* captured items
+  (tensors already cloned, or copied with ``non_blocking=True`` into pinned host memory, plus a
+  CUDA event) and never waits. When the queue is full the item is dropped and counted (the count
+  lands in the contract field ``dropped_records``); so is an item that would push the bytes held
+  in the queue over ``max_bytes`` (items report their size with ``nbytes()``). An exception in
+  the thread disables recording with one log line; the server keeps serving.
+- **lossless** (``specdiff record train``): ``submit`` blocks while the queue is full, so
+  compression and I/O overlap the next batch's forward and nothing is dropped. An exception in the
+  thread stops the appends and is raised in the caller's thread by the next ``submit`` and by
+  ``close`` (after the trace is closed with what was written).
+
+Both: the thread waits for an item's event (``item.wait()``) before handling it; ``written``
+counts handled items and ``on_written(item)`` (if given) is called in the thread after each, so
+progress reports what is on disk.
 """
 
 from __future__ import annotations
@@ -27,20 +36,28 @@ class AsyncTraceWriter:
     """Owns a ``TraceWriter`` and the thread that feeds it.
 
     Args:
-        writer: an open ``specdiff.tracer.store.TraceWriter`` (only the thread touches it).
-        handler: ``handler(writer, item)`` turns one captured item into appends.
-        max_items: queue bound; further submits are dropped and counted.
-        max_bytes: bound on the host memory held by queued items (``item.nbytes()``).
+        writer: an open ``specdiff.tracer.store.TraceWriter`` (only the thread touches it until
+            ``close``).
+        handler: ``handler(writer, item)`` turns one item into appends.
+        max_items: queue bound (lossy: further submits are dropped and counted; lossless: they
+            wait).
+        max_bytes: lossy only: bound on the host memory held by queued items (``item.nbytes()``).
+        lossless: block instead of dropping, and raise the thread's error (module doc).
+        on_written: called in the writer thread with each item after its appends.
     """
 
     def __init__(self, writer, handler: Callable[[Any, Any], None], *, max_items: int = 64,
-                 max_bytes: int = 2 << 30):
+                 max_bytes: int = 2 << 30, lossless: bool = False,
+                 on_written: Callable[[Any], None] | None = None):
         self.writer = writer
         self.handler = handler
+        self.lossless = bool(lossless)
+        self.on_written = on_written
         self.dropped = 0
         self.written = 0
         self.busy_s = 0.0  # wall time the thread spent writing
         self.failed = False
+        self.error: BaseException | None = None
         self.max_bytes = int(max_bytes)
         self.queued_bytes = 0
         self._q: queue.Queue = queue.Queue(maxsize=max_items)
@@ -54,8 +71,23 @@ class AsyncTraceWriter:
     def active(self) -> bool:
         return not (self.failed or self._closed)
 
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
     def submit(self, item) -> bool:
-        """Queue ``item`` without blocking; False (and one more drop counted) if it was dropped."""
+        """Queue ``item``. Lossy: never blocks; False (and one more drop counted) if it was
+        dropped or the writer is inactive. Lossless: waits for room; True.
+
+        Raises:
+            Lossless only: the writer thread's error, or RuntimeError after ``close``.
+        """
+        if self.lossless:
+            self._raise()
+            if self._closed:
+                raise RuntimeError("submit after close")
+            self._q.put((item, 0))
+            return True
         if not self.active:
             return False
         size = int(item.nbytes()) if hasattr(item, "nbytes") else 0
@@ -91,19 +123,29 @@ class AsyncTraceWriter:
                 wait()
             self.handler(self.writer, item)
             self.written += 1
-        except Exception as exc:  # noqa: BLE001 - any writer failure disables tracing
+            if self.on_written is not None:
+                self.on_written(item)
+        except BaseException as exc:  # noqa: BLE001 - lossy: disables tracing; lossless: re-raised
             self.failed = True
-            logger.error("specdiff: trace writer failed (%s: %s); tracing disabled, the server "
-                         "keeps serving; the trace at %s holds what was written before",
-                         type(exc).__name__, exc, getattr(self.writer, "path", "?"))
+            self.error = exc
+            if not self.lossless:
+                logger.error("specdiff: trace writer failed (%s: %s); tracing disabled, the server "
+                             "keeps serving; the trace at %s holds what was written before",
+                             type(exc).__name__, exc, getattr(self.writer, "path", "?"))
         finally:
             self.busy_s += time.perf_counter() - t0
 
-    def close(self, *, timeout_s: float = 30.0, contract: dict | None = None) -> bool:
-        """Drain the queue, stop the thread, record ``dropped_records`` and close the trace.
+    def close(self, *, timeout_s: float | None = 30.0, contract: dict | None = None) -> bool:
+        """Drain the queue, stop the thread, write ``contract`` facts (lossy: and
+        ``dropped_records``) and close the trace.
 
-        Returns True when the trace was closed cleanly. Safe to call more than once and from
-        a signal handler (the journal already holds every completed append either way).
+        Returns True when the trace was closed cleanly. Safe to call more than once (later calls
+        return False) and, lossy, from a signal handler (the journal already holds every
+        completed append either way). ``timeout_s`` None waits as long as the queue takes.
+
+        Raises:
+            Lossless only: the writer thread's error, after the trace was closed with the rows
+            written before it.
         """
         if self._closed:
             return False
@@ -118,12 +160,19 @@ class AsyncTraceWriter:
                          "stays readable up to its last journaled record", timeout_s,
                          getattr(self.writer, "path", "?"))
             return False
+        ok = False
         try:
-            facts = dict(contract or {})
-            facts["dropped_records"] = int(self.dropped)
-            self.writer.set_contract(**facts)
+            facts = {} if self.lossless and self.error is not None else dict(contract or {})
+            if not self.lossless:
+                facts["dropped_records"] = int(self.dropped)
+            if facts:
+                self.writer.set_contract(**facts)
             self.writer.close()
-            return True
+            ok = True
         except Exception as exc:  # noqa: BLE001
+            if self.lossless and self.error is None:
+                raise
             logger.error("specdiff: closing the trace failed (%s: %s)", type(exc).__name__, exc)
-            return False
+        if self.lossless:
+            self._raise()
+        return ok

@@ -39,6 +39,7 @@ import torch
 
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known
 from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.rows import RowBatch
 from specdiff.tracer.sglang_adapter import MISSING, SGLangAdapter
 from specdiff.tracer.sglang_draft_stages import DraftStageTaps, graph_hidden
 
@@ -797,30 +798,9 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
 
 
 # ---- attribution (writer thread) ------------------------------------------------------------
-class _Batch:
-    """Rows of one iteration, gathered per tensor name, appended once per name."""
-
-    def __init__(self):
-        self.rows: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = {}
-
-    def add(self, name, data, seq, pos, depth=0, it=-1):
-        data = data if isinstance(data, torch.Tensor) else torch.as_tensor(np.asarray(data))
-        n = data.shape[0]
-        if n == 0:
-            return
-        self.rows.setdefault(name, []).append((
-            data, np.broadcast_to(np.asarray(seq, np.int64), (n,)),
-            np.broadcast_to(np.asarray(pos, np.int64), (n,)),
-            np.broadcast_to(np.asarray(depth, np.int64), (n,)),
-            np.broadcast_to(np.asarray(it, np.int64), (n,))))
-
-    def flush(self, tw) -> None:
-        for name, parts in self.rows.items():
-            data = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-            keys = [np.concatenate([p[i] for p in parts]) for i in range(1, 5)]
-            tw.append(name, data, seq=keys[0], pos=keys[1], depth=keys[2], iter=keys[3])
-
-
+# Rows come from the server's batch metadata (prefix/extend lengths, accept index, draft tree),
+# not from a [B, T] layout, so only the per-name gathering (tracer.rows.RowBatch) is shared with
+# the training-side row builder; the logits were already reduced on the device in the hot path.
 def _seq(rec: Recorder, tw, rid: str, prompt: list[int] | None = None) -> int:
     if rid not in rec.seq_ids:
         toks = list(prompt or [])
@@ -830,8 +810,8 @@ def _seq(rec: Recorder, tw, rid: str, prompt: list[int] | None = None) -> int:
     return rec.seq_ids[rid]
 
 
-def _add_aux(rec: Recorder, out: _Batch, aux_rows, seq, pos, it) -> None:
-    out.add("target.aux_cat", aux_rows, seq, pos, 0, it)
+def _add_aux(rec: Recorder, out: RowBatch, aux_rows, seq, pos, it) -> None:
+    out.add("target.aux_cat", aux_rows, seq=seq, pos=pos, depth=0, iter=it)
     H = rec.hidden_size
     K = rec.num_aux
     if H and aux_rows.shape[-1] % H == 0:
@@ -839,35 +819,36 @@ def _add_aux(rec: Recorder, out: _Batch, aux_rows, seq, pos, it) -> None:
     if not K:
         return
     for j, chunk in enumerate(aux_rows.chunk(K, dim=-1)):
-        out.add(f"target.aux.{j}", chunk.contiguous(), seq, pos, 0, it)
+        out.add(f"target.aux.{j}", chunk.contiguous(), seq=seq, pos=pos, depth=0, iter=it)
 
 
-def _add_draft_rows(rec: Recorder, out: _Batch, df: DraftForward, sel, seq, pos, depth, it,
+def _add_draft_rows(rec: Recorder, out: RowBatch, df: DraftForward, sel, seq, pos, depth, it,
                     *, has_logits=True, lsel=None, tokens=True) -> None:
     """Add the draft tensors of rows ``sel`` (inputs, fc, midlayer taps) and ``lsel`` (logits;
     hidden_out too when the final-norm tap did not record it). ``tokens=False`` leaves out the
     input tokens (see ``_branch_order``)."""
     lsel = sel if lsel is None else lsel
     if df.input_ids is not None and tokens:
-        out.add("tokens", df.input_ids[sel], seq, pos, depth, it)
+        out.add("tokens", df.input_ids[sel], seq=seq, pos=pos, depth=depth, iter=it)
     if df.fc_out is not None and df.fc_out.shape[0] == df.input_ids.shape[0]:
-        out.add("draft.fc_in", df.fc_in[sel], seq, pos, depth, it)
-        out.add("draft.fc_out", df.fc_out[sel], seq, pos, depth, it)
+        out.add("draft.fc_in", df.fc_in[sel], seq=seq, pos=pos, depth=depth, iter=it)
+        out.add("draft.fc_out", df.fc_out[sel], seq=seq, pos=pos, depth=depth, iter=it)
     n = df.input_ids.shape[0] if df.input_ids is not None else None
     for name, t in df.stages.items():
         if t.shape[0] == n:  # the taps see the forward's rows in input_ids order
-            out.add(name, (t.to(torch.int64) if name == "draft.positions" else t)[sel], seq, pos, depth, it)
+            out.add(name, (t.to(torch.int64) if name == "draft.positions" else t)[sel], seq=seq, pos=pos,
+                    depth=depth, iter=it)
     if not has_logits:
         return
     lpos, ldepth = pos, depth
     if df.hidden is not None and "draft.hidden_out" not in df.stages:
-        out.add("draft.hidden_out", df.hidden[lsel], seq, lpos, ldepth, it)
+        out.add("draft.hidden_out", df.hidden[lsel], seq=seq, pos=lpos, depth=ldepth, iter=it)
     if df.lt_values is not None:
-        out.add("draft.logits_topk.values", df.lt_values[lsel], seq, lpos, ldepth, it)
-        out.add("draft.logits_topk.ids", df.lt_ids[lsel], seq, lpos, ldepth, it)
-        out.add("draft.logsumexp", df.lse[lsel], seq, lpos, ldepth, it)
+        out.add("draft.logits_topk.values", df.lt_values[lsel], seq=seq, pos=lpos, depth=ldepth, iter=it)
+        out.add("draft.logits_topk.ids", df.lt_ids[lsel], seq=seq, pos=lpos, depth=ldepth, iter=it)
+        out.add("draft.logsumexp", df.lse[lsel], seq=seq, pos=lpos, depth=ldepth, iter=it)
     if df.logits is not None:
-        out.add("draft.logits", df.logits[lsel], seq, lpos, ldepth, it)
+        out.add("draft.logits", df.logits[lsel], seq=seq, pos=lpos, depth=ldepth, iter=it)
 
 
 def _parents(next_token: np.ndarray, next_sibling: np.ndarray) -> np.ndarray:
@@ -885,7 +866,7 @@ def _parents(next_token: np.ndarray, next_sibling: np.ndarray) -> np.ndarray:
 
 def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
     """Attribute one iteration's captured tensors and append them (writer thread)."""
-    out = _Batch()
+    out = RowBatch()
     touched: set[str] = set()
     if cap.kind == "prefill":
         _write_prefill(rec, tw, cap, out, touched)
@@ -921,7 +902,7 @@ def _write_prefill(rec, tw, cap, out, touched) -> None:
         last = p + e - 1
         if final and nti is not None:
             tok = int(nti[b])
-            out.add("target.argmax", torch.tensor([tok]), sid, last, 0, -1)
+            out.add("target.argmax", torch.tensor([tok]), seq=sid, pos=last, depth=0, iter=-1)
             toks = rec.seq_tokens[rid]
             if len(toks) == last + 1:
                 toks.append(tok)
@@ -935,7 +916,7 @@ def _write_prefill(rec, tw, cap, out, touched) -> None:
                                                        lt_ids=de.lt_ids, lse=de.lse, logits=de.logits),
                                 slice(b, b + 1), sid, last, 0, -1)
         if final and de_topk is not None:
-            out.add("draft.topk", de_topk[b:b + 1], sid, last, 0, -1)
+            out.add("draft.topk", de_topk[b:b + 1], seq=sid, pos=last, depth=0, iter=-1)
 
 
 def _write_decode(rec, tw, cap, out, touched) -> None:
@@ -973,25 +954,25 @@ def _write_decode(rec, tw, cap, out, touched) -> None:
         accepted = torch.full((slots,), -1, dtype=torch.int64)
         accepted[:a] = predict[gidx]
         # verify rows
-        out.add("verify.accept_length", torch.tensor([a]), sid, Lb, 0, it)
-        out.add("verify.accept_index", local[None], sid, Lb, 0, it)
-        out.add("verify.accepted_tokens", accepted[None], sid, Lb, 0, it)
-        out.add("verify.predict", predict[b * N:(b + 1) * N][None], sid, Lb, 0, it)
+        out.add("verify.accept_length", torch.tensor([a]), seq=sid, pos=Lb, depth=0, iter=it)
+        out.add("verify.accept_index", local[None], seq=sid, pos=Lb, depth=0, iter=it)
+        out.add("verify.accepted_tokens", accepted[None], seq=sid, pos=Lb, depth=0, iter=it)
+        out.add("verify.predict", predict[b * N:(b + 1) * N][None], seq=sid, pos=Lb, depth=0, iter=it)
         if dt is not None:
-            out.add("verify.draft_tokens", dt.view(bs, -1)[b][None], sid, Lb, 0, it)
+            out.add("verify.draft_tokens", dt.view(bs, -1)[b][None], seq=sid, pos=Lb, depth=0, iter=it)
         if rindex is not None:
             ri = rindex.to(torch.int64).view(bs, -1)[b].clone()
             ri[ri >= b * N] -= b * N
-            out.add("verify.retrieve_index", ri[None], sid, Lb, 0, it)
+            out.add("verify.retrieve_index", ri[None], seq=sid, pos=Lb, depth=0, iter=it)
         if nxt is not None and sib is not None:
             nt = nxt.to(torch.int64).view(bs, -1)[b].numpy()
             ns = sib.to(torch.int64).view(bs, -1)[b].numpy()
-            out.add("verify.parents", torch.as_tensor(_parents(nt, ns))[None], sid, Lb, 0, it)
+            out.add("verify.parents", torch.as_tensor(_parents(nt, ns))[None], seq=sid, pos=Lb, depth=0, iter=it)
         # accepted target rows: positions of the accepted nodes
         pos = (vpos.to(torch.int64)[gidx].numpy() if vpos is not None else Lb + np.arange(a))
         if aux is not None and aux.shape[0] == bs * N:
             _add_aux(rec, out, aux[gidx], sid, pos, it)
-        out.add("target.argmax", predict[gidx], sid, pos, 0, it)
+        out.add("target.argmax", predict[gidx], seq=sid, pos=pos, depth=0, iter=it)
         # committed tokens
         toks = rec.seq_tokens[rid]
         if len(toks) == Lb + 1:
@@ -1003,7 +984,7 @@ def _write_decode(rec, tw, cap, out, touched) -> None:
             dpos = Lb + np.arange(a)
             _add_draft_rows(rec, out, de, rows, sid, dpos, 0, it)
         if de_topk is not None:
-            out.add("draft.topk", de_topk[b:b + 1], sid, Lb + a - 1, 0, it)
+            out.add("draft.topk", de_topk[b:b + 1], seq=sid, pos=Lb + a - 1, depth=0, iter=it)
         # draft steps of this iteration, continuing from the row at L-1
         orders = _branch_order(cap, steps, b, k, committed=predict[gidx])
         for i, df in enumerate(steps):
@@ -1011,12 +992,12 @@ def _write_decode(rec, tw, cap, out, touched) -> None:
             rows = b * k + perm
             _add_draft_rows(rec, out, df, rows, sid, Lb - 1, i + 1, it, tokens=on_path)
             if df.topk_ids is not None:
-                out.add("draft.topk", df.topk_ids[rows], sid, Lb - 1, i + 1, it)
+                out.add("draft.topk", df.topk_ids[rows], seq=sid, pos=Lb - 1, depth=i + 1, iter=it)
         for i, ids in cap.select:
             ids = ids.reshape(-1, k)
             per = ids.shape[0] // bs
             perm = orders[i][0] if per == k and i in orders else torch.arange(per)
-            out.add("draft.topk_target", ids[b * per + perm], sid, Lb - 1, i, it)
+            out.add("draft.topk_target", ids[b * per + perm], seq=sid, pos=Lb - 1, depth=i, iter=it)
 
 
 def _branch_order(cap: IterCapture, steps: list, b: int, k: int, *, committed) -> dict[int, tuple]:

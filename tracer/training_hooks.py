@@ -49,7 +49,6 @@ at depth 0 (fc tensors), t + 1 + k < length at depth k (DESIGN.md "Position pair
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -57,12 +56,14 @@ from torch import nn
 
 from specdiff.tracer.contract import sha256_array
 from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.rows import AcceptChain, RowLayout, draft_outputs
 from specdiff.tracer.schema import aux_name
 
 __all__ = ["HookError", "Recorder", "attach_recorder", "ADAPTERS", "resolve_name_map"]
 
 ROLES = ("fc", "input_norm", "embed", "hidden_norm", "attn", "rope", "norm", "lm_head")
 _REQUIRED = ("fc", "embed", "hidden_norm", "attn", "norm", "lm_head")
+_LEVELS = {"topk": "default", "full": "full", "none": "none"}  # logits= -> tracer.rows level
 
 
 class HookError(SpecdiffError):
@@ -118,15 +119,6 @@ def resolve_name_map(model: nn.Module, adapter="auto") -> tuple[str, dict[str, s
     return adapter, ADAPTERS[adapter](model)
 
 
-@dataclass
-class _Batch:
-    seq: np.ndarray   # [N] seq id of each flat row
-    pos: np.ndarray   # [N] position inside the sequence
-    length: np.ndarray  # [N] the sequence's length
-    rows: int         # N = B*T (padded) or sum(lengths) (packed)
-    T: int            # padded positions per row (0 when packed)
-
-
 def _first_tensor(x):
     if isinstance(x, torch.Tensor):
         return x
@@ -153,12 +145,11 @@ class Recorder:
         self.model, self.writer, self.adapter, self.name_map = model, writer, adapter, dict(name_map)
         self.topk, self.logits, self.logits_topk = topk, logits, logits_topk
         self._handles: list = []
-        self._batch: _Batch | None = None
-        self._packed = False
+        self._layout: RowLayout | None = None
         self._depth = 0
         self._seen: set[tuple[str, int]] = set()
         self._argmax: torch.Tensor | None = None
-        self._accept_cum: torch.Tensor | None = None
+        self._chain: AcceptChain | None = None
         self.records = 0
         self.max_depth = -1
         names = dict(model.named_modules())
@@ -231,21 +222,14 @@ class Recorder:
         lengths = np.asarray(torch.as_tensor(lengths).cpu(), dtype=np.int64).reshape(-1)
         if len(seq_ids) != len(lengths):
             raise HookError(f"batch: {len(seq_ids)} seq ids but {len(lengths)} lengths")
-        starts = np.cumsum(lengths) - lengths
         if packed:
-            T = 0
-            seq = np.repeat(seq_ids, lengths)
-            pos = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
-            length = np.repeat(lengths, lengths)
+            self._layout = RowLayout.packed(seq_ids, lengths)
         else:
             T = int(lengths.max()) if tokens is None else max(int(torch.as_tensor(tokens).shape[-1]),
                                                                 int(lengths.max()))
-            seq = np.repeat(seq_ids, T)
-            pos = np.tile(np.arange(T), len(seq_ids))
-            length = np.repeat(lengths, T)
-        self._batch = _Batch(seq, pos, length, len(seq), T)
-        self._packed = packed
+            self._layout = RowLayout.padded(seq_ids, lengths, T)
         if tokens is not None:
+            starts = np.cumsum(lengths) - lengths
             tk = torch.as_tensor(tokens).cpu()
             for b, (sid, n) in enumerate(zip(seq_ids, lengths, strict=True)):
                 row = tk.reshape(-1)[starts[b]:starts[b] + n] if packed else tk[b, :n]
@@ -253,12 +237,12 @@ class Recorder:
         self._argmax = None
         if target_argmax is not None:
             a = torch.as_tensor(target_argmax).detach().cpu().to(torch.int64).reshape(-1)
-            self._argmax = self._fit(a)
-            sel = self._select(-1)
-            self._write("target.argmax", self._argmax[sel], sel, 0)
+            self._argmax = self._layout.flat(a, 0)
+            sel = self._layout.defined(None)
+            self._write("target.argmax", self._argmax[torch.as_tensor(sel)], sel, 0)
         self._depth = 0
         self._seen.clear()
-        self._accept_cum = None
+        self._chain = None
 
     def detach(self) -> None:
         """Remove every hook this recorder added; the model is unchanged."""
@@ -275,43 +259,11 @@ class Recorder:
         self.detach()
 
     # ---- rows -------------------------------------------------------------------------------
-    def _fit(self, flat: torch.Tensor) -> torch.Tensor:
-        """Flat [N, ...] rows padded/cut to the declared layout's N."""
-        n = self._batch.rows
-        if flat.shape[0] == n:
-            return flat
-        if flat.shape[0] > n:
-            return flat[:n]
-        pad = torch.zeros((n - flat.shape[0], *flat.shape[1:]), dtype=flat.dtype)
-        return torch.cat([flat, pad])
-
-    def _select(self, depth: int) -> np.ndarray:
-        """Flat row indices defined at ``depth`` (-1: t < length; k >= 0: t + 1 + k < length)."""
-        b = self._batch
-        ok = b.pos < b.length if depth < 0 else b.pos + 1 + depth < b.length
-        return np.nonzero(ok)[0]
-
-    def _rows(self, t: torch.Tensor, feat_dims: int) -> torch.Tensor | None:
-        if self._batch is None:
-            return None
-        t = t.detach()
-        lead = t.shape[: t.dim() - feat_dims]
-        flat = t.reshape(int(np.prod(lead)) if lead else 1, *t.shape[t.dim() - feat_dims:])
-        if not self._packed and len(lead) == 2:
-            B, T = lead
-            want_T = self._batch.T
-            if T != want_T:  # a forward over fewer/more positions than declared: realign by (b, t)
-                full = torch.zeros((B, want_T, *flat.shape[1:]), dtype=flat.dtype, device=flat.device)
-                n = min(T, want_T)
-                full[:, :n] = t.reshape(B, T, *flat.shape[1:])[:, :n]
-                flat = full.reshape(B * want_T, *flat.shape[1:])
-        return self._fit(flat.cpu())
-
     def _write(self, name: str, values: torch.Tensor, sel: np.ndarray, depth: int) -> None:
         if len(sel) == 0:
             return
-        b = self._batch
-        self.writer.append(name, values, seq=b.seq[sel], pos=b.pos[sel], depth=depth)
+        lay = self._layout
+        self.writer.append(name, values, seq=lay.seq[sel], pos=lay.pos[sel], depth=depth)
         self.records += 1
 
     def _once(self, role: str) -> bool:
@@ -322,18 +274,17 @@ class Recorder:
         return True
 
     def _record(self, name: str, t: torch.Tensor, feat_dims: int, depth: int | None) -> None:
-        rows = self._rows(t, feat_dims)
-        if rows is None:
+        if self._layout is None:
             return
-        sel = self._select(-1 if depth is None else depth)
-        self._write(name, rows[torch.as_tensor(sel)], sel, 0 if depth is None else depth)
+        sel = self._layout.defined(depth)
+        self._write(name, self._layout.take(t, sel, feat_dims), sel, 0 if depth is None else depth)
 
     # ---- hooks ------------------------------------------------------------------------------
     @torch.no_grad()
     def _fc_pre(self, module, args):
         self._depth = 0
         self._seen.clear()
-        self._accept_cum = None
+        self._chain = None
         x = args[0]
         if "input_norm" not in self._mods:
             self._aux(x)
@@ -383,35 +334,23 @@ class Recorder:
     def _lm_out(self, module, args, out):
         d = self._depth
         logits = _first_tensor(out)
-        rows = self._rows(logits, 1) if logits is not None else None
-        if rows is not None:
-            sel = self._select(d)
-            lg = rows[torch.as_tensor(sel)]
-            if self.logits == "full":
-                self._write("draft.logits", lg, sel, d)
-            elif self.logits == "topk":
-                vals, ids = lg.topk(min(self.logits_topk, lg.shape[-1]), dim=-1)
-                self._write("draft.logits_topk.values", vals, sel, d)
-                self._write("draft.logits_topk.ids", ids, sel, d)
-                self._write("draft.logsumexp", torch.logsumexp(lg.float(), dim=-1), sel, d)
-            ids = lg.topk(self.topk, dim=-1).indices
-            mapped = ids + self._d2t.detach().cpu().to(torch.int64)[ids] if self._d2t is not None else ids
-            self._write("draft.topk", ids, sel, d)
-            self._write("draft.topk_target", mapped, sel, d)
+        if logits is not None and self._layout is not None:
+            lay = self._layout
+            sel = lay.defined(d)
+            label = None
             if self._argmax is not None:
-                label_idx = self._label_index(sel, d)
-                acc = mapped[:, 0] == self._argmax[torch.as_tensor(label_idx)]
-                full = torch.zeros(self._batch.rows, dtype=torch.bool)
-                full[torch.as_tensor(sel)] = acc
-                self._accept_cum = full if self._accept_cum is None else (self._accept_cum & full)
-                self._write("draft.accept", acc, sel, d)
-                self._write("draft.accept_cum", self._accept_cum[torch.as_tensor(sel)], sel, d)
+                self._chain = self._chain or AcceptChain(lay.rows)
+                label = self._argmax[torch.as_tensor(lay.label_index(sel, d))]
+            # the live d2t buffer at this call (a loaded checkpoint may have replaced it);
+            # SGLang llama_eagle3.py:350-352 hot_token_id = d2t + arange
+            d2t = None if self._d2t is None else self._d2t.detach().cpu().to(torch.int64)
+            hot = None if d2t is None else d2t + torch.arange(d2t.shape[0])
+            outs = draft_outputs(lay.take(logits, sel, 1), level=_LEVELS[self.logits], logits_topk=self.logits_topk,
+                                 topk=self.topk, hot_token_id=hot, label=label, chain=self._chain, idx=sel)
+            for name, v in outs.items():
+                self._write(name, v, sel, d)
             self.max_depth = max(self.max_depth, d)
         self._depth += 1
-
-    def _label_index(self, sel: np.ndarray, depth: int) -> np.ndarray:
-        """Flat index of position t+1+k in the same sequence (the label of row t at depth k)."""
-        return sel + 1 + depth
 
 
 def attach_recorder(model: nn.Module, writer, *, adapter="auto", topk: int = 1, logits: str = "topk",

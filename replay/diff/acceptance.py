@@ -1,14 +1,13 @@
-"""Acceptance on both sides: per-depth acceptance and mean accept length.
+"""Acceptance on both sides of a diff: per-depth acceptance and mean accept length.
+
+Which rows count is decided here; the two rules themselves are ``specdiff.eagle3.acceptance``.
 
 Serving: from ``verify.accept_length`` rows (SGLang accept_lens = accepted drafts + 1, so the mean
 accept length counts the bonus token). ``meta_info.spec_accept_length`` is completion tokens /
-verify steps, which also counts the token the prefill produced, so it reads slightly higher. Per-depth
-acceptance d = fraction of verify steps that accepted at least d drafts.
+verify steps, which also counts the token the prefill produced, so it reads slightly higher.
 
-Training: from ``draft.accept_cum`` (mapped draft argmax == target argmax at every depth <= k):
-per-depth acceptance = mean over positions; estimated mean accept length = 1 + sum over depths,
-what a chain draft with greedy verify would get. Only generated positions count (the draft
-only drafts after the prompt), i.e. t >= prompt_len - 1.
+Training: from ``draft.accept_cum`` rows (chain acceptance). Only generated positions count (the
+draft only drafts after the prompt), i.e. t >= prompt_len - 1.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdiff.eagle3.acceptance import AcceptTally, from_accept_lengths
 from specdiff.replay.diff.align import Alignment, Pair
 from specdiff.tracer.contract import known
 
@@ -49,13 +49,12 @@ def serving_acceptance(trace, seq_of_pair: dict[int, int]) -> Acceptance:
     for pair, seq in seq_of_pair.items():
         sel = lens[keys["seq"] == seq]
         if len(sel):
-            per_seq[pair] = float(sel.mean())
+            per_seq[pair] = from_accept_lengths(sel, steps).mean_accept_length
             all_lens.append(sel)
     if not all_lens:
         return Acceptance(None, None, {}, 0)
-    cat = np.concatenate(all_lens)
-    per_depth = tuple(float(((cat - 1) >= d).mean()) for d in range(1, steps + 1))
-    return Acceptance(per_depth, float(cat.mean()), per_seq, len(cat))
+    st = from_accept_lengths(np.concatenate(all_lens), steps)
+    return Acceptance(st.per_depth, st.mean_accept_length, per_seq, st.samples)
 
 
 def training_acceptance(trace, alignment: Alignment, *, side: str) -> Acceptance:
@@ -68,18 +67,24 @@ def training_acceptance(trace, alignment: Alignment, *, side: str) -> Acceptance
     steps = int(keys["depth"].max()) + 1 if len(acc) else 0
     per_seq: dict[int, float] = {}
     rows = np.zeros(len(acc), bool)
+
+    def tally(sel) -> AcceptTally:
+        t = AcceptTally(steps)
+        for d in range(steps):
+            t.add(d, acc, sel & (keys["depth"] == d))
+        return t
+
     for p in alignment.seq_pairs:
         seq = getattr(p.seq, side)
         start = getattr(p.start, side)  # content-paired sequences: the common part only
         sel = (keys["seq"] == seq) & (keys["pos"] >= start + p.prompt_len - 1) & (keys["pos"] < start + p.length - 1)
         rows |= sel
         if sel.any():
-            per_seq[p.index] = 1.0 + sum(float(acc[sel & (keys["depth"] == d)].mean())
-                                         for d in range(steps) if (sel & (keys["depth"] == d)).any())
+            per_seq[p.index] = tally(sel).mean_accept_length()
     if not rows.any():
         return Acceptance(None, None, {}, 0)
-    per_depth = tuple(float(acc[rows & (keys["depth"] == d)].mean()) for d in range(steps))
-    return Acceptance(per_depth, 1.0 + sum(per_depth), per_seq, int((rows & (keys["depth"] == 0)).sum()))
+    st = tally(rows).stats()
+    return Acceptance(st.per_depth, st.mean_accept_length, per_seq, st.samples)
 
 
 def acceptance(traces: Pair, alignment: Alignment) -> Pair[Acceptance]:

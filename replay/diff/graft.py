@@ -12,10 +12,10 @@ inputs for the aligned sequences:
   the training config's norm flags;
 - **training**: every training input, i.e. the training estimate on the same positions.
 
-Acceptance is the greedy chain acceptance ``record_train`` computes: at depth k the mapped draft
-argmax (``i + d2t[i]``) must equal the training trace's ``target.argmax`` label at position
-t+1+k, cumulatively over depths; estimated accept length = 1 + sum of the per-depth cumulative
-rates. Positions: the leading run of positions where both sides hold aux rows, counted only at
+Acceptance is the greedy chain acceptance ``record_train`` computes (``specdiff.eagle3.acceptance``,
+the draft's top-1 taken as ``tracer.rows.draft_top_ids`` takes it): at depth k the mapped draft top-1
+(``i + d2t[i]``) must equal the training trace's ``target.argmax`` label at position t+1+k,
+cumulatively over depths; estimated accept length = 1 + sum of the per-depth cumulative rates. Positions: the leading run of positions where both sides hold aux rows, counted only at
 generated positions (t >= prompt_len - 1) like ``replay.acceptance``.
 
 Each substitution reports how much of the gap (training estimate - baseline) it recovers;
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdiff.eagle3.acceptance import AcceptTally, chain_accept
 from specdiff.eagle3.norms import NORM_FLAGS as _NORMS
 from specdiff.replay.diff.align import match_rows
 from specdiff.tracer.contract import known
@@ -192,22 +193,6 @@ def _plan(report, tr: str, sv: str) -> list[_Seq]:
 
 
 # ---- the replay ------------------------------------------------------------------------------
-class _Tally:
-    def __init__(self, steps: int):
-        self.hit = np.zeros(steps)
-        self.count = np.zeros(steps)
-
-    def add(self, d: int, acc, mask) -> None:
-        self.hit[d] += float(acc[mask].sum())
-        self.count[d] += float(mask.sum())
-
-    def per_depth(self) -> tuple[float, ...]:
-        return tuple(float(h / c) if c else 0.0 for h, c in zip(self.hit, self.count, strict=True))
-
-    def length(self) -> float:
-        return 1.0 + sum(self.per_depth())
-
-
 def graft(report, *, draft_path: str | None = None, target_path: str | None = None,
           steps: int | None = None) -> list:
     """Re-run the training-side reference forward on serving's inputs, one training input
@@ -230,6 +215,7 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
     from specdiff.replay.model.draft_model import ttt_labels
     from specdiff.replay.record.record_train import DTYPES
     from specdiff.tracer.arrays import to_torch
+    from specdiff.tracer.rows import draft_top_ids
 
     tr, sv = _sides(report)
     traces = report.traces
@@ -259,7 +245,7 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
     if flags["train"] != flags["serve"]:
         variants["norm flags"] = ("serve", "serve", "train")
     variants["training"] = ("train", "train", "train")
-    tallies = {k: _Tally(steps) for k in variants}
+    tallies = {k: AcceptTally(steps) for k in variants}
     side_attr = {"train": tr, "serve": sv}
 
     am_keys = ttrace.keys("target.argmax")
@@ -291,17 +277,18 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
             if key not in cache:
                 with _with_flags(model, flags[f]), torch.no_grad():
                     out = model.ttt_forward(aux[a].to(dev), ids.to(dev), steps, lengths=lengths)
-                cache[key] = ([lg.argmax(-1).cpu() for lg in out.logits], [v.cpu() for v in out.valid])
+                cache[key] = ([draft_top_ids(lg, 1)[..., 0].cpu() for lg in out.logits],
+                              [v.cpu() for v in out.valid])
             top, valid = cache[key]
-            hot = d2t[d] + torch.arange(vd)
+            hot = d2t[d] + torch.arange(vd)  # SGLang llama_eagle3.py:350-352 hot_token_id
             cum = torch.ones(B, T, dtype=torch.bool)
             for k in range(steps):
                 ok = valid[k] & (labels[k] != -100)
-                cum = cum & ok & (hot[top[k]] == labels[k])
+                _, cum = chain_accept(hot[top[k]], labels[k], cum & ok)
                 tallies[name].add(k, cum, ok & gen)
 
-    base = tallies["baseline"].length()
-    full = tallies["training"].length()
+    base = tallies["baseline"].mean_accept_length()
+    full = tallies["training"].mean_accept_length()
     gap = full - base
     words = {"target.aux_cat": "training's target.aux_cat rows instead of serving's",
              "draft.d2t": "training's vocab map (draft.d2t) instead of serving's",
@@ -313,7 +300,7 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
         if name in ("baseline", "training"):
             continue
         t = tallies[name]
-        length = t.length()
+        length = t.mean_accept_length()
         rec = (length - base) / gap if abs(gap) >= MIN_GAP else None
         out.append(GraftResult(name, words[name], length, t.per_depth(), rec, base, full,
                                int(t.count[0])))

@@ -43,9 +43,10 @@ from torch import nn
 
 from specdiff.eagle3.norms import apply_fc_norms, fed_back_hidden
 from specdiff.replay.model.draft_config import Eagle3DraftConfig
+from specdiff.tracer.rows import draft_top_ids
 
 __all__ = [
-    "Eagle3DraftConfig", "Eagle3Draft", "TTTOutput", "RowBlock", "RMSNorm",
+    "Eagle3DraftConfig", "Eagle3Draft", "TTTOutput", "RMSNorm",
     "rope_inv_freq", "ttt_labels",
 ]
 
@@ -154,16 +155,6 @@ class _MidLayer(nn.Module):
 
 
 @dataclass
-class RowBlock:
-    """Rows of one canonical tensor: keys ``seq``/``pos`` int32 [N], ``depth`` int16 [N], values [N, ...]."""
-
-    seq: torch.Tensor
-    pos: torch.Tensor
-    depth: torch.Tensor
-    values: torch.Tensor
-
-
-@dataclass
 class TTTOutput:
     """Everything ``Eagle3Draft.ttt_forward`` computed, per depth k = 0..steps-1.
 
@@ -172,6 +163,7 @@ class TTTOutput:
     ``positions`` int64 [B,T] (rope position t+k+offset), ``attn_in`` [B,T,2Hd],
     ``hidden_out`` [B,T,Hd] (pre-norm), ``logits`` [B,T,Vd];
     ``valid`` bool [B,T] per depth (t+1+k < length); ``lengths`` int64 [B]; ``d2t`` int64 [Vd].
+    Its trace rows are built by ``specdiff.tracer.rows.ttt_rows`` (what ``record train`` writes).
     """
 
     fc_in: torch.Tensor
@@ -192,51 +184,11 @@ class TTTOutput:
 
     def topk(self, k: int = 1) -> list[torch.Tensor]:
         """Draft-vocab top-k ids per depth, int64 [B,T,k], descending (SGLang ``fast_topk``)."""
-        return [lg.topk(k, dim=-1).indices for lg in self.logits]
+        return [draft_top_ids(lg, k) for lg in self.logits]
 
     def topk_target(self, k: int = 1) -> list[torch.Tensor]:
         """Top-k mapped to target ids, ``i + d2t[i]`` (SGLang hot_token_id), int64 [B,T,k]."""
         return [ids + self.d2t[ids] for ids in self.topk(k)]
-
-    def canonical_rows(self, topk: int = 1, *, logits: bool = True) -> dict[str, RowBlock]:
-        """The canonical tensors (tracer/schema.py) as rows keyed (seq, pos, depth).
-
-        ``draft.fc_in``/``draft.fc_out`` have depth 0 and a row for every t < length; by-depth
-        tensors (``tokens``, ``draft.hidden_in``, ``draft.positions``, ``draft.attn_in``,
-        ``draft.hidden_out``,
-        ``draft.logits`` (if ``logits``), ``draft.topk``, ``draft.topk_target``) have a row for
-        each valid (t, k). Values are detached.
-        """
-        B, T = self.fc_out.shape[:2]
-        ar = torch.arange(T)
-        in_len = ar[None, :] < self.lengths[:, None]
-
-        def block(mask, values, depth):
-            b, t = mask.nonzero(as_tuple=True)
-            return (b.to(torch.int32), t.to(torch.int32),
-                    torch.full_like(b, depth, dtype=torch.int16), values.detach()[b, t])
-
-        out: dict[str, list] = {}
-
-        def add(name, parts):
-            out.setdefault(name, []).append(parts)
-
-        add("draft.fc_in", block(in_len, self.fc_in, 0))
-        add("draft.fc_out", block(in_len, self.fc_out, 0))
-        tk, tkt = self.topk(topk), self.topk_target(topk)
-        for d in range(self.steps):
-            v = self.valid[d]
-            add("tokens", block(v, self.tokens[d], d))
-            add("draft.hidden_in", block(v, self.hidden_in[d], d))
-            add("draft.positions", block(v, self.positions[d], d))
-            add("draft.attn_in", block(v, self.attn_in[d], d))
-            add("draft.hidden_out", block(v, self.hidden_out[d], d))
-            if logits:
-                add("draft.logits", block(v, self.logits[d], d))
-            add("draft.topk", block(v, tk[d], d))
-            add("draft.topk_target", block(v, tkt[d], d))
-        return {name: RowBlock(*(torch.cat(col) for col in zip(*parts)))
-                for name, parts in out.items()}
 
 
 def ttt_labels(target_argmax: torch.Tensor, steps: int, lengths: torch.Tensor | None = None,

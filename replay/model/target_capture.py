@@ -15,9 +15,7 @@ from pathlib import Path
 
 import torch
 
-from specdiff.replay.model.draft_model import RowBlock
 from specdiff.tracer.errors import SpecdiffError
-from specdiff.tracer.schema import aux_name
 
 __all__ = ["TargetError", "TargetCapture", "load_target", "capture_target", "target_embedding",
            "target_lm_head", "target_num_layers"]
@@ -76,17 +74,6 @@ class TargetCapture:
     aux_cat: torch.Tensor
     argmax: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...] | None = None
-
-    def canonical_rows(self) -> dict[str, RowBlock]:
-        """``tokens``-free target rows keyed (seq, pos, depth 0) for t < length."""
-        B, T = self.input_ids.shape
-        mask = torch.arange(T)[None, :] < self.lengths[:, None]
-        b, t = mask.nonzero(as_tuple=True)
-        keys = (b.to(torch.int32), t.to(torch.int32), torch.zeros_like(b, dtype=torch.int16))
-        out = {aux_name(j): RowBlock(*keys, a[b, t]) for j, a in enumerate(self.aux)}
-        out["target.aux_cat"] = RowBlock(*keys, self.aux_cat[b, t])
-        out["target.argmax"] = RowBlock(*keys, self.argmax[b, t])
-        return out
 
 
 @torch.no_grad()

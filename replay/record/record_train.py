@@ -1,9 +1,14 @@
 """Record a training-side trace: teacher-forced EAGLE-3 TTT forward over token sequences.
 
+Owns the ``record train`` run: options and their defaults, loading the models, the contract
+facts, and driving the batches through the background writer. The pieces live beside it:
+``sequences`` (what is replayed, batching), ``train_aux`` (the training aux layers),
+``replayer`` (the forward and its rows, built by ``tracer.rows``), ``errors``.
+
 ``record_train`` loads the target with transformers (in the serving dtype, bf16 by default, so
 tolerances against a serving trace stay tight), loads the draft checkpoint in either format
-(``replay.checkpoint``), runs the target with all hidden states and the reference draft forward
-(``replay.draft_model``) on right-padded batches, and writes every canonical tensor
+(``replay.model.checkpoint``), runs the target with all hidden states and the reference draft forward
+(``replay.model.draft_model``) on right-padded batches, and writes every canonical tensor
 (``tracer.schema``) keyed (seq, pos, depth) with ``iter = -1``:
 
 - ``tokens`` at (t, k) = x_{t+1+k}, the draft input token of every valid row;
@@ -35,33 +40,39 @@ contract field ``defaults_used``.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from specdiff.eagle3.aux_layers import CONVENTIONS, AuxResolution, ConventionError, resolve_aux_ids
+from specdiff.eagle3.aux_layers import CONVENTIONS, AuxResolution
 from specdiff.replay.model.checkpoint import LoadedDraft, load_draft
-from specdiff.replay.model.draft_model import Eagle3Draft, TTTOutput, ttt_labels
 from specdiff.replay.model.target_capture import (
-    TargetCapture,
-    capture_target,
     load_target,
     target_embedding,
     target_lm_head,
     target_num_layers,
 )
+from specdiff.replay.record.errors import RecordTrainError
+from specdiff.replay.record.replayer import LOGITS_TOPK, TrainReplayer
+from specdiff.replay.record.sequences import (
+    TrainSequence,
+    batches_by_length,
+    extend_greedy,
+    sequences_from_prompts,
+    sequences_from_trace,
+)
+from specdiff.replay.record.train_aux import resolve_train_aux
 from specdiff.replay.record.train_options import (
     AUX_CONVENTION_DEFAULT,
     CAPTURE_LEVELS,
     DTYPE_NAMES,
     fill_defaults,
 )
+from specdiff.tracer.async_writer import AsyncTraceWriter
 from specdiff.tracer.contract import (
     DEFAULTS_USED,
     bos_added_fact,
@@ -72,30 +83,13 @@ from specdiff.tracer.contract import (
     weight_sha256,
 )
 from specdiff.tracer.errors import SpecdiffError, TraceError
-from specdiff.tracer.jsonl import iter_jsonl
-from specdiff.tracer.schema import aux_name, probe_name
-from specdiff.tracer.store import TraceWriter, open_trace
+from specdiff.tracer.store import TraceWriter
 
 __all__ = ["RecordTrainError", "TrainSequence", "RecordTrainResult", "DTYPES", "CAPTURE_LEVELS",
            "LOGITS_TOPK", "sequences_from_trace", "sequences_from_prompts", "resolve_train_aux",
            "TrainReplayer", "record_train"]
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
-LOGITS_TOPK = 8
-
-
-class RecordTrainError(SpecdiffError):
-    """Bad input to ``record train`` (one clear line)."""
-
-
-@dataclass
-class TrainSequence:
-    """One sequence to replay: int tokens, how many came from the prompt, request id, seq id."""
-
-    tokens: np.ndarray
-    prompt_len: int
-    rid: str | None = None
-    seq_id: int | None = None
 
 
 @dataclass
@@ -127,159 +121,6 @@ class RecordTrainResult:
     defaults_used: dict[str, dict] = field(default_factory=dict)
 
 
-# ---- sequences ------------------------------------------------------------------------------
-def sequences_from_trace(path: str) -> tuple[list[TrainSequence], dict]:
-    """Every sequence of a (serving) trace, with its prompt_len, rid and seq id; and its contract.
-
-    Sequences with fewer than 2 tokens have no draft row and are left out; the returned
-    contract then holds ``skipped_sequences`` (their seq ids) so the caller can say so."""
-    trace = open_trace(path)
-    seqs = [TrainSequence(np.asarray(s.tokens, np.int64), int(s.prompt_len), s.rid, int(s.id))
-            for s in trace.sequences if len(s.tokens) >= 2]
-    if not seqs:
-        raise RecordTrainError(f"{path}: the trace holds no token sequences to replay")
-    contract = dict(trace.contract)
-    skipped = [int(s.id) for s in trace.sequences if len(s.tokens) < 2]
-    if skipped:
-        contract["skipped_sequences"] = skipped
-    return seqs, contract
-
-
-def _load_tokenizer(target_dir: Path):
-    if not any((target_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
-                                                      "tokenizer.model")):
-        raise RecordTrainError(f"{target_dir}: no tokenizer files; give token ids in the prompts file "
-                               "(\"input_ids\": [...])")
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
-    except Exception as e:
-        raise RecordTrainError(f"cannot load the tokenizer of {target_dir}: {type(e).__name__}: {e}") from None
-
-
-def sequences_from_prompts(path: str | Path, target_dir: str | Path, *,
-                           defaults_used: dict | None = None) -> list[TrainSequence]:
-    """Sequences from a JSONL file, one object per line, any of:
-
-    - ``{"input_ids": [...]}`` or ``{"tokens": [...]}`` (token ids; optional ``"prompt_len"``);
-    - ``{"text": "..."}`` (tokenized with the target's tokenizer, special tokens added);
-    - ``{"prompt": "...", "completion": "..."}`` (completion optional; prompt_len = prompt tokens);
-    - ``{"messages": [...]}`` (the tokenizer's chat template).
-
-    An optional ``"rid"`` names the sample. Raises RecordTrainError naming the line.
-
-    How text becomes tokens is a choice made here, not by the file: when ``defaults_used`` is a
-    dict, the choices used are added to it (``text_special_tokens``, ``chat_generation_prompt``).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise RecordTrainError(f"{path}: no such prompts file")
-    tok = None
-    out: list[TrainSequence] = []
-    for n, obj in iter_jsonl(path, error=RecordTrainError):
-        if not isinstance(obj, dict):
-            raise RecordTrainError(f"{path}:{n}: expected a JSON object per line")
-        rid = str(obj.get("rid", obj.get("id", f"prompt-{len(out)}")))
-        ids_key = "input_ids" if "input_ids" in obj else "tokens" if "tokens" in obj else None
-        if ids_key:
-            ids = obj[ids_key]
-            if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-                raise RecordTrainError(f"{path}:{n}: {ids_key} must be a list of ints")
-            plen = obj.get("prompt_len", len(ids))
-            if not isinstance(plen, int) or not 0 <= plen <= len(ids):
-                raise RecordTrainError(f"{path}:{n}: prompt_len {plen!r} is not an int in 0..{len(ids)} "
-                                       "(the number of tokens that came from the prompt)")
-        else:
-            if tok is None:
-                tok = _load_tokenizer(Path(target_dir))
-            if "messages" in obj:
-                try:
-                    ids = list(tok.apply_chat_template(obj["messages"], tokenize=True))
-                    _note_default(defaults_used, "chat_generation_prompt", False,
-                                  "record train default: messages go through the tokenizer's chat template "
-                                  "without a generation prompt (add_generation_prompt=False)")
-                except Exception as e:
-                    raise RecordTrainError(f"{path}:{n}: chat template failed: {e}") from None
-                if ids and isinstance(ids[0], list):
-                    ids = ids[0]
-                plen = len(ids)
-            elif "prompt" in obj or "text" in obj:
-                prompt = obj.get("prompt", obj.get("text"))
-                ids = tok(prompt, add_special_tokens=True)["input_ids"]
-                _note_default(defaults_used, "text_special_tokens", True,
-                              "record train default: text prompts are tokenized with the tokenizer's special "
-                              "tokens (BOS), a completion without")
-                plen = len(ids)
-                if obj.get("completion"):
-                    ids = ids + tok(obj["completion"], add_special_tokens=False)["input_ids"]
-            else:
-                raise RecordTrainError(f"{path}:{n}: needs one of input_ids, tokens, text, prompt, messages")
-        if len(ids) < 2:
-            raise RecordTrainError(f"{path}:{n}: a sequence needs at least 2 tokens, got {len(ids)}")
-        out.append(TrainSequence(np.asarray(ids, np.int64), plen, rid, None))
-    if not out:
-        raise RecordTrainError(f"{path}: no prompts")
-    return out
-
-
-def _note_default(defaults_used: dict | None, name: str, value, source: str) -> None:
-    if defaults_used is not None:
-        defaults_used.setdefault(name, {"value": value, "source": source})
-
-
-@torch.no_grad()
-def _extend_greedy(target, seqs: list[TrainSequence], max_new_tokens: int) -> list[TrainSequence]:
-    """Append the target's greedy continuation (``max_new_tokens``) to each sequence."""
-    from specdiff.replay.model.target_capture import greedy_generate
-
-    dev = next(target.parameters()).device
-    out = []
-    for s in seqs:
-        ids = torch.as_tensor(s.tokens, dtype=torch.int64, device=dev)[None]
-        gen = greedy_generate(target, ids, max_new_tokens)[0].cpu().numpy()
-        out.append(TrainSequence(np.concatenate([s.tokens, gen]), s.prompt_len, s.rid, s.seq_id))
-    return out
-
-
-# ---- aux layers -----------------------------------------------------------------------------
-def resolve_train_aux(loaded: LoadedDraft, num_layers: int, aux_layers=None,
-                      aux_convention: str | None = None) -> AuxResolution:
-    """The aux layers training feeds, in the order listed (slot j = the j-th id): ``aux_layers``
-    read in ``aux_convention`` (default ``hf``), else the draft config's own ids in its
-    convention and order (tool default when it has none).
-
-    Raises RecordTrainError when the ids are invalid, cannot be used in the order given (a
-    layer twice, an id the convention never captures) or their count differs from the draft's K.
-    """
-    c = loaded.config
-    try:
-        if aux_layers is not None:
-            res = resolve_aux_ids(list(aux_layers), convention=aux_convention or AUX_CONVENTION_DEFAULT,
-                                  num_layers=num_layers, concat="listed")
-        else:
-            res = resolve_aux_ids(c.eagle_aux_hidden_state_layer_ids, convention=c.aux_convention,
-                                  num_layers=num_layers, concat="listed")
-    except ConventionError as e:
-        src = (f"--aux-layers {list(aux_layers)}" if aux_layers is not None
-               else f"the draft config ids {c.eagle_aux_hidden_state_layer_ids} ({c.aux_convention})")
-        raise RecordTrainError(f"aux layers: {e}; give the layers training fed, in its concat order, "
-                               f"with --aux-layers (from {src})") from None
-    if len(res.hf_indices) != c.num_aux:
-        src = (f"--aux-layers {list(aux_layers)} ({aux_convention or AUX_CONVENTION_DEFAULT})"
-               if aux_layers is not None
-               else f"the draft config ids {c.eagle_aux_hidden_state_layer_ids} ({c.aux_convention})")
-        raise RecordTrainError(
-            f"{src} resolve to {len(res.hf_indices)} aux slots HF {list(res.hf_indices)} but the draft's "
-            f"fc expects {c.num_aux} slots x {c.target_hidden_size} = {c.aux_width} features")
-    if aux_layers is None and list(res.hf_indices) != sorted(res.hf_indices):
-        res = dataclasses.replace(res, notes=res.notes + (
-            f"the draft config lists its aux ids {c.eagle_aux_hidden_state_layer_ids} out of ascending order: "
-            f"the training side concatenates them as listed, HF {list(res.hf_indices)} (as SpecForge does); "
-            f"SGLang concatenates HF {sorted(res.hf_indices)}. If training concatenated in ascending order, "
-            "pass --aux-layers in that order",))
-    return res
-
-
 def _sha256_file(path: Path) -> str | None:
     if not path.is_file():
         return None
@@ -292,207 +133,6 @@ def _version() -> str:
         return version("specdiff")
     except Exception:
         return "unknown"
-
-
-# ---- the replayer ---------------------------------------------------------------------------
-class TrainReplayer:
-    """Target + draft ready to replay batches; ``forward`` computes, ``write`` records.
-
-    Args:
-        target: HF causal LM (eval).
-        draft: Eagle3Draft (eval, its dtype is the draft compute dtype).
-        aux: the aux resolution (training layers).
-        steps: TTT depths.
-        topk: speculative topk of ``draft.topk``.
-        capture: ``default`` or ``full`` (logits level).
-        probe_positions: probe every HF layer at positions t < this (0 = no probes).
-    """
-
-    def __init__(self, target, draft: Eagle3Draft, aux: AuxResolution, *, steps: int = 3, topk: int = 1,
-                 capture: str = "default", probe_positions: int = 64, pad_id: int = 0):
-        if capture not in CAPTURE_LEVELS:
-            raise RecordTrainError(f"capture level {capture!r}: use one of {', '.join(CAPTURE_LEVELS)}")
-        if steps < 1:
-            raise RecordTrainError(f"steps must be >= 1, got {steps}")
-        self.target, self.draft, self.aux = target, draft, aux
-        self.steps, self.topk, self.capture = steps, topk, capture
-        self.probe_positions = probe_positions
-        self.pad_id = pad_id
-        self.num_layers = target_num_layers(target)
-        self.accept_sum = np.zeros(steps)
-        self.accept_cum_sum = np.zeros(steps)
-        self.row_count = np.zeros(steps)
-        self.chain_sum = 0.0
-        self.chain_rows = 0
-
-    @staticmethod
-    def pad(seqs: list[TrainSequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded input_ids [B,T] int64 and lengths [B]."""
-        lengths = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.int64)
-        ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.int64)
-        for r, s in enumerate(seqs):
-            ids[r, : len(s.tokens)] = torch.as_tensor(s.tokens, dtype=torch.int64)
-        return ids, lengths
-
-    @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[TargetCapture, TTTOutput]:
-        """The bare forward: target with hidden states, then the draft's TTT forward."""
-        cap = capture_target(self.target, input_ids, self.aux.hf_indices, lengths=lengths,
-                             keep_all=self.probe_positions > 0)
-        dev = next(self.draft.parameters()).device
-        out = self.draft.ttt_forward(cap.aux_cat.to(dev), input_ids.to(dev), self.steps, lengths=lengths,
-                                     pad_id=self.pad_id)
-        return cap, out
-
-    @torch.no_grad()
-    def rows(self, seq_ids: list[int], cap: TargetCapture, out: TTTOutput) -> list[tuple]:
-        """Every canonical row of one batch as ``(name, values, seq, pos, depth)`` appends
-        (row b -> ``seq_ids[b]``); also accumulates the acceptance statistics."""
-        sid = np.asarray(seq_ids, dtype=np.int64)
-        B, T = cap.input_ids.shape
-        lengths = cap.lengths
-        ar = torch.arange(T)
-        items: list[tuple] = []
-
-        def select(mask: torch.Tensor):
-            idx = mask.reshape(-1).nonzero().squeeze(1)
-            n = idx.numpy()
-            return idx, sid[n // T], (n % T).astype(np.int32)
-
-        def gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-            x = x.detach()
-            return x.reshape(B * T, *x.shape[2:]).index_select(0, idx.to(x.device)).cpu()
-
-        idx, s, p = select(ar[None, :] < lengths[:, None])
-        for j, a in enumerate(cap.aux):
-            items.append((aux_name(j), gather(a, idx), s, p, 0))
-        items.append(("target.aux_cat", gather(cap.aux_cat, idx), s, p, 0))
-        items.append(("target.argmax", gather(cap.argmax, idx), s, p, 0))
-        if self.probe_positions > 0 and cap.hidden_states is not None:
-            pidx, ps, pp = select((ar[None, :] < min(self.probe_positions, T)) & (ar[None, :] < lengths[:, None]))
-            for i, hs in enumerate(cap.hidden_states):
-                items.append((probe_name(i), gather(hs, pidx), ps, pp, 0))
-        items.append(("draft.fc_in", gather(out.fc_in, idx), s, p, 0))
-        items.append(("draft.fc_out", gather(out.fc_out, idx), s, p, 0))
-        labels = ttt_labels(cap.argmax, self.steps, lengths)
-        hot = self.draft.hot_token_id().cpu()
-        cum = torch.ones(B * T, dtype=torch.bool)
-        chain = torch.zeros(B * T, dtype=torch.int64)
-        kk = max(LOGITS_TOPK, self.topk)
-        for d in range(self.steps):
-            idx, s, p = select(out.valid[d].cpu())
-            items.append(("tokens", gather(out.tokens[d], idx), s, p, d))
-            items.append(("draft.hidden_in", gather(out.hidden_in[d], idx), s, p, d))
-            items.append(("draft.positions", gather(out.positions[d], idx), s, p, d))
-            items.append(("draft.attn_in", gather(out.attn_in[d], idx), s, p, d))
-            items.append(("draft.hidden_out", gather(out.hidden_out[d], idx), s, p, d))
-            lg = gather(out.logits[d], idx)
-            lf = lg.float()
-            vals, ids = lf.topk(min(kk, lf.shape[-1]), dim=-1)
-            if self.capture == "full":
-                items.append(("draft.logits", lg, s, p, d))
-            else:
-                items.append(("draft.logits_topk.values", vals[:, :LOGITS_TOPK].to(lg.dtype), s, p, d))
-                items.append(("draft.logits_topk.ids", ids[:, :LOGITS_TOPK], s, p, d))
-                items.append(("draft.logsumexp", torch.logsumexp(lf, dim=-1), s, p, d))
-            top = ids[:, : self.topk]
-            mapped = hot[top]
-            items.append(("draft.topk", top, s, p, d))
-            items.append(("draft.topk_target", mapped, s, p, d))
-            acc = mapped[:, 0] == labels[d].reshape(-1)[idx]
-            full = torch.zeros(B * T, dtype=torch.bool)
-            full[idx] = acc
-            cum = cum & full
-            chain += cum.to(torch.int64)
-            items.append(("draft.accept", acc, s, p, d))
-            items.append(("draft.accept_cum", cum[idx], s, p, d))
-            self.accept_sum[d] += float(acc.sum())
-            self.accept_cum_sum[d] += float(cum[idx].sum())
-            self.row_count[d] += len(idx)
-        last = out.valid[-1].cpu().reshape(-1)
-        if last.any():
-            self.chain_sum += float((chain[last] + 1).double().sum())
-            self.chain_rows += int(last.sum())
-        return items
-
-    def write(self, writer, seq_ids: list[int], cap: TargetCapture, out: TTTOutput) -> None:
-        """Append every canonical row of one batch to ``writer`` (a TraceWriter or _Background)."""
-        emit(writer, self.rows(seq_ids, cap, out))
-
-    def write_d2t(self, writer: TraceWriter) -> None:
-        d2t = self.draft.d2t.detach().cpu().to(torch.int64)
-        writer.append("draft.d2t", d2t.numpy(), seq=-1, pos=np.arange(d2t.shape[0], dtype=np.int32), depth=0)
-
-    def accept_rates(self) -> tuple[list[float], list[float], float]:
-        rows = np.maximum(self.row_count, 1)
-        mean = self.chain_sum / self.chain_rows if self.chain_rows else float("nan")
-        return (list(map(float, self.accept_sum / rows)), list(map(float, self.accept_cum_sum / rows)), mean)
-
-
-def emit(writer, items: list[tuple]) -> None:
-    """Append ``(name, values, seq, pos, depth)`` items to a TraceWriter, or queue them on a
-    ``BackgroundWriter``."""
-    if isinstance(writer, BackgroundWriter):
-        writer.submit(items)
-        return
-    for name, values, seq, pos, depth in items:
-        writer.append(name, values, seq=seq, pos=pos, depth=depth)
-
-
-class BackgroundWriter:
-    """Runs a TraceWriter's appends on one thread so compression and I/O overlap the next
-    batch's forward. Lossless: ``submit`` blocks when ``max_pending`` batches wait. An error in
-    the thread is raised by the next ``submit`` or by ``close``."""
-
-    def __init__(self, writer: TraceWriter, max_pending: int = 2):
-        import queue
-        import threading
-        self.writer = writer
-        self._q: queue.Queue = queue.Queue(maxsize=max_pending)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="specdiff-record-train", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            items = self._q.get()
-            if items is None:
-                return
-            if self._error is None:
-                try:
-                    emit(self.writer, items)
-                except BaseException as e:  # re-raised in the caller's thread
-                    self._error = e
-
-    def _check(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def submit(self, items: list[tuple]) -> None:
-        self._check()
-        self._q.put(items)
-
-    def join(self) -> None:
-        """Wait until every submitted batch is appended; re-raise a thread error."""
-        self._q.put(None)
-        self._thread.join()
-        self._check()
-
-
-def _batches(seqs: list[TrainSequence], batch_size: int, max_tokens: int) -> list[list[int]]:
-    """Indices grouped by similar length (longest first), at most ``batch_size`` sequences and
-    about ``max_tokens`` padded tokens per batch."""
-    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i].tokens))
-    out, cur = [], []
-    for i in order:
-        longest = len(seqs[cur[0]].tokens) if cur else len(seqs[i].tokens)
-        if cur and (len(cur) >= batch_size or longest * (len(cur) + 1) > max_tokens):
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
 
 
 def _quiet_transformers() -> None:
@@ -642,7 +282,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     defaults_used = {**_aux_defaults(aux_layers, aux_convention, loaded, aux), **defaults_used, **token_defaults,
                      **{f"draft_config.{k}": v for k, v in loaded.config.defaults_used.items()}}
     if max_new_tokens > 0:
-        seqs = _extend_greedy(target, seqs, max_new_tokens)
+        seqs = extend_greedy(target, seqs, max_new_tokens)
     if topk > loaded.config.draft_vocab_size:
         raise RecordTrainError(f"topk {topk} exceeds the draft vocab {loaded.config.draft_vocab_size}")
 
@@ -691,21 +331,24 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
                                       seq_id=s.seq_id if s.seq_id is not None else i)
             seq_ids.append(sid)
         rep.write_d2t(writer)
-        bg = BackgroundWriter(writer)
-        try:
-            for idx in _batches(seqs, batch_size, max_batch_tokens):
-                ids, lengths = TrainReplayer.pad([seqs[i] for i in idx])
-                cap, tout = rep.forward(ids, lengths)
-                rep.write(bg, [seq_ids[i] for i in idx], cap, tout)
-                if progress:
-                    progress(len(idx))
-        finally:
-            bg.join()
-        acc, acc_cum, mean = rep.accept_rates()
-        writer.set_contract(accept_rate=acc, accept_cum_rate=acc_cum,
-                            mean_accept_length=None if mean != mean else mean)
-    finally:
+    except BaseException:
         writer.close()
+        raise
+    # Appends run on one thread so compression and I/O overlap the next batch's forward;
+    # lossless: a full queue waits, and a write error is raised here by submit / close.
+    aw = AsyncTraceWriter(writer, lambda w, item: item[1].flush(w), max_items=2, lossless=True,
+                          on_written=(lambda item: progress(item[0])) if progress else None)
+    facts: dict = {}
+    try:
+        for idx in batches_by_length(seqs, batch_size, max_batch_tokens):
+            ids, lengths = TrainReplayer.pad([seqs[i] for i in idx])
+            cap, tout = rep.forward(ids, lengths)
+            aw.submit((len(idx), rep.rows([seq_ids[i] for i in idx], cap, tout)))
+        acc, acc_cum, mean = rep.accept_rates()
+        facts = {"accept_rate": acc, "accept_cum_rate": acc_cum,
+                 "mean_accept_length": None if mean != mean else mean}
+    finally:
+        aw.close(timeout_s=None, contract=facts)
     result.accept_rate, result.accept_cum_rate, result.mean_accept_length = acc, acc_cum, mean
     result.seconds = time.perf_counter() - t0
     return result
