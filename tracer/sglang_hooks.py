@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdiff.eagle3.aux_layers import native_aux_ids
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.rows import RowBatch
@@ -543,7 +544,7 @@ def aux_capture_facts(adapter: SGLangAdapter, dw) -> dict:
         return {"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN}
     idx = sorted({int(i) for i in ltc}) if on else []  # capture off: the draft gets the final hidden only
     captured = [i for i in idx if start <= i < end]
-    return {"aux_hf_indices": captured, "aux_dropped_ids": [i - 1 for i in idx if not start <= i < end],
+    return {"aux_hf_indices": captured, "aux_dropped_ids": native_aux_ids([i for i in idx if not start <= i < end], "sglang"),
             AUX_CONCAT_ORDER: list(captured)}  # slot j of the concat = HF captured[j]
 
 

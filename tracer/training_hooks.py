@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specdiff.eagle3.vocab_map import hot_token_ids
 from specdiff.tracer.contract import sha256_array
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.rows import AcceptChain, RowLayout, draft_outputs
@@ -185,7 +186,7 @@ class Recorder:
         if self._d2t is not None:
             d2t = self._d2t.detach().cpu().to(torch.int64)
             facts["d2t_sha256"] = sha256_array(d2t)
-            facts["hot_token_id_sha256"] = sha256_array(d2t + torch.arange(d2t.shape[0], dtype=torch.int64))
+            facts["hot_token_id_sha256"] = sha256_array(hot_token_ids(d2t))
         facts["norm_before_fc"] = "input_norm" in self._mods
         facts["name_map"] = dict(self.name_map)
         self.writer.set_contract(**{k: v for k, v in facts.items() if k not in self.writer.contract})
@@ -341,10 +342,8 @@ class Recorder:
             if self._argmax is not None:
                 self._chain = self._chain or AcceptChain(lay.rows)
                 label = self._argmax[torch.as_tensor(lay.label_index(sel, d))]
-            # the live d2t buffer at this call (a loaded checkpoint may have replaced it);
-            # SGLang llama_eagle3.py:350-352 hot_token_id = d2t + arange
-            d2t = None if self._d2t is None else self._d2t.detach().cpu().to(torch.int64)
-            hot = None if d2t is None else d2t + torch.arange(d2t.shape[0])
+            # the live d2t buffer at this call (a loaded checkpoint may have replaced it)
+            hot = None if self._d2t is None else hot_token_ids(self._d2t.detach().cpu())
             outs = draft_outputs(lay.take(logits, sel, 1), level=_LEVELS[self.logits], logits_topk=self.logits_topk,
                                  topk=self.topk, hot_token_id=hot, label=label, chain=self._chain, idx=sel)
             for name, v in outs.items():

@@ -24,17 +24,14 @@ results come ranked by accept length.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from specdiff.eagle3.acceptance import AcceptTally, chain_accept
 from specdiff.eagle3.norms import NORM_FLAGS as _NORMS
-from specdiff.replay.diff.align import match_rows
+from specdiff.replay.diff.rerun import RerunError, prepare, sides, with_norm_flags
 from specdiff.tracer.contract import known
-from specdiff.tracer.errors import SpecdiffError
 
 __all__ = ["GraftError", "GraftResult", "graft", "NORM_FLAGS"]
 
@@ -43,7 +40,7 @@ BATCH = 8
 MIN_GAP = 0.005  # tokens per verify step: below this there is no gap to recover
 
 
-class GraftError(SpecdiffError):
+class GraftError(RerunError):
     """The graft cannot run (no draft checkpoint, nothing to replay): one clear line."""
 
 
@@ -79,119 +76,6 @@ class GraftResult:
 
 
 # ---- inputs ----------------------------------------------------------------------------------
-def _sides(report) -> tuple[str, str]:
-    """(training attr, serving attr) of the report's Pair: x/y, swapped when B is the training side."""
-    if report.labels.y == "training" and report.labels.x == "serving":
-        return "y", "x"
-    return "x", "y"
-
-
-def _checkpoint_dir(train_trace, draft_path) -> Path:
-    src = "--draft DIR" if draft_path else "the training trace's contract draft_name"
-    path = draft_path or known(train_trace.contract, "draft_name")
-    if not path:
-        raise GraftError(f"{train_trace.path}: the training trace's contract has no draft_name; pass the "
-                         "draft checkpoint with --draft DIR (graft(draft_path=...))")
-    p = Path(str(path))
-    if not (p / "config.json").is_file():
-        hint = "" if draft_path else "; pass the checkpoint with --draft DIR (graft(draft_path=...))"
-        raise GraftError(f"draft checkpoint {p} (from {src}) not found (no config.json there){hint}")
-    return p
-
-
-def _load(train_trace, draft_path, target_path, dtype):
-    """The draft as trained; the target is loaded only when the draft shares its embedding/lm_head."""
-    from specdiff.replay.model.checkpoint import CheckpointError, load_draft
-    ddir = _checkpoint_dir(train_trace, draft_path)
-    try:
-        loaded = load_draft(ddir, dtype=dtype)
-        if loaded.model.embed_source != "random":
-            return loaded
-    except CheckpointError as e:
-        if "lm_head" not in str(e):
-            raise
-    tpath = target_path or known(train_trace.contract, "model_name")
-    src = "--target DIR" if target_path else "the training trace's contract model_name"
-    if not tpath or not (Path(str(tpath)) / "config.json").is_file():
-        raise GraftError(f"draft checkpoint {ddir} shares the target's embedding, but the target {tpath} "
-                         f"(from {src}) is not found; pass it with --target DIR (graft(target_path=...))")
-    from specdiff.replay.model.target_capture import load_target, target_embedding, target_lm_head
-    from specdiff.replay.record.record_train import _quiet_transformers
-    _quiet_transformers()
-    target = load_target(Path(str(tpath)))
-    return load_draft(ddir, dtype=dtype, target_embedding=target_embedding(target).float(),
-                      target_lm_head=target_lm_head(target).float())
-
-
-def _d2t(trace, vd: int):
-    """The vocab map a trace recorded (``draft.d2t`` rows, pos = draft id), or None."""
-    import torch
-    if "draft.d2t" not in trace.names:
-        return None
-    pos = trace.keys("draft.d2t")["pos"]
-    vals = trace.read("draft.d2t").reshape(-1)
-    if len(vals) != vd or set(pos.tolist()) != set(range(vd)):
-        return None
-    out = np.empty(vd, np.int64)
-    out[pos] = vals
-    return torch.as_tensor(out)
-
-
-def _flags(contract: dict, default: dict) -> dict:
-    return {f: bool(known(contract, f)) if known(contract, f) is not None else default[f] for f in NORM_FLAGS}
-
-
-@contextlib.contextmanager
-def _with_flags(model, flags: dict):
-    """Temporarily run ``model`` with other norm flags (a missing input_norm / fc_norm gets unit weights)."""
-    from specdiff.replay.model.draft_model import RMSNorm
-    c = model.config
-    saved = {f: getattr(c, f) for f in NORM_FLAGS}
-    mods = (model.input_norm, model.fc_norm)
-    try:
-        for f, v in flags.items():
-            setattr(c, f, v)
-        dt, dev = model.fc.weight.dtype, model.fc.weight.device
-        if not flags["norm_before_fc"]:
-            model.input_norm = None
-        elif model.input_norm is None:
-            model.input_norm = RMSNorm(c.aux_width, c.rms_norm_eps).to(dev, dt)
-        if not flags["fc_norm"]:
-            model.fc_norm = None
-        elif model.fc_norm is None:
-            import torch
-            model.fc_norm = torch.nn.ModuleList(RMSNorm(c.target_hidden_size, c.rms_norm_eps)
-                                                for _ in range(c.num_aux)).to(dev, dt)
-        yield model
-    finally:
-        for f, v in saved.items():
-            setattr(c, f, v)
-        model.input_norm, model.fc_norm = mods
-
-
-@dataclass
-class _Seq:
-    seq_train: int
-    start: int  # the common part's first token on the training side (content-paired sequences)
-    n: int  # leading positions with aux rows on both sides
-    prompt_len: int
-    rows: dict  # side attr -> aux_cat row indices [n]
-
-
-def _plan(report, tr: str, sv: str) -> list[_Seq]:
-    m = match_rows(report.traces, report.alignment, "target.aux_cat")
-    out = []
-    for p in report.alignment.seq_pairs:
-        sel = m.pair == p.index
-        pos = m.pos[sel]
-        n = int(np.argmax(pos != np.arange(len(pos)))) if (pos != np.arange(len(pos))).any() else len(pos)
-        if n < 2:
-            continue
-        rows = {"x": m.rows.x[sel][:n], "y": m.rows.y[sel][:n]}
-        out.append(_Seq(getattr(p.seq, tr), getattr(p.start, tr), n, p.prompt_len, rows))
-    return out
-
-
 # ---- the replay ------------------------------------------------------------------------------
 def graft(report, *, draft_path: str | None = None, target_path: str | None = None,
           steps: int | None = None) -> list:
@@ -212,33 +96,18 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
     """
     import torch
 
+    from specdiff.eagle3.vocab_map import hot_token_ids
     from specdiff.replay.model.draft_model import ttt_labels
-    from specdiff.replay.record.record_train import DTYPES
     from specdiff.tracer.arrays import to_torch
     from specdiff.tracer.rows import draft_top_ids
 
-    tr, sv = _sides(report)
-    traces = report.traces
-    ttrace, strace = getattr(traces, tr), getattr(traces, sv)
-    for t in (ttrace, strace):
-        if "target.aux_cat" not in t.names:
-            raise GraftError(f"{t.path}: no target.aux_cat rows; the graft replays the draft on recorded aux rows")
-    if "target.argmax" not in ttrace.names:
-        raise GraftError(f"{ttrace.path}: no target.argmax rows (the acceptance labels)")
-    dtype = DTYPES.get(str(known(ttrace.contract, "dtype") or "bfloat16"), torch.bfloat16)
-    loaded = _load(ttrace, draft_path, target_path, dtype)
-    model, cfg = loaded.model, loaded.config
+    tr, _ = sides(report)
+    if "target.argmax" not in getattr(report.traces, tr).names:
+        raise GraftError(f"{getattr(report.traces, tr).path}: no target.argmax rows (the acceptance labels)")
+    run = prepare(report, draft_path=draft_path, target_path=target_path, error=GraftError)
+    traces, ttrace, model, cfg, plan = report.traces, run.ttrace, run.model, run.cfg, run.plan
+    tr, sv, dtype, d2t, flags = run.tr, run.sv, run.dtype, run.d2t, run.flags
     steps = int(steps or known(ttrace.contract, "spec_steps") or 3)
-    plan = _plan(report, tr, sv)
-    if not plan:
-        raise GraftError("no aligned sequence has aux rows on both sides at its leading positions")
-
-    vd = cfg.draft_vocab_size
-    ckpt = model.d2t.detach().cpu().clone()
-    d2t = {"train": _d2t(ttrace, vd), "serve": _d2t(strace, vd)}
-    d2t = {k: v if v is not None else ckpt for k, v in d2t.items()}
-    own = {f: bool(getattr(cfg, f)) for f in NORM_FLAGS}
-    flags = {"train": _flags(ttrace.contract, own), "serve": _flags(strace.contract, own)}
 
     variants = {"baseline": ("serve", "serve", "serve"), "target.aux_cat": ("train", "serve", "serve"),
                 "draft.d2t": ("serve", "train", "serve")}
@@ -275,12 +144,12 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
         for name, (a, d, f) in variants.items():
             key = (a, f)
             if key not in cache:
-                with _with_flags(model, flags[f]), torch.no_grad():
+                with with_norm_flags(model, flags[f]), torch.no_grad():
                     out = model.ttt_forward(aux[a].to(dev), ids.to(dev), steps, lengths=lengths)
                 cache[key] = ([draft_top_ids(lg, 1)[..., 0].cpu() for lg in out.logits],
                               [v.cpu() for v in out.valid])
             top, valid = cache[key]
-            hot = d2t[d] + torch.arange(vd)  # SGLang llama_eagle3.py:350-352 hot_token_id
+            hot = hot_token_ids(d2t[d])
             cum = torch.ones(B, T, dtype=torch.bool)
             for k in range(steps):
                 ok = valid[k] & (labels[k] != -100)

@@ -20,7 +20,7 @@ import numpy as np
 
 from specdiff.replay.diff import metrics
 from specdiff.replay.diff.align import match_rows
-from specdiff.replay.diff.graft import NORM_FLAGS, GraftError, _d2t, _flags, _load, _plan, _sides, _with_flags
+from specdiff.replay.diff.rerun import RerunError, prepare, sides, with_norm_flags
 from specdiff.tracer.errors import SpecdiffError
 
 #: draft stages a depth-0 re-run computes, in dataflow order (ids compared on the top-1 id)
@@ -30,7 +30,7 @@ MAX_SEQS = 4
 ID_AGREE = 0.95  # ids: near-tie flips in bf16 allowed in a few rows
 
 
-class NarrowError(SpecdiffError):
+class NarrowError(RerunError):
     """The narrowing cannot run (no draft checkpoint, no aux rows): one clear line."""
 
 
@@ -75,11 +75,12 @@ class Narrowing:
 
 def _outputs(out, d2t) -> dict:
     """Depth-0 tensors [B,T,...] of one ttt_forward, by stage name."""
-    import torch
 
-    logits = out.logits[0].float()
-    top1 = logits.argmax(-1, keepdim=True)
-    hot = d2t + torch.arange(len(d2t))
+    from specdiff.eagle3.vocab_map import hot_token_ids
+    from specdiff.tracer.rows import draft_top_ids
+
+    top1 = draft_top_ids(out.logits[0].float(), 1)  # the recorders' tie rule
+    hot = hot_token_ids(d2t)
     return {"draft.fc_in": out.fc_in, "draft.fc_out": out.fc_out, "draft.hidden_in": out.hidden_in[0],
             "draft.attn_in": out.attn_in[0], "draft.hidden_out": out.hidden_out[0],
             "draft.logits_topk.ids": top1, "draft.topk": top1, "draft.topk_target": hot[top1]}
@@ -89,35 +90,22 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     """Re-run the training draft on the first diverging sequences with each serving input grafted in.
 
     Raises:
-        NarrowError / GraftError: no draft checkpoint, no aux rows on both sides, nothing to compare.
+        NarrowError: no draft checkpoint, no aux rows on both sides, nothing to compare.
         CheckpointError: the checkpoint cannot be loaded.
     """
-    tr, sv = _sides(report)
-    traces = report.traces
-    ttrace, strace = getattr(traces, tr), getattr(traces, sv)
-    for t in (ttrace, strace):
-        if "target.aux_cat" not in t.names:
-            raise NarrowError(f"{t.path}: no target.aux_cat rows to re-run the draft on")
+    tr, sv = sides(report)
+    strace = getattr(report.traces, sv)
     stages = tuple(s for s in STAGES if s in strace.names)
     if not stages:
         raise NarrowError(f"{strace.path}: serving recorded no draft stage to compare a re-run with")
     import torch
 
-    from specdiff.replay.record.record_train import DTYPES
     from specdiff.tracer.arrays import to_torch
 
-    dtype = DTYPES.get(str(ttrace.contract.get("dtype") or "bfloat16"), torch.bfloat16)
-    loaded = _load(ttrace, draft_path, target_path, dtype)
-    model, cfg = loaded.model, loaded.config
+    run = prepare(report, draft_path=draft_path, target_path=target_path, error=NarrowError)
+    traces, model, cfg, dtype, d2t, flags = report.traces, run.model, run.cfg, run.dtype, run.d2t, run.flags
     first_pair = (report.first.first_where or {}).get("pair", 0)
-    plan = sorted(_plan(report, tr, sv), key=lambda s: (s.seq_train != _seq_of(report, first_pair, tr)))[:MAX_SEQS]
-    if not plan:
-        raise NarrowError("no aligned sequence has aux rows on both sides at its leading positions")
-    vd = cfg.draft_vocab_size
-    ckpt = model.d2t.detach().cpu().clone()
-    d2t = {k: v if v is not None else ckpt for k, v in (("train", _d2t(ttrace, vd)), ("serve", _d2t(strace, vd)))}
-    own = {f: bool(getattr(cfg, f)) for f in NORM_FLAGS}
-    flags = {"train": _flags(ttrace.contract, own), "serve": _flags(strace.contract, own)}
+    plan = sorted(run.plan, key=lambda s: (s.seq_train != _seq_of(report, first_pair, tr)))[:MAX_SEQS]
 
     B, T = len(plan), max(s.n for s in plan)
     side = {"train": tr, "serve": sv}
@@ -171,7 +159,7 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     res = Narrowing(stages, from_stage, int(lengths.sum()))
     dev = next(model.parameters()).device
     for name, (a, tk, d, f) in variants.items():
-        with _with_flags(model, flags[f]), torch.no_grad():
+        with with_norm_flags(model, flags[f]), torch.no_grad():
             out = model.ttt_forward(aux[a].to(dev), ids[tk].to(dev), 1, lengths=lengths)
         got = _outputs(out, d2t[d])
         scores, matches = {}, {}
@@ -216,7 +204,7 @@ def narrow_or_reason(report, **kw) -> Narrowing | str:
     """``narrow(report)``, or the one-line reason it could not run (never raises SpecdiffError)."""
     try:
         return narrow(report, **kw)
-    except (NarrowError, GraftError, SpecdiffError) as exc:
+    except SpecdiffError as exc:
         return str(exc)
 
 

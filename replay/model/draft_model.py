@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdiff.eagle3.norms import apply_fc_norms, fed_back_hidden
+from specdiff.eagle3.vocab_map import hot_token_ids
 from specdiff.replay.model.draft_config import Eagle3DraftConfig
 from specdiff.tracer.rows import draft_top_ids
 
@@ -257,7 +258,7 @@ class Eagle3Draft(nn.Module):
 
     def hot_token_id(self) -> torch.Tensor:
         """int64 [Vd]: draft id -> target id, ``d2t + arange(Vd)`` (SGLang llama_eagle3.py:352)."""
-        return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+        return hot_token_ids(self.d2t)
 
     def fc_input(self, aux_cat: torch.Tensor) -> torch.Tensor:
         """[..., K*H] -> the fc input after optional input_norm, then per-slot fc_norm
