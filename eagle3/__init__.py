@@ -7,4 +7,5 @@ app (tui) all read the same rule. Each rule names the engine or framework source
   indices, both directions) and what an engine really captures from a config.
 - ``vocab_map``: ``d2t`` / ``t2d`` / ``hot_token_id`` semantics (offsets, how engines read them).
 - ``norms``: the draft's norm flags: config keys per layout, what each computes, engine sources.
+- ``acceptance``: chain acceptance per draft depth and mean accept length (SGLang's convention).
 """
