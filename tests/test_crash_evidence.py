@@ -213,7 +213,8 @@ def test_an_exception_in_an_iteration_is_written_with_its_forward_and_the_trace_
     from specdiff.tracer import sglang_plugin
     from specdiff.tracer.async_writer import AsyncTraceWriter
     from specdiff.tracer.sglang_adapter import SGLangAdapter
-    from specdiff.tracer.sglang_hooks import Options, Recorder
+    from specdiff.tracer.sglang_hooks import Recorder
+    from specdiff.tracer.sglang_options import Options
 
     path = tmp_path / "s.trace"
     rec = Recorder(Options(path=str(path)), SGLangAdapter("0.5.23", log=lambda m: None))

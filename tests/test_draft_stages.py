@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from specdiff.replay.diff.report import diff_traces
-from specdiff.tracer.sglang_hooks import IterCapture, _branch_order
+from specdiff.tracer.sglang_attribution import IterCapture, _branch_order
 from specdiff.tracer.store import TraceWriter, open_trace
 from specdiff.tui.demo import REPO_MODELS, demo_prompts
 

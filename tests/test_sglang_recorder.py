@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from specdiff.tracer.async_writer import AsyncTraceWriter
-from specdiff.tracer.sglang_hooks import Options, _parents
+from specdiff.tracer.sglang_attribution import _parents
+from specdiff.tracer.sglang_options import Options
 from specdiff.tracer.store import TraceWriter, open_trace
 
 PROMPTS = ["def main():\n    return", "import os\nimport sys\n\nclass "]
@@ -52,7 +53,7 @@ def test_options_from_env():
 def test_a_bad_environment_value_is_one_error_naming_the_variable_the_value_and_what_is_accepted(name, value,
                                                                                                accepted):
     from specdiff.tracer.errors import SpecdiffError
-    from specdiff.tracer.sglang_hooks import OptionError
+    from specdiff.tracer.sglang_options import OptionError
 
     with pytest.raises(OptionError) as err:
         Options.from_env({"SPECDIFF_TRACE": "/x", name: value})
@@ -130,7 +131,8 @@ def test_a_trace_cut_at_any_journal_write_has_no_target_row_past_its_tokens(tmp_
     loaded machine): rows of a request's first decode iteration were journaled, its tokens were
     not, and the target rows at t had no token x_{t+1}. Invariant checked at every write: a
     ``target.*`` row at t is written only once the sequence holds t + 2 tokens."""
-    from specdiff.tracer.sglang_hooks import IterCapture, Recorder, write_capture
+    from specdiff.tracer.sglang_attribution import IterCapture, write_capture
+    from specdiff.tracer.sglang_hooks import Recorder
 
     H, K, N = 4, 3, 4  # hidden size, aux layers, draft tokens (chain, topk 1)
     rec = Recorder(Options(path=str(tmp_path / "k.trace")))

@@ -20,7 +20,7 @@ tensor               module (under the draft model)   what the hook copies
 ===================  ===============================  ==========================================
 
 Rows come in the forward's own row order (the order of ``forward_batch.input_ids``), so
-``sglang_hooks`` attributes them like the draft's input ids. Hooks only ``snap`` (a clone, or a
+``sglang_attribution`` attributes them like the draft's input ids. Hooks only ``snap`` (a clone, or a
 non-blocking copy into pinned memory), never ``.cpu()`` / ``.item()``, and return None: the
 server computes exactly what it computes untraced. They do nothing outside a recorded forward
 and during CUDA-graph capture; a graph replay runs no Python, so ``graph_hidden`` names what a

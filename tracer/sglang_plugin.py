@@ -68,7 +68,8 @@ def load(env=None) -> bool:
     """
     global _rec
     env = os.environ if env is None else env
-    from specdiff.tracer.sglang_hooks import OptionError, Options, Recorder
+    from specdiff.tracer.sglang_hooks import Recorder
+    from specdiff.tracer.sglang_options import OptionError, Options
 
     try:
         opts = Options.from_env(env)
@@ -238,8 +239,8 @@ def _around_iteration(orig, self, batch, *a, **kw):
     return result
 
 
-def _chain(adapter, obj, *keys):
-    from specdiff.tracer.sglang_hooks import _chain as chain
+def read_chain(adapter, obj, *keys):
+    from specdiff.tracer.sglang_contract import read_chain as chain
 
     return chain(adapter, obj, *keys)
 
@@ -358,7 +359,7 @@ def _after_de_decode(result, self, batch, batch_result, *a, **kw):
     try:
         from specdiff.tracer.sglang_hooks import snap
 
-        topk = _chain(rec.adapter, batch_result, "GenerationBatchResult.next_draft_input",
+        topk = read_chain(rec.adapter, batch_result, "GenerationBatchResult.next_draft_input",
                       "EagleDraftInput.topk_index")
         if topk is not MISSING:
             cap.t["de_topk_index"] = snap(topk)
@@ -376,7 +377,7 @@ def _after_select_top_k(result, i, topk_p, topk_index, *a, **kw):
         from specdiff.tracer.sglang_hooks import snap
 
         cap.select.append((int(i), snap(topk_index)))
-        if int(i) > 0 and rec.topk > 1:  # tree_info[2]: each row's parent (sglang_hooks._branch_order)
+        if int(i) > 0 and rec.topk > 1:  # tree_info[2]: each row's parent (sglang_attribution._branch_order)
             cap.branch_parents[int(i)] = snap(result[3][2])
     except Exception as exc:  # noqa: BLE001
         rec.fail("select_top_k_tokens", exc)

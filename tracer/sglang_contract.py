@@ -1,0 +1,332 @@
+"""The serving contract, read from SGLang's live objects at start-up (SGLang 0.5.23, worker v2).
+
+Every fact is read through the adapter (``sglang_adapter``); a fact that cannot be read is
+recorded as ``unknown`` with the reason, never filled in from a config file or a default.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from specdiff.eagle3.aux_layers import native_aux_ids
+from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN
+from specdiff.tracer.sglang_adapter import MISSING, SGLangAdapter
+from specdiff.tracer.sglang_draft_stages import graph_hidden
+from specdiff.tracer.sglang_options import Options
+
+logger = logging.getLogger("specdiff.tracer")
+
+
+# ---- contract -------------------------------------------------------------------------------
+def read_chain(adapter: SGLangAdapter, obj, *keys: str):
+    """Follow ``keys`` from ``obj`` through the adapter; MISSING as soon as one step is absent."""
+    for key in keys:
+        if obj is MISSING:
+            return MISSING
+        obj = adapter.get(obj, key)
+    return obj
+
+
+def _cfg(cfg, attr: str, fact: str, what: str):
+    """A Hugging Face config attribute the engine built its model from, or UNKNOWN (one warning)."""
+    if cfg is MISSING:
+        return UNKNOWN
+    if not hasattr(cfg, attr):
+        logger.warning("specdiff: the %s config SGLang loaded has no %s; contract fact %s is unknown",
+                       what, attr, fact)
+        return UNKNOWN
+    return getattr(cfg, attr)
+
+
+def hot_token_id(dw, adapter: SGLangAdapter):
+    """The draft->target id map SGLang applies (int64 [Vd] on the host), None (identity: no d2t),
+    or MISSING (SGLang has no name for it here; logged by the adapter).
+
+    SGLang 0.5.23 llama_eagle3.py:350-352: ``hot_token_id = d2t + arange``; copied to the draft
+    worker by ``EagleDraftWorker.init_lm_head``. Read once at startup, never on the hot path.
+    """
+    hot = read_chain(adapter, dw, "EagleDraftWorker.hot_token_id")
+    if hot is None:  # the worker's copy is made in init_lm_head; the model holds the loaded one
+        hot = read_chain(adapter, dw, "EagleDraftWorker.draft_runner", "ModelRunner.model",
+                     "LlamaForCausalLMEagle3.hot_token_id")
+    if hot is None or hot is MISSING:
+        return hot
+    return hot.detach().to("cpu", torch.int64)
+
+
+def aux_capture_facts(adapter: SGLangAdapter, dw) -> dict:
+    """``aux_hf_indices`` / ``aux_dropped_ids`` / ``aux_concat_order`` as the target really captures.
+
+    SGLang 0.5.23 llama.py: layer i captures its input (HF hidden_states[i]) when i is in
+    ``layers_to_capture`` and ``capture_aux_hidden_states`` is on; only i in [start_layer,
+    end_layer) runs, so a larger index (id L-1) is never captured. Captures are appended in the
+    layer loop: the concat is ascending. ``layers_to_capture`` is set by the target's
+    ``ModelRunner.init_attention_backends`` (model_runner.py:1105), after ``alloc_memory_pool``:
+    read it from ``_capture_cuda_graphs`` on (the contract says unknown until then).
+    """
+    tmodel = read_chain(adapter, dw, "EagleDraftWorker.target_worker", "TpModelWorker.model_runner", "ModelRunner.model")
+    on = read_chain(adapter, tmodel, "LlamaForCausalLM.capture_aux_hidden_states")
+    inner = read_chain(adapter, tmodel, "LlamaForCausalLM.model")
+    ltc = read_chain(adapter, inner, "LlamaModel.layers_to_capture")
+    start = read_chain(adapter, inner, "LlamaModel.start_layer")
+    end = read_chain(adapter, inner, "LlamaModel.end_layer")
+    if MISSING in (on, ltc, start, end):
+        return {"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN}
+    idx = sorted({int(i) for i in ltc}) if on else []  # capture off: the draft gets the final hidden only
+    captured = [i for i in idx if start <= i < end]
+    return {"aux_hf_indices": captured, "aux_dropped_ids": native_aux_ids([i for i in idx if not start <= i < end], "sglang"),
+            AUX_CONCAT_ORDER: list(captured)}  # slot j of the concat = HF captured[j]
+
+
+#: tensors SGLang's prefill draft extend produces for each request's last prompt row only
+PREFILL_LAST_ONLY = ("draft.logits", "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp",
+                     "draft.topk", "draft.topk_target")
+
+
+def unrecorded_stages(dw, adapter: SGLangAdapter, missing: dict, *, with_graphs: bool = True) -> dict:
+    """Tensor -> why the recorder cannot observe (some of) its rows: a midlayer module SGLang's
+    draft lacks (``missing``, from ``DraftStageTaps.attach``), a CUDA graph replay, and the logits
+    a prefill draft extend prunes to each request's last row (capture LAST).
+
+    ``with_graphs=False`` at start-up: the draft's graph runners exist only after
+    ``_capture_cuda_graphs`` (``Recorder.refresh`` adds them), and reading them earlier would
+    report them as missing SGLang names."""
+    out = dict(missing)
+    if with_graphs:
+        graph = read_chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner")
+        graph_extend = read_chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
+        for name, why in graph_hidden(draft_decode_graph=graph not in (None, MISSING),
+                                      draft_extend_graph=graph_extend not in (None, MISSING)).items():
+            out[name] = f"{out[name]}; {why}" if name in out else why
+    why = ("a prefill draft extend keeps logits only for each request's last prompt row (SGLang "
+           "eagle_worker_v2.py _draft_extend_for_prefill, capture LAST): earlier prompt positions "
+           "have no draft logits / top-k on serving")
+    for name in PREFILL_LAST_ONLY:
+        out[name] = f"{out[name]}; {why}" if name in out else why
+    return out
+
+
+def graph_hidden_stages(dw, adapter: SGLangAdapter):
+    """Stages the draft's captured CUDA graphs hide from the recorder (sorted), or UNKNOWN.
+
+    Target graphs return their outputs, so nothing the recorder reads from the target is hidden.
+    """
+    graph = read_chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner")
+    graph_extend = read_chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
+    if MISSING in (graph, graph_extend):
+        return UNKNOWN
+    hidden = []
+    if graph is not None:
+        hidden += ["tokens", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"]
+    if graph_extend is not None:
+        hidden += ["draft.fc_out", "draft.hidden_out", "draft.logits", "draft.topk"]
+    return sorted(set(hidden))
+
+
+def _same_tensor(a, b) -> bool:
+    return a is not MISSING and b is not MISSING and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+
+
+def _weight_sha(w, rows, what: str):
+    """weight_sha256 of the first ``rows`` rows, or UNKNOWN (shard of a TP rank, or rows unknown)."""
+    from specdiff.tracer.contract import weight_sha256
+
+    if w is MISSING or not isinstance(rows, int):
+        return UNKNOWN
+    if w.shape[0] < rows:
+        logger.warning("specdiff: the draft's %s holds %d of %d rows on this rank (tensor parallel); "
+                       "its sha256 is unknown", what, w.shape[0], rows)
+        return UNKNOWN
+    return weight_sha256(w, rows=rows)
+
+
+def _weights_facts(A: SGLangAdapter, *, target_runner, dmodel, dinner, vocab, draft_vocab) -> dict:
+    """sha256 and source of the embedding and lm_head the draft multiplies by.
+
+    SGLang 0.5.23 EagleDraftWorker.init_lm_head: an EAGLE-3 draft gets the target's embedding
+    (``set_embed``) and keeps its own lm_head unless ``load_lm_head_from_target``; "source" is
+    'target' when the draft's weight is the target's very tensor, else 'draft'.
+    """
+    tmodel = read_chain(A, target_runner, "ModelRunner.model")
+    tembed = read_chain(A, tmodel, "LlamaForCausalLM.model", "LlamaModel.embed_tokens", "VocabParallelEmbedding.weight")
+    thead = read_chain(A, tmodel, "LlamaForCausalLM.lm_head", "VocabParallelEmbedding.weight")
+    dembed = read_chain(A, dinner, "Eagle3LlamaModel.embed_tokens", "VocabParallelEmbedding.weight")
+    dhead = read_chain(A, dmodel, "LlamaForCausalLMEagle3.lm_head", "VocabParallelEmbedding.weight")
+    out = {"embed_sha256": _weight_sha(dembed, vocab, "embedding"),
+           "lm_head_sha256": _weight_sha(dhead, draft_vocab, "lm_head")}
+    out["embed_source"] = (UNKNOWN if MISSING in (dembed, tembed) else
+                           "target" if _same_tensor(dembed, tembed) else "draft")
+    out["lm_head_source"] = (UNKNOWN if dhead is MISSING or (thead is MISSING and tembed is MISSING) else
+                             "target" if _same_tensor(dhead, thead) or _same_tensor(dhead, tembed) else "draft")
+    return out
+
+
+#: SGLang rotary-embedding class -> (rope_scaling type, adapter keys of its parameters -> fact keys)
+_ROPE_CLASSES = {
+    "RotaryEmbedding": (None, {}),
+    "LinearScalingRotaryEmbedding": ("linear", {"LinearScalingRotaryEmbedding.scaling_factors": "factor"}),
+    "Llama3RotaryEmbedding": ("llama3", {"Llama3RotaryEmbedding.scaling_factor": "factor",
+                                         "Llama3RotaryEmbedding.low_freq_factor": "low_freq_factor",
+                                         "Llama3RotaryEmbedding.high_freq_factor": "high_freq_factor",
+                                         "Llama3RotaryEmbedding.orig_max_position":
+                                             "original_max_position_embeddings"}),
+}
+
+
+def _rope_facts(A: SGLangAdapter, dinner) -> dict:
+    """rope_theta / rope_scaling / rope_style as the draft's attention applies them (its
+    ``rotary_emb``, built by get_rope from the draft config). Another rope class is recorded by
+    its class name, so it is compared, never guessed."""
+    from specdiff.tracer.contract import rope_scaling_fact
+
+    layers = read_chain(A, dinner, "Eagle3LlamaModel.layers")
+    rot = MISSING if layers is MISSING or len(layers) == 0 else read_chain(
+        A, layers[0], "LlamaDecoderLayer.self_attn", "LlamaAttention.rotary_emb")
+    base = read_chain(A, rot, "RotaryEmbedding.base")
+    neox = read_chain(A, rot, "RotaryEmbedding.is_neox_style")
+    out = {"rope_theta": UNKNOWN if base is MISSING else float(base),
+           "rope_style": UNKNOWN if neox is MISSING else ("neox" if neox else "gptj")}
+    if rot is MISSING:
+        out["rope_scaling"] = UNKNOWN
+        return out
+    cls = type(rot).__name__
+    if cls not in _ROPE_CLASSES:
+        out["rope_scaling"] = {"type": f"sglang {cls}"}
+        return out
+    kind, params = _ROPE_CLASSES[cls]
+    values = {fact: A.get(rot, key) for key, fact in params.items()}
+    if MISSING in values.values():
+        out["rope_scaling"] = UNKNOWN
+        return out
+    values = {k: (v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v) for k, v in values.items()}
+    out["rope_scaling"] = rope_scaling_fact(kind, **values)
+    return out
+
+
+def serving_config(adapter: SGLangAdapter):
+    """SGLang's resolved serving config (``runtime_context.get_serving()``), or MISSING."""
+    try:
+        from sglang.srt import runtime_context
+
+        return runtime_context.get_serving()
+    except Exception as exc:  # noqa: BLE001 - an SGLang without it: the facts it feeds are unknown
+        adapter.mark_missing("runtime_context.get_serving", f"{type(exc).__name__}: {exc}")
+        return MISSING
+
+
+def _tokenizer_facts(A: SGLangAdapter, serving) -> dict:
+    """tokenizer / chat-template hashes of what SGLang's tokenizer process loads.
+
+    Tokenizing happens in SGLang's main process, which the recorder (scheduler) does not see:
+    the facts are the files at the resolved tokenizer path; a ``--chat-template`` override makes the
+    template hash unknown (one warning) rather than the file's.
+    """
+    import os
+
+    from specdiff.tracer.contract import tokenizer_hashes
+
+    path = read_chain(A, serving, "serving.tokenizer_path")
+    override = read_chain(A, serving, "serving.chat_template")
+    if path is MISSING or not isinstance(path, str) or not os.path.isdir(path):
+        if path is not MISSING:
+            logger.warning("specdiff: tokenizer %r is not a local directory; contract facts tokenizer_sha256 "
+                           "and chat_template_sha256 are unknown", path)
+        return {"tokenizer_sha256": UNKNOWN, "chat_template_sha256": UNKNOWN}
+    tok, tmpl = tokenizer_hashes(path)
+    if override is MISSING or override:
+        if override:
+            logger.warning("specdiff: --chat-template %s is applied in SGLang's tokenizer process, which the "
+                           "recorder does not see; contract fact chat_template_sha256 is unknown", override)
+        tmpl = UNKNOWN
+    return {"tokenizer_sha256": tok, "chat_template_sha256": tmpl}
+
+
+def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=None) -> dict:
+    """Contract facts from a live ``EagleDraftWorker`` (called once, at start-up).
+
+    ``serving``: SGLang's resolved serving config (default ``serving_config(adapter)``).
+
+    Every fact is read from the engine's objects through the adapter; one it cannot read is
+    ``UNKNOWN`` and the missing SGLang names are listed in ``unobservable`` (never filled in
+    from a config file or a default).
+    """
+    from specdiff.eagle3.aux_layers import resolve_aux_ids
+    from specdiff.tracer.contract import sha256_array
+
+    A = adapter
+    facts: dict = {"engine": "sglang", "engine_version": A.version, "capture_level": opts.capture,
+                   "logits_topk": int(opts.logits_topk), "dropped_records": 0}
+    # The CUDA graph runners exist only once _capture_cuda_graphs ran (after this): checked there.
+    A.check_instance(dw, *(n.key for n in A.names if n.kind == "instance" and n.key.startswith("EagleDraftWorker.")
+                           and "cuda_graph" not in n.key))
+    target_runner = read_chain(A, dw, "EagleDraftWorker.target_worker", "TpModelWorker.model_runner")
+    draft_runner = read_chain(A, dw, "EagleDraftWorker.draft_runner")
+    tmc = read_chain(A, target_runner, "ModelRunner.model_config")
+    tcfg = read_chain(A, tmc, "ModelConfig.hf_config")
+    dcfg = read_chain(A, draft_runner, "ModelRunner.model_config", "ModelConfig.hf_config")
+    L = _cfg(tcfg, "num_hidden_layers", "num_layers", "target")
+    facts.update(num_layers=L, hidden_size=_cfg(tcfg, "hidden_size", "hidden_size", "target"),
+                 vocab_size=_cfg(tcfg, "vocab_size", "vocab_size", "target"),
+                 draft_hidden_size=_cfg(dcfg, "hidden_size", "draft_hidden_size", "draft"))
+    dtype = read_chain(A, tmc, "ModelConfig.dtype")
+    facts["dtype"] = UNKNOWN if dtype is MISSING else str(dtype).replace("torch.", "")
+    # BOS id of the target config SGLang loaded: Recorder.close turns it into bos_added.
+    facts["bos_token_id"] = getattr(tcfg, "bos_token_id", None) if tcfg is not MISSING else UNKNOWN
+    # The ids as configured (SGLang reads them from the draft's hf_config.eagle_config) ...
+    # No eagle_config attribute means "no ids" to SGLang too (llama_eagle3.py:169: getattr(config,
+    # "eagle_config", None) or {}), so None is the fact here, not a fallback.
+    eagle_config = UNKNOWN if dcfg is MISSING else getattr(dcfg, "eagle_config", None)
+    if isinstance(eagle_config, str) or L == UNKNOWN:
+        facts.update(aux_native_ids=UNKNOWN, aux_convention="sglang")
+    else:
+        ids = dict(eagle_config or {}).get("eagle_aux_hidden_state_layer_ids")
+        res = resolve_aux_ids(ids, convention="sglang", num_layers=L).as_facts()
+        facts.update(aux_native_ids=res["aux_native_ids"], aux_convention=res["aux_convention"])
+    # ... and what the target really captures (never the configured ids in its place): SGLang sets
+    # it after this point (init_attention_backends); Recorder.refresh fills it in.
+    facts.update({"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN})
+    dmodel = read_chain(A, draft_runner, "ModelRunner.model")
+    dinner = read_chain(A, dmodel, "LlamaForCausalLMEagle3.model")
+    nbf = read_chain(A, dinner, "Eagle3LlamaModel.norm_before_fc")
+    facts["norm_before_fc"] = UNKNOWN if nbf is MISSING else bool(nbf)
+    fcn = read_chain(A, dinner, "Eagle3LlamaModel.fc_norm")
+    facts["fc_norm"] = UNKNOWN if fcn is MISSING else fcn is not None
+    hot = hot_token_id(dw, A)
+    if hot is MISSING:
+        facts.update(hot_token_id_sha256=UNKNOWN, d2t_sha256=UNKNOWN, draft_vocab_size=UNKNOWN)
+    elif hot is not None:
+        facts["hot_token_id_sha256"] = sha256_array(hot)
+        facts["d2t_sha256"] = sha256_array(hot - torch.arange(hot.numel(), dtype=torch.int64))
+        facts["draft_vocab_size"] = int(hot.numel())
+    else:
+        facts["hot_token_id_sha256"] = None
+        facts["d2t_sha256"] = None
+        facts["draft_vocab_size"] = _cfg(dcfg, "draft_vocab_size", "draft_vocab_size", "draft")
+        if facts["draft_vocab_size"] is None:  # SGLang sets it to vocab_size when absent (llama_eagle3.py:306)
+            facts["draft_vocab_size"] = _cfg(dcfg, "vocab_size", "draft_vocab_size", "draft")
+    for fact, key in (("spec_steps", "EagleDraftWorker.speculative_num_steps"), ("spec_topk", "EagleDraftWorker.topk"),
+                      ("spec_draft_tokens", "EagleDraftWorker.speculative_num_draft_tokens")):
+        facts[fact] = A.fact(dw, key, int)
+    sa = A.get(dw, "EagleDraftWorker.server_args")
+    facts["model_name"] = UNKNOWN if sa is MISSING else A.fact(sa, "ServerArgs.model_path", lambda v: str(v or ""))
+    facts["draft_name"] = UNKNOWN if sa is MISSING else A.fact(
+        sa, "ServerArgs.speculative_draft_model_path", lambda v: str(v or ""))
+    # Set after EagleDraftWorker._capture_cuda_graphs (start-up, before any request); unknown until then.
+    facts["graph_hidden_stages"] = UNKNOWN
+    algo = read_chain(A, dw, "EagleDraftWorker.speculative_algorithm")
+    facts["spec_algorithm"] = UNKNOWN if algo is MISSING else str(getattr(algo, "name", algo))
+    nout = read_chain(A, dinner, "Eagle3LlamaModel.norm_output")
+    facts["norm_output"] = UNKNOWN if nout is MISSING else bool(nout)
+    facts.update(_weights_facts(A, target_runner=target_runner, dmodel=dmodel, dinner=dinner,
+                                vocab=facts["vocab_size"], draft_vocab=facts["draft_vocab_size"]))
+    facts.update(_rope_facts(A, dinner))
+    facts.update(_tokenizer_facts(A, serving_config(A) if serving is None else serving))
+    facts["depth_coverage"] = ("SGLang drafts depths >= 1 only from the last accepted position of each decode "
+                               "step (t = L-1, eagle_worker_v2.py draft); every other position has depth-0 "
+                               "rows only")
+    facts["unobservable"] = A.unobservable()
+    return facts
+
+
