@@ -16,10 +16,10 @@ import torch
 
 from specdiff.replay.diff.compare import UNREADABLE
 from specdiff.replay.diff.report import diff_traces, render_json
-from specdiff.tracer import store as store_module
 from specdiff.tracer.damage import READABLE, RECOPY
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import TraceWriter, open_trace
+from specdiff.tracer.store import layout as store_layout
 from specdiff.tracer.upgrade import upgrade
 from specdiff.tui.app import SpecdiffApp
 from specdiff.tui.view import Sel
@@ -321,8 +321,8 @@ def test_a_damaged_chunk_costs_only_its_own_rows(tmp_path):
 
 def _old_trace(path: Path, monkeypatch) -> Path:
     """A trace as written before chunk checksums (blosc only)."""
-    with_crc = store_module._compressors
-    monkeypatch.setattr(store_module, "_compressors", lambda dtype: with_crc(dtype)[:1])
+    with_crc = store_layout.compressors
+    monkeypatch.setattr(store_layout, "compressors", lambda dtype: with_crc(dtype)[:1])
     with TraceWriter(str(path), side="serve", chunk_bytes=64 * 2 * 16, overwrite=True) as w:
         w.add_sequence(np.arange(40), rid="r")
         w.append("draft.fc_out", torch.ones(40, 64, dtype=torch.bfloat16), seq=0, pos=np.arange(40))

@@ -19,7 +19,7 @@ from specdiff.tracer.store import TraceWriter, open_trace
 # chunk_bytes=4096 and [3, 32] bf16 appends: 64-row chunks, a commit (4 chunks) every 256 rows
 # that leaves 2 rows in the next spill file (appends of 3 rows do not end on a chunk edge).
 _WRITER = """
-import sys, time, numpy as np, torch
+import sys, time, numpy as np, torch, zarr
 from specdiff.tracer import store
 from specdiff.tracer.journal import JournalWriter, SpillWriter
 
@@ -48,7 +48,7 @@ def remove(self):
     real_remove(self)
 JournalWriter.write, SpillWriter.close_and_remove = journal, remove
 
-real_set = store.zarr.AsyncArray.setitem
+real_set = zarr.AsyncArray.setitem
 data_writes = 0
 async def zarr_set(self, selection, value, **kw):
     global data_writes
@@ -57,7 +57,7 @@ async def zarr_set(self, selection, value, **kw):
         data_writes += 1
         if point == "zarr" and data_writes == at:
             pause()  # inside a commit: its data chunks written to zarr, no commit entry yet
-store.zarr.AsyncArray.setitem = zarr_set
+zarr.AsyncArray.setitem = zarr_set
 
 for i in range(0, 900, 3):
     rows = torch.arange(i, i + 3, dtype=torch.float32)[:, None].expand(3, 32).to(torch.bfloat16)

@@ -215,6 +215,11 @@ class RankedTrace:
         stop = self.rows(name) if stop is None else stop
         return from_storage(self._gather(name, "data", start, stop), self._layout[name][0], as_float32=as_float32)
 
+    def read_storage(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows [start, stop) in storage dtype, like ``Trace.read_storage`` (the diff's block reads)."""
+        stop = self.rows(name) if stop is None else stop
+        return self._gather(name, "data", start, stop)
+
     def read_torch(self, name: str, start: int = 0, stop: int | None = None):
         from specdiff.tracer.arrays import to_torch
 

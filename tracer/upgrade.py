@@ -17,7 +17,7 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from specdiff.tracer.errors import TraceError
-from specdiff.tracer.store import _ARRAY_CONFIG, KEY_COLUMNS, SEQUENCE_ARRAYS, open_trace
+from specdiff.tracer.store import ARRAY_CONFIG, KEY_COLUMNS, SEQUENCE_ARRAYS, open_trace
 
 
 def _rewrite(src, dst, key: str) -> None:
@@ -31,7 +31,7 @@ def _rewrite(src, dst, key: str) -> None:
     new = dst[parent].create_array(
         name, shape=arr.shape, chunks=arr.chunks, dtype=arr.dtype, fill_value=arr.fill_value,
         compressors=[*arr.compressors, Crc32cCodec()], dimension_names=arr.metadata.dimension_names,
-        attributes=dict(arr.attrs), config=_ARRAY_CONFIG, overwrite=True)
+        attributes=dict(arr.attrs), config=ARRAY_CONFIG, overwrite=True)
     step = arr.chunks[0]
     for a in range(0, arr.shape[0], step):
         new[a:a + step] = arr[a:a + step]
@@ -62,7 +62,7 @@ def upgrade(src: str, dst: str) -> int:
         if "sequences/id" not in group:
             group["sequences"].create_array("id", data=np.array([s.id for s in trace.sequences], np.int32),
                                             dimension_names=("seq",), compressors=[Crc32cCodec()],
-                                            config=_ARRAY_CONFIG)
+                                            config=ARRAY_CONFIG)
         keys += [f"sequences/{k}" for k, _ in SEQUENCE_ARRAYS if k != "id"]
     for key in keys:
         _rewrite(source, group, key)

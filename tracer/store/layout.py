@@ -1,0 +1,62 @@
+"""On-disk layout of a trace: format version, key columns, chunk sizes, codecs, the sequence table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec
+
+FORMAT_VERSION = 1
+KEY_COLUMNS = (("seq", "int32"), ("pos", "int32"), ("depth", "int16"), ("iter", "int32"))
+#: the sequence table written at close (sequence s = tokens[offsets[s]:offsets[s+1]], its seq key id[s])
+SEQUENCE_ARRAYS = (("id", "int32"), ("tokens", "int32"), ("offsets", "int64"), ("prompt_len", "int32"))
+CHUNK_BYTES = 4 << 20
+KEY_CHUNK_FACTOR = 16
+COMMIT_CHUNKS = 4
+MAX_KEY_CHUNK_ROWS = 1 << 16  # edge chunks are stored whole: keep them small
+SIDES = ("serve", "train")
+# Chunks equal to the fill value must still be written: a missing chunk means a damaged store.
+ARRAY_CONFIG = {"write_empty_chunks": True}
+
+
+def compressors(dtype: np.dtype):
+    """The chunk codecs of a tensor array of ``dtype``: blosc lz4 then a crc32c checksum."""
+    # lz4 at level 1: hidden states barely compress, so speed beats ratio (benchmarks/store_throughput.py).
+    # crc32c (zarr v3 codec) over the compressed bytes: a changed or cut chunk reads as damage, not
+    # as a blosc error or, worse, as silently different values.
+    shuffle = "bitshuffle" if dtype.itemsize <= 2 else "shuffle"
+    return [BloscCodec(cname="lz4", clevel=1, shuffle=shuffle, typesize=dtype.itemsize), Crc32cCodec()]
+
+
+@dataclass
+class Sequence:
+    """One token sequence of a trace.
+
+    Attributes:
+        id: the ``seq`` key of its rows.
+        tokens: int32 [len] prompt + generated (serving) or the replayed sequence (training).
+        prompt_len: tokens that came from the prompt.
+        rid: the serving request id, or a training sample id.
+    """
+
+    id: int
+    tokens: np.ndarray
+    prompt_len: int
+    rid: str | None
+
+
+def local_path(path: str) -> str:
+    """``file://`` URLs as plain paths: zarr's LocalStore creates parent directories where
+    fsspec's local filesystem, by default, does not (so a ``file://`` trace could not be written)."""
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+
+def open_store(path: str):
+    if "://" in path:
+        return zarr.storage.FsspecStore.from_url(path, read_only=True)
+    return zarr.storage.LocalStore(path, read_only=True)
+
+

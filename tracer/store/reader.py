@@ -1,0 +1,320 @@
+"""Read a trace: ``open_trace`` -> ``Trace`` (rows by tensor, keys, sequences, contract, damage)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import zarr
+
+from specdiff.tracer.arrays import STORAGE_DTYPES, from_storage, to_torch
+from specdiff.tracer.chunks import ArrayReader, metadata_problem, read_bytes
+from specdiff.tracer.chunks import join as _join
+from specdiff.tracer.damage import Damage
+from specdiff.tracer.errors import TraceError
+from specdiff.tracer.journal import (
+    JOURNAL_NAME,
+    read_journal,
+)
+from specdiff.tracer.schema import ordered, spec_for
+from specdiff.tracer.store.layout import (
+    FORMAT_VERSION,
+    KEY_COLUMNS,
+    SEQUENCE_ARRAYS,
+    Sequence,
+    local_path,
+    open_store,
+)
+from specdiff.tracer.store.recover import Contents, from_journal, from_zarr, zarr_tensors
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Shape facts of one tensor in a trace: ``rows`` x ``shape`` of ``dtype`` (storage name)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    rows: int
+    dims: tuple[str, ...]
+
+
+class Trace:
+    """A trace opened for reading (see ``open_trace``).
+
+    Attributes:
+        path, side, format, contract, sequences (list[Sequence]), records (appends recorded),
+        closed (the writer closed cleanly), cut_tail_bytes (bytes of a cut last journal entry).
+
+    Damage (``tracer.damage``) never stops reading: rows in a damaged chunk read as NaN (floats),
+    -1 (ints, row keys) or False, ``unreadable`` says which rows those are, and ``damage`` lists
+    what was found so far (at open: journal, metadata, missing chunk files; on read: chunks that
+    fail to decode). ``verify`` reads every chunk.
+    """
+
+    def __init__(self, path: str, store, contents: Contents, damage: list[Damage]):
+        self.path = path
+        self.open_store = store
+        self.format = contents.format
+        self.side = contents.side
+        self.contract = contents.contract
+        self.sequences = contents.sequences
+        self.records = contents.records
+        self.closed = contents.closed
+        self.cut_tail_bytes = contents.cut_tail_bytes
+        self._committed = contents.committed
+        self._layout = contents.layout
+        self._tail = contents.tail
+        self._damage = list(damage)
+        self._readers: dict[str, dict[str, ArrayReader]] = {}
+        for name, rows in self._committed.items():
+            if rows:
+                self._readers[name] = self._open_arrays(name, rows)
+        self._sequence_readers: list[ArrayReader] = []
+
+    def _open_arrays(self, name: str, rows: int) -> dict[str, ArrayReader]:
+        dtype_name, shape = self._layout[name]
+        out = {"data": ArrayReader(trace=self.path, store=self.open_store, key=f"tensors/{name}/data", tensor=name,
+                                   column="data", rows=rows, dtype=STORAGE_DTYPES[dtype_name], shape=shape,
+                                   fill=damaged_fill(dtype_name))}
+        for k, kd in KEY_COLUMNS:
+            out[k] = ArrayReader(trace=self.path, store=self.open_store, key=f"tensors/{name}/{k}", tensor=name,
+                                 column=k, rows=rows, dtype=np.dtype(kd), shape=(), fill=-1)
+        return out
+
+    # ---- damage -----------------------------------------------------------------------------
+    @property
+    def damage(self) -> list[Damage]:
+        """Every damage found so far: journal and metadata first, then tensors in dataflow order."""
+        out = list(self._damage)
+        for name in ordered(self._readers):
+            for reader in self._readers[name].values():
+                out += [d for _, d in sorted(reader.damage.copy().items())]
+        for reader in self._sequence_readers:
+            out += [d for _, d in sorted(reader.damage.copy().items())]
+        return out
+
+    def unreadable(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """bool [len(rows)]: which of ``rows`` of ``name`` lie in damaged chunks (data or row keys)."""
+        rows = np.asarray(rows, np.int64)
+        out = np.zeros(len(rows), bool)
+        for reader in self._readers.get(name, {}).values():
+            if reader.damage:
+                out |= reader.bad(rows) & (rows < self._committed.get(name, 0))
+        return out
+
+    def verify(self) -> list[Damage]:
+        """Read every chunk of every array (tensors, row keys, the sequence table) and return
+        ``damage``. Memory: one chunk at a time."""
+        for name in ordered(self._readers):
+            for reader in self._readers[name].values():
+                reader.verify()
+        if self.closed and self.sequences and not self._sequence_readers:
+            for k, kd in SEQUENCE_ARRAYS:
+                if k == "id" and read_bytes(self.path, "sequences/id/zarr.json") is None:
+                    continue  # written since specdiff stores sequence ids in zarr; older traces lack it
+                reader = ArrayReader(trace=self.path, store=self.open_store, key=f"sequences/{k}", tensor=None,
+                                     column="sequences", rows=None, dtype=np.dtype(kd), shape=(), fill=-1)
+                reader.verify()
+                self._sequence_readers.append(reader)
+        return self.damage
+
+    # ---- tensor access ----------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        """Tensor names in dataflow order (schema.ordered)."""
+        return ordered(self._layout)
+
+    def info(self, name: str) -> TensorInfo:
+        """Shape facts of ``name``. Raises KeyError if absent."""
+        dtype, shape = self._layout[name]
+        return TensorInfo(name, dtype, shape, self.rows(name), spec_for(name).dims)
+
+    def rows(self, name: str) -> int:
+        tail = self._tail.get(name)
+        return self._committed.get(name, 0) + (tail[0].shape[0] if tail else 0)
+
+    def chunks(self, name: str, *, per_range: int = 4) -> list[tuple[int, int]]:
+        """Row ranges aligned to the stored chunks, ``per_range`` chunks each (memory bounded by
+        that many chunks, ~16 MiB by default); several chunks per read let zarr decode them in
+        parallel (benchmarks/store_throughput.py: ~1.7x over one chunk per read)."""
+        total, done = self.rows(name), self._committed.get(name, 0)
+        reader = self._readers[name]["data"] if done else None
+        if reader is not None and reader.array is not None:
+            step = reader.chunk_rows * max(per_range, 1)
+        else:
+            step = max(total, 1)
+        bounds = list(range(0, done, step)) + [done] if done else [0]
+        ranges = [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
+        if total > done:
+            ranges.append((done, total))
+        return ranges
+
+    def _read(self, name: str, column: str, start: int, stop: int) -> np.ndarray:
+        done = self._committed.get(name, 0)
+        parts = []
+        if start < done:
+            parts.append(self._readers[name][column].read(start, min(stop, done)))
+        if stop > done:
+            data, keys = self._tail[name]
+            src = data if column == "data" else keys[column]
+            parts.append(src[max(start - done, 0):stop - done])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def take(self, name: str, rows: np.ndarray, *, column: str = "data") -> np.ndarray:
+        """Rows at the given indices (any order), reading only the chunks that hold them.
+
+        Returns storage dtype for ``column="data"`` (bf16 as raw uint16; see ``read``).
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        done = self._committed.get(name, 0)
+        out = None
+        head = rows < done
+        if head.any():
+            part = self._readers[name][column].take(rows[head])
+            out = np.empty((len(rows), *part.shape[1:]), part.dtype)
+            out[head] = part
+        if (~head).any():
+            data, keys = self._tail[name]
+            src = data if column == "data" else keys[column]
+            part = src[rows[~head] - done]
+            if out is None:
+                out = np.empty((len(rows), *part.shape[1:]), part.dtype)
+            out[~head] = part
+        if out is None:
+            dtype, shape = self._layout[name]
+            out = np.empty((0, *shape), STORAGE_DTYPES[dtype])
+        return out
+
+    def take_float(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """``take`` with bf16 upcast exactly and every float as float32 (for comparisons)."""
+        return from_storage(self.take(name, rows), self._layout[name][0], as_float32=True)
+
+    def keys(self, name: str, start: int = 0, stop: int | None = None, *,
+             columns=("seq", "pos", "depth", "iter")) -> dict[str, np.ndarray]:
+        """Row keys of ``name``: ``{"seq","pos","depth","iter"}`` (or ``columns``) -> int arrays [rows]."""
+        stop = self.rows(name) if stop is None else stop
+        return {k: self._read(name, k, start, stop) for k in columns}
+
+    def read(self, name: str, start: int = 0, stop: int | None = None, *, as_float32: bool = False) -> np.ndarray:
+        """Rows [start, stop) of ``name`` as numpy: [n, *shape]. bf16 comes back as exact float32."""
+        stop = self.rows(name) if stop is None else stop
+        return from_storage(self._read(name, "data", start, stop), self._layout[name][0], as_float32=as_float32)
+
+    def read_storage(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows [start, stop) of ``name`` in storage dtype (bf16 as raw uint16 bits; no upcast copy)."""
+        stop = self.rows(name) if stop is None else stop
+        return self._read(name, "data", start, stop)
+
+    def read_torch(self, name: str, start: int = 0, stop: int | None = None):
+        """Rows [start, stop) as a torch tensor in the recorded dtype (bf16 restored bit for bit)."""
+        stop = self.rows(name) if stop is None else stop
+        return to_torch(self._read(name, "data", start, stop), self._layout[name][0])
+
+    def sequence(self, seq_id: int) -> Sequence:
+        for s in self.sequences:
+            if s.id == seq_id:
+                return s
+        raise KeyError(seq_id)
+
+
+def damaged_fill(dtype_name: str):
+    """What a row of a damaged chunk reads as, in storage dtype: NaN floats (bf16 NaN bits 0x7FC0),
+    -1 ints, False flags, so a damaged row can never pass for a recorded value of 0."""
+    if dtype_name == "bfloat16":
+        return 0x7FC0
+    if dtype_name.startswith("float"):
+        return np.nan
+    return False if dtype_name == "bool" else -1
+
+
+
+def _is_rank_parent(path: str) -> bool:
+    """``path`` holds no trace of its own but per-rank traces (tracer.ranks)."""
+    try:
+        if read_bytes(path, "zarr.json") is not None:
+            return False
+    except OSError:
+        return False
+    from specdiff.tracer.ranks import rank_stores
+
+    return bool(rank_stores(path))
+
+
+def open_trace(path: str) -> Trace:
+    """Open a trace for reading (local path or fsspec URL); a directory of per-rank traces
+    (``dp<r>``, written by a data-parallel server) opens as one ``tracer.ranks.RankedTrace``.
+
+    A damaged journal or group metadata is read around when the other copy holds the same facts
+    (a closed trace's zarr metadata holds everything; the journal holds everything but the
+    arrays), and listed in ``Trace.damage``; damaged chunks cost only their own rows.
+
+    Raises:
+        TraceError: one line naming ``path`` and what was found: not a zarr store, a zarr store
+            that is not a specdiff trace, another format version, or damage that leaves no copy
+            of the trace's facts (e.g. the journal of a trace whose writer never closed it cut
+            before its header).
+    """
+    path = local_path(str(path))
+    if "://" not in path and not os.path.exists(path):
+        raise TraceError(f"{path}: no such trace (the path does not exist)")
+    if _is_rank_parent(path):
+        from specdiff.tracer.ranks import RankedTrace, rank_stores
+
+        return RankedTrace(path, [(label, open_trace(sub)) for label, sub in rank_stores(path)])
+    store = open_store(path)
+    attrs, root_exc = None, None
+    try:
+        attrs = dict(zarr.open_group(store=store, mode="r").attrs)
+    except Exception as exc:  # zarr raises many types for missing or foreign bytes
+        root_exc = exc
+    scan = read_journal(_join(path, JOURNAL_NAME))
+    damage: list[Damage] = []
+    if attrs is None:
+        if not scan.usable or scan.problem:
+            if isinstance(root_exc, (FileNotFoundError, zarr.errors.GroupNotFoundError,
+                                     zarr.errors.NodeTypeValidationError)):
+                raise TraceError(f"{path}: not a specdiff trace (no zarr group found)") from None
+            if scan.size:  # both copies of the trace's facts are damaged
+                problem, _ = metadata_problem(path, "zarr.json", root_exc)
+                raise TraceError(f"{path}: zarr.json {problem} and {JOURNAL_NAME} {scan.problem}, so no intact copy "
+                                 "of the trace's facts is left; copy the trace again from where it was recorded")
+            raise TraceError(f"{path}: not a specdiff trace (zarr could not open it: {root_exc})") from None
+        problem, action = metadata_problem(path, "zarr.json", root_exc)
+        damage.append(Damage(path, "zarr.json", problem, "the trace's facts are read from its record journal "
+                             "(nothing lost)", "copy the trace again to repair it", lost=False))
+        meta = {"format": scan.entries[0].get("format"), "side": scan.entries[0].get("side")}
+    else:
+        meta = attrs.get("specdiff")
+        if not isinstance(meta, dict) or "format" not in meta:
+            raise TraceError(f"{path}: is a zarr store but not a specdiff trace (no 'specdiff' attributes)")
+    if meta["format"] != FORMAT_VERSION:
+        raise TraceError(f"{path}: specdiff trace format {meta['format']} is not supported "
+                         f"(this specdiff reads format {FORMAT_VERSION}); use a matching specdiff version")
+    closed = bool(attrs and attrs.get("closed"))
+    ends_closed = scan.usable and scan.entries[-1].get("t") == "close"
+    journal_bad = scan.problem is not None or (closed and not ends_closed)
+    if journal_bad and closed:
+        problem = scan.problem or (f"is truncated ({scan.size} bytes, it ends before its close entry)")
+        contents, more = from_zarr(path, store, attrs)
+        damage.append(Damage(path, JOURNAL_NAME, problem, "the trace was closed cleanly, so it is read from its "
+                             "zarr arrays (nothing lost)", "copy the trace again to repair the journal",
+                             lost=False))
+        damage += more
+    elif scan.problem is not None and not scan.usable:
+        raise TraceError(f"{path}: record journal {scan.problem} and the writer never closed the trace, so no "
+                         "other copy of its sequences exists; the trace cannot be opened (re-record it)")
+    else:
+        if scan.entries[0].get("format") != FORMAT_VERSION:
+            raise TraceError(f"{path}: journal format {scan.entries[0].get('format')} does not match "
+                             f"the store's format {FORMAT_VERSION}")
+        zarr_rows = None
+        if scan.problem is not None:  # unclosed trace, journal corrupt after its header
+            zarr_rows, more = zarr_tensors(path, store)
+            damage.append(Damage(path, JOURNAL_NAME, scan.problem, "the writer never closed this trace, so records "
+                                 "journaled after that byte and not yet in zarr are lost", "re-record the trace"))
+            damage += more
+        contents = from_journal(path, scan.entries, cut_tail_bytes=scan.cut_tail_bytes, zarr_rows=zarr_rows)
+    return Trace(path, store, contents, damage)
+

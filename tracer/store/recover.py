@@ -1,0 +1,173 @@
+"""Read back what a trace holds: committed rows from zarr, the uncommitted tail from the journal and
+its spill files (an unclosed or crashed trace), and every damaged part found on the way."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+import zarr
+
+from specdiff.tracer.arrays import STORAGE_DTYPES
+from specdiff.tracer.chunks import join as _join
+from specdiff.tracer.chunks import metadata_problem
+from specdiff.tracer.contract import validate_contract
+from specdiff.tracer.damage import Damage
+from specdiff.tracer.errors import TraceError
+from specdiff.tracer.journal import (
+    SPILL_PAYLOAD,
+    read_spill,
+    spill_key,
+)
+from specdiff.tracer.store.layout import KEY_COLUMNS, SEQUENCE_ARRAYS, Sequence
+
+
+@dataclass
+class Contents:
+    """What a trace holds, read from its journal or (damaged journal, closed trace) its zarr metadata."""
+
+    format: int
+    side: str
+    contract: dict
+    sequences: list[Sequence]
+    records: int
+    closed: bool
+    committed: dict[str, int]
+    layout: dict[str, tuple[str, tuple[int, ...]]]
+    tail: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]]
+    cut_tail_bytes: int = 0
+
+
+def from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
+                  zarr_rows: dict[str, tuple[str, tuple[int, ...], int]] | None = None) -> Contents:
+    """Contents from journal entries. ``zarr_rows`` (name -> dtype, shape, rows in zarr) is given
+    when the journal lost entries: rows zarr holds count as committed even without their entry."""
+    header = entries[0]
+    contract: dict = {}
+    seqs: dict[int, Sequence] = {}
+    committed: dict[str, int] = {}
+    spills: dict[str, tuple[int, int]] = {}  # name -> (spill generation, its first row)
+    recs: dict[str, list[dict]] = defaultdict(list)
+    closed, records = False, 0
+    for e in entries[1:]:
+        t = e.get("t")
+        if t == "rec":
+            recs[e["name"]].append(e)
+            records += 1
+        elif t == "commit":
+            committed[e["name"]] = e["rows"]
+            if "spill" in e:
+                spills[e["name"]] = (e["spill"], e["rows"])
+        elif t == "seq":
+            seqs[e["id"]] = Sequence(e["id"], np.frombuffer(e["tokens"], np.int32), e["prompt_len"], e["rid"])
+        elif t == "contract":
+            contract = validate_contract(e["contract"], where=path)
+        elif t == "close":
+            closed = True
+    layout: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, (dtype, shape, rows) in (zarr_rows or {}).items():
+        layout[name] = (dtype, shape)
+        committed[name] = max(committed.get(name, 0), rows)
+    tail: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+    spilled = header.get("payload") == SPILL_PAYLOAD
+    for name, entries_of in recs.items():
+        first = entries_of[0]
+        layout.setdefault(name, (first["dtype"], tuple(first["shape"][1:])))
+        done = committed.get(name, 0)
+        # A commit can end inside a record (commits are whole chunks): keep that record's later rows.
+        pending = [e for e in entries_of if e["row0"] + e["n"] > done]
+        if not pending:
+            continue
+        if any(c not in e for e in pending for c, _ in KEY_COLUMNS) or (not spilled and any("data" not in e for e in pending)):
+            raise TraceError(f"{path}: rows of {name} from {done} on are neither committed nor in the "
+                             "journal; the store is damaged (copy it again)")
+        dt = STORAGE_DTYPES[first["dtype"]]
+        skip = [max(done - e["row0"], 0) for e in pending]
+        keys = {c: np.concatenate([np.frombuffer(e[c], kd)[k:] for e, k in zip(pending, skip, strict=True)])
+                for c, kd in KEY_COLUMNS}
+        if spilled:
+            gen, base = spills.get(name, (0, 0))
+            data = spilled_rows(path, name, gen=gen, base=base, start=done, stop=pending[-1]["row0"] + pending[-1]["n"],
+                                 dtype=dt, shape=layout[name][1], lost_ok=zarr_rows is not None)
+            keys = {c: v[:len(data)] for c, v in keys.items()}
+        else:
+            data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"])[k:] for e, k in zip(pending, skip, strict=True)])
+        tail[name] = (data, keys)
+    return Contents(header["format"], header["side"], contract, [seqs[i] for i in sorted(seqs)], records,
+                     closed, committed, layout, tail, cut_tail_bytes)
+
+
+def spilled_rows(path: str, name: str, *, gen: int, base: int, start: int, stop: int, dtype: np.dtype,
+                  shape: tuple[int, ...], lost_ok: bool) -> np.ndarray:
+    """Rows [start, stop) of ``name`` from its spill file of generation ``gen`` (whose first row is
+    ``base``): [rows, *shape] of ``dtype``; fewer rows only with ``lost_ok`` (the journal is
+    damaged and already reported as losing uncommitted records).
+
+    Raises:
+        TraceError: the file is missing or shorter than the journal says (the store was damaged
+            after the writer wrote it: a spill write always precedes its ``rec`` entry).
+    """
+    key = spill_key(name, gen)
+    elems = int(np.prod(shape, dtype=np.int64))
+    row_bytes = dtype.itemsize * elems
+    raw = read_spill(_join(path, key))
+    held = stop if not row_bytes else base + len(raw or b"") // row_bytes
+    if held < stop and not lost_ok:
+        what = "is missing" if raw is None else f"holds {max(held - start, 0)} of them"
+        raise TraceError(f"{path}: rows {start}-{stop - 1} of {name} were journalled but not committed, and {key} "
+                         f"{what}; the store is damaged (copy it again from where it was recorded)")
+    stop = min(stop, held)
+    if stop <= start:
+        return np.empty((0, *shape), dtype)
+    return np.frombuffer(raw or b"", dtype, count=(stop - base) * elems).reshape(stop - base, *shape)[start - base:]
+
+
+def zarr_tensors(path: str, store) -> tuple[dict[str, tuple[str, tuple[int, ...], int]], list[Damage]]:
+    """name -> (dtype, feature shape, rows) of every tensor whose ``data`` array opens; damage for the rest."""
+    fs, root = fsspec.core.url_to_fs(_join(path, "tensors"))
+    try:
+        names = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(root, detail=True)
+                       if e["type"] == "directory")
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    out, damage = {}, []
+    for name in names:
+        key = f"tensors/{name}/data"
+        try:
+            arr = zarr.open_array(store=store, path=key, mode="r")
+            out[name] = (str(arr.attrs["specdiff_dtype"]), tuple(arr.shape[1:]), arr.shape[0])
+        except Exception as exc:  # zarr raises many types for bad metadata
+            problem, action = metadata_problem(path, f"{key}/zarr.json", exc)
+            damage.append(Damage(path, f"{key}/zarr.json", problem, f"tensor {name} cannot be read", action, name))
+    return out, damage
+
+
+def from_zarr(path: str, store, attrs: dict) -> tuple[Contents, list[Damage]]:
+    """Contents of a closed trace from its zarr metadata alone (its journal is damaged)."""
+    tensors, damage = zarr_tensors(path, store)
+    rids = attrs.get("sequence_rids")
+    cols = {k: np.zeros(0, kd) for k, kd in SEQUENCE_ARRAYS}
+    cols["offsets"] = np.zeros(1, np.int64)
+    if rids is None or len(rids):
+        try:
+            cols = {k: zarr.open_array(store=store, path=f"sequences/{k}", mode="r")[:] for k, _ in SEQUENCE_ARRAYS}
+        except Exception as exc:  # zarr raises many types for bad bytes
+            why = ("it has no sequences/id array (written before specdiff stored sequence ids in zarr)"
+                   if isinstance(exc, (FileNotFoundError, zarr.errors.ArrayNotFoundError)) else
+                   f"its sequence table in zarr cannot be read either ({type(exc).__name__})")
+            raise TraceError(f"{path}: record journal is damaged and {why}; the trace cannot be opened "
+                             "(copy it again from where it was recorded)") from None
+    rids = rids or [None] * len(cols["prompt_len"])
+    off = cols["offsets"]
+    seqs = [Sequence(int(cols["id"][i]), cols["tokens"][off[i]:off[i + 1]], int(cols["prompt_len"][i]), rids[i])
+            for i in range(len(cols["prompt_len"]))]
+    meta = attrs["specdiff"]
+    contents = Contents(meta["format"], meta["side"], validate_contract(attrs.get("contract", {}), where=path),
+                         seqs, int(attrs.get("records", 0)), True,
+                         {n: r for n, (_, _, r) in tensors.items()},
+                         {n: (d, s) for n, (d, s, _) in tensors.items()}, {})
+    return contents, damage
+
+
