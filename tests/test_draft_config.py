@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from specdiff.eagle3.norms import NORM_FLAGS, NORMS_OFF
 from specdiff.replay.model.draft_config import DraftConfigError, Eagle3DraftConfig, _key_path
@@ -170,36 +169,30 @@ def test_the_shipped_demo_draft_loads_unchanged_and_lists_the_flags_it_leaves_ou
     assert load_draft(MODELS / "draft").config.settings() == cfg.settings()
 
 
-def _cli(args):
-    from specdiff.tui.cli import _register, cli
 
-    _register()
-    return CliRunner().invoke(cli, args)
-
-
-def test_check_on_a_draft_config_missing_a_field_is_one_error_line_with_field_file_and_fix(tmp_path):
+def test_check_on_a_draft_config_missing_a_field_is_one_error_line_with_field_file_and_fix(tmp_path, run_cli):
     draft = tmp_path / "draft"
     shutil.copytree(MODELS / "draft", draft)
     raw = json.loads((draft / "config.json").read_text())
     del raw["intermediate_size"]
     (draft / "config.json").write_text(json.dumps(raw))
-    r = _cli(["check", "--target", str(MODELS / "target"), "--draft", str(draft)])
+    r = run_cli("check", "--target", str(MODELS / "target"), "--draft", str(draft))
     assert r.exit_code == 2, r.output
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specdiff: error: ")
     assert f"{draft / 'config.json'}: intermediate_size: is missing; fix: add intermediate_size" in lines[0]
 
 
-def test_record_train_prints_and_stores_the_draft_config_defaults(tmp_path):
+def test_record_train_prints_and_stores_the_draft_config_defaults(tmp_path, run_cli):
     from specdiff.tracer.contract import DEFAULTS_USED
     from specdiff.tracer.store import open_trace
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"text": "def f(x):"}\n')
     out = tmp_path / "train.trace"
-    r = _cli(["record", "train", "--target", str(MODELS / "target"), "--draft", str(MODELS / "draft"),
+    r = run_cli("record", "train", "--target", str(MODELS / "target"), "--draft", str(MODELS / "draft"),
               "--prompts", str(prompts), "-o", str(out), "--steps", "1", "--dtype", "float32",
-              "--probe-positions", "0"])
+              "--probe-positions", "0")
     assert r.exit_code == 0, r.output
     used = open_trace(str(out)).contract[DEFAULTS_USED]
     src = f"absent from {MODELS / 'draft' / 'config.json'}: off (SGLang 0.5.23 srt/models/llama_eagle3.py:173-182"

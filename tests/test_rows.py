@@ -14,8 +14,6 @@ import torch
 
 pytest.importorskip("transformers")
 
-from click.testing import CliRunner  # noqa: E402
-
 from specdiff.eagle3.acceptance import AcceptTally, chain_accept, from_accept_lengths  # noqa: E402
 from specdiff.tracer.async_writer import AsyncTraceWriter  # noqa: E402
 from specdiff.tracer.rows import RowBatch, RowLayout, ttt_rows  # noqa: E402
@@ -28,15 +26,9 @@ demo = pytest.mark.skipif(not (MODELS / "draft" / "config.json").is_file()
                           reason="the committed demo models are not built")
 
 
-def _cli(args):
-    from specdiff.tui.cli import _register, cli
-    _register()
-    return CliRunner().invoke(cli, args, catch_exceptions=False)
-
-
 # ---- record train writes exactly what the reference forward computes -----------------------
 @demo
-def test_record_train_rows_are_the_reference_forward_values_in_batch_order(tmp_path):
+def test_record_train_rows_are_the_reference_forward_values_in_batch_order(tmp_path, run_cli):
     from specdiff.replay.model.checkpoint import load_draft
     from specdiff.replay.model.target_capture import (
         capture_target,
@@ -55,9 +47,9 @@ def test_record_train_rows_are_the_reference_forward_values_in_batch_order(tmp_p
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "t.trace"
     steps, topk, probes = 3, 2, 4
-    res = _cli(["record", "train", "--target", str(MODELS / "target"), "--draft", str(MODELS / "draft"),
+    res = run_cli("record", "train", "--target", str(MODELS / "target"), "--draft", str(MODELS / "draft"),
                 "--prompts", str(prompts), "-o", str(out), "--steps", str(steps), "--topk", str(topk),
-                "--capture", "full", "--probe-positions", str(probes), "--batch-size", "2"])
+                "--capture", "full", "--probe-positions", str(probes), "--batch-size", "2")
     assert res.exit_code == 0, res.output
     tr = open_trace(str(out))
     c = tr.contract
@@ -208,9 +200,12 @@ def test_record_train_raises_the_writer_error_and_closes_the_trace(tmp_path, mon
 def _tied_draft():
     """A bf16 draft whose top-2 draft logits tie in every row: lm_head rows 3 and 7 are v, the
     others -v/2, so ids 3 and 7 lead tied (or, where v.x < 0, the other 14 do)."""
+    from specdiff.eagle3.norms import NORMS_OFF
     from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
+
     cfg = Eagle3DraftConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                            vocab_size=64, draft_vocab_size=16, target_hidden_size=32, num_aux=3)
+                            head_dim=8, vocab_size=64, draft_vocab_size=16, target_hidden_size=32, num_aux=3,
+                            rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, **NORMS_OFF)
     d = Eagle3Draft(cfg)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():

@@ -43,14 +43,21 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
 
         sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))
 
+    # A bar on a terminal's stderr only: stdout is the report, and a log or pipe gets no bar lines.
     show_progress = fmt != "json" and sys.stderr.isatty()
     bar = None
+    tensor = ""  # the tensor being compared, named beside the bar
+
+    def on_tensor(name, i, total):
+        nonlocal tensor
+        tensor = name
 
     def on_rows(done, total):
         nonlocal bar
         if bar is None:
-            bar = click.progressbar(length=total, label="  comparing rows", file=sys.stderr)
-        bar.update(done - bar.pos)
+            bar = click.progressbar(length=total, label="  comparing rows", file=sys.stderr,
+                                    item_show_func=lambda item: item)
+        bar.update(done - bar.pos, current_item=tensor)
 
     def on_first(early):
         # Said at once (proven by the rows read so far, replay/diff/early.py); totals follow.
@@ -59,7 +66,8 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
     from specdiff.replay.diff.report import diff_traces, render_json, render_text  # torch-free CLI start
 
     report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, narrow=not no_narrow,
-                         on_rows=on_rows if show_progress else None, on_first=on_first if show_progress else None)
+                         on_rows=on_rows if show_progress else None, on_first=on_first if show_progress else None,
+                         progress=on_tensor if show_progress else None)
     if bar is not None:
         bar.render_finish()
     if graft:
