@@ -72,8 +72,11 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
     from specdiff.replay.diff.report import diff_traces, render_json, render_text  # torch-free CLI start
 
     if on_dask:
+        from specdiff.replay.diff.blocks import worker_path
         from specdiff.tui.dask_blocks import dask_blocks  # dask is imported only when asked for
 
+        for path in (trace_a, trace_b):
+            worker_path(path)  # refuse a pair the workers cannot read before starting any
         where = dask_blocks(workers=workers, address=dask_address)
     else:
         where = nullcontext(None)
