@@ -6,6 +6,7 @@ dask / distributed are imported only here, only when one of those options is giv
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 
 from specdiff.replay.diff.blocks import ExecutorBlocks
@@ -41,9 +42,10 @@ def dask_blocks(*, workers: int | None = None, address: str | None = None):
                         "pip install 'dask[distributed]'") from None
     cluster = None
     if workers is not None:
-        # dashboard off: no port to collide with on a shared machine; silence_logs: the report only
+        # dashboard off: no port to collide with on a shared machine; logs off: the report and one
+        # error line only (a worker heartbeat cut by the shutdown logs a traceback otherwise)
         cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                           dashboard_address=None, silence_logs=40)
+                                           dashboard_address=None, silence_logs=logging.CRITICAL)
         address = cluster
     try:
         try:
