@@ -50,6 +50,7 @@ def test_diff_on_two_dask_workers_gives_the_local_json_of_the_example_pair(run_c
     monkeypatch.chdir(ROOT)
     result = run_cli("diff", *SEED, "--format", "json", "--workers", "2")
     assert result.exit_code == 1, result.stderr[-2000:]
+    assert result.stderr == ""  # no Dask log line, no traceback at shutdown
     # the golden file is the local diff's JSON (tests/test_architecture.py holds the local path to it)
     assert result.stdout_bytes == GOLDEN.read_bytes()
     local = run_cli("diff", *SEED, "--format", "json")
