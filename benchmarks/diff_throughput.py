@@ -13,8 +13,12 @@ In the same run, each in a fresh subprocess (page cache warmed by one untimed re
 
 and prints both times, the ratio (goal <= 1.3x, issue 14) and the diff's peak RSS (goal < 1 GiB).
 ``--threads 1`` runs the diff on one block thread (what the diff cost before issue 14's pool).
+``--workers N`` also runs the diff with its blocks on a local Dask cluster of N single-threaded
+worker processes (``specdiff diff --workers N``) and prints its time beside the local one (the
+cluster's start-up is timed apart); ``--scaling`` runs 1, 2 and 4 workers (issue 14 item 5).
 
     python benchmarks/diff_throughput.py [--gib 1.0] [--dir /tmp] [--keep] [--profile]
+                                         [--workers N | --scaling]
 """
 
 from __future__ import annotations
@@ -90,9 +94,25 @@ def _status_kib(field: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def run_diff(paths: list[str], profile: bool) -> dict:
+def run_diff(paths: list[str], profile: bool, workers: int | None = None) -> dict:
+    from contextlib import nullcontext
+
     from specdiff.replay.diff.report import diff_traces
     imports = _status_kib("VmRSS") * 1024
+    t_start = time.perf_counter()
+    if workers:
+        from specdiff.tui.dask_blocks import dask_blocks
+
+        where = dask_blocks(workers=workers)
+    else:
+        where = nullcontext(None)
+    with where as runner:
+        started = time.perf_counter() - t_start
+        res = _timed_diff(diff_traces, paths, profile, runner)
+    return {**res, "imports_rss_bytes": imports, "cluster_start_s": started}
+
+
+def _timed_diff(diff_traces, paths: list[str], profile: bool, runner) -> dict:
     t0 = time.perf_counter()
     if profile:
         import cProfile
@@ -100,21 +120,24 @@ def run_diff(paths: list[str], profile: bool) -> dict:
         pr = cProfile.Profile()
         pr.enable()
     first: list = []
-    report = diff_traces(paths[0], paths[1], on_first=lambda e: first.append(time.perf_counter() - t0))
+    report = diff_traces(paths[0], paths[1], on_first=lambda e: first.append(time.perf_counter() - t0),
+                         runner=runner)
     secs = time.perf_counter() - t0
     if profile:
         pr.disable()
         pstats.Stats(pr, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
-    return {"seconds": secs, "verdict": report.verdict(), "imports_rss_bytes": imports,
-            "first_s": first[0] if first else None,
+    return {"seconds": secs, "verdict": report.verdict(), "first_s": first[0] if first else None,
             "rows": {n: c.stats["rows"] for n, c in report.comparisons.items()}}
 
 
-def _child(mode: str, paths: list[str], profile: bool, threads: int | None = None) -> dict:
-    """Run ``mode`` in a fresh interpreter; its result plus its peak RSS."""
+def _child(mode: str, paths: list[str], profile: bool, threads: int | None = None,
+           workers: int | None = None) -> dict:
+    """Run ``mode`` in a fresh interpreter; its result plus its peak RSS (this process only: Dask
+    workers are processes of their own)."""
     env = dict(os.environ, **({"SPECDIFF_DIFF_THREADS": str(threads)} if threads else {}))
     out = subprocess.run([sys.executable, __file__, "--child", mode, *(["--profile"] if profile else []),
-                          *paths], capture_output=True, text=True, env=env)
+                          *(["--workers", str(workers)] if workers else []), *paths],
+                         capture_output=True, text=True, env=env)
     if out.returncode:
         raise SystemExit(f"{mode} child failed:\n{out.stderr}")
     if out.stderr.strip():
@@ -129,12 +152,15 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the traces (printed path)")
     ap.add_argument("--profile", action="store_true", help="cProfile the diff (top 25 to stderr)")
     ap.add_argument("--threads", type=int, default=None, help="block threads of the diff (default: every core)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="also diff on a local Dask cluster of N worker processes, side by side")
+    ap.add_argument("--scaling", action="store_true", help="also diff on 1, 2 and 4 Dask workers")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.child:
-        res = plain_read(args.paths) if args.child == "read" else run_diff(args.paths, args.profile)
+        res = plain_read(args.paths) if args.child == "read" else run_diff(args.paths, args.profile, args.workers)
         res["maxrss_bytes"] = _status_kib("VmHWM") * 1024
         print(json.dumps(res))
         return
@@ -160,6 +186,12 @@ def main() -> None:
         print(f"ratio      : {ratio:.2f}x  (goal <= 1.3x: {'met' if ratio <= 1.3 else 'NOT met'}); peak memory "
               f"goal < 1 GiB: {'met' if diff['maxrss_bytes'] < (1 << 30) else 'NOT met'}")
         print(f"verdict    : {diff['verdict']}")
+        for w in [1, 2, 4] if args.scaling else [args.workers] if args.workers else []:
+            d = _child("diff", paths, False, workers=w)
+            same = "same verdict" if d["verdict"] == diff["verdict"] else f"VERDICT DIFFERS: {d['verdict']}"
+            print(f"dask x{w:<3d}: {d['seconds']:7.2f} s  ({d['seconds'] / diff['seconds']:.2f}x the local diff, "
+                  f"{d['seconds'] / read['seconds']:.2f}x the read; cluster start {d['cluster_start_s']:.1f} s "
+                  f"apart; client peak RSS {d['maxrss_bytes'] / (1 << 20):.0f} MiB; {same})")
     finally:
         if args.keep:
             print(f"traces kept in {work}")

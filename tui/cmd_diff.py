@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 
 import click
 
@@ -29,16 +30,28 @@ from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
                    "(default: the training contract's model_name).")
 @click.option("--no-narrow", is_flag=True,
               help="When no explanation fits, do not re-run the training draft with serving's inputs grafted in.")
-def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_narrow):
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Compute the per-chunk metrics on a local Dask cluster of N worker processes "
+                   "(the same report; needs dask.distributed).")
+@click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
+              help="Compute the per-chunk metrics on the running Dask scheduler at ADDRESS "
+                   "(tcp://host:8786); its workers read the traces at the paths/URLs given.")
+def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_narrow, workers, dask_address):
     """Align TRACE_A (usually training) with TRACE_B (usually serving) and report the first divergence.
 
     Leads with the first diverging tensor and its explanation, then the contract mismatches,
     then acceptance on both sides. A damaged chunk costs only its own rows (marked unreadable; each
     damaged part is one line under "damage"). Exit code: 0 equivalent within tolerance, 1 a
     divergence was found or recorded rows could not be read, 2 bad input.
+
+    With --workers or --dask the chunks are compared on Dask workers straight from the stores
+    (the text or JSON report, never the app); only the small per-chunk results come back.
     """
     overrides = parse_overrides(tol)
-    if fmt is None and sys.stdout.isatty():
+    if workers is not None and dask_address is not None:
+        raise click.UsageError("give --workers N (a local cluster) or --dask ADDRESS (a running one), not both")
+    on_dask = workers is not None or dask_address is not None
+    if fmt is None and sys.stdout.isatty() and not on_dask:
         from specdiff.tui.app import run_app
 
         sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))
@@ -65,9 +78,20 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
 
     from specdiff.replay.diff.report import diff_traces, render_json, render_text  # torch-free CLI start
 
-    report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, narrow=not no_narrow,
-                         on_rows=on_rows if show_progress else None, on_first=on_first if show_progress else None,
-                         progress=on_tensor if show_progress else None)
+    if on_dask:
+        from specdiff.replay.diff.blocks import worker_path
+        from specdiff.tui.dask_blocks import dask_blocks  # dask is imported only when asked for
+
+        for path in (trace_a, trace_b):
+            worker_path(path)  # refuse a pair the workers cannot read before starting any
+        where = dask_blocks(workers=workers, address=dask_address)
+    else:
+        where = nullcontext(None)
+    with where as runner:
+        report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, narrow=not no_narrow,
+                             on_rows=on_rows if show_progress else None,
+                             on_first=on_first if show_progress else None,
+                             progress=on_tensor if show_progress else None, runner=runner)
     if bar is not None:
         bar.render_finish()
     if graft:

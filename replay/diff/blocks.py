@@ -12,15 +12,20 @@ from that row alone), so results do not depend on how the rows were split.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import uuid
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from specdiff.replay.diff import metrics
+from specdiff.replay.diff.align import Pair
 from specdiff.tracer.arrays import from_storage
+from specdiff.tracer.errors import TraceError
+from specdiff.tracer.store import open_trace
 
 #: float32 bytes per side of one sub-block: both sides and their difference stay in L2 across the
 #: ~7 metric passes (measured on a 1 MiB-L2 EPYC: 512 KiB ~2x faster than 16 MiB blocks)
@@ -205,6 +210,98 @@ def compare_block(traces, name: str, *, kind: str, rows_x: np.ndarray, rows_y: n
     return BlockResult(a, b, score, cos, exact, nonfinite, unread, max_abs, worst)
 
 
+class LocalBlocks:
+    """Blocks compared on this process's block pool (``pool``), on the traces the caller opened."""
+
+    def in_flight(self) -> int:
+        return in_flight()
+
+    def submit(self, traces, name: str, **block):
+        """``compare_block(traces, name, **block)`` on the pool; a ``concurrent.futures.Future``."""
+        return pool().submit(compare_block, traces, name, **block)
+
+
+class ExecutorBlocks:
+    """Blocks compared by another process (a Dask worker, via ``distributed.Client.get_executor``)
+    straight from the stores: each task names the two traces by path or fsspec URL and opens them
+    on its worker (``compare_block_at``); only the small ``BlockResult`` comes back.
+
+    Args:
+        executor: a ``concurrent.futures.Executor`` whose tasks run where the stores are readable
+            (every path the traces were opened from must name the same bytes there).
+        workers: processes behind it (blocks in flight: twice that, at least ``MAX_IN_FLIGHT``;
+            each holds ~3 x ``BLOCK_BYTES`` on its worker, only the results here).
+
+    Damage a worker finds on read comes back as ``BlockResult.unread`` rows; the rows are read
+    here too (only the damaged chunks, which fail at once) so that the traces opened here list
+    the same ``damage`` as a local diff and the report is the same, byte for byte.
+    """
+
+    def __init__(self, executor: Executor, *, workers: int):
+        self.executor, self.workers = executor, max(int(workers), 1)
+        # Worker-side traces are cached per diff run (this token): a trace still being written
+        # is re-opened by the next run, never read through an older opening.
+        self.token = uuid.uuid4().hex
+
+    def in_flight(self) -> int:
+        return max(2 * self.workers, MAX_IN_FLIGHT)
+
+    def submit(self, traces, name: str, **block):
+        paths = (worker_path(traces.x.path), worker_path(traces.y.path))
+        future = self.executor.submit(compare_block_at, paths, self.token, name, **block)
+        return _Settled(future, functools.partial(_note_damage, traces, name, block["rows_x"], block["rows_y"]))
+
+
+class _Settled:
+    """A future whose result passes through ``then`` (run here, in the consumer's thread)."""
+
+    def __init__(self, future, then):
+        self.future, self.then = future, then
+
+    def result(self):
+        return self.then(self.future.result())
+
+    def cancel(self) -> bool:
+        return self.future.cancel()
+
+
+def _note_damage(traces, name: str, rows_x: np.ndarray, rows_y: np.ndarray, r: BlockResult) -> BlockResult:
+    """Read here the rows a worker found unreadable, so these traces record the same damage."""
+    if r.unread.any():
+        for trace, rows in ((traces.x, rows_x), (traces.y, rows_y)):
+            trace.take(name, rows[r.unread])
+        r.unread = r.unread | traces.x.unreadable(name, rows_x) | traces.y.unreadable(name, rows_y)
+    return r
+
+
+def worker_path(path: str) -> str:
+    """``path`` as a worker process opens it: local paths absolute (a worker's cwd may differ),
+    URLs as given.
+
+    Raises:
+        TraceError: a ``memory://`` trace (it lives in this process's memory; no worker sees it).
+    """
+    if path.startswith("memory://"):
+        raise TraceError(f"{path}: a memory:// trace lives in this process only, so Dask workers cannot read "
+                         "it; write it to a path or a shared URL (s3://, gs://, file://), or diff without "
+                         "--workers/--dask")
+    return path if "://" in path else os.path.abspath(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _opened(path: str, token: str):
+    return open_trace(path)
+
+
+def compare_block_at(paths: tuple[str, str], token: str, name: str, **block) -> BlockResult:
+    """``compare_block`` on the traces at ``paths`` (local paths or fsspec URLs), opened in this
+    (worker) process and kept open for the blocks of the same diff run (``token``).
+
+    Picklable (a module-level function of plain arguments): what Dask workers run.
+    """
+    return compare_block(Pair(_opened(paths[0], token), _opened(paths[1], token)), name, **block)
+
+
 def _row(trace, name: str, raw: np.ndarray, i: int, kind: str) -> np.ndarray:
     """Row ``i`` of a raw block, flat: float32 for float tensors (as compared), raw ids otherwise."""
     row = raw[i:i + 1]
@@ -213,5 +310,5 @@ def _row(trace, name: str, raw: np.ndarray, i: int, kind: str) -> np.ndarray:
     return row.reshape(-1)
 
 
-__all__ = ["BlockResult", "compare_block", "float_rows", "as_float32", "block_rows", "pool", "in_flight",
+__all__ = ["BlockResult", "compare_block", "compare_block_at", "LocalBlocks", "ExecutorBlocks", "worker_path", "float_rows", "as_float32", "block_rows", "pool", "in_flight",
            "workers", "BLOCK_BYTES", "SUB_BLOCK_BYTES"]

@@ -146,7 +146,7 @@ def _filter_depth(m: RowMatch, good: np.ndarray | None) -> RowMatch:
 
 def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: Tolerance,
                    good_paths: np.ndarray | None, block_rows: int = 4096, match: RowMatch | None = None,
-                   watch=None, on_rows=None, on_partial=None) -> TensorComparison:
+                   watch=None, on_rows=None, on_partial=None, runner=None) -> TensorComparison:
     """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows).
 
     Blocks of ``block_rows`` rows (at most ~16 MiB of float32 a side) are compared on the block
@@ -155,6 +155,8 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     counts the rows done. ``match``: the aligned rows, when the caller already has them.
     ``on_partial(TensorComparison)``: called once when ``watch`` proves the first divergence while
     this tensor's rows are read, with the rows compared so far (status -1 on rows not read yet).
+    ``runner``: where blocks are compared (``blocks.LocalBlocks``, the default, or
+    ``blocks.ExecutorBlocks`` for Dask workers); the results are the same either way.
     """
     spec = spec_for(name)
     m = match if match is not None else tensor_match(traces, alignment, name, good_paths=good_paths)
@@ -170,7 +172,7 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     if watch is not None:
         watch.start(name, tolerance, m)
     step = blocks.block_rows(traces.x, name, block_rows)
-    for r in _blocks_in_order(traces, name, spec.kind, m, step):
+    for r in _blocks_in_order(traces, name, spec.kind, m, step, runner or blocks.LocalBlocks()):
         a, b = r.a, r.b
         score[a:b], cos[a:b], exact[a:b], nonfinite[a:b], unread[a:b] = r.score, r.cos, r.exact, r.nonfinite, r.unread
         max_abs = max(max_abs, r.max_abs)
@@ -231,12 +233,12 @@ def _fails(kind: str, tolerance: Tolerance, score: np.ndarray, cos: np.ndarray, 
     return (1 - score) < tolerance.ids
 
 
-def _blocks_in_order(traces: Pair, name: str, kind: str, m: RowMatch, step: int):
-    """``blocks.BlockResult`` of rows [0, n) in ``step``-row blocks, in row order, computed on the
-    block pool with at most ``blocks.in_flight()`` blocks outstanding (bounded memory)."""
+def _blocks_in_order(traces: Pair, name: str, kind: str, m: RowMatch, step: int, runner):
+    """``blocks.BlockResult`` of rows [0, n) in ``step``-row blocks, in row order, computed by
+    ``runner`` with at most ``runner.in_flight()`` blocks outstanding (bounded memory)."""
     n = len(m.pair)
     starts = iter(range(0, n, step))
-    pool, ahead = blocks.pool(), blocks.in_flight()
+    ahead = runner.in_flight()
     queue: deque = deque()
 
     def submit() -> bool:
@@ -244,8 +246,7 @@ def _blocks_in_order(traces: Pair, name: str, kind: str, m: RowMatch, step: int)
         if a is None:
             return False
         b = min(a + step, n)
-        queue.append(pool.submit(blocks.compare_block, traces, name, kind=kind, rows_x=m.rows.x[a:b],
-                                 rows_y=m.rows.y[a:b], a=a, b=b))
+        queue.append(runner.submit(traces, name, kind=kind, rows_x=m.rows.x[a:b], rows_y=m.rows.y[a:b], a=a, b=b))
         return True
 
     while len(queue) < ahead and submit():
@@ -314,7 +315,7 @@ def comparable_names(traces: Pair) -> list[str]:
 def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                 overrides: dict | None = None, progress=None,
                 structure: list | None = None, on_first=None, on_rows=None,
-                on_partial=None) -> dict[str, TensorComparison]:
+                on_partial=None, runner=None) -> dict[str, TensorComparison]:
     """Compare every comparable tensor, in dataflow order; ``progress(name, i, total)`` is called
     before each, ``on_rows(done, total)`` after each block (rows compared so far; ``total`` bounds
     them from above: side A's rows of every compared tensor).
@@ -354,7 +355,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                                 kind=spec.kind, preset=preset)
         tol = apply_overrides(tol, name, overrides or {})
         out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, watch=watch,
-                                   on_rows=rows_done if on_rows is not None else None,
+                                   on_rows=rows_done if on_rows is not None else None, runner=runner,
                                    on_partial=None if on_partial is None
                                    else lambda c: on_partial({**out, c.name: c}, watch.first))
         if on_partial is not None:

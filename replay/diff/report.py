@@ -189,17 +189,17 @@ class DiffReport:
 
 
 def diff_traces(path_x: str, path_y: str, *, preset: str = "default", overrides: dict | None = None,
-                progress=None, narrow: bool = True, on_first=None, on_rows=None) -> DiffReport:
+                progress=None, narrow: bool = True, on_first=None, on_rows=None, runner=None) -> DiffReport:
     """Diff two traces (paths or fsspec URLs); A is usually training, B serving.
 
-    ``on_first`` / ``on_rows``: see ``diff_opened``.
+    ``on_first`` / ``on_rows`` / ``runner``: see ``diff_opened``.
 
     Raises:
         TraceError: a trace cannot be opened. AlignmentError: no common sequence.
     """
     traces = Pair(open_trace(path_x), open_trace(path_y))
     return diff_opened(traces, preset=preset, overrides=overrides, progress=progress, narrow=narrow,
-                       on_first=on_first, on_rows=on_rows)
+                       on_first=on_first, on_rows=on_rows, runner=runner)
 
 
 def _crash(traces: Pair, labels: Pair) -> dict | None:
@@ -212,7 +212,7 @@ def _crash(traces: Pair, labels: Pair) -> dict | None:
 
 def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
                 progress=None, narrow: bool = True, on_first=None, on_rows=None,
-                on_partial=None) -> DiffReport:
+                on_partial=None, runner=None) -> DiffReport:
     """``diff_traces`` on already opened traces (the TUI re-runs this with another preset).
 
     A side whose engine crashed (contract ``crash``, tracer/crash.py) before recording any
@@ -228,6 +228,8 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     ``on_rows(done, total)``: rows compared so far (see ``compare.compare_all``).
     ``on_partial(DiffReport)``: the report as it stands while tensors are compared (comparisons so
     far, ``first`` once proven; no explanation, contract or acceptance yet), for the app's grid.
+    ``runner``: where the per-block metrics are computed (``replay.diff.blocks.LocalBlocks``, the
+    default, or ``ExecutorBlocks`` on Dask workers); the report is the same either way.
     """
     labels = side_labels(traces)
     crash = _crash(traces, labels)
@@ -246,7 +248,7 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
         # The layouts differ: that is the finding, even when no row can be paired.
         alignment, alignment_error = Alignment((), Pair((), ())), str(exc)
     comps = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
-                        structure=structure, on_first=on_first, on_rows=on_rows,
+                        structure=structure, on_first=on_first, on_rows=on_rows, runner=runner,
                         on_partial=None if on_partial is None else
                         lambda comps, early: on_partial(_partial_report(traces, labels, alignment, comps, early)))
     first = first_divergence(comps)
