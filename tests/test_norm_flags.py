@@ -11,9 +11,7 @@ meaning strings, the reference forward, the config reader/writer and what SGLang
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -174,20 +172,14 @@ PROMPTS = ["def main():\n    return", "import os\nimport sys\n\nclass "]
 SERVED = {"nbf_out": {"norm_before_fc": True, "norm_output": True}, "fcn": {"fc_norm": True}}
 
 
-def _bringup():
-    spec = importlib.util.spec_from_file_location("_bringup_models", Path(__file__).with_name("_bringup_models.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def norm_traces(tmp_path_factory):
     pytest.importorskip("sglang")
     from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
 
     root = tmp_path_factory.mktemp("normflags")
-    mod = _bringup()
+    from specdiff.demo_models import bringup as mod
+
     target = root / "target"
     mod.build_target(target)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}

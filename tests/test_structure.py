@@ -66,13 +66,13 @@ def write_trace(path, *, side: str, slots: int = K, widths: dict | None = None, 
             kind = spec.kind
             if name == family_of:
                 kind = "int" if spec.kind == "float" else "float"
-                monkeypatch.setattr(store, "spec_for", lambda n, _k=kind, _f=family_of:
+                monkeypatch.setattr(store.writer, "spec_for", lambda n, _k=kind, _f=family_of:
                                     replace(spec_for(n), kind=_k) if n == _f else spec_for(n))
             data = TOKENS[1:N + 1] if name == "tokens" and kind == "int" else \
                 _data(name, N, widths=wd, kind=kind, seed=hash(name) % 1000)
             w.append(name, data, seq=sid, pos=pos)
             if name == family_of:
-                monkeypatch.setattr(store, "spec_for", spec_for)
+                monkeypatch.setattr(store.writer, "spec_for", spec_for)
         w.append("draft.d2t", np.zeros(d2t_rows, np.int64), seq=-1, pos=np.arange(d2t_rows))
     return str(path)
 
