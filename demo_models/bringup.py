@@ -171,30 +171,27 @@ def build_draft(
     config.write(out_dir, "specforge", aux_ids=ids, torch_dtype="bfloat16")
 
 
+def _build_pair(root: str | os.PathLike, *, prefix: str, marker: str, force: bool,
+                constant_output: bool) -> tuple[Path, Path]:
+    """Build (or reuse, when ``root/marker`` exists) a target and draft under ``root``."""
+    root = Path(root)
+    target, draft = root / f"{prefix}target", root / f"{prefix}draft"
+    if (root / marker).exists() and not force:
+        return target, draft
+    build_target(target, constant_output=constant_output)
+    build_draft(draft, constant_output=constant_output)
+    (root / marker).write_text("ok\n")
+    return target, draft
+
+
 def build_bringup_models(root: str | os.PathLike, force: bool = False) -> tuple[Path, Path]:
     """Build (or reuse) the throwaway target and draft under ``root``; return their paths."""
-    root = Path(root)
-    target, draft = root / "target", root / "draft"
-    marker = root / "READY"
-    if marker.exists() and not force:
-        return target, draft
-    build_target(target)
-    build_draft(draft)
-    marker.write_text("ok\n")
-    return target, draft
+    return _build_pair(root, prefix="", marker="READY", force=force, constant_output=False)
 
 
 def build_oracle_models(root: str | os.PathLike, force: bool = False) -> tuple[Path, Path]:
     """Build (or reuse) the always-accepted pair under ``root``/oracle-{target,draft}."""
-    root = Path(root)
-    target, draft = root / "oracle-target", root / "oracle-draft"
-    marker = root / "ORACLE_READY"
-    if marker.exists() and not force:
-        return target, draft
-    build_target(target, constant_output=True)
-    build_draft(draft, constant_output=True)
-    marker.write_text("ok\n")
-    return target, draft
+    return _build_pair(root, prefix="oracle-", marker="ORACLE_READY", force=force, constant_output=True)
 
 
 if __name__ == "__main__":
