@@ -234,13 +234,19 @@ class Eagle3Draft(nn.Module):
         self.lm_head_source = "random"
 
     # ---- pieces -------------------------------------------------------------------------
-    def set_target_embedding(self, weight: torch.Tensor) -> None:
-        """Share the target's input embedding [V, H] (SGLang does this when the draft has none)."""
-        if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
-            raise ValueError(f"target embedding is {list(weight.shape)} but the draft expects "
-                             f"[{self.config.vocab_size}, {self.config.hidden_size}]")
+    def _copy_target_weight(self, param: torch.nn.Parameter, weight: torch.Tensor, what: str) -> None:
+        if tuple(weight.shape) != tuple(param.shape):
+            raise ValueError(f"target {what} is {list(weight.shape)} but the draft expects {list(param.shape)}")
         with torch.no_grad():
-            self.embed_tokens.weight.copy_(weight)
+            param.copy_(weight)
+
+    def set_target_embedding(self, weight: torch.Tensor) -> None:
+        """Share the target's input embedding [V, H] (SGLang does this when the draft has none).
+
+        Raises:
+            ValueError: the shape is not the draft's embedding shape [vocab_size, hidden_size].
+        """
+        self._copy_target_weight(self.embed_tokens.weight, weight, "embedding")
         self.embed_source = "target"
 
     def set_target_lm_head(self, weight: torch.Tensor) -> None:
@@ -249,11 +255,7 @@ class Eagle3Draft(nn.Module):
         Raises:
             ValueError: the shape is not the draft's lm_head shape.
         """
-        if tuple(weight.shape) != tuple(self.lm_head.weight.shape):
-            raise ValueError(f"target lm_head is {list(weight.shape)} but the draft expects "
-                             f"{list(self.lm_head.weight.shape)}")
-        with torch.no_grad():
-            self.lm_head.weight.copy_(weight)
+        self._copy_target_weight(self.lm_head.weight, weight, "lm_head")
         self.lm_head_source = "target"
 
     def hot_token_id(self) -> torch.Tensor:
