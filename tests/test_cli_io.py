@@ -17,6 +17,33 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 
+# ---- lazy subcommands ----------------------------------------------------------------------------
+def test_every_registered_subcommand_is_in_the_lazy_table():
+    """A command module missing from ``SUBCOMMANDS`` would never be imported: the command would vanish."""
+    import importlib
+
+    from specdiff.tui import cli as cli_module
+
+    for module in sorted({m for mods in cli_module.SUBCOMMANDS.values() for m in mods}):
+        importlib.import_module(f"specdiff.tui.{module}")
+    assert sorted(cli_module.cli.commands) == sorted(cli_module.SUBCOMMANDS)
+    record = cli_module.cli.commands["record"]
+    assert sorted(record.commands) == ["client", "serve", "train"]
+
+
+def test_diff_starts_without_loading_torch(tmp_path, aux_traces):
+    """``specdiff diff`` (and ``view``) import only their own command: torch alone takes seconds to load,
+    and the first divergence is meant to show within a second."""
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6], probes=True)
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[3, 6, 7])
+    probe = ("import sys; from specdiff.tui.cli import main\n"
+             "try:\n    main(['diff', sys.argv[1], sys.argv[2], '--format', 'json'])\n"
+             "except SystemExit as e:\n    code = e.code\n"
+             "print('torch loaded' if 'torch' in sys.modules else 'no torch', code, file=sys.stderr)")
+    p = subprocess.run([sys.executable, "-c", probe, a, b], capture_output=True, text=True, timeout=300)
+    assert p.stderr.strip().splitlines()[-1] == "no torch 1", p.stderr  # diverges and is explained
+
+
 # ---- diff's progress bar --------------------------------------------------------------------------
 def _diff(a: str, b: str, *, stderr_tty: bool) -> tuple[int, str, str]:
     """``specdiff diff A B --format text`` in a child process; (exit code, stdout, stderr), stderr

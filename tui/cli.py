@@ -6,6 +6,7 @@ Exit codes scripts can rely on: 0 ok / equivalent, 1 divergence or findings with
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -15,10 +16,23 @@ from specdiff.tracer.errors import SpecdiffError
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 
 
+#: subcommand -> the modules that register it (``record`` is a group: serve/client, then train).
+#: Only the command asked for is imported: ``check`` loads torch (checkpoint reading), which would
+#: add seconds to every ``specdiff diff`` / ``view`` start (click docs, "Lazily Loading Subcommands").
+SUBCOMMANDS = {
+    "check": ("cmd_check",),
+    "demo": ("cmd_demo",),
+    "diff": ("cmd_diff",),
+    "info": ("cmd_info",),
+    "record": ("cmd_record", "cmd_record_train"),
+    "view": ("cmd_view",),
+}
+
+
 class _Group(click.Group):
     """The top-level group: turns a :class:`SpecdiffError` into one ``specdiff: error:`` line
-    (exit 2), and registers the subcommands on first lookup. They register themselves on
-    :data:`cli` when their module is imported, and import this module to reach it, so they are
+    (exit 2), and imports a subcommand's module on its first lookup. The modules register their
+    commands on :data:`cli` when imported, and import this module to reach it, so they are
     imported lazily rather than at the top of this file."""
 
     def invoke(self, ctx):
@@ -29,12 +43,11 @@ class _Group(click.Group):
             sys.exit(EXIT_BAD_INPUT)
 
     def get_command(self, ctx, cmd_name):
-        _register_subcommands()
+        _register(SUBCOMMANDS.get(cmd_name, ()))
         return super().get_command(ctx, cmd_name)
 
     def list_commands(self, ctx):
-        _register_subcommands()
-        return super().list_commands(ctx)
+        return sorted(SUBCOMMANDS)
 
     def main(self, args=None, prog_name=None, **kwargs):
         # "specdiff" also under `python -m specdiff.tui` and click.testing.CliRunner
@@ -54,16 +67,9 @@ def cli():
     """
 
 
-def _register_subcommands() -> None:
-    from specdiff.tui import (  # noqa: F401  (register on import)
-        cmd_check,
-        cmd_demo,
-        cmd_diff,
-        cmd_info,
-        cmd_record,  # record serve / record client
-        cmd_record_train,  # noqa: F401  (record train; imports the record group)
-        cmd_view,
-    )
+def _register(modules) -> None:
+    for module in modules:
+        importlib.import_module(f"specdiff.tui.{module}")
 
 
 #: The public entry point: the ``specdiff`` console script, ``python -m specdiff.tui``, and the
