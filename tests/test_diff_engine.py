@@ -222,3 +222,24 @@ def test_tolerance_override_turns_a_divergence_off(tmp_path, aux_traces):
     assert diff_traces(a, b).first.name == "target.aux.0"
     loose = diff_traces(a, b, overrides=parse_overrides(["target.aux=rel:0.5,cos:0.9"]))
     assert loose.first is None
+
+
+def test_explanation_samples_read_a_few_runs_of_rows_not_the_whole_trace():
+    """The explanation checks read a sample of aligned rows; rows are read chunk by chunk, so the
+    sample must be a few runs of neighbouring rows (a few chunks), not rows spread one per chunk over
+    the whole trace (which decoded a 1 GiB trace 18 times for one explanation)."""
+    from specdiff.replay.diff.align import RowMatch
+    from specdiff.replay.diff.explain import MAX_ROWS, SAMPLE_WINDOWS, _sample
+
+    n = 100_000
+    rng = np.random.default_rng(0)
+    serve_rows = rng.permutation(n)  # serving interleaves requests: its rows come in another order
+    m = RowMatch(Pair(np.arange(n), serve_rows), np.zeros(n, int), np.arange(n), np.zeros(n, int), Pair(0, 0))
+    rx, ry = _sample(m)
+    assert len(rx) == MAX_ROWS and len(np.unique(rx)) == MAX_ROWS
+    runs = 1 + int((np.diff(np.sort(rx)) > 1).sum())
+    assert runs <= SAMPLE_WINDOWS
+    assert rx.min() < n // SAMPLE_WINDOWS and rx.max() > n - n // SAMPLE_WINDOWS  # spread over the trace
+    assert np.array_equal(ry, serve_rows[rx])  # pairs stay pairs
+    small = RowMatch(Pair(np.arange(10), np.arange(10)), np.zeros(10, int), np.arange(10), np.zeros(10, int), Pair(0, 0))
+    assert np.array_equal(_sample(small)[0], np.arange(10))  # a small match is read whole
