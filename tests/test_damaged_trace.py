@@ -404,3 +404,22 @@ def test_a_trace_whose_journal_and_group_metadata_are_both_damaged_is_one_error_
     assert res.stderr == (f"specdiff: error: {pair[1]}: zarr.json is corrupt ({JSON_ERR}) and journal.msgpack is "
                           f"corrupt at byte {at} (FormatError), so no intact copy of the trace's facts is left; copy "
                           "the trace again from where it was recorded\n")
+
+
+def test_opening_a_trace_lists_no_chunk_files_and_a_read_lists_only_its_tensor(pair, monkeypatch):
+    """Finding missing chunk files lists the chunk directories; that waits until a tensor is read
+    (or the trace's damage is asked for), so a diff's first answer does not pay for listing every
+    chunk of a large trace. The missing chunk is still found: by the read that needs it."""
+    from specdiff.tracer import chunks
+    from specdiff.tracer.store import open_trace
+
+    listed: list[str] = []
+    real = chunks._chunk_files
+    monkeypatch.setattr(chunks, "_chunk_files", lambda root: listed.append(root) or real(root))
+    line = chunk_file_deleted(pair[1])
+    trace = open_trace(str(pair[1]))
+    assert listed == []
+    trace.read("target.aux.2")
+    assert listed and all("/tensors/target.aux.2/" in root for root in listed)
+    assert trace.unreadable("target.aux.2", np.arange(3)).all()
+    assert [d.message() for d in trace.damage] == [line]

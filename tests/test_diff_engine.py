@@ -243,3 +243,34 @@ def test_explanation_samples_read_a_few_runs_of_rows_not_the_whole_trace():
     assert np.array_equal(ry, serve_rows[rx])  # pairs stay pairs
     small = RowMatch(Pair(np.arange(10), np.arange(10)), np.zeros(10, int), np.arange(10), np.zeros(10, int), Pair(0, 0))
     assert np.array_equal(_sample(small)[0], np.arange(10))  # a small match is read whole
+
+
+@pytest.mark.parametrize("rows_kind", ["all", "with gaps", "reversed", "scattered", "chunk longer than a block"])
+def test_blocks_are_cut_at_chunk_boundaries_so_no_chunk_is_decoded_twice(tmp_path, rows_kind):
+    """Blocks of aligned rows end where side x's chunks end: a block ending mid-chunk made the next
+    block decode that chunk again (170-row chunks of H=4096 x 3 slots, 341-row blocks: every third
+    chunk decoded twice). Rows that jump between chunks keep plain blocks; no block exceeds its size."""
+    from specdiff.replay.diff.blocks import block_bounds
+    from specdiff.tracer.store import TraceWriter, open_trace
+
+    chunk = 170
+    with TraceWriter(str(tmp_path / "t.trace"), side="train", chunk_bytes=chunk * 64 * 4) as w:
+        w.append("target.aux.0", np.zeros((2000, 64), np.float32), seq=0, pos=np.arange(2000))
+    trace = open_trace(str(tmp_path / "t.trace"))
+    rows = {"all": np.arange(2000), "with gaps": np.flatnonzero(np.arange(2000) % 7 != 3),
+            "reversed": np.arange(2000)[::-1], "scattered": np.random.default_rng(0).permutation(2000),
+            "chunk longer than a block": np.arange(2000)}[rows_kind]
+    step = 100 if rows_kind == "chunk longer than a block" else 512
+    bounds = block_bounds(trace, "target.aux.0", rows, step)
+    assert bounds[0][0] == 0 and bounds[-1][1] == len(rows)
+    assert all(b0 == a1 for (_, b0), (a1, _) in zip(bounds, bounds[1:]))  # contiguous, in order
+    assert all(0 < b - a <= step for a, b in bounds)
+    if rows_kind == "scattered":
+        assert bounds == [(a, min(a + step, len(rows))) for a in range(0, len(rows), step)]
+        return
+    chunks_of = [set((rows[a:b] // chunk).tolist()) for a, b in bounds]
+    if rows_kind == "chunk longer than a block":
+        assert all(len(c) == 1 for c in chunks_of)  # a piece of one chunk each
+    else:
+        assert all(not (x & y) for i, x in enumerate(chunks_of) for y in chunks_of[i + 1:])
+        assert len(bounds) == -(-2000 // (chunk * 3))  # 3 whole chunks (510 rows) a block

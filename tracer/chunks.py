@@ -4,12 +4,16 @@ zarr raises on the first chunk that fails to decode (losing the whole read) and 
 value for a chunk file that is not there (hiding the loss). ``ArrayReader`` reads in bulk while
 nothing is known to be wrong; when a read fails it reads chunk by chunk, records each failing
 chunk as a ``Damage`` and fills its rows, so every other row still arrives. Missing chunk files are
-found up front by listing the array's chunk keys against the rows the trace says were written.
+found by listing the array's chunk keys against the rows the trace says were written, once, when
+the array is first read or its damage is first asked for: opening a trace costs no listing, so a
+diff's first answer does not wait for the chunk files of tensors it has not reached.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 
 import fsspec
 import numpy as np
@@ -53,6 +57,36 @@ def metadata_problem(path: str, key: str, exc: BaseException) -> tuple[str, str]
     return f"is corrupt (not zarr metadata: {first})", RECOPY
 
 
+def _chunk_files(root: str) -> set[str]:
+    """Paths of the files under ``root`` (a local directory or fsspec URL), relative, "/"-separated.
+
+    Files only: zarr reads a directory where a chunk belongs as an absent chunk. A local tree is
+    walked with ``os.scandir`` (zarr's default chunk keys put each chunk in a directory of its own,
+    and fsspec's local ``find`` stats every entry: ~1 ms a directory); URLs go through fsspec.
+    """
+    if "://" not in root:
+        out: set[str] = set()
+        stack = [("", root)]
+        while stack:
+            rel, path = stack.pop()
+            try:
+                with os.scandir(path) as entries:
+                    for e in entries:
+                        name = f"{rel}{e.name}"
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append((name + "/", e.path))
+                        else:
+                            out.add(name)
+            except OSError:
+                continue
+        return out
+    fs, path = fsspec.core.url_to_fs(root)
+    try:
+        return {p[len(path.rstrip("/")) + 1:].replace("\\", "/") for p in fs.find(path)}
+    except OSError:
+        return set()
+
+
 class ArrayReader:
     """One array of a trace (a tensor's ``data`` or a row-key column), read damage-tolerantly.
 
@@ -69,7 +103,9 @@ class ArrayReader:
                  dtype: np.dtype, shape: tuple[int, ...], fill):
         self.trace, self.key, self.tensor, self.column = trace, key, tensor, column
         self.dtype, self.shape, self.fill = np.dtype(dtype), tuple(shape), fill
-        self.damage: dict[int, Damage] = {}  # chunk index -> damage; -1: the whole array
+        self._damage: dict[int, Damage] = {}  # chunk index -> damage; -1: the whole array
+        self._scanned = False
+        self._scan_lock = threading.Lock()
         self.array = None
         try:
             self.array = zarr.open_array(store=store, path=key, mode="r")
@@ -85,11 +121,22 @@ class ArrayReader:
         self.chunk_rows = self.array.chunks[0]
         self.checksummed = any(isinstance(c, Crc32cCodec) for c in self.array.compressors)
         self.blosc = any(isinstance(c, BloscCodec) for c in self.array.compressors)
-        self._find_missing()
 
     # ---- damage ---------------------------------------------------------------------------
+    @property
+    def damage(self) -> dict[int, Damage]:
+        """chunk index -> ``Damage`` found so far (-1: the whole array; -2: rows never stored);
+        the first access lists the chunk files (missing ones are damage)."""
+        if not self._scanned:
+            with self._scan_lock:
+                if not self._scanned:
+                    if self.array is not None:
+                        self._find_missing()
+                    self._scanned = True
+        return self._damage
+
     def _add(self, index: int, damage: Damage) -> None:
-        self.damage.setdefault(index, damage)
+        self._damage.setdefault(index, damage)
 
     def _chunk_key(self, i: int) -> str:
         return f"{self.key}/{self.array.metadata.encode_chunk_key((i,) + (0,) * (self.array.ndim - 1))}"
@@ -107,11 +154,7 @@ class ArrayReader:
         need = -(-min(stored, self.rows) // self.chunk_rows)
         if not need:
             return
-        fs, root = fsspec.core.url_to_fs(join(self.trace, self.key))
-        try:  # files only: zarr reads a directory where a chunk belongs as an absent chunk
-            present = {p[len(root.rstrip("/")) + 1:].replace("\\", "/") for p in fs.find(root)}
-        except OSError:
-            present = set()
+        present = _chunk_files(join(self.trace, self.key))
         for i in range(need):
             key = self._chunk_key(i)
             if key[len(self.key) + 1:] not in present:

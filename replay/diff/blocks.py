@@ -73,6 +73,33 @@ def block_rows(trace, name: str, cap: int) -> int:
     return max(16, min(cap, BLOCK_BYTES // max(4 * width, 1)))
 
 
+def block_bounds(trace, name: str, rows: np.ndarray, step: int) -> list[tuple[int, int]]:
+    """Blocks ``[a, b)`` over aligned pairs whose side-x rows are ``rows`` (int [n], ``trace`` is
+    side x), about ``step`` pairs each, cut where ``rows`` cross one of ``trace``'s chunk boundaries.
+
+    A block that ends inside a chunk makes the next block decode that chunk again: blocks of
+    ``step`` rows over 170-row chunks (H=4096 x 3 slots) decoded every third chunk twice. When
+    ``rows`` jump between chunks (a side recorded in another order) cutting at chunks would make
+    tiny blocks, so the blocks are plain ``step``-row runs. No block is longer than ``step`` pairs (a
+    chunk longer than that is read in ``step``-pair pieces, which keeps the early verdict's steps).
+    """
+    n = len(rows)
+    plain = [(a, min(a + step, n)) for a in range(0, n, step)]
+    ranges = trace.chunks(name, per_range=1)
+    chunk_rows = ranges[0][1] - ranges[0][0]  # the first chunk: a journal tail may be longer
+    if n == 0 or chunk_rows <= 0:
+        return plain
+    starts = np.fromiter((a for a, _ in ranges), np.int64, len(ranges))
+    group = (np.searchsorted(starts, rows, side="right") - 1) // max(step // chunk_rows, 1)
+    cuts = np.flatnonzero(group[1:] != group[:-1]) + 1
+    if len(cuts) + 1 > 2 * len(plain):
+        return plain
+    out = []
+    for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, n].tolist(), strict=True):
+        out += [(c, min(c + step, b)) for c in range(a, b, step)]
+    return out
+
+
 def _buffer(slot: str, shape: tuple[int, int]) -> np.ndarray:
     """A thread-local float32 buffer of ``shape`` (reused across blocks; grows, never shrinks)."""
     size = shape[0] * shape[1]
@@ -102,38 +129,59 @@ def as_float32(raw: np.ndarray, dtype_name: str, slot: str) -> np.ndarray:
     return out
 
 
+def row_sums(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
+    """Per-row x.x, y.y, x.y, |x - y|.|x - y| and max |x - y| of float32 [n, w] ``x``, ``y`` into
+    float32 ``out`` [5, n]: one difference array (a reused buffer) and row dot products.
+
+    Sums only: the per-row arithmetic on them (``finish_rows``) runs once per block, not once per
+    cache-sized sub-block. A NaN/Inf element makes its row's x.x or y.y non-finite.
+    """
+    out[0] = np.einsum("ij,ij->i", x, x)
+    out[1] = np.einsum("ij,ij->i", y, y)
+    out[2] = np.einsum("ij,ij->i", x, y)
+    # A reused buffer: a fresh 512 KiB array per sub-block is an mmap and its page faults.
+    d = np.subtract(x, y, out=_buffer("d", x.shape))
+    np.abs(d, out=d)  # |d|.|d| == d.d exactly; max |d| and "all zero" then need one pass each
+    out[3] = np.einsum("ij,ij->i", d, d)
+    out[4] = d.max(1) if d.shape[1] else 0
+
+
+def finish_rows(sums: np.ndarray):
+    """(rel error, cosine, exact, nonfinite, max |x - y|) per row from ``row_sums`` of finite rows."""
+    nx, ny = np.sqrt(sums[0]), np.sqrt(sums[1])
+    rel = np.sqrt(sums[3]) / np.maximum(np.maximum(nx, ny), metrics._EPS)
+    both_zero = (nx < metrics._EPS) & (ny < metrics._EPS)
+    cos = np.where(both_zero, 1.0, sums[2] / np.maximum(nx * ny, metrics._EPS))
+    rowmax = sums[4].copy()
+    exact = rowmax == 0  # finite floats: x == y exactly when x - y == 0 (-0 == +0 as before)
+    return rel.astype(np.float32), cos.astype(np.float32), exact, np.zeros(len(rel), bool), rowmax
+
+
 def float_rows(x: np.ndarray, y: np.ndarray):
     """Per-row (rel error, cosine, exact, nonfinite, max |x - y|) of two float32 blocks [n, w].
 
-    Float rows: one difference array and row dot products (no per-metric copies); NaN/Inf rows
-    take the slow path (values zeroed for the metrics, |NaN - y| counted as inf).
+    Finite rows: ``row_sums`` then ``finish_rows``. NaN/Inf rows take the slow path (values
+    zeroed for the metrics, |NaN - y| counted as inf).
     """
-    n = len(x)
-    fx, fy = x, y
+    sums = np.empty((5, len(x)), np.float32)
+    row_sums(x, y, sums)
+    # A NaN/Inf element makes its row's squares non-finite; only then scan elements (a finite row
+    # whose squares overflow is a false candidate that the scan clears).
+    if np.isfinite(sums[:2]).all():
+        return finish_rows(sums)
+    nonfinite = metrics.nonfinite_rows(x, y)
+    if not nonfinite.any():
+        return finish_rows(sums)
+    fx, fy = np.nan_to_num(x), np.nan_to_num(y)
     nx = np.sqrt(np.einsum("ij,ij->i", fx, fx))
     ny = np.sqrt(np.einsum("ij,ij->i", fy, fy))
-    # A NaN/Inf element makes its row norm non-finite; only then scan elements (a finite row
-    # whose squares overflow is a false candidate that the scan clears).
-    bad = not (np.isfinite(nx).all() and np.isfinite(ny).all())
-    nonfinite = metrics.nonfinite_rows(x, y) if bad else np.zeros(n, bool)
-    bad = bool(nonfinite.any())
-    if bad:
-        fx, fy = np.nan_to_num(x), np.nan_to_num(y)
-        nx = np.sqrt(np.einsum("ij,ij->i", fx, fx))
-        ny = np.sqrt(np.einsum("ij,ij->i", fy, fy))
     d = fx - fy
-    if not bad:
-        np.abs(d, out=d)  # |d|.|d| == d.d exactly; max |d| and "all zero" then need one pass each
     rel = np.sqrt(np.einsum("ij,ij->i", d, d)) / np.maximum(np.maximum(nx, ny), metrics._EPS)
     both_zero = (nx < metrics._EPS) & (ny < metrics._EPS)
     cos = np.where(both_zero, 1.0, np.einsum("ij,ij->i", fx, fy) / np.maximum(nx * ny, metrics._EPS))
-    if bad:
-        ad = np.abs(np.nan_to_num(x, nan=np.inf) - np.nan_to_num(y, nan=-np.inf))
-        rowmax = ad.max(1) if ad.shape[1] else np.zeros(n)
-        exact = (x == y).all(1) & ~nonfinite
-    else:
-        rowmax = d.max(1) if d.shape[1] else np.zeros(n, np.float32)
-        exact = rowmax == 0  # finite floats: x == y exactly when x - y == 0 (-0 == +0 as before)
+    ad = np.abs(np.nan_to_num(x, nan=np.inf) - np.nan_to_num(y, nan=-np.inf))
+    rowmax = ad.max(1) if ad.shape[1] else np.zeros(len(x))
+    exact = (x == y).all(1) & ~nonfinite
     return rel.astype(np.float32), cos.astype(np.float32), exact, nonfinite, rowmax
 
 
@@ -178,12 +226,19 @@ def compare_block(traces, name: str, *, kind: str, rows_x: np.ndarray, rows_y: n
         dx, dy = traces.x.info(name).dtype, traces.y.info(name).dtype
         width = rx.reshape(n, -1).shape[1] if n else 1
         step = max(1, SUB_BLOCK_BYTES // max(4 * width, 1))
-        score, cos = np.empty(n, np.float32), np.empty(n, np.float32)
-        exact, nonfinite, rowmax = np.empty(n, bool), np.empty(n, bool), np.empty(n, np.float64)
+        sums = np.empty((5, n), np.float32)
         for s in range(0, n, step):
             e = min(s + step, n)
-            out = float_rows(as_float32(rx[s:e], dx, "x"), as_float32(ry[s:e], dy, "y"))
-            score[s:e], cos[s:e], exact[s:e], nonfinite[s:e], rowmax[s:e] = out
+            row_sums(as_float32(rx[s:e], dx, "x"), as_float32(ry[s:e], dy, "y"), sums[:, s:e])
+        if np.isfinite(sums[:2]).all():
+            score, cos, exact, nonfinite, rowmax = finish_rows(sums)
+        else:  # NaN/Inf somewhere in the block: each sub-block through the slow path
+            score, cos = np.empty(n, np.float32), np.empty(n, np.float32)
+            exact, nonfinite, rowmax = np.empty(n, bool), np.empty(n, bool), np.empty(n, np.float64)
+            for s in range(0, n, step):
+                e = min(s + step, n)
+                out = float_rows(as_float32(rx[s:e], dx, "x"), as_float32(ry[s:e], dy, "y"))
+                score[s:e], cos[s:e], exact[s:e], nonfinite[s:e], rowmax[s:e] = out
     else:
         overlap = metrics.id_overlap(rx, ry)
         score, cos = 1 - overlap, np.ones(n, np.float32)
@@ -310,5 +365,5 @@ def _row(trace, name: str, raw: np.ndarray, i: int, kind: str) -> np.ndarray:
     return row.reshape(-1)
 
 
-__all__ = ["BlockResult", "compare_block", "compare_block_at", "LocalBlocks", "ExecutorBlocks", "worker_path", "float_rows", "as_float32", "block_rows", "pool", "in_flight",
-           "workers", "BLOCK_BYTES", "SUB_BLOCK_BYTES"]
+__all__ = ["BlockResult", "compare_block", "compare_block_at", "LocalBlocks", "ExecutorBlocks", "worker_path", "float_rows", "row_sums", "finish_rows", "as_float32", "block_rows", "pool", "in_flight",
+           "workers", "block_bounds", "BLOCK_BYTES", "SUB_BLOCK_BYTES"]

@@ -234,18 +234,17 @@ def _fails(kind: str, tolerance: Tolerance, score: np.ndarray, cos: np.ndarray, 
 
 
 def _blocks_in_order(traces: Pair, name: str, kind: str, m: RowMatch, step: int, runner):
-    """``blocks.BlockResult`` of rows [0, n) in ``step``-row blocks, in row order, computed by
+    """``blocks.BlockResult`` of rows [0, n) in blocks of about ``step`` rows cut at side x's chunks
+    (``blocks.block_bounds``), in row order, computed by
     ``runner`` with at most ``runner.in_flight()`` blocks outstanding (bounded memory)."""
-    n = len(m.pair)
-    starts = iter(range(0, n, step))
+    bounds = iter(blocks.block_bounds(traces.x, name, m.rows.x, step))
     ahead = runner.in_flight()
     queue: deque = deque()
 
     def submit() -> bool:
-        a = next(starts, None)
+        a, b = next(bounds, (None, None))
         if a is None:
             return False
-        b = min(a + step, n)
         queue.append(runner.submit(traces, name, kind=kind, rows_x=m.rows.x[a:b], rows_y=m.rows.y[a:b], a=a, b=b))
         return True
 
