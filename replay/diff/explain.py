@@ -259,11 +259,15 @@ def explain_position_shift(traces: Pair, alignment: Alignment, comp: TensorCompa
         return []
     name = comp.name
     kx, ky = traces.x.keys(name), traces.y.keys(name)
+    seq_y = {p.seq.x: p.seq.y for p in alignment.seq_pairs}
+    sample = comp.match.rows.x[:MAX_ROWS]
+    # Index only side y's rows of the sampled sequences: a Python dict over every row of a large
+    # trace would cost seconds.
+    wanted = np.flatnonzero(np.isin(ky["seq"], [seq_y.get(int(s), -1) for s in np.unique(kx["seq"][sample])]))
+    index = {(int(ky["seq"][r]), int(ky["pos"][r]), int(ky["depth"][r])): int(r) for r in wanted}
     for shift in (1, -1):
-        index = {(int(s), int(p), int(d)): r for r, (s, p, d) in enumerate(zip(ky["seq"], ky["pos"], ky["depth"]))}
         pairs = []
-        seq_y = {p.seq.x: p.seq.y for p in alignment.seq_pairs}
-        for r in comp.match.rows.x[:MAX_ROWS]:
+        for r in sample:
             key = (seq_y.get(int(kx["seq"][r]), -1), int(kx["pos"][r]) + shift, int(kx["depth"][r]))
             if key in index:
                 pairs.append((r, index[key]))
