@@ -113,14 +113,9 @@ class TensorComparison:
         return int(bad[order[0]])
 
 
-def _token_path_keys(traces: Pair, alignment: Alignment) -> np.ndarray | None:
-    """Packed (pair, pos, depth) keys whose input tokens agree at every depth 0..depth.
-
-    None when either side did not record ``tokens``.
-    """
-    if "tokens" not in traces.x.names or "tokens" not in traces.y.names:
-        return None
-    m = match_rows(traces, alignment, "tokens")  # sorted by (pair, pos, depth)
+def _token_path_keys(traces: Pair, m: RowMatch) -> np.ndarray:
+    """Packed (pair, pos, depth) keys whose input tokens agree at every depth 0..depth, from the
+    aligned rows ``m`` of ``tokens`` (sorted by (pair, pos, depth), as ``match_rows`` gives them)."""
     same = traces.x.take("tokens", m.rows.x).reshape(-1) == traces.y.take("tokens", m.rows.y).reshape(-1)
     group = pack_keys(m.pair, m.pos, np.zeros_like(m.depth))
     start = np.r_[True, group[1:] != group[:-1]] if len(group) else np.zeros(0, bool)
@@ -145,7 +140,7 @@ def _filter_depth(m: RowMatch, good: np.ndarray | None) -> RowMatch:
 
 
 def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: Tolerance,
-                   good_paths: np.ndarray | None, block_rows: int = 4096, match: RowMatch | None = None,
+                   good_paths: np.ndarray | None, block_rows: int = 1 << 16, match: RowMatch | None = None,
                    watch=None, on_rows=None, on_partial=None, runner=None) -> TensorComparison:
     """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows).
 
@@ -220,9 +215,11 @@ def _partial(name, tolerance, m, b, score, cos, exact, nonfinite, unread, kind, 
     return TensorComparison(name, tolerance, m, status, score, cos, nonfinite, {}, None, diverged)
 
 
-def tensor_match(traces: Pair, alignment: Alignment, name: str, *, good_paths: np.ndarray | None) -> RowMatch:
-    """The aligned rows of ``name`` that are compared (depth > 0 rows only on agreeing token paths)."""
-    m = match_rows(traces, alignment, name)
+def tensor_match(traces: Pair, alignment: Alignment, name: str, *, good_paths: np.ndarray | None,
+                 match: RowMatch | None = None) -> RowMatch:
+    """The aligned rows of ``name`` that are compared (depth > 0 rows only on agreeing token paths);
+    ``match``: ``match_rows`` of ``name``, when the caller already has it."""
+    m = match if match is not None else match_rows(traces, alignment, name)
     return _filter_depth(m, good_paths) if spec_for(name).by_depth else m
 
 
@@ -332,7 +329,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     slot when the slot counts differ: slot j of one side is not slot j of the other).
     """
     structure = list(structure or ())
-    good, names = _plan(traces, alignment, structure)
+    good, names, matched = _plan(traces, alignment, structure)
     out: dict[str, TensorComparison] = {m.name: structure_comparison(traces, m, preset=preset) for m in structure}
     known = list(out.values())
     if alignment.token_formats:
@@ -353,7 +350,8 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         tol = default_tolerance(_compute_dtype(traces.x, name), _compute_dtype(traces.y, name),
                                 kind=spec.kind, preset=preset)
         tol = apply_overrides(tol, name, overrides or {})
-        out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, watch=watch,
+        m = tensor_match(traces, alignment, name, good_paths=good, match=matched.get(name))
+        out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, match=m, watch=watch,
                                    on_rows=rows_done if on_rows is not None else None, runner=runner,
                                    on_partial=None if on_partial is None
                                    else lambda c: on_partial({**out, c.name: c}, watch.first))
@@ -366,13 +364,17 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     return {n: out[n] for n in ordered(out)}
 
 
-def _plan(traces: Pair, alignment: Alignment, structure: list) -> tuple[np.ndarray | None, list[str]]:
-    """(token-path keys for depth > 0 rows, tensors compared row by row in dataflow order)."""
+def _plan(traces: Pair, alignment: Alignment, structure: list) -> tuple[np.ndarray | None, list[str], dict]:
+    """(token-path keys for depth > 0 rows, tensors compared row by row in dataflow order, the
+    ``match_rows`` already made: name -> RowMatch)."""
     skip = {m.name for m in structure}
     if any(m.kind == "slot_count" for m in structure):
         skip |= {n for n in set(traces.x.names) | set(traces.y.names) if aux_slot(n) is not None}
-    good = _token_path_keys(traces, alignment) if "tokens" not in skip else None
-    return good, [n for n in comparable_names(traces) if n not in skip]
+    names = [n for n in comparable_names(traces) if n not in skip]
+    if "tokens" in skip or "tokens" not in traces.x.names or "tokens" not in traces.y.names:
+        return None, names, {}
+    tokens = match_rows(traces, alignment, "tokens")
+    return _token_path_keys(traces, tokens), names, {"tokens": tokens}
 
 
 def _shallowest_depth(trace, name: str) -> int:
