@@ -16,6 +16,7 @@ Then, each in a fresh subprocess, in one run: a plain read of every data array o
 
     python benchmarks/big_pair.py --gib 2 --dir /tmp            # build, measure, delete
     python benchmarks/big_pair.py --gib 20 --dir /big --keep    # the issue's 20 GiB pair
+    python benchmarks/big_pair.py --pair /big/specdiff-bigpair-XXXX  # measure a kept pair again
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def main() -> None:
     ap.add_argument("--kind", choices=["seed", "equal"], default="seed")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where to write the pair")
     ap.add_argument("--keep", action="store_true", help="keep the traces (printed path)")
+    ap.add_argument("--pair", default=None, metavar="DIR",
+                    help="measure a pair kept by an earlier --keep run (train.trace, serve.trace) instead of building one")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -104,12 +107,16 @@ def main() -> None:
         print(json.dumps(res))
         return
 
-    work = tempfile.mkdtemp(dir=args.dir, prefix="specdiff-bigpair-")
+    work = args.pair or tempfile.mkdtemp(dir=args.dir, prefix="specdiff-bigpair-")
     try:
-        t0 = time.perf_counter()
-        paths = build(work, gib=args.gib, kind=args.kind)
-        print(f"built a {args.kind} pair of 2 x {args.gib:g} GiB raw bf16 aux rows (H={H}, {K} slots) in "
-              f"{time.perf_counter() - t0:.0f} s: {sum(_du(p) for p in paths) / (1 << 30):.2f} GiB on disk")
+        if args.pair:
+            paths = (os.path.join(work, "train.trace"), os.path.join(work, "serve.trace"))
+            print(f"the pair in {work}: {sum(_du(p) for p in paths) / (1 << 30):.2f} GiB on disk")
+        else:
+            t0 = time.perf_counter()
+            paths = build(work, gib=args.gib, kind=args.kind)
+            print(f"built a {args.kind} pair of 2 x {args.gib:g} GiB raw bf16 aux rows (H={H}, {K} slots) in "
+                  f"{time.perf_counter() - t0:.0f} s: {sum(_du(p) for p in paths) / (1 << 30):.2f} GiB on disk")
         read = _child("read", paths)
         diff = _child("diff", paths)
         r = read["seconds"]
@@ -121,7 +128,7 @@ def main() -> None:
               f"{diff['maxrss_bytes'] / (1 << 20):.0f} MiB, goal < 1024)")
         print(f"verdict         : {diff['verdict']}")
     finally:
-        if args.keep:
+        if args.keep or args.pair:
             print(f"traces kept in {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
