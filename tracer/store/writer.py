@@ -256,7 +256,7 @@ class TraceWriter:
         dtype = STORAGE_DTYPES[dtype_name]
         arrays = {"data": grp.create_array(
             "data", shape=(0, *shape), chunks=(chunk_rows, *shape), dtype=dtype,
-            compressors=layout.compressors(dtype), dimension_names=("row", *spec.dims),
+            compressors=layout.data_codecs(dtype_name), dimension_names=("row", *spec.dims),
             attributes={"specdiff_dtype": dtype_name, "specdiff_tensor": name}, config=ARRAY_CONFIG)}
         for k, kd in KEY_COLUMNS:
             # Keys are tiny: 16 data chunks per key chunk keeps key reads few (a commit rewrites <= 1).
