@@ -45,12 +45,14 @@ class Staging:
         self.buf = np.empty(0, np.uint8)
 
     def get(self, nbytes: int) -> np.ndarray:
+        """uint8 [nbytes], contents undefined."""
         if self.buf.nbytes < nbytes:
             self.buf = np.empty(nbytes, np.uint8)
         return self.buf[:nbytes]
 
 
-async def _set_raw(array, index: int, values: np.ndarray, out: np.ndarray) -> None:
+async def _set_raw(array, *, index: int, values: np.ndarray, out: np.ndarray) -> None:
+    """Encode whole chunk ``index`` of ``array`` (``values``: its rows) into ``out`` (its bytes + 4) and store it."""
     raw = values.reshape(-1).view(np.uint8)
     out[:-_CRC_BYTES] = raw
     out[-_CRC_BYTES:] = np.frombuffer(google_crc32c.value(raw).to_bytes(4, "little"), np.uint8)
@@ -58,7 +60,7 @@ async def _set_raw(array, index: int, values: np.ndarray, out: np.ndarray) -> No
     await (array.store_path / key).set(default_buffer_prototype().buffer.from_array_like(out))
 
 
-def _chunk_writes(array, values: np.ndarray, start: int, staging: Staging | None) -> list:
+def _chunk_writes(array, values: np.ndarray, *, start: int, staging: Staging | None) -> list:
     """Coroutines writing ``values`` (rows [start, start + len(values)) of ``array``); whole raw
     chunks are encoded into ``staging`` (None: all through zarr)."""
     stop = start + values.shape[0]
@@ -74,7 +76,7 @@ def _chunk_writes(array, values: np.ndarray, start: int, staging: Staging | None
         buf = staging.get((end - first) * size)
         for j, i in enumerate(range(first, end)):
             part = values[i * rows - start:(i + 1) * rows - start]
-            writes.append(_set_raw(array, i, part, buf[j * size:(j + 1) * size]))
+            writes.append(_set_raw(array, index=i, values=part, out=buf[j * size:(j + 1) * size]))
     else:
         writes += [array.setitem(slice(i * rows, (i + 1) * rows), values[i * rows - start:(i + 1) * rows - start])
                    for i in range(first, end)]
@@ -89,7 +91,7 @@ async def grow_and_write(targets: list, *, start: int, staging: Staging) -> None
     stop = start + targets[0][1].shape[0]
     await asyncio.gather(*(a.resize((stop, *a.shape[1:])) for a, _ in targets))
     # Only the data array (the first) is worth encoding here; the key columns are small and compressed.
-    writes = _chunk_writes(targets[0][0], targets[0][1], start, staging)
+    writes = _chunk_writes(targets[0][0], targets[0][1], start=start, staging=staging)
     for array, values in targets[1:]:
-        writes += _chunk_writes(array, values, start, None)
+        writes += _chunk_writes(array, values, start=start, staging=None)
     await asyncio.gather(*writes)

@@ -53,7 +53,7 @@ class _Pending:
             (grown by doubling when an append does not fit).
     """
 
-    def __init__(self, dtype: np.dtype, shape: tuple[int, ...], capacity: int):
+    def __init__(self, dtype: np.dtype, *, shape: tuple[int, ...], capacity: int):
         self.data = np.empty((capacity, *shape), dtype)
         self.keys = {k: np.empty(capacity, kd) for k, kd in KEY_COLUMNS}
         self.rows = 0
@@ -210,7 +210,8 @@ class TraceWriter:
         self.records += 1
         chunk_rows = self._chunk_rows(name)
         if name not in self._pending:
-            self._pending[name] = _Pending(STORAGE_DTYPES[dtype_name], layout[1], (COMMIT_CHUNKS + 1) * chunk_rows)
+            self._pending[name] = _Pending(STORAGE_DTYPES[dtype_name], shape=layout[1],
+                                          capacity=(COMMIT_CHUNKS + 1) * chunk_rows)
         pending = self._pending[name]
         pending.add(arr, keys)
         # Commit several whole chunks at once so zarr encodes them in parallel (and the rows
