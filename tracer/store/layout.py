@@ -15,8 +15,11 @@ KEY_COLUMNS = (("seq", "int32"), ("pos", "int32"), ("depth", "int16"), ("iter", 
 #: the sequence table written at close (sequence s = tokens[offsets[s]:offsets[s+1]], its seq key id[s])
 SEQUENCE_ARRAYS = (("id", "int32"), ("tokens", "int32"), ("offsets", "int64"), ("prompt_len", "int32"))
 CHUNK_BYTES = 4 << 20
-KEY_CHUNK_FACTOR = 16
 COMMIT_CHUNKS = 4
+# A key chunk spans the data chunks of one commit, so a commit writes whole key chunks: rewriting a
+# part-filled one (read, decode, merge, encode, for each of the 4 columns) cost ~1 s per GiB of
+# rows, a third of the write (issue 14, benchmarks/store_throughput.py).
+KEY_CHUNK_FACTOR = COMMIT_CHUNKS
 MAX_KEY_CHUNK_ROWS = 1 << 16  # edge chunks are stored whole: keep them small
 SIDES = ("serve", "train")
 # Chunks equal to the fill value must still be written: a missing chunk means a damaged store.

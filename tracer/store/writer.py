@@ -214,11 +214,13 @@ class TraceWriter:
                                           capacity=(COMMIT_CHUNKS + 1) * chunk_rows)
         pending = self._pending[name]
         pending.add(arr, keys)
-        # Commit several whole chunks at once so zarr encodes them in parallel (and the rows
-        # rewritten to the next spill file are at most 1/COMMIT_CHUNKS of those committed); the
-        # spill file already holds every row, so buffering longer costs memory, not safety.
-        if pending.rows >= COMMIT_CHUNKS * chunk_rows:
-            self._commit(name, (pending.rows // chunk_rows) * chunk_rows)
+        # Commit COMMIT_CHUNKS whole chunks (or a multiple) at once: zarr writes them in parallel, the
+        # rows rewritten to the next spill file are few (appends smaller than a chunk leave less than
+        # one), and each commit fills whole key chunks (layout.KEY_CHUNK_FACTOR). The spill file
+        # already holds every row, so buffering longer costs memory, not safety.
+        unit = COMMIT_CHUNKS * chunk_rows
+        if pending.rows >= unit:
+            self._commit(name, (pending.rows // unit) * unit)
 
     def _chunk_rows(self, name: str) -> int:
         dtype_name, shape = self._layout[name]
@@ -260,7 +262,7 @@ class TraceWriter:
             compressors=layout.data_codecs(dtype_name), dimension_names=("row", *spec.dims),
             attributes={"specdiff_dtype": dtype_name, "specdiff_tensor": name}, config=ARRAY_CONFIG)}
         for k, kd in KEY_COLUMNS:
-            # Keys are tiny: 16 data chunks per key chunk keeps key reads few (a commit rewrites <= 1).
+            # Keys are tiny: one key chunk per commit's data chunks keeps key reads few.
             arrays[k] = grp.create_array(k, shape=(0,), chunks=(min(chunk_rows * KEY_CHUNK_FACTOR, MAX_KEY_CHUNK_ROWS),), dtype=kd,
                                          compressors=layout.compressors(np.dtype(kd)),
                                          dimension_names=("row",), config=ARRAY_CONFIG)
