@@ -5,7 +5,9 @@ batches of 64 rows as a recorder would. Each round writes the same rows with ``n
 ``.npy`` written through ``np.lib.format.open_memmap``, what ``numpy.save`` writes, then synced)
 and through ``TraceWriter`` (zarr chunks + the journal and its spill files, then synced), and
 reads both back cold; the order alternates between rounds so a busy disk or CPU costs both paths
-alike. Prints each round's ratios and their median.
+alike. Prints each round's ratios and their median, and the CPU seconds each write spent in this
+process (all threads; the kernel's writeback threads are not counted, the same for both): a
+ratio read on a box that others load is noisy, the CPU cost much less so.
 Goals: store write >= 0.8x numpy (issue 14: the trace's bytes reach the disk once, the journal
 keeps a payload only until its chunk is committed), read >= 0.8x (issue 2).
 
@@ -33,24 +35,27 @@ def _drop_caches() -> None:
     os.system("sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null")
 
 
-def _numpy_write(path: str, batches: list, rows: int) -> float:
-    t0 = time.perf_counter()
+def _timed(fn, *args) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of ``fn(*args)``."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _numpy_write(path: str, batches: list, rows: int) -> None:
     plain = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16, shape=(rows, K * H))
     for i in range(rows // BATCH):
         plain[i * BATCH:(i + 1) * BATCH] = batches[i % len(batches)].view(torch.int16).numpy().view(np.uint16)
     plain.flush()
     del plain
     os.sync()
-    return time.perf_counter() - t0
 
 
-def _store_write(path: str, batches: list, rows: int) -> float:
-    t0 = time.perf_counter()
+def _store_write(path: str, batches: list, rows: int) -> None:
     with TraceWriter(path, side="serve") as w:
         for i in range(rows // BATCH):
             w.append("target.aux_cat", batches[i % len(batches)], seq=i, pos=np.arange(BATCH))
     os.sync()
-    return time.perf_counter() - t0
 
 
 def _numpy_read(path: str, rows: int) -> float:
@@ -92,12 +97,12 @@ def main():
         try:
             npy, trace_path = os.path.join(work, "plain.npy"), os.path.join(work, "trace")
             if r % 2 == 0:
-                t_np_w = _numpy_write(npy, batches, rows)
-                t_st_w = _store_write(trace_path, batches, rows)
+                (t_np_w, c_np), (t_st_w, c_st) = _timed(_numpy_write, npy, batches, rows), \
+                    _timed(_store_write, trace_path, batches, rows)
                 t_np_r, t_st_r = _numpy_read(npy, rows), _store_read(trace_path)
             else:
-                t_st_w = _store_write(trace_path, batches, rows)
-                t_np_w = _numpy_write(npy, batches, rows)
+                t_st_w, c_st = _timed(_store_write, trace_path, batches, rows)
+                t_np_w, c_np = _timed(_numpy_write, npy, batches, rows)
                 t_st_r, t_np_r = _store_read(trace_path), _numpy_read(npy, rows)
             size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(trace_path) for f in fs)
         finally:
@@ -106,7 +111,8 @@ def main():
         read_ratios.append(t_np_r / t_st_r)
         print(f"round {r}: write numpy {mb / t_np_w:6.0f} MB/s store {mb / t_st_w:6.0f} MB/s ratio {write_ratios[-1]:.2f} | "
               f"read numpy {mb / t_np_r:6.0f} MB/s store {mb / t_st_r:6.0f} MB/s ratio {read_ratios[-1]:.2f} | "
-              f"trace on disk {size / 1e6:.0f} MB")
+              f"trace on disk {size / 1e6:.0f} MB | write CPU numpy {c_np:.2f} s store {c_st:.2f} s | "
+              f"load {os.getloadavg()[0]:.1f}")
     print(f"median write ratio {statistics.median(write_ratios):.2f} (goal >= 0.8)   "
           f"median read ratio {statistics.median(read_ratios):.2f} (goal >= 0.8)")
 

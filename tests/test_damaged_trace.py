@@ -16,6 +16,7 @@ import torch
 
 from specdiff.replay.diff.compare import UNREADABLE
 from specdiff.replay.diff.report import diff_traces, render_json
+from specdiff.tracer.arrays import STORAGE_DTYPES
 from specdiff.tracer.damage import READABLE, RECOPY
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import TraceWriter, open_trace
@@ -305,7 +306,7 @@ def test_a_damaged_chunk_costs_only_its_own_rows(tmp_path):
         w.append("draft.fc_out", values, seq=0, pos=np.arange(100))
     f = path / "tensors" / "draft.fc_out" / "data" / "c" / "2" / "0"  # rows 32-47
     size = f.stat().st_size
-    f.write_bytes(f.read_bytes()[:-1])  # one byte short: the blosc header says how long it was
+    f.write_bytes(f.read_bytes()[:-1])  # one byte short: raw float chunks all have one length
     trace = open_trace(str(path))
     got = trace.read("draft.fc_out")
     bad = trace.unreadable("draft.fc_out", np.arange(100))
@@ -323,6 +324,8 @@ def _old_trace(path: Path, monkeypatch) -> Path:
     """A trace as written before chunk checksums (blosc only)."""
     with_crc = store_layout.compressors
     monkeypatch.setattr(store_layout, "compressors", lambda dtype: with_crc(dtype)[:1])
+    # float data was blosc-compressed then, like every array
+    monkeypatch.setattr(store_layout, "data_codecs", lambda name: with_crc(STORAGE_DTYPES[name])[:1])
     with TraceWriter(str(path), side="serve", chunk_bytes=64 * 2 * 16, overwrite=True) as w:
         w.add_sequence(np.arange(40), rid="r")
         w.append("draft.fc_out", torch.ones(40, 64, dtype=torch.bfloat16), seq=0, pos=np.arange(40))

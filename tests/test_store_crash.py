@@ -48,16 +48,16 @@ def remove(self):
     real_remove(self)
 JournalWriter.write, SpillWriter.close_and_remove = journal, remove
 
-real_set = zarr.AsyncArray.setitem
+real_set = zarr.storage.LocalStore.set
 data_writes = 0
-async def zarr_set(self, selection, value, **kw):
+async def store_set(self, key, value):
     global data_writes
-    await real_set(self, selection, value, **kw)
-    if self.ndim == 2:  # the data array ([row, 32]); the key columns are 1-d
+    await real_set(self, key, value)
+    if "/data/c/" in key:  # a chunk file of the data array (whoever encoded it: zarr or store/commit.py)
         data_writes += 1
         if point == "zarr" and data_writes == at:
-            pause()  # inside a commit: its data chunks written to zarr, no commit entry yet
-zarr.AsyncArray.setitem = zarr_set
+            pause()  # inside a commit: one of its data chunks written to zarr, no commit entry yet
+zarr.storage.LocalStore.set = store_set
 
 for i in range(0, 900, 3):
     rows = torch.arange(i, i + 3, dtype=torch.float32)[:, None].expand(3, 32).to(torch.bfloat16)

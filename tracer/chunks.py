@@ -121,6 +121,9 @@ class ArrayReader:
         self.chunk_rows = self.array.chunks[0]
         self.checksummed = any(isinstance(c, Crc32cCodec) for c in self.array.compressors)
         self.blosc = any(isinstance(c, BloscCodec) for c in self.array.compressors)
+        # Uncompressed chunks all have one length, so a cut one can say how much it lost.
+        self.size = None if self.array.compressors != (Crc32cCodec(),) else \
+            self.chunk_rows * int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize + 4
 
     # ---- damage ---------------------------------------------------------------------------
     @property
@@ -158,7 +161,7 @@ class ArrayReader:
         for i in range(need):
             key = self._chunk_key(i)
             if key[len(self.key) + 1:] not in present:
-                problem, action = chunk_problem(None, None, checksummed=self.checksummed, blosc=self.blosc)
+                problem, action = chunk_problem(None, None, checksummed=self.checksummed, blosc=self.blosc, size=self.size)
                 self._chunk_damage(i, problem, action)
 
     def _chunk_damage(self, i: int, problem: str, action: str) -> None:
@@ -171,7 +174,7 @@ class ArrayReader:
             raw = read_bytes(self.trace, self._chunk_key(i))
         except OSError as err:
             raw, exc = None, err
-        problem, action = chunk_problem(raw, exc, checksummed=self.checksummed, blosc=self.blosc)
+        problem, action = chunk_problem(raw, exc, checksummed=self.checksummed, blosc=self.blosc, size=self.size)
         self._chunk_damage(i, problem, action)
 
     def bad(self, rows: np.ndarray) -> np.ndarray:

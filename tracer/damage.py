@@ -71,7 +71,8 @@ def chunk_consequence(column: str, start: int, stop: int) -> str:
     return f"the {column} keys of {rows_text(start, stop)} are unreadable, so those rows are not aligned or compared"
 
 
-def chunk_problem(raw: bytes | None, exc: BaseException | None, *, checksummed: bool, blosc: bool) -> tuple[str, str]:
+def chunk_problem(raw: bytes | None, exc: BaseException | None, *, checksummed: bool, blosc: bool,
+                  size: int | None = None) -> tuple[str, str]:
     """(problem, action) for a chunk whose decode failed, or that is absent.
 
     Args:
@@ -80,6 +81,8 @@ def chunk_problem(raw: bytes | None, exc: BaseException | None, *, checksummed: 
         checksummed: the array's codecs end with crc32c (checksum = last 4 bytes, little endian,
             over the bytes before it; zarr v3 crc32c codec spec).
         blosc: the compressor is blosc (its 16-byte header says how long the frame is).
+        size: the length every chunk file of the array has (uncompressed chunks: the chunk's
+            bytes + 4 of crc32c), None when compressed.
     """
     if raw is None:
         if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
@@ -96,6 +99,8 @@ def chunk_problem(raw: bytes | None, exc: BaseException | None, *, checksummed: 
         cbytes = int.from_bytes(inner[12:16], "little")
         if cbytes > len(inner):
             return f"is truncated ({len(raw)} of {cbytes + extra} bytes)", RECOPY
+    if size is not None and len(raw) < size and not crc_ok:
+        return f"is truncated ({len(raw)} of {size} bytes)", RECOPY
     if checksummed and not crc_ok:
         return "fails its crc32c checksum (its bytes changed after writing)", RECOPY
     reason = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown reason"

@@ -8,13 +8,18 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 
+from specdiff.tracer.arrays import STORAGE_DTYPES
+
 FORMAT_VERSION = 1
 KEY_COLUMNS = (("seq", "int32"), ("pos", "int32"), ("depth", "int16"), ("iter", "int32"))
 #: the sequence table written at close (sequence s = tokens[offsets[s]:offsets[s+1]], its seq key id[s])
 SEQUENCE_ARRAYS = (("id", "int32"), ("tokens", "int32"), ("offsets", "int64"), ("prompt_len", "int32"))
 CHUNK_BYTES = 4 << 20
-KEY_CHUNK_FACTOR = 16
 COMMIT_CHUNKS = 4
+# A key chunk spans the data chunks of one commit, so a commit writes whole key chunks: rewriting a
+# part-filled one (read, decode, merge, encode, for each of the 4 columns) cost ~1 s per GiB of
+# rows, a third of the write (issue 14, benchmarks/store_throughput.py).
+KEY_CHUNK_FACTOR = COMMIT_CHUNKS
 MAX_KEY_CHUNK_ROWS = 1 << 16  # edge chunks are stored whole: keep them small
 SIDES = ("serve", "train")
 # Chunks equal to the fill value must still be written: a missing chunk means a damaged store.
@@ -28,6 +33,25 @@ def compressors(dtype: np.dtype):
     # as a blosc error or, worse, as silently different values.
     shuffle = "bitshuffle" if dtype.itemsize <= 2 else "shuffle"
     return [BloscCodec(cname="lz4", clevel=1, shuffle=shuffle, typesize=dtype.itemsize), Crc32cCodec()]
+
+
+#: storage dtype names of float tensors, whose data arrays are stored raw (``data_codecs``)
+FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+
+
+def data_codecs(dtype_name: str):
+    """The chunk codecs of a tensor's ``data`` array, by its storage dtype name (tracer.arrays).
+
+    Float tensors (hidden states, logits) are stored raw with a crc32c checksum: bitshuffle-lz4
+    shrank bf16 hidden states to ~0.8 of their size but encoded at ~0.4 GB/s and decoded at
+    ~1.3 GB/s on 2 cores, slower than the disk (benchmarks/store_throughput.py, issue 14), and
+    store/commit.py writes raw chunks without extra copies. Ints and bools (token ids, topk
+    indices, accept flags) compress well: blosc, as ``compressors``. Traces written with blosc
+    float chunks (before this) read the same: zarr takes each array's codecs from its metadata.
+    """
+    if dtype_name in FLOAT_DTYPES:
+        return [Crc32cCodec()]
+    return compressors(STORAGE_DTYPES[dtype_name])
 
 
 @dataclass

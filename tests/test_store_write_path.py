@@ -1,0 +1,131 @@
+"""The store's write path (issue 14, store write at disk speed): float chunks stored raw + crc32c and
+encoded by specdiff (tracer/store/commit.py), read back by zarr's own codecs; rows buffered across
+appends of any size; traces with blosc-compressed float chunks still read."""
+
+from __future__ import annotations
+
+import json
+
+import google_crc32c
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from specdiff.tracer.arrays import STORAGE_DTYPES
+from specdiff.tracer.store import TraceWriter, open_trace
+from specdiff.tracer.store import layout as store_layout
+
+ROW = 48  # draft.fc_out [row, draft_hidden]
+CHUNK_ROWS = 16
+
+
+def _batches(dtype, sizes, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, ROW, generator=gen).to(dtype) * 3 for n in sizes]
+
+
+def _write(url, batches, **kw):
+    with TraceWriter(url, side="serve", chunk_bytes=ROW * batches[0].element_size() * CHUNK_ROWS,
+                     overwrite=True, **kw) as w:
+        row = 0
+        for i, b in enumerate(batches):
+            w.append("draft.fc_out", b, seq=i, pos=np.arange(row, row + len(b)))
+            row += len(b)
+
+
+# Batch sizes that split chunks every way: smaller than a chunk, across chunk edges, several chunks in
+# one append (more than a commit's worth), and a last chunk left partial at close.
+SIZES = [5, 11, 16, 1, 40, 3, 150, 7, 2]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rows_appended_in_any_batch_sizes_read_back_bit_for_bit_through_zarr(tmp_path, dtype):
+    batches = _batches(dtype, SIZES)
+    _write(str(tmp_path / "t"), batches)
+    want = torch.cat(batches)
+    trace = open_trace(str(tmp_path / "t"))
+    assert trace.damage == []
+    got = trace.read_torch("draft.fc_out")
+    assert got.dtype == dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert trace.keys("draft.fc_out")["pos"].tolist() == list(range(len(want)))
+    assert trace.keys("draft.fc_out")["seq"].tolist() == [i for i, n in enumerate(SIZES) for _ in range(n)]
+    # zarr alone (no specdiff code) decodes the chunks specdiff encoded, checking each crc32c
+    arr = zarr.open_array(str(tmp_path / "t" / "tensors" / "draft.fc_out" / "data"), mode="r")
+    assert np.array_equal(arr[:], want.view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy()
+                          .view(STORAGE_DTYPES["bfloat16" if dtype == torch.bfloat16 else str(dtype)[6:]]))
+
+
+def test_a_float_chunk_file_is_its_rows_raw_then_their_crc32c(tmp_path):
+    batches = _batches(torch.bfloat16, [40])
+    _write(str(tmp_path / "t"), batches)
+    data = tmp_path / "t" / "tensors" / "draft.fc_out" / "data"
+    meta = json.loads((data / "zarr.json").read_text())
+    assert [c["name"] for c in meta["codecs"]] == ["bytes", "crc32c"]
+    raw = (data / "c" / "1" / "0").read_bytes()
+    rows = batches[0][CHUNK_ROWS:2 * CHUNK_ROWS].contiguous().view(torch.int16).numpy().tobytes()
+    assert raw == rows + google_crc32c.value(rows).to_bytes(4, "little")
+    # the key columns still compress (blosc), as do int tensors
+    keys = json.loads((tmp_path / "t" / "tensors" / "draft.fc_out" / "pos" / "zarr.json").read_text())
+    assert [c["name"] for c in keys["codecs"]] == ["bytes", "blosc", "crc32c"]
+
+
+def test_a_flipped_byte_in_a_raw_chunk_fails_its_checksum_and_costs_only_its_rows(tmp_path):
+    _write(str(tmp_path / "t"), _batches(torch.bfloat16, [40]))
+    f = tmp_path / "t" / "tensors" / "draft.fc_out" / "data" / "c" / "1" / "0"
+    raw = bytearray(f.read_bytes())
+    raw[7] ^= 0x10
+    f.write_bytes(bytes(raw))
+    trace = open_trace(str(tmp_path / "t"))
+    trace.read("draft.fc_out")
+    assert trace.unreadable("draft.fc_out", np.arange(40)).nonzero()[0].tolist() == list(range(16, 32))
+    assert "fails its crc32c checksum" in trace.damage[0].message()
+
+
+def test_a_trace_with_blosc_compressed_float_chunks_still_reads(tmp_path, monkeypatch):
+    # how float data was stored before issue 14: blosc bitshuffle-lz4 + crc32c, like every array
+    monkeypatch.setattr(store_layout, "data_codecs", lambda name: store_layout.compressors(STORAGE_DTYPES[name]))
+    batches = _batches(torch.bfloat16, SIZES)
+    _write(str(tmp_path / "t"), batches)
+    monkeypatch.undo()
+    meta = json.loads((tmp_path / "t" / "tensors" / "draft.fc_out" / "data" / "zarr.json").read_text())
+    assert [c["name"] for c in meta["codecs"]] == ["bytes", "blosc", "crc32c"]
+    trace = open_trace(str(tmp_path / "t"))
+    assert torch.equal(trace.read_torch("draft.fc_out").view(torch.int16), torch.cat(batches).view(torch.int16))
+    assert trace.verify() == []
+
+
+def test_memory_url_trace_gets_the_same_chunk_bytes_as_a_local_one(tmp_path):
+    batches = _batches(torch.bfloat16, SIZES)
+    _write(str(tmp_path / "t"), batches)
+    _write("memory://write-path/t", batches)
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for i in range(len(torch.cat(batches)) // CHUNK_ROWS + 1):
+        key = f"tensors/draft.fc_out/data/c/{i}/0"
+        assert fs.cat(f"/write-path/t/{key}") == (tmp_path / "t" / key).read_bytes()
+    assert torch.equal(open_trace("memory://write-path/t").read_torch("draft.fc_out").view(torch.int16),
+                       torch.cat(batches).view(torch.int16))
+
+
+def test_commits_never_read_back_a_key_chunk_to_rewrite_it(tmp_path, monkeypatch):
+    # appends of 5 rows never end on a chunk edge; a commit still fills whole key chunks, so the key
+    # columns are written without reading, decoding and re-encoding a part-filled chunk
+    reads = []
+    real_get = zarr.storage.LocalStore.get
+
+    async def get(self, key, *args, **kw):
+        got = await real_get(self, key, *args, **kw)
+        if got is not None and "/c/" in key:
+            reads.append(key)
+        return got
+
+    monkeypatch.setattr(zarr.storage.LocalStore, "get", get)
+    batches = _batches(torch.bfloat16, [5] * 60)
+    _write(str(tmp_path / "t"), batches)
+    monkeypatch.undo()
+    assert reads == []
+    trace = open_trace(str(tmp_path / "t"))
+    assert trace.keys("draft.fc_out")["pos"].tolist() == list(range(300))
+    assert torch.equal(trace.read_torch("draft.fc_out").view(torch.int16), torch.cat(batches).view(torch.int16))
