@@ -58,6 +58,33 @@ class Explanation:
     matrix: dict | None = field(default=None, compare=False)
 
 
+class _Memo:
+    """A trace whose row keys and sampled rows are read once per explanation: the checks read the
+    same tensors again and again (an aux slot against every candidate layer), and every other
+    attribute is the trace's own. Lives for one ``explain`` call (its memory is the samples and
+    the keys of the tensors explained)."""
+
+    def __init__(self, trace):
+        self._trace = trace
+        self._seen: dict = {}
+
+    def __getattr__(self, name):
+        return getattr(self._trace, name)
+
+    def _once(self, key, read):
+        if key not in self._seen:
+            self._seen[key] = read()
+        return self._seen[key]
+
+    def keys(self, name: str, start: int = 0, stop: int | None = None, *, columns=("seq", "pos", "depth", "iter")):
+        return self._once(("keys", name, start, stop, tuple(columns)),
+                          lambda: self._trace.keys(name, start, stop, columns=columns))
+
+    def take_float(self, name: str, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows)
+        return self._once(("float", name, rows.tobytes()), lambda: self._trace.take_float(name, rows))
+
+
 def _sample(m, n=MAX_ROWS, windows=SAMPLE_WINDOWS):
     """At most ``n`` aligned row pairs of RowMatch ``m``: ``rows.x`` int [k], ``rows.y`` int [k].
 
@@ -465,6 +492,7 @@ def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorCompariso
     """Every explanation whose transform closes the gap at the first divergence."""
     if first is None:
         return []
+    traces = traces.map(_Memo)
     if first.kind == "structure":
         return explain_structure(traces, first)
     if first.kind == "tokens":
