@@ -301,3 +301,16 @@ def test_row_keys_of_many_sequences_map_each_row_to_its_pair_and_aligned_positio
         assert valid[r] == inside
         if inside:
             assert packed[r] == pack_keys(np.array([pair]), np.array([p - start]), np.array([d]))[0]
+
+
+def test_rows_grouped_by_value_keep_their_order_and_cover_every_row():
+    """Acceptance and the re-run plan take each sequence's rows from one sort, not one mask per
+    sequence over all rows (rows x sequences); the groups must be exactly those masks."""
+    from specdiff.replay.diff.align import rows_by_value
+
+    values = np.random.default_rng(2).integers(-3, 50, 4000)
+    groups = rows_by_value(values)
+    assert sorted(groups) == sorted(set(values.tolist()))
+    for v, idx in groups.items():
+        assert np.array_equal(idx, np.flatnonzero(values == v))
+    assert rows_by_value(np.zeros(0, np.int64)) == {}

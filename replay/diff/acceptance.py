@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdiff.eagle3.acceptance import AcceptTally, from_accept_lengths
-from specdiff.replay.diff.align import Alignment, Pair
+from specdiff.replay.diff.align import Alignment, Pair, rows_by_value
 from specdiff.tracer.contract import known
 
 
@@ -37,6 +37,9 @@ def _readable_seq(trace, name: str, seq: np.ndarray) -> np.ndarray:
     return np.where(bad, -1, seq) if bad.any() else seq
 
 
+_NONE = np.zeros(0, np.int64)  # the rows of a sequence a side did not record
+
+
 def serving_acceptance(trace, seq_of_pair: dict[int, int]) -> Acceptance:
     """Acceptance from verify records of the aligned sequences (``seq_of_pair``: pair -> seq id)."""
     if "verify.accept_length" not in trace.names:
@@ -46,8 +49,9 @@ def serving_acceptance(trace, seq_of_pair: dict[int, int]) -> Acceptance:
     keys["seq"] = _readable_seq(trace, "verify.accept_length", keys["seq"])
     steps = int(known(trace.contract, "spec_steps", max(int(lens.max(initial=1)) - 1, 1)))
     per_seq, all_lens = {}, []
+    of_seq = rows_by_value(keys["seq"])
     for pair, seq in seq_of_pair.items():
-        sel = lens[keys["seq"] == seq]
+        sel = lens[of_seq.get(seq, _NONE)]
         if len(sel):
             per_seq[pair] = from_accept_lengths(sel, steps).mean_accept_length
             all_lens.append(sel)
@@ -68,22 +72,25 @@ def training_acceptance(trace, alignment: Alignment, *, side: str) -> Acceptance
     per_seq: dict[int, float] = {}
     rows = np.zeros(len(acc), bool)
 
-    def tally(sel) -> AcceptTally:
+    def tally(idx: np.ndarray) -> AcceptTally:
         t = AcceptTally(steps)
+        depth = keys["depth"][idx]
         for d in range(steps):
-            t.add(d, acc, sel & (keys["depth"] == d))
+            t.add(d, acc[idx], depth == d)
         return t
 
+    of_seq = rows_by_value(keys["seq"])
     for p in alignment.seq_pairs:
-        seq = getattr(p.seq, side)
+        idx = of_seq.get(getattr(p.seq, side), _NONE)
         start = getattr(p.start, side)  # content-paired sequences: the common part only
-        sel = (keys["seq"] == seq) & (keys["pos"] >= start + p.prompt_len - 1) & (keys["pos"] < start + p.length - 1)
-        rows |= sel
-        if sel.any():
-            per_seq[p.index] = tally(sel).mean_accept_length()
+        pos = keys["pos"][idx]
+        idx = idx[(pos >= start + p.prompt_len - 1) & (pos < start + p.length - 1)]
+        rows[idx] = True
+        if len(idx):
+            per_seq[p.index] = tally(idx).mean_accept_length()
     if not rows.any():
         return Acceptance(None, None, {}, 0)
-    st = tally(rows).stats()
+    st = tally(np.flatnonzero(rows)).stats()
     return Acceptance(st.per_depth, st.mean_accept_length, per_seq, st.samples)
 
 

@@ -259,6 +259,20 @@ def _keyed(trace, name: str, seq_to_pair: dict[int, tuple[int, int, int]]):
     return pack_keys(pair_of, np.where(valid, pos - start_of, 0), keys["depth"]), valid
 
 
+def rows_by_value(values: np.ndarray) -> dict[int, np.ndarray]:
+    """value -> the indices (int64, ascending) where int array ``values`` [n] holds it.
+
+    One stable sort for all groups: a mask per sequence (``values == s`` in a loop over
+    sequences) costs rows x sequences, which at production size is minutes (issue 14).
+    """
+    values = np.asarray(values).reshape(-1)
+    if not len(values):
+        return {}
+    order = np.argsort(values, kind="stable")
+    uniq, starts = np.unique(values[order], return_index=True)
+    return {int(v): idx for v, idx in zip(uniq.tolist(), np.split(order, starts[1:]), strict=True)}
+
+
 def pack_keys(pair: np.ndarray, pos: np.ndarray, depth: np.ndarray) -> np.ndarray:
     """One sortable int64 per row: pair << 40 | pos << 8 | depth (depth < 256, pos < 2**32)."""
     return (pair.astype(np.int64) << 40) | (pos.astype(np.int64) << 8) | depth.astype(np.int64)

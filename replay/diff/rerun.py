@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from specdiff.eagle3.norms import NORM_FLAGS
-from specdiff.replay.diff.align import match_rows
+from specdiff.replay.diff.align import match_rows, rows_by_value
 from specdiff.tracer.contract import known
 from specdiff.tracer.errors import SpecdiffError
 
@@ -132,8 +132,9 @@ def replay_plan(report, tr: str, sv: str) -> list[ReplaySeq]:
     """Every aligned sequence with at least 2 leading positions that have aux rows on both sides."""
     m = match_rows(report.traces, report.alignment, "target.aux_cat")
     out = []
+    of_pair = rows_by_value(m.pair)
     for p in report.alignment.seq_pairs:
-        sel = m.pair == p.index
+        sel = of_pair.get(p.index, np.zeros(0, np.int64))
         pos = m.pos[sel]
         n = int(np.argmax(pos != np.arange(len(pos)))) if (pos != np.arange(len(pos))).any() else len(pos)
         if n < 2:

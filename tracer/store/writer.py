@@ -30,6 +30,7 @@ from specdiff.tracer.store.layout import (
     ARRAY_CONFIG,
     CHUNK_BYTES,
     COMMIT_CHUNKS,
+    FLOAT_DTYPES,
     FORMAT_VERSION,
     KEY_CHUNK_FACTOR,
     KEY_COLUMNS,
@@ -186,7 +187,7 @@ class TraceWriter:
             arr, dtype_name = arr.astype(np.int64), "int64"
         elif spec.kind == "bool" and dtype_name != "bool":
             arr, dtype_name = arr.astype(bool), "bool"
-        elif spec.kind == "float" and dtype_name not in ("bfloat16", "float16", "float32", "float64"):
+        elif spec.kind == "float" and dtype_name not in FLOAT_DTYPES:
             raise TraceError(f"{name}: float tensor expected, got {dtype_name}")
         if arr.ndim == len(spec.dims):  # a single row
             arr = arr[None]
