@@ -19,6 +19,7 @@ import fsspec
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.core.buffer.cpu import NDBuffer
 
 from specdiff.tracer.damage import RECOPY, Damage, chunk_consequence, chunk_problem
 
@@ -193,8 +194,12 @@ class ArrayReader:
     def _filled(self, n: int) -> np.ndarray:
         return np.full((n, *self.shape), self.fill, self.dtype)
 
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) (storage dtype); damaged rows hold ``fill``."""
+    def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [start, stop) (storage dtype); damaged rows hold ``fill``.
+
+        ``out``: an array of the rows' shape and storage dtype to read into when nothing is known
+        to be damaged (a reused buffer: no fresh pages to fault in); returned then, else a new array.
+        """
         if self.array is None:
             return self._filled(stop - start)
         hi = min(stop, self.array.shape[0])
@@ -204,6 +209,9 @@ class ArrayReader:
         clean = hi == stop and -1 not in self.damage and not any(first <= i <= last for i in list(self.damage) if i >= 0)
         if clean:
             try:
+                if out is not None and out.shape == (stop - start, *self.shape) and out.dtype == self.dtype:
+                    self.array.get_basic_selection(slice(start, stop), out=NDBuffer.from_numpy_array(out))
+                    return out
                 return self.array[start:stop]
             except MemoryError:
                 raise

@@ -215,8 +215,10 @@ class RankedTrace:
         stop = self.rows(name) if stop is None else stop
         return from_storage(self._gather(name, "data", start, stop), self._layout[name][0], as_float32=as_float32)
 
-    def read_storage(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Rows [start, stop) in storage dtype, like ``Trace.read_storage`` (the diff's block reads)."""
+    def read_storage(self, name: str, start: int = 0, stop: int | None = None, *,
+                     out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [start, stop) in storage dtype, like ``Trace.read_storage`` (the diff's block reads;
+        ``out`` is not used: rows are gathered from the ranks into a new array)."""
         stop = self.rows(name) if stop is None else stop
         return self._gather(name, "data", start, stop)
 

@@ -151,11 +151,11 @@ class Trace:
             ranges.append((done, total))
         return ranges
 
-    def _read(self, name: str, column: str, start: int, stop: int) -> np.ndarray:
+    def _read(self, name: str, column: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         done = self._committed.get(name, 0)
         parts = []
         if start < done:
-            parts.append(self._readers[name][column].read(start, min(stop, done)))
+            parts.append(self._readers[name][column].read(start, min(stop, done), out if stop <= done else None))
         if stop > done:
             data, keys = self._tail[name]
             src = data if column == "data" else keys[column]
@@ -202,10 +202,15 @@ class Trace:
         stop = self.rows(name) if stop is None else stop
         return from_storage(self._read(name, "data", start, stop), self._layout[name][0], as_float32=as_float32)
 
-    def read_storage(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Rows [start, stop) of ``name`` in storage dtype (bf16 as raw uint16 bits; no upcast copy)."""
+    def read_storage(self, name: str, start: int = 0, stop: int | None = None, *,
+                     out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [start, stop) of ``name`` in storage dtype (bf16 as raw uint16 bits; no upcast copy).
+
+        ``out``: a buffer of the rows' shape and storage dtype that committed, undamaged rows are
+        read into (and returned); otherwise, or when it does not fit, a new array comes back.
+        """
         stop = self.rows(name) if stop is None else stop
-        return self._read(name, "data", start, stop)
+        return self._read(name, "data", start, stop, out)
 
     def read_torch(self, name: str, start: int = 0, stop: int | None = None):
         """Rows [start, stop) as a torch tensor in the recorded dtype (bf16 restored bit for bit)."""
