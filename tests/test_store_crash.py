@@ -17,59 +17,80 @@ from specdiff.tracer.journal import SPILL_DIR
 from specdiff.tracer.store import TraceWriter, open_trace
 
 # chunk_bytes=4096 and [3, 32] bf16 appends: 64-row chunks, a commit (4 chunks) every 256 rows
-# that leaves 2 rows in the next spill file (appends of 3 rows do not end on a chunk edge).
+# (appends of 3 rows do not end on a chunk edge). "raw": float chunks stored raw, each spill file
+# moved to its chunk key once full; "blosc": float chunks compressed (as int tensors are), each
+# spill file kept until the commit that writes its rows through zarr.
 _WRITER = """
 import sys, time, numpy as np, torch, zarr
 from specdiff.tracer import store
+from specdiff.tracer.store import layout
 from specdiff.tracer.journal import JournalWriter, SpillWriter
 
-path, point, at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+path, codec, point, at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+if codec == "blosc":
+    layout.data_codecs = lambda name: layout.compressors(np.dtype(np.uint16))
 w = store.TraceWriter(path, side="serve", chunk_bytes=4096, overwrite=True)
 sid = w.add_sequence(np.arange(50), rid="r")
-commits = 0
+commits = moved = 0
+import threading
+stop_main = threading.Event()
 
 def pause():
     print("ready", sum(w._rows.values()), flush=True)  # rows journalled so far
     time.sleep(120)
 
-real_journal, real_remove = JournalWriter.write, SpillWriter.close_and_remove
+real_journal, real_remove, real_move = JournalWriter.write, SpillWriter.close_and_remove, SpillWriter.finish_as_chunk
 def journal(self, entry):
     global commits
     if entry["t"] == "rec" and point == "rec" and entry["row0"] == at:
-        pause()  # its bytes are in the spill file, its rec is not journalled
+        pause()  # its bytes are in a spill file, its rec is not journalled
     if entry["t"] == "commit":
         commits += 1
         if point == "commit" and commits == at:
-            pause()  # zarr holds the chunks and the next spill file the rest; no commit entry yet
+            pause()  # zarr holds the commit's rows; no commit entry yet
     real_journal(self, entry)
 def remove(self):
     if point == "remove" and commits == at:
-        pause()  # the commit entry is journalled, the old spill file not yet removed
+        pause()  # the commit entry is journalled, a spill file it made redundant not yet removed
     real_remove(self)
-JournalWriter.write, SpillWriter.close_and_remove = journal, remove
+def move(self, url):
+    global moved
+    real_move(self, url)
+    moved += 1
+    if point == "moved" and moved == at:
+        pause()  # a full spill file is now a zarr chunk, past the array's shape; no commit yet
+JournalWriter.write, SpillWriter.close_and_remove, SpillWriter.finish_as_chunk = journal, remove, move
 
 real_set = zarr.storage.LocalStore.set
-data_writes = 0
+chunk_writes = 0
 async def store_set(self, key, value):
-    global data_writes
+    global chunk_writes
     await real_set(self, key, value)
-    if "/data/c/" in key:  # a chunk file of the data array (whoever encoded it: zarr or store/commit.py)
-        data_writes += 1
-        if point == "zarr" and data_writes == at:
-            pause()  # inside a commit: one of its data chunks written to zarr, no commit entry yet
+    if "/c/" in key:  # a chunk written by zarr inside a commit (keys; blosc data)
+        chunk_writes += 1
+        if point == "zarr" and chunk_writes == at:
+            # inside a commit (on zarr's thread): one of its chunks written, no commit entry ever;
+            # the appending thread stops at its next append
+            stop_main.set()
+            time.sleep(120)
 zarr.storage.LocalStore.set = store_set
 
 for i in range(0, 900, 3):
+    if stop_main.is_set():
+        pause()
     rows = torch.arange(i, i + 3, dtype=torch.float32)[:, None].expand(3, 32).to(torch.bfloat16)
     w.append("draft.hidden_out", rows, seq=sid, pos=np.arange(i, i + 3), depth=np.arange(i, i + 3) % 3)
+    if point == "zarr" and w._in_flight is not None:
+        stop_main.wait(30)  # zarr's thread reaches the point before this thread reaches another commit
     if point == "after" and i + 3 >= at:
         pause()
 pause()
 """
 
 
-def _kill_writer_at(path: str, point: str, at: int) -> int:
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, path, point, str(at)], stdout=subprocess.PIPE, text=True)
+def _kill_writer_at(path: str, codec: str, point: str, at: int) -> int:
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, path, codec, point, str(at)], stdout=subprocess.PIPE,
+                            text=True)
     try:
         word, rows = proc.stdout.readline().split()
         assert word == "ready"
@@ -84,20 +105,29 @@ def _expected(n: int) -> np.ndarray:
     return torch.arange(n, dtype=torch.float32).to(torch.bfloat16).float().numpy()
 
 
-# The first commit comes with the append that brings 258 rows (256 = 4 chunks pending).
-@pytest.mark.parametrize(("point", "at", "rows", "committed"), [
-    ("after", 120, 120, False),  # before the first chunk commit: every row only in spill file 0
-    ("rec", 150, 150, False),    # killed between a spill write and its journal entry
-    ("zarr", 1, 258, False),     # killed inside the first commit's zarr writes
-    ("commit", 1, 258, False),   # after zarr and the next spill file, before the commit entry
-    ("remove", 1, 258, True),    # after the commit entry, before the old spill file is removed
-    ("after", 600, 600, True),   # after two commits, mid-chunk
-], ids=["before-first-commit", "between-spill-and-rec", "inside-zarr-writes", "before-commit-entry",
-        "after-commit-entry", "after-two-commits"])
-def test_a_writer_killed_before_or_after_a_chunk_commit_keeps_every_journalled_row(tmp_path, point, at, rows,
-                                                                                   committed):
+# The first commit comes with the append that brings 258 rows (256 = 4 chunks full); zarr writes it
+# while appends go on, so past it the rows journalled when killed are "at least". Every point a
+# writer can be killed at, on both write paths.
+@pytest.mark.parametrize(("codec", "point", "at", "rows", "committed"), [
+    ("raw", "after", 120, 120, False),   # before the first commit: chunk 0 moved in, chunk 1 in its spill file
+    ("raw", "rec", 150, 150, False),     # killed between a spill write and its journal entry
+    ("raw", "moved", 2, 126, False),     # chunk 1 just moved in (holding rows not journalled yet)
+    ("raw", "zarr", 1, 258, False),      # inside the first commit's key writes
+    ("raw", "commit", 1, 258, False),    # after zarr, before the commit entry
+    ("raw", "after", 600, 600, True),    # after two commits, mid-chunk
+    ("blosc", "after", 120, 120, False),
+    ("blosc", "rec", 150, 150, False),
+    ("blosc", "zarr", 1, 258, False),    # inside the first commit's chunk writes
+    ("blosc", "commit", 1, 258, False),
+    ("blosc", "remove", 1, 258, True),   # after the commit entry, before its spill files are removed
+    ("blosc", "after", 600, 600, True),
+], ids=lambda v: str(v))
+def test_a_writer_killed_at_any_point_keeps_every_journalled_row(tmp_path, codec, point, at, rows, committed):
     path = str(tmp_path / "killed.trace")
-    assert _kill_writer_at(path, point, at) == rows  # killed where meant: rows journalled by then
+    journalled = _kill_writer_at(path, codec, point, at)
+    # killed where meant: rows journalled by then
+    assert journalled == rows if point in ("after", "rec", "moved") else journalled >= rows
+    rows = journalled
     trace = open_trace(path)
     assert not trace.closed
     assert trace.rows("draft.hidden_out") == rows
@@ -199,6 +229,7 @@ def test_an_unclosed_trace_whose_journal_is_corrupt_after_a_lost_commit_keeps_wh
     for i in range(0, 600, 3):  # commits at 258 and 513 rows
         w.append("draft.hidden_out", torch.full((3, 32), float(i % 256), dtype=torch.bfloat16), seq=0,
                  pos=np.arange(i, i + 3))
+        w.flush()  # each commit entry right after the record that made it
     raw = (path / "journal.msgpack").read_bytes()
     unpacker = msgpack.Unpacker(raw=False)
     unpacker.feed(raw)
@@ -207,13 +238,48 @@ def test_an_unclosed_trace_whose_journal_is_corrupt_after_a_lost_commit_keeps_wh
         ends.append(unpacker.tell())
         if e["t"] == "commit" and e["rows"] > 300:
             second_commit = len(ends) - 1
-    # Corrupt the second commit entry: the journal now ends at spill generation 1 (from row 256),
-    # which the second commit removed; zarr holds the 512 rows of both commits, and the journalled
-    # row 512 (in generation 2, which no readable entry names) is lost, as the damage line says.
+    # Corrupt the second commit entry: the journal now ends at the first commit (256 rows); zarr
+    # holds the 512 rows of both commits, and the journalled row 512 is in the spill file of its
+    # chunk (8), found by its chunk, not by the lost entry. Later records are lost, as the damage says.
     at = ends[second_commit - 1]
     (path / "journal.msgpack").write_bytes(raw[:at] + b"\xc1" + raw[at + 1:])
     trace = open_trace(str(path))
     rows = trace.rows("draft.hidden_out")
-    assert rows == 512 and not trace.closed
+    assert rows == 513 and not trace.closed
     assert [d.key for d in trace.damage] == ["journal.msgpack"] and "not yet in zarr are lost" in trace.damage[0].message()
-    assert np.array_equal(trace.read("draft.hidden_out")[:, 0], np.repeat(np.arange(0, 512, 3) % 256, 3)[:512].astype(np.float32))
+    assert np.array_equal(trace.read("draft.hidden_out")[:, 0], np.repeat(np.arange(0, 513, 3) % 256, 3)[:513].astype(np.float32))
+
+
+def _as_journal_with_one_spill_file_per_commit(path) -> None:
+    """Rewrite an unclosed trace as specdiff wrote it before per-chunk spill files (header
+    ``payload: "spill"``): commit k names spill generation k, which holds every row after it."""
+    trace = open_trace(str(path))
+    tails = {name: trace.read_storage(name, trace._committed.get(name, 0)) for name in trace.names}
+    entries = list(msgpack.Unpacker(open(path / "journal.msgpack", "rb"), raw=False, strict_map_key=False))
+    commits: dict[str, int] = {}
+    for e in entries:
+        if e["t"] == "header":
+            e["payload"] = "spill"
+        elif e["t"] == "commit":
+            commits[e["name"]] = e["spill"] = commits.get(e["name"], 0) + 1
+        elif e["t"] == "rec":
+            e.pop("chunk_rows")
+    (path / "journal.msgpack").write_bytes(b"".join(msgpack.packb(e, use_bin_type=True) for e in entries))
+    for f in (path / SPILL_DIR).iterdir():
+        f.unlink()
+    for name, rows in tails.items():
+        (path / SPILL_DIR / f"{name}.{commits.get(name, 0)}").write_bytes(rows.tobytes())
+
+
+def test_an_unclosed_trace_with_one_spill_file_per_commit_still_opens(tmp_path):
+    path = tmp_path / "commit-spill.trace"
+    w = TraceWriter(str(path), side="serve", chunk_bytes=4096, overwrite=True)
+    for i in range(0, 600, 3):  # commits at 258 and 513 rows; 88 rows after the second
+        w.append("draft.hidden_out", torch.full((3, 32), float(i % 256), dtype=torch.bfloat16), seq=0,
+                 pos=np.arange(i, i + 3))
+    w.flush()
+    _as_journal_with_one_spill_file_per_commit(path)
+    assert sorted(f.name for f in (path / SPILL_DIR).iterdir()) == ["draft.hidden_out.2"]
+    trace = open_trace(str(path))
+    assert trace.rows("draft.hidden_out") == 600 and trace.damage == []
+    assert np.array_equal(trace.read("draft.hidden_out")[:, 0], np.repeat(np.arange(0, 600, 3) % 256, 3).astype(np.float32))

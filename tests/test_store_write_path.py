@@ -1,5 +1,5 @@
-"""The store's write path (issue 14, store write at disk speed): float chunks stored raw + crc32c and
-encoded by specdiff (tracer/store/commit.py), read back by zarr's own codecs; rows buffered across
+"""The store's write path (issue 14, store write at disk speed): float chunks stored raw + crc32c,
+each a full spill file moved to its zarr key (tracer/journal.py), read back by zarr's own codecs;
 appends of any size; traces with blosc-compressed float chunks still read."""
 
 from __future__ import annotations
@@ -129,3 +129,54 @@ def test_commits_never_read_back_a_key_chunk_to_rewrite_it(tmp_path, monkeypatch
     trace = open_trace(str(tmp_path / "t"))
     assert trace.keys("draft.fc_out")["pos"].tolist() == list(range(300))
     assert torch.equal(trace.read_torch("draft.fc_out").view(torch.int16), torch.cat(batches).view(torch.int16))
+
+
+def test_a_float_trace_is_written_once_its_full_spill_files_become_its_chunks(tmp_path, monkeypatch):
+    # issue 14: the rows' bytes go to a spill file once; a full chunk's file is moved to its zarr key
+    # (crc appended) instead of being written again, so zarr writes data only for the partial last chunk
+    from specdiff.tracer.journal import SpillWriter
+
+    spilled, zarr_data = [], []
+    real_write, real_set = SpillWriter.write, zarr.storage.LocalStore.set
+
+    def write(self, data):
+        spilled.append(memoryview(data).nbytes)
+        real_write(self, data)
+
+    async def store_set(self, key, value):
+        if "/data/c/" in key:
+            zarr_data.append(key)
+        await real_set(self, key, value)
+
+    monkeypatch.setattr(SpillWriter, "write", write)
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", store_set)
+    batches = _batches(torch.bfloat16, SIZES)
+    path = tmp_path / "t"
+    _write(str(path), batches)
+    rows = sum(SIZES)
+    assert sum(spilled) == rows * ROW * 2
+    assert zarr_data == [f"tensors/draft.fc_out/data/c/{rows // CHUNK_ROWS}/0"]  # the partial last chunk
+    assert torch.equal(open_trace(str(path)).read_torch("draft.fc_out").view(torch.int16), torch.cat(batches).view(torch.int16))
+    assert not (path / "journal.spill").exists()
+
+
+def test_a_full_chunk_is_in_place_before_its_commit_and_flush_journals_the_commit(tmp_path):
+    path = tmp_path / "t"
+    w = TraceWriter(str(path), side="serve", chunk_bytes=ROW * 2 * CHUNK_ROWS, overwrite=True)
+    batches = _batches(torch.bfloat16, [20])
+    w.append("draft.fc_out", batches[0], seq=0, pos=np.arange(20))
+    # chunk 0 full: moved to its key with its crc32c, though no commit covers it yet
+    raw = (path / "tensors" / "draft.fc_out" / "data" / "c" / "0" / "0").read_bytes()
+    rows = batches[0][:CHUNK_ROWS].contiguous().view(torch.int16).numpy().tobytes()
+    assert raw == rows + google_crc32c.value(rows).to_bytes(4, "little")
+    assert sorted(p.name for p in (path / "journal.spill").iterdir()) == ["draft.fc_out.1"]
+    trace = open_trace(str(path))  # rows 0-15 read from the moved chunk, 16-19 from spill file 1
+    assert trace._committed.get("draft.fc_out", 0) == 0
+    assert torch.equal(trace.read_torch("draft.fc_out").view(torch.int16), batches[0].view(torch.int16))
+    more = _batches(torch.bfloat16, [50], seed=1)[0]
+    w.append("draft.fc_out", more, seq=1, pos=np.arange(20, 70))  # 4 chunks full: a commit
+    w.flush()
+    trace = open_trace(str(path))
+    assert trace._committed["draft.fc_out"] == 4 * CHUNK_ROWS and trace.rows("draft.fc_out") == 70
+    assert torch.equal(trace.read_torch("draft.fc_out").view(torch.int16), torch.cat([batches[0], more]).view(torch.int16))
+    w.close()

@@ -7,36 +7,49 @@ can be cut. Entry types (key ``t``):
 - ``header``  ``{format, side, created}`` — always first;
 - ``contract`` ``{contract}`` — the contract facts (last one wins);
 - ``seq``     ``{id, tokens (int32 bytes), prompt_len, rid}`` — sequence table (last one per id wins);
-- ``rec``     ``{name, row0, n, dtype, shape, seq, pos, depth, iter}`` — one appended record: its
-  key columns. ``row0`` is the tensor's row index of the first row. Its tensor bytes are in the
+- ``rec``     ``{name, row0, n, dtype, shape, chunk_rows, seq, pos, depth, iter}`` — one appended
+  record: its key columns. ``row0`` is the tensor's row index of the first row. Its tensor bytes are in the
   tensor's spill file (below); journals written before spill files (no ``payload`` in the header)
   carry them inline as ``data``;
-- ``commit``  ``{name, rows, spill}`` — rows [0, rows) of ``name`` are durable in the zarr arrays,
-  and rows from ``rows`` on are in spill file generation ``spill``;
+- ``commit``  ``{name, rows, spill}`` — rows [0, rows) of ``name`` are durable in the zarr arrays;
+  ``spill`` is the generation of the spill file holding the chunk of row ``rows``;
 - ``close``   ``{records}`` — the writer closed cleanly.
 
-Spill files (``journal.spill/<name>.<gen>``, header ``payload: "spill"``) hold each tensor's
-uncommitted rows as raw bytes, row after row: the file of generation g starts at the rows of the
-commit that named g (0 for generation 0). A commit writes the rows it leaves uncommitted to
-generation g+1, journals the commit, then deletes generation g: the payload is written to disk
-once (to zarr) plus at most the rows of one chunk per commit, and every journalled row is at all
-times in zarr or in the spill file the journal names. A spill write always precedes its ``rec``
-entry, so a ``rec`` that decodes has its bytes in the spill file.
+Spill files (``journal.spill/<name>.<gen>``, header ``payload: "chunks"``) hold each tensor's
+uncommitted rows as raw bytes, row after row, one file per chunk of the tensor's data array:
+generation g holds the rows of chunk g, rows [g * R, (g + 1) * R) with R the chunk rows that every
+``rec`` of the tensor states (``chunk_rows``). A spill write always precedes its ``rec`` entry, so
+a ``rec`` that decodes has its bytes in a spill file. When a chunk's file is full:
+
+- raw float arrays (bytes + crc32c codecs): the crc32c of its bytes, kept as they were written, is
+  appended and the file is moved to the chunk's zarr key: the chunk file *is* the spill file, so
+  its rows are written once. Until the ``commit`` that covers it, the moved chunk is where a reader
+  finds those rows (its spill file is gone);
+- other arrays (blosc): the file stays until the ``commit`` that writes its rows to zarr.
+
+Journals with ``payload: "spill"`` (specdiff before this) hold one file per commit instead:
+generation g starts at row ``rows`` of the commit that named it and holds every later row.
 
 No pickle: msgpack with ``raw=False`` and no ext hooks; arrays travel as raw bytes + dtype + shape.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import fsspec
+import google_crc32c
 import msgpack
+import numpy as np
+from fsspec.implementations.local import LocalFileSystem
 
 JOURNAL_NAME = "journal.msgpack"
 SPILL_DIR = "journal.spill"
-#: header ``payload`` value of a journal whose ``rec`` payloads live in spill files
-SPILL_PAYLOAD = "spill"
+#: header ``payload`` value of a journal whose ``rec`` payloads live in one spill file per chunk
+SPILL_PAYLOAD = "chunks"
+#: the ``payload`` of journals written before: one spill file per commit, from its first row on
+COMMIT_SPILL_PAYLOAD = "spill"
 
 
 def spill_key(name: str, gen: int) -> str:
@@ -62,18 +75,20 @@ class JournalWriter:
 
 
 class SpillWriter:
-    """One tensor's spill file: the raw bytes of its uncommitted rows (see the module docstring).
+    """One spill file: the raw bytes of a tensor's uncommitted rows (see the module docstring).
 
     Args:
         url: the file (local path or fsspec URL); created empty (or truncated).
+        checksum: keep the crc32c of the bytes written (``finish_as_chunk`` needs it).
     """
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, checksum: bool = False):
         self.url = url
-        fs, path = fsspec.core.url_to_fs(url)
-        fs.makedirs(fs._parent(path), exist_ok=True)
-        self._fh = fs.open(path, "wb")
+        self._fs, self._path = fsspec.core.url_to_fs(url)
+        self._fs.makedirs(self._fs._parent(self._path), exist_ok=True)
+        self._fh = self._fs.open(self._path, "wb")
         self.size = 0
+        self.crc = 0 if checksum else None
 
     def write(self, data) -> None:
         """Write the rows' bytes (a C-contiguous array or bytes) and flush to the OS before the
@@ -82,12 +97,35 @@ class SpillWriter:
         self._fh.write(view)
         self._fh.flush()
         self.size += view.nbytes
+        if self.crc is not None:
+            frozen = np.frombuffer(view, np.uint8)  # google_crc32c takes read-only buffers only (no copy)
+            frozen.flags.writeable = False
+            self.crc = google_crc32c.extend(self.crc, frozen)
+
+    def finish_as_chunk(self, chunk_url: str) -> None:
+        """Append the crc32c of the bytes written (uint32 little endian: zarr v3's crc32c codec),
+        close, and move the file to ``chunk_url``: a raw zarr chunk of exactly these bytes."""
+        self._fh.write(self.crc.to_bytes(4, "little"))
+        self._fh.flush()
+        if hasattr(os, "posix_fadvise") and isinstance(self._fs, LocalFileSystem):
+            # Start the chunk's writeback now (Linux: DONTNEED writes dirty pages out, async), so
+            # the disk writes while rows keep coming instead of all at a sync or the dirty limit.
+            os.posix_fadvise(self._fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        self._fh.close()
+        fs, dest = fsspec.core.url_to_fs(chunk_url)
+        fs.makedirs(fs._parent(dest), exist_ok=True)
+        if isinstance(fs, LocalFileSystem):
+            os.replace(self._path, dest)  # atomic: a reader sees the spill file or the chunk, whole
+        else:
+            fs.mv(self._path, dest)
+
+    def close(self) -> None:
+        self._fh.close()
 
     def close_and_remove(self) -> None:
-        """Close and delete the file (its rows are committed to zarr or in the next generation)."""
+        """Close and delete the file (its rows are committed to zarr)."""
         self._fh.close()
-        fs, path = fsspec.core.url_to_fs(self.url)
-        fs.rm(path)
+        self._fs.rm(self._path)
 
 
 def remove_spill_dir(store_url: str, join) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 
 from specdiff.tracer.arrays import STORAGE_DTYPES
 
@@ -45,13 +46,24 @@ def data_codecs(dtype_name: str):
     Float tensors (hidden states, logits) are stored raw with a crc32c checksum: bitshuffle-lz4
     shrank bf16 hidden states to ~0.8 of their size but encoded at ~0.4 GB/s and decoded at
     ~1.3 GB/s on 2 cores, slower than the disk (benchmarks/store_throughput.py, issue 14), and
-    store/commit.py writes raw chunks without extra copies. Ints and bools (token ids, topk
+    the writer moves full spill files in as raw chunks (journal.py). Ints and bools (token ids, topk
     indices, accept flags) compress well: blosc, as ``compressors``. Traces written with blosc
     float chunks (before this) read the same: zarr takes each array's codecs from its metadata.
     """
     if dtype_name in FLOAT_DTYPES:
         return [Crc32cCodec()]
     return compressors(STORAGE_DTYPES[dtype_name])
+
+
+def stored_raw(array) -> bool:
+    """Whether chunks of the zarr array (``Array`` or ``AsyncArray``) are stored as their C-order
+    bytes then their crc32c (uint32 little endian), which specdiff writes itself (a full spill file
+    moved to its chunk key, journal.py): little-endian host, codecs exactly ``bytes`` (little) +
+    ``crc32c``, as ``data_codecs`` gives float tensors."""
+    codecs = array.metadata.codecs
+    return (sys.byteorder == "little" and len(codecs) == 2 and isinstance(codecs[0], BytesCodec)
+            and (codecs[0].endian is None or codecs[0].endian.value == "little")
+            and isinstance(codecs[1], Crc32cCodec))
 
 
 @dataclass

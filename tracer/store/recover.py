@@ -7,6 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import fsspec
+import google_crc32c
 import numpy as np
 import zarr
 
@@ -17,11 +18,12 @@ from specdiff.tracer.contract import validate_contract
 from specdiff.tracer.damage import Damage
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.journal import (
+    COMMIT_SPILL_PAYLOAD,
     SPILL_PAYLOAD,
     read_spill,
     spill_key,
 )
-from specdiff.tracer.store.layout import KEY_COLUMNS, SEQUENCE_ARRAYS, Sequence
+from specdiff.tracer.store.layout import KEY_COLUMNS, SEQUENCE_ARRAYS, Sequence, open_store, stored_raw
 
 
 @dataclass
@@ -71,7 +73,7 @@ def from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
         layout[name] = (dtype, shape)
         committed[name] = max(committed.get(name, 0), rows)
     tail: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
-    spilled = header.get("payload") == SPILL_PAYLOAD
+    payload = header.get("payload")
     for name, entries_of in recs.items():
         first = entries_of[0]
         layout.setdefault(name, (first["dtype"], tuple(first["shape"][1:])))
@@ -80,17 +82,22 @@ def from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
         pending = [e for e in entries_of if e["row0"] + e["n"] > done]
         if not pending:
             continue
-        if any(c not in e for e in pending for c, _ in KEY_COLUMNS) or (not spilled and any("data" not in e for e in pending)):
+        if any(c not in e for e in pending for c, _ in KEY_COLUMNS) or (not payload and any("data" not in e for e in pending)):
             raise TraceError(f"{path}: rows of {name} from {done} on are neither committed nor in the "
                              "journal; the store is damaged (copy it again)")
         dt = STORAGE_DTYPES[first["dtype"]]
         skip = [max(done - e["row0"], 0) for e in pending]
         keys = {c: np.concatenate([np.frombuffer(e[c], kd)[k:] for e, k in zip(pending, skip, strict=True)])
                 for c, kd in KEY_COLUMNS}
-        if spilled:
+        stop, shape, lost_ok = pending[-1]["row0"] + pending[-1]["n"], layout[name][1], zarr_rows is not None
+        if payload == SPILL_PAYLOAD:
+            data = chunk_spilled_rows(path, name, chunk_rows=first["chunk_rows"], start=done, stop=stop, dtype=dt,
+                                      shape=shape, lost_ok=lost_ok)
+            keys = {c: v[:len(data)] for c, v in keys.items()}
+        elif payload == COMMIT_SPILL_PAYLOAD:
             gen, base = spills.get(name, (0, 0))
-            data = spilled_rows(path, name, gen=gen, base=base, start=done, stop=pending[-1]["row0"] + pending[-1]["n"],
-                                 dtype=dt, shape=layout[name][1], lost_ok=zarr_rows is not None)
+            data = spilled_rows(path, name, gen=gen, base=base, start=done, stop=stop, dtype=dt, shape=shape,
+                                lost_ok=lost_ok)
             keys = {c: v[:len(data)] for c, v in keys.items()}
         else:
             data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"])[k:] for e, k in zip(pending, skip, strict=True)])
@@ -100,19 +107,21 @@ def from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
 
 
 def spilled_rows(path: str, name: str, *, gen: int, base: int, start: int, stop: int, dtype: np.dtype,
-                  shape: tuple[int, ...], lost_ok: bool) -> np.ndarray:
+                 shape: tuple[int, ...], lost_ok: bool, raw: bytes | None = None, key: str | None = None) -> np.ndarray:
     """Rows [start, stop) of ``name`` from its spill file of generation ``gen`` (whose first row is
-    ``base``): [rows, *shape] of ``dtype``; fewer rows only with ``lost_ok`` (the journal is
-    damaged and already reported as losing uncommitted records).
+    ``base``; ``raw``/``key``: its bytes and name, when read already): [rows, *shape] of
+    ``dtype``; fewer rows only with ``lost_ok`` (the journal is damaged and already reported as
+    losing uncommitted records).
 
     Raises:
         TraceError: the file is missing or shorter than the journal says (the store was damaged
             after the writer wrote it: a spill write always precedes its ``rec`` entry).
     """
-    key = spill_key(name, gen)
+    if key is None:
+        key = spill_key(name, gen)
+        raw = read_spill(_join(path, key))
     elems = int(np.prod(shape, dtype=np.int64))
     row_bytes = dtype.itemsize * elems
-    raw = read_spill(_join(path, key))
     held = stop if not row_bytes else base + len(raw or b"") // row_bytes
     if held < stop and not lost_ok:
         what = "is missing" if raw is None else f"holds {max(held - start, 0)} of them"
@@ -122,6 +131,49 @@ def spilled_rows(path: str, name: str, *, gen: int, base: int, start: int, stop:
     if stop <= start:
         return np.empty((0, *shape), dtype)
     return np.frombuffer(raw or b"", dtype, count=(stop - base) * elems).reshape(stop - base, *shape)[start - base:]
+
+
+def chunk_spilled_rows(path: str, name: str, *, chunk_rows: int, start: int, stop: int, dtype: np.dtype,
+                       shape: tuple[int, ...], lost_ok: bool) -> np.ndarray:
+    """Rows [start, stop) of ``name`` from its per-chunk spill files (journal.py, payload
+    ``"chunks"``): generation g holds rows [g * chunk_rows, (g + 1) * chunk_rows); a full raw
+    chunk's file may have been moved to its zarr key already, and is read there (crc checked).
+    [rows, *shape] of ``dtype``; fewer rows only with ``lost_ok``.
+
+    Raises:
+        TraceError: a chunk's rows are in neither place, or fewer than the journal says.
+    """
+    parts, row = [], start
+    while row < stop:
+        gen = row // chunk_rows
+        base, end = gen * chunk_rows, min(stop, (gen + 1) * chunk_rows)
+        key = spill_key(name, gen)
+        raw = read_spill(_join(path, key))
+        if raw is None:
+            raw = _moved_chunk(path, name, gen)
+        part = spilled_rows(path, name, gen=gen, base=base, start=row, stop=end, dtype=dtype, shape=shape,
+                            lost_ok=lost_ok, raw=raw, key=key)
+        parts.append(part)
+        if row + len(part) < end:  # lost_ok: nothing after a lost row is kept
+            break
+        row = end
+    return np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.empty((0, *shape), dtype)
+
+
+def _moved_chunk(path: str, name: str, gen: int) -> bytes | None:
+    """The rows' bytes of chunk ``gen`` of ``name``'s data array when it is a raw chunk whose
+    crc32c holds (a full spill file moved in, not yet committed); None otherwise."""
+    try:
+        arr = zarr.open_array(store=open_store(path), path=f"tensors/{name}/data", mode="r")
+    except Exception:  # zarr raises many types for bad metadata; then there is no moved chunk to read
+        return None
+    if not stored_raw(arr):
+        return None
+    key = f"tensors/{name}/data/" + arr.metadata.encode_chunk_key((gen,) + (0,) * (arr.ndim - 1))
+    raw = read_spill(_join(path, key))
+    if raw is None or len(raw) < 4 or google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
+        return None
+    return raw[:-4]
 
 
 def zarr_tensors(path: str, store) -> tuple[dict[str, tuple[str, tuple[int, ...], int]], list[Damage]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import zarr
@@ -20,12 +21,13 @@ from specdiff.tracer.journal import (
     JournalWriter,
     SpillWriter,
     compact_journal,
+    read_spill,
     remove_spill_dir,
     spill_key,
 )
 from specdiff.tracer.schema import spec_for
 from specdiff.tracer.store import layout
-from specdiff.tracer.store.commit import Staging, grow_and_write
+from specdiff.tracer.store.commit import grow_and_write
 from specdiff.tracer.store.layout import (
     ARRAY_CONFIG,
     CHUNK_BYTES,
@@ -39,54 +41,54 @@ from specdiff.tracer.store.layout import (
     SIDES,
     Sequence,
     local_path,
+    stored_raw,
 )
 
 
 class _Pending:
-    """Rows appended to one tensor but not yet committed to zarr, in one buffer reused across commits.
+    """Rows appended to one tensor but not yet committed to zarr, in buffers reused across commits.
 
-    Appends copy into the buffer and a commit hands zarr views of it: on this VM a copy into
+    Appends copy into the buffers and a commit hands zarr views of them: on a VM a copy into
     memory already touched runs at ~7 GB/s but one into a fresh allocation at ~0.5 GB/s (page
     faults), so a new array per commit (``np.concatenate``) cost more than the rows' copy itself.
 
     Args:
-        dtype: storage dtype; ``shape``: feature shape of one row; ``capacity``: rows to reserve
-            (grown by doubling when an append does not fit).
+        dtype: storage dtype of the rows, or None to keep only their keys (a raw float tensor,
+            whose rows go from its spill files straight to zarr chunks); ``shape``: feature shape
+            of one row; ``capacity``: rows to reserve (grown by doubling when an append does not fit).
     """
 
-    def __init__(self, dtype: np.dtype, *, shape: tuple[int, ...], capacity: int):
-        self.data = np.empty((capacity, *shape), dtype)
+    def __init__(self, dtype: np.dtype | None, *, shape: tuple[int, ...], capacity: int):
+        self.data = None if dtype is None else np.empty((capacity, *shape), dtype)
         self.keys = {k: np.empty(capacity, kd) for k, kd in KEY_COLUMNS}
         self.rows = 0
 
-    def add(self, data: np.ndarray, keys: dict[str, np.ndarray]) -> None:
-        need = self.rows + data.shape[0]
-        if need > self.data.shape[0]:
-            cap = max(need, 2 * self.data.shape[0])
-            grown = np.empty((cap, *self.data.shape[1:]), self.data.dtype)
-            grown[:self.rows] = self.data[:self.rows]
-            self.data = grown
+    def add(self, data: np.ndarray | None, keys: dict[str, np.ndarray]) -> None:
+        need = self.rows + len(keys["seq"])
+        cap = len(self.keys["seq"])
+        if need > cap:
+            cap = max(need, 2 * cap)
+            if self.data is not None:
+                grown = np.empty((cap, *self.data.shape[1:]), self.data.dtype)
+                grown[:self.rows] = self.data[:self.rows]
+                self.data = grown
             self.keys = {k: np.concatenate([v[:self.rows], np.empty(cap - self.rows, v.dtype)])
                          for k, v in self.keys.items()}
-        self.data[self.rows:need] = data
+        if self.data is not None:
+            self.data[self.rows:need] = data
         for k, v in keys.items():
             self.keys[k][self.rows:need] = v
         self.rows = need
 
-    def head(self, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Views of the first n rows (valid until the next ``add`` or ``drop``)."""
-        return self.data[:n], {k: v[:n] for k, v in self.keys.items()}
-
-    def tail(self, n: int) -> np.ndarray:
-        """View of the rows after the first n."""
-        return self.data[n:self.rows]
+    def head(self, n: int) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+        """Views of the first n rows (valid until the next ``add`` or ``drop``); data None when not kept."""
+        return None if self.data is None else self.data[:n], {k: v[:n] for k, v in self.keys.items()}
 
     def drop(self, n: int) -> None:
         """Forget the first n rows; the rest move to the front."""
         rest = self.rows - n
         if rest:
-            self.data[:rest] = self.data[n:self.rows]
-            for v in self.keys.values():
+            for v in ([] if self.data is None else [self.data]) + list(self.keys.values()):
                 v[:rest] = v[n:self.rows]
         self.rows = rest
 
@@ -131,8 +133,12 @@ class TraceWriter:
         self._rows: dict[str, int] = defaultdict(int)
         self._committed: dict[str, int] = defaultdict(int)
         self._arrays: dict[str, dict] = {}
-        self._spills: dict[str, tuple[int, SpillWriter]] = {}  # name -> (generation, file)
-        self._staging = Staging()
+        self._spills: dict[str, tuple[int, SpillWriter]] = {}  # name -> (generation = chunk, its open file)
+        self._full_spills: dict[str, list[tuple[int, SpillWriter]]] = defaultdict(list)  # blosc: until committed
+        self._raw: dict[str, bool] = {}  # name -> data chunks stored raw (moved in from spill files)
+        self._chunk_rows_of: dict[str, int] = {}
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdiff-commit")
+        self._in_flight: tuple | None = None  # (name, rows, chunk rows, future) of the commit zarr is writing
         self._sequences: dict[int, Sequence] = {}
         self.records = 0
         self.closed = False
@@ -181,6 +187,7 @@ class TraceWriter:
         """
         if self.closed:
             raise TraceError(f"{self.path}: append after close")
+        self._settle(block=False)
         spec = spec_for(name)
         arr, dtype_name = to_storage(data)
         if spec.kind == "int" and dtype_name != "int64":
@@ -202,55 +209,119 @@ class TraceWriter:
                 for (k, kd), v in zip(KEY_COLUMNS, (seq, pos, depth, iter), strict=True)}
         row0 = self._rows[name]
         arr = np.ascontiguousarray(arr)
-        if name not in self._spills:
-            self._spills[name] = (0, SpillWriter(_join(self.path, spill_key(name, 0))))
-        self._spills[name][1].write(arr)  # before its rec entry: a rec that decodes has its bytes
+        if name not in self._arrays:
+            self._arrays[name] = self._create_arrays(name)
+            self._raw[name] = stored_raw(self._arrays[name]["data"])
+        chunk_rows = self._chunk_rows(name)
+        self._spill(name, arr, row0, chunk_rows)  # before its rec entry: a rec that decodes has its bytes
         self._journal.write({"t": "rec", "name": name, "row0": row0, "n": n, "dtype": dtype_name,
-                             "shape": list(arr.shape), **{k: v.tobytes() for k, v in keys.items()}})
+                             "shape": list(arr.shape), "chunk_rows": chunk_rows,
+                             **{k: v.tobytes() for k, v in keys.items()}})
         self._rows[name] = row0 + n
         self.records += 1
-        chunk_rows = self._chunk_rows(name)
         if name not in self._pending:
-            self._pending[name] = _Pending(STORAGE_DTYPES[dtype_name], shape=layout[1],
+            self._pending[name] = _Pending(None if self._raw[name] else STORAGE_DTYPES[dtype_name], shape=layout[1],
                                           capacity=(COMMIT_CHUNKS + 1) * chunk_rows)
-        pending = self._pending[name]
-        pending.add(arr, keys)
-        # Commit COMMIT_CHUNKS whole chunks (or a multiple) at once: zarr writes them in parallel, the
-        # rows rewritten to the next spill file are few (appends smaller than a chunk leave less than
-        # one), and each commit fills whole key chunks (layout.KEY_CHUNK_FACTOR). The spill file
-        # already holds every row, so buffering longer costs memory, not safety.
+        self._pending[name].add(None if self._raw[name] else arr, keys)
+        # Commit COMMIT_CHUNKS whole chunks (or a multiple) at once: one trip to zarr's event loop
+        # grows the arrays and fills whole key chunks (layout.KEY_CHUNK_FACTOR). The spill files
+        # (or, raw, the chunks moved in from them) already hold every row, so committing later
+        # costs memory (keys; blosc rows), not safety.
         unit = COMMIT_CHUNKS * chunk_rows
-        if pending.rows >= unit:
-            self._commit(name, (pending.rows // unit) * unit)
+        full, done = (row0 + n) // chunk_rows * chunk_rows, self._committed[name]
+        if full - done >= unit:
+            self._commit(name, done + (full - done) // unit * unit)
+
+    def _spill(self, name: str, arr: np.ndarray, row0: int, chunk_rows: int) -> None:
+        """Write rows [row0, row0 + len(arr)) to the spill files of their chunks (journal.py): a
+        chunk's file, once full, becomes its zarr chunk (raw arrays: crc32c appended, file moved,
+        so the rows are written once) or waits for the commit that writes its rows (blosc)."""
+        pos, n = 0, arr.shape[0]
+        while pos < n:
+            row = row0 + pos
+            gen = row // chunk_rows
+            take = min(n - pos, (gen + 1) * chunk_rows - row)
+            if name not in self._spills:
+                self._spills[name] = (gen, SpillWriter(_join(self.path, spill_key(name, gen)), checksum=self._raw[name]))
+            spill = self._spills[name][1]
+            spill.write(arr[pos:pos + take])
+            if (row + take) % chunk_rows == 0:  # chunk gen is full
+                del self._spills[name]
+                if self._raw[name]:
+                    spill.finish_as_chunk(_join(self.path, self._chunk_key(name, gen)))
+                else:
+                    spill.close()
+                    self._full_spills[name].append((gen, spill))
+            pos += take
+
+    def _chunk_key(self, name: str, index: int) -> str:
+        """Store key of chunk ``index`` of ``name``'s data array, as zarr encodes it."""
+        data = self._arrays[name]["data"]
+        return f"tensors/{name}/data/" + data.metadata.encode_chunk_key((index,) + (0,) * (data.ndim - 1))
 
     def _chunk_rows(self, name: str) -> int:
+        if name in self._chunk_rows_of:
+            return self._chunk_rows_of[name]
         dtype_name, shape = self._layout[name]
         row_bytes = STORAGE_DTYPES[dtype_name].itemsize * int(np.prod(shape, dtype=np.int64))
-        return int(min(max(self.chunk_bytes // max(row_bytes, 1), 16), 1 << 16))
+        rows = self._chunk_rows_of[name] = int(min(max(self.chunk_bytes // max(row_bytes, 1), 16), 1 << 16))
+        return rows
 
-    def _commit(self, name: str, n: int) -> None:
+    def _commit(self, name: str, upto: int, *, wait: bool = False) -> None:
+        """Make rows [committed, upto) durable in zarr: grow the arrays, write the key columns and
+        the rows not yet in chunk files (blosc rows; a raw tensor's partial last chunk, at close).
+
+        The zarr work runs on a thread of this writer while appends go on (one commit in flight at
+        a time; its values are copies); the commit entry is journalled, and the spill files it
+        made redundant removed, once zarr holds the rows (``_settle``). ``wait``: settle it now.
+        """
+        self._settle(block=True)
         pending = self._pending[name]
-        data, keys = pending.head(n)
-        start = self._committed[name]
-        stop = start + n
-        if start == 0:
-            self._arrays[name] = self._create_arrays(name)
+        start, chunk_rows = self._committed[name], self._chunk_rows(name)
+        data, keys = pending.head(upto - start)
         arrays = self._arrays[name]
-        # One trip to zarr's event loop for the data and the four key arrays (grown, then written),
-        # not ten: under load each trip costs more than encoding a small key chunk.
-        zarr_sync(grow_and_write([(arrays[key].async_array, values) for key, values in (("data", data), *keys.items())],
-                                 start=start, staging=self._staging))
-        self._committed[name] = stop
-        # Order for crash safety: zarr rows, then the next spill file with the rows still
-        # uncommitted, then the commit entry naming it (the switch), then the old file goes.
-        gen, old = self._spills[name]
-        new = SpillWriter(_join(self.path, spill_key(name, gen + 1)))
-        if pending.rows > n:
-            new.write(np.ascontiguousarray(pending.tail(n)))
-        self._journal.write({"t": "commit", "name": name, "rows": stop, "spill": gen + 1})
-        old.close_and_remove()
-        self._spills[name] = (gen + 1, new)
-        pending.drop(n)
+        writes = [(arrays[k].async_array, start, v.copy()) for k, v in keys.items()]
+        if data is not None:
+            writes.append((arrays["data"].async_array, start, data.copy()))
+        elif upto % chunk_rows:  # raw, at close: the last chunk's rows are only in its spill file
+            edge = upto // chunk_rows * chunk_rows
+            gen, spill = self._spills[name]
+            dtype_name, shape = self._layout[name]
+            tail = np.frombuffer(read_spill(spill.url) or b"", STORAGE_DTYPES[dtype_name]).reshape(-1, *shape)
+            if gen != edge // chunk_rows or len(tail) != upto - edge:
+                raise TraceError(f"{spill.url}: holds {len(tail)} rows of chunk {gen} of {name}, "
+                                 f"expected {upto - edge}; the trace's directory was changed while it was written")
+            writes.append((arrays["data"].async_array, edge, tail))
+        # One trip to zarr's event loop for the grows and the writes: under load each trip costs
+        # more than encoding a small key chunk.
+        work = grow_and_write([a.async_array for a in arrays.values()], rows=upto, writes=writes)
+        self._in_flight = (name, upto, chunk_rows, self._committer.submit(zarr_sync, work))
+        self._committed[name] = upto
+        pending.drop(upto - start)
+        if wait:
+            self._settle(block=True)
+
+    def _settle(self, *, block: bool) -> None:
+        """Finish the commit in flight, if any (and, unless ``block``, only if zarr is done with
+        it): journal its commit entry, then remove the spill files whose rows it committed.
+
+        Raises:
+            what the store raised writing the commit's rows (they stay in spill files / moved chunks).
+        """
+        if self._in_flight is None or (not block and not self._in_flight[3].done()):
+            return
+        name, upto, chunk_rows, future = self._in_flight
+        self._in_flight = None
+        future.result()
+        self._journal.write({"t": "commit", "name": name, "rows": upto, "spill": upto // chunk_rows})
+        keep = []
+        for gen, spill in self._full_spills.pop(name, []):
+            if gen < upto // chunk_rows:
+                spill.close_and_remove()
+            else:
+                keep.append((gen, spill))
+        if keep:
+            self._full_spills[name] = keep
 
     def _create_arrays(self, name: str) -> dict:
         grp = self._group.require_group(f"tensors/{name}")
@@ -269,13 +340,20 @@ class TraceWriter:
                                          dimension_names=("row",), config=ARRAY_CONFIG)
         return arrays
 
+    def flush(self) -> None:
+        """Wait for the commit in flight and journal it: a reader opening the trace now finds every
+        row committed so far in zarr (it reads the rest from the spill files either way)."""
+        self._settle(block=True)
+
     def close(self) -> None:
         """Commit every buffered row, write the sequence table, and mark the trace closed."""
         if self.closed:
             return
         for name, pending in self._pending.items():
             if pending.rows:
-                self._commit(name, pending.rows)
+                self._commit(name, self._rows[name])
+        self._settle(block=True)
+        self._committer.shutdown()
         seqs = [self._sequences[i] for i in sorted(self._sequences)]
         if seqs:
             grp = self._group.require_group("sequences")
@@ -291,7 +369,7 @@ class TraceWriter:
                                   "sequence_rids": [s.rid for s in seqs]})
         self._journal.write({"t": "close", "records": self.records})
         self._journal.close()
-        for _, spill in self._spills.values():  # empty: every row is committed
+        for _, spill in self._spills.values():  # every row is committed: a last partial chunk's file
             spill.close_and_remove()
         remove_spill_dir(self.path, _join)
         compact_journal(self._journal.url)
