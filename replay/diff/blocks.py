@@ -13,6 +13,7 @@ from that row alone), so results do not depend on how the rows were split.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
 import uuid
@@ -27,10 +28,11 @@ from specdiff.tracer.arrays import STORAGE_DTYPES, from_storage
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import open_trace
 
-#: float32 bytes per side of one sub-block: both sides and their difference (3 x 256 KiB) stay in
-#: L2 across the ~7 metric passes (a 1 MiB-L2 EPYC: 512 KiB ~2x faster than 16 MiB blocks; a 2 MiB-L2
-#: Xeon: 256 KiB 1.12 ns a row element, 512 KiB 1.29 ns)
-SUB_BLOCK_BYTES = 256 << 10
+#: float32 bytes per side of one sub-block: both sides and their difference stay in L2 across the
+#: ~7 metric passes, and each numpy call has enough elements to outweigh its Python overhead (the
+#: diff of the 1 GiB bench pair: 512 KiB 1.33 s, 256 KiB 1.47 s on a 2 MiB-L2 Xeon; 512 KiB ~2x faster
+#: than 16 MiB on a 1 MiB-L2 EPYC)
+SUB_BLOCK_BYTES = 512 << 10
 #: float32 bytes per side of one block (one read); blocks under glibc's 32 MiB mmap threshold
 #: reuse freed memory instead of faulting in fresh pages
 BLOCK_BYTES = 16 << 20
@@ -104,7 +106,7 @@ def block_bounds(trace, name: str, rows: np.ndarray, step: int) -> list[tuple[in
 def _buffer(slot: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     """A thread-local buffer of ``shape`` and ``dtype`` (reused across blocks; grows, never shrinks)."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     buf = getattr(_local, slot, None)
     if buf is None or buf.size < nbytes:
         buf = np.empty(max(nbytes, 16), np.uint8)

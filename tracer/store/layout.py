@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
+from zarr.codecs import BloscCodec, Crc32cCodec
 
 from specdiff.tracer.arrays import STORAGE_DTYPES
 
@@ -53,17 +52,6 @@ def data_codecs(dtype_name: str):
     if dtype_name in FLOAT_DTYPES:
         return [Crc32cCodec()]
     return compressors(STORAGE_DTYPES[dtype_name])
-
-
-def stored_raw(array) -> bool:
-    """Whether chunks of the zarr array (``Array`` or ``AsyncArray``) are stored as their C-order
-    bytes then their crc32c (uint32 little endian), which specdiff writes itself (a full spill file
-    moved to its chunk key, journal.py): little-endian host, codecs exactly ``bytes`` (little) +
-    ``crc32c``, as ``data_codecs`` gives float tensors."""
-    codecs = array.metadata.codecs
-    return (sys.byteorder == "little" and len(codecs) == 2 and isinstance(codecs[0], BytesCodec)
-            and (codecs[0].endian is None or codecs[0].endian.value == "little")
-            and isinstance(codecs[1], Crc32cCodec))
 
 
 @dataclass

@@ -13,7 +13,7 @@ import zarr
 
 from specdiff.tracer.arrays import STORAGE_DTYPES
 from specdiff.tracer.chunks import join as _join
-from specdiff.tracer.chunks import metadata_problem
+from specdiff.tracer.chunks import metadata_problem, stored_raw
 from specdiff.tracer.contract import validate_contract
 from specdiff.tracer.damage import Damage
 from specdiff.tracer.errors import TraceError
@@ -23,7 +23,7 @@ from specdiff.tracer.journal import (
     read_spill,
     spill_key,
 )
-from specdiff.tracer.store.layout import KEY_COLUMNS, SEQUENCE_ARRAYS, Sequence, open_store, stored_raw
+from specdiff.tracer.store.layout import KEY_COLUMNS, SEQUENCE_ARRAYS, Sequence, open_store
 
 
 @dataclass

@@ -13,6 +13,7 @@ from zarr.core.sync import sync as zarr_sync
 
 from specdiff.tracer.arrays import STORAGE_DTYPES, to_storage
 from specdiff.tracer.chunks import join as _join
+from specdiff.tracer.chunks import stored_raw
 from specdiff.tracer.contract import validate_contract
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.journal import (
@@ -41,7 +42,6 @@ from specdiff.tracer.store.layout import (
     SIDES,
     Sequence,
     local_path,
-    stored_raw,
 )
 
 
