@@ -283,3 +283,49 @@ def test_an_unclosed_trace_with_one_spill_file_per_commit_still_opens(tmp_path):
     trace = open_trace(str(path))
     assert trace.rows("draft.hidden_out") == 600 and trace.damage == []
     assert np.array_equal(trace.read("draft.hidden_out")[:, 0], np.repeat(np.arange(0, 600, 3) % 256, 3).astype(np.float32))
+
+
+def test_a_commit_zarr_cannot_write_stops_the_writer_and_keeps_every_journalled_row(tmp_path, monkeypatch):
+    from specdiff.tracer.errors import TraceError
+    from specdiff.tracer.store import writer as writer_module
+
+    real, calls = writer_module.grow_and_write, []
+
+    async def full_disk(arrays, *, rows, writes):
+        calls.append(rows)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        await real(arrays, rows=rows, writes=writes)
+
+    monkeypatch.setattr(writer_module, "grow_and_write", full_disk)
+    path = tmp_path / "full.trace"
+    w = TraceWriter(str(path), side="serve", chunk_bytes=4096, overwrite=True)
+    journalled = 0
+    with pytest.raises(TraceError) as err:
+        for i in range(0, 900, 3):
+            w.append("draft.hidden_out", torch.full((3, 32), float(i % 256), dtype=torch.bfloat16), seq=0,
+                     pos=np.arange(i, i + 3))
+            journalled = i + 3
+        w.close()
+    assert "writing rows of draft.hidden_out to zarr failed (OSError: [Errno 28] No space left on device)" in str(err.value)
+    assert calls == [256, 512]
+    for again in (lambda: w.append("draft.hidden_out", torch.ones(3, 32), seq=0, pos=np.arange(3)), w.close):
+        with pytest.raises(TraceError):  # nothing more is journalled as durable
+            again()
+    trace = open_trace(str(path))
+    assert not trace.closed and trace.rows("draft.hidden_out") == journalled and trace._committed["draft.hidden_out"] == 256
+    assert np.array_equal(trace.read("draft.hidden_out")[:, 0],
+                          np.repeat(np.arange(0, journalled, 3) % 256, 3).astype(np.float32))
+
+
+def test_an_unclosed_trace_whose_journal_keeps_payloads_in_an_unknown_way_is_one_clear_error(tmp_path):
+    path = tmp_path / "future.trace"
+    w = TraceWriter(str(path), side="serve", overwrite=True)
+    w.append("draft.hidden_out", torch.ones(3, 32, dtype=torch.bfloat16), seq=0, pos=np.arange(3))
+    entries = list(msgpack.Unpacker(open(path / "journal.msgpack", "rb"), raw=False, strict_map_key=False))
+    entries[0]["payload"] = "per-row-files"
+    (path / "journal.msgpack").write_bytes(b"".join(msgpack.packb(e, use_bin_type=True) for e in entries))
+    with pytest.raises(Exception) as err:
+        open_trace(str(path))
+    assert str(err.value) == (f"{path}: its journal keeps record payloads as 'per-row-files', which this specdiff "
+                              "does not know (a newer version wrote it); upgrade specdiff to read this unclosed trace")

@@ -37,6 +37,12 @@ def stored_raw(array) -> bool:
             and isinstance(codecs[1], Crc32cCodec))
 
 
+def crc32c_holds(data, trailer: bytes) -> bool:
+    """Whether ``trailer`` (4 bytes, uint32 little endian: zarr v3's crc32c codec) is the crc32c of
+    ``data`` (bytes, or a read-only array: google_crc32c takes nothing writable)."""
+    return len(trailer) == 4 and google_crc32c.value(data) == int.from_bytes(trailer, "little")
+
+
 def join(path: str, *parts: str) -> str:
     """``path/part/...`` for a local path or an fsspec URL."""
     if "://" in path:
@@ -276,8 +282,8 @@ class ArrayReader:
             if got != dest.nbytes or len(crc) != 4:
                 raise ValueError(f"{path}: {got + len(crc)} bytes where a chunk has {dest.nbytes + 4}")
             frozen = dest.view()
-            frozen.flags.writeable = False  # google_crc32c takes read-only buffers only
-            if google_crc32c.value(frozen) != int.from_bytes(crc, "little"):
+            frozen.flags.writeable = False
+            if not crc32c_holds(frozen, crc):
                 raise ValueError(f"{path}: fails its crc32c checksum")
         return out
 

@@ -7,13 +7,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import fsspec
-import google_crc32c
 import numpy as np
 import zarr
 
 from specdiff.tracer.arrays import STORAGE_DTYPES
+from specdiff.tracer.chunks import crc32c_holds, metadata_problem, stored_raw
 from specdiff.tracer.chunks import join as _join
-from specdiff.tracer.chunks import metadata_problem, stored_raw
 from specdiff.tracer.contract import validate_contract
 from specdiff.tracer.damage import Damage
 from specdiff.tracer.errors import TraceError
@@ -74,6 +73,9 @@ def from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
         committed[name] = max(committed.get(name, 0), rows)
     tail: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
     payload = header.get("payload")
+    if payload not in (None, SPILL_PAYLOAD, COMMIT_SPILL_PAYLOAD):
+        raise TraceError(f"{path}: its journal keeps record payloads as {payload!r}, which this specdiff does not "
+                         "know (a newer version wrote it); upgrade specdiff to read this unclosed trace")
     for name, entries_of in recs.items():
         first = entries_of[0]
         layout.setdefault(name, (first["dtype"], tuple(first["shape"][1:])))
@@ -82,7 +84,8 @@ def from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
         pending = [e for e in entries_of if e["row0"] + e["n"] > done]
         if not pending:
             continue
-        if any(c not in e for e in pending for c, _ in KEY_COLUMNS) or (not payload and any("data" not in e for e in pending)):
+        if (any(c not in e for e in pending for c, _ in KEY_COLUMNS) or (not payload and any("data" not in e for e in pending))
+                or (payload == SPILL_PAYLOAD and "chunk_rows" not in first)):
             raise TraceError(f"{path}: rows of {name} from {done} on are neither committed nor in the "
                              "journal; the store is damaged (copy it again)")
         dt = STORAGE_DTYPES[first["dtype"]]
@@ -171,7 +174,7 @@ def _moved_chunk(path: str, name: str, gen: int) -> bytes | None:
         return None
     key = f"tensors/{name}/data/" + arr.metadata.encode_chunk_key((gen,) + (0,) * (arr.ndim - 1))
     raw = read_spill(_join(path, key))
-    if raw is None or len(raw) < 4 or google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
+    if raw is None or len(raw) < 4 or not crc32c_holds(raw[:-4], raw[-4:]):
         return None
     return raw[:-4]
 

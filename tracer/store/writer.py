@@ -139,6 +139,7 @@ class TraceWriter:
         self._chunk_rows_of: dict[str, int] = {}
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdiff-commit")
         self._in_flight: tuple | None = None  # (name, rows, chunk rows, future) of the commit zarr is writing
+        self._failed: TraceError | None = None  # a commit zarr could not write: the writer stops
         self._sequences: dict[int, Sequence] = {}
         self.records = 0
         self.closed = False
@@ -187,6 +188,8 @@ class TraceWriter:
         """
         if self.closed:
             raise TraceError(f"{self.path}: append after close")
+        if self._failed:
+            raise self._failed
         self._settle(block=False)
         spec = spec_for(name)
         arr, dtype_name = to_storage(data)
@@ -267,13 +270,13 @@ class TraceWriter:
         rows = self._chunk_rows_of[name] = int(min(max(self.chunk_bytes // max(row_bytes, 1), 16), 1 << 16))
         return rows
 
-    def _commit(self, name: str, upto: int, *, wait: bool = False) -> None:
+    def _commit(self, name: str, upto: int) -> None:
         """Make rows [committed, upto) durable in zarr: grow the arrays, write the key columns and
         the rows not yet in chunk files (blosc rows; a raw tensor's partial last chunk, at close).
 
         The zarr work runs on a thread of this writer while appends go on (one commit in flight at
         a time; its values are copies); the commit entry is journalled, and the spill files it
-        made redundant removed, once zarr holds the rows (``_settle``). ``wait``: settle it now.
+        made redundant removed, once zarr holds the rows (``_settle``).
         """
         self._settle(block=True)
         pending = self._pending[name]
@@ -298,21 +301,29 @@ class TraceWriter:
         self._in_flight = (name, upto, chunk_rows, self._committer.submit(zarr_sync, work))
         self._committed[name] = upto
         pending.drop(upto - start)
-        if wait:
-            self._settle(block=True)
 
     def _settle(self, *, block: bool) -> None:
         """Finish the commit in flight, if any (and, unless ``block``, only if zarr is done with
         it): journal its commit entry, then remove the spill files whose rows it committed.
 
         Raises:
-            what the store raised writing the commit's rows (they stay in spill files / moved chunks).
+            TraceError: zarr could not write the commit's rows (disk full, a store error). The
+                writer then refuses every later call: its next commits would journal rows as
+                durable that zarr does not hold. Every journalled row stays in its spill file or
+                moved chunk, and the unclosed trace opens with all of them.
         """
         if self._in_flight is None or (not block and not self._in_flight[3].done()):
             return
         name, upto, chunk_rows, future = self._in_flight
         self._in_flight = None
-        future.result()
+        try:
+            future.result()
+        except Exception as exc:
+            self._failed = TraceError(
+                f"{self.path}: writing rows of {name} to zarr failed ({type(exc).__name__}: {exc}); the trace is "
+                "left unclosed with every journalled row in its spill files, and opens as it is: free the disk "
+                "(or fix the store) and record again to go on")
+            raise self._failed from exc
         self._journal.write({"t": "commit", "name": name, "rows": upto, "spill": upto // chunk_rows})
         keep = []
         for gen, spill in self._full_spills.pop(name, []):
@@ -349,6 +360,8 @@ class TraceWriter:
         """Commit every buffered row, write the sequence table, and mark the trace closed."""
         if self.closed:
             return
+        if self._failed:
+            raise self._failed
         for name, pending in self._pending.items():
             if pending.rows:
                 self._commit(name, self._rows[name])
