@@ -180,3 +180,19 @@ def test_a_full_chunk_is_in_place_before_its_commit_and_flush_journals_the_commi
     assert trace._committed["draft.fc_out"] == 4 * CHUNK_ROWS and trace.rows("draft.fc_out") == 70
     assert torch.equal(trace.read_torch("draft.fc_out").view(torch.int16), torch.cat([batches[0], more]).view(torch.int16))
     w.close()
+
+
+def test_raw_chunks_read_from_their_files_match_zarr_for_any_row_range(tmp_path):
+    # tracer/chunks.py reads whole raw chunks from their files (crc checked) and partial ones via zarr
+    batches = _batches(torch.bfloat16, SIZES)
+    _write(str(tmp_path / "t"), batches)
+    trace = open_trace(str(tmp_path / "t"))
+    arr = zarr.open_array(str(tmp_path / "t" / "tensors" / "draft.fc_out" / "data"), mode="r")
+    n = arr.shape[0]
+    reader = trace._readers["draft.fc_out"]["data"]
+    assert reader.direct  # the path under test
+    for a, b in [(0, n), (0, CHUNK_ROWS), (5, 37), (CHUNK_ROWS, 3 * CHUNK_ROWS), (17, 18), (n - 3, n), (3, 12)]:
+        buf = np.empty((b - a, ROW), np.uint16)
+        assert np.array_equal(trace.read_storage("draft.fc_out", a, b), arr[a:b])
+        assert trace.read_storage("draft.fc_out", a, b, out=buf) is buf and np.array_equal(buf, arr[a:b])
+    assert trace.damage == []

@@ -127,6 +127,7 @@ class ArrayReader:
         self._scanned = False
         self._scan_lock = threading.Lock()
         self.array = None
+        self.direct = None
         try:
             self.array = zarr.open_array(store=store, path=key, mode="r")
         except Exception as exc:  # zarr raises many types for bad metadata
@@ -144,7 +145,8 @@ class ArrayReader:
         # Uncompressed chunks all have one length, so a cut one can say how much it lost.
         self.size = None if self.array.compressors != (Crc32cCodec(),) else \
             self.chunk_rows * int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize + 4
-        self.direct = "://" not in trace and stored_raw(self.array)
+        # Chunk files read by path (``_read_direct``): absolute, so a later chdir cannot misdirect them.
+        self.direct = os.path.abspath(trace) if "://" not in trace and stored_raw(self.array) else None
 
     # ---- damage ---------------------------------------------------------------------------
     @property
@@ -275,7 +277,7 @@ class ArrayReader:
         flat = out.reshape(n, -1).view(np.uint8)
         for i in range(first, end):
             dest = flat[i * rows - start:(i + 1) * rows - start].reshape(-1)
-            path = os.path.join(self.trace, self._chunk_key(i))
+            path = os.path.join(self.direct, self._chunk_key(i))
             with open(path, "rb", buffering=0) as fh:
                 got = fh.readinto(dest)
                 crc = fh.read(5)
