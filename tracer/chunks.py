@@ -11,6 +11,7 @@ diff's first answer does not wait for the chunk files of tensors it has not reac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -41,6 +42,15 @@ def crc32c_holds(data, trailer: bytes) -> bool:
     """Whether ``trailer`` (4 bytes, uint32 little endian: zarr v3's crc32c codec) is the crc32c of
     ``data`` (bytes, or a read-only array: google_crc32c takes nothing writable)."""
     return len(trailer) == 4 and google_crc32c.value(data) == int.from_bytes(trailer, "little")
+
+
+def _read_ahead(files) -> None:
+    """Ask the kernel to read these whole files now (Linux ``POSIX_FADV_WILLNEED``), all at once:
+    a cold read of one 4 MiB chunk file after another otherwise restarts readahead at each file
+    and waits on small reads (2.5-4.9 s for 1 GiB here, where one big file read in 0.5 s)."""
+    if hasattr(os, "posix_fadvise"):
+        for fh in files:
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
 
 
 def join(path: str, *parts: str) -> str:
@@ -275,18 +285,20 @@ class ArrayReader:
             if a < b:
                 self.array.get_basic_selection(slice(a, b), out=NDBuffer.from_numpy_array(out[a - start:b - start]))
         flat = out.reshape(n, -1).view(np.uint8)
-        for i in range(first, end):
-            dest = flat[i * rows - start:(i + 1) * rows - start].reshape(-1)
-            path = os.path.join(self.direct, self._chunk_key(i))
-            with open(path, "rb", buffering=0) as fh:
+        with contextlib.ExitStack() as stack:
+            files = [stack.enter_context(open(os.path.join(self.direct, self._chunk_key(i)), "rb", buffering=0))
+                     for i in range(first, end)]
+            _read_ahead(files)
+            for i, fh in zip(range(first, end), files, strict=True):
+                dest = flat[i * rows - start:(i + 1) * rows - start].reshape(-1)
                 got = fh.readinto(dest)
                 crc = fh.read(5)
-            if got != dest.nbytes or len(crc) != 4:
-                raise ValueError(f"{path}: {got + len(crc)} bytes where a chunk has {dest.nbytes + 4}")
-            frozen = dest.view()
-            frozen.flags.writeable = False
-            if not crc32c_holds(frozen, crc):
-                raise ValueError(f"{path}: fails its crc32c checksum")
+                if got != dest.nbytes or len(crc) != 4:
+                    raise ValueError(f"{fh.name}: {got + len(crc)} bytes where a chunk has {dest.nbytes + 4}")
+                frozen = dest.view()
+                frozen.flags.writeable = False
+                if not crc32c_holds(frozen, crc):
+                    raise ValueError(f"{fh.name}: fails its crc32c checksum")
         return out
 
     def take(self, rows: np.ndarray) -> np.ndarray:

@@ -35,6 +35,7 @@ No pickle: msgpack with ``raw=False`` and no ext hooks; arrays travel as raw byt
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass, field
 
@@ -107,10 +108,8 @@ class SpillWriter:
         close, and move the file to ``chunk_url``: a raw zarr chunk of exactly these bytes."""
         self._fh.write(self.crc.to_bytes(4, "little"))
         self._fh.flush()
-        if hasattr(os, "posix_fadvise") and isinstance(self._fs, LocalFileSystem):
-            # Start the chunk's writeback now (Linux: DONTNEED writes dirty pages out, async), so
-            # the disk writes while rows keep coming instead of all at a sync or the dirty limit.
-            os.posix_fadvise(self._fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        if isinstance(self._fs, LocalFileSystem):
+            start_writeback(self._fh.fileno())
         self._fh.close()
         fs, dest = fsspec.core.url_to_fs(chunk_url)
         fs.makedirs(fs._parent(dest), exist_ok=True)
@@ -126,6 +125,28 @@ class SpillWriter:
         """Close and delete the file (its rows are committed to zarr)."""
         self._fh.close()
         self._fs.rm(self._path)
+
+
+def _sync_file_range():
+    """libc's ``sync_file_range`` (Linux), or None."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    return fn
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of dirty pages, do not wait
+
+
+def start_writeback(fd: int) -> None:
+    """Start writing a full chunk file's dirty pages to disk, without waiting and keeping them
+    cached (Linux ``sync_file_range``; elsewhere nothing): the disk writes while rows keep coming,
+    instead of all at once at a sync or when the kernel's dirty limit stalls the writer."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
 def remove_spill_dir(store_url: str, join) -> None:
