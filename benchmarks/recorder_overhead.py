@@ -1,8 +1,11 @@
 """Benchmark: SGLang EAGLE-3 throughput with the specdiff recorder off, at default and at full capture.
 
     python benchmarks/recorder_overhead.py [--prompts 8] [--new 64] [--batch 4] [--topk 1]
+    python benchmarks/recorder_overhead.py --device cuda --target T --draft D [--server-arg=--tp=2 ...]
 
-Starts the same CPU SGLang server three times (``specdiff.tracer.cpu.launch.ServerProcess``):
+Starts the same SGLang server three times (``specdiff.tracer.cpu.launch.ServerProcess``; on a GPU,
+``--device cuda``: SGLang's own ``launch_server`` with CUDA graphs, the recorder loaded through
+SGLang's plugin entry point as users run it, on your ``--target``/``--draft`` checkpoints):
 tracing off, ``SPECDIFF_CAPTURE=default`` and ``SPECDIFF_CAPTURE=full``; sends one warm-up
 request, then the same greedy prompt set in batches of ``--batch`` concurrent requests, and
 prints output tokens/s and the traced/untraced ratios. Goal (issue 3): default capture costs
@@ -27,7 +30,11 @@ PROMPT_SEEDS = ["def main():\n    ", "import os\nimport sys\n\n", "class Parser:
                 "if __name__ == '__main__':\n"]
 
 
-def models() -> tuple[Path, Path]:
+def models(args) -> tuple[Path, Path]:
+    if args.target or args.draft:
+        if not (args.target and args.draft):
+            raise SystemExit("recorder_overhead.py: error: --target and --draft go together")
+        return Path(args.target), Path(args.draft)
     demo = ROOT / "traces" / "models"
     if (demo / "target" / "config.json").exists() and (demo / "draft" / "config.json").exists():
         return demo / "target", demo / "draft"
@@ -46,7 +53,8 @@ def run(mode: str, target, draft, args, workdir: Path) -> dict:
         env.update(SPECDIFF_TRACE=str(trace), SPECDIFF_CAPTURE=mode)
     spec = SpecSettings(num_steps=3, topk=args.topk, num_draft_tokens=4 if args.topk == 1 else 6)
     prompts = [PROMPT_SEEDS[i % len(PROMPT_SEEDS)] + " " * (i // len(PROMPT_SEEDS)) for i in range(args.prompts)]
-    with ServerProcess(target, draft_model_path=draft, spec=spec, env=env) as srv:
+    with ServerProcess(target, draft_model_path=draft, spec=spec, env=env, device=args.device,
+                       extra_args=args.server_arg) as srv:
         srv.generate("x = 1\n", max_new_tokens=8)  # warm-up (first-request setup)
         tokens = verify = 0
         t0 = time.perf_counter()
@@ -75,8 +83,14 @@ def main():
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--topk", type=int, default=1)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cpu: the CPU recipe on the demo pair; cuda: SGLang as served on a GPU")
+    ap.add_argument("--target", help="target checkpoint (default: the demo pair, or throwaway models)")
+    ap.add_argument("--draft", help="EAGLE-3 draft checkpoint (with --target)")
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="one more SGLang flag, e.g. --server-arg=--tp-size=2 (repeatable)")
     args = ap.parse_args()
-    target, draft = models()
+    target, draft = models(args)
     print(f"models: {target} / {draft}; {args.prompts} prompts x {args.new} new tokens, batch {args.batch}, "
           f"topk {args.topk}")
     workdir = Path(tempfile.mkdtemp(prefix="specdiff-overhead-"))

@@ -184,3 +184,16 @@ def test_standin_attention_matches_sglang_torch_native_backend_in_fp32(model_roo
         tie = first_near_tie(t, dtype="float32")
         assert tie is None, f"a float32 near tie at {tie}: this check needs a model without one"
         assert a["output_ids"] == b["output_ids"]
+
+
+def test_a_cuda_server_runs_sglangs_own_launcher_without_the_cpu_recipe(tmp_path):
+    # benchmarks/recorder_overhead.py --device cuda: the recorder's cost measured on SGLang as served
+    srv = ServerProcess(tmp_path / "t", draft_model_path=tmp_path / "d", spec=SpecSettings(num_steps=5),
+                        device="cuda", extra_args=["--tp-size", "2"], env={"SPECDIFF_TRACE": "x"}, port=1234)
+    argv, env = srv.command()
+    assert argv[1:3] == ["-m", "sglang.launch_server"] and argv[argv.index("--device") + 1] == "cuda"
+    assert "--disable-cuda-graph" not in argv and "--attention-backend" not in argv
+    assert argv[argv.index("--speculative-num-steps") + 1] == "5" and argv[-2:] == ["--tp-size", "2"]
+    assert env == {"SPECDIFF_TRACE": "x"}  # no CPU stand-ins on PYTHONPATH
+    with pytest.raises(ServerError, match="'tpu'"):
+        ServerProcess(tmp_path / "t", device="tpu", port=1).command()

@@ -1,4 +1,5 @@
-"""Launch real SGLang 0.5.23 (with or without EAGLE-3) on a CPU, and manage the process.
+"""Launch real SGLang 0.5.23 (with or without EAGLE-3) on a CPU (or, as served, on a GPU), and
+manage the process.
 
 ``cpu_server_command`` builds the argv and environment; ``ServerProcess`` starts it on
 127.0.0.1 with a free port, waits for ``/health``, talks to ``/generate`` and stops it.
@@ -126,6 +127,29 @@ def cpu_server_command(
     return argv, cpu_server_env(env, dynamo_disable=dynamo_disable)
 
 
+def gpu_server_command(
+    model_path: str | os.PathLike,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    draft_model_path: str | os.PathLike | None = None,
+    spec: SpecSettings | None = None,
+    extra_args: Sequence[str] = (),
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """Return ``(argv, env)`` that start SGLang's own ``launch_server`` on a CUDA GPU, as a user
+    serves: its kernels, CUDA graphs on, no stand-ins; the specdiff plugin loads through SGLang's
+    plugin entry point when ``SPECDIFF_TRACE`` is in ``env``. ``env`` defaults to ``os.environ``.
+    """
+    argv = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+            "--host", host, "--port", str(port), "--device", "cuda"]
+    if draft_model_path is not None:
+        argv += (spec or SpecSettings()).args(draft_model_path)
+    argv += list(extra_args)
+    return argv, dict(os.environ if env is None else env)
+
+
 def _tail(path: Path, lines: int = 30) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -157,6 +181,9 @@ class ServerProcess:
     python: str | None = None
     env: Mapping[str, str] | None = None
     dynamo_disable: bool = True
+    #: ``"cpu"``: the CPU recipe (``cpu_server_command``); ``"cuda"``: SGLang as served on a GPU
+    #: (``gpu_server_command``)
+    device: str = "cpu"
     proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     startup_s: float | None = field(default=None, init=False)
 
@@ -174,6 +201,12 @@ class ServerProcess:
         """The ``(argv, env)`` this server runs with (port chosen if not given)."""
         if self.port is None:
             self.port = free_port(self.host)
+        if self.device == "cuda":
+            return gpu_server_command(self.model_path, port=self.port, host=self.host,
+                                      draft_model_path=self.draft_model_path, spec=self.spec,
+                                      extra_args=self.extra_args, python=self.python, env=self.env)
+        if self.device != "cpu":
+            raise ServerError(f"device {self.device!r}: specdiff launches SGLang on 'cpu' or 'cuda'")
         return cpu_server_command(
             self.model_path, port=self.port, host=self.host,
             draft_model_path=self.draft_model_path, spec=self.spec,
