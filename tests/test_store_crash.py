@@ -329,3 +329,35 @@ def test_an_unclosed_trace_whose_journal_keeps_payloads_in_an_unknown_way_is_one
         open_trace(str(path))
     assert str(err.value) == (f"{path}: its journal keeps record payloads as 'per-row-files', which this specdiff "
                               "does not know (a newer version wrote it); upgrade specdiff to read this unclosed trace")
+
+
+def test_a_spill_file_a_live_writer_commits_and_removes_while_the_trace_opens_is_read_from_zarr(tmp_path, monkeypatch):
+    # blosc rows: a commit deletes their spill files once journalled; a reader that read the journal
+    # just before sees a file vanish, reads the grown journal again and finds the rows in zarr
+    from specdiff.tracer.journal import read_journal
+    from specdiff.tracer.store import layout
+    from specdiff.tracer.store import reader as reader_module
+
+    monkeypatch.setattr(layout, "data_codecs", lambda name: layout.compressors(np.dtype(np.uint16)))
+    path = tmp_path / "live.trace"
+    w = TraceWriter(str(path), side="serve", chunk_bytes=4096, overwrite=True)
+    append = lambda i: w.append("draft.hidden_out", torch.full((3, 32), float(i % 256), dtype=torch.bfloat16),  # noqa: E731
+                                seq=0, pos=np.arange(i, i + 3))
+    for i in range(0, 255, 3):
+        append(i)
+    stale = read_journal(str(path / "journal.msgpack"))  # 255 rows, none committed
+    for i in range(255, 300, 3):
+        append(i)
+    w.flush()  # the commit of 256 rows is journalled and spill files 0-3 are gone
+    assert not (path / SPILL_DIR / "draft.hidden_out.0").exists()
+    reads = []
+
+    def read_once_stale(url):
+        reads.append(url)
+        return stale if len(reads) == 1 else read_journal(url)
+
+    monkeypatch.setattr(reader_module, "read_journal", read_once_stale)
+    trace = open_trace(str(path))
+    assert len(reads) == 2 and trace.rows("draft.hidden_out") == 300 and trace._committed["draft.hidden_out"] == 256
+    assert np.array_equal(trace.read("draft.hidden_out")[:, 0], np.repeat(np.arange(0, 300, 3) % 256, 3).astype(np.float32))
+    w.close()
