@@ -361,3 +361,38 @@ def test_a_spill_file_a_live_writer_commits_and_removes_while_the_trace_opens_is
     assert len(reads) == 2 and trace.rows("draft.hidden_out") == 300 and trace._committed["draft.hidden_out"] == 256
     assert np.array_equal(trace.read("draft.hidden_out")[:, 0], np.repeat(np.arange(0, 300, 3) % 256, 3).astype(np.float32))
     w.close()
+
+
+@pytest.mark.parametrize("harm", ["flipped", "deleted"])
+def test_a_damaged_moved_chunk_no_commit_covers_is_one_error_naming_it(tmp_path, harm):
+    path = tmp_path / "moved.trace"
+    w = TraceWriter(str(path), side="serve", chunk_bytes=4096, overwrite=True)
+    for i in range(0, 150, 3):  # chunks 0 and 1 moved in, no commit yet
+        w.append("draft.hidden_out", torch.full((3, 32), float(i), dtype=torch.bfloat16), seq=0, pos=np.arange(i, i + 3))
+    chunk = path / "tensors" / "draft.hidden_out" / "data" / "c" / "1" / "0"
+    if harm == "flipped":
+        raw = bytearray(chunk.read_bytes())
+        raw[10] ^= 1
+        chunk.write_bytes(bytes(raw))
+    else:
+        chunk.unlink()
+    with pytest.raises(Exception) as err:
+        open_trace(str(path))
+    what = "fails its crc32c checksum" if harm == "flipped" else "so is its moved chunk tensors/draft.hidden_out/data/c/1/0"
+    assert str(err.value) == (
+        f"{path}: rows 64-127 of draft.hidden_out were journalled but not committed, and "
+        f"{SPILL_DIR}/draft.hidden_out.1 is missing and "
+        + ("its moved chunk tensors/draft.hidden_out/data/c/1/0 " if harm == "flipped" else "") + what
+        + "; the store is damaged (copy it again from where it was recorded)")
+
+
+def test_rows_read_from_an_unclosed_trace_are_the_callers_to_change(tmp_path):
+    path = tmp_path / "open.trace"
+    w = TraceWriter(str(path), side="serve", chunk_bytes=4096, overwrite=True)
+    w.append("draft.hidden_out", torch.ones(10, 32, dtype=torch.bfloat16), seq=0, pos=np.arange(10))
+    trace = open_trace(str(path))  # every row in the uncommitted tail
+    rows = trace.read_storage("draft.hidden_out", 0, 5)
+    rows[0, 0] = 42
+    assert trace.read_storage("draft.hidden_out", 0, 5)[0, 0] != 42
+    trace.keys("draft.hidden_out")["pos"][0] = 99
+    assert trace.keys("draft.hidden_out")["pos"][0] == 0

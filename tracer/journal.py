@@ -4,7 +4,8 @@ Every journal entry is one msgpack map written with a single ``write`` + ``flush
 killed at any moment leaves a journal whose complete entries all decode; only the last entry
 can be cut. Entry types (key ``t``):
 
-- ``header``  ``{format, side, created}`` — always first;
+- ``header``  ``{format, side, created, payload}`` — always first; ``payload`` says where ``rec``
+  bytes are (below);
 - ``contract`` ``{contract}`` — the contract facts (last one wins);
 - ``seq``     ``{id, tokens (int32 bytes), prompt_len, rid}`` — sequence table (last one per id wins);
 - ``rec``     ``{name, row0, n, dtype, shape, chunk_rows, seq, pos, depth, iter}`` — one appended
@@ -29,6 +30,8 @@ a ``rec`` that decodes has its bytes in a spill file. When a chunk's file is ful
 
 Journals with ``payload: "spill"`` (specdiff before this) hold one file per commit instead:
 generation g starts at row ``rows`` of the commit that named it and holds every later row.
+Spill files carry no checksum of their own (like the journal): a float chunk gets its crc32c
+when it is moved in; bytes changed in a spill file before that are read as they are.
 
 No pickle: msgpack with ``raw=False`` and no ext hooks; arrays travel as raw bytes + dtype + shape.
 """

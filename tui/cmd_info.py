@@ -24,7 +24,8 @@ def describe(trace, *, verified: bool = False) -> str:
         lines.append("state      closed cleanly")
     else:
         cut = f", last {trace.cut_tail_bytes} bytes of a record cut" if trace.cut_tail_bytes else ""
-        lines.append(f"state      CUT OFF: the writer did not close it (all complete records kept{cut})")
+        lines.append(f"state      CUT OFF: the writer did not close it: still writing, or stopped "
+                     f"(all complete records kept{cut})")
     ranks = getattr(trace, "ranks", None)  # tracer.ranks.RankedTrace: one store per DP replica
     if ranks:
         lines.append(f"ranks      {len(ranks)} (one store per data-parallel replica)")

@@ -4,16 +4,16 @@ Layout (traces/FORMAT.md has the full description)::
 
     <trace>/zarr.json                      group; attrs: specdiff {format, side}, contract, closed
     <trace>/journal.msgpack                write-ahead record journal (tracer.journal)
-    <trace>/tensors/<name>/data            [row, *dims]  the tensor rows, compressed chunks
+    <trace>/tensors/<name>/data            [row, *dims]  the tensor rows: floats raw + crc32c, others blosc
     <trace>/tensors/<name>/{seq,pos,depth,iter}  [row] int32/int16 row keys (schema.py)
-    <trace>/sequences/{tokens,offsets,prompt_len}  written at close, for plain-zarr readers
+    <trace>/sequences/{id,tokens,offsets,prompt_len}  written at close, for plain-zarr readers
 
-``TraceWriter.append`` writes the record at once (its bytes to the tensor's spill file, then its
-keys to the journal, so a SIGKILL loses nothing already appended) and buffers rows per tensor;
-whole chunks go to zarr as they fill, a ``commit`` entry marks them durable and the spill file
-is replaced by one holding only the rows still uncommitted (tracer.journal), so the trace's bytes
-reach the disk once. ``open_trace`` reads committed rows from zarr and the uncommitted tail from
-the spill files the journal names.
+``TraceWriter.append`` writes the record at once (its bytes to the spill files of their chunks,
+then its keys to the journal, so a SIGKILL loses nothing already appended). A full float chunk's
+spill file, its crc32c appended, is moved to the chunk's zarr key, so the trace's bytes reach the
+disk once; every four chunks a ``commit`` (on a writer thread) grows the arrays, writes the key
+columns (and blosc rows) and is journalled (tracer.journal). ``open_trace`` reads committed rows
+from zarr and the uncommitted tail, chunk by chunk, from spill files or moved chunks.
 
 Modules: ``layout`` (format constants, codecs, ``Sequence``), ``writer`` (``TraceWriter``),
 ``reader`` (``open_trace`` -> ``Trace``), ``recover`` (rows of an unclosed trace from the journal

@@ -159,7 +159,8 @@ class Trace:
         if stop > done:
             data, keys = self._tail[name]
             src = data if column == "data" else keys[column]
-            parts.append(src[max(start - done, 0):stop - done])
+            # A copy: the tail is this trace's own (maybe read-only) buffer, not the caller's to change.
+            parts.append(src[max(start - done, 0):stop - done].copy())
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def take(self, name: str, rows: np.ndarray, *, column: str = "data") -> np.ndarray:

@@ -110,9 +110,11 @@ def from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
 
 
 def spilled_rows(path: str, name: str, *, gen: int, base: int, start: int, stop: int, dtype: np.dtype,
-                 shape: tuple[int, ...], lost_ok: bool, raw: bytes | None = None, key: str | None = None) -> np.ndarray:
+                 shape: tuple[int, ...], lost_ok: bool, raw: bytes | None = None, key: str | None = None,
+                 missing: str | None = None) -> np.ndarray:
     """Rows [start, stop) of ``name`` from its spill file of generation ``gen`` (whose first row is
-    ``base``; ``raw``/``key``: its bytes and name, when read already): [rows, *shape] of
+    ``base``; ``raw``/``key``: its bytes and name, when read already; ``missing``: what the error
+    says of an absent file, "is missing" by default): [rows, *shape] of
     ``dtype``; fewer rows only with ``lost_ok`` (the journal is damaged and already reported as
     losing uncommitted records).
 
@@ -127,7 +129,7 @@ def spilled_rows(path: str, name: str, *, gen: int, base: int, start: int, stop:
     row_bytes = dtype.itemsize * elems
     held = stop if not row_bytes else base + len(raw or b"") // row_bytes
     if held < stop and not lost_ok:
-        what = "is missing" if raw is None else f"holds {max(held - start, 0)} of them"
+        what = (missing or "is missing") if raw is None else f"holds {max(held - start, 0)} of them"
         raise TraceError(f"{path}: rows {start}-{stop - 1} of {name} were journalled but not committed, and {key} "
                          f"{what}; the store is damaged (copy it again from where it was recorded)")
     stop = min(stop, held)
@@ -153,9 +155,10 @@ def chunk_spilled_rows(path: str, name: str, *, chunk_rows: int, start: int, sto
         key = spill_key(name, gen)
         raw = read_spill(_join(path, key))
         if raw is None:
-            raw = _moved_chunk(path, name, gen)
+            raw, problem = _moved_chunk(path, name, gen)
         part = spilled_rows(path, name, gen=gen, base=base, start=row, stop=end, dtype=dtype, shape=shape,
-                            lost_ok=lost_ok, raw=raw, key=key)
+                            lost_ok=lost_ok, raw=raw, key=key,
+                            missing=f"is missing and {problem}" if raw is None and problem else None)
         parts.append(part)
         if row + len(part) < end:  # lost_ok: nothing after a lost row is kept
             break
@@ -163,20 +166,24 @@ def chunk_spilled_rows(path: str, name: str, *, chunk_rows: int, start: int, sto
     return np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.empty((0, *shape), dtype)
 
 
-def _moved_chunk(path: str, name: str, gen: int) -> bytes | None:
-    """The rows' bytes of chunk ``gen`` of ``name``'s data array when it is a raw chunk whose
-    crc32c holds (a full spill file moved in, not yet committed); None otherwise."""
+def _moved_chunk(path: str, name: str, gen: int) -> tuple[bytes | None, str | None]:
+    """(the rows' bytes, None) of chunk ``gen`` of ``name``'s data array when it is a raw chunk
+    whose crc32c holds (a full spill file moved in, not yet committed); else (None, what is wrong
+    with that chunk, as the end of a sentence naming it), or (None, None) for an array that never
+    takes moved chunks (blosc, or unreadable metadata)."""
     try:
         arr = zarr.open_array(store=open_store(path), path=f"tensors/{name}/data", mode="r")
     except Exception:  # zarr raises many types for bad metadata; then there is no moved chunk to read
-        return None
+        return None, None
     if not stored_raw(arr):
-        return None
+        return None, None
     key = f"tensors/{name}/data/" + arr.metadata.encode_chunk_key((gen,) + (0,) * (arr.ndim - 1))
     raw = read_spill(_join(path, key))
-    if raw is None or len(raw) < 4 or not crc32c_holds(raw[:-4], raw[-4:]):
-        return None
-    return raw[:-4]
+    if raw is None:
+        return None, f"so is its moved chunk {key}"
+    if len(raw) < 4 or not crc32c_holds(raw[:-4], raw[-4:]):
+        return None, f"its moved chunk {key} fails its crc32c checksum"
+    return raw[:-4], None
 
 
 def zarr_tensors(path: str, store) -> tuple[dict[str, tuple[str, tuple[int, ...], int]], list[Damage]]:

@@ -100,7 +100,8 @@ class TraceWriter:
         path: local directory or fsspec URL (``memory://``, ``s3://``...) of the new trace.
         side: ``"serve"`` or ``"train"``.
         contract: contract facts (tracer.contract); more can be added with ``set_contract``.
-        chunk_bytes: target size of one compressed-chunk's raw rows.
+        chunk_bytes: target bytes of one chunk's rows, before any compression (a chunk holds
+            at least 16 rows and at most 65536).
         overwrite: replace an existing trace at ``path``.
 
     Raises:
