@@ -1,7 +1,7 @@
 """Launch real SGLang 0.5.23 (with or without EAGLE-3) on a CPU (or, as served, on a GPU), and
 manage the process.
 
-``cpu_server_command`` builds the argv and environment; ``ServerProcess`` starts it on
+``server_command`` builds the argv and environment; ``ServerProcess`` starts it on
 127.0.0.1 with a free port, waits for ``/health``, talks to ``/generate`` and stops it.
 The server runs through ``serve.py`` (the AMX platform override, then SGLang's own
 ``launch_server``), with the pure-torch ``sgl_kernel`` stand-ins first on ``PYTHONPATH``.
@@ -101,7 +101,7 @@ def cpu_server_env(
     return env
 
 
-def cpu_server_command(
+def server_command(
     model_path: str | os.PathLike,
     *,
     port: int,
@@ -112,42 +112,35 @@ def cpu_server_command(
     python: str | None = None,
     env: Mapping[str, str] | None = None,
     dynamo_disable: bool = True,
+    device: str = "cpu",
 ) -> tuple[list[str], dict[str, str]]:
-    """Return ``(argv, env)`` that start an SGLang HTTP server on the CPU.
+    """Return ``(argv, env)`` that start an SGLang HTTP server.
 
-    With ``draft_model_path`` the server speculates with EAGLE-3 (``spec`` defaults to
-    3 steps, topk 1, 4 draft tokens); without it, it decodes normally. ``python`` is the
-    interpreter that has sglang installed (default: this one).
+    ``device="cpu"``: the CPU recipe (``serve.py``, ``CPU_BASE_ARGS``, the ``sgl_kernel``
+    stand-ins, ``cpu_server_env``). ``device="cuda"``: SGLang's own ``launch_server`` as a user
+    serves, its kernels and CUDA graphs, ``env`` as given (default ``os.environ``); the specdiff
+    plugin loads through SGLang's plugin entry point when ``SPECDIFF_TRACE`` is set.
+    With ``draft_model_path`` the server speculates with EAGLE-3 (``spec`` defaults to 3 steps,
+    topk 1, 4 draft tokens); without it, it decodes normally. ``python`` is the interpreter that
+    has sglang installed (default: this one).
+
+    Raises:
+        ServerError: another ``device``.
     """
-    argv = [python or sys.executable, SERVE_SCRIPT, "--model-path", str(model_path),
-            "--host", host, "--port", str(port), *CPU_BASE_ARGS]
+    if device == "cpu":
+        argv = [python or sys.executable, SERVE_SCRIPT, "--model-path", str(model_path),
+                "--host", host, "--port", str(port), *CPU_BASE_ARGS]
+        env = cpu_server_env(env, dynamo_disable=dynamo_disable)
+    elif device == "cuda":
+        argv = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+                "--host", host, "--port", str(port), "--device", "cuda"]
+        env = dict(os.environ if env is None else env)
+    else:
+        raise ServerError(f"device {device!r}: specdiff launches SGLang on 'cpu' or 'cuda'")
     if draft_model_path is not None:
         argv += (spec or SpecSettings()).args(draft_model_path)
     argv += list(extra_args)
-    return argv, cpu_server_env(env, dynamo_disable=dynamo_disable)
-
-
-def gpu_server_command(
-    model_path: str | os.PathLike,
-    *,
-    port: int,
-    host: str = "127.0.0.1",
-    draft_model_path: str | os.PathLike | None = None,
-    spec: SpecSettings | None = None,
-    extra_args: Sequence[str] = (),
-    python: str | None = None,
-    env: Mapping[str, str] | None = None,
-) -> tuple[list[str], dict[str, str]]:
-    """Return ``(argv, env)`` that start SGLang's own ``launch_server`` on a CUDA GPU, as a user
-    serves: its kernels, CUDA graphs on, no stand-ins; the specdiff plugin loads through SGLang's
-    plugin entry point when ``SPECDIFF_TRACE`` is in ``env``. ``env`` defaults to ``os.environ``.
-    """
-    argv = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
-            "--host", host, "--port", str(port), "--device", "cuda"]
-    if draft_model_path is not None:
-        argv += (spec or SpecSettings()).args(draft_model_path)
-    argv += list(extra_args)
-    return argv, dict(os.environ if env is None else env)
+    return argv, env
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -181,8 +174,7 @@ class ServerProcess:
     python: str | None = None
     env: Mapping[str, str] | None = None
     dynamo_disable: bool = True
-    #: ``"cpu"``: the CPU recipe (``cpu_server_command``); ``"cuda"``: SGLang as served on a GPU
-    #: (``gpu_server_command``)
+    #: ``"cpu"``: the CPU recipe; ``"cuda"``: SGLang as served on a GPU (``server_command``)
     device: str = "cpu"
     proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     startup_s: float | None = field(default=None, init=False)
@@ -201,17 +193,11 @@ class ServerProcess:
         """The ``(argv, env)`` this server runs with (port chosen if not given)."""
         if self.port is None:
             self.port = free_port(self.host)
-        if self.device == "cuda":
-            return gpu_server_command(self.model_path, port=self.port, host=self.host,
-                                      draft_model_path=self.draft_model_path, spec=self.spec,
-                                      extra_args=self.extra_args, python=self.python, env=self.env)
-        if self.device != "cpu":
-            raise ServerError(f"device {self.device!r}: specdiff launches SGLang on 'cpu' or 'cuda'")
-        return cpu_server_command(
+        return server_command(
             self.model_path, port=self.port, host=self.host,
             draft_model_path=self.draft_model_path, spec=self.spec,
             extra_args=self.extra_args, python=self.python, env=self.env,
-            dynamo_disable=self.dynamo_disable,
+            dynamo_disable=self.dynamo_disable, device=self.device,
         )
 
     def start(self, wait: bool = True) -> ServerProcess:
