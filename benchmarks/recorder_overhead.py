@@ -31,9 +31,7 @@ PROMPT_SEEDS = ["def main():\n    ", "import os\nimport sys\n\n", "class Parser:
 
 
 def models(args) -> tuple[Path, Path]:
-    if args.target or args.draft:
-        if not (args.target and args.draft):
-            raise SystemExit("recorder_overhead.py: error: --target and --draft go together")
+    if args.target:
         return Path(args.target), Path(args.draft)
     demo = ROOT / "traces" / "models"
     if (demo / "target" / "config.json").exists() and (demo / "draft" / "config.json").exists():
@@ -90,6 +88,8 @@ def main():
     ap.add_argument("--server-arg", action="append", default=[],
                     help="one more SGLang flag, e.g. --server-arg=--tp-size=2 (repeatable)")
     args = ap.parse_args()
+    if bool(args.target) != bool(args.draft):
+        ap.error("--target and --draft go together (a target checkpoint and its EAGLE-3 draft)")
     target, draft = models(args)
     print(f"models: {target} / {draft}; {args.prompts} prompts x {args.new} new tokens, batch {args.batch}, "
           f"topk {args.topk}")

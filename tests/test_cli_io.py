@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -181,3 +182,11 @@ def test_request_failures_are_named_by_their_innermost_cause():
     finally:
         silent.close()
     assert request_failure(err.value) == "timed out"
+
+
+def test_the_recorder_benchmark_takes_a_target_only_with_its_draft():
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "recorder_overhead.py"),
+                        "--device", "cuda", "--target", "/models/t"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[-1] == ("recorder_overhead.py: error: --target and --draft go together "
+                                         "(a target checkpoint and its EAGLE-3 draft)")

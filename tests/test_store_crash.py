@@ -396,3 +396,17 @@ def test_rows_read_from_an_unclosed_trace_are_the_callers_to_change(tmp_path):
     assert trace.read_storage("draft.hidden_out", 0, 5)[0, 0] != 42
     trace.keys("draft.hidden_out")["pos"][0] = 99
     assert trace.keys("draft.hidden_out")["pos"][0] == 0
+
+
+def test_a_chunks_journal_record_without_its_chunk_rows_is_one_clear_error(tmp_path):
+    path = tmp_path / "no-chunk-rows.trace"
+    w = TraceWriter(str(path), side="serve", overwrite=True)
+    w.append("draft.hidden_out", torch.ones(3, 32, dtype=torch.bfloat16), seq=0, pos=np.arange(3))
+    entries = list(msgpack.Unpacker(open(path / "journal.msgpack", "rb"), raw=False, strict_map_key=False))
+    for e in entries:
+        e.pop("chunk_rows", None)
+    (path / "journal.msgpack").write_bytes(b"".join(msgpack.packb(e, use_bin_type=True) for e in entries))
+    with pytest.raises(Exception) as err:
+        open_trace(str(path))
+    assert str(err.value) == (f"{path}: rows of draft.hidden_out from 0 on are neither committed nor in the journal; "
+                              "the store is damaged (copy it again)")

@@ -44,6 +44,12 @@ def crc32c_holds(data, trailer: bytes) -> bool:
     return len(trailer) == 4 and google_crc32c.value(data) == int.from_bytes(trailer, "little")
 
 
+def chunk_key(array, path: str, index: int) -> str:
+    """Store key of row-chunk ``index`` of the zarr ``array`` (``Array`` or ``AsyncArray``) kept at
+    ``path`` in its store (e.g. ``tensors/<name>/data``), as zarr encodes it (v3 default: ``c/i/0``)."""
+    return f"{path}/{array.metadata.encode_chunk_key((index,) + (0,) * (array.ndim - 1))}"
+
+
 def _read_ahead(files) -> None:
     """Ask the kernel to read these whole files now (Linux ``POSIX_FADV_WILLNEED``), all at once:
     a cold read of one 4 MiB chunk file after another otherwise restarts readahead at each file
@@ -175,7 +181,7 @@ class ArrayReader:
         self._damage.setdefault(index, damage)
 
     def _chunk_key(self, i: int) -> str:
-        return f"{self.key}/{self.array.metadata.encode_chunk_key((i,) + (0,) * (self.array.ndim - 1))}"
+        return chunk_key(self.array, self.key, i)
 
     def _chunk_rows_of(self, i: int) -> tuple[int, int]:
         return i * self.chunk_rows, min((i + 1) * self.chunk_rows, self.rows)
@@ -281,7 +287,9 @@ class ArrayReader:
         """
         n, rows = stop - start, self.chunk_rows
         first, end = -(-start // rows), stop // rows  # chunks [first, end) lie wholly inside
-        for a, b in ((start, min(first * rows, stop)), (max(end * rows, start), stop)) if first < end else ((start, stop),):
+        # Rows of a chunk only partly wanted: zarr (its crc covers the whole chunk).
+        edges = [(start, min(first * rows, stop)), (max(end * rows, start), stop)] if first < end else [(start, stop)]
+        for a, b in edges:
             if a < b:
                 self.array.get_basic_selection(slice(a, b), out=NDBuffer.from_numpy_array(out[a - start:b - start]))
         flat = out.reshape(n, -1).view(np.uint8)

@@ -75,6 +75,7 @@ class JournalWriter:
         self._fh.flush()
 
     def close(self) -> None:
+        """Close the file, kept until a commit writes its rows through zarr (blosc arrays)."""
         self._fh.close()
 
 
@@ -91,7 +92,6 @@ class SpillWriter:
         self._fs, self._path = fsspec.core.url_to_fs(url)
         self._fs.makedirs(self._fs._parent(self._path), exist_ok=True)
         self._fh = self._fs.open(self._path, "wb")
-        self.size = 0
         self.crc = 0 if checksum else None
 
     def write(self, data) -> None:
@@ -100,7 +100,6 @@ class SpillWriter:
         view = memoryview(data).cast("B")
         self._fh.write(view)
         self._fh.flush()
-        self.size += view.nbytes
         if self.crc is not None:
             frozen = np.frombuffer(view, np.uint8)  # google_crc32c takes read-only buffers only (no copy)
             frozen.flags.writeable = False

@@ -321,16 +321,18 @@ def open_trace(path: str) -> Trace:
             damage.append(Damage(path, JOURNAL_NAME, scan.problem, "the writer never closed this trace, so records "
                                  "journaled after that byte and not yet in zarr are lost", "re-record the trace"))
             damage += more
-        while True:
+        for tries_left in range(3, -1, -1):
             try:
                 contents = from_journal(path, scan.entries, cut_tail_bytes=scan.cut_tail_bytes, zarr_rows=zarr_rows)
                 break
             except TraceError:
                 # A live writer can commit between our journal read and a spill file read, and delete
-                # that file (its rows are in zarr now): its journal then has grown. Read it again;
-                # a journal that has not grown means the rows are really gone.
+                # that file (its rows are in zarr now): its journal then has grown. Read it again (a
+                # few times: a busy writer keeps it growing); one that has not grown means the rows
+                # are really gone.
                 again = read_journal(_join(path, JOURNAL_NAME))
-                if ends_closed or zarr_rows is not None or again.problem is not None or again.size <= scan.size:
+                if (not tries_left or ends_closed or zarr_rows is not None or again.problem is not None
+                        or again.size <= scan.size):
                     raise
                 scan = again
     return Trace(path, store, contents, damage)

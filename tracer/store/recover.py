@@ -11,7 +11,7 @@ import numpy as np
 import zarr
 
 from specdiff.tracer.arrays import STORAGE_DTYPES
-from specdiff.tracer.chunks import crc32c_holds, metadata_problem, stored_raw
+from specdiff.tracer.chunks import chunk_key, crc32c_holds, metadata_problem, stored_raw
 from specdiff.tracer.chunks import join as _join
 from specdiff.tracer.contract import validate_contract
 from specdiff.tracer.damage import Damage
@@ -177,7 +177,7 @@ def _moved_chunk(path: str, name: str, gen: int) -> tuple[bytes | None, str | No
         return None, None
     if not stored_raw(arr):
         return None, None
-    key = f"tensors/{name}/data/" + arr.metadata.encode_chunk_key((gen,) + (0,) * (arr.ndim - 1))
+    key = chunk_key(arr, f"tensors/{name}/data", gen)
     raw = read_spill(_join(path, key))
     if raw is None:
         return None, f"so is its moved chunk {key}"

@@ -12,8 +12,8 @@ import zarr
 from zarr.core.sync import sync as zarr_sync
 
 from specdiff.tracer.arrays import STORAGE_DTYPES, to_storage
+from specdiff.tracer.chunks import chunk_key, stored_raw
 from specdiff.tracer.chunks import join as _join
-from specdiff.tracer.chunks import stored_raw
 from specdiff.tracer.contract import validate_contract
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.journal import (
@@ -252,16 +252,11 @@ class TraceWriter:
             if (row + take) % chunk_rows == 0:  # chunk gen is full
                 del self._spills[name]
                 if self._raw[name]:
-                    spill.finish_as_chunk(_join(self.path, self._chunk_key(name, gen)))
+                    spill.finish_as_chunk(_join(self.path, chunk_key(self._arrays[name]["data"], f"tensors/{name}/data", gen)))
                 else:
                     spill.close()
                     self._full_spills[name].append((gen, spill))
             pos += take
-
-    def _chunk_key(self, name: str, index: int) -> str:
-        """Store key of chunk ``index`` of ``name``'s data array, as zarr encodes it."""
-        data = self._arrays[name]["data"]
-        return f"tensors/{name}/data/" + data.metadata.encode_chunk_key((index,) + (0,) * (data.ndim - 1))
 
     def _chunk_rows(self, name: str) -> int:
         if name in self._chunk_rows_of:
