@@ -3,7 +3,7 @@
     python benchmarks/recorder_overhead.py [--prompts 8] [--new 64] [--batch 4] [--topk 1]
     python benchmarks/recorder_overhead.py --device cuda --target T --draft D [--server-arg=--tp=2 ...]
 
-Starts the same SGLang server three times (``specdiff.tracer.cpu.launch.ServerProcess``; on a GPU,
+Starts the same SGLang server three times (``specdiff.tracer.engines.sglang.cpu.launch.ServerProcess``; on a GPU,
 ``--device cuda``: SGLang's own ``launch_server`` with CUDA graphs, the recorder loaded through
 SGLang's plugin entry point as users run it, on your ``--target``/``--draft`` checkpoints):
 tracing off, ``SPECDIFF_CAPTURE=default`` and ``SPECDIFF_CAPTURE=full``; sends one warm-up
@@ -42,7 +42,7 @@ def models(args) -> tuple[Path, Path]:
 
 
 def run(mode: str, target, draft, args, workdir: Path) -> dict:
-    from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
+    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
     from specdiff.tracer.store import open_trace
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}

@@ -115,7 +115,7 @@ def server_env():
 
 
 class SharedServer:
-    """A running :class:`~specdiff.tracer.cpu.launch.ServerProcess` that several test files use.
+    """A running :class:`~specdiff.tracer.engines.sglang.cpu.launch.ServerProcess` that several test files use.
 
     ``fresh()`` returns it with an empty radix cache (SGLang's ``/flush_cache``): a prefix cached
     by an earlier user would change the prefill's shapes, and so bf16 results past a near tie."""
@@ -144,7 +144,7 @@ def bringup_chain_server(bringup_models):
     starts once per session. Idle, it sleeps (``--sleep-on-idle``) instead of polling a core.
     Stopped by PID at session end, also when a test failed; the teardown checks it is gone."""
     pytest.importorskip("sglang")
-    from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
+    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
 
     srv = ServerProcess(bringup_models.target, draft_model_path=bringup_models.draft,
                         spec=SpecSettings(num_steps=3, topk=1, num_draft_tokens=4),

@@ -167,7 +167,7 @@ def test_a_server_that_answers_badly_is_one_line_with_its_answer(prompts, run_cl
 def test_request_failures_are_named_by_their_innermost_cause():
     import requests
 
-    from specdiff.tracer.cpu.launch import free_port
+    from specdiff.tracer.engines.sglang.cpu.launch import free_port
     from specdiff.tui.cmd_record import request_failure
 
     with pytest.raises(requests.ConnectionError) as err:

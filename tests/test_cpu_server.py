@@ -1,6 +1,6 @@
 """Real SGLang 0.5.23 serving EAGLE-3 on this CPU, through specdiff's launcher.
 
-Starts real servers (``specdiff.tracer.cpu.launch.ServerProcess``: stand-in ``sgl_kernel``
+Starts real servers (``specdiff.tracer.engines.sglang.cpu.launch.ServerProcess``: stand-in ``sgl_kernel``
 first on PYTHONPATH, AMX platform override in the launching process) on throwaway tiny
 models built offline (``specdiff.demo_models.bringup``, the ``bringup_models`` fixture). Each
 server takes ~30-60 s to start; the bfloat16 chain is the session's shared
@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from specdiff.tracer.cpu.launch import ServerError, ServerProcess, SpecSettings  # noqa: E402
+from specdiff.tracer.engines.sglang.cpu.launch import ServerError, ServerProcess, SpecSettings  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -102,7 +102,7 @@ def test_diff_without_a_crash_and_without_sequences_is_still_a_bad_input_line(tm
 
 def test_record_client_names_the_trace_of_a_server_that_died(tmp_path, monkeypatch, run_cli):
     from specdiff.tracer import live
-    from specdiff.tracer.cpu.launch import free_port
+    from specdiff.tracer.engines.sglang.cpu.launch import free_port
 
     monkeypatch.setattr(live, "registry_dir", lambda: str(tmp_path / "reg"))
     crash = crash_record(_fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill")
@@ -125,7 +125,7 @@ def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_
                                                                                       server_env):
     pytest.importorskip("sglang")
     from specdiff.tracer import live
-    from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
+    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
 
     draft = _bad_draft(tmp_path)
     path = tmp_path / "serve.trace"
@@ -210,11 +210,11 @@ def test_an_exception_in_an_iteration_is_written_with_its_forward_and_the_trace_
         tmp_path, monkeypatch, where, forward):
     from types import SimpleNamespace
 
-    from specdiff.tracer import sglang_plugin
     from specdiff.tracer.async_writer import AsyncTraceWriter
-    from specdiff.tracer.sglang_adapter import SGLangAdapter
-    from specdiff.tracer.sglang_hooks import Recorder
-    from specdiff.tracer.sglang_options import Options
+    from specdiff.tracer.engines.sglang import plugin as sglang_plugin
+    from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
+    from specdiff.tracer.engines.sglang.hooks import Recorder
+    from specdiff.tracer.engines.sglang.options import Options
 
     path = tmp_path / "s.trace"
     rec = Recorder(Options(path=str(path)), SGLangAdapter("0.5.23", log=lambda m: None))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from specdiff.replay.diff.report import diff_traces
-from specdiff.tracer.sglang_attribution import IterCapture, _branch_order
+from specdiff.tracer.engines.sglang.attribution import IterCapture, _branch_order
 from specdiff.tracer.store import TraceWriter, open_trace
 from specdiff.tui.demo import REPO_MODELS, demo_prompts
 
@@ -127,7 +127,7 @@ def _record_train(run_cli, serve: Path, out: Path, draft: Path = REPO_MODELS / "
 def _serve(run_cli, server_env, tmp: Path, *, topk: int, draft_tokens: int) -> dict:
     """Serve the demo pair (chunked prefill 16), two prompts at once, one alone, then the first
     again (radix-cache hit); record train on the served sequences."""
-    from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
+    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
 
     pytest.importorskip("sglang")
     trace = tmp / "serve.trace"

@@ -175,7 +175,7 @@ SERVED = {"nbf_out": {"norm_before_fc": True, "norm_output": True}, "fcn": {"fc_
 @pytest.fixture(scope="module")
 def norm_traces(tmp_path_factory):
     pytest.importorskip("sglang")
-    from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
+    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
 
     root = tmp_path_factory.mktemp("normflags")
     from specdiff.demo_models import bringup as mod

@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-import specdiff.tracer.cpu.sgl_kernel as sk
-from specdiff.tracer.cpu import STANDIN_PATH
+import specdiff.tracer.engines.sglang.cpu.sgl_kernel as sk
+from specdiff.tracer.engines.sglang.cpu import STANDIN_PATH
 
 OPS = torch.ops.sgl_kernel
 #: the KV-cache scale arguments, present in the attention ops' schema for the installed SGLang only
@@ -26,7 +26,11 @@ def test_attention_ops_take_the_argument_list_of_the_installed_sglang():
     """SGLang 0.5.19 calls the attention ops without ``k_scale, v_scale`` (0.5.20 added them):
     its server died at the first prefill with "Expected a value of type 'float' for argument
     'k_scale' but instead found type 'Tensor'" until the stand-in took both argument lists."""
-    from specdiff.tracer.cpu.sgl_kernel._ops import _SCHEMAS, _without_kv_scales, sglang_passes_kv_scales
+    from specdiff.tracer.engines.sglang.cpu.sgl_kernel._ops import (
+        _SCHEMAS,
+        _without_kv_scales,
+        sglang_passes_kv_scales,
+    )
 
     assert [sglang_passes_kv_scales(v) for v in ("0.5.19", "0.5.20", "0.5.23.post1")] == [False, True, True]
     seen = []

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from specdiff.tracer.contract import UNKNOWN, sha256_array, tokenizer_hashes, unknown_fields, weight_sha256
-from specdiff.tracer.sglang_adapter import (
+from specdiff.tracer.engines.sglang.adapter import (
     MISSING,
     NAMES,
     TESTED_RANGE,
@@ -168,8 +168,12 @@ def _worker(*, ltc=(3, 5, 6), L=8, drop_ltc=False, hot=True):
 
 def _contract(worker):
     """The contract a trace holds once start-up is over: alloc_memory_pool, then _capture_cuda_graphs."""
-    from specdiff.tracer.sglang_contract import aux_capture_facts, contract_from_worker, graph_hidden_stages
-    from specdiff.tracer.sglang_options import Options
+    from specdiff.tracer.engines.sglang.contract import (
+        aux_capture_facts,
+        contract_from_worker,
+        graph_hidden_stages,
+    )
+    from specdiff.tracer.engines.sglang.options import Options
 
     a, lines = _adapter()
     serving = SimpleNamespace(tokenizer_path=str(MODELS / "target"), chat_template=None)
@@ -243,7 +247,7 @@ def test_an_unknown_fact_passes_contract_validation_and_survives_the_store(tmp_p
 # ---- recorder options from the environment -----------------------------------------------------
 # A bad value is refused, not replaced: tests/test_sglang_recorder.py::test_a_bad_environment_value_*
 def test_good_recorder_variables_are_quiet(caplog):
-    from specdiff.tracer.sglang_options import Options
+    from specdiff.tracer.engines.sglang.options import Options
 
     with caplog.at_level(logging.WARNING, logger="specdiff.tracer"):
         o = Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_LOGITS_TOPK": " 4 ", "SPECDIFF_EAGER_DRAFT": "0"})
@@ -251,7 +255,7 @@ def test_good_recorder_variables_are_quiet(caplog):
 
 
 def test_graph_hidden_stages_come_from_the_draft_workers_graph_runners():
-    from specdiff.tracer.sglang_contract import graph_hidden_stages
+    from specdiff.tracer.engines.sglang.contract import graph_hidden_stages
 
     a, lines = _adapter()
     assert graph_hidden_stages(SimpleNamespace(cuda_graph_runner=None, cuda_graph_runner_for_draft_extend=None), a) == []

@@ -1,6 +1,6 @@
 """What specdiff's CPU launcher needs from the installed SGLang, on whichever release is installed.
 
-The launcher (``tracer/cpu/serve.py``) must keep SGLang's ``intel_amx`` attention backend on a
+The launcher (``tracer/engines/sglang/cpu/serve.py``) must keep SGLang's ``intel_amx`` attention backend on a
 CPU without AMX: ``claim_amx`` sets ``override_platform`` (SGLang >= 0.5.19) or, on older
 releases (0.5.15.post1 run), the ``cpu_has_amx_support`` name that SGLang's platform fallback
 reads. Each check runs in a fresh interpreter because both change process-wide state.
@@ -26,7 +26,7 @@ def test_cpu_launcher_keeps_the_intel_amx_backend_on_a_cpu_without_amx():
     r = _run("""
         from types import SimpleNamespace
         from sglang.srt.arg_groups.overrides import _attention_backend_platform_fallbacks as fallbacks
-        from specdiff.tracer.cpu.serve import claim_amx
+        from specdiff.tracer.engines.sglang.cpu.serve import claim_amx
         view = SimpleNamespace(attention_backend="intel_amx", device="cpu")
         print("NAME", claim_amx())
         print("FALLBACK", fallbacks(view))
@@ -44,7 +44,7 @@ def test_cpu_launcher_names_the_missing_sglang_function_in_one_line():
         for mod, name in ((rc, "override_platform"), (ov, "cpu_has_amx_support")):
             if hasattr(mod, name):
                 delattr(mod, name)
-        from specdiff.tracer.cpu.serve import main
+        from specdiff.tracer.engines.sglang.cpu.serve import main
         main(["--model-path", "/nonexistent"])
     """)
     assert r.returncode == 1

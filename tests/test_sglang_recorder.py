@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from specdiff.tracer.async_writer import AsyncTraceWriter
-from specdiff.tracer.sglang_attribution import _parents
-from specdiff.tracer.sglang_options import Options
+from specdiff.tracer.engines.sglang.attribution import _parents
+from specdiff.tracer.engines.sglang.options import Options
 from specdiff.tracer.store import TraceWriter, open_trace
 
 PROMPTS = ["def main():\n    return", "import os\nimport sys\n\nclass "]
@@ -52,8 +52,8 @@ def test_options_from_env():
 ])
 def test_a_bad_environment_value_is_one_error_naming_the_variable_the_value_and_what_is_accepted(name, value,
                                                                                                accepted):
+    from specdiff.tracer.engines.sglang.options import OptionError
     from specdiff.tracer.errors import SpecdiffError
-    from specdiff.tracer.sglang_options import OptionError
 
     with pytest.raises(OptionError) as err:
         Options.from_env({"SPECDIFF_TRACE": "/x", name: value})
@@ -62,7 +62,7 @@ def test_a_bad_environment_value_is_one_error_naming_the_variable_the_value_and_
 
 
 def test_a_bad_environment_value_refuses_tracing_in_one_log_line_of_the_scheduler(tmp_path, caplog):
-    from specdiff.tracer import sglang_plugin
+    from specdiff.tracer.engines.sglang import plugin as sglang_plugin
 
     env = {"SPECDIFF_TRACE": str(tmp_path / "s.trace"), "SPECDIFF_LOGITS_TOPK": "-3"}
 
@@ -80,7 +80,7 @@ def test_a_bad_environment_value_refuses_tracing_in_one_log_line_of_the_schedule
 
 
 def test_plugin_is_inert_outside_the_scheduler(monkeypatch):
-    from specdiff.tracer import sglang_plugin
+    from specdiff.tracer.engines.sglang import plugin as sglang_plugin
 
     monkeypatch.delenv("SPECDIFF_TRACE", raising=False)
     assert sglang_plugin.load() is False
@@ -131,8 +131,8 @@ def test_a_trace_cut_at_any_journal_write_has_no_target_row_past_its_tokens(tmp_
     loaded machine): rows of a request's first decode iteration were journaled, its tokens were
     not, and the target rows at t had no token x_{t+1}. Invariant checked at every write: a
     ``target.*`` row at t is written only once the sequence holds t + 2 tokens."""
-    from specdiff.tracer.sglang_attribution import IterCapture, write_capture
-    from specdiff.tracer.sglang_hooks import Recorder
+    from specdiff.tracer.engines.sglang.attribution import IterCapture, write_capture
+    from specdiff.tracer.engines.sglang.hooks import Recorder
 
     H, K, N = 4, 3, 4  # hidden size, aux layers, draft tokens (chain, topk 1)
     rec = Recorder(Options(path=str(tmp_path / "k.trace")))
@@ -184,14 +184,14 @@ def models(bringup_models):
 
 
 def _server(server_env, target, draft, spec, *, trace, **env_extra):
-    from specdiff.tracer.cpu.launch import ServerProcess
+    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess
 
     return ServerProcess(target, draft_model_path=draft, spec=spec,
                          env=server_env(SPECDIFF_TRACE=str(trace), **env_extra))
 
 
 def _chain():
-    from specdiff.tracer.cpu.launch import SpecSettings
+    from specdiff.tracer.engines.sglang.cpu.launch import SpecSettings
 
     return SpecSettings(num_steps=3, topk=1, num_draft_tokens=4)
 
@@ -226,7 +226,7 @@ def traced(models, tmp_path_factory, run_cli, server_env):
 @pytest.fixture(scope="module")
 def tree(models, tmp_path_factory, server_env):
     """topk-2 tree server; killed with SIGKILL in the middle of a long last request."""
-    from specdiff.tracer.cpu.launch import SpecSettings
+    from specdiff.tracer.engines.sglang.cpu.launch import SpecSettings
 
     path = tmp_path_factory.mktemp("rec") / "tree.trace"
     spec = SpecSettings(num_steps=3, topk=2, num_draft_tokens=4)
@@ -558,7 +558,7 @@ def test_plugin_registers_only_in_scheduler_rank0(monkeypatch, tmp_path, caplog)
     from sglang.srt.plugins.hook_registry import HookRegistry
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
-    from specdiff.tracer import sglang_plugin
+    from specdiff.tracer.engines.sglang import plugin as sglang_plugin
 
     registered = []
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
+from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
 from specdiff.tui.demo import REPO_MODELS, demo_prompts
 from specdiff.tui.scenarios import write_served_draft
 

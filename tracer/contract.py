@@ -87,7 +87,7 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                     "the value came from}"),
     "draft_name": ((str,), "draft model path or name"),
     "unobservable": (_list, "engine names the recorder could not find: [{name, sglang, source, tensors, "
-                            "facts, why, sglang_version}] (tracer/sglang_adapter.py)"),
+                            "facts, why, sglang_version}] (tracer/engines/sglang/adapter.py)"),
     "crash": ((dict,), "the exception that stopped the engine: {type, message, forward, shapes, "
                        "traceback} (written before the process died)"),
 }

@@ -2,7 +2,7 @@
 
 A server with data parallelism (``--dp-size N``) runs N scheduler replicas, each serving its own
 requests; the recorder writes one store per replica, ``<SPECDIFF_TRACE>/dp<r>``
-(tracer/sglang_plugin.py). ``open_trace(<SPECDIFF_TRACE>)`` finds those rank stores and returns a
+(tracer/engines/sglang/plugin.py). ``open_trace(<SPECDIFF_TRACE>)`` finds those rank stores and returns a
 ``RankedTrace``: the union of their sequences, each tensor's rows rank after rank.
 
 Tensor-parallel ranks of one replica record nothing of their own: they run the same batch, their

@@ -16,7 +16,7 @@ hook call at a time):
 - ``RowBatch``: rows gathered per tensor name and appended once per name (one journal record
   per name and batch).
 
-The SGLang recorder (tracer/sglang_attribution.py) shares ``RowBatch`` only: its rows come from the
+The SGLang recorder (tracer/engines/sglang/attribution.py) shares ``RowBatch`` only: its rows come from the
 server's batch metadata (prefix / extend lengths, accept index, draft tree), not from a
 [B, T] layout, and its logits are reduced on the device inside the scheduler's forward.
 """

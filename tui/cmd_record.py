@@ -1,7 +1,7 @@
 """``specdiff record serve`` / ``specdiff record client``: record a trace from a live SGLang server.
 
 ``record serve`` starts SGLang with specdiff's plugin switched on (environment variables read by
-``specdiff.tracer.sglang_plugin``) and waits; the trace is finalized when the server stops.
+``specdiff.tracer.engines.sglang.plugin``) and waits; the trace is finalized when the server stops.
 ``record client`` sends prompts to a running (traced) server, greedy by default, and prints the
 accept length SGLang reports per request. Servers launched by other tooling are traced by
 setting ``SPECDIFF_TRACE=<path>`` in their environment; specdiff must be installed in the
@@ -51,7 +51,7 @@ def trace_env(path: str, capture: str, logits_topk: int, rids: str | None, eager
 def serve_command(sglang_args, *, cpu: bool, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """argv and env of the SGLang server ``record serve`` starts."""
     if cpu:
-        from specdiff.tracer.cpu.launch import CPU_BASE_ARGS, SERVE_SCRIPT, cpu_server_env
+        from specdiff.tracer.engines.sglang.cpu.launch import CPU_BASE_ARGS, SERVE_SCRIPT, cpu_server_env
 
         return [sys.executable, SERVE_SCRIPT, *CPU_BASE_ARGS, *sglang_args], cpu_server_env(env)
     return [sys.executable, "-m", "sglang.launch_server", *sglang_args], env

@@ -67,7 +67,7 @@ def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: l
 
     Returns per prompt: output_ids and meta_info. The trace is closed when the server stops.
     """
-    from specdiff.tracer.cpu.launch import ServerProcess, SpecSettings
+    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
 
     env = dict(os.environ, SPECDIFF_TRACE=str(trace))
     results = []

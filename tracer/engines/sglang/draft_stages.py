@@ -20,7 +20,7 @@ tensor               module (under the draft model)   what the hook copies
 ===================  ===============================  ==========================================
 
 Rows come in the forward's own row order (the order of ``forward_batch.input_ids``), so
-``sglang_attribution`` attributes them like the draft's input ids. Hooks only ``snap`` (a clone, or a
+``attribution`` attributes them like the draft's input ids. Hooks only ``snap`` (a clone, or a
 non-blocking copy into pinned memory), never ``.cpu()`` / ``.item()``, and return None: the
 server computes exactly what it computes untraced. They do nothing outside a recorded forward
 and during CUDA-graph capture; a graph replay runs no Python, so ``graph_hidden`` names what a
@@ -62,7 +62,7 @@ class DraftStageTaps:
     """Forward hooks that copy the draft midlayer's inputs and output during recorded forwards.
 
     Args:
-        snap: host copy of a device tensor (``sglang_hooks.snap``).
+        snap: host copy of a device tensor (``hooks.snap``).
         capturing: True while a CUDA graph is being captured (hooks then do nothing).
         on_error: called with (where, exception) when a hook fails; recording stops, serving not.
 

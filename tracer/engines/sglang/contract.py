@@ -1,6 +1,6 @@
 """The serving contract, read from SGLang's live objects at start-up (SGLang 0.5.23, worker v2).
 
-Every fact is read through the adapter (``sglang_adapter``); a fact that cannot be read is
+Every fact is read through the adapter (``adapter``); a fact that cannot be read is
 recorded as ``unknown`` with the reason, never filled in from a config file or a default.
 """
 
@@ -12,9 +12,9 @@ import torch
 
 from specdiff.eagle3.aux_layers import native_aux_ids
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN
-from specdiff.tracer.sglang_adapter import MISSING, SGLangAdapter
-from specdiff.tracer.sglang_draft_stages import graph_hidden
-from specdiff.tracer.sglang_options import Options
+from specdiff.tracer.engines.sglang.adapter import MISSING, SGLangAdapter
+from specdiff.tracer.engines.sglang.draft_stages import graph_hidden
+from specdiff.tracer.engines.sglang.options import Options
 
 logger = logging.getLogger("specdiff.tracer")
 

@@ -7,7 +7,7 @@ this package registers the ``*_cpu`` ops that SGLang 0.5.23 uses with
 with the wheel's names and signatures (``sgl_kernel/speculative.py``, ``kvcacheio.py``
 of sglang-kernel 0.4.10). It does *not* provide ``convert_weight_packed``, so SGLang's
 layers take their plain-torch paths. Put the folder that contains it first on
-``PYTHONPATH`` (``specdiff.tracer.cpu.STANDIN_PATH``).
+``PYTHONPATH`` (``specdiff.tracer.engines.sglang.cpu.STANDIN_PATH``).
 """
 
 from __future__ import annotations

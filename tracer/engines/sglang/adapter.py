@@ -1,6 +1,6 @@
 """Every SGLang name the recorder touches, declared once, checked against the running SGLang.
 
-The recorder (tracer/sglang_plugin.py, tracer/sglang_hooks.py) reads SGLang's private objects:
+The recorder (tracer/engines/sglang/plugin.py, tracer/engines/sglang/hooks.py) reads SGLang's private objects:
 hook targets, private methods, dataclass fields, attributes set in ``__init__``, the locals of
 the scheduler's entry function. A rename in a new SGLang release must not turn into silently
 missing rows or a contract fact filled in from elsewhere. So:
@@ -84,7 +84,7 @@ class SGLangName:
         used_for: what the recorder does with it.
         tensors: canonical tensors (tracer/schema.py) the recorder cannot record without it.
         facts: contract fields (tracer/contract.py) it cannot read without it.
-        hook: for ``kind == "hook"``: (HookType name, hook function in sglang_plugin).
+        hook: for ``kind == "hook"``: (HookType name, hook function in plugin).
         essential: without it nothing can be recorded (tracing is refused).
         optional: only needed when an option asks for it (e.g. SPECDIFF_EAGER_DRAFT).
     """
@@ -290,7 +290,7 @@ NAMES: tuple[SGLangName, ...] = (
        "quant method's create_weights)", facts=("embed_sha256", "lm_head_sha256", "embed_source", "lm_head_source")),
     _n("Eagle3LlamaModel.layers", _P + "models.llama_eagle3.LlamaModel", "instance",
        "srt/models/llama_eagle3.py:198", "the draft's decoder layer (its attention's rope); forward pre-hook on "
-       "layers[0]: the hidden it is fed (sglang_draft_stages)",
+       "layers[0]: the hidden it is fed (draft_stages)",
        tensors=("draft.hidden_in", "draft.positions", "draft.attn_in"), facts=("rope_theta", "rope_scaling", "rope_style")),
     _n("LlamaDecoderLayer.self_attn", _P + "models.llama.LlamaDecoderLayer", "instance", "srt/models/llama.py:342",
        "the draft layer's attention; forward pre-hook: its keyword inputs positions and hidden_states",
@@ -411,7 +411,7 @@ BY_KEY: dict[str, SGLangName] = {n.key: n for n in NAMES}
 
 
 def hook_table(*, eager_draft: bool = False, names=NAMES) -> dict[str, tuple[str, str]]:
-    """HookRegistry target -> (HookType name, hook function in sglang_plugin), optional ones on request."""
+    """HookRegistry target -> (HookType name, hook function in plugin), optional ones on request."""
     return {n.target: n.hook for n in names if n.kind == "hook" and (eager_draft or not n.optional)}
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import requests
 
-from specdiff.tracer.cpu import STANDIN_PATH
+from specdiff.tracer.engines.sglang.cpu import STANDIN_PATH
 from specdiff.tracer.errors import SpecdiffError
 
 SERVE_SCRIPT = os.path.join(STANDIN_PATH, "serve.py")

@@ -13,7 +13,7 @@ own feedback with token x_{t+1+k} at depth k):
   t = L-1: forward i (0-based) is depth i+1; ``select_top_k_tokens(i)`` gets the mapped ids
   of depth i. With topk > 1 a (seq, pos, depth) key holds topk rows (one per branch); the
   first row of each depth continues the first row of the depth above (``_branch_order``).
-- the midlayer taps (``sglang_draft_stages``: hidden_in, positions, attn_in, hidden_out) come in
+- the midlayer taps (``draft_stages``: hidden_in, positions, attn_in, hidden_out) come in
   each draft forward's row order and are attributed like its input ids: every prefill row,
   the accepted draft-extend rows, every draft-step branch.
 - ``verify.*`` rows are keyed by pos = L (the tree root's position), depth 0.
@@ -30,7 +30,7 @@ import torch
 from specdiff.tracer.rows import RowBatch
 
 if TYPE_CHECKING:
-    from specdiff.tracer.sglang_hooks import Recorder
+    from specdiff.tracer.engines.sglang.hooks import Recorder
 
 
 # ---- what the hot path hands over ------------------------------------------------------------
@@ -49,7 +49,7 @@ class DraftForward:
     lt_ids: Any = None
     lse: Any = None
     topk_ids: Any = None  # draft-vocab top-k computed from the logits (draft steps)
-    stages: dict = field(default_factory=dict)  # midlayer taps (sglang_draft_stages), forward row order
+    stages: dict = field(default_factory=dict)  # midlayer taps (draft_stages), forward row order
 
 
 @dataclass

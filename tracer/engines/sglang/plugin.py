@@ -20,7 +20,7 @@ Environment:
                           it are dropped and counted in the contract's ``dropped_records``
 
 Hooks (HookRegistry, targets under ``sglang.srt.``) and what they record are described in
-tracer/sglang_hooks.py; shared/research/sglang-eagle3-dataflow.md has the SGLang side. The trace
+tracer/engines/sglang/hooks.py; shared/research/sglang-eagle3-dataflow.md has the SGLang side. The trace
 is closed at process exit (atexit and SIGTERM); every append is journaled at once, so the trace
 of a killed server opens too.
 """
@@ -34,16 +34,16 @@ import signal
 import sys
 import time
 
-from specdiff.tracer.sglang_adapter import BY_KEY, MISSING, SGLangAdapter, hook_table
+from specdiff.tracer.engines.sglang.adapter import BY_KEY, MISSING, SGLangAdapter, hook_table
 
 logger = logging.getLogger("specdiff.tracer")
 
-#: hook target -> (HookType name, hook function name in this module); declared in sglang_adapter.
+#: hook target -> (HookType name, hook function name in this module); declared in adapter.
 HOOKS: dict[str, tuple[str, str]] = hook_table()
 EAGER_HOOKS: dict[str, tuple[str, str]] = {t: h for t, h in hook_table(eager_draft=True).items() if t not in HOOKS}
 
 _SCHEDULER_FN = BY_KEY["scheduler.run_scheduler_process"].attr
-_rec = None  # sglang_hooks.Recorder, set by load()
+_rec = None  # hooks.Recorder, set by load()
 
 
 def _scheduler_frame():
@@ -62,14 +62,14 @@ def load(env=None) -> bool:
     """SGLang plugin entry point. Returns True when recording hooks were registered.
 
     In the scheduler process of TP rank 0 it checks the running SGLang's version (warns once
-    outside ``sglang_adapter.TESTED_RANGE``) and every SGLang name the recorder declares
+    outside ``adapter.TESTED_RANGE``) and every SGLang name the recorder declares
     (one warning line per missing name, naming what becomes unobservable); tracing is refused
     only when a name without which nothing can be recorded is missing.
     """
     global _rec
     env = os.environ if env is None else env
-    from specdiff.tracer.sglang_hooks import Recorder
-    from specdiff.tracer.sglang_options import OptionError, Options
+    from specdiff.tracer.engines.sglang.hooks import Recorder
+    from specdiff.tracer.engines.sglang.options import OptionError, Options
 
     try:
         opts = Options.from_env(env)
@@ -174,7 +174,7 @@ def _live():
     rec = _rec
     if rec is None or not rec.active:
         return None
-    from specdiff.tracer.sglang_hooks import _capturing
+    from specdiff.tracer.engines.sglang.hooks import _capturing
 
     if _capturing():
         return None
@@ -240,7 +240,7 @@ def _around_iteration(orig, self, batch, *a, **kw):
 
 
 def read_chain(adapter, obj, *keys):
-    from specdiff.tracer.sglang_contract import read_chain as chain
+    from specdiff.tracer.engines.sglang.contract import read_chain as chain
 
     return chain(adapter, obj, *keys)
 
@@ -258,7 +258,7 @@ def _after_target_forward(result, self, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.sglang_hooks import snap
+        from specdiff.tracer.engines.sglang.hooks import snap
 
         A = rec.adapter
         lo = A.get(result, "GenerationBatchResult.logits_output")
@@ -341,7 +341,7 @@ def _after_de_prefill(result, self, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.sglang_hooks import snap
+        from specdiff.tracer.engines.sglang.hooks import snap
 
         topk = rec.adapter.get(result, "EagleDraftInput.topk_index")
         if topk is not MISSING:
@@ -357,7 +357,7 @@ def _after_de_decode(result, self, batch, batch_result, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.sglang_hooks import snap
+        from specdiff.tracer.engines.sglang.hooks import snap
 
         topk = read_chain(rec.adapter, batch_result, "GenerationBatchResult.next_draft_input",
                       "EagleDraftInput.topk_index")
@@ -374,10 +374,10 @@ def _after_select_top_k(result, i, topk_p, topk_index, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.sglang_hooks import snap
+        from specdiff.tracer.engines.sglang.hooks import snap
 
         cap.select.append((int(i), snap(topk_index)))
-        if int(i) > 0 and rec.topk > 1:  # tree_info[2]: each row's parent (sglang_attribution._branch_order)
+        if int(i) > 0 and rec.topk > 1:  # tree_info[2]: each row's parent (attribution._branch_order)
             cap.branch_parents[int(i)] = snap(result[3][2])
     except Exception as exc:  # noqa: BLE001
         rec.fail("select_top_k_tokens", exc)
@@ -390,7 +390,7 @@ def _after_build_verify(result, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.sglang_hooks import snap
+        from specdiff.tracer.engines.sglang.hooks import snap
 
         for key, name in (("draft_token", "EagleVerifyInput.draft_token"),
                           ("verify_positions", "EagleVerifyInput.positions"),
@@ -411,7 +411,7 @@ def _after_eagle_sample(result, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.sglang_hooks import snap
+        from specdiff.tracer.engines.sglang.hooks import snap
 
         predict, accept_lens, accept_index = result[:3]
         cap.t["predict"] = snap(predict)

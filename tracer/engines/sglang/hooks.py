@@ -7,9 +7,9 @@ current ``EAGLEWorkerV2.forward_batch_generation`` call. At the end of that call
 (plus a CUDA event) goes to the background writer; ``write_capture`` runs there, after the
 event, and attributes rows to ``(seq, pos, depth, iter)`` (tracer/schema.py).
 
-Options come from the environment (``sglang_options``), the contract facts from the live
-objects at start-up (``sglang_contract``), and the writer thread attributes rows
-(``sglang_attribution``).
+Options come from the environment (``options``), the contract facts from the live
+objects at start-up (``contract``), and the writer thread attributes rows
+(``attribution``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from specdiff.tracer.contract import UNKNOWN, known
-from specdiff.tracer.sglang_adapter import MISSING, SGLangAdapter
-from specdiff.tracer.sglang_attribution import DraftForward, IterCapture, write_capture
-from specdiff.tracer.sglang_contract import (
+from specdiff.tracer.engines.sglang.adapter import MISSING, SGLangAdapter
+from specdiff.tracer.engines.sglang.attribution import DraftForward, IterCapture, write_capture
+from specdiff.tracer.engines.sglang.contract import (
     aux_capture_facts,
     contract_from_worker,
     graph_hidden_stages,
@@ -32,8 +32,8 @@ from specdiff.tracer.sglang_contract import (
     read_chain,
     unrecorded_stages,
 )
-from specdiff.tracer.sglang_draft_stages import DraftStageTaps, graph_hidden
-from specdiff.tracer.sglang_options import Options
+from specdiff.tracer.engines.sglang.draft_stages import DraftStageTaps, graph_hidden
+from specdiff.tracer.engines.sglang.options import Options
 
 logger = logging.getLogger("specdiff.tracer")
 

@@ -1,7 +1,7 @@
 """Entry point that runs ``sglang.launch_server`` on a CPU with the AMX platform override.
 
 Run as a script (``python <STANDIN_PATH>/serve.py <sglang server args>``) or as
-``python -m specdiff.tracer.cpu.serve``. It does what ``python -m sglang.launch_server`` does
+``python -m specdiff.tracer.engines.sglang.cpu.serve``. It does what ``python -m sglang.launch_server`` does
 (SGLang 0.5.23 ``launch_server.py``: load plugins, parse args, run, kill children), after
 ``claim_amx()`` (``override_platform(has_amx=True)``) in this, the launching, process only.
 

@@ -3,7 +3,7 @@
 Schemas follow the argument lists SGLang 0.5.23 passes (its CPU call sites and the
 ``sglang-kernel`` 0.4.10 Python wrappers). Registration is idempotent: if the stand-in is
 imported twice under two module names (``sgl_kernel`` and
-``specdiff.tracer.cpu.sgl_kernel``), the ops defined first are kept.
+``specdiff.tracer.engines.sglang.cpu.sgl_kernel``), the ops defined first are kept.
 ``convert_weight_packed`` is deliberately *not* registered: SGLang probes it to decide
 whether the AMX weight-packed paths exist, and without it every layer takes plain torch.
 """

@@ -1,0 +1,83 @@
+"""The engine boundary: what any serving-engine recorder delivers, and what the rest of specdiff
+may know about an engine.
+
+A recorder lives in ``tracer/engines/<engine>/`` and is loaded inside the engine's own processes
+(SGLang: entry-point group ``sglang.srt.plugins``; vLLM: ``vllm.general_plugins``). Whatever the
+engine, it delivers one trace store per recording rank with:
+
+- **contract facts** (``tracer.contract.CONTRACT_FIELDS``) read from the engine's live objects at
+  start-up; a fact it cannot read is ``"unknown"`` (never filled in from a config file or a
+  default) and the engine name it could not find is listed under ``unobservable``;
+- **rows per schema stage** (``tracer.schema``), keyed (seq, pos, depth, iter) with the canonical
+  EAGLE-3 pairing of ``tracer.rows``;
+- ``unrecorded_stages``: tensor -> why this recorder could not observe it (a CUDA graph, a module
+  the engine's draft lacks), ``graph_hidden_stages`` for stages a graph hid;
+- **crash evidence**: the exception that stopped the engine (``tracer.crash.crash_record``) in
+  the contract's ``crash`` fact, written before the process died;
+- **per-rank layout**: one store per DP replica under ``dp<r>/`` (``tracer.ranks``).
+
+``EngineSpec`` is the part of an engine that offline code (``replay/``, ``tui/``) may use: its name
+as recorded in the ``engine`` contract fact, its aux-id convention, its tested versions and where
+its recorder and CPU launcher live. Offline code asks ``engine_spec(name)`` instead of naming
+an engine's modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What offline code may know about one serving engine.
+
+    Attributes:
+        name: the ``engine`` contract fact a trace of this engine carries ('sglang').
+        title: how people write it ('SGLang').
+        plugin_group: the Python entry-point group the engine loads plugins from.
+        plugin: ``module:function`` of specdiff's recorder entry point for this engine.
+        aux_convention: the id convention of ``specdiff.eagle3.aux_layers`` its config ids use.
+        aux_concat: how it orders the captured slots in the fc input ('ascending').
+        tested_range: inclusive (low, high) engine versions the recorder was verified on.
+        cpu_launcher: module of the CPU recipe's launcher, or None when the engine has none.
+    """
+
+    name: str
+    title: str
+    plugin_group: str
+    plugin: str
+    aux_convention: str
+    aux_concat: str
+    tested_range: tuple[str, str]
+    cpu_launcher: str | None = None
+
+
+class UnknownEngineError(ValueError):
+    """Raised for an engine name no recorder in ``tracer/engines/`` is registered for."""
+
+
+_REGISTRY: dict[str, EngineSpec] = {}
+
+
+def register(spec: EngineSpec) -> EngineSpec:
+    """Add an engine (called by ``tracer/engines/__init__.py``); returns ``spec``."""
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The registered engine called ``name`` (the ``engine`` contract fact).
+
+    Raises:
+        UnknownEngineError: no recorder is registered under that name.
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownEngineError(
+            f"unknown serving engine {name!r}; specdiff records: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def engine_names() -> tuple[str, ...]:
+    """Names of the registered serving engines, sorted."""
+    return tuple(sorted(_REGISTRY))
