@@ -198,7 +198,258 @@ def default_hf_indices(num_layers: int) -> tuple[int, ...]:
     return (2, num_layers // 2, num_layers - 3)
 
 
-def resolve_aux_ids(ids, *, convention: str, num_layers: int, concat: str = "ascending") -> AuxResolution:
+# ---- SGLang 0.5.23: the id rule depends on the target's model file ----------------------------
+#: HF ``output_hidden_states`` index c is the input of decoder layer c; every SGLang model file read
+#: below captures capture index c (``layers_to_capture``) in 0..L-1 as that same input.
+_SG = "srt/models/"
+
+
+@dataclass(frozen=True)
+class FamilyRule:
+    """How SGLang 0.5.23 turns ``eagle_config`` aux ids into capture indices for one target
+    architecture (HF ``architectures[0]``), and what its forward captures at each index.
+
+    SGLang numbers aux ids per model file: ``<Arch>.set_eagle3_layers_to_capture(ids)`` turns the
+    ids into ``layers_to_capture``, and the model's forward captures capture index c in 0..L-1 as
+    the input of decoder layer c (the residual stream = HF ``hidden_states[c]``; c = 0 is the
+    embedding output). With no ids every file captures [2, L//2, L-3] (+ ``default_offset``).
+
+    Attributes:
+        name: how ids become capture indices: ``plus-one`` (always id + 1), ``deepseek`` (id + 1
+            only when ids[0] == 1, else the ids literally), ``gpt-oss`` (literally when
+            max(ids) == L, else id + 1).
+        architecture: the architecture looked up (None: none was given).
+        description: the rule in words.
+        sources: SGLang 0.5.23 ``srt/models/<file>.py:<lines>`` the rule and its capture were read from.
+        known: False when the architecture is not in the table and the plus-one rule was assumed.
+        capture: ``loop`` (the layer loop tests ``i in layers_to_capture``: an index no layer has
+            matches nothing) or ``flag`` (``setattr(self.layers[c], ...)`` when the server starts:
+            c >= L raises IndexError there, c < 0 flags ``layers[c + L]`` by Python indexing).
+        final: capture index L is captured after the last layer, before the final norm (the last
+            layer's pre-norm output: no HF index holds it).
+        packed: captures go to an ``AuxHiddenStatePacker`` sized by the id count, so fewer captures
+            than ids raise RuntimeError in the target forward (the first request).
+        default_offset: added to the default capture [2, L//2, L-3].
+        semantics_read: True when the forward's capture was read here; False: the layer-input
+            capture of the other files is assumed.
+        note: why the rule was assumed, or what else the user must know.
+    """
+
+    name: str
+    architecture: str | None
+    description: str
+    sources: tuple[str, ...]
+    known: bool = True
+    capture: str = "loop"
+    final: bool = False
+    packed: bool = False
+    default_offset: int = 0
+    semantics_read: bool = True
+    note: str = ""
+
+    def capture_indices(self, ids, num_layers: int) -> tuple[int, ...]:
+        """SGLang's ``layers_to_capture`` for ``ids`` (None: the default), in the ids' order."""
+        L = num_layers
+        if ids is None:
+            return tuple(i + self.default_offset for i in (2, L // 2, L - 3))
+        ids = [int(i) for i in ids]
+        literal = ((self.name == "deepseek" and not (ids and ids[0] == 1))
+                   or (self.name == "gpt-oss" and bool(ids) and max(ids) == L))
+        return tuple(ids) if literal else tuple(i + 1 for i in ids)
+
+    def outcome(self, c: int, num_layers: int) -> tuple[str, int | None]:
+        """What capture index ``c`` gives: ('hf', HF index), ('prenorm', None) for the last
+        layer's pre-norm output, ('start-crash', None) for an IndexError at server start, or
+        ('dropped', None) for nothing captured."""
+        L = num_layers
+        if 0 <= c < L:
+            return "hf", c
+        if c == L and self.final:
+            return "prenorm", None
+        if self.capture == "flag":
+            return ("hf", c + L) if -L <= c < 0 else ("start-crash", None)
+        return "dropped", None
+
+    def id_meaning(self) -> str:
+        """One line: what an id means under this rule (for fix texts)."""
+        return {"plus-one": "id k = HF k+1, -1 = embeddings",
+                "deepseek": "ids are HF indices (0 = embeddings) unless the first id is 1, then every id + 1",
+                "gpt-oss": "id k = HF k+1 (-1 = embeddings) unless max(id) = L, then the ids literally"}[self.name]
+
+
+def _plus_one(*sources, capture="loop", final=False, read=True, offset=0, note="") -> dict:
+    return dict(name="plus-one", sources=sources, capture=capture, final=final, semantics_read=read,
+                default_offset=offset, note=note,
+                description="capture index = id + 1 (id k = HF k+1, id -1 = the embeddings)")
+
+
+_DEEPSEEK = dict(
+    name="deepseek", packed=True,
+    description="ids + 1 only when the first id is 1, else the ids literally (id k = HF k, 0 = the embeddings); "
+                "a capture index no layer has leaves the packed aux buffer short: RuntimeError on the first request",
+    sources=(f"{_SG}deepseek_v2.py:3458-3473 set_eagle3_layers_to_capture: [val + 1 ...] if layer_ids[0] == 1 "
+             "else list(layer_ids)",
+             f"{_SG}deepseek_v2.py:3175-3198 DeepseekV2Model.forward: AuxHiddenStatePacker(len(layers_to_capture)); "
+             "layer i captures its input (layers/layer_boundary/stage.py:461-480 capture_gathered = stream.residual)",
+             f"{_SG}deepseek_v2.py:3245 finalize(); layers/aux_hidden_states.py:86-89 'captured n of K aux hidden "
+             "states' RuntimeError"))
+_DEEPSEEK_LITE = dict(_DEEPSEEK, packed=False, description=(
+    "ids + 1 only when the first id is 1, else the ids literally (id k = HF k, 0 = the embeddings)"), sources=(
+    f"{_SG}glm4_moe_lite.py:805-820 set_eagle3_layers_to_capture: [val + 1 ...] if layer_ids[0] == 1 else "
+    "list(layer_ids)",
+    f"{_SG}glm4_moe_lite.py:655-659 forward: layer i captures its input (capture_output)"))
+_GPT_OSS = dict(
+    name="gpt-oss", final=True,
+    description="the ids literally when max(id) = L (id L = the last layer's output before the final norm), "
+                "else id + 1",
+    sources=(f"{_SG}gpt_oss.py:1337-1352 set_eagle3_layers_to_capture: list(layer_ids) if max(layer_ids) == "
+             "num_layers else [val + 1 ...]",
+             f"{_SG}gpt_oss.py:709-721 forward: boundary 0 = embeddings, layer i captures its input",
+             f"{_SG}gpt_oss.py:726-738 capture index L = final_norm(capture=...): the updated residual before the "
+             "norm (layers/layer_boundary/residual/access.py:51-53)"))
+_LLAMA = _plus_one(f"{_SG}llama.py:929-941 set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
+                   f"{_SG}llama.py:486-494 LlamaModel.forward: layer i captures its input; index L never reached")
+_QWEN2 = _plus_one(f"{_SG}qwen2.py:781-794 set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
+                   f"{_SG}qwen2.py:456-464 Qwen2Model.forward: layer i captures its input")
+_QWEN3 = _plus_one(f"{_SG}qwen3.py:778-791 set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
+                   f"{_SG}qwen3.py:524-531 Qwen3Model.forward: layer i captures its input")
+_MOE_FLAG = (f"{_SG}qwen2_moe.py:1153-1156 Qwen2MoeModel.set_eagle3_layers_to_capture: setattr(self.layers[id], "
+             "'_is_layer_to_capture', True) at start (index L: IndexError)",
+             f"{_SG}qwen2_moe.py:1188-1202 forward: a flagged layer captures its input")
+_QWEN2_MOE = _plus_one(f"{_SG}qwen2_moe.py:1418-1433 set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
+                       *_MOE_FLAG, capture="flag")
+_QWEN3_MOE = _plus_one(f"{_SG}qwen3_moe.py:1128-1143 set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
+                       f"{_SG}qwen3_moe.py:970 Qwen3MoeModel(Qwen2MoeModel)", *_MOE_FLAG, capture="flag")
+_QWEN3_NEXT = _plus_one(f"{_SG}qwen3_next.py:1286-1301 set_eagle3_layers_to_capture: [val + 1 ...]",
+                        f"{_SG}qwen3_next.py:954-957 setattr(self.layers[id], ...) at start", capture="flag", read=False)
+_QWEN3_5 = _plus_one(f"{_SG}qwen3_5_text.py:150-159 set_eagle3_layers_to_capture: [val + 1 ...]",
+                     f"{_SG}qwen3_5.py:1894-1897 setattr(self.layers[id], ...) at start", capture="flag", read=False)
+_QWEN3_VL = _plus_one(f"{_SG}qwen3_vl.py:1777-1795 set_eagle3_layers_to_capture: [val + 1 ...]", read=False)
+_GEMMA_NOTE = ("gemma3_causal.py:636-672 appends the layer loop's hidden_states (the residual is carried "
+               "separately), not verified against HF hidden_states")
+_MINIMAX_M3 = _plus_one(f"{_SG}minimax_m3.py:2056-2075 set_eagle3_layers_to_capture: [val + 1 ...], flags "
+                        "0 <= id < L only", f"{_SG}minimax_m3.py:1952-1962 capture index L = final_norm(capture=...)",
+                        final=True, read=False)
+
+
+def _entries(rule: dict, *archs: str) -> dict[str, dict]:
+    return {a: rule for a in archs}
+
+
+#: SGLang 0.5.23: HF architecture -> its rule. Read from all 29 files that define
+#: set_eagle3_layers_to_capture; an architecture is mapped through its model file's EntryClass and
+#: class inheritance (e.g. MistralForCausalLM(LlamaForCausalLM)); pinned by tests/test_family_rules.py.
+SGLANG_FAMILIES: dict[str, dict] = {
+    **_entries(_LLAMA, "LlamaForCausalLM", "Phi3ForCausalLM", "InternLM3ForCausalLM", "IQuestCoderForCausalLM",
+               "Llama4ForCausalLM", "LlamaForCausalLMEagle", "LlamaForCausalLMEagle3", "Ministral3ForCausalLM",
+               "MistralForCausalLM", "MistralForCausalLMEagle", "TeleFLMForCausalLM"),
+    **_entries(_QWEN2, "Qwen2ForCausalLM", "Qwen2ForCausalLMEagle"),
+    "Qwen2MoeForCausalLM": _QWEN2_MOE,
+    "Qwen3ForCausalLM": _QWEN3,
+    **_entries(_QWEN3_MOE, "Qwen3MoeForCausalLM", "Qwen3MoeForCausalLMMTP", "MellumForCausalLM"),
+    **_entries(_QWEN3_NEXT, "Qwen3NextForCausalLM", "Qwen3NextForCausalLMMTP"),
+    **_entries(_QWEN3_5, "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"),
+    **_entries(_QWEN3_VL, "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+               "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+               "Qwen4ExpForConditionalGeneration", "Cosmos3ForConditionalGeneration",
+               "InternS1ProForConditionalGeneration", "InternS2MobiusForConditionalGeneration",
+               "InternS2PreviewForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": _plus_one(f"{_SG}qwen2_5_vl.py:990-1001 [val + 1 ...]", read=False),
+    **_entries(_plus_one(f"{_SG}glm4_moe.py:1269-1281 [val + 1 ...]", f"{_SG}glm4_moe.py:955-959 forward: layer i "
+                         "captures its input"), "Glm4MoeForCausalLM", "Glm4MoeForCausalLMNextN"),
+    "Glm5NextForConditionalGeneration": _plus_one(f"{_SG}glm5_next.py:1533-1543 [val + 1 ...]", read=False),
+    "ApertusForCausalLM": _plus_one(f"{_SG}apertus.py:675-687 [val + 1 ...]", read=False),
+    **_entries(_plus_one(f"{_SG}bailing_moe.py:1098-1109 [val + 1 ...]", read=False), "BailingMoEForCausalLM",
+               "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM", "SarvamMoEForCausalLM"),
+    **_entries(_plus_one(f"{_SG}exaone_moe.py:866-879 [val + 1 ...]", read=False), "ExaoneMoEForCausalLM",
+               "ExaoneMoeForCausalLM", "ExaoneMoEForCausalLMMTP"),
+    **_entries(_plus_one(f"{_SG}gemma3_causal.py:917-926 [val + 1 ...]", f"{_SG}gemma3_causal.py:669-672 capture "
+                         "index L after the loop", final=True, read=False, note=_GEMMA_NOTE),
+               "Gemma3ForCausalLM", "EmbeddingGemmaModel"),
+    **_entries(_plus_one(f"{_SG}gemma4_causal.py:1495-1504 [val + 1 ...]", f"{_SG}gemma4_causal.py:1091-1094 capture "
+                         "index L after the loop", final=True, read=False),
+               "Gemma4ForCausalLM", "Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM"),
+    **_entries(_plus_one(f"{_SG}gemma4_mm.py:1155-1168 [val + 1 ...] on language_model", read=False),
+               "Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration"),
+    **_entries(_plus_one(f"{_SG}longcat_flash.py:1112-1119 [val + 1 ...]", read=False), "LongcatFlashForCausalLM",
+               "LongcatFlashForCausalLMNextN"),
+    "MiniMaxM2ForCausalLM": _plus_one(f"{_SG}minimax_m2.py:1067-1080 [val + 1 ...]", read=False),
+    "MiniMaxM3SparseForCausalLM": _MINIMAX_M3,
+    "MiniMaxM3SparseForConditionalGeneration": dict(_MINIMAX_M3, default_offset=1, sources=(
+        f"{_SG}minimax_m3_vl.py:246-270 set_eagle3_layers_to_capture: [val + 1 ...] on both paths, the default "
+        "too (3, L//2 + 1, L - 2)",) + _MINIMAX_M3["sources"][1:]),
+    **_entries(_DEEPSEEK, "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
+               "DeepseekV3ForCausalLMNextN", "GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLMNextN",
+               "Glm5NextForConditionalGenerationNextN", "MistralLarge3ForCausalLM", "MistralLarge3ForCausalLMEagle"),
+    **_entries(_DEEPSEEK_LITE, "Glm4MoeLiteForCausalLM", "Glm4MoeLiteForCausalLMNextN"),
+    "GptOssForCausalLM": _GPT_OSS,
+}
+
+#: wrappers whose set_eagle3_layers_to_capture hands the ids to an inner language model of a fixed class
+SGLANG_WRAPPERS: dict[str, tuple[str, str]] = {
+    "KimiK25ForConditionalGeneration": (
+        "DeepseekV3ForCausalLM", f"{_SG}kimi_k25.py:928-939 delegates to language_model = DeepseekV3ForCausalLM "
+                                 "(kimi_k25.py:693)"),
+    "Gemma3ForConditionalGeneration": (
+        "Gemma3ForCausalLM", f"{_SG}gemma3_mm.py:543-545 delegates to language_model = Gemma3ForCausalLM "
+                             "(gemma3_mm.py:195)"),
+    "Llama4ForConditionalGeneration": (
+        "Llama4ForCausalLM", f"{_SG}mllama4.py:971-973 delegates to language_model = Llama4ForCausalLM "
+                             "(mllama4.py:496, a LlamaForCausalLM)"),
+}
+#: wrappers whose inner model specdiff cannot name from the architecture alone
+SGLANG_OPAQUE = {"MindSporeForCausalLM": f"{_SG}mindspore.py:359-360 delegates to the MindSpore backend's model"}
+
+
+def sglang_family_rule(architecture: str | None) -> FamilyRule:
+    """The SGLang 0.5.23 aux-id rule for a target architecture (HF ``architectures[0]``).
+
+    Wrappers (Kimi-K2.5, Gemma-3 multimodal, Llama-4 multimodal) resolve through the inner
+    language model their file builds. An architecture not in ``SGLANG_FAMILIES`` (or None) gets
+    the plus-one rule with ``known=False`` and a ``note`` that says so: it is the rule of 21 of
+    the 29 files, never a silent guess.
+    """
+    if architecture in SGLANG_FAMILIES:
+        return FamilyRule(architecture=architecture, **SGLANG_FAMILIES[architecture])
+    if architecture in SGLANG_WRAPPERS:
+        inner, src = SGLANG_WRAPPERS[architecture]
+        r = SGLANG_FAMILIES[inner]
+        return FamilyRule(architecture=architecture, **{**r, "sources": (src,) + tuple(r["sources"]),
+                                                        "note": f"the rule of its inner {inner}"})
+    why = (f"{SGLANG_OPAQUE[architecture]}, whose rule depends on that model" if architecture in SGLANG_OPAQUE
+           else "no architecture given" if architecture is None
+           else f"{architecture} is not among the SGLang 0.5.23 models that define set_eagle3_layers_to_capture "
+                "(specdiff's table)")
+    return FamilyRule(architecture=architecture, known=False, semantics_read=False, **{
+        k: v for k, v in _LLAMA.items() if k not in ("semantics_read", "note")},
+        note=f"SGLang rule assumed: plus-one (id k = HF k+1), the rule of llama.py and 20 other model files; {why}")
+
+
+def target_architecture(config: dict) -> str | None:
+    """The architecture SGLang picks the model class by: ``architectures[0]`` of a target's
+    config.json, else that of its nested ``text_config`` (None when neither names one)."""
+    for c in (config, config.get("text_config")):
+        if isinstance(c, dict) and isinstance(c.get("architectures"), list) and c["architectures"]:
+            return str(c["architectures"][0])
+    return None
+
+
+#: vLLM 0.32 models that capture without the SupportsEagle3 mixin (not installed here: from
+#: shared/research/anchors-3.md section 2, not verified against the wheel)
+VLLM_DEEPSEEK_NOTE = ("vLLM 0.32 deepseek_v2.py:1561,1586 captures before layer idx plus an explicit end_layer slot, "
+                      "without the SupportsEagle3 mixin (from research note anchors-3.md, not verified against the "
+                      "wheel): specdiff assumes the mixin numbering, id k = HF k, id L = the last layer before the "
+                      "final norm")
+
+
+def vllm_family_note(architecture: str | None) -> str:
+    """A note when vLLM 0.32's capture for this architecture is not the mixin's (else '')."""
+    r = SGLANG_FAMILIES.get(SGLANG_WRAPPERS.get(architecture, (architecture,))[0] if architecture else None)
+    return VLLM_DEEPSEEK_NOTE if r is not None and r["name"] == "deepseek" else ""
+
+
+def resolve_aux_ids(ids, *, convention: str, num_layers: int, concat: str = "ascending",
+                    architecture: str | None = None) -> AuxResolution:
     """Resolve native aux layer ids to HF hidden-state indices.
 
     Args:
@@ -207,6 +458,9 @@ def resolve_aux_ids(ids, *, convention: str, num_layers: int, concat: str = "asc
         num_layers: L, the target's decoder layer count.
         concat: ``ascending`` (what an engine feeds: sorted, repeats collapse, SGLang id L-1
             dropped with a note) or ``listed`` (what a trainer feeds: the ids' own order).
+        architecture: the target's HF ``architectures[0]``; with ``sglang`` the ids are read by
+            that architecture's rule (``sglang_family_rule``; an unknown one assumes plus-one and
+            says so in ``notes``). None: the Llama rule (``RULES['sglang']``), as before.
 
     Returns:
         AuxResolution whose ``hf_indices`` are in ``concat`` order.
@@ -220,6 +474,8 @@ def resolve_aux_ids(ids, *, convention: str, num_layers: int, concat: str = "asc
     rule = _rule(convention)
     if concat not in CONCAT_RULES:
         raise ConventionError(f"unknown concat rule {concat!r}; use one of: {', '.join(CONCAT_RULES)}")
+    if convention == "sglang" and architecture is not None:
+        return _resolve_family(ids, sglang_family_rule(architecture), num_layers, concat)
     L = num_layers
     notes: list[str] = []
     if ids is None:
@@ -261,10 +517,16 @@ def resolve_aux_ids(ids, *, convention: str, num_layers: int, concat: str = "asc
     return AuxResolution(resolved, ids, convention, tuple(dropped), tuple(notes), concat)
 
 
-def native_aux_ids(hf_indices, convention: str, *, num_layers: int | None = None) -> list[int]:
+def native_aux_ids(hf_indices, convention: str, *, num_layers: int | None = None,
+                   architecture: str | None = None) -> list[int]:
     """Native ids that ``convention`` resolves to the given HF indices, in the same order
     (the inverse of ``resolve_aux_ids``): sglang id = HF-1 (HF 0 -> -1), specforge id = HF-1,
     hf / vllm / speculators id = HF.
+
+    With ``sglang`` and an ``architecture`` the target's rule is inverted (``sglang_family_rule``):
+    plus-one and gpt-oss give id = HF-1; deepseek gives the HF indices literally, except that a
+    list starting with HF 1 would be read +1 (deepseek_v2.py:3470), so its first two ids are
+    swapped (SGLang captures a set and concatenates it ascending, whatever the order).
 
     Args:
         hf_indices: HF ``hidden_states`` indices (ints).
@@ -274,9 +536,14 @@ def native_aux_ids(hf_indices, convention: str, *, num_layers: int | None = None
             refused.
 
     Raises:
-        ConventionError: unknown convention, or an HF index the convention has no id for.
+        ConventionError: unknown convention, or an HF index the convention has no id for (for
+            the deepseek rule also a lone HF 1: [1] is read as capture index 2).
     """
     rule = _rule(convention)
+    if convention == "sglang" and architecture is not None:
+        fam = sglang_family_rule(architecture)
+        if fam.name == "deepseek":
+            return _deepseek_ids(hf_indices, fam, num_layers)
     out = []
     for h in hf_indices:
         h = int(h)
@@ -301,14 +568,22 @@ class CapturePlan:
         engine: 'sglang' or 'vllm'.
         hf_indices: HF indices captured, ascending without repeats (the fc-input slot order).
         dropped: ids that name nothing the engine captures: the slot silently goes missing.
-        prenorm: ids captured as the last layer's pre-norm output (vLLM id L): a real slot
-            that no HF index holds.
+        prenorm: ids captured as the last layer's pre-norm output (vLLM id L, GPT-OSS capture
+            index L): a real slot that no HF index holds.
+        failure: what SGLang does beyond a missing slot, in words ('' when nothing): an IndexError
+            when the server starts (flag families, capture index >= L) or a RuntimeError on the
+            first request (DeepSeek's packed aux buffer).
+        rule: the SGLang family rule applied (None: the Llama rule of ``RULES``, no architecture).
+        notes: the rule assumed for an unknown architecture, vLLM family caveats.
     """
 
     engine: str
     hf_indices: tuple[int, ...]
     dropped: tuple[int, ...] = ()
     prenorm: tuple[int, ...] = ()
+    failure: str = ""
+    rule: FamilyRule | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def slots(self) -> int:
@@ -316,11 +591,13 @@ class CapturePlan:
         return len(self.hf_indices) + len(set(self.prenorm))
 
 
-def engine_capture(engine: str, ids, *, num_layers: int) -> CapturePlan:
+def engine_capture(engine: str, ids, *, num_layers: int, architecture: str | None = None) -> CapturePlan:
     """The slots ``engine`` really captures for ``ids`` (its own convention; None = default).
 
     Unlike ``resolve_aux_ids`` nothing is refused: an engine silently skips an id it never
-    reaches, which is what a pre-flight check must predict (sources in ``RULES``).
+    reaches, which is what a pre-flight check must predict (sources in ``RULES``). With an
+    ``architecture`` SGLang applies that target's rule (``sglang_family_rule``) and vLLM notes
+    where its numbering for that family was not verified (``vllm_family_note``).
 
     Raises:
         ConventionError: an engine not in ``ENGINES``.
@@ -328,8 +605,11 @@ def engine_capture(engine: str, ids, *, num_layers: int) -> CapturePlan:
     if engine not in ENGINES:
         raise ConventionError(f"unknown engine {engine!r}; use one of: {', '.join(ENGINES)}")
     L = num_layers
+    if engine == "sglang" and architecture is not None:
+        return _family_capture(ids, sglang_family_rule(architecture), L)
+    vnote = (vllm_family_note(architecture),) if engine == "vllm" and vllm_family_note(architecture) else ()
     if ids is None:
-        return CapturePlan(engine, tuple(sorted(set(default_hf_indices(L)))))
+        return CapturePlan(engine, tuple(sorted(set(default_hf_indices(L)))), notes=vnote)
     rule = RULES[engine]
     hf, dropped, prenorm = set(), [], []
     for i in ids:
@@ -340,7 +620,89 @@ def engine_capture(engine: str, ids, *, num_layers: int) -> CapturePlan:
             prenorm.append(int(i))
         else:
             dropped.append(int(i))
-    return CapturePlan(engine, tuple(sorted(hf)), tuple(dropped), tuple(prenorm))
+    return CapturePlan(engine, tuple(sorted(hf)), tuple(dropped), tuple(prenorm), notes=vnote)
+
+
+def _family_capture(ids, fam: FamilyRule, L: int) -> CapturePlan:
+    """SGLang's capture for ``ids`` on an L-layer target of rule ``fam`` (nothing refused)."""
+    caps = fam.capture_indices(ids, L)
+    native = caps if ids is None else tuple(int(i) for i in ids)
+    hf, dropped, prenorm, crash = set(), [], [], []
+    for i, c in zip(native, caps, strict=True):
+        kind, h = fam.outcome(c, L)
+        if kind == "hf":
+            hf.add(h)
+        elif kind == "prenorm":
+            prenorm.append(i)
+        else:
+            dropped.append(i)
+            if kind == "start-crash":
+                crash.append(c)
+    failure = ""
+    if crash:
+        failure = (f"capture index {crash[0]} = id + 1 flags self.layers[{crash[0]}] of a {L}-layer model: "
+                   f"IndexError when the server starts ({fam.sources[1].split(' ')[0]})")
+    elif dropped and fam.packed:
+        failure = (f"the aux buffer is sized for {len(caps)} captures but {len(caps) - len(dropped)} arrive: "
+                   f"'RuntimeError: captured {len(caps) - len(dropped)} of {len(caps)} aux hidden states' on the "
+                   "first request (srt/layers/aux_hidden_states.py:86-89)")
+    return CapturePlan("sglang", tuple(sorted(hf)), tuple(dropped), tuple(prenorm), failure, fam,
+                       (fam.note,) if fam.note else ())
+
+
+def _resolve_family(ids, fam: FamilyRule, L: int, concat: str) -> AuxResolution:
+    """``resolve_aux_ids`` for SGLang ids read by the target's rule ``fam``."""
+    notes = [fam.note] if fam.note else []
+    if ids is None:
+        caps = fam.capture_indices(None, L)
+        hf = caps if concat == "listed" else tuple(sorted(set(caps)))
+        _refuse_repeats(hf, f"the sglang default HF {list(caps)} for L={L}")
+        return AuxResolution(hf, None, "sglang", concat=concat,
+                             notes=tuple(notes) + (f"no ids given: sglang default HF {list(caps)}",))
+    ids = tuple(int(i) for i in ids)
+    caps = fam.capture_indices(ids, L)
+    rule_txt = f"SGLang {fam.name} rule ({fam.sources[0].split(' ')[0]}: {fam.id_meaning()})"
+    hf: list[int] = []
+    dropped: list[int] = []
+    for i, c in zip(ids, caps, strict=True):
+        kind, h = fam.outcome(c, L)
+        if kind == "hf":
+            hf.append(h)
+        elif kind == "prenorm":
+            raise ConventionError(f"sglang id {i} on {fam.architecture}: capture index {L} is the output of the "
+                                  f"last decoder layer (layer {L - 1}) before the final norm ({rule_txt}); HF "
+                                  "output_hidden_states has no index for it: use another layer")
+        else:
+            dropped.append(i)
+            what = "IndexError when the server starts" if kind == "start-crash" else "no layer captures it"
+            notes.append(f"sglang id {i} -> capture index {c} under the {rule_txt}: {what}; the slot is missing")
+    if concat == "listed":
+        if dropped:
+            raise ConventionError(f"sglang id {dropped[0]} captures nothing on {fam.architecture} ({rule_txt})")
+        _refuse_repeats(hf, f"sglang ids {list(ids)}")
+        return AuxResolution(tuple(hf), ids, "sglang", (), tuple(notes), concat)
+    resolved = tuple(sorted(set(hf)))
+    if list(resolved) != hf:
+        notes.append(f"SGLang captures these ids as the layers HF {list(resolved)}, concatenated ascending; "
+                     f"listed they are HF {hf}")
+    return AuxResolution(resolved, ids, "sglang", tuple(dropped), tuple(notes), concat)
+
+
+def _deepseek_ids(hf_indices, fam: FamilyRule, num_layers: int | None) -> list[int]:
+    """Inverse of the deepseek rule: the HF indices literally (capture index c = HF c), first two
+    swapped when the list starts with HF 1 (else ids[0] == 1 would add 1 to every id)."""
+    hf = [int(h) for h in hf_indices]
+    hi = None if num_layers is None else num_layers - 1
+    for h in hf:
+        if h < 0 or (hi is not None and h > hi):
+            raise ConventionError(f"SGLang ids on {fam.architecture} cannot express HF index {h} (the deepseek "
+                                  f"rule captures HF 0..L-1 only)")
+    if hf and hf[0] == 1:
+        if len(hf) == 1:
+            raise ConventionError(f"SGLang ids on {fam.architecture} cannot express HF [1] alone: the deepseek rule "
+                                  f"reads [1] as [2] ({fam.sources[0].split(' ')[0]}: first id 1 -> every id + 1)")
+        hf[0], hf[1] = hf[1], hf[0]
+    return hf
 
 
 def _refuse_repeats(hf, what: str) -> None:
