@@ -137,12 +137,24 @@ def test_version_outside_the_tested_range_warns_once_with_the_range():
 
 
 # ---- contract from a live worker (fake objects with SGLang's attribute names) ------------------
-def _worker(*, ltc=(3, 5, 6), L=8, drop_ltc=False, hot=True):
-    tcfg = SimpleNamespace(num_hidden_layers=L, hidden_size=256, vocab_size=4096)
+class _Config(SimpleNamespace):
+    def to_dict(self):
+        return dict(vars(self))
+
+
+def _live(cls_name: str, **attrs):
+    """A stand-in for a live SGLang object of class ``cls_name`` (the adapter looks layouts up by
+    the live class name)."""
+    return type(cls_name, (SimpleNamespace,), {})(**attrs)
+
+
+def _worker(*, ltc=(3, 5, 6), ids=(2, 4, 5), L=8, drop_ltc=False, hot=True, target_class="LlamaForCausalLM",
+            inner_class="LlamaModel"):
+    tcfg = _Config(num_hidden_layers=L, hidden_size=256, vocab_size=4096, architectures=[target_class])
     dcfg = SimpleNamespace(hidden_size=256, vocab_size=4096, draft_vocab_size=1024,
-                           eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5]})
+                           eagle_config={"eagle_aux_hidden_state_layer_ids": list(ids)})
     tembed = SimpleNamespace(weight=torch.randn(4096, 256))
-    tinner = SimpleNamespace(start_layer=0, end_layer=L, embed_tokens=tembed)
+    tinner = _live(inner_class, start_layer=0, end_layer=L, embed_tokens=tembed)
     if not drop_ltc:
         tinner.layers_to_capture = list(ltc)
     d2t = torch.arange(1024, dtype=torch.int64) * 3
@@ -151,8 +163,8 @@ def _worker(*, ltc=(3, 5, 6), L=8, drop_ltc=False, hot=True):
     dinner = SimpleNamespace(fc=torch.nn.Linear(768, 256), norm_before_fc=False, fc_norm=None, norm_output=False,
                              embed_tokens=tembed, layers=[layer])  # the target's embedding, shared
     dmodel = SimpleNamespace(model=dinner, hot_token_id=None, lm_head=SimpleNamespace(weight=torch.randn(1024, 256)))
-    tmodel = SimpleNamespace(model=tinner, lm_head=SimpleNamespace(weight=torch.randn(4096, 256)),
-                             capture_aux_hidden_states=True)
+    tmodel = _live(target_class, model=tinner, lm_head=SimpleNamespace(weight=torch.randn(4096, 256)),
+                   capture_aux_hidden_states=True, config=tcfg)
     trunner = SimpleNamespace(model=tmodel,
                               model_config=SimpleNamespace(hf_config=tcfg, dtype=torch.bfloat16))
     # an EagleDraftWorker after alloc_memory_pool (SGLang 0.5.23 eagle_worker_v2.py:177-260)
@@ -203,7 +215,7 @@ def test_contract_reads_the_capture_sglang_really_does():
 
 def test_an_aux_id_one_past_the_last_layer_is_recorded_as_dropped_not_captured():
     # SGLang id L-1 = 7 -> capture index 8, which no layer of 0..7 reaches (llama.py)
-    c, _ = _contract(_worker(ltc=(0, 3, 8))[0])
+    c, _ = _contract(_worker(ltc=(0, 3, 8), ids=(-1, 2, 7))[0])
     assert c["aux_hf_indices"] == [0, 3] and c["aux_dropped_ids"] == [7]
 
 

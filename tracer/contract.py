@@ -88,6 +88,18 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "draft_name": ((str,), "draft model path or name"),
     "unobservable": (_list, "engine names the recorder could not find: [{name, sglang, source, tensors, "
                             "facts, why, sglang_version}] (tracer/engines/sglang/adapter.py)"),
+    "target_architecture": ((str,), "the target model class the engine instantiated, named after the HF "
+                                    "architecture it serves (SGLang: type(ModelRunner.model).__name__, "
+                                    "e.g. 'DeepseekV3ForCausalLM'; training: config.architectures[0])"),
+    "target_config_sha256": ((str,), "config_sha256 of the target's config as the engine loaded it: canonical "
+                                     "JSON of its to_dict() without CONFIG_PROVENANCE_KEYS"),
+    "target_num_experts": ((int, type(None)), "routed experts per MoE layer of the target (None: dense)"),
+    "target_experts_per_token": ((int, type(None)), "experts each token is routed to (top-k; None: dense)"),
+    "aux_capture_rule": ((str,), "whose set_eagle3_layers_to_capture turned the draft's aux ids into the "
+                                 "captured layers: 'sglang srt/models/<file>.py:<line> <Class>.<method>' "
+                                 "(plus the wrapper it was reached through); 'none' when the target has none"),
+    "target_weights_fingerprint": ((str,), "weights_fingerprint of the target's input embedding: the same "
+                                           "checkpoint in bf16 or fp32 gives the same value"),
     "crash": ((dict,), "the exception that stopped the engine: {type, message, forward, shapes, "
                        "traceback} (written before the process died)"),
 }
@@ -137,6 +149,143 @@ def weight_sha256(weight, *, rows: int | None = None) -> str:
     if rows is not None:
         w = w[:rows]
     return hashlib.sha256(np.ascontiguousarray(w.float().cpu().numpy()).tobytes()).hexdigest()
+
+
+#: Keys of a config's to_dict() that say where or how it was loaded, not what the model computes:
+#: left out of config_sha256 so the engine's copy and training's copy of one checkpoint agree.
+CONFIG_PROVENANCE_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash",
+                                    "_attn_implementation", "_attn_implementation_autoset",
+                                    "attn_implementation", "torch_dtype", "dtype", "use_cache"})
+
+
+def _canonical(value):
+    """JSON-safe form of a config value: nested configs as dicts, tuples as lists, keys as str."""
+    if hasattr(value, "to_dict") and callable(value.to_dict):
+        value = value.to_dict()
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items() if str(k) not in CONFIG_PROVENANCE_KEYS}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)  # e.g. a torch.dtype left in a sub-config
+
+
+def config_sha256(config) -> str:
+    """``target_config_sha256``: sha256 of a model config as canonical JSON.
+
+    Args:
+        config: a transformers ``PretrainedConfig`` (hashed through its ``to_dict()``) or a mapping
+            (e.g. the parsed ``config.json``).
+
+    Raises:
+        TypeError: ``config`` is neither.
+
+    The dict is taken without ``CONFIG_PROVENANCE_KEYS`` (at every depth), nested configs as
+    dicts, then ``json.dumps(sort_keys=True, separators=(",", ":"), allow_nan=True)`` UTF-8.
+    ``to_dict()`` writes every attribute, defaults included, so a config.json that omits a default
+    and one that spells it out hash alike once both are loaded by the same transformers version.
+    """
+    import json
+    from collections.abc import Mapping
+
+    if not (isinstance(config, Mapping) or callable(getattr(config, "to_dict", None))):
+        raise TypeError(f"config_sha256 needs a transformers config or a mapping, got {type(config).__name__}")
+    body = json.dumps(_canonical(config), sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+#: rows of the embedding ``weights_fingerprint`` reads
+FINGERPRINT_ROWS = 16
+
+
+def weights_fingerprint(embedding, vocab_size: int, *, rows: int = FINGERPRINT_ROWS) -> str:
+    """``target_weights_fingerprint``: which checkpoint a target is, cheaply and dtype-independently.
+
+    Args:
+        embedding: the target's input embedding weight [>= vocab_size, H] (torch, any device and
+            float dtype; engine padding rows past ``vocab_size`` are ignored).
+        vocab_size: the target's vocab V (config ``vocab_size``).
+        rows: how many rows to read (default ``FINGERPRINT_ROWS``).
+
+    Returns:
+        sha256 hex of ``b"<V>x<H>;"`` followed by rows ``k * V // rows`` (k = 0..rows-1, so the
+        rows spread over the vocab) cast to float32 and then to bfloat16 (round to nearest even),
+        as little-endian bf16 bytes. A bf16 checkpoint read in bf16 or fp32 and an fp32 checkpoint
+        served in bf16 give the same value; an fp16 copy can differ (a second rounding).
+
+    Raises:
+        ValueError: the weight holds fewer than ``vocab_size`` rows (a tensor-parallel shard).
+    """
+    import torch
+
+    w = embedding.detach()
+    if w.dim() != 2 or w.shape[0] < vocab_size:
+        raise ValueError(f"weights_fingerprint needs the whole embedding [{vocab_size}, H], got "
+                         f"{list(w.shape)} (a tensor-parallel shard?)")
+    n = max(1, min(int(rows), int(vocab_size)))
+    idx = torch.arange(n, dtype=torch.int64) * int(vocab_size) // n
+    picked = w[idx.to(w.device)].float().to(torch.bfloat16).cpu().contiguous()
+    h = hashlib.sha256(f"{int(vocab_size)}x{int(w.shape[1])};".encode())
+    h.update(picked.view(torch.int16).numpy().astype("<i2").tobytes())
+    return h.hexdigest()
+
+
+#: HF architecture -> (config attribute of the routed-expert count, of experts per token), None for
+#: a dense architecture. Both sides read MoE routing through it (moe_routing_facts); SGLang 0.5.23
+#: builds these models from the same attributes (deepseek_v2.py MoEGate, qwen2_moe.py / qwen3_moe.py
+#: SparseMoeBlock, gpt_oss.py GptOssSparseMoeBlock).
+MOE_CONFIG_KEYS: dict[str, tuple[str, str] | None] = {
+    "LlamaForCausalLM": None, "Qwen2ForCausalLM": None, "Qwen3ForCausalLM": None,
+    "Qwen3VLForConditionalGeneration": None,
+    "Qwen2MoeForCausalLM": ("num_experts", "num_experts_per_tok"),
+    "Qwen3MoeForCausalLM": ("num_experts", "num_experts_per_tok"),
+    "DeepseekV2ForCausalLM": ("n_routed_experts", "num_experts_per_tok"),
+    "DeepseekV3ForCausalLM": ("n_routed_experts", "num_experts_per_tok"),
+    "GptOssForCausalLM": ("num_local_experts", "num_experts_per_tok"),
+}
+
+
+def moe_routing_facts(config, architecture: str) -> dict:
+    """``target_num_experts`` / ``target_experts_per_token`` of a (language-model) config.
+
+    None / None for a dense architecture; ``UNKNOWN`` for an architecture ``MOE_CONFIG_KEYS`` does
+    not list, or a config without the attribute (never a guess from similar names).
+    """
+    keys = MOE_CONFIG_KEYS.get(architecture, UNKNOWN)
+    if keys is None:
+        return {"target_num_experts": None, "target_experts_per_token": None}
+    if keys == UNKNOWN:
+        return {"target_num_experts": UNKNOWN, "target_experts_per_token": UNKNOWN}
+    vals = [getattr(config, k, None) for k in keys]
+    return {f: int(v) if isinstance(v, int) else UNKNOWN
+            for f, v in zip(("target_num_experts", "target_experts_per_token"), vals)}
+
+
+def target_identity_facts(config, embedding=None, *, architecture: str | None = None) -> dict:
+    """The target identity facts a training-side recorder writes (the serving side reads the same
+    from SGLang's live objects, tracer/engines/sglang/contract.py ``target_identity_facts``).
+
+    Args:
+        config: the target's transformers config as loaded (``AutoConfig.from_pretrained``).
+        embedding: the target's input embedding weight [V, H] (any dtype), or None (fingerprint
+            ``UNKNOWN``).
+        architecture: default ``config.architectures[0]``.
+
+    Returns:
+        {target_architecture, target_config_sha256, target_num_experts, target_experts_per_token,
+        target_weights_fingerprint}; facts it cannot compute are ``UNKNOWN``.
+    """
+    if architecture is None:
+        archs = getattr(config, "architectures", None) or []
+        architecture = str(archs[0]) if archs else UNKNOWN
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    out = {"target_architecture": architecture, "target_config_sha256": config_sha256(config),
+           **moe_routing_facts(text, architecture)}
+    vocab = getattr(text, "vocab_size", None)
+    out["target_weights_fingerprint"] = (weights_fingerprint(embedding, vocab)
+                                         if embedding is not None and isinstance(vocab, int) else UNKNOWN)
+    return out
 
 
 def rope_scaling_fact(kind: str | None, **params) -> dict | None:

@@ -10,9 +10,14 @@ import logging
 
 import torch
 
-from specdiff.eagle3.aux_layers import native_aux_ids
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN
-from specdiff.tracer.engines.sglang.adapter import MISSING, SGLangAdapter
+from specdiff.tracer.engines.sglang.adapter import (
+    ASSUMED_LAYOUT,
+    MISSING,
+    TARGET_LAYOUTS,
+    TARGET_WRAPPERS,
+    SGLangAdapter,
+)
 from specdiff.tracer.engines.sglang.draft_stages import graph_hidden
 from specdiff.tracer.engines.sglang.options import Options
 
@@ -56,28 +61,149 @@ def hot_token_id(dw, adapter: SGLangAdapter):
     return hot.detach().to("cpu", torch.int64)
 
 
+def target_language_model(A: SGLangAdapter, tmodel):
+    """``(lm, layout, via, declared)`` of the live target model ``tmodel`` (its ``ModelRunner.model``).
+
+    ``lm`` is the model whose ``set_eagle3_layers_to_capture`` sets ``layers_to_capture``: ``tmodel``
+    itself, or the inner language model a wrapper delegates to (``TARGET_WRAPPERS``, followed
+    through the adapter; ``via`` names the hops, e.g. ``["KimiK25ForConditionalGeneration.language_model"]``).
+    ``layout`` is its ``TargetLayout``; a class that table does not declare is read through
+    ``ASSUMED_LAYOUT`` (Llama's names: most SGLang models use them) with one warning, and
+    ``declared`` is False. ``lm`` is MISSING when ``tmodel`` or a hop is.
+    """
+    via: list[str] = []
+    lm = tmodel
+    while lm is not MISSING and lm is not None and type(lm).__name__ in TARGET_WRAPPERS and len(via) < 4:
+        name = type(lm).__name__
+        key = f"{name}.{TARGET_WRAPPERS[name][1]}"
+        via.append(key)
+        lm = A.get(lm, key)
+    if lm is MISSING or lm is None:
+        return MISSING, ASSUMED_LAYOUT, via, False
+    name = type(lm).__name__
+    layout = TARGET_LAYOUTS.get(name)
+    if layout is None:
+        A.warn_once(f"layout:{name}", f"specdiff: SGLang {A.version} serves the target as {name} "
+                    f"({type(lm).__module__}), whose layout specdiff does not declare (tracer/engines/sglang/"
+                    f"adapter.py TARGET_LAYOUTS): its aux capture, embedding and lm_head are read through "
+                    f"{ASSUMED_LAYOUT.outer_name}'s names, a capture index is taken as the layer's input")
+        return lm, ASSUMED_LAYOUT, via, False
+    return lm, layout, via, True
+
+
+def _configured_aux_ids(dcfg):
+    """The draft's ``eagle_config.eagle_aux_hidden_state_layer_ids`` as SGLang reads it (a list or
+    None: llama_eagle3.py:169 ``getattr(config, "eagle_config", None) or {}``), or UNKNOWN."""
+    if dcfg is MISSING:
+        return UNKNOWN
+    eagle_config = getattr(dcfg, "eagle_config", None)
+    if isinstance(eagle_config, str):
+        return UNKNOWN
+    ids = dict(eagle_config or {}).get("eagle_aux_hidden_state_layer_ids")
+    return None if ids is None else [int(i) for i in ids]
+
+
 def aux_capture_facts(adapter: SGLangAdapter, dw) -> dict:
     """``aux_hf_indices`` / ``aux_dropped_ids`` / ``aux_concat_order`` as the target really captures.
 
-    SGLang 0.5.23 llama.py: layer i captures its input (HF hidden_states[i]) when i is in
-    ``layers_to_capture`` and ``capture_aux_hidden_states`` is on; only i in [start_layer,
-    end_layer) runs, so a larger index (id L-1) is never captured. Captures are appended in the
-    layer loop: the concat is ascending. ``layers_to_capture`` is set by the target's
-    ``ModelRunner.init_attention_backends`` (model_runner.py:1105), after ``alloc_memory_pool``:
-    read it from ``_capture_cuda_graphs`` on (the contract says unknown until then).
+    Read from the live ``layers_to_capture`` of the model that holds it (``target_language_model``:
+    wrappers followed) and its layer range, never derived from the configured ids through a rule.
+    In every family SGLang 0.5.23 serves EAGLE-3 on, layer i in ``layers_to_capture`` captures its
+    input (HF hidden_states[i]) when it runs, ``start_layer <= i < end_layer``; GPT-OSS also
+    captures index ``end_layer`` at the final norm (``TargetLayout.final_capture``, gpt_oss.py:731).
+    Captures are appended in the layer loop: the concat is ascending. An index never reached is
+    dropped silently by SGLang: ``aux_dropped_ids`` names the configured id it came from (every
+    family's set_eagle3_layers_to_capture maps the ids one by one, in order), UNKNOWN when the ids
+    cannot be paired. ``capture_aux_hidden_states`` off: the draft gets no aux states.
+    ``layers_to_capture`` is set by the target's ``ModelRunner.init_attention_backends``
+    (model_runner.py:1105), after ``alloc_memory_pool``: read it from ``_capture_cuda_graphs`` on.
     """
-    tmodel = read_chain(adapter, dw, "EagleDraftWorker.target_worker", "TpModelWorker.model_runner", "ModelRunner.model")
-    on = read_chain(adapter, tmodel, "LlamaForCausalLM.capture_aux_hidden_states")
-    inner = read_chain(adapter, tmodel, "LlamaForCausalLM.model")
-    ltc = read_chain(adapter, inner, "LlamaModel.layers_to_capture")
-    start = read_chain(adapter, inner, "LlamaModel.start_layer")
-    end = read_chain(adapter, inner, "LlamaModel.end_layer")
-    if MISSING in (on, ltc, start, end):
-        return {"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN}
-    idx = sorted({int(i) for i in ltc}) if on else []  # capture off: the draft gets the final hidden only
-    captured = [i for i in idx if start <= i < end]
-    return {"aux_hf_indices": captured, "aux_dropped_ids": native_aux_ids([i for i in idx if not start <= i < end], "sglang"),
+    A = adapter
+    unknown = {"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN}
+    tmodel = read_chain(A, dw, "EagleDraftWorker.target_worker", "TpModelWorker.model_runner", "ModelRunner.model")
+    lm, lay, _via, _ = target_language_model(A, tmodel)
+    on = read_chain(A, lm, lay.key("capture_aux_hidden_states"))
+    inner = read_chain(A, lm, lay.key("model"))
+    ltc, start, end = (read_chain(A, inner, lay.key(a)) for a in ("layers_to_capture", "start_layer", "end_layer"))
+    if any(v is MISSING for v in (on, ltc, start, end)):
+        return unknown
+    raw = [int(i) for i in ltc] if on else []  # capture off: the draft gets the final hidden only
+
+    def reached(i: int) -> bool:
+        return start <= i < end or (lay.final_capture is not None and i == end)
+
+    captured = sorted({i for i in raw if reached(i)})
+    unreached = [k for k, i in enumerate(raw) if not reached(i)]
+    dropped = []
+    if unreached:
+        ids = _configured_aux_ids(read_chain(A, dw, "EagleDraftWorker.draft_runner", "ModelRunner.model_config",
+                                             "ModelConfig.hf_config"))
+        dropped = [ids[k] for k in unreached] if isinstance(ids, list) and len(ids) == len(raw) else UNKNOWN
+    return {"aux_hf_indices": captured, "aux_dropped_ids": dropped,
             AUX_CONCAT_ORDER: list(captured)}  # slot j of the concat = HF captured[j]
+
+
+def capture_rule(lm, tmodel, via) -> str:
+    """``aux_capture_rule``: the ``set_eagle3_layers_to_capture`` SGLang ran on this target, found on
+    the live class (MRO) of the language model, else of the wrapper: ``"sglang srt/models/<file>.py:
+    <line> <Class>.set_eagle3_layers_to_capture"`` plus ``" via <Wrapper>.language_model"``;
+    ``"none"`` when neither defines it (SGLang refuses EAGLE-3 then, attention_backend_setup.py:55)."""
+    import inspect
+
+    for obj in (lm, tmodel):
+        if obj is MISSING or obj is None:
+            continue
+        for klass in type(obj).__mro__:
+            fn = vars(klass).get("set_eagle3_layers_to_capture")
+            if fn is None:
+                continue
+            path = klass.__module__.removeprefix("sglang.").replace(".", "/") + ".py"
+            try:
+                path += f":{inspect.getsourcelines(fn)[1]}"
+            except (OSError, TypeError):  # no source on disk: the file alone still names the rule
+                pass
+            hops = f" via {', '.join(via)}" if via and obj is lm else ""
+            return f"sglang {path} {klass.__name__}.set_eagle3_layers_to_capture{hops}"
+    return "none"
+
+
+def target_identity_facts(A: SGLangAdapter, target_runner, tcfg) -> dict:
+    """target_architecture, target_config_sha256, target_num_experts / target_experts_per_token,
+    aux_capture_rule and target_weights_fingerprint, read from the live target (tracer/contract.py
+    defines each; ``tracer.contract.target_identity_facts`` computes the same on the training side).
+
+    The architecture is the class SGLang instantiated; MoE routing comes from the config the
+    language model was built with (a wrapper's inner one); the fingerprint from the embedding the
+    target's get_embed_and_head returns (UNKNOWN on a tensor-parallel shard, one warning).
+    """
+    from specdiff.tracer.contract import config_sha256, moe_routing_facts, weights_fingerprint
+
+    tmodel = read_chain(A, target_runner, "ModelRunner.model")
+    lm, lay, via, declared = target_language_model(A, tmodel)
+    out = {"target_architecture": UNKNOWN if tmodel is MISSING else type(tmodel).__name__,
+           "target_config_sha256": UNKNOWN if tcfg is MISSING else config_sha256(tcfg)}
+    cfg = read_chain(A, lm, lay.key("config"))
+    if cfg is MISSING or not declared:
+        out.update(target_num_experts=UNKNOWN, target_experts_per_token=UNKNOWN)
+    else:
+        routing = moe_routing_facts(cfg, type(lm).__name__)
+        for fact, value in routing.items():
+            if value == UNKNOWN:
+                logger.warning("specdiff: the target config SGLang loaded for %s has no %s; contract fact %s "
+                               "is unknown", type(lm).__name__, fact, fact)
+        out.update(routing)
+    out["aux_capture_rule"] = UNKNOWN if tmodel is MISSING else capture_rule(lm, tmodel, via)
+    embed = read_chain(A, lm, lay.key("model"), lay.key("embed_tokens"), "VocabParallelEmbedding.weight")
+    vocab = getattr(cfg, "vocab_size", None) if cfg is not MISSING else None
+    if embed is MISSING or not isinstance(vocab, int):
+        out["target_weights_fingerprint"] = UNKNOWN
+    elif embed.shape[0] < vocab:
+        logger.warning("specdiff: the target's embedding holds %d of %d rows on this rank (tensor parallel); "
+                       "contract fact target_weights_fingerprint is unknown", embed.shape[0], vocab)
+        out["target_weights_fingerprint"] = UNKNOWN
+    else:
+        out["target_weights_fingerprint"] = weights_fingerprint(embed, vocab)
+    return out
 
 
 #: tensors SGLang's prefill draft extend produces for each request's last prompt row only
@@ -145,13 +271,14 @@ def _weight_sha(w, rows, what: str):
 def _weights_facts(A: SGLangAdapter, *, target_runner, dmodel, dinner, vocab, draft_vocab) -> dict:
     """sha256 and source of the embedding and lm_head the draft multiplies by.
 
-    SGLang 0.5.23 EagleDraftWorker.init_lm_head: an EAGLE-3 draft gets the target's embedding
-    (``set_embed``) and keeps its own lm_head unless ``load_lm_head_from_target``; "source" is
+    SGLang 0.5.23 EagleDraftWorker.init_lm_head: an EAGLE-3 draft gets the embedding the target's
+    ``get_embed_and_head`` returns (``set_embed``; the target's is found per family through
+    ``target_language_model``) and keeps its own lm_head unless ``load_lm_head_from_target``; "source" is
     'target' when the draft's weight is the target's very tensor, else 'draft'.
     """
-    tmodel = read_chain(A, target_runner, "ModelRunner.model")
-    tembed = read_chain(A, tmodel, "LlamaForCausalLM.model", "LlamaModel.embed_tokens", "VocabParallelEmbedding.weight")
-    thead = read_chain(A, tmodel, "LlamaForCausalLM.lm_head", "VocabParallelEmbedding.weight")
+    lm, lay, _via, _ = target_language_model(A, read_chain(A, target_runner, "ModelRunner.model"))
+    tembed = read_chain(A, lm, lay.key("model"), lay.key("embed_tokens"), "VocabParallelEmbedding.weight")
+    thead = read_chain(A, lm, lay.key("lm_head"), "VocabParallelEmbedding.weight")
     dembed = read_chain(A, dinner, "Eagle3LlamaModel.embed_tokens", "VocabParallelEmbedding.weight")
     dhead = read_chain(A, dmodel, "LlamaForCausalLMEagle3.lm_head", "VocabParallelEmbedding.weight")
     out = {"embed_sha256": _weight_sha(dembed, vocab, "embedding"),
@@ -277,11 +404,10 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
     # The ids as configured (SGLang reads them from the draft's hf_config.eagle_config) ...
     # No eagle_config attribute means "no ids" to SGLang too (llama_eagle3.py:169: getattr(config,
     # "eagle_config", None) or {}), so None is the fact here, not a fallback.
-    eagle_config = UNKNOWN if dcfg is MISSING else getattr(dcfg, "eagle_config", None)
-    if isinstance(eagle_config, str) or L == UNKNOWN:
+    ids = _configured_aux_ids(dcfg)
+    if ids == UNKNOWN or L == UNKNOWN:
         facts.update(aux_native_ids=UNKNOWN, aux_convention="sglang")
     else:
-        ids = dict(eagle_config or {}).get("eagle_aux_hidden_state_layer_ids")
         res = resolve_aux_ids(ids, convention="sglang", num_layers=L).as_facts()
         facts.update(aux_native_ids=res["aux_native_ids"], aux_convention=res["aux_convention"])
     # ... and what the target really captures (never the configured ids in its place): SGLang sets
@@ -319,6 +445,7 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
     facts["spec_algorithm"] = UNKNOWN if algo is MISSING else str(getattr(algo, "name", algo))
     nout = read_chain(A, dinner, "Eagle3LlamaModel.norm_output")
     facts["norm_output"] = UNKNOWN if nout is MISSING else bool(nout)
+    facts.update(target_identity_facts(A, target_runner, tcfg))
     facts.update(_weights_facts(A, target_runner=target_runner, dmodel=dmodel, dinner=dinner,
                                 vocab=facts["vocab_size"], draft_vocab=facts["draft_vocab_size"]))
     facts.update(_rope_facts(A, dinner))
