@@ -1,6 +1,7 @@
 """``specdiff check``: what each engine will really feed an EAGLE-3 draft, from files only.
 
-``run_preflight(target, draft)`` reads the target's config.json (never its weights), the draft's
+``run_preflight(target, draft)`` reads the target's config.json (never its weights; its
+architecture picks SGLang's aux-id rule), the draft's
 config.json, safetensors headers and ``d2t`` / ``t2d`` (``files``), resolves what each engine
 captures (``engines``), applies the rule families (``rules``) and returns the
 ``PreflightReport`` (``report``) with findings ordered error, warn, info. This module is the
@@ -28,14 +29,14 @@ from specdiff.replay.preflight.rules import (
 __all__ = ["run_preflight", "ENGINES", "PreflightError", "PreflightReport", "findings_as_facts"]
 
 
-def _training_hf(layers, convention: str, num_layers: int) -> tuple[int, ...] | None:
+def _training_hf(layers, convention: str, num_layers: int, architecture: str | None) -> tuple[int, ...] | None:
     if layers is None:
         return None
     if convention not in CONVENTIONS:
         raise PreflightError(f"--training-convention {convention!r}: use one of {', '.join(CONVENTIONS)}")
     try:
         return resolve_aux_ids(list(layers), convention=convention, num_layers=num_layers,
-                               concat="listed").hf_indices
+                               concat="listed", architecture=architecture).hf_indices
     except ConventionError as e:
         raise PreflightError(f"--training-layers {list(layers)}: {e}") from None
 
@@ -52,7 +53,7 @@ def run_preflight(target, draft, *, engines=ENGINES, training_layers=None, train
         raise PreflightError("no engine selected: use sglang, vllm or all")
     t = read_target(target)
     d = read_draft(draft)
-    train_hf = _training_hf(training_layers, training_convention, t.num_layers)
+    train_hf = _training_hf(training_layers, training_convention, t.num_layers, t.architecture)
     findings: list[Finding] = []
     captures: dict[str, EngineCapture] = {}
     findings += check_algorithm(d, speculative_algorithm, target_hidden=t.hidden_size)
@@ -64,10 +65,11 @@ def run_preflight(target, draft, *, engines=ENGINES, training_layers=None, train
         for e in engines:
             k = sglang_fc_slots(d.raw) if (e == "sglang" and d.format == "specforge") else k_weights
             captures[e] = resolve_engine_capture(e, raw=d.raw, fmt=d.format, num_layers=t.num_layers, k_fc=k,
-                                                 aux_width=t.hidden_size, draft_hidden=cfg.hidden_size)
+                                                 aux_width=t.hidden_size, draft_hidden=cfg.hidden_size,
+                                                 architecture=t.architecture)
         findings += check_aux(captures, raw=d.raw, num_layers=t.num_layers, aux_width=t.hidden_size,
-                              training_hf=train_hf)
-        findings += check_training(captures, train_hf, num_layers=t.num_layers)
+                              training_hf=train_hf, architecture=t.architecture)
+        findings += check_training(captures, train_hf, num_layers=t.num_layers, architecture=t.architecture)
         findings += check_weights(d, t, engines=engines)
         findings += check_vocab(d.d2t, d.t2d, draft_vocab_size=cfg.draft_vocab_size, vocab_size=t.vocab_size,
                                 eos_token_ids=t.eos_token_ids)

@@ -10,6 +10,8 @@ module only applies it to a draft config.
   fc is built for K = ``num_aux_hidden_states`` / len(eagle ids) / 3 slots
   (llama_eagle3.py:156-161) and is *skipped* when the aux width equals the draft hidden
   (llama_eagle3.py:238). There is no model class for the speculators format.
+- What SGLang captures from the ids depends on the target's architecture (per model file:
+  plus-one, deepseek, gpt-oss; ``specdiff.eagle3.aux_layers.sglang_family_rule``).
 - vLLM 0.32.0 reads the top-level ``eagle_aux_hidden_state_layer_ids`` and, when that is absent
   or empty, ``eagle_config``'s (v1/worker/gpu_model_runner.py:5252-5287). Measured crash with a
   missing slot: ``shape '[-1, K*H]' is invalid`` (shared/research/vllm-cpu.md).
@@ -44,7 +46,13 @@ class EngineCapture:
         slots_expected: K, the slots fc is built for.
         outcome: 'ok', 'crash', 'fc-skipped' or 'unsupported'.
         prenorm_ids: native ids captured as the last decoder layer's output before the final
-            norm (vLLM id L): a slot that arrives after the HF ones and that no HF index holds.
+            norm (vLLM id L, GPT-OSS capture index L): a slot that arrives after the HF ones and
+            that no HF index holds.
+        failure: what the engine does beyond a missing slot ('' = nothing): SGLang's IndexError
+            at start or RuntimeError on the first request (``CapturePlan.failure``).
+        family: the SGLang family rule's name ('' for vLLM or without an architecture).
+        family_known: False when the architecture is not in the table and plus-one was assumed.
+        notes: the rule assumed, family caveats (``CapturePlan.notes``).
     """
 
     engine: str
@@ -56,6 +64,10 @@ class EngineCapture:
     slots_expected: int
     outcome: str
     prenorm_ids: tuple[int, ...] = ()
+    failure: str = ""
+    family: str = ""
+    family_known: bool = True
+    notes: tuple[str, ...] = ()
 
     @property
     def slots(self) -> int:
@@ -63,11 +75,14 @@ class EngineCapture:
         return len(self.hf_indices) + (1 if self.prenorm_ids else 0)
 
     def as_dict(self) -> dict:
-        """JSON-safe dict; ``prenorm_ids`` only when there is one (the JSON of every other
-        capture stays as it was before the key existed)."""
+        """JSON-safe dict; ``prenorm_ids``, ``failure``, ``family``, ``family_known`` and ``notes``
+        only when set (the JSON of every other capture stays as it was before the keys existed)."""
         d = dataclasses.asdict(self)
-        if not self.prenorm_ids:
-            del d["prenorm_ids"]
+        for k in ("prenorm_ids", "failure", "family", "notes"):
+            if not d[k]:
+                del d[k]
+        if not self.family:
+            del d["family_known"]
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
 
 
@@ -104,12 +119,13 @@ def sglang_fc_slots(raw: dict) -> int:
 
 
 def resolve_engine_capture(engine: str, *, raw: dict, fmt: str, num_layers: int, k_fc: int,
-                           aux_width: int, draft_hidden: int) -> EngineCapture:
+                           aux_width: int, draft_hidden: int, architecture: str | None = None) -> EngineCapture:
     """What ``engine`` captures for this draft config on an L-layer target.
 
     Args:
         raw: the draft's config.json.
         fmt: 'specforge' or 'speculators'.
+        architecture: the target's HF architecture (its SGLang rule); None: the Llama rule.
         k_fc: slots fc expects; aux_width: width per slot (target H); draft_hidden: Hd (SGLang
             skips fc when the arriving width equals it).
 
@@ -129,12 +145,17 @@ def resolve_engine_capture(engine: str, *, raw: dict, fmt: str, num_layers: int,
         ids, source = e_ids, "eagle_config"
     else:
         ids, source = None, "default"
-    plan = engine_capture(engine, ids, num_layers=num_layers)
-    if plan.slots == k_fc:
+    plan = engine_capture(engine, ids, num_layers=num_layers, architecture=architecture)
+    fam = plan.rule
+    extra = dict(failure=plan.failure, notes=plan.notes,
+                 family=fam.name if fam is not None else "", family_known=fam.known if fam is not None else True)
+    if plan.failure:
+        outcome = "crash"
+    elif plan.slots == k_fc:
         outcome = "ok"
     elif engine == "sglang" and plan.slots * aux_width == draft_hidden:
         outcome = "fc-skipped"
     else:
         outcome = "crash"
     return EngineCapture(engine, source, ids, engine, plan.hf_indices, plan.dropped, k_fc, outcome,
-                         plan.prenorm)
+                         plan.prenorm, **extra)

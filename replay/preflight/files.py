@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from specdiff.eagle3.aux_layers import target_architecture
 from specdiff.replay.model.checkpoint import (
     CheckpointError,
     detect_format,
@@ -33,7 +34,11 @@ class PreflightError(SpecdiffError):
 
 @dataclass
 class TargetInfo:
-    """What the target's config.json and tokenizer files say (dims, rope, eos ids, sha256s)."""
+    """What the target's config.json and tokenizer files say (dims, rope, eos ids, sha256s).
+
+    ``architecture``: HF ``architectures[0]`` (else the nested ``text_config``'s; None when
+    neither names one): SGLang's aux-id rule depends on it (``eagle3.aux_layers.sglang_family_rule``).
+    """
 
     path: str
     config: dict
@@ -46,6 +51,7 @@ class TargetInfo:
     eos_token_ids: tuple[int, ...]
     tokenizer_sha256: str | None
     chat_template_sha256: str | None
+    architecture: str | None = None
 
 
 @dataclass
@@ -85,7 +91,8 @@ def _model_dir(path, what: str) -> Path:
 
 
 def read_target(path) -> TargetInfo:
-    """The target's dims, rope, eos ids and tokenizer hashes from config.json and tokenizer files."""
+    """The target's architecture, dims, rope, eos ids and tokenizer hashes from config.json
+    (dims from the nested ``text_config`` of a wrapper such as Kimi-K2.5) and tokenizer files."""
     p = _model_dir(path, "target")
     raw = _load_json(p / "config.json", "target config")
     d = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
@@ -99,7 +106,8 @@ def read_target(path) -> TargetInfo:
     return TargetInfo(path=str(p), config=raw, num_layers=d["num_hidden_layers"], hidden_size=d["hidden_size"],
                       vocab_size=d["vocab_size"], rope_theta=theta, rope_scaling=scaling,
                       max_position_embeddings=d.get("max_position_embeddings"), eos_token_ids=eos_ids,
-                      tokenizer_sha256=tok_sha, chat_template_sha256=tmpl_sha)
+                      tokenizer_sha256=tok_sha, chat_template_sha256=tmpl_sha,
+                      architecture=target_architecture(raw))
 
 
 def read_draft(path) -> DraftInfo:

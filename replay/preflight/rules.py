@@ -12,7 +12,15 @@ import json
 
 import torch
 
-from specdiff.eagle3.aux_layers import ConventionError, default_hf_indices, native_aux_ids, resolve_aux_ids
+from specdiff.eagle3.aux_layers import (
+    ConventionError,
+    FamilyRule,
+    default_hf_indices,
+    native_aux_ids,
+    resolve_aux_ids,
+    sglang_family_rule,
+    vllm_family_note,
+)
 from specdiff.eagle3.norms import NORM_FLAGS, SPECFORGE_NORM_OUTPUT
 from specdiff.eagle3.vocab_map import read_d2t, t2d_from_d2t
 from specdiff.replay.model.checkpoint import (
@@ -27,7 +35,7 @@ from specdiff.replay.preflight.engines import ENGINE_NAME, EngineCapture, fmt_hf
 from specdiff.replay.preflight.files import DraftInfo, TargetInfo
 from specdiff.replay.preflight.report import Finding
 
-__all__ = ["check_aux", "check_training", "check_weights", "check_vocab", "check_norms", "check_rope",
+__all__ = ["check_aux", "check_family", "sglang_ids_fix", "check_training", "check_weights", "check_vocab", "check_norms", "check_rope",
            "check_algorithm", "check_tokenizer"]
 
 
@@ -37,12 +45,67 @@ def slots_text(cap: EngineCapture, L: int) -> str:
     return text + (f" + pre-norm out L{L - 1}" if cap.prenorm_ids else "")
 
 
-def check_aux(captures: dict[str, EngineCapture], *, raw: dict, num_layers: int, aux_width: int,
-              training_hf: tuple[int, ...] | None) -> list[Finding]:
-    """Findings about the aux capture: ignored keys, dropped ids, slot-count crashes, defaults,
-    engines that disagree."""
-    L = num_layers
+def _rule_text(fam: FamilyRule) -> str:
+    """'the deepseek rule of DeepseekV3ForCausalLM (srt/models/deepseek_v2.py:3458-3473: ...)'."""
+    return (f"the SGLang {fam.name} rule of {fam.architecture} ({fam.sources[0].split(' ')[0]}: "
+            f"{fam.id_meaning()})")
+
+
+def sglang_ids_fix(hf_indices, L: int, architecture: str | None) -> str:
+    """The eagle_config ids that make SGLang feed ``hf_indices`` on this target, as a fix text
+    (the Llama wording without an architecture); a list the rule cannot express says so."""
+    try:
+        ids = native_aux_ids(list(hf_indices), "sglang", num_layers=L, architecture=architecture)
+    except ConventionError as e:
+        return f"no SGLang ids give HF {list(hf_indices)}: {e}; retrain on other layers"
+    if architecture is None:
+        return f"set eagle_config.eagle_aux_hidden_state_layer_ids = {ids}"
+    return (f"on {architecture} SGLang reads the ids by {_rule_text(sglang_family_rule(architecture))}: "
+            f"set eagle_config.eagle_aux_hidden_state_layer_ids = {ids}")
+
+
+def check_family(captures: dict[str, EngineCapture], architecture: str | None) -> list[Finding]:
+    """Which SGLang rule reads the ids on this target (info), or that it was assumed (warn when
+    the config names an architecture the table does not know); vLLM caveats for the family."""
     out: list[Finding] = []
+    sg = captures.get("sglang")
+    if sg is not None and sg.outcome != "unsupported":
+        fam = sglang_family_rule(architecture)
+        if fam.known:
+            out.append(Finding("aux.family", "info", "sglang",
+                               f"target {architecture}: SGLang 0.5.23 reads eagle_config ids by "
+                               f"{_rule_text(fam)}" + (f"; {fam.note}" if fam.note else ""), ""))
+        else:
+            out.append(Finding("aux.family_assumed", "warn" if architecture else "info", "sglang", fam.note,
+                               "check the target's model file in SGLang (set_eagle3_layers_to_capture) before "
+                               "trusting the layers below"))
+    note = vllm_family_note(architecture)
+    if note and "vllm" in captures:
+        out.append(Finding("aux.family", "info", "vllm", note, ""))
+    return out
+
+
+def _sglang_dropped(i: int, cap: EngineCapture, L: int, architecture: str | None) -> tuple[str, str]:
+    """(why, fix) for an SGLang id that captures nothing, in the target's rule."""
+    if architecture is None or cap.family == "plus-one" and not cap.failure:
+        why = (f"maps to capture index {i + 1}, which is never reached (only layers 0..{L - 1} run)"
+               if i >= L - 1 else f"maps to capture index {i + 1}, which no layer has")
+        fix = ("the output of the last decoder layer cannot be captured by SGLang; use an earlier "
+               "layer (id L-2 = HF L-1) and retrain, or drop the id and K" if i == L - 1 else
+               f"use ids in -1..{L - 2} (id k = HF k+1; -1 = embeddings)")
+        return why, fix
+    fam = sglang_family_rule(architecture)
+    c = dict(zip(cap.native_ids, fam.capture_indices(cap.native_ids, L)))[i]
+    why = f"maps to capture index {c} under {_rule_text(fam)}, which no layer 0..{L - 1} has"
+    return why, f"use ids that this rule maps to HF 0..{L - 1} ({fam.id_meaning()})"
+
+
+def check_aux(captures: dict[str, EngineCapture], *, raw: dict, num_layers: int, aux_width: int,
+              training_hf: tuple[int, ...] | None, architecture: str | None = None) -> list[Finding]:
+    """Findings about the aux capture: the SGLang rule of the target's architecture, ignored
+    keys, dropped ids, slot-count crashes, defaults, engines that disagree."""
+    L = num_layers
+    out: list[Finding] = check_family(captures, architecture)
     eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
     e_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     t_ids = raw.get("eagle_aux_hidden_state_layer_ids")
@@ -62,34 +125,46 @@ def check_aux(captures: dict[str, EngineCapture], *, raw: dict, num_layers: int,
             except ConventionError:
                 pass
         sev = "warn" if tuple(default) in meanings else "error"
-        want = native_aux_ids(sorted(set(int(i) for i in t_ids if 0 <= int(i) <= L - 1)), "sglang") \
-            if all(isinstance(i, int) for i in t_ids) else t_ids
+        hf_like = sorted(set(int(i) for i in t_ids if isinstance(i, int) and 0 <= int(i) <= L - 1))
+        fam = sglang_family_rule(architecture)
+        try:
+            want = native_aux_ids(hf_like, "sglang", architecture=architecture) \
+                if all(isinstance(i, int) for i in t_ids) else t_ids
+        except ConventionError:
+            want = "(not expressible)"
+        conv = "HF index - 1" if architecture is None else _rule_text(fam)
         out.append(Finding("aux.ignored_key", sev, "sglang",
                            f"eagle_aux_hidden_state_layer_ids {list(t_ids)} is only at the top level: SGLang "
                            f"ignores it and captures its default HF {fmt_hf(default, L)}",
-                           "put the ids in eagle_config.eagle_aux_hidden_state_layer_ids (SGLang convention: "
-                           f"HF index - 1; e.g. HF indices {sorted(set(int(i) for i in t_ids))} -> {want})"))
+                           f"put the ids in eagle_config.eagle_aux_hidden_state_layer_ids (SGLang convention: "
+                           f"{conv}; e.g. HF indices {hf_like} -> {want})"))
     for eng, cap in captures.items():
         name = ENGINE_NAME[eng]
         if cap.outcome == "unsupported":
             continue
         for i in cap.dropped_ids:
             if eng == "sglang":
-                why = (f"maps to capture index {i + 1}, which is never reached (only layers 0..{L - 1} run)"
-                       if i >= L - 1 else f"maps to capture index {i + 1}, which no layer has")
-                fix = ("the output of the last decoder layer cannot be captured by SGLang; use an earlier "
-                       "layer (id L-2 = HF L-1) and retrain, or drop the id and K" if i == L - 1 else
-                       f"use ids in -1..{L - 2} (id k = HF k+1; -1 = embeddings)")
+                why, fix = _sglang_dropped(i, cap, L, architecture)
             else:
                 # vLLM 0.32.0 llama.py:427-441: capture points are ids 0 (embeddings) .. L (after layer L-1)
                 why = (f"never matches a layer index (vLLM's ids are 0..{L}; id 0 is the embeddings)" if i < 0
                        else f"is past vLLM's last capture point, id {L} (after layer {L - 1})")
                 fix = (f"write vLLM ids at the top level: id k = HF index k, 0..{L - 1}"
                        " (HF 0 = embeddings)")
-            out.append(Finding("aux.dropped_id", "error", eng,
-                               f"{cap.source} id {i} {why}: {name} silently drops that slot", fix))
+            effect = (f"{name} loses that slot and then fails: {cap.failure}" if cap.failure
+                      else f"{name} silently drops that slot")
+            out.append(Finding("aux.dropped_id", "error", eng, f"{cap.source} id {i} {why}: {effect}", fix))
         got = cap.slots
-        if cap.prenorm_ids:
+        if cap.prenorm_ids and eng == "sglang":
+            fam = sglang_family_rule(architecture)
+            out.append(Finding("aux.prenorm_last", "warn", eng,
+                               f"{cap.source} id {cap.prenorm_ids[0]} -> capture index {L} under {_rule_text(fam)}: "
+                               f"{name} captures the output of the last decoder layer (layer {L - 1}) before the "
+                               f"final norm ({fam.sources[-1].split(' ')[0]}); no HF hidden_states index holds it "
+                               f"(HF {L} is after the final norm), so a draft trained on HF {L} gets another tensor",
+                               "train on the state the engine feeds (the last layer's pre-norm output), or use "
+                               f"ids this rule maps to HF 0..{L - 1} ({fam.id_meaning()})"))
+        elif cap.prenorm_ids:
             out.append(Finding("aux.prenorm_last", "warn", eng,
                                f"{cap.source} id {cap.prenorm_ids[0]} = L: {name} captures the output of the last "
                                f"decoder layer (layer {L - 1}) before the final norm (vLLM 0.32.0 llama.py:438-441); "
@@ -97,7 +172,14 @@ def check_aux(captures: dict[str, EngineCapture], *, raw: dict, num_layers: int,
                                f"trained on HF {L} gets another tensor",
                                "train on the state vLLM feeds (speculators reads it from vLLM), or use ids "
                                f"0..{L - 1} (id k = HF index k)"))
-        if cap.outcome == "crash":
+        if cap.outcome == "crash" and cap.failure:
+            out.append(Finding("aux.slot_count", "error", eng,
+                               f"{name} captures {got} slot(s) HF {slots_text(cap, L)} of {cap.slots_expected}: "
+                               f"{cap.failure}",
+                               f"configure exactly {cap.slots_expected} distinct ids that "
+                               + (_rule_text(sglang_family_rule(architecture)) if eng == "sglang" else name)
+                               + f" maps to HF 0..{L - 1}"))
+        elif cap.outcome == "crash":
             if eng == "sglang":
                 msg = (f"{name} captures {got} slot(s) HF {slots_text(cap, L)} but fc expects "
                        f"{cap.slots_expected} x {aux_width}: the first request crashes with 'mat1 and mat2 "
@@ -146,8 +228,9 @@ def check_aux(captures: dict[str, EngineCapture], *, raw: dict, num_layers: int,
 
 
 def check_training(captures: dict[str, EngineCapture], training_hf: tuple[int, ...] | None, *,
-                   num_layers: int) -> list[Finding]:
-    """Per engine: do the layers it feeds equal the layers the draft was trained on?"""
+                   num_layers: int, architecture: str | None = None) -> list[Finding]:
+    """Per engine: do the layers it feeds equal the layers the draft was trained on? The SGLang
+    fix is written in the target architecture's rule (``sglang_ids_fix``)."""
     if training_hf is None:
         return []
     L = num_layers
@@ -178,8 +261,7 @@ def check_training(captures: dict[str, EngineCapture], training_hf: tuple[int, .
             if L in training_hf or any(i > L for i in training_hf):
                 fix = "SGLang cannot capture the final-norm output (HF L): retrain on other layers"
             else:
-                fix = (f"set eagle_config.eagle_aux_hidden_state_layer_ids = "
-                       f"{native_aux_ids(ascending, 'sglang')}")
+                fix = sglang_ids_fix(ascending, L, architecture)
         else:
             if any(i >= L for i in training_hf):
                 fix = "vLLM captures only HF 0..L-1: retrain on other layers"
