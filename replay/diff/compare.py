@@ -11,17 +11,19 @@ plus small per-row results. The first divergence is said as soon as the rows rea
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from specdiff.replay.diff import blocks, metrics
+from specdiff.replay.diff import blocks, inherited, metrics, routing
 from specdiff.replay.diff.align import Alignment, Pair, RowMatch, match_rows, pack_keys
+from specdiff.replay.diff.contract_check import side_labels
 from specdiff.replay.diff.early import FirstDivergenceWatch, divergence_key
 from specdiff.replay.diff.tolerance import Tolerance, apply_overrides, default_tolerance, looser_dtype
 from specdiff.tracer.contract import known
-from specdiff.tracer.schema import aux_slot, ordered, probe_index, spec_for
+from specdiff.tracer.schema import aux_name, aux_slot, ordered, probe_index, spec_for
 
 MATCH, CLOSE, DIVERGED = 0, 1, 2
 #: a row in a damaged chunk on either side (tracer.damage): not compared, never counted as a match
@@ -52,6 +54,13 @@ class TensorComparison:
             ``structure`` holds the replay.structure.StructureMismatch) or ``tokens`` (the token
             sequences pair only by content: ``alignment.token_formats`` say how they differ).
         structure: the StructureMismatch of a ``structure`` finding, else None.
+        counted: bool [n], the rows that judge the tensor: their inputs agree (replay/diff/
+            inherited.py); None = every row. ``diverged``, ``divergence_depth`` and
+            ``first_failing_row`` are decided on the counted failing rows (``own_fail``).
+        inherited: bool [n], rows whose inputs already differ upstream; ``inherited_src`` int
+            [n] indexes ``inherited_names`` (the tensor each came from), -1 elsewhere.
+        explained: bool [n], counted failing rows a named legitimate cause explains
+            (``explanation``, e.g. routing.RoutingFlips); None = none.
     """
 
     name: str
@@ -66,6 +75,23 @@ class TensorComparison:
     diverged: bool = False
     kind: str = "values"
     structure: object = None
+    counted: np.ndarray | None = None
+    inherited: np.ndarray | None = None
+    inherited_src: np.ndarray | None = None
+    inherited_names: list = field(default_factory=list)
+    explained: np.ndarray | None = None
+    explanation: object = None
+
+    @property
+    def own_fail(self) -> np.ndarray:
+        """bool [n]: failing rows that count against this tensor: counted (inputs agree) and not
+        explained; a non-finite row always counts."""
+        fail = self.status == DIVERGED
+        if self.counted is not None:
+            fail = fail & (self.counted | self.nonfinite)
+        if self.explained is not None:
+            fail = fail & ~self.explained
+        return fail
 
     @property
     def first_where(self) -> dict | None:
@@ -92,10 +118,12 @@ class TensorComparison:
         if not self.diverged:
             return None
         depth = self.match.depth
-        fail = self.status == DIVERGED
+        fail = self.own_fail
+        counted = self.counted if self.counted is not None else np.ones(len(depth), bool)
         for d in np.unique(depth):
             sel = depth == d
-            if self.nonfinite[sel].any() or fail[sel].mean() > self.tolerance.max_fail_frac:
+            n = int(counted[sel].sum())
+            if self.nonfinite[sel].any() or (n and fail[sel].sum() / n > self.tolerance.max_fail_frac):
                 return int(d)
         return int(depth[fail].min()) if fail.any() else 0
 
@@ -103,7 +131,7 @@ class TensorComparison:
     def first_failing_row(self) -> int | None:
         """Index (into the aligned rows) of the failing row at the earliest position, then pair,
         among the rows at ``divergence_depth`` when that depth has failing rows."""
-        bad = np.nonzero(self.status == DIVERGED)[0]
+        bad = np.nonzero(self.own_fail)[0]
         if not len(bad):
             return None
         d = self.divergence_depth
@@ -141,7 +169,8 @@ def _filter_depth(m: RowMatch, good: np.ndarray | None) -> RowMatch:
 
 def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: Tolerance,
                    good_paths: np.ndarray | None, block_rows: int = 1 << 16, match: RowMatch | None = None,
-                   watch=None, on_rows=None, on_partial=None, runner=None) -> TensorComparison:
+                   watch=None, on_rows=None, on_partial=None, runner=None, counted: np.ndarray | None = None,
+                   inherited: tuple | None = None, judge=None, watch_frac: float | None = None) -> TensorComparison:
     """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows).
 
     Blocks of ``block_rows`` rows (at most ~16 MiB of float32 a side) are compared on the block
@@ -152,6 +181,13 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     this tensor's rows are read, with the rows compared so far (status -1 on rows not read yet).
     ``runner``: where blocks are compared (``blocks.LocalBlocks``, the default, or
     ``blocks.ExecutorBlocks`` for Dask workers); the results are the same either way.
+
+    ``counted``: bool [n], the rows whose inputs agree (replay/diff/inherited.py), the only ones
+    that judge the tensor (None: all); ``inherited``: ``Inheritance.inherited``'s (mask, source
+    index, names), kept for the report. ``judge(comp, candidates)``: a named legitimate cause
+    for the counted failing rows ``candidates`` (bool [n]), e.g. ``routing.routing_flips``, or
+    None; it explains all of them or none, before the verdict is final. ``watch_frac``: the fail
+    fraction the early watch proves a divergence above (the largest any ``judge`` may explain).
     """
     spec = spec_for(name)
     m = match if match is not None else tensor_match(traces, alignment, name, good_paths=good_paths)
@@ -164,8 +200,10 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     max_abs = 0.0
     worst = None
     worst_score = -1.0
+    if counted is not None and counted.all():
+        counted = None
     if watch is not None:
-        watch.start(name, tolerance, m)
+        watch.start(name, tolerance, m, counted=counted, max_frac=watch_frac)
     step = blocks.block_rows(traces.x, name, block_rows)
     for r in _blocks_in_order(traces, name, spec.kind, m, step, runner or blocks.LocalBlocks()):
         a, b = r.a, r.b
@@ -189,6 +227,8 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     status = np.where(unread, UNREADABLE, np.where(fail, DIVERGED, np.where(exact, MATCH, CLOSE))).astype(np.int8)
     readable = n - int(unread.sum())
     fail_frac = float(fail.sum()) / readable if readable else 0.0
+    own = fail & (counted | nonfinite) if counted is not None else fail
+    counted_readable = int((counted & ~unread).sum()) if counted is not None else readable
     stats = {"rows": n, "fail_rows": int(fail.sum()), "fail_frac": fail_frac, "coverage": m.coverage,
              "nonfinite_rows": int(nonfinite.sum()), "exact_rows": int(exact.sum()),
              "unreadable_rows": int(unread.sum())}
@@ -200,11 +240,45 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     else:
         stats.update(match_rate=float(exact.sum()) / readable if readable else 1.0,
                      topk_overlap=float((1 - score[~unread]).mean()) if readable else 1.0)
-    diverged = bool(readable) and (fail_frac > tolerance.max_fail_frac or bool(nonfinite.any()))
-    comp = TensorComparison(name, tolerance, m, status, score, cos, nonfinite, stats, worst, diverged)
+    inh, src, names = inherited if inherited is not None else (None, None, [])
+    comp = TensorComparison(name, tolerance, m, status, score, cos, nonfinite, stats, worst, False,
+                            counted=counted, inherited=inh, inherited_src=src, inherited_names=list(names))
+    if judge is not None and own.any():
+        comp.explanation = judge(comp, own & ~nonfinite)
+        if comp.explanation is not None:
+            comp.explained = own & ~nonfinite
+            own = own & nonfinite
+    own_frac = float(own.sum()) / counted_readable if counted_readable else 0.0
+    comp.diverged = bool(readable) and (own_frac > tolerance.max_fail_frac or bool(nonfinite.any()))
+    stats.update(_inheritance_stats(comp, own, counted_readable, own_frac, spec.kind))
     if watch is not None:
         watch.finished(comp)
     return comp
+
+
+def _inheritance_stats(comp: TensorComparison, own: np.ndarray, counted: int, own_frac: float, kind: str) -> dict:
+    """The report's numbers on which rows judged the tensor (replay/diff/inherited.py): rows
+    counted (inputs agree), their failing rows, rows inherited and explained, and how close the
+    tensor came to its limits (``limit_use``: 1.0 = at the limit)."""
+    inh = comp.inherited if comp.inherited is not None else np.zeros(len(own), bool)
+    explained = comp.explained if comp.explained is not None else np.zeros(len(own), bool)
+    stats = {"counted_rows": counted, "own_fail_rows": int(own.sum()), "own_fail_frac": own_frac,
+             "inherited_rows": int(inh.sum()), "explained_rows": int(explained.sum())}
+    if inh.any():
+        idx, cnt = np.unique(comp.inherited_src[inh], return_counts=True)
+        stats["inherited_from"] = {comp.inherited_names[int(i)]: int(c) for i, c in zip(idx, cnt, strict=True)}
+    tol = comp.tolerance
+    use = {"fail_frac": own_frac / tol.max_fail_frac if tol.max_fail_frac else float(own.any())}
+    if kind == "float":
+        counted_rows = comp.counted if comp.counted is not None else np.ones(len(own), bool)
+        passing = counted_rows & (comp.status <= CLOSE)
+        if passing.any():
+            worst_rel = float(comp.score[passing].max())
+            use["rel"] = worst_rel / tol.rel if tol.rel else 0.0
+            use["cos"] = float((1 - comp.cos[passing].min()) / (1 - tol.cos)) if tol.cos < 1 else 0.0
+            stats["max_rel_passing"] = worst_rel
+    stats["limit_use"] = {k: round(v, 4) for k, v in use.items()}
+    return stats
 
 
 def _partial(name, tolerance, m, b, score, cos, exact, nonfinite, unread, kind, *, diverged) -> TensorComparison:
@@ -330,6 +404,9 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     """
     structure = list(structure or ())
     good, names, matched = _plan(traces, alignment, structure)
+    family = routing.target_family(traces, side_labels(traces))
+    upstream = inherited.Inheritance()
+    lengths = np.array([p.length for p in alignment.seq_pairs], np.int64)
     out: dict[str, TensorComparison] = {m.name: structure_comparison(traces, m, preset=preset) for m in structure}
     known = list(out.values())
     if alignment.token_formats:
@@ -349,12 +426,21 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         spec = spec_for(name)
         tol = default_tolerance(_compute_dtype(traces.x, name), _compute_dtype(traces.y, name),
                                 kind=spec.kind, preset=preset)
-        tol = apply_overrides(tol, name, overrides or {})
+        tol = apply_overrides(exact_inputs(name, tol), name, overrides or {})
         m = tensor_match(traces, alignment, name, good_paths=good, match=matched.get(name))
+        inh = upstream.inherited(name, m)
+        counted = ~inh[0] & ~inherited.beyond_common_run(name, m, lengths)
+        judge, watch_frac = None, None
+        if routing.eligible(name, family):
+            prev = out.get(aux_name(aux_slot(name) - 1))
+            judge = functools.partial(_judge_routing, prev, family, counted)
+            watch_frac = routing.bound(tol)
         out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, match=m, watch=watch,
                                    on_rows=rows_done if on_rows is not None else None, runner=runner,
                                    on_partial=None if on_partial is None
-                                   else lambda c: on_partial({**out, c.name: c}, watch.first))
+                                   else lambda c: on_partial({**out, c.name: c}, watch.first),
+                                   counted=counted, inherited=inh, judge=judge, watch_frac=watch_frac)
+        upstream.add(out[name], inherited.source_rows(out[name]))
         if on_partial is not None:
             on_partial(dict(out), watch.first)
     add_logit_stats(traces, out)
@@ -362,6 +448,22 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         out["tokens"] = token_format_comparison(traces, alignment, out.get("tokens"), preset=preset)
     watch.done()
     return {n: out[n] for n in ordered(out)}
+
+
+def exact_inputs(name: str, tol: Tolerance) -> Tolerance:
+    """``tokens`` admits no failing row: the draft's input tokens are not numerics. Depth-0 rows
+    hold x_{t+1} of the sequence on both sides, deeper rows are compared only where both sides'
+    token paths agree (``_token_path_keys``), and rows past the common token run are not counted
+    (inherited.beyond_common_run): a differing counted token is a bug (e.g. one wrong token at a
+    chunk boundary), however few rows it touches. Other tensors: ``tol`` unchanged."""
+    return replace(tol, max_fail_frac=0.0) if name == "tokens" else tol
+
+
+def _judge_routing(previous, family, counted, comp, candidates):
+    """``routing.routing_flips`` as a ``compare_tensor`` judge (the previous aux slot's comparison
+    and the counted rows bound first)."""
+    return routing.routing_flips(comp, previous, family, candidates, counted if counted is not None
+                                 else np.ones(len(candidates), bool))
 
 
 def _plan(traces: Pair, alignment: Alignment, structure: list) -> tuple[np.ndarray | None, list[str], dict]:

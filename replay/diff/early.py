@@ -20,6 +20,13 @@ first divergence the moment the full-data answer can no longer change. The rule:
    shallowest possible depth (the smallest depth its side-A rows hold; 0 for depthless
    tensors) with its stage and name.
 
+Rows that do not judge the tensor (``counted`` False: their inputs already differ upstream,
+replay/diff/inherited.py) are left out of both fractions and of the failing rows, as the full
+verdict leaves them out; every unread row at depth d, counted or not, still bounds the position
+(a non-finite row always counts). A tensor whose failing rows a named cause may still explain
+in full (routing.py, decided once all its rows are read) is proven only above the largest
+fraction that cause may explain (``max_frac``).
+
 Every step is a bound that the rest of the data can only confirm, so the early answer equals the
 full one by construction (tests/test_early_first.py checks it on every scenario pair). When no
 candidate is proven before the end, the answer comes with the full data (the watch still says it
@@ -66,13 +73,15 @@ class EarlyFirst:
 class _Running:
     """Counters of the tensor being compared (rule 1 and 2 of the module doc)."""
 
-    def __init__(self, name: str, tolerance, match):
-        self.name, self.max_frac = name, tolerance.max_fail_frac
+    def __init__(self, name: str, tolerance, match, counted=None, max_frac=None):
+        self.name = name
+        self.max_frac = tolerance.max_fail_frac if max_frac is None else max(max_frac, tolerance.max_fail_frac)
         depth = np.asarray(match.depth)
-        self.n = len(depth)
-        self.d = int(depth.min()) if self.n else 0
+        self.counted = np.ones(len(depth), bool) if counted is None else np.asarray(counted, bool)
+        self.n = int(self.counted.sum())
+        self.d = int(depth.min()) if len(depth) else 0
         at_d = depth == self.d
-        self.n_d = int(at_d.sum())
+        self.n_d = int((at_d & self.counted).sum())
         width = int(match.pair.max()) + 1 if self.n else 1
         # packed (pos, pair) of rows at depth d, +inf elsewhere; suffix minimum = earliest unread row
         packed = np.where(at_d, match.pos.astype(np.int64) * width + match.pair, np.iinfo(np.int64).max)
@@ -86,6 +95,7 @@ class _Running:
 
     def add(self, a: int, b: int, fail: np.ndarray, nonfinite: np.ndarray) -> None:
         at_d = self.packed[a:b] != np.iinfo(np.int64).max
+        fail = fail & (self.counted[a:b] | nonfinite)
         self.fail += int(fail.sum())
         self.fail_d += int((fail & at_d).sum())
         self.nonfinite_d |= bool((nonfinite & at_d).any())
@@ -127,9 +137,11 @@ class FirstDivergenceWatch:
             self.pending.pop(c.name, None)  # a tokens finding replaces the tokens row comparison
         self.running: _Running | None = None
 
-    def start(self, name: str, tolerance, match) -> None:
-        """Tensor ``name`` starts being compared over ``match`` (its aligned rows)."""
-        self.running = _Running(name, tolerance, match) if name in self.pending else None
+    def start(self, name: str, tolerance, match, *, counted=None, max_frac=None) -> None:
+        """Tensor ``name`` starts being compared over ``match`` (its aligned rows); ``counted``:
+        bool [n], the rows that judge it (None: all); ``max_frac``: prove a divergence only above
+        this fail fraction (a named cause may explain up to it; None: the tolerance's)."""
+        self.running = _Running(name, tolerance, match, counted, max_frac) if name in self.pending else None
         self._check()
 
     def block(self, a: int, b: int, fail: np.ndarray, nonfinite: np.ndarray) -> None:
