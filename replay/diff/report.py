@@ -114,6 +114,34 @@ class DiffReport:
             out += [(name, i) for i in bad]
         return out
 
+    @property
+    def legitimate(self) -> list:
+        """Named legitimate differences (``routing.RoutingFlips``), in dataflow order: rows that
+        differ beyond tolerance for a reason the target family makes legitimate; not divergences."""
+        return [c.explanation for c in self.comparisons.values() if c.explanation is not None]
+
+    def inherited(self) -> dict:
+        """tensor -> ``{"rows", "from": {tensor: rows}}`` for every tensor with inherited rows
+        (rows whose inputs already differ upstream; replay/diff/inherited.py)."""
+        return {n: {"rows": c.stats["inherited_rows"], "from": c.stats.get("inherited_from", {})}
+                for n, c in self.comparisons.items() if c.stats.get("inherited_rows")}
+
+    def margin(self) -> dict | None:
+        """The compared tensor that came closest to a limit without diverging: ``{"tensor",
+        "limit", "use"}`` plus its numbers (``use`` 1.0 = at the limit; ``limit``: ``rel``, ``cos``
+        or ``fail_frac``), or None when no tensor passed."""
+        best = None
+        for n, c in self.comparisons.items():
+            use = c.stats.get("limit_use") or {}
+            if c.diverged or c.kind != "values" or not use:
+                continue
+            k = max(use, key=use.get)
+            if best is None or use[k] > best["use"]:
+                best = {"tensor": n, "limit": k, "use": use[k], "max_rel_passing": c.stats.get("max_rel_passing"),
+                        "rel_limit": c.tolerance.rel, "own_fail_rows": c.stats.get("own_fail_rows"),
+                        "counted_rows": c.stats.get("counted_rows"), "max_fail_frac": c.tolerance.max_fail_frac}
+        return best
+
     def contract_bearing(self) -> list[ContractMismatch]:
         """Contract differences (and unknown facts) that bear on the first divergence's stage."""
         if self.first is None:
@@ -130,8 +158,10 @@ class DiffReport:
             if self.incomplete:
                 return (f"no divergence in the rows that could be read, but the traces are damaged "
                         f"({self._damage_summary()}), so equivalence is not shown; see damage")
+            named = "".join(f"; explained: {e.message().split(':')[0]} at {e.tensor} ({len(e.rows)} rows)"
+                            for e in self.legitimate)
             return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
-                    f"{len(self.alignment.seq_pairs)} sequences{self._damage_note()}")
+                    f"{len(self.alignment.seq_pairs)} sequences{named}{self._damage_note()}")
         why = f" — {self.explanations[0].message}" if self.explanations else ""
         if self.first.kind == "structure":
             m = self.first.structure
@@ -183,6 +213,9 @@ class DiffReport:
             "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length,
                            "start": [p.start.x, p.start.y], "format": asdict(p.format) if p.format else None}
                           for p in self.alignment.seq_pairs],
+            "explained_differences": [{"cause": e.cause, "message": e.message(), **asdict(e)} for e in self.legitimate],
+            "inherited": self.inherited(),
+            "margin": self.margin(),
             "tensors": {n: {"diverged": c.diverged, "kind": c.kind, **c.stats, "tolerance": asdict(c.tolerance)}
                         for n, c in self.comparisons.items()},
         })
@@ -365,6 +398,9 @@ def render_text(report: DiffReport) -> str:
         nums = ", ".join(f"{k} {_fmt(s[k])}" for k in ("max_rel", "min_cos", "max_abs", "match_rate", "topk_overlap",
                                                         "fail_frac", "nonfinite_rows") if k in s)
         out.append(f"  {f.name}: {s['fail_rows']}/{s['rows']} rows fail ({nums})")
+        if s.get("inherited_rows") or s.get("explained_rows"):
+            out.append(f"  judged on {s['counted_rows']} rows whose inputs agree: {s['own_fail_rows']} fail "
+                       f"({s['own_fail_frac']:.3g}){_inherited_note(f)}")
         tol = f.tolerance
         out.append(f"  tolerance: rel <= {tol.rel:g}, cos >= {tol.cos:g}, ids overlap >= {tol.ids:g}, "
                    f"fail fraction <= {tol.max_fail_frac:g}")
@@ -401,6 +437,7 @@ def render_text(report: DiffReport) -> str:
         out += [f"  [{m.severity}] {m.message}" for m in report.contract]
     else:
         out.append("  the contract facts both sides recorded agree")
+    out += _legitimate_rows(report)
     out += ["", "acceptance", *_acc_rows(report.labels, report.acceptance)]
     if report.grafts is not None:
         out += ["", *_graft_rows(report.grafts)]
@@ -412,11 +449,43 @@ def render_text(report: DiffReport) -> str:
         mark = "DIVERGED" if c.diverged else "DAMAGED" if c.stats.get("unreadable_rows") else "ok"
         key = "max_rel" if "max_rel" in c.stats else "match_rate"
         out.append(f"  {name:26s} {mark:8s} rows {c.stats['rows']:<6d} {key} {_fmt(c.stats.get(key, float('nan')))}"
-                   f"  coverage {c.stats['coverage']:.0%}{_unreadable_note(report, name, c)}")
+                   f"  coverage {c.stats['coverage']:.0%}{_inherited_note(c)}{_unreadable_note(report, name, c)}")
     out.append(f"\n{report.alignment.summary()}")
     if report.alignment_error:
         out.append(f"no row compared: {report.alignment_error}")
     return "\n".join(out)
+
+
+def _inherited_note(c: TensorComparison) -> str:
+    n, e = c.stats.get("inherited_rows", 0), c.stats.get("explained_rows", 0)
+    return (f"  inherited {n}" if n else "") + (f"  explained {e}" if e else "")
+
+
+def _legitimate_rows(report: DiffReport) -> list[str]:
+    """Named legitimate differences, inherited rows and the closest margin (text report)."""
+    out = []
+    if report.legitimate:
+        out += ["", "explained differences (legitimate for this target family, not divergences)"]
+        for e in report.legitimate:
+            out.append(f"  {e.cause}: {e.message()}")
+            out += [f"    {line}" for line in e.evidence()]
+    inh = report.inherited()
+    if inh:
+        out += ["", "inherited rows (their inputs already differ upstream; not counted as new divergences)"]
+        for n, v in inh.items():
+            src = ", ".join(f"{k} {c}" for k, c in v["from"].items())
+            out.append(f"  {n:26s} {v['rows']} rows from {src}")
+    m = report.margin()
+    if m is not None:
+        if m["limit"] == "fail_frac":
+            words = (f"{m['own_fail_rows']} of {m['counted_rows']} counted rows fail, {m['use']:.0%} of the "
+                     f"{m['max_fail_frac']:g} fail fraction allowed")
+        else:
+            words = (f"worst passing row max_rel {_fmt(m['max_rel_passing'])} against rel <= {m['rel_limit']:g}"
+                     if m["limit"] == "rel" else "worst passing row's cosine")
+            words += f" ({m['use']:.0%} of its {m['limit']} limit)"
+        out += ["", f"margin: closest to a limit: {m['tensor']}: {words}"]
+    return out
 
 
 def _unreadable_note(report: DiffReport, name: str, c: TensorComparison) -> str:
