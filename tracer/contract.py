@@ -92,7 +92,8 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                                     "architecture it serves (SGLang: type(ModelRunner.model).__name__, "
                                     "e.g. 'DeepseekV3ForCausalLM'; training: config.architectures[0])"),
     "target_config_sha256": ((str,), "config_sha256 of the target's config as the engine loaded it: canonical "
-                                     "JSON of its to_dict() without CONFIG_PROVENANCE_KEYS"),
+                                     "JSON of its to_dict() without CONFIG_UNHASHED_KEYS (provenance and what "
+                                     "SGLang adds)"),
     "target_num_experts": ((int, type(None)), "routed experts per MoE layer of the target (None: dense)"),
     "target_experts_per_token": ((int, type(None)), "experts each token is routed to (top-k; None: dense)"),
     "aux_capture_rule": ((str,), "whose set_eagle3_layers_to_capture turned the draft's aux ids into the "
@@ -151,19 +152,28 @@ def weight_sha256(weight, *, rows: int | None = None) -> str:
     return hashlib.sha256(np.ascontiguousarray(w.float().cpu().numpy()).tobytes()).hexdigest()
 
 
-#: Keys of a config's to_dict() that say where or how it was loaded, not what the model computes:
-#: left out of config_sha256 so the engine's copy and training's copy of one checkpoint agree.
-CONFIG_PROVENANCE_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash",
-                                    "_attn_implementation", "_attn_implementation_autoset",
-                                    "attn_implementation", "torch_dtype", "dtype", "use_cache"})
+#: Keys of a config's to_dict() left out of config_sha256 (at every depth), so the engine's copy and
+#: training's copy of one checkpoint hash alike: where / how it was loaded, and the attributes SGLang
+#: 0.5.23 writes into the hf_config it loaded (configs/model_config.py:908-913 encoder_only /
+#: language_only / language_model_only, :1329 context_len, :1352-1365 v_head_dim / swa_head_dim /
+#: swa_v_head_dim filled in when absent). So a change of v_head_dim alone does not change the hash.
+CONFIG_UNHASHED_KEYS = frozenset({
+    "_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation",
+    "_attn_implementation_autoset", "attn_implementation", "torch_dtype", "dtype", "use_cache",
+    "context_len", "encoder_only", "language_only", "language_model_only", "v_head_dim", "swa_head_dim",
+    "swa_v_head_dim"})
 
 
 def _canonical(value):
-    """JSON-safe form of a config value: nested configs as dicts, tuples as lists, keys as str."""
+    """JSON-safe form of a config value: nested configs as dicts, tuples as lists, keys as str; a
+    rope dict's legacy ``type`` alias of ``rope_type`` dropped (SGLang adds it,
+    utils/hf_transformers_patches.py:113)."""
     if hasattr(value, "to_dict") and callable(value.to_dict):
         value = value.to_dict()
     if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in value.items() if str(k) not in CONFIG_PROVENANCE_KEYS}
+        alias = "type" in value and "rope_type" in value and value["type"] == value["rope_type"]
+        return {str(k): _canonical(v) for k, v in value.items()
+                if str(k) not in CONFIG_UNHASHED_KEYS and not (alias and k == "type")}
     if isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
     if isinstance(value, (str, int, float, bool)) or value is None:
@@ -181,7 +191,7 @@ def config_sha256(config) -> str:
     Raises:
         TypeError: ``config`` is neither.
 
-    The dict is taken without ``CONFIG_PROVENANCE_KEYS`` (at every depth), nested configs as
+    The dict is taken without ``CONFIG_UNHASHED_KEYS`` (at every depth), nested configs as
     dicts, then ``json.dumps(sort_keys=True, separators=(",", ":"), allow_nan=True)`` UTF-8.
     ``to_dict()`` writes every attribute, defaults included, so a config.json that omits a default
     and one that spells it out hash alike once both are loaded by the same transformers version.
