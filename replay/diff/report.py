@@ -473,7 +473,7 @@ def _legitimate_rows(report: DiffReport) -> list[str]:
     if inh:
         out += ["", "inherited rows (their inputs already differ upstream; not counted as new divergences)"]
         for n, v in inh.items():
-            src = ", ".join(f"{k} {c}" for k, c in v["from"].items())
+            src = ", ".join(f"{k} ({c})" for k, c in v["from"].items())
             out.append(f"  {n:26s} {v['rows']} rows from {src}")
     m = report.margin()
     if m is not None:
