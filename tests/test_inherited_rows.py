@@ -195,12 +195,15 @@ def test_a_run_of_failing_rows_is_not_a_routing_near_tie(tmp_path, small_blocks)
     assert report.first.name == "target.aux.1" and not report.legitimate
     w = report.first.first_where
     assert (w["pair"], w["pos"]) == (2, 20)
+    assert "run of 12 consecutive positions" in report.first.stats["routing_not_named"]
+    assert "not MoE routing near-ties: they form a run of 12" in render_text(report)
 
 
 def test_more_flips_than_routing_explains_are_a_divergence(tmp_path, small_blocks):
     n = int(ROWS * ROUTING_MAX_FRAC) + 8  # isolated, but above the routing bound
     report = diff_traces(*write_pair(tmp_path, family=MOE, flips=spread(n)), narrow=False)
     assert report.first.name == "target.aux.1" and not report.legitimate
+    assert "more than the 10% routing near-ties may explain" in report.first.stats["routing_not_named"]
 
 
 def test_a_wrong_layer_on_an_moe_target_is_a_divergence_at_the_aux_slot(tmp_path, small_blocks):
@@ -221,3 +224,18 @@ def test_the_margin_names_the_tensor_closest_to_its_limit(tmp_path):
         assert (m["max_rel_passing"], m["tensor"]) == worst
         assert m["use"] == pytest.approx(worst[0] / 0.05, rel=1e-3)
     assert json.loads(json.dumps(report.to_json()["margin"]))["tensor"] == m["tensor"]
+
+
+@pytest.mark.parametrize("case", ["moe flips", "dense flips", "fc bug after flips", "token bug", "run"])
+def test_the_early_first_divergence_is_the_full_one(tmp_path, small_blocks, case):
+    # (also checked on every diff above by tests/conftest.py; said here once per kind of pair)
+    kw = {"moe flips": dict(family=MOE, flips=spread(16)), "dense flips": dict(family=DENSE, flips=spread(16)),
+          "fc bug after flips": dict(family=MOE, flips=spread(16), bug_fc=spread(12, first=4)),
+          "token bug": dict(family=MOE, bug_tokens=[(1, 16), (3, 32)]),
+          "run": dict(family=MOE, flips=[(2, t) for t in range(20, 32)])}[case]
+    said = []
+    report = diff_traces(*write_pair(tmp_path, **kw), narrow=False, on_first=said.append)
+    if report.first is None:
+        assert said == [] and case == "moe flips"
+    else:
+        assert [(e.name, e.where) for e in said] == [(report.first.name, report.first.first_where)]

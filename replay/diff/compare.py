@@ -461,9 +461,13 @@ def exact_inputs(name: str, tol: Tolerance) -> Tolerance:
 
 def _judge_routing(previous, family, counted, comp, candidates):
     """``routing.routing_flips`` as a ``compare_tensor`` judge (the previous aux slot's comparison
-    and the counted rows bound first)."""
-    return routing.routing_flips(comp, previous, family, candidates, counted if counted is not None
-                                 else np.ones(len(candidates), bool))
+    and the counted rows bound first); why the rows were not named, when not, goes to the
+    tensor's ``stats["routing_not_named"]``."""
+    got = routing.routing_flips(comp, previous, family, candidates, counted)
+    if isinstance(got, str):
+        comp.stats["routing_not_named"] = got
+        return None
+    return got
 
 
 def _plan(traces: Pair, alignment: Alignment, structure: list) -> tuple[np.ndarray | None, list[str], dict]:

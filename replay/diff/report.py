@@ -22,6 +22,7 @@ from specdiff.replay.diff.contract_check import (
 )
 from specdiff.replay.diff.explain import Explanation, explain
 from specdiff.replay.diff.findings import crash_findings, matching_findings
+from specdiff.replay.diff.routing import target_family
 from specdiff.replay.diff.structure import structure_mismatches
 from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.schema import ordered, spec_for
@@ -398,6 +399,9 @@ def render_text(report: DiffReport) -> str:
         nums = ", ".join(f"{k} {_fmt(s[k])}" for k in ("max_rel", "min_cos", "max_abs", "match_rate", "topk_overlap",
                                                         "fail_frac", "nonfinite_rows") if k in s)
         out.append(f"  {f.name}: {s['fail_rows']}/{s['rows']} rows fail ({nums})")
+        if s.get("routing_not_named"):
+            fam = target_family(report.traces, report.labels).words()
+            out.append(f"  MoE target ({fam}): not MoE routing near-ties: {s['routing_not_named']}")
         if s.get("inherited_rows") or s.get("explained_rows"):
             out.append(f"  judged on {s['counted_rows']} rows whose inputs agree: {s['own_fail_rows']} fail "
                        f"({s['own_fail_frac']:.3g}){_inherited_note(f)}")

@@ -183,10 +183,11 @@ def _longest_run(pair: np.ndarray, pos: np.ndarray) -> int:
 
 
 def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
-                  counted: np.ndarray) -> RoutingFlips | None:
+                  counted: np.ndarray) -> RoutingFlips | str | None:
     """The routing near-ties that explain ``candidates`` (bool [n]: the failing rows of
-    ``comp``, a ``target.aux.{j}`` comparison, whose inputs agree), or None when any of them does
-    not fit (module doc) — then nothing is explained.
+    ``comp``, a ``target.aux.{j}`` comparison, whose inputs agree); when any of them does not fit
+    (module doc) nothing is explained and the answer is why, in words (for the report); None when
+    the tensor is not eligible or nothing fails.
 
     ``previous``: the comparison of ``target.aux.{j-1}`` (None: not compared, nothing is
     explained); ``counted``: bool [n], the rows whose inputs agree (the fraction's denominator).
@@ -197,10 +198,13 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
     idx = np.nonzero(candidates)[0]
     readable = int((counted & (comp.status != 4)).sum())  # compare.UNREADABLE
     frac = len(idx) / readable if readable else 1.0
-    if frac > bound(comp.tolerance) or comp.nonfinite[idx].any():
-        return None
+    if comp.nonfinite[idx].any():
+        return "non-finite rows"
+    if frac > bound(comp.tolerance):
+        return (f"{len(idx)} rows ({frac:.1%}) whose inputs agree fail, more than the {bound(comp.tolerance):.0%} "
+                "routing near-ties may explain")
     if (comp.score[idx] >= ROUTING_MAX_REL).any() or (comp.cos[idx] <= 0).any():
-        return None
+        return f"some rows are unrelated to the other side's (rel >= {ROUTING_MAX_REL:g} or cosine <= 0)"
     # the previous slot must have agreed at every one of these rows
     pm = previous.match
     pkeys = (pm.pair.astype(np.int64) << 32) | pm.pos.astype(np.int64)
@@ -210,12 +214,12 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
     found = at < len(pkeys)
     at = np.minimum(at, max(len(pkeys) - 1, 0))
     if not len(pkeys) or not (found & (pkeys[order][at] == keys)).all():
-        return None
+        return f"{previous.name} has no row at some of them"
     if (previous.status[order][at] > 1).any():  # DIVERGED or UNREADABLE there
-        return None
+        return f"{previous.name} already differs (or is unreadable) at some of them"
     run = _longest_run(m.pair[idx], m.pos[idx])
     if run > ROUTING_MAX_RUN:
-        return None
+        return f"they form a run of {run} consecutive positions (a near-tie flips single tokens)"
     rows = [{"seq": int(m.pair[i]), "pos": int(m.pos[i]), "rel": float(comp.score[i]), "cos": float(comp.cos[i])}
             for i in idx]
     j = aux_slot(comp.name)
