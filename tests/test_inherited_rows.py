@@ -224,6 +224,13 @@ def test_the_margin_names_the_tensor_closest_to_its_limit(tmp_path):
         assert (m["max_rel_passing"], m["tensor"]) == worst
         assert m["use"] == pytest.approx(worst[0] / 0.05, rel=1e-3)
     assert json.loads(json.dumps(report.to_json()["margin"]))["tensor"] == m["tensor"]
+    assert "close to a limit" not in report.verdict()
+    # one position moved by 0.048 at every stage, against the 0.05 limit: the verdict names it
+    close = diff_traces(*write_pair(tmp_path / "close", family=DENSE, flips=[(3, 9)], flip_rel=0.048),
+                        narrow=False)
+    m = close.margin()
+    assert close.first is None and m["limit"] == "rel" and 0.045 < m["max_rel_passing"] < 0.05
+    assert f"close to a limit: {m['tensor']} at 9" in close.verdict()
 
 
 @pytest.mark.parametrize("case", ["moe flips", "dense flips", "fc bug after flips", "token bug", "run"])
