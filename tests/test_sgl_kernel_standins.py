@@ -459,3 +459,93 @@ def test_extend_attention_over_prefix_plus_new_tokens(mask_kind):
             vis = torch.cat([torch.ones(e, p, dtype=torch.bool), trees[b]], 1)
         ref = _dense_attention(q[s : s + e], k, v, vis, 0.3)
         torch.testing.assert_close(out[s : s + e], ref, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- MLA (DeepSeek-V2/V3, Kimi-K2)
+#
+# SGLang 0.5.23 keeps one latent head per token for MLA (mem_cache/memory_pool.py MLATokenToKVPool:
+# get_key_buffer -> [slots, 1, kv_lora_rank + rope], get_value_buffer -> a view of its first
+# kv_lora_rank columns). The absorbed path (forward_mla.py) attends with q [T, H, kv_lora_rank + rope]
+# against that one head; the MHA path (forward_mha.py, chosen by attention_backend_handler.py
+# handle_attention_triton only when no request has a cached prefix) passes per-head k/v.
+
+LORA, ROPE = 8, 4
+
+
+def _mla_pool(g, slots=64):
+    kbuf = torch.randn(slots, 1, LORA + ROPE, generator=g)
+    return kbuf, kbuf[..., :LORA]  # value buffer = a strided view of the latent, as SGLang's pool
+
+
+def test_extend_attention_over_an_mla_latent_cache_with_prefix_and_tree_mask():
+    g = torch.Generator().manual_seed(22)
+    h = 4
+    kbuf, vbuf = _mla_pool(g)
+    rtt = torch.randperm(64, generator=g).to(torch.int32)[:40].view(2, 20).clone()
+    prefix, ext = [6, 2], [4, 3]
+    seq_lens = torch.tensor([p + e for p, e in zip(prefix, ext, strict=True)])
+    starts = torch.tensor([0, ext[0]])
+    t = sum(ext)
+    q = torch.randn(t, h, LORA + ROPE, generator=g)
+    latent = torch.randn(t, 1, LORA + ROPE, generator=g)
+    trees = [torch.tril(torch.randint(0, 2, (e, e), generator=g).bool()) | torch.eye(e, dtype=torch.bool) for e in ext]
+    custom = torch.cat([tr.flatten() for tr in trees])
+    out = torch.empty(t, h, LORA)
+    OPS.extend_attention_cpu(
+        q, latent, latent[..., :LORA], out, kbuf, vbuf, *SCALES, rtt, torch.tensor([0, 1]), seq_lens,
+        torch.tensor(ext), starts, max(ext), 0.2, 0.0, False, 0, None, None, custom, True,
+    )
+    for b in range(2):
+        p, e, s = prefix[b], ext[b], int(starts[b])
+        k = torch.cat([kbuf[rtt[b, :p].long()], latent[s : s + e]])
+        vis = torch.cat([torch.ones(e, p, dtype=torch.bool), trees[b]], 1)
+        ref = _dense_attention(q[s : s + e], k, k[..., :LORA], vis, 0.2)
+        torch.testing.assert_close(out[s : s + e], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_decode_attention_writes_the_latent_once_and_reads_v_from_its_first_columns():
+    g = torch.Generator().manual_seed(23)
+    h = 4
+    kbuf, vbuf = _mla_pool(g)
+    rtt = torch.randperm(64, generator=g).to(torch.int32)[:40].view(2, 20).clone()
+    rpi, seq_lens = torch.tensor([1, 0]), torch.tensor([9, 4])
+    loc = torch.stack([rtt[1, 8], rtt[0, 3]]).long()
+    q = torch.randn(2, h, LORA + ROPE, generator=g)
+    latent = torch.randn(2, 1, LORA + ROPE, generator=g)
+    kref = kbuf.clone()
+    kref[loc] = latent
+    out = torch.empty(2, h, LORA)
+    OPS.decode_attention_cpu(
+        q, kbuf, vbuf, *SCALES, out, latent, latent[..., :LORA], loc, torch.empty(2, h, 8, LORA + 1),
+        rtt, rpi, seq_lens, 0.2, 0.0, False, 0, None, None,
+    )
+    assert torch.equal(kbuf, kref) and torch.equal(vbuf, kref[..., :LORA])
+    for b in range(2):
+        sl = int(seq_lens[b])
+        k = kref[rtt[rpi[b], :sl].long()]
+        ref = _dense_attention(q[b : b + 1], k, k[..., :LORA], torch.ones(1, sl, dtype=torch.bool), 0.2)
+        torch.testing.assert_close(out[b : b + 1], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_mha_prefill_over_an_mla_cache_ignores_the_latent_pool_when_nothing_is_cached():
+    """DeepSeek's MHA prefill passes per-head k [T, H, nope + rope] / v [T, H, v_head_dim] while the
+    pool holds one latent head: the first request of a DeepSeek-V3 server died here in torch.cat."""
+    g = torch.Generator().manual_seed(24)
+    h, dqk, dv = 4, 12, 8
+    kbuf, vbuf = _mla_pool(g)
+    rtt = torch.arange(40, dtype=torch.int32).view(2, 20)
+    ext = [5, 3]
+    t = sum(ext)
+    q, k, v = (torch.randn(t, h, d, generator=g) for d in (dqk, dqk, dv))
+    out = torch.empty(t, h, dv)
+    args = (rtt, torch.tensor([0, 1]), torch.tensor(ext), torch.tensor(ext), torch.tensor([0, ext[0]]),
+            max(ext), 0.3, 0.0, False, 0, None, None, None, True)
+    OPS.extend_attention_cpu(q, k, v, out, kbuf, vbuf, *SCALES, *args)
+    for s, e in ((0, ext[0]), (ext[0], ext[1])):
+        vis = torch.tril(torch.ones(e, e, dtype=torch.bool))
+        ref = _dense_attention(q[s : s + e], k[s : s + e], v[s : s + e], vis, 0.3)
+        torch.testing.assert_close(out[s : s + e], ref, rtol=1e-4, atol=1e-5)
+    # the same per-head k/v against a cached latent prefix cannot be attended: one clear error
+    args = (rtt, torch.tensor([0, 1]), torch.tensor([ext[0] + 2, ext[1]]), *args[3:])
+    with pytest.raises(ValueError, match="do not match the cached prefix"):
+        OPS.extend_attention_cpu(q, k, v, out, kbuf, vbuf, *SCALES, *args)

@@ -49,6 +49,17 @@ def _attend(
     return torch.einsum("hmn,nhd->mhd", probs, v)
 
 
+def _check_prefix_layout(k_buffer, v_buffer, ke, ve) -> None:
+    """One clear error when the new tokens' K/V and the cached prefix disagree in heads or dims
+    (e.g. per-head MHA keys against an MLA latent cache that has a prefix)."""
+    if k_buffer.shape[1:] != ke.shape[1:] or v_buffer.shape[1:] != ve.shape[1:]:
+        raise ValueError(
+            f"extend_attention_cpu: new keys/values {tuple(ke.shape[1:])}/{tuple(ve.shape[1:])} "
+            f"do not match the cached prefix {tuple(k_buffer.shape[1:])}/{tuple(v_buffer.shape[1:])} "
+            "[heads, dim]; an MLA latent cache with a prefix needs the absorbed path"
+        )
+
+
 def decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -157,15 +168,22 @@ def extend_attention(
             continue
         pre = sl - ext
         row = req_to_token[r]
-        kp = _kv(k_buffer, row[:pre].to(torch.int64), k_scale)
-        vp = _kv(v_buffer, row[:pre].to(torch.int64), v_scale)
         if k_extend is not None and v_extend is not None:
             ke, ve = k_extend[st : st + ext].float(), v_extend[st : st + ext].float()
         else:
             ke = _kv(k_buffer, row[pre:sl].to(torch.int64), k_scale)
             ve = _kv(v_buffer, row[pre:sl].to(torch.int64), v_scale)
-        k = torch.cat([kp, ke], dim=0)
-        v = torch.cat([vp, ve], dim=0)
+        if pre == 0:
+            # No cached prefix: the buffers are not read. DeepSeek's MHA prefill
+            # (forward_mha.py, chosen only when no request has a prefix) passes per-head
+            # k/v [T, H, 192|128] while its pool holds one latent head [slots, 1, 576].
+            k, v = ke, ve
+        else:
+            _check_prefix_layout(k_buffer, v_buffer, ke, ve)
+            kp = _kv(k_buffer, row[:pre].to(torch.int64), k_scale)
+            vp = _kv(v_buffer, row[:pre].to(torch.int64), v_scale)
+            k = torch.cat([kp, ke], dim=0)
+            v = torch.cat([vp, ve], dim=0)
         qpos = pre + torch.arange(ext).view(ext, 1)
         kpos = torch.arange(sl).view(1, sl)
         if mask_layout == "qlen":
