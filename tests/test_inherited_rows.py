@@ -48,9 +48,10 @@ def _off(x: np.ndarray, rng, rel: float) -> np.ndarray:
 
 
 def write_pair(root, *, family: dict | None, flips=(), bug_fc=(), bug_tokens=(), draft_until: int = T,
-               flip_rel: float = 0.2) -> tuple[str, str]:
+               flip_rel: float = 0.2, flip_slot: int = 1) -> tuple[str, str]:
     """Training and serving traces (module doc); ``family``: target facts in serving's contract
-    (None: none recorded); draft rows only at positions < ``draft_until`` (serving's coverage)."""
+    (None: none recorded); draft rows only at positions < ``draft_until`` (serving's coverage);
+    ``flip_slot``: the aux slot where flips start (the slots after it follow)."""
     rng = np.random.default_rng(0)
     paths = (str(root / "train.trace"), str(root / "serve.trace"))
     flips, bug_fc, bug_tokens = set(flips), set(bug_fc), set(bug_tokens)
@@ -75,7 +76,8 @@ def write_pair(root, *, family: dict | None, flips=(), bug_fc=(), bug_tokens=(),
             if side:
                 for t in range(T):
                     if (s, t) in flips:
-                        a[1, t], a[2, t] = _off(a[1, t], noise, flip_rel), _off(a[2, t], noise, flip_rel / 2)
+                        for j in range(flip_slot, 3):
+                            a[j, t] = _off(a[j, t], noise, flip_rel / (1 + j - flip_slot))
                     if (s, t) in flips or (s, t) in bug_fc:
                         f[t] = _off(f[t], noise, flip_rel)
                     if (s, t) in flips or (s, t) in bug_fc:
@@ -246,3 +248,10 @@ def test_the_early_first_divergence_is_the_full_one(tmp_path, small_blocks, case
         assert said == [] and case == "moe flips"
     else:
         assert [(e.name, e.where) for e in said] == [(report.first.name, report.first.first_where)]
+
+
+def test_flips_at_slot_0_are_not_named_routing_near_ties(tmp_path, small_blocks):
+    # no earlier slot shows that the layer before agreed: judged by the stage's tolerance, as before
+    report = diff_traces(*write_pair(tmp_path, family=MOE, flips=spread(16), flip_slot=0), narrow=False)
+    assert report.first.name == "target.aux.0" and not report.legitimate
+    assert report.first.stats["routing_not_named"].startswith("slot 0 has no earlier aux slot")

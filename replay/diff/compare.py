@@ -440,6 +440,8 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                                    on_partial=None if on_partial is None
                                    else lambda c: on_partial({**out, c.name: c}, watch.first),
                                    counted=counted, inherited=inh, judge=judge, watch_frac=watch_frac)
+        if family.moe and aux_slot(name) == 0 and out[name].diverged:
+            out[name].stats["routing_not_named"] = routing.SLOT0_WHY
         upstream.add(out[name], inherited.source_rows(out[name]))
         if on_partial is not None:
             on_partial(dict(out), watch.first)

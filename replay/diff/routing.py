@@ -41,6 +41,9 @@ ROUTING_MAX_RUN = 2
 #: a flipped row is other experts' output of the same layer: related to the right row
 ROUTING_MAX_REL = 1.0
 
+#: why slot 0's failing rows are never named routing near-ties (for the report)
+SLOT0_WHY = ("slot 0 has no earlier aux slot to show that the layer before the flip agreed, so its rows are "
+             "judged by the stage's tolerance")
 #: HF architectures whose decoder layers route tokens to experts (SGLang 0.5.23 model files:
 #: srt/models/qwen3_moe.py, qwen2_moe.py, deepseek_v2.py (V2, V3, Kimi-K2), gpt_oss.py,
 #: mixtral.py, glm4_moe.py, llama4.py, kimi_k25.py), used when the contract records the
@@ -228,4 +231,4 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
 
 
 __all__ = ["TargetFamily", "RoutingFlips", "target_family", "routing_flips", "eligible", "bound",
-           "MOE_ARCHITECTURES", "DENSE_ARCHITECTURES", "ROUTING_MAX_FRAC", "ROUTING_MAX_RUN", "ROUTING_MAX_REL", "FAMILY_FIELDS"]
+           "SLOT0_WHY", "MOE_ARCHITECTURES", "DENSE_ARCHITECTURES", "ROUTING_MAX_FRAC", "ROUTING_MAX_RUN", "ROUTING_MAX_REL", "FAMILY_FIELDS"]
