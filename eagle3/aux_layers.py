@@ -37,6 +37,7 @@ Concat order - the order of the slots in the fc input - is a separate fact (``co
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 #: contract field: HF index of each aux slot in fc-input concat order (slot j = fc_in[:, j*H:(j+1)*H])
@@ -653,6 +654,10 @@ def _family_capture(ids, fam: FamilyRule, L: int) -> CapturePlan:
 def _resolve_family(ids, fam: FamilyRule, L: int, concat: str) -> AuxResolution:
     """``resolve_aux_ids`` for SGLang ids read by the target's rule ``fam``."""
     notes = [fam.note] if fam.note else []
+    if fam.name == "plus-one" and fam.capture == "loop" and not fam.final and not fam.default_offset:
+        # exactly RULES['sglang'] (llama.py): the same resolution and wording, plus the family note
+        res = resolve_aux_ids(ids, convention="sglang", num_layers=L, concat=concat)
+        return dataclasses.replace(res, notes=tuple(notes) + res.notes)
     if ids is None:
         caps = fam.capture_indices(None, L)
         hf = caps if concat == "listed" else tuple(sorted(set(caps)))

@@ -351,3 +351,22 @@ def test_every_family_rule_cites_its_source():
     kimi = sglang_family_rule("KimiK25ForConditionalGeneration")
     assert kimi.name == "deepseek" and "kimi_k25.py:928-939" in kimi.sources[0]
     assert sglang_family_rule("MindSporeForCausalLM").known is False
+
+
+# ---- record train reads SGLang ids by the target's rule -------------------------------------------
+def test_record_train_aux_reads_sglang_ids_by_the_targets_rule(tmp_path, draft_src):
+    from specdiff.replay.model.checkpoint import load_draft
+    from specdiff.replay.record.errors import RecordTrainError
+    from specdiff.replay.record.train_aux import resolve_train_aux
+
+    _, draft = _pair(tmp_path, draft_src, "deepseek_v3", [0, 3, 6])
+    loaded = load_draft(draft)
+    res = resolve_train_aux(loaded, L, architecture="DeepseekV3ForCausalLM")
+    assert res.hf_indices == (0, 3, 6) and "deepseek rule" in res.notes[0]
+    res = resolve_train_aux(loaded, L, architecture="LlamaForCausalLM")
+    assert res.hf_indices == (1, 4, 7) and "plus-one rule" in res.notes[0]
+    res = resolve_train_aux(loaded, L)  # no architecture: the rule assumed is said, not hidden
+    assert res.hf_indices == (1, 4, 7) and "SGLang rule assumed: plus-one" in res.notes[0]
+    with pytest.raises(RecordTrainError, match="captures nothing on DeepseekV3ForCausalLM"):
+        resolve_train_aux(loaded, L, [-1, 2, 5], "sglang", architecture="DeepseekV3ForCausalLM")
+    assert resolve_train_aux(loaded, L, [0, 3, 6], "hf", architecture="DeepseekV3ForCausalLM").notes == ()

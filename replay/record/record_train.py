@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from specdiff.eagle3.aux_layers import CONVENTIONS, AuxResolution
+from specdiff.eagle3.aux_layers import CONVENTIONS, AuxResolution, target_architecture
 from specdiff.replay.model.checkpoint import LoadedDraft, load_draft
 from specdiff.replay.model.target_capture import (
     load_target,
@@ -278,7 +278,8 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     loaded = load_draft(draft_dir, dtype=ddtype, target_embedding=target_embedding(target).float(),
                         target_lm_head=target_lm_head(target).float())
     draft = loaded.model.to(device)
-    aux = resolve_train_aux(loaded, L, aux_layers, aux_convention)
+    aux = resolve_train_aux(loaded, L, aux_layers, aux_convention,
+                            architecture=target_architecture(target.config.to_dict()))
     defaults_used = {**_aux_defaults(aux_layers, aux_convention, loaded, aux), **defaults_used, **token_defaults,
                      **{f"draft_config.{k}": v for k, v in loaded.config.defaults_used.items()}}
     if max_new_tokens > 0:
