@@ -112,3 +112,67 @@ def test_an_unknown_serving_fact_is_shown_beside_the_divergence_it_could_explain
     info = run_cli("info", serve).output
     assert "unknown    1 contract fact(s) could not be read from the engine" in info
     assert "aux_hf_indices           SGLang 0.5.99 has no LlamaModel.layers_to_capture" in info
+
+
+# ---- target identity facts (issue 20): one computation for both sides ------------------------------
+def test_target_config_sha256_ignores_what_the_engine_adds_and_sees_what_the_model_computes():
+    from transformers import Qwen3MoeConfig
+
+    from specdiff.tracer.contract import config_sha256
+
+    cfg = Qwen3MoeConfig(num_hidden_layers=8, hidden_size=256, num_experts=4, num_experts_per_tok=2)
+    served = Qwen3MoeConfig(**cfg.to_dict())
+    # what SGLang 0.5.23 writes into the hf_config it loaded (configs/model_config.py:908-913, 1329, 1355-1365,
+    # utils/hf_transformers_patches.py:113), and provenance
+    served.context_len, served.encoder_only, served.language_model_only = 2048, False, False
+    served.swa_head_dim = served.swa_v_head_dim = 64
+    served.rope_parameters = {**served.rope_parameters, "type": served.rope_parameters["rope_type"]}
+    served._name_or_path = "/somewhere/else"
+    assert config_sha256(served) == config_sha256(cfg) == config_sha256(cfg.to_dict())
+    routed = Qwen3MoeConfig(**{**cfg.to_dict(), "num_experts_per_tok": 1})
+    assert config_sha256(routed) != config_sha256(cfg)
+    with pytest.raises(TypeError, match="config_sha256 needs a transformers config or a mapping"):
+        config_sha256("config.json")
+
+
+def test_target_weights_fingerprint_is_dtype_independent_and_reads_rows_across_the_vocab():
+    import torch
+
+    from specdiff.tracer.contract import FINGERPRINT_ROWS, weights_fingerprint
+
+    V, H = 4096, 64
+    fp32 = torch.randn(V, H, generator=torch.Generator().manual_seed(0))
+    bf16 = fp32.to(torch.bfloat16)
+    fp = weights_fingerprint(fp32, V)
+    assert weights_fingerprint(bf16, V) == fp == weights_fingerprint(bf16.float(), V)  # serving bf16, training fp32
+    padded = torch.cat([bf16, torch.zeros(64, H, dtype=torch.bfloat16)])  # an engine's vocab padding
+    assert weights_fingerprint(padded, V) == fp
+    last = (FINGERPRINT_ROWS - 1) * V // FINGERPRINT_ROWS
+    for row, changes in ((last, True), (last + 1, False)):  # only the spread rows are read
+        w = fp32.clone()
+        w[row] += 1.0
+        assert (weights_fingerprint(w, V) != fp) is changes, row
+    assert weights_fingerprint(fp32[:, :32], V) != weights_fingerprint(fp32[:, 32:], V)
+    with pytest.raises(ValueError, match="tensor-parallel shard"):
+        weights_fingerprint(fp32[: V // 2], V)
+
+
+def test_moe_routing_and_identity_facts_for_dense_moe_and_unknown_architectures():
+    import torch
+    from transformers import DeepseekV3Config, LlamaConfig
+
+    from specdiff.tracer.contract import UNKNOWN, moe_routing_facts, target_identity_facts, validate_contract
+
+    ds = DeepseekV3Config(num_hidden_layers=2, hidden_size=64, vocab_size=128, n_routed_experts=4,
+                          num_experts_per_tok=2, architectures=["DeepseekV3ForCausalLM"])
+    assert moe_routing_facts(ds, "DeepseekV3ForCausalLM") == {"target_num_experts": 4, "target_experts_per_token": 2}
+    assert moe_routing_facts(LlamaConfig(), "LlamaForCausalLM") == {"target_num_experts": None,
+                                                                   "target_experts_per_token": None}
+    assert set(moe_routing_facts(ds, "SomeNewForCausalLM").values()) == {UNKNOWN}  # never guessed
+    facts = target_identity_facts(ds, torch.randn(128, 64))
+    assert facts["target_architecture"] == "DeepseekV3ForCausalLM" and facts["target_num_experts"] == 4
+    assert len(facts["target_weights_fingerprint"]) == 64
+    assert target_identity_facts(ds)["target_weights_fingerprint"] == UNKNOWN
+    for field in facts:
+        assert field in CONTRACT_FIELDS, field
+    validate_contract(dict(facts, aux_capture_rule="sglang srt/models/deepseek_v2.py:3458 x"), where="test")

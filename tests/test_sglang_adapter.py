@@ -283,3 +283,73 @@ def test_a_target_with_aux_capture_off_feeds_no_aux_states():
     w.target_worker.model_runner.model.capture_aux_hidden_states = False
     c, lines = _contract(w)
     assert c["aux_hf_indices"] == [] and c["aux_dropped_ids"] == [] and not lines
+
+
+# ---- the target's layout per family (issue 20) ---------------------------------------------------------
+def test_deepseek_layers_are_read_from_deepseeks_own_names_and_its_moe_routing_from_its_config():
+    w, _ = _worker(ltc=(0, 3, 6), ids=(0, 3, 6), target_class="DeepseekV3ForCausalLM", inner_class="DeepseekV2Model")
+    w.target_worker.model_runner.model.config.n_routed_experts = 4
+    w.target_worker.model_runner.model.config.num_experts_per_tok = 2
+    c, lines = _contract(w)
+    assert not lines and c["aux_hf_indices"] == [0, 3, 6] and c["aux_dropped_ids"] == []
+    assert (c["target_architecture"], c["target_num_experts"], c["target_experts_per_token"]) == (
+        "DeepseekV3ForCausalLM", 4, 2)
+    assert (c["embed_source"], c["lm_head_source"]) == ("target", "draft")
+    del w.target_worker.model_runner.model.model.layers_to_capture
+    c2, lines2 = _contract(w)
+    assert c2["aux_hf_indices"] == UNKNOWN and len(lines2) == 1
+    assert "DeepseekV2Model.layers_to_capture (srt/models/deepseek_v2.py:3051" in lines2[0]
+
+
+def test_gpt_oss_captures_the_last_layers_output_at_index_L_other_families_drop_it():
+    w, _ = _worker(ltc=(0, 3, 8), ids=(0, 3, 8), target_class="GptOssForCausalLM", inner_class="GptOssModel")
+    w.target_worker.model_runner.model.config.num_local_experts = 4
+    w.target_worker.model_runner.model.config.num_experts_per_tok = 2
+    c, lines = _contract(w)
+    assert not lines and c["aux_hf_indices"] == [0, 3, 8] and c["aux_dropped_ids"] == []  # gpt_oss.py:731
+    assert (c["target_num_experts"], c["target_experts_per_token"]) == (4, 2)
+    c2, _ = _contract(_worker(ltc=(0, 3, 8), ids=(0, 3, 8), target_class="Qwen3ForCausalLM",
+                              inner_class="Qwen3Model")[0])
+    assert c2["aux_hf_indices"] == [0, 3] and c2["aux_dropped_ids"] == [8]
+    assert (c2["target_num_experts"], c2["target_experts_per_token"]) == (None, None)  # dense
+
+
+def test_a_wrapper_is_followed_to_the_language_model_that_holds_the_capture():
+    w, _ = _worker(ltc=(0, 3, 6), ids=(0, 3, 6), target_class="DeepseekV3ForCausalLM", inner_class="DeepseekV2Model")
+    lm = w.target_worker.model_runner.model
+    lm.config.n_routed_experts, lm.config.num_experts_per_tok = 8, 2
+    w.target_worker.model_runner.model = _live("KimiK25ForConditionalGeneration", language_model=lm)
+    c, lines = _contract(w)
+    assert not lines and c["aux_hf_indices"] == [0, 3, 6] and c["embed_source"] == "target"
+    assert (c["target_architecture"], c["target_num_experts"]) == ("KimiK25ForConditionalGeneration", 8)
+    del w.target_worker.model_runner.model.language_model
+    c2, lines2 = _contract(w)
+    assert c2["aux_hf_indices"] == UNKNOWN and c2["embed_source"] == UNKNOWN and c2["target_num_experts"] == UNKNOWN
+    assert len(lines2) == 1 and "KimiK25ForConditionalGeneration.language_model (srt/models/kimi_k25.py:693" in lines2[0]
+
+
+def test_an_undeclared_target_class_is_read_through_llamas_names_with_one_warning():
+    c, lines = _contract(_worker(target_class="MysteryForCausalLM")[0])
+    assert c["aux_hf_indices"] == [3, 5, 6]  # the names exist on it, so the capture is still read
+    assert (c["target_num_experts"], c["target_experts_per_token"]) == (UNKNOWN, UNKNOWN)  # never guessed
+    assert len(lines) == 1 and "MysteryForCausalLM" in lines[0] and "does not declare" in lines[0]
+    assert "LlamaForCausalLM's names" in lines[0]
+
+
+def test_every_declared_family_rule_is_the_set_eagle3_layers_to_capture_the_installed_sglang_runs():
+    """aux_capture_rule read off the live class (MRO) names the file and line TARGET_LAYOUTS declares."""
+    pytest.importorskip("sglang")
+    import pkgutil
+
+    from specdiff.tracer.engines.sglang.adapter import TARGET_LAYOUTS, TARGET_WRAPPERS
+    from specdiff.tracer.engines.sglang.contract import capture_rule
+
+    for name, lay in TARGET_LAYOUTS.items():
+        cls = pkgutil.resolve_name(lay.outer.rsplit(".", 1)[0] + "." + name)
+        obj = cls.__new__(cls)  # only its class is read
+        assert capture_rule(obj, obj, []) == f"sglang {lay.rule} {lay.outer_name}.set_eagle3_layers_to_capture", name
+    wrapper = pkgutil.resolve_name(TARGET_WRAPPERS["KimiK25ForConditionalGeneration"][0])
+    inner = pkgutil.resolve_name("sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM")
+    rule = capture_rule(inner.__new__(inner), wrapper.__new__(wrapper), ["KimiK25ForConditionalGeneration.language_model"])
+    assert rule == ("sglang srt/models/deepseek_v2.py:3458 DeepseekV2ForCausalLM.set_eagle3_layers_to_capture "
+                    "via KimiK25ForConditionalGeneration.language_model")

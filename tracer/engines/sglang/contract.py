@@ -379,7 +379,6 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
     ``UNKNOWN`` and the missing SGLang names are listed in ``unobservable`` (never filled in
     from a config file or a default).
     """
-    from specdiff.eagle3.aux_layers import resolve_aux_ids
     from specdiff.tracer.contract import sha256_array
 
     A = adapter
@@ -404,12 +403,8 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
     # The ids as configured (SGLang reads them from the draft's hf_config.eagle_config) ...
     # No eagle_config attribute means "no ids" to SGLang too (llama_eagle3.py:169: getattr(config,
     # "eagle_config", None) or {}), so None is the fact here, not a fallback.
-    ids = _configured_aux_ids(dcfg)
-    if ids == UNKNOWN or L == UNKNOWN:
-        facts.update(aux_native_ids=UNKNOWN, aux_convention="sglang")
-    else:
-        res = resolve_aux_ids(ids, convention="sglang", num_layers=L).as_facts()
-        facts.update(aux_native_ids=res["aux_native_ids"], aux_convention=res["aux_convention"])
+    # Kept as configured: what the target makes of them is its family's rule, read live below.
+    facts.update(aux_native_ids=_configured_aux_ids(dcfg), aux_convention="sglang")
     # ... and what the target really captures (never the configured ids in its place): SGLang sets
     # it after this point (init_attention_backends); Recorder.refresh fills it in.
     facts.update({"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN})
