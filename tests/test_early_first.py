@@ -128,3 +128,38 @@ def test_the_app_shows_the_proven_first_divergence_and_a_partial_grid_before_the
     assert app.early == EarlyFirst("target.aux.0", "values", {"pair": 0, "pos": 0, "depth": 0})
     assert app.partial is not None and app.partial.first == Sel("target.aux.0", 0, 0, 0)
     assert app.vm.first == app.partial.first == app.sel
+
+
+def test_inherited_rows_neither_prove_nor_place_the_early_first_divergence(tmp_path, small_blocks):
+    # Slot 0 differs at seq 0 positions 0 and 1 only (2 rows: noise within its fail fraction), and
+    # slots 1 and 2 differ there too (they inherit it). Slot 2 is also wrong everywhere else.
+    # The rows inherited from slot 0 do not count: the first divergence is target.aux.2 at the
+    # earliest row (position, then sequence) whose inputs agree: seq 1 pos 0, not seq 0 pos 0;
+    # said early, and the full data's.
+    rng = np.random.default_rng(1)
+    paths = (str(tmp_path / "train.trace"), str(tmp_path / "serve.trace"))
+    writers = [TraceWriter(p, side=side, contract={"hidden_size": H, "dtype": "float32"}, overwrite=True)
+               for p, side in zip(paths, ("train", "serve"))]
+    for s in range(N_SEQ):
+        toks = rng.integers(0, 1000, SEQ_LEN + 1)
+        layers = rng.standard_normal((3, SEQ_LEN, H)).astype(np.float32)
+        for k, w in enumerate(writers):
+            sid = w.add_sequence(toks, prompt_len=8, rid=f"{w.side}-{s}")
+            x = layers.copy()
+            if k:
+                x[2] *= 1.5
+                if s == 0:
+                    x[:, :2] += 1.0
+            for j in range(3):
+                w.append(aux_name(j), x[j], seq=sid, pos=np.arange(SEQ_LEN))
+            w.append("tokens", toks[1:].astype(np.int64), seq=sid, pos=np.arange(SEQ_LEN))
+    for w in writers:
+        w.close()
+    report, seen = diff_watching(*paths)
+    assert report.first.name == "target.aux.2" and report.first.stats["inherited_rows"] == 2
+    assert seen["early"] == EarlyFirst("target.aux.2", "values", {"pair": 1, "pos": 0, "depth": 0}), seen
+    assert report.comparisons["target.aux.1"].stats["inherited_from"] == {"target.aux.0": 2}
+    assert not report.comparisons["target.aux.1"].diverged
+    # tokens and slots 0 and 1 in full, then slot 2 up to the first block of seq 1 (the position
+    # is final once no unread row can come before seq 1 pos 0)
+    assert seen["rows"] == N_SEQ * SEQ_LEN * 3 + SEQ_LEN + 128
