@@ -255,3 +255,20 @@ def test_flips_at_slot_0_are_not_named_routing_near_ties(tmp_path, small_blocks)
     report = diff_traces(*write_pair(tmp_path, family=MOE, flips=spread(16), flip_slot=0), narrow=False)
     assert report.first.name == "target.aux.0" and not report.legitimate
     assert report.first.stats["routing_not_named"].startswith("slot 0 has no earlier aux slot")
+
+
+@pytest.mark.parametrize(("source", "target", "expected"), [
+    ("tokens", "target.aux.0", True), ("target.aux.0", "target.aux.1", True), ("target.aux.1", "target.aux.0", False),
+    ("target.aux.2", "target.aux_cat", True), ("target.aux.1", "target.argmax", True),
+    ("draft.hidden_out", "target.argmax", False),  # the target never reads the draft
+    ("target.argmax", "draft.topk", False), ("target.aux_cat", "draft.fc_in", True),
+    ("draft.fc_out", "draft.hidden_in", True), ("draft.hidden_in", "draft.fc_out", False),
+    ("draft.attn_in", "draft.hidden_out", True), ("draft.hidden_out", "draft.attn_in", False),
+    ("draft.logits_topk.values", "draft.logits_topk.ids", False),  # two views of one output
+    ("draft.logsumexp", "draft.topk", True), ("draft.topk", "draft.topk_target", True),
+    ("draft.hidden_out", "tokens", False),
+])
+def test_which_tensor_feeds_which(source, target, expected):
+    from specdiff.replay.diff.inherited import feeds
+
+    assert feeds(source, target) is expected

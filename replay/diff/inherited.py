@@ -16,7 +16,9 @@ target.aux_cat -> draft.fc_in -> ... -> verify``; the EAGLE-3 pairing of tracer/
   feeds that position at every draft depth: the draft row (t, k) consumes the target's h_t;
 - a row at (pair, pos, depth k) of a by-depth tensor feeds depth k and deeper of that position:
   depth k + 1 consumes the draft's own depth-k hidden (``draft.hidden_in`` at k + 1 is
-  ``draft.hidden_out`` at k, tracer/rows.py ``ttt_rows``);
+  ``draft.hidden_out`` at k, tracer/rows.py ``ttt_rows``). Tensors are compared in stage order,
+  so a depth-k ``draft.hidden_out`` row reaches the depth-(k + 1) rows through
+  ``draft.hidden_in`` at k + 1 (the same values, compared earlier), not directly;
 - ``target.aux.{j}`` is fed by ``tokens`` and the lower slots (a later layer of the same
   position), ``target.aux_cat`` and ``target.argmax`` by the target rows only; a draft tensor by
   ``tokens``, the target's aux rows and the draft stages before it (``draft.fc_out`` feeds
