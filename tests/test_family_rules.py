@@ -370,3 +370,29 @@ def test_record_train_aux_reads_sglang_ids_by_the_targets_rule(tmp_path, draft_s
     with pytest.raises(RecordTrainError, match="captures nothing on DeepseekV3ForCausalLM"):
         resolve_train_aux(loaded, L, [-1, 2, 5], "sglang", architecture="DeepseekV3ForCausalLM")
     assert resolve_train_aux(loaded, L, [0, 3, 6], "hf", architecture="DeepseekV3ForCausalLM").notes == ()
+
+
+# ---- diff's explanation writes its fix in the target's rule ------------------------------------
+def test_explain_fix_uses_the_targets_rule_from_the_contract_or_the_evidence(tmp_path):
+    from types import SimpleNamespace as T
+
+    from specdiff.replay.diff.explain import _sglang_fix
+
+    train = T(contract={"num_layers": L})
+    want = [0, 3, 6]
+    fix, rule = _sglang_fix(want, T(contract={"num_layers": L, "target_architecture": "DeepseekV3ForCausalLM"}), train)
+    assert rule == "deepseek" and "to [0, 3, 6] (SGLang deepseek rule of DeepseekV3ForCausalLM, " \
+        "srt/models/deepseek_v2.py:3458-3473" in fix
+    # no architecture recorded: the target directory the contract names (a Kimi-K2.5 wrapper)
+    (tmp_path / "config.json").write_text(json.dumps(_config("kimi_k25")))
+    fix, rule = _sglang_fix(want, T(contract={"num_layers": L, "model_name": str(tmp_path)}), train)
+    assert rule == "deepseek" and "[0, 3, 6]" in fix and "KimiK25ForConditionalGeneration" in fix
+    # neither: the serving contract's own ids and captured layers decide, when only one answer fits
+    fix, rule = _sglang_fix(want, T(contract={"num_layers": L, "aux_native_ids": [2, 5, 6],
+                                              "aux_hf_indices": [2, 5, 6]}), train)
+    assert rule == "deepseek" and "to [0, 3, 6]" in fix and "read from the serving contract" in fix
+    fix, rule = _sglang_fix(want, T(contract={"num_layers": L, "aux_native_ids": [2, 5, 6],
+                                              "aux_hf_indices": [3, 6, 7]}), train)
+    assert fix.endswith("to [-1, 2, 5] (SGLang convention for HF [0, 3, 6])")  # plus-one, evidenced
+    fix, rule = _sglang_fix(want, T(contract={"num_layers": L}), train)
+    assert "[-1, 2, 5]" in fix and "rule assumed: plus-one" in fix

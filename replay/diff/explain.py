@@ -22,11 +22,19 @@ Checks (DESIGN.md "Comparing"):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from specdiff.eagle3.aux_layers import native_aux_ids
+from specdiff.eagle3.aux_layers import (
+    ConventionError,
+    engine_capture,
+    native_aux_ids,
+    sglang_family_rule,
+    target_architecture,
+)
 from specdiff.replay.diff import metrics
 from specdiff.replay.diff.align import Alignment, Pair, match_rows
 from specdiff.replay.diff.compare import TensorComparison
@@ -172,14 +180,71 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     shifted = o_hf and len(s_hf) == len(o_hf) and all(s == o + 1 for s, o in zip(s_hf, o_hf))
     if 0 in o_hf and 0 not in [b for b in actual if b is not None]:
         msg += f"; {o_label} slot 0 is the embedding output, which {s_label} never captured"
+    fix, rule = _sglang_fix(o_hf, s_trace, o_trace) if o_hf else ("", "plus-one")
     if shifted:
-        msg += ("; every layer off by one (SGLang id k captures HF k+1, vLLM/speculators id k = HF k): "
+        how = ("SGLang id k captures HF k+1" if rule == "plus-one"
+               else f"SGLang's {rule} rule on this target")
+        msg += (f"; every layer off by one ({how}, vLLM/speculators id k = HF k): "
                 "ids written in one convention and read in another")
     elif o_hf and s_hf:
         msg += f" — layer ids shifted ({s_label} captured HF {s_hf}, {o_label} used {o_hf})"
-    fix = (f"set the draft config's eagle_config.eagle_aux_hidden_state_layer_ids to "
-           f"{native_aux_ids(o_hf, 'sglang')} (SGLang convention for HF {o_hf})") if o_hf else ""
     return [Explanation("aux_layer_shift", msg, evidence, fix, matrix)]
+
+
+#: one architecture per SGLang rule, to test which rule a serving contract's ids fit
+_RULE_ARCH = {"plus-one": "LlamaForCausalLM", "deepseek": "DeepseekV3ForCausalLM", "gpt-oss": "GptOssForCausalLM"}
+
+
+def _target_arch(traces) -> str | None:
+    """The target's architecture: contract ``target_architecture`` (the live server's), else
+    ``architectures[0]`` of the config.json in the directory a contract's ``model_name`` names."""
+    for t in traces:
+        if arch := known(t.contract, "target_architecture"):
+            return str(arch)
+    for t in traces:
+        d = known(t.contract, "model_name")
+        f = Path(str(d)) / "config.json" if d else None
+        if f is not None and f.is_file():
+            try:
+                return target_architecture(json.loads(f.read_text()))
+            except (OSError, ValueError):
+                continue
+    return None
+
+
+def _sglang_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
+    """(fix text, rule name): the eagle_config ids that make SGLang feed ``o_hf``, in the rule of
+    the target (``eagle3.aux_layers.sglang_family_rule``). The rule comes from the target's
+    architecture, else from the serving contract's own ids and captured layers (the rules that
+    reproduce them, when they agree on the fix), else the plus-one rule is assumed and the fix
+    says so."""
+    head = "set the draft config's eagle_config.eagle_aux_hidden_state_layer_ids to "
+    L = known(s_trace.contract, "num_layers") or known(o_trace.contract, "num_layers")
+    arch = _target_arch((s_trace, o_trace))
+    try:
+        if arch is not None:
+            fam = sglang_family_rule(arch)
+            ids = native_aux_ids(o_hf, "sglang", num_layers=L, architecture=arch)
+            if fam.name == "plus-one" and fam.known:
+                return f"{head}{ids} (SGLang convention for HF {o_hf})", fam.name
+            return (f"{head}{ids} (SGLang {fam.name} rule of {arch}, {fam.sources[0].split(' ')[0]}, for HF {o_hf}"
+                    + (f"; {fam.note})" if fam.note else ")")), fam.name
+        ids_s, hf_s = known(s_trace.contract, "aux_native_ids"), known(s_trace.contract, "aux_hf_indices")
+        fits = [] if not (ids_s and hf_s and L) else [
+            name for name, a in _RULE_ARCH.items()
+            if engine_capture("sglang", ids_s, num_layers=L, architecture=a).hf_indices == tuple(sorted(set(hf_s)))]
+        answers = {tuple(native_aux_ids(o_hf, "sglang", num_layers=L, architecture=_RULE_ARCH[n])) for n in fits}
+        if len(answers) == 1:
+            ids = list(answers.pop())
+            if "plus-one" in fits:
+                return f"{head}{ids} (SGLang convention for HF {o_hf})", "plus-one"
+            return (f"{head}{ids} (SGLang {fits[0]} rule, read from the serving contract: ids {list(ids_s)} captured "
+                    f"HF {list(hf_s)}; for HF {o_hf})"), fits[0]
+        ids = native_aux_ids(o_hf, "sglang", num_layers=L)
+    except ConventionError as e:
+        return f"no SGLang ids give HF {o_hf} on this target: {e}", "plus-one"
+    return (f"{head}{ids} (SGLang convention for HF {o_hf}; the target's architecture is not in the traces: "
+            f"{sglang_family_rule(None).note.split(';')[0]})"), "plus-one"
 
 
 def explain_aux_permutation(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Explanation]:
