@@ -13,12 +13,23 @@ tensor specdiff cannot take from ``output_hidden_states``, so those ids are refu
 to HF L.
 
 - ``hf``: the ids already are HF indices, 0..L.
-- ``sglang`` (SGLang 0.5.23): id k captures HF k+1, id -1 the embeddings (HF 0); id L-1 names
-  capture index L, which the layer loop never reaches: the slot is silently dropped. Ids are read
-  only from ``eagle_config.eagle_aux_hidden_state_layer_ids``. Default HF [2, L//2, L-3].
+- ``sglang`` (SGLang 0.5.23): the rule depends on the target's model file (``FamilyRule``,
+  ``sglang_family_rule(architecture)``, table ``SGLANG_FAMILIES`` read from all 29 files that
+  define ``set_eagle3_layers_to_capture``). ``RULES['sglang']`` and ``architecture=None`` are the
+  Llama rule (plus-one, 21 of the 29 files): id k captures HF k+1, id -1 the embeddings (HF 0);
+  id L-1 names capture index L, which the layer loop never reaches: the slot is silently dropped.
+  DeepSeek-V2/V3 (Kimi-K2, Kimi-K2.5 through its inner DeepseekV3ForCausalLM) read the ids
+  literally unless the first is 1 (deepseek_v2.py:3458-3473), GPT-OSS literally when max(id) = L,
+  capture index L being the last layer's pre-norm output (gpt_oss.py:1337-1352, 726-738). Every
+  file captures capture index c in 0..L-1 as the input of layer c = HF c. Ids are read only from
+  ``eagle_config.eagle_aux_hidden_state_layer_ids``. Default capture [2, L//2, L-3] in every file
+  but minimax_m3_vl.py (+1).
 - ``vllm`` (vLLM 0.32.0): id 0 is captured before layer 0 (the embeddings), id k >= 1 after layer
   k-1 (``hidden_states + residual``), so id k = HF k for 0..L-1 and id L is the last layer's
   pre-norm output. Top-level key first, else ``eagle_config``'s. Default HF [2, L//2, L-3].
+  Same for every model with the SupportsEagle3 mixin; DeepSeek (deepseek_v2.py:1561,1586) captures
+  without it, the same numbering assumed (``vllm_family_note``: from the research note, vLLM is
+  not installed here).
 - ``speculators`` (speculators 0.9.0): the vLLM numbering (its hidden states come from vLLM).
 - ``specforge`` (SpecForge): id k hooks the output of ``layers[k]`` = HF k+1; id L-1 is the last
   layer's pre-norm output. Default ids [1, L//2-1, L-4] = HF [2, L//2, L-3].
