@@ -60,8 +60,8 @@ def sglang_ids_fix(hf_indices, L: int, architecture: str | None) -> str:
         return f"no SGLang ids give HF {list(hf_indices)}: {e}; retrain on other layers"
     if architecture is None:
         return f"set eagle_config.eagle_aux_hidden_state_layer_ids = {ids}"
-    return (f"set eagle_config.eagle_aux_hidden_state_layer_ids = {ids} (on {architecture} SGLang reads the ids "
-            f"by {_rule_text(sglang_family_rule(architecture))})")
+    return (f"set eagle_config.eagle_aux_hidden_state_layer_ids = {ids} (SGLang reads them by "
+            f"{_rule_text(sglang_family_rule(architecture))})")
 
 
 def check_family(captures: dict[str, EngineCapture], architecture: str | None) -> list[Finding]:
