@@ -5,7 +5,8 @@ One traced SGLang server per family (tiny target built offline: 8 layers, hidden
 ``specdiff.demo_models.bringup.build_draft`` with aux ids chosen so that each family's own rule
 matters). The contract is written at start-up, before any request, so it is checked for every
 family; where the family serves on the CPU recipe, one short request then shows that the aux slots
-the trace holds are the HF hidden states the contract names (nearest HF layer of every row).
+the trace holds are the HF hidden states the contract names (nearest HF layer of every row; GPT-OSS's
+index L is the last layer's output before the final norm, ``aux_prenorm_indices``).
 
 Expected capture indices are read off SGLang 0.5.23's ``set_eagle3_layers_to_capture`` of each file:
 qwen3.py:778 and qwen3_moe.py:1128 capture ``[id + 1]``; deepseek_v2.py:3458 captures the ids
@@ -38,7 +39,8 @@ class Case:
 CASES = {
     "qwen3": Case([1, 3, 4], [2, 4, 5], "Qwen3ForCausalLM", "srt/models/qwen3.py", None, None, True),
     "qwen3_moe": Case([1, 3, 4], [2, 4, 5], "Qwen3MoeForCausalLM", "srt/models/qwen3_moe.py", 4, 2, True),
-    # max(ids) == L: kept literally; index 8 is the residual after the last layer (final norm's input)
+    # max(ids) == L: kept literally; index 8 is the last layer's output before the final norm, which HF
+    # hidden_states[8] (after the norm) is not: the contract lists it in aux_prenorm_indices
     "gpt_oss": Case([0, 3, 8], [0, 3, 8], "GptOssForCausalLM", "srt/models/gpt_oss.py", 4, 2, True),
     # the motivating family: ids[0] != 1, so the ids are captured literally (not id + 1)
     "deepseek_v3": Case([0, 3, 6], [0, 3, 6], "DeepseekV3ForCausalLM", "srt/models/deepseek_v2.py", 4, 2, False),
@@ -135,15 +137,23 @@ def test_recorded_aux_slots_are_the_hf_hidden_states_the_contract_names(family_s
     keys = trace.keys("target.aux.0")
     pos = keys["pos"][keys["seq"] == seq.id]
     T = int(pos.max()) + 1
+    last_out = []  # the last decoder layer's output before the final norm (no HF index holds it)
+    hook = model.model.layers[-1].register_forward_hook(
+        lambda _m, _i, o: last_out.append((o[0] if isinstance(o, tuple) else o)[0].float().numpy()))
     with torch.no_grad():
         out = model(input_ids=torch.as_tensor(seq.tokens[:T].astype(np.int64))[None], output_hidden_states=True)
-    hs = [h[0].float().numpy() for h in out.hidden_states]
-    assert len(hs) == L + 1
+    hook.remove()
+    # candidates 0..L are HF hidden_states; L + 1 stands for the pre-norm output of the last layer
+    cands = [h[0].float().numpy() for h in out.hidden_states] + last_out
+    assert len(cands) == L + 2
+    assert c["aux_prenorm_indices"] == ([L] if family == "gpt_oss" else [])
     for j, want in enumerate(c["aux_hf_indices"]):
         k = trace.keys(f"target.aux.{j}")
         sel = np.where(k["seq"] == seq.id)[0]
         got = trace.read(f"target.aux.{j}")[sel].astype(np.float32)
         p = k["pos"][sel]
-        err = [np.linalg.norm(got - h[p]) / np.linalg.norm(h[p]) for h in hs]
-        assert int(np.argmin(err)) == want, (family, j, want, [round(float(e), 3) for e in err])
+        err = [np.linalg.norm(got - h[p]) / np.linalg.norm(h[p]) for h in cands]
+        expect = L + 1 if want in c["aux_prenorm_indices"] else want
+        assert int(np.argmin(err)) == expect, (family, j, want, [round(float(e), 3) for e in err])
+        assert err[expect] < 0.05, (family, j, want, [round(float(e), 3) for e in err])
     assert f"target.aux.{len(c['aux_hf_indices'])}" not in trace.names

@@ -225,7 +225,7 @@ def test_a_missing_layers_to_capture_is_unknown_never_the_configured_ids():
     assert c["aux_native_ids"] == [2, 4, 5]  # what the config says stays what the config says
     assert len(lines) == 1 and "LlamaModel.layers_to_capture" in lines[0] and "aux_hf_indices" in lines[0]
     assert [u["name"] for u in c["unobservable"]] == ["LlamaModel.layers_to_capture"]
-    assert unknown_fields(c) == ["aux_concat_order", "aux_dropped_ids", "aux_hf_indices"]
+    assert unknown_fields(c) == ["aux_concat_order", "aux_dropped_ids", "aux_hf_indices", "aux_prenorm_indices"]
 
 
 def test_a_missing_draft_worker_attribute_makes_its_facts_unknown():
@@ -307,10 +307,11 @@ def test_gpt_oss_captures_the_last_layers_output_at_index_L_other_families_drop_
     w.target_worker.model_runner.model.config.num_experts_per_tok = 2
     c, lines = _contract(w)
     assert not lines and c["aux_hf_indices"] == [0, 3, 8] and c["aux_dropped_ids"] == []  # gpt_oss.py:731
+    assert c["aux_prenorm_indices"] == [8]  # the last layer's output before the norm: not HF hidden_states[8]
     assert (c["target_num_experts"], c["target_experts_per_token"]) == (4, 2)
     c2, _ = _contract(_worker(ltc=(0, 3, 8), ids=(0, 3, 8), target_class="Qwen3ForCausalLM",
                               inner_class="Qwen3Model")[0])
-    assert c2["aux_hf_indices"] == [0, 3] and c2["aux_dropped_ids"] == [8]
+    assert c2["aux_hf_indices"] == [0, 3] and c2["aux_dropped_ids"] == [8] and c2["aux_prenorm_indices"] == []
     assert (c2["target_num_experts"], c2["target_experts_per_token"]) == (None, None)  # dense
 
 

@@ -49,6 +49,9 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "aux_native_ids": (_list + (type(None),), "the ids as configured (None = tool default)"),
     "aux_convention": ((str,), "convention of aux_native_ids (tracer.conventions)"),
     "aux_dropped_ids": (_list, "native ids the engine silently drops"),
+    "aux_prenorm_indices": (_list, "entries L of aux_hf_indices whose slot holds the last decoder layer's "
+                                   "output before the final norm (SGLang GPT-OSS capture index L, gpt_oss.py:731), "
+                                   "which HF hidden_states[L] (after the norm) is not; [] when none"),
     # the norm flags' meanings are written once, in specdiff.eagle3.norms
     "norm_before_fc": ((bool,), norm_meaning("norm_before_fc")),
     "fc_norm": ((bool,), norm_meaning("fc_norm")),
@@ -156,10 +159,13 @@ def weight_sha256(weight, *, rows: int | None = None) -> str:
 #: training's copy of one checkpoint hash alike: where / how it was loaded, and the attributes SGLang
 #: 0.5.23 writes into the hf_config it loaded (configs/model_config.py:908-913 encoder_only /
 #: language_only / language_model_only, :1329 context_len, :1352-1365 v_head_dim / swa_head_dim /
-#: swa_v_head_dim filled in when absent). So a change of v_head_dim alone does not change the hash.
+#: swa_v_head_dim filled in when absent; update_config.py:233-242 original_num_attention_heads /
+#: original_total_num_kv_heads). So a change of v_head_dim alone does not change the hash; a CPU
+#: tensor-parallel run whose head count SGLang pads (update_config.py:244) hashes its padded config.
 CONFIG_UNHASHED_KEYS = frozenset({
     "_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation",
     "_attn_implementation_autoset", "attn_implementation", "torch_dtype", "dtype", "use_cache",
+    "original_num_attention_heads", "original_total_num_kv_heads",
     "context_len", "encoder_only", "language_only", "language_model_only", "v_head_dim", "swa_head_dim",
     "swa_v_head_dim"})
 

@@ -146,10 +146,11 @@ _LAYOUT_USE = {
                ("target_num_experts", "target_experts_per_token")),
     "layers_to_capture": ("what SGLang really captures: layer i in it captures its input, HF hidden_states[i] "
                           "(set by the family's set_eagle3_layers_to_capture)",
-                          ("aux_hf_indices", "aux_dropped_ids", "aux_concat_order")),
+                          ("aux_hf_indices", "aux_dropped_ids", "aux_concat_order", "aux_prenorm_indices")),
     "start_layer": ("first layer this rank runs: capture indices outside the run range are never reached",
                     ("aux_hf_indices", "aux_dropped_ids")),
-    "end_layer": ("end of the layers this rank runs", ("aux_hf_indices", "aux_dropped_ids")),
+    "end_layer": ("end of the layers this rank runs (GPT-OSS: index end_layer is the pre-norm output)",
+                  ("aux_hf_indices", "aux_dropped_ids", "aux_prenorm_indices")),
     "embed_tokens": ("the target's embedding (the embed get_embed_and_head returns, which init_lm_head shares "
                      "with the draft): is the draft's the same tensor?",
                      ("embed_source", "lm_head_source", "target_weights_fingerprint")),

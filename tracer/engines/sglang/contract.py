@@ -110,8 +110,11 @@ def aux_capture_facts(adapter: SGLangAdapter, dw) -> dict:
     wrappers followed) and its layer range, never derived from the configured ids through a rule.
     In every family SGLang 0.5.23 serves EAGLE-3 on, layer i in ``layers_to_capture`` captures its
     input (HF hidden_states[i]) when it runs, ``start_layer <= i < end_layer``; GPT-OSS also
-    captures index ``end_layer`` at the final norm (``TargetLayout.final_capture``, gpt_oss.py:731).
-    Captures are appended in the layer loop: the concat is ascending. An index never reached is
+    captures index ``end_layer`` at the final norm (``TargetLayout.final_capture``, gpt_oss.py:731):
+    the last layer's output *before* the norm, which HF's hidden_states[L] (after the norm) is not;
+    it keeps its place L in ``aux_hf_indices`` (the slot arrives) and is listed in
+    ``aux_prenorm_indices``. Captures are appended in the layer loop: the concat is ascending. An
+    index never reached is
     dropped silently by SGLang: ``aux_dropped_ids`` names the configured id it came from (every
     family's set_eagle3_layers_to_capture maps the ids one by one, in order), UNKNOWN when the ids
     cannot be paired. ``capture_aux_hidden_states`` off: the draft gets no aux states.
@@ -119,7 +122,8 @@ def aux_capture_facts(adapter: SGLangAdapter, dw) -> dict:
     (model_runner.py:1105), after ``alloc_memory_pool``: read it from ``_capture_cuda_graphs`` on.
     """
     A = adapter
-    unknown = {"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN}
+    unknown = {"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN,
+               "aux_prenorm_indices": UNKNOWN}
     tmodel = read_chain(A, dw, "EagleDraftWorker.target_worker", "TpModelWorker.model_runner", "ModelRunner.model")
     lm, lay, _via, _ = target_language_model(A, tmodel)
     on = read_chain(A, lm, lay.key("capture_aux_hidden_states"))
@@ -139,7 +143,9 @@ def aux_capture_facts(adapter: SGLangAdapter, dw) -> dict:
         ids = _configured_aux_ids(read_chain(A, dw, "EagleDraftWorker.draft_runner", "ModelRunner.model_config",
                                              "ModelConfig.hf_config"))
         dropped = [ids[k] for k in unreached] if isinstance(ids, list) and len(ids) == len(raw) else UNKNOWN
-    return {"aux_hf_indices": captured, "aux_dropped_ids": dropped,
+    # GPT-OSS's index end_layer is the last layer's output before the final norm: no HF index holds it
+    prenorm = [i for i in captured if lay.final_capture is not None and i == end]
+    return {"aux_hf_indices": captured, "aux_dropped_ids": dropped, "aux_prenorm_indices": prenorm,
             AUX_CONCAT_ORDER: list(captured)}  # slot j of the concat = HF captured[j]
 
 
@@ -407,7 +413,8 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
     facts.update(aux_native_ids=_configured_aux_ids(dcfg), aux_convention="sglang")
     # ... and what the target really captures (never the configured ids in its place): SGLang sets
     # it after this point (init_attention_backends); Recorder.refresh fills it in.
-    facts.update({"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN})
+    facts.update({"aux_hf_indices": UNKNOWN, "aux_dropped_ids": UNKNOWN, AUX_CONCAT_ORDER: UNKNOWN,
+                  "aux_prenorm_indices": UNKNOWN})
     dmodel = read_chain(A, draft_runner, "ModelRunner.model")
     dinner = read_chain(A, dmodel, "LlamaForCausalLMEagle3.model")
     nbf = read_chain(A, dinner, "Eagle3LlamaModel.norm_before_fc")
