@@ -1,6 +1,7 @@
 """Tiny targets of every family EAGLE-3 is served on (issue 20), built offline and deterministically.
 
-API: ``build_family_target(family, out_dir, *, trained=True) -> Path`` writes a HF model folder
+API: ``build_family_target(family, out_dir, *, trained=True) -> Path`` and
+``build_family_pair(family, out_dir) -> manifest`` (target/, data/, draft/); the first writes a HF model folder
 (config.json with ``architectures``, bf16 ``model.safetensors``, the demo tokenizer) for each
 name in ``FAMILIES``; ``family_config(family)`` is the transformers config it uses.
 
@@ -24,6 +25,10 @@ MLP sizes are small so a CPU trains each in a few minutes. What each family exer
 
 ``trained=False`` keeps the seeded random initialisation (seconds). ``trained=True`` trains the
 target briefly as a language model on the stdlib text (:func:`train_family_target`).
+``build_family_pair(family, out_dir)`` also writes self-distilled data and an EAGLE-3 draft
+trained on HF [0, 3, 6], saved with the SGLang ids that capture them on that family
+(:func:`sglang_aux_ids`, rules in ``SGLANG_RULES``); ``python -m specdiff.demo_models.families
+--out DIR`` builds every family's pair.
 """
 
 from __future__ import annotations
@@ -210,9 +215,192 @@ def build_family_target(family: str, out_dir: str | Path, *, trained: bool = Tru
     return save_family_target(model, family, out_dir)
 
 
+# ---- the trained recipe (fixed step counts, not time budgets) -------------------------------------
+TEXT_FILES = 60             # the first 60 training files of the stdlib split: ~440K tokens
+VAL_FILES = 4
+LM_STEPS = 150
+LM_BATCH = 8
+LM_SEQ_LEN = 64
+LM_LR = 3e-3
+DATA_TRAIN_SEQS = 160
+DATA_HELDOUT_SEQS = 16
+DATA_PROMPT_LENS = (16, 23)         # 8 prompt lengths: generation runs in 8 unpadded groups
+DATA_CONTINUATION_LENS = (32, 40)
+DRAFT_STEPS = 150
+DRAFT_BATCH = 16
+NUM_THREADS = 2             # float reductions depend on the thread count: fixed for determinism
+
+
+def _texts():
+    from specdiff.demo_models.tiny_models import read_texts, split_files, stdlib_files
+
+    train, val = split_files(stdlib_files())
+    return read_texts(train[:TEXT_FILES]), read_texts(val[:VAL_FILES])
+
+
+class _threads:
+    """Run a block on ``n`` torch threads, then restore the caller's count."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __enter__(self):
+        self.saved = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.saved)
+
+
 def train_family_target(family: str, *, log=print):
     """Train ``family``'s target briefly as a language model on the stdlib text.
 
-    Returns ``(model, stats)`` (fp32 model). Raises ValueError for an unknown family.
+    :func:`init_family_model`, then :func:`tiny_models.train_target` for ``LM_STEPS`` steps of
+    ``LM_BATCH`` x ``LM_SEQ_LEN`` windows of the first ``TEXT_FILES`` training files (encoded
+    with the demo tokenizer), on ``NUM_THREADS`` threads.
+
+    Returns:
+        ``(model, stats)``: the fp32 model and its training stats (losses, seconds).
+
+    Raises:
+        ValueError: unknown ``family``.
     """
-    raise NotImplementedError("trained family targets: in progress (issue 20); use trained=False")
+    import tempfile
+
+    import numpy as np
+
+    from specdiff.demo_models.tiny_models import encode_files, load_tokenizer, train_target
+
+    model = init_family_model(family)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_tokenizer(tmp)
+        tok = load_tokenizer(tmp)
+    train_texts, val_texts = _texts()
+    train_stream = np.concatenate(encode_files(tok, train_texts))
+    val_stream = np.concatenate(encode_files(tok, val_texts))
+    with _threads(NUM_THREADS):
+        model, stats = train_target(train_stream, val_stream, steps=LM_STEPS, seed=SEEDS[family], model=model,
+                                    batch=LM_BATCH, seq_len=LM_SEQ_LEN, lr=LM_LR, log_every=25,
+                                    log=lambda m: log(f"[{family}] {m}"))
+    return model, stats
+
+
+# ---- SGLang aux ids per family ------------------------------------------------------------------
+#: SGLang 0.5.23 ``set_eagle3_layers_to_capture``: how each family's model file turns the draft's
+#: ``eagle_aux_hidden_state_layer_ids`` into ``layers_to_capture`` (= HF hidden_states indices).
+SGLANG_RULES = {
+    "llama": "srt/models/llama.py:929-941: [id + 1]",
+    "qwen3": "srt/models/qwen3.py:778-791: [id + 1]",
+    "qwen3_moe": "srt/models/qwen3_moe.py:1128-1143: [id + 1]",
+    "deepseek_v3": "srt/models/deepseek_v2.py:3458-3473: [id + 1] if ids[0] == 1, else the ids literally",
+    "gpt_oss": "srt/models/gpt_oss.py:1337-1352: the ids literally if max(ids) == num_layers, else [id + 1]",
+}
+
+
+def sglang_captured_hf(family: str, ids, num_layers: int = NUM_LAYERS) -> list[int]:
+    """HF hidden_states indices SGLang 0.5.23 captures for draft ``ids`` on ``family`` (``SGLANG_RULES``)."""
+    _check_family(family)
+    ids = [int(i) for i in ids]
+    if family == "deepseek_v3":
+        literal = not (ids and ids[0] == 1)
+    elif family == "gpt_oss":
+        literal = bool(ids) and max(ids) == num_layers
+    else:
+        literal = False
+    return list(ids) if literal else [i + 1 for i in ids]
+
+
+def sglang_aux_ids(family: str, hf_indices, num_layers: int = NUM_LAYERS) -> list[int]:
+    """The SGLang 0.5.23 draft ids that capture HF ``hf_indices`` (in that order) on ``family``.
+
+    Tries the ``[h - 1]`` ids first (the Llama-style rule), then the literal ids, and keeps the
+    first that :func:`sglang_captured_hf` maps back onto ``hf_indices``.
+
+    Raises:
+        ValueError: unknown family, or no ids capture exactly ``hf_indices`` on it (e.g. HF
+            [1, ...] on DeepSeek-V3: literal ids [1, ...] are read as [id + 1]).
+    """
+    hf = [int(h) for h in hf_indices]
+    for ids in ([h - 1 for h in hf], list(hf)):
+        if sglang_captured_hf(family, ids, num_layers) == hf:
+            return ids
+    raise ValueError(f"no SGLang aux ids capture HF {hf} on a {num_layers}-layer {family} target "
+                     f"({SGLANG_RULES[family]})")
+
+
+# ---- a target with its draft ------------------------------------------------------------------
+def build_family_pair(family: str, out_dir: str | Path, *, log=print) -> dict:
+    """Build ``family``'s trained target, self-distilled data and EAGLE-3 draft into ``out_dir``.
+
+    Writes ``target/`` (:func:`build_family_target`), ``data/`` (:func:`tiny_models.build_data`:
+    ``DATA_TRAIN_SEQS`` + ``DATA_HELDOUT_SEQS`` greedy continuations in bf16), ``draft/``
+    (:func:`train_draft.build_draft`: trained on HF ``tui.scenarios.TRAINED_HF`` = [0, 3, 6] for
+    ``DRAFT_STEPS`` steps, saved with the SGLang ids that capture those indices on this family,
+    :func:`sglang_aux_ids`) and ``manifest.json`` (recipe, timings, per-depth training accuracy).
+
+    Returns:
+        the manifest dict (``draft.train_acc_last_epoch[k]``: training accuracy at TTT step k).
+
+    Raises:
+        ValueError: unknown ``family``.
+    """
+    import time
+
+    from specdiff.demo_models import train_draft
+    from specdiff.demo_models.tiny_models import build_data, encode_files, load_tokenizer
+    from specdiff.tui.demo_data import DATA_FILE
+    from specdiff.tui.scenarios import TRAINED_HF
+
+    _check_family(family)
+    out = Path(out_dir)
+    tdir, ddir, rdir = out / "target", out / "data", out / "draft"
+    t0 = time.time()
+    model, lm_stats = train_family_target(family, log=log)
+    save_family_target(model, family, tdir)
+    del model
+    log(f"[{family}] target saved ({time.time() - t0:.0f}s)")
+    from specdiff.replay.model.target_capture import load_target
+
+    target = load_target(tdir, dtype=torch.bfloat16)  # generate in the served dtype
+    docs = encode_files(load_tokenizer(tdir), _texts()[0])
+    with _threads(1):  # single-token decode steps are too small to share between threads
+        data_stats = build_data(target, docs, ddir / DATA_FILE, seed=SEEDS[family], n_train=DATA_TRAIN_SEQS,
+                                n_heldout=DATA_HELDOUT_SEQS, prompt_len_range=DATA_PROMPT_LENS,
+                                continuation_len_range=DATA_CONTINUATION_LENS,
+                                log=lambda m: log(f"[{family}] {m}"))
+    del target
+    hf = [int(h) for h in TRAINED_HF]
+    serve_ids = sglang_aux_ids(family, hf)
+    with _threads(NUM_THREADS):
+        draft_stats = train_draft.build_draft(tdir, ddir, rdir, steps=DRAFT_STEPS, batch=DRAFT_BATCH,
+                                              train_hf_indices=hf, serve_ids=serve_ids,
+                                              heldout_layers={"train_layers": hf},
+                                              log=lambda m: log(f"[{family}] {m}"))
+    manifest = {"family": family, "architecture": ARCHITECTURES[family], "seed": SEEDS[family],
+                "target": {**lm_stats, "batch": LM_BATCH, "seq_len": LM_SEQ_LEN, "lr": LM_LR,
+                           "text_files": TEXT_FILES},
+                "data": data_stats, "draft": {**draft_stats, "sglang_rule": SGLANG_RULES[family]},
+                "total_seconds": round(time.time() - t0, 1)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    log(f"[{family}] pair built in {manifest['total_seconds']:.0f}s; draft train acc per TTT step "
+        f"{draft_stats['train_acc_last_epoch']}, held-out accept length "
+        f"{draft_stats['heldout']['train_layers']['accept_length']}")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m specdiff.demo_models.families --out DIR [FAMILY ...]`` builds trained pairs
+    into ``DIR/FAMILY/{target,data,draft}``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Build tiny trained target + EAGLE-3 draft pairs per family")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("families", nargs="*", default=list(FAMILIES), help=f"default: all of {FAMILIES}")
+    args = ap.parse_args(argv)
+    for f in args.families:
+        build_family_pair(f, Path(args.out) / f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -197,37 +197,44 @@ def eval_loss(model, stream: np.ndarray, seq_len: int = TARGET_SEQ_LEN, max_wind
 
 
 def train_target(train_stream: np.ndarray, val_stream: np.ndarray, *, steps: int = TARGET_STEPS,
-                 seed: int = SEED, log=print):
-    """Train the tiny Llama target as a language model on a token stream (fp32, AdamW).
+                 seed: int = SEED, model=None, batch: int = TARGET_BATCH, seq_len: int = TARGET_SEQ_LEN,
+                 lr: float = TARGET_LR, log_every: int = 40, log=print):
+    """Train a causal LM (the tiny Llama target by default) on a token stream (fp32, AdamW).
 
-    Batches are random ``TARGET_SEQ_LEN`` windows drawn with a seeded generator; the learning
-    rate warms up for 10 steps and decays by cosine to 10 %.
+    Batches are ``batch`` random ``seq_len`` windows of the int token stream, drawn with a
+    generator seeded by ``seed``; the learning rate warms up for 10 steps and decays by cosine to
+    10 % of ``lr``.
+
+    Args:
+        model: a fp32 ``*ForCausalLM`` to train in place (any family); None builds the demo's
+            Llama from :func:`target_config` after ``torch.manual_seed(seed)``.
 
     Returns:
         ``(model, stats)`` with the fp32 model and a dict of losses and timings.
     """
-    from transformers import LlamaForCausalLM
+    if model is None:
+        from transformers import LlamaForCausalLM
 
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(target_config())
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(target_config())
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=TARGET_LR, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(seed)
     data = torch.from_numpy(train_stream.astype(np.int64))
-    max_start = len(data) - TARGET_SEQ_LEN - 1
+    max_start = len(data) - seq_len - 1
     warmup = 10
 
     def lr_at(step):
         if step < warmup:
-            return TARGET_LR * (step + 1) / warmup
+            return lr * (step + 1) / warmup
         p = (step - warmup) / max(1, steps - warmup)
-        return TARGET_LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
     t0 = time.time()
     loss_val = float("nan")
     for step in range(steps):
-        starts = torch.randint(0, max_start, (TARGET_BATCH,), generator=gen)
-        xb = torch.stack([data[s:s + TARGET_SEQ_LEN] for s in starts.tolist()])
+        starts = torch.randint(0, max_start, (batch,), generator=gen)
+        xb = torch.stack([data[s:s + seq_len] for s in starts.tolist()])
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         loss = model(input_ids=xb, labels=xb).loss
@@ -236,10 +243,10 @@ def train_target(train_stream: np.ndarray, val_stream: np.ndarray, *, steps: int
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss_val = loss.item()
-        if step % 40 == 0 or step == steps - 1:
+        if step % log_every == 0 or step == steps - 1:
             log(f"target step {step:4d}/{steps} loss {loss_val:.3f} ({time.time() - t0:.0f}s)")
     train_s = time.time() - t0
-    val = eval_loss(model, val_stream)
+    val = eval_loss(model, val_stream, seq_len)
     model.train(False)
     log(f"target trained in {train_s:.0f}s; last train loss {loss_val:.3f}, val loss {val:.3f}")
     return model, {"train_seconds": round(train_s, 1), "final_train_loss": round(loss_val, 4),
@@ -271,13 +278,16 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.bfloat16):
 
 # ---- self-distilled data --------------------------------------------------------------------
 def build_data(model, docs: list[np.ndarray], out_path: str | Path, *, seed: int = SEED,
-               n_train: int = N_TRAIN_SEQS, n_heldout: int = N_HELDOUT_SEQS, log=print) -> dict:
+               n_train: int = N_TRAIN_SEQS, n_heldout: int = N_HELDOUT_SEQS,
+               prompt_len_range: tuple[int, int] = PROMPT_LEN_RANGE,
+               continuation_len_range: tuple[int, int] = CONTINUATION_LEN_RANGE, log=print) -> dict:
     """Make self-distilled sequences: ``[BOS] + stdlib window`` + the target's greedy tokens.
 
-    Prompts are random windows of random length in ``PROMPT_LEN_RANGE`` from the documents;
-    generation runs in the model's dtype (bfloat16, as served), batched by prompt length so no
-    padding is involved; each sequence keeps a random ``CONTINUATION_LEN_RANGE`` number of
-    generated tokens. The last ``n_heldout`` sequences are the held-out split.
+    Prompts are random windows of random length in ``prompt_len_range`` (inclusive) from the
+    documents; generation runs in the model's dtype (bfloat16, as served), batched by prompt
+    length so no padding is involved; each sequence keeps a random ``continuation_len_range``
+    number of generated tokens. The last ``n_heldout`` sequences are the held-out split. Works
+    for any ``*ForCausalLM`` that ``model.generate`` drives.
 
     Returns:
         stats dict (counts, timing).
@@ -290,13 +300,13 @@ def build_data(model, docs: list[np.ndarray], out_path: str | Path, *, seed: int
     lens = np.array([len(d) for d in docs])
     prompts, cont_lens = [], []
     for _ in range(n):
-        plen = int(rng.integers(PROMPT_LEN_RANGE[0], PROMPT_LEN_RANGE[1] + 1))
+        plen = int(rng.integers(prompt_len_range[0], prompt_len_range[1] + 1))
         di = int(rng.choice(len(docs), p=lens / lens.sum()))
         # skip the doc's own BOS; keep off its trailing EOS
         s = int(rng.integers(1, max(2, len(docs[di]) - plen - 1)))
         prompts.append(np.concatenate([[bos], docs[di][s:s + plen]]).astype(np.int64))
-        cont_lens.append(int(rng.integers(CONTINUATION_LEN_RANGE[0], CONTINUATION_LEN_RANGE[1] + 1)))
-    max_new = CONTINUATION_LEN_RANGE[1]
+        cont_lens.append(int(rng.integers(continuation_len_range[0], continuation_len_range[1] + 1)))
+    max_new = continuation_len_range[1]
     conts: list[np.ndarray | None] = [None] * n
     t0 = time.time()
     by_len: dict[int, list[int]] = {}

@@ -130,14 +130,19 @@ def target_to_draft_ids(t2d: torch.Tensor) -> torch.Tensor:
 
 # ---- model ----------------------------------------------------------------------------------
 def make_draft(target, hot: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
-               seed: int = SEED) -> Eagle3Draft:
-    """A fresh fp32 draft: shared, frozen target embedding; lm_head = target lm_head[hot]."""
+               seed: int = SEED, *, serve_ids=SERVE_IDS) -> Eagle3Draft:
+    """A fresh fp32 draft: shared, frozen target embedding; lm_head = target lm_head[hot].
+
+    ``serve_ids``: the SGLang ``eagle_aux_hidden_state_layer_ids`` written into its config, one
+    per aux slot (they must capture the training layers on the target's family: the rule is the
+    target model file's ``set_eagle3_layers_to_capture``, see ``families.sglang_aux_ids``).
+    """
     tcfg = target.config
     cfg = Eagle3DraftConfig(
         **DRAFT_DIMS, vocab_size=tcfg.vocab_size, draft_vocab_size=len(hot),
         rms_norm_eps=tcfg.rms_norm_eps, rope_theta=_rope_theta(tcfg), rope_scaling=None, **NORMS_OFF,
-        max_position_embeddings=tcfg.max_position_embeddings, num_aux=len(TRAIN_HF_INDICES),
-        target_hidden_size=tcfg.hidden_size, eagle_aux_hidden_state_layer_ids=list(SERVE_IDS),
+        max_position_embeddings=tcfg.max_position_embeddings, num_aux=len(serve_ids),
+        target_hidden_size=tcfg.hidden_size, eagle_aux_hidden_state_layer_ids=list(serve_ids),
         aux_convention="sglang")
     torch.manual_seed(seed)
     draft = Eagle3Draft(cfg)
@@ -296,11 +301,15 @@ def evaluate(draft: Eagle3Draft, feats: Features, prompt_lens: list[int] | None 
 
 # ---- driver ---------------------------------------------------------------------------------
 def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Path, *,
-                steps: int = DRAFT_STEPS, log=print) -> dict:
-    """Train the demo draft from ``target_dir`` + ``data_dir`` and save it to ``out_dir``.
+                steps: int = DRAFT_STEPS, batch: int = BATCH, train_hf_indices=TRAIN_HF_INDICES,
+                serve_ids=SERVE_IDS, heldout_layers: dict | None = None, log=print) -> dict:
+    """Train an EAGLE-3 draft from ``target_dir`` + ``data_dir`` and save it to ``out_dir``.
 
-    Also measures, on the held-out sequences, the draft fed the training layers, the seed's
-    wrong layers (SGLang ids [2, 5, 6] -> HF [3, 6, 7]) and SGLang's default capture.
+    Any family of target works: the draft is trained on HF ``hidden_states`` indices
+    ``train_hf_indices`` and saved with the SGLang ids ``serve_ids`` (which must capture those
+    indices under the target family's rule). ``heldout_layers`` names the HF index lists to
+    evaluate on the held-out sequences; by default (the Llama demo) the training layers, the
+    seed's wrong layers (SGLang ids [2, 5, 6] -> HF [3, 6, 7]) and SGLang's default capture.
 
     Returns:
         stats dict (vocab coverage, training, held-out evaluations).
@@ -311,28 +320,31 @@ def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Pat
     t0 = time.time()
     target = load_target(target_dir, dtype=torch.bfloat16)
     train_seqs = load_sequences(data_dir, "train")
-    feats = capture_features(target, train_seqs, TRAIN_HF_INDICES)
+    feats = capture_features(target, train_seqs, train_hf_indices)
     log(f"draft: captured target features for {len(train_seqs)} sequences ({time.time() - t0:.0f}s)")
     hot, d2t, t2d = select_draft_vocab(feats.argmax, target.config.vocab_size)
     all_labels = torch.cat([a[1:] for a in feats.argmax])
     coverage = float(t2d[all_labels].float().mean())
     log(f"draft: vocab {len(hot)} ids cover {coverage:.4%} of the target's argmax labels")
-    draft = make_draft(target, hot, d2t, t2d)
-    stats = train(draft, feats, steps=steps, log=log)
+    draft = make_draft(target, hot, d2t, t2d, serve_ids=serve_ids)
+    stats = train(draft, feats, steps=steps, batch=batch, log=log)
     save_draft(draft, out_dir, "specforge", dtype=torch.bfloat16)
 
     held = load_sequences(data_dir, "heldout")
     plens = load_prompt_lens(data_dir, "heldout")
     evals = {}
-    for name, idx in (("train_layers", TRAIN_HF_INDICES), ("seed_wrong_layers", SEED_WRONG_HF_INDICES),
-                      ("sglang_default_layers", SGLANG_DEFAULT_HF_INDICES)):
+    demo_layers = heldout_layers is None
+    if demo_layers:
+        heldout_layers = {"train_layers": TRAIN_HF_INDICES, "seed_wrong_layers": SEED_WRONG_HF_INDICES,
+                          "sglang_default_layers": SGLANG_DEFAULT_HF_INDICES}
+    for name, idx in heldout_layers.items():
         ev = evaluate(draft, capture_features(target, held, idx), plens)
         evals[name] = ev
         log(f"held-out, aux HF {list(idx)}: acc {ev['acc']} accept_rate {ev['accept_rate']} "
             f"accept_length {ev['accept_length']}")
     return {"draft_vocab": len(hot), "label_coverage": round(coverage, 6),
-            "train_hf_indices": list(TRAIN_HF_INDICES), "serve_ids_sglang": SERVE_IDS,
-            "seed_wrong_ids_sglang": SEED_WRONG_IDS, "ttt_steps": TTT_STEPS,
+            "train_hf_indices": list(train_hf_indices), "serve_ids_sglang": list(serve_ids),
+            **({"seed_wrong_ids_sglang": SEED_WRONG_IDS} if demo_layers else {}), "ttt_steps": TTT_STEPS,
             "dims": DRAFT_DIMS, "seed": SEED, **stats, "heldout": evals,
             "total_seconds": round(time.time() - t0, 1)}
 

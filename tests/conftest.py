@@ -9,6 +9,9 @@ nothing here edits the import path and no test module imports another.
 - ``bringup_models``: the throwaway random pair and the always-accepted "oracle" pair of
   ``specdiff.demo_models.bringup``, built once per session (cached across sessions in pytest's
   cache, keyed by the builder's source and the library versions).
+- ``family_models``: per target family (Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS) a tiny
+  trained target and an EAGLE-3 draft trained on it (``specdiff.demo_models.families``), each
+  built on first use and cached like ``bringup_models``.
 - ``bringup_chain_server``: a real SGLang server on the CPU, shared by the test files that serve
   the same configuration; stopped by PID at session end, also when a test failed.
 - ``server_env``: the environment for a server a test starts itself (no inherited ``SPECDIFF_*``).
@@ -64,13 +67,41 @@ def repo_models() -> Path:
     return REPO_MODELS
 
 
-def _bringup_key() -> str:
-    from specdiff.demo_models import bringup
-
-    h = hashlib.sha256(Path(bringup.__file__).read_bytes())
+def _build_key(*files: Path) -> str:
+    """16 hex digits over the bytes of ``files`` (builder sources, inputs) and the library versions
+    a build depends on: a cached build is reused only while all of them are unchanged."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(Path(f).read_bytes())
     for dist in ("torch", "transformers", "tokenizers", "safetensors"):
         h.update(f"{dist}={version(dist)};".encode())
     return h.hexdigest()[:16]
+
+
+def _cached_build(request, tmp_path_factory, name: str, key: str, build) -> Path:
+    """The folder where ``build(folder)`` wrote its models, built once and then reused.
+
+    With pytest's cache it is ``<cache>/name/key``, kept across sessions; without it (``-p
+    no:cacheprovider``) a fresh temporary folder. The build runs in a private folder that is then
+    renamed into place, so a folder that exists is complete and two sessions never see half a
+    model (the second to finish drops its own copy and uses the first's)."""
+    cache = getattr(request.config, "cache", None)
+    if cache is None:
+        root = tmp_path_factory.mktemp(name)
+        build(root)
+        return root
+    root = Path(cache.mkdir(name)) / key
+    if not root.is_dir():
+        building = Path(tempfile.mkdtemp(prefix=f"{root.name}.", dir=root.parent))
+        try:
+            build(building)
+            building.rename(root)
+        except OSError:
+            if not root.is_dir():
+                raise
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    return root
 
 
 @pytest.fixture(scope="session")
@@ -78,26 +109,59 @@ def bringup_models(request, tmp_path_factory) -> SimpleNamespace:
     """The bring-up pairs of ``specdiff.demo_models.bringup``: ``.target``/``.draft`` (random
     weights, draft aux ids [1, 3, 4]) and ``.oracle_target``/``.oracle_draft`` (a draft that is
     always right). Built once; reused from pytest's cache while the builder and libraries are
-    unchanged (built in a private folder, then renamed, so two sessions never see half a model)."""
-    from specdiff.demo_models.bringup import build_bringup_models, build_oracle_models
+    unchanged (:func:`_cached_build`)."""
+    from specdiff.demo_models import bringup
 
-    cache = getattr(request.config, "cache", None)
-    if cache is None:  # -p no:cacheprovider
-        root = tmp_path_factory.mktemp("bringup")
-    else:
-        root = Path(cache.mkdir("specdiff-bringup")) / _bringup_key()
-    if not (root / "READY").exists() or not (root / "ORACLE_READY").exists():
-        building = Path(tempfile.mkdtemp(prefix=f"{root.name}.", dir=root.parent))
-        build_bringup_models(building)
-        build_oracle_models(building)
-        try:
-            building.rename(root) if not root.exists() else shutil.rmtree(building)
-        except OSError:  # another session finished first: use its copy
-            shutil.rmtree(building, ignore_errors=True)
-    target, draft = build_bringup_models(root)
-    oracle_target, oracle_draft = build_oracle_models(root)
+    def build(folder: Path) -> None:
+        bringup.build_bringup_models(folder)
+        bringup.build_oracle_models(folder)
+
+    root = _cached_build(request, tmp_path_factory, "specdiff-bringup", _build_key(Path(bringup.__file__)), build)
+    target, draft = bringup.build_bringup_models(root)  # both already built: these only name the paths
+    oracle_target, oracle_draft = bringup.build_oracle_models(root)
     return SimpleNamespace(root=root, target=target, draft=draft, oracle_target=oracle_target,
                            oracle_draft=oracle_draft)
+
+
+class FamilyModels:
+    """``family_models[family]`` -> ``SimpleNamespace(target, draft, data, manifest)``: the tiny
+    trained target of that family (``specdiff.demo_models.families.FAMILIES``) and the EAGLE-3
+    draft trained on it, built on first use of that family only (a few minutes each) and cached
+    across sessions (:func:`_cached_build`), keyed by the builder sources, the demo tokenizer
+    and the library versions."""
+
+    def __init__(self, request, tmp_path_factory):
+        from specdiff.demo_models import families, tiny_models, train_draft
+        from specdiff.replay.model import checkpoint, draft_model, target_capture
+
+        self._request, self._tmp = request, tmp_path_factory
+        self.families = families.FAMILIES
+        sources = [Path(m.__file__) for m in (families, tiny_models, train_draft, checkpoint, draft_model,
+                                              target_capture)]
+        tok = families.demo_tokenizer_dir()
+        self._key = _build_key(*sources, *([tok / "tokenizer.json"] if tok else []))
+        self._built: dict[str, SimpleNamespace] = {}
+
+    def __getitem__(self, family: str) -> SimpleNamespace:
+        import json
+
+        from specdiff.demo_models.families import build_family_pair
+
+        if family not in self.families:
+            raise KeyError(f"unknown family {family!r}; known: {self.families}")
+        if family not in self._built:
+            root = _cached_build(self._request, self._tmp, "specdiff-families",
+                                 f"{self._key}-{family}", lambda d: build_family_pair(family, d, log=lambda m: None))
+            self._built[family] = SimpleNamespace(
+                family=family, root=root, target=root / "target", draft=root / "draft", data=root / "data",
+                manifest=json.loads((root / "manifest.json").read_text()))
+        return self._built[family]
+
+
+@pytest.fixture(scope="session")
+def family_models(request, tmp_path_factory) -> FamilyModels:
+    """:class:`FamilyModels`: ``family_models["deepseek_v3"].target`` / ``.draft`` (lazy per family)."""
+    return FamilyModels(request, tmp_path_factory)
 
 
 # ---- real SGLang servers on the CPU ---------------------------------------------------------------
