@@ -7,6 +7,11 @@ Tensors are compared in dataflow order, rows in order, in blocks on every core (
 memory stays bounded by the blocks in flight (``blocks.in_flight``, ~16 MiB of float32 a side each)
 plus small per-row results. The first divergence is said as soon as the rows read prove it
 (replay/diff/early.py), before the totals.
+
+A tensor is judged on the rows whose inputs agree: a row whose inputs already differ at an
+earlier stage of the same position (beyond that stage's noise) is inherited, not a new
+divergence (replay/diff/inherited.py), and failing aux rows an MoE target's routing near-ties
+explain are named, not counted (replay/diff/routing.py).
 """
 
 from __future__ import annotations
@@ -170,7 +175,7 @@ def _filter_depth(m: RowMatch, good: np.ndarray | None) -> RowMatch:
 def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: Tolerance,
                    good_paths: np.ndarray | None, block_rows: int = 1 << 16, match: RowMatch | None = None,
                    watch=None, on_rows=None, on_partial=None, runner=None, counted: np.ndarray | None = None,
-                   inherited: tuple | None = None, judge=None, watch_frac: float | None = None) -> TensorComparison:
+                   inheritance: tuple | None = None, judge=None, watch_frac: float | None = None) -> TensorComparison:
     """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows).
 
     Blocks of ``block_rows`` rows (at most ~16 MiB of float32 a side) are compared on the block
@@ -183,7 +188,7 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     ``blocks.ExecutorBlocks`` for Dask workers); the results are the same either way.
 
     ``counted``: bool [n], the rows whose inputs agree (replay/diff/inherited.py), the only ones
-    that judge the tensor (None: all); ``inherited``: ``Inheritance.inherited``'s (mask, source
+    that judge the tensor (None: all); ``inheritance``: ``Inheritance.inherited``'s (mask, source
     index, names), kept for the report. ``judge(comp, candidates)``: a named legitimate cause
     for the counted failing rows ``candidates`` (bool [n]), e.g. ``routing.routing_flips``, or
     None; it explains all of them or none, before the verdict is final. ``watch_frac``: the fail
@@ -240,7 +245,7 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     else:
         stats.update(match_rate=float(exact.sum()) / readable if readable else 1.0,
                      topk_overlap=float((1 - score[~unread]).mean()) if readable else 1.0)
-    inh, src, names = inherited if inherited is not None else (None, None, [])
+    inh, src, names = inheritance if inheritance is not None else (None, None, [])
     comp = TensorComparison(name, tolerance, m, status, score, cos, nonfinite, stats, worst, False,
                             counted=counted, inherited=inh, inherited_src=src, inherited_names=list(names))
     if judge is not None and own.any():
@@ -439,7 +444,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                                    on_rows=rows_done if on_rows is not None else None, runner=runner,
                                    on_partial=None if on_partial is None
                                    else lambda c: on_partial({**out, c.name: c}, watch.first),
-                                   counted=counted, inherited=inh, judge=judge, watch_frac=watch_frac)
+                                   counted=counted, inheritance=inh, judge=judge, watch_frac=watch_frac)
         if family.moe and aux_slot(name) == 0 and out[name].diverged:
             out[name].stats["routing_not_named"] = routing.SLOT0_WHY
         upstream.add(out[name], inherited.source_rows(out[name]))
