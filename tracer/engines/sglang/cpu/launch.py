@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import requests
 
@@ -176,6 +176,8 @@ class ServerProcess:
     dynamo_disable: bool = True
     #: ``"cpu"``: the CPU recipe; ``"cuda"``: SGLang as served on a GPU (``server_command``)
     device: str = "cpu"
+    #: the engine's name in messages (a subclass launches another engine: tracer/engines/vllm/cpu.py)
+    title: ClassVar[str] = "SGLang"
     proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     startup_s: float | None = field(default=None, init=False)
 
@@ -206,7 +208,7 @@ class ServerProcess:
             raise ServerError("server already started")
         argv, env = self.command()
         if self.log_path is None:
-            fd, name = tempfile.mkstemp(prefix="specdiff-sglang-", suffix=".log")
+            fd, name = tempfile.mkstemp(prefix=f"specdiff-{self.title.lower()}-", suffix=".log")
             os.close(fd)
             self.log_path = name
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
@@ -235,7 +237,7 @@ class ServerProcess:
             rc = self.proc.poll()
             if rc is not None:
                 raise ServerError(
-                    f"SGLang server exited with code {rc} before it was ready "
+                    f"{self.title} server exited with code {rc} before it was ready "
                     f"(log {self.log_path}); last lines:\n{_tail(Path(self.log_path))}"
                 )
             try:
@@ -246,7 +248,7 @@ class ServerProcess:
                 pass
             if time.monotonic() > deadline:
                 raise ServerError(
-                    f"SGLang server not ready after {time.monotonic() - self._t0:.0f} s "
+                    f"{self.title} server not ready after {time.monotonic() - self._t0:.0f} s "
                     f"(log {self.log_path}); last lines:\n{_tail(Path(self.log_path))}"
                 )
             time.sleep(0.5)
@@ -258,19 +260,19 @@ class ServerProcess:
         body, cut at 2000 characters, is in the message), or the connection fails or times out
         after ``timeout_s`` seconds (with the log's last lines)."""
         if self.proc is None or self.proc.poll() is not None:
-            raise ServerError(f"SGLang server is not running (log {self.log_path})")
+            raise ServerError(f"{self.title} server is not running (log {self.log_path})")
         try:
             r = requests.post(self.url + path, json=payload, timeout=timeout_s)
         except requests.RequestException as e:
             raise ServerError(
-                f"SGLang {path} failed: {e}; last log lines:\n{_tail(Path(self.log_path))}"
+                f"{self.title} {path} failed: {e}; last log lines:\n{_tail(Path(self.log_path))}"
             ) from e
         if not r.ok:
-            raise ServerError(f"SGLang {path} answered HTTP {r.status_code}: {r.text[:2000]}")
+            raise ServerError(f"{self.title} {path} answered HTTP {r.status_code}: {r.text[:2000]}")
         try:
             return r.json()
         except ValueError as e:
-            raise ServerError(f"SGLang {path} answered HTTP {r.status_code} with a body that is not JSON: "
+            raise ServerError(f"{self.title} {path} answered HTTP {r.status_code} with a body that is not JSON: "
                               f"{r.text[:2000]!r}") from e
 
     def generate(

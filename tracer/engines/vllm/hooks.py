@@ -1,0 +1,489 @@
+"""The vLLM recorder's hot path and row attribution (vLLM 0.32.0, V1 model runner, EAGLE-3 chain).
+
+One recorded iteration is one ``GPUModelRunner.sample_tokens`` call (v1/worker/gpu_model_runner.py:4304):
+``_sample`` verifies the previous step's drafts (or samples a prefill's first token), then
+``propose_draft_token_ids`` builds the aux concat and calls ``SpecDecodeBaseProposer.propose``,
+which runs the draft's first pass over every target row and K-1 more steps from each request's
+sampled row. The wrappers (plugin.py) and the draft's module hooks copy tensors into an
+``IterCapture``; the writer thread attributes rows (EAGLE-3 pairing, tracer/schema.py):
+
+- target rows of request b span ``query_start_loc[b]:query_start_loc[b+1]`` at ``target_positions``.
+  Prefill (no drafts verified): every row, iter -1. Verify (K drafts): the root (previous bonus)
+  sits at L = its first position; v = valid sampled tokens (accepted drafts + bonus): the target
+  rows at L..L+v-1 are the accepted ones; ``verify.*`` rows are keyed pos = L.
+- the draft's first pass is depth 0: row t consumes (h_t, x_{t+1}) (the input ids are the
+  target's shifted by one, the sampled token at the sample row: llm_base_proposer.py:817-956);
+  only the valid rows L..L+v-1 are attributed (the rest are rejected drafts' rows). Logits
+  exist at the sample row only (``token_indices_to_sample``).
+- step k (1..K-1) is depth k at the sample row's position p: the input token is the draft of
+  depth k-1 (target id), positions p + k (:737-741 via ``_update_positions_dependent_metadata``).
+- ``draft.topk_target`` at depth k is ``propose``'s draft token k (target ids after the d2t
+  scatter); ``draft.topk`` the argmax over the draft vocab (the logits processor's output).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from specdiff.tracer.contract import UNKNOWN, known
+from specdiff.tracer.engines.sglang.options import Options
+from specdiff.tracer.engines.vllm.adapter import MISSING, VLLMAdapter
+from specdiff.tracer.rows import RowBatch
+
+logger = logging.getLogger("specdiff.tracer")
+
+
+def snap(t):
+    """A host copy of ``t`` that later device work cannot change (clone on CPU; a synchronous copy
+    elsewhere: the V1 runner reuses its buffers within the step)."""
+    if t is None:
+        return None
+    t = t.detach()
+    return t.clone() if t.device.type == "cpu" else t.to("cpu")
+
+
+@dataclass
+class DraftForward:
+    """One call of the draft model (outer ``Eagle3LlamaForCausalLM.forward``, outside the compiled graph)."""
+
+    input_ids: Any
+    positions: Any
+    hidden_in: Any
+    hidden_out: Any  # pre-norm midlayer output [rows, Hd] (None when norm_output)
+
+
+@dataclass
+class DraftLogits:
+    """One ``compute_logits`` of the draft, reduced: draft-vocab top-k, logsumexp, argmax."""
+
+    values: Any
+    ids: Any
+    lse: Any
+    argmax: Any
+    full: Any = None
+
+
+@dataclass
+class IterCapture:
+    """Everything recorded in one ``sample_tokens`` call (host copies)."""
+
+    iter: int
+    rids: list[str]
+    prompts: dict[str, list[int]] = field(default_factory=dict)
+    t: dict[str, Any] = field(default_factory=dict)
+    num_draft: list[int] | None = None
+    fc: list[tuple] = field(default_factory=list)
+    forwards: list[DraftForward] = field(default_factory=list)
+    logits: list[DraftLogits] = field(default_factory=list)
+
+    def wait(self) -> None:
+        return None
+
+    def nbytes(self) -> int:
+        def size(v):
+            return v.nbytes if isinstance(v, torch.Tensor) else 0
+
+        n = sum(size(v) for v in self.t.values())
+        n += sum(size(a) + size(b) for a, b in self.fc)
+        n += sum(sum(size(v) for v in vars(f).values()) for f in self.forwards)
+        n += sum(sum(size(v) for v in vars(lg).values()) for lg in self.logits)
+        return n
+
+
+@dataclass
+class ContractUpdate:
+    """Contract facts learned after the trace was opened (written by the writer thread)."""
+
+    facts: dict
+
+    def wait(self) -> None:
+        return None
+
+    def nbytes(self) -> int:
+        return 0
+
+
+class Recorder:
+    """Process-wide recorder state (the process that runs the V1 model runner, TP rank 0)."""
+
+    def __init__(self, opts: Options, adapter: VLLMAdapter):
+        self.opts = opts
+        self.adapter = adapter
+        self.enabled = True
+        self.writer = None
+        self.contract: dict = {}
+        self.cur: IterCapture | None = None
+        self.phase: tuple[str, dict] | None = None
+        self.hidden_size = None
+        self.num_aux = None
+        self.bos_token_id = None
+        self.rid_re = re.compile(opts.rids) if opts.rids else None
+        self._iter = 0
+        self._lock = threading.Lock()
+        self._failed_once = False
+        self._hooked: set[int] = set()
+        self._seen: set[str] = set()
+        self._prompt_firsts: list[int] = []
+        self._unobservable_n = 0
+        self.hook_s = 0.0
+        self.iter_s = 0.0
+        # writer-thread state
+        self.seq_ids: dict[str, int] = {}
+        self.seq_tokens: dict[str, list[int]] = {}
+        self.seq_prompt: dict[str, int] = {}
+
+    # -- lifecycle --
+    def fail(self, where: str, exc: BaseException) -> None:
+        self.enabled = False
+        self.cur = None
+        if not self._failed_once:
+            self._failed_once = True
+            logger.error("specdiff: recorder hook %s failed (%s: %s); tracing disabled, the server keeps serving",
+                         where, type(exc).__name__, exc)
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and (self.writer is None or self.writer.active)
+
+    def start(self, runner) -> None:
+        """Read the contract from the live runner, open the trace, hook the draft (once)."""
+        with self._lock:
+            if self.writer is not None or not self.enabled:
+                return
+            from specdiff.tracer.async_writer import AsyncTraceWriter
+            from specdiff.tracer.engines.vllm.contract import (
+                contract_from_runner,
+                read_chain,
+                unrecorded_stages,
+            )
+            from specdiff.tracer.store import TraceWriter
+
+            c = contract_from_runner(runner, self.opts, self.adapter)
+            c["unrecorded_stages"] = unrecorded_stages(self.opts, c)
+            c["unobservable"] = self.adapter.unobservable()
+            self._unobservable_n = len(c["unobservable"])
+            bos = c.pop("bos_token_id", None)
+            self.bos_token_id = None if bos == UNKNOWN else bos
+            self.contract = c
+            self.hidden_size = known(c, "hidden_size")
+            self.num_aux = len(known(c, "aux_hf_indices") or []) or None
+            tw = TraceWriter(self.opts.path, side="serve", contract=c)
+            dmodel = read_chain(self.adapter, runner, "GPUModelRunner.drafter", "SpecDecodeBaseProposer.model")
+            if hasattr(dmodel, "unwrap"):
+                dmodel = dmodel.unwrap()
+            d2t = read_chain(self.adapter, dmodel, "Eagle3LlamaForCausalLM.draft_id_to_target_id")
+            vd = known(c, "draft_vocab_size")
+            if d2t is not MISSING and (d2t is not None or isinstance(vd, int)):
+                d = (torch.zeros(vd, dtype=torch.int64) if d2t is None else d2t.detach().to("cpu", torch.int64))
+                tw.append("draft.d2t", d, seq=-1, pos=np.arange(d.numel()))
+            if dmodel is not MISSING:
+                self.hook_draft(dmodel)
+            self.writer = AsyncTraceWriter(tw, self._write, max_items=64, max_bytes=self.opts.max_queue_mb << 20)
+            logger.info("specdiff: recording an EAGLE-3 trace to %s (vLLM %s, %s)", self.opts.path,
+                        self.adapter.version, c["engine_runner"])
+
+    def close(self, *, crash: dict | None = None) -> None:
+        """Drain the writer and close the trace; ``crash`` (tracer/crash.py) goes into the contract."""
+        w = self.writer
+        if w is None:
+            return
+        self.enabled = False
+        from specdiff.tracer.contract import bos_added_fact
+
+        extra = {"recorder_hook_s": round(self.hook_s, 4), "recorder_iter_s": round(self.iter_s, 4),
+                 "recorder_writer_s": round(w.busy_s, 4), "unobservable": self.adapter.unobservable(),
+                 "bos_added": bos_added_fact(self._prompt_firsts, self.bos_token_id)}
+        if crash is not None:
+            extra["crash"] = crash
+        if w.close(contract=extra):
+            logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped)", self.opts.path,
+                        w.written, w.dropped)
+
+    def record_crash(self, exc: BaseException) -> None:
+        """vLLM raised inside a recorded iteration: write the crash into the trace and close it."""
+        from specdiff.tracer.crash import crash_record, describe_crash
+
+        cap = self.cur
+        forward, shapes = self.phase if self.phase is not None else (None, {})
+        crash = crash_record(exc, forward=forward, forward_shapes=shapes,
+                             iteration=None if cap is None else cap.iter,
+                             kind=None if cap is None else ("decode" if cap.num_draft and any(cap.num_draft)
+                                                            else "prefill"),
+                             rids=() if cap is None else cap.rids)
+        logger.error("specdiff: vLLM raised %s; the trace %s keeps the contract and this crash",
+                     describe_crash(crash), self.opts.path)
+        self.close(crash=crash)
+
+    def keep_rid(self, rid: str) -> bool:
+        return self.rid_re is None or bool(self.rid_re.search(str(rid)))
+
+    # -- hot path --
+    def begin(self, runner) -> IterCapture | None:
+        A = self.adapter
+        batch = A.get(runner, "GPUModelRunner.input_batch")
+        rids = [] if batch is MISSING else A.get(batch, "InputBatch.req_ids")
+        if rids is MISSING or not rids:
+            return None  # warm-up / profile runs schedule no request
+        rids = [str(r) for r in rids]
+        if not any(self.keep_rid(r) for r in rids):
+            return None
+        cap = IterCapture(iter=self._iter, rids=rids)
+        self._iter += 1
+        reqs = A.get(runner, "GPUModelRunner.requests")
+        for rid in rids:
+            if rid in self._seen or reqs is MISSING or rid not in reqs:
+                continue
+            prompt = A.get(reqs[rid], "CachedRequestState.prompt_token_ids")
+            cap.prompts[rid] = [] if prompt is MISSING or prompt is None else [int(x) for x in prompt]
+            if cap.prompts[rid]:
+                self._prompt_firsts.append(cap.prompts[rid][0])
+            self._seen.add(rid)
+        return cap
+
+    def on_sample(self, cap: IterCapture, logits, spec_meta, out) -> None:
+        A = self.adapter
+        sampled = A.get(out, "SamplerOutput.sampled_token_ids")
+        if sampled is not MISSING:
+            cap.t["sampled"] = snap(sampled).to(torch.int64)
+        if logits is not None:
+            cap.t["target_argmax"] = snap(logits.argmax(dim=-1)).to(torch.int64)
+        if spec_meta is not None:
+            nd = A.get(spec_meta, "SpecDecodeMetadata.num_draft_tokens")
+            cap.num_draft = None if nd is MISSING else [int(x) for x in nd]
+            dt = A.get(spec_meta, "SpecDecodeMetadata.draft_token_ids")
+            if dt is not MISSING:
+                cap.t["verified_drafts"] = snap(dt).to(torch.int64)
+        else:
+            cap.num_draft = [0] * len(cap.rids)
+
+    def on_propose(self, cap: IterCapture, kw: dict) -> None:
+        A = self.adapter
+        cad = kw["common_attn_metadata"]
+        qsl = A.get(cad, "CommonAttentionMetadata.query_start_loc_cpu")
+        if qsl is MISSING:
+            return
+        qsl = snap(qsl).to(torch.int64)
+        cap.t["qsl"] = qsl
+        n = int(qsl[-1])
+        cap.t["aux_cat"] = snap(kw["target_hidden_states"][:n])
+        cap.t["target_ids"] = snap(kw["target_token_ids"][:n]).to(torch.int64)
+        pos = kw["target_positions"]
+        cap.t["target_pos"] = snap(pos[..., :n] if pos.dim() == 1 else pos[0, :n]).to(torch.int64)
+        cap.t["next_ids"] = snap(kw["next_token_ids"]).to(torch.int64)
+        tis = kw.get("token_indices_to_sample")
+        cap.t["sample_rows"] = (qsl[1:] - 1) if tis is None else snap(tis).to(torch.int64)
+
+    def hook_draft(self, dmodel) -> None:
+        """Forward hooks on the draft's modules that run eagerly: fc (in combine_hidden_states),
+        the outer forward (inputs / outputs of the compiled LlamaModel) and the logits processor."""
+        if id(dmodel) in self._hooked:
+            return
+        self._hooked.add(id(dmodel))
+        A = self.adapter
+        inner = A.get(dmodel, "Eagle3LlamaForCausalLM.model")
+        fc = MISSING if inner is MISSING else A.get(inner, "LlamaModel.fc")
+        lp = A.get(dmodel, "Eagle3LlamaForCausalLM.logits_processor")
+        norm_output = False if inner is MISSING else bool(getattr(inner, "norm_output", False))
+        rec = self
+
+        def _cap():
+            c = rec.cur
+            return c if c is not None and rec.enabled else None
+
+        def _fc(_m, inp, out):
+            cap = _cap()
+            if cap is None:
+                return
+            try:
+                o = out[0] if isinstance(out, tuple) else out
+                cap.fc.append((snap(inp[0]), snap(o)))
+            except Exception as exc:  # noqa: BLE001
+                rec.fail("draft fc", exc)
+
+        def _fwd(_m, args, kwargs, out):
+            cap = _cap()
+            if cap is None:
+                return
+            try:
+                names = ("input_ids", "positions", "hidden_states")
+                got = {k: kwargs.get(k, args[i] if i < len(args) else None) for i, k in enumerate(names)}
+                h, pre = out if isinstance(out, tuple) else (out, None)
+                cap.forwards.append(DraftForward(
+                    input_ids=snap(got["input_ids"]), positions=snap(got["positions"]),
+                    hidden_in=snap(got["hidden_states"]), hidden_out=None if norm_output else snap(pre)))
+            except Exception as exc:  # noqa: BLE001
+                rec.fail("draft forward", exc)
+
+        def _logits(_m, _args, out):
+            cap = _cap()
+            if cap is None or out is None:
+                return
+            try:
+                lf = out.detach()
+                k = min(rec.opts.logits_topk, lf.shape[-1])
+                vals, ids = torch.topk(lf, k, dim=-1)
+                cap.logits.append(DraftLogits(values=snap(vals), ids=snap(ids),
+                                              lse=snap(torch.logsumexp(lf.float(), dim=-1)),
+                                              argmax=snap(lf.argmax(dim=-1)),
+                                              full=snap(lf) if rec.opts.capture == "full" else None))
+            except Exception as exc:  # noqa: BLE001
+                rec.fail("draft logits", exc)
+
+        if isinstance(fc, torch.nn.Module):
+            fc.register_forward_hook(_fc)
+        dmodel.register_forward_hook(_fwd, with_kwargs=True)
+        if isinstance(lp, torch.nn.Module):
+            lp.register_forward_hook(_logits)
+
+    def finish(self, cap: IterCapture, draft_ids) -> None:
+        if draft_ids is not None and isinstance(draft_ids, torch.Tensor):
+            cap.t["draft_ids"] = snap(draft_ids).to(torch.int64)
+        n = len(self.adapter.missing)
+        if n != self._unobservable_n:
+            self._unobservable_n = n
+            self.writer.submit(ContractUpdate({"unobservable": self.adapter.unobservable()}))
+        self.writer.submit(cap)
+
+    # -- writer thread --
+    def _write(self, tw, item) -> None:
+        if isinstance(item, ContractUpdate):
+            tw.set_contract(**item.facts)
+            return
+        write_capture(self, tw, item)
+
+
+# ---- attribution (writer thread) ------------------------------------------------------------
+def _seq(rec: Recorder, tw, rid: str, prompt: list[int] | None) -> int:
+    if rid not in rec.seq_ids:
+        toks = list(prompt or [])
+        rec.seq_tokens[rid] = toks
+        rec.seq_prompt[rid] = len(toks)
+        rec.seq_ids[rid] = tw.add_sequence(np.asarray(toks, np.int32), prompt_len=len(toks), rid=rid)
+    return rec.seq_ids[rid]
+
+
+def _add_aux(rec: Recorder, out: RowBatch, rows, seq, pos, it) -> None:
+    out.add("target.aux_cat", rows, seq=seq, pos=pos, depth=0, iter=it)
+    H = rec.hidden_size
+    K = rows.shape[-1] // H if H and rows.shape[-1] % H == 0 else rec.num_aux
+    if not K:
+        return
+    for j, chunk in enumerate(rows.chunk(K, dim=-1)):
+        out.add(f"target.aux.{j}", chunk.contiguous(), seq=seq, pos=pos, depth=0, iter=it)
+
+
+def _add_forward(out: RowBatch, f: DraftForward, sel, seq, pos, depth, it, *, tokens=True) -> None:
+    if tokens and f.input_ids is not None:
+        out.add("tokens", f.input_ids[sel].to(torch.int64), seq=seq, pos=pos, depth=depth, iter=it)
+    if f.positions is not None and f.positions.dim() == 1:
+        out.add("draft.positions", f.positions[sel].to(torch.int64), seq=seq, pos=pos, depth=depth, iter=it)
+    if f.hidden_in is not None:
+        out.add("draft.hidden_in", f.hidden_in[sel], seq=seq, pos=pos, depth=depth, iter=it)
+    if f.hidden_out is not None:
+        out.add("draft.hidden_out", f.hidden_out[sel], seq=seq, pos=pos, depth=depth, iter=it)
+
+
+def _add_logits(out: RowBatch, lg: DraftLogits, b: int, seq, pos, depth, it, draft_ids) -> None:
+    sel = slice(b, b + 1)
+    out.add("draft.logits_topk.values", lg.values[sel], seq=seq, pos=pos, depth=depth, iter=it)
+    out.add("draft.logits_topk.ids", lg.ids[sel].to(torch.int64), seq=seq, pos=pos, depth=depth, iter=it)
+    out.add("draft.logsumexp", lg.lse[sel], seq=seq, pos=pos, depth=depth, iter=it)
+    out.add("draft.topk", lg.argmax[sel].to(torch.int64)[:, None], seq=seq, pos=pos, depth=depth, iter=it)
+    if lg.full is not None:
+        out.add("draft.logits", lg.full[sel], seq=seq, pos=pos, depth=depth, iter=it)
+    if draft_ids is not None and depth < draft_ids.shape[1]:
+        out.add("draft.topk_target", draft_ids[sel, depth:depth + 1], seq=seq, pos=pos, depth=depth, iter=it)
+
+
+def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
+    """Attribute one iteration's tensors (see the module docstring) and append them."""
+    t = cap.t
+    qsl, sampled = t.get("qsl"), t.get("sampled")
+    if sampled is None:
+        return
+    out = RowBatch()
+    touched: set[str] = set()
+    nd = cap.num_draft or [0] * len(cap.rids)
+    aux, tpos, tids = t.get("aux_cat"), t.get("target_pos"), t.get("target_ids")
+    rows_s = t.get("sample_rows")
+    draft_ids = t.get("draft_ids")
+    argmax = t.get("target_argmax")
+    fc_in, fc_out = cap.fc[0] if cap.fc else (None, None)
+    f0 = cap.forwards[0] if cap.forwards else None
+    steps = cap.forwards[1:]
+    lofs = 0  # target logits rows: K+1 per verified request, 1 per other (gpu_model_runner.py _calc_spec_decode_metadata)
+    for b, rid in enumerate(cap.rids):
+        k_b = nd[b] if b < len(nd) else 0
+        nlog = k_b + 1
+        pred = None if argmax is None else argmax[lofs:lofs + nlog]
+        lofs += nlog
+        if not rec.keep_rid(rid):
+            continue
+        sid = _seq(rec, tw, rid, cap.prompts.get(rid))
+        toks = rec.seq_tokens[rid]
+        srow = sampled[b]
+        valid = srow[srow >= 0]
+        if qsl is None or tpos is None:
+            continue
+        qs, qe = int(qsl[b]), int(qsl[b + 1])
+        pos = tpos[qs:qe].numpy()
+        if len(pos) == 0:
+            continue
+        P0 = int(pos[0])
+        if k_b == 0:  # prefill chunk: every row
+            it, nvalid = -1, qe - qs
+            final = P0 + nvalid >= rec.seq_prompt[rid]
+            if aux is not None:
+                _add_aux(rec, out, aux[qs:qe], sid, pos, it)
+            last = int(pos[-1])
+            if final and len(valid):
+                out.add("target.argmax", valid[:1], seq=sid, pos=last, depth=0, iter=it)
+                if len(toks) == last + 1:
+                    toks.append(int(valid[0]))
+                    touched.add(rid)
+        else:  # verify of k_b drafts: root at L
+            it, L, nvalid = cap.iter, P0, int(len(valid))
+            slots = srow.shape[0]
+            out.add("verify.accept_length", torch.tensor([nvalid]), seq=sid, pos=L, depth=0, iter=it)
+            out.add("verify.accepted_tokens", srow[None], seq=sid, pos=L, depth=0, iter=it)
+            aidx = torch.full((slots,), -1, dtype=torch.int64)
+            aidx[:nvalid] = torch.arange(nvalid)
+            out.add("verify.accept_index", aidx[None], seq=sid, pos=L, depth=0, iter=it)
+            if tids is not None:
+                out.add("verify.draft_tokens", tids[qs:qe][None], seq=sid, pos=L, depth=0, iter=it)
+            if pred is not None and len(pred) == nlog:
+                out.add("verify.predict", pred[None], seq=sid, pos=L, depth=0, iter=it)
+                out.add("target.argmax", pred[:nvalid], seq=sid, pos=pos[:nvalid], depth=0, iter=it)
+            if aux is not None:
+                _add_aux(rec, out, aux[qs:qs + nvalid], sid, pos[:nvalid], it)
+            if len(toks) == L + 1:
+                toks.extend(int(x) for x in valid)
+                touched.add(rid)
+        # draft depth 0: the first pass's valid rows
+        sel = slice(qs, qs + nvalid)
+        dpos = pos[:nvalid]
+        if f0 is not None and f0.input_ids is not None and f0.input_ids.shape[0] >= qe:
+            _add_forward(out, f0, sel, sid, dpos, 0, it)
+            if fc_out is not None and fc_out.shape[0] >= qe:
+                out.add("draft.fc_in", fc_in[sel], seq=sid, pos=dpos, depth=0, iter=it)
+                out.add("draft.fc_out", fc_out[sel], seq=sid, pos=dpos, depth=0, iter=it)
+        if rows_s is None or int(rows_s[b]) != qs + nvalid - 1:
+            continue  # a prefill chunk that is not the last samples nothing the draft continues from
+        p = int(dpos[-1])
+        for d, lg in enumerate(cap.logits):
+            if b < lg.values.shape[0]:
+                _add_logits(out, lg, b, sid, p, d, it, draft_ids)
+        for d, f in enumerate(steps, start=1):
+            if f.input_ids is not None and b < f.input_ids.shape[0]:
+                _add_forward(out, f, slice(b, b + 1), sid, p, d, it)
+    for rid in touched:
+        tw.add_sequence(np.asarray(rec.seq_tokens[rid], np.int32), prompt_len=rec.seq_prompt[rid], rid=rid,
+                        seq_id=rec.seq_ids[rid])
+    out.flush(tw)
