@@ -5,6 +5,12 @@ call sites; the math follows the Triton references ``kernels/ops/attention/
 extend_attention.py`` and the decode kernel (softmax(q.k * sm_scale [soft-capped]) . v,
 optional sliding window and attention sinks). Computation is in float32, the result is cast
 to the output dtype. One request at a time: simple and exact, not fast.
+
+MLA (DeepSeek-V2/V3, Kimi-K2) needs no op of its own: SGLang's ``MLATokenToKVPool`` holds one
+latent head per token (``[slots, 1, kv_lora_rank + qk_rope_head_dim]``, the value buffer a view of
+its first ``kv_lora_rank`` columns), so the absorbed path (``forward_mla.py``) is grouped-query
+attention with one KV head here. The MHA prefill (``forward_mha.py``) passes per-head k/v and is
+chosen only when no request has a cached prefix, so the pool is not read then.
 """
 
 from __future__ import annotations
