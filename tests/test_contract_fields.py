@@ -129,6 +129,11 @@ def test_target_config_sha256_ignores_what_the_engine_adds_and_sees_what_the_mod
     served.rope_parameters = {**served.rope_parameters, "type": served.rope_parameters["rope_type"]}
     served._name_or_path = "/somewhere/else"
     assert config_sha256(served) == config_sha256(cfg) == config_sha256(cfg.to_dict())
+    yarn = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
+    ds = {"architectures": ["DeepseekV3ForCausalLM"], "rope_parameters": yarn}
+    # deepseek_v2.py:2066 renames the loaded config's yarn in place; another rope is another config
+    assert config_sha256({**ds, "rope_parameters": {**yarn, "rope_type": "deepseek_yarn", "type": "yarn"}}) == \
+        config_sha256(ds) != config_sha256({**ds, "rope_parameters": {**yarn, "rope_type": "linear"}})
     routed = Qwen3MoeConfig(**{**cfg.to_dict(), "num_experts_per_tok": 1})
     assert config_sha256(routed) != config_sha256(cfg)
     with pytest.raises(TypeError, match="config_sha256 needs a transformers config or a mapping"):

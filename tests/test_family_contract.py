@@ -155,5 +155,6 @@ def test_recorded_aux_slots_are_the_hf_hidden_states_the_contract_names(family_s
         err = [np.linalg.norm(got - h[p]) / np.linalg.norm(h[p]) for h in cands]
         expect = L + 1 if want in c["aux_prenorm_indices"] else want
         assert int(np.argmin(err)) == expect, (family, j, want, [round(float(e), 3) for e in err])
-        assert err[expect] < 0.05, (family, j, want, [round(float(e), 3) for e in err])
+        # and clearly so: bf16 serving against an fp32 reference moves a row, never to another layer's scale
+        assert err[expect] < 0.5 * min(e for i, e in enumerate(err) if i != expect), (family, j, want, err)
     assert f"target.aux.{len(c['aux_hf_indices'])}" not in trace.names

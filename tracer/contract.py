@@ -170,13 +170,23 @@ CONFIG_UNHASHED_KEYS = frozenset({
     "swa_v_head_dim"})
 
 
+#: rope_type spellings an engine writes into the loaded config for the rope the checkpoint names:
+#: SGLang 0.5.23 renames DeepSeek's "yarn" in place when it builds the attention (deepseek_v2.py:2066).
+_ROPE_TYPE_ALIASES = {"deepseek_yarn": "yarn"}
+
+
 def _canonical(value):
-    """JSON-safe form of a config value: nested configs as dicts, tuples as lists, keys as str; a
-    rope dict's legacy ``type`` alias of ``rope_type`` dropped (SGLang adds it,
-    utils/hf_transformers_patches.py:113)."""
+    """JSON-safe form of a config value: nested configs as dicts, tuples as lists, keys as str; in a
+    rope dict, ``rope_type`` spelled by ``_ROPE_TYPE_ALIASES`` and the legacy ``type`` alias of
+    ``rope_type`` dropped (SGLang adds it, utils/hf_transformers_patches.py:113)."""
     if hasattr(value, "to_dict") and callable(value.to_dict):
         value = value.to_dict()
     if isinstance(value, dict):
+        value = dict(value)
+        if isinstance(value.get("rope_type"), str):
+            value["rope_type"] = _ROPE_TYPE_ALIASES.get(value["rope_type"], value["rope_type"])
+            if isinstance(value.get("type"), str):
+                value["type"] = _ROPE_TYPE_ALIASES.get(value["type"], value["type"])
         alias = "type" in value and "rope_type" in value and value["type"] == value["rope_type"]
         return {str(k): _canonical(v) for k, v in value.items()
                 if str(k) not in CONFIG_UNHASHED_KEYS and not (alias and k == "type")}
