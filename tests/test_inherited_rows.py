@@ -272,3 +272,23 @@ def test_which_tensor_feeds_which(source, target, expected):
     from specdiff.replay.diff.inherited import feeds
 
     assert feeds(source, target) is expected
+
+
+@pytest.mark.parametrize(("facts", "moe"), [
+    ({"target_architecture": "Qwen3MoeForCausalLM", "target_num_experts": 4, "target_experts_per_token": 2}, True),
+    ({"target_architecture": "SomeNewForCausalLM", "target_num_experts": None, "target_experts_per_token": None},
+     False),  # a recorder's explicit null: a dense config
+    ({"target_architecture": "GptOssForCausalLM", "target_num_experts": "unknown"}, True),  # known MoE class
+    ({"target_architecture": "SomeNewForCausalLM", "target_num_experts": "unknown"}, None),
+    ({"target_architecture": "LlamaForCausalLM"}, False),
+    ({}, None),
+])
+def test_the_target_family_is_read_from_the_contract(tmp_path, facts, moe):
+    from specdiff.replay.diff.align import Pair
+    from specdiff.replay.diff.routing import target_family
+    from specdiff.tracer.store import open_trace
+
+    a, b = write_pair(tmp_path, family=facts)
+    fam = target_family(Pair(open_trace(a), open_trace(b)), Pair("training", "serving"))
+    assert fam.moe is moe
+    assert fam.source == ("serving" if facts else "unknown")

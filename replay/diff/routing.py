@@ -114,6 +114,8 @@ def target_family(traces, labels) -> TargetFamily:
             continue
         if n is not None:
             moe = n > 1 and (k is None or k < n)
+        elif "target_num_experts" in c and c["target_num_experts"] is None:
+            moe = False  # recorded as null: the recorder read a dense config (tracer/contract.py moe_routing_facts)
         else:
             a = str(arch)
             moe = True if a in MOE_ARCHITECTURES or "Moe" in a else False if a in DENSE_ARCHITECTURES else None
