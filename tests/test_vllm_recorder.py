@@ -224,8 +224,13 @@ def test_the_correct_pair_served_by_vllm_matches_the_training_side(served, repo_
     diff = run_cli("diff", train, served.trace, "--format", "json")
     report = json.loads(diff.stdout)
     assert diff.exit_code == 0, (report.get("first_divergence"), diff.stderr[-2000:])
-    comps = report["tensors"] if "tensors" in report else report.get("comparisons", {})
-    assert comps, sorted(report)
+    # every stage both sides record was compared on rows from prefill and every depth, and agreed
+    tensors = report["tensors"]
+    for name in ("tokens", "target.aux.0", "target.aux.1", "target.aux.2", "draft.fc_in", "draft.fc_out",
+                 "draft.hidden_in", "draft.positions", "draft.hidden_out", "draft.logits_topk.values",
+                 "draft.topk", "draft.topk_target", "target.argmax"):
+        assert tensors[name]["rows"] > 0 and not tensors[name]["diverged"], (name, tensors.get(name))
+    assert report["contract_mismatches"] == [], report["contract_mismatches"]
 
 
 @pytest.fixture(scope="module")
