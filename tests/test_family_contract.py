@@ -3,10 +3,9 @@
 One traced SGLang server per family (tiny target built offline: 8 layers, hidden 256, vocab 4096,
 ``specdiff.demo_models.families.build_family_target``; random EAGLE-3 draft of
 ``specdiff.demo_models.bringup.build_draft`` with aux ids chosen so that each family's own rule
-matters). The contract is written at start-up, before any request, so it is checked for every
-family; where the family serves on the CPU recipe, one short request then shows that the aux slots
-the trace holds are the HF hidden states the contract names (nearest HF layer of every row; GPT-OSS's
-index L is the last layer's output before the final norm, ``aux_prenorm_indices``).
+matters). The contract is written at start-up, before any request; one short request then shows
+that the aux slots the trace holds are the HF hidden states the contract names (nearest HF layer of
+every row; GPT-OSS's index L is the last layer's output before the final norm, ``aux_prenorm_indices``).
 
 Expected capture indices are read off SGLang 0.5.23's ``set_eagle3_layers_to_capture`` of each file:
 qwen3.py:778 and qwen3_moe.py:1128 capture ``[id + 1]``; deepseek_v2.py:3458 captures the ids
@@ -33,17 +32,16 @@ class Case:
     rule_file: str              # the file whose set_eagle3_layers_to_capture runs
     experts: int | None         # routed experts / experts per token of the tiny target
     per_token: int | None
-    serves: bool                # a request runs on the CPU recipe today
 
 
 CASES = {
-    "qwen3": Case([1, 3, 4], [2, 4, 5], "Qwen3ForCausalLM", "srt/models/qwen3.py", None, None, True),
-    "qwen3_moe": Case([1, 3, 4], [2, 4, 5], "Qwen3MoeForCausalLM", "srt/models/qwen3_moe.py", 4, 2, True),
+    "qwen3": Case([1, 3, 4], [2, 4, 5], "Qwen3ForCausalLM", "srt/models/qwen3.py", None, None),
+    "qwen3_moe": Case([1, 3, 4], [2, 4, 5], "Qwen3MoeForCausalLM", "srt/models/qwen3_moe.py", 4, 2),
     # max(ids) == L: kept literally; index 8 is the last layer's output before the final norm, which HF
     # hidden_states[8] (after the norm) is not: the contract lists it in aux_prenorm_indices
-    "gpt_oss": Case([0, 3, 8], [0, 3, 8], "GptOssForCausalLM", "srt/models/gpt_oss.py", 4, 2, True),
+    "gpt_oss": Case([0, 3, 8], [0, 3, 8], "GptOssForCausalLM", "srt/models/gpt_oss.py", 4, 2),
     # the motivating family: ids[0] != 1, so the ids are captured literally (not id + 1)
-    "deepseek_v3": Case([0, 3, 6], [0, 3, 6], "DeepseekV3ForCausalLM", "srt/models/deepseek_v2.py", 4, 2, False),
+    "deepseek_v3": Case([0, 3, 6], [0, 3, 6], "DeepseekV3ForCausalLM", "srt/models/deepseek_v2.py", 4, 2),
 }
 
 PROMPT = "def add(a, b):\n    return"
@@ -80,9 +78,8 @@ def family_server(request, tmp_path_factory, server_env):
                         extra_args=["--dtype", "bfloat16"], env=server_env(SPECDIFF_TRACE=str(trace)))
     srv.start()
     try:
-        contract = _wait_contract(trace)
-        if case.serves:
-            srv.generate(PROMPT, max_new_tokens=4)
+        contract = _wait_contract(trace)  # written at start-up, before any request
+        srv.generate(PROMPT, max_new_tokens=4)
     finally:
         pid = srv.pid
         srv.stop()
@@ -122,13 +119,10 @@ def test_target_identity_facts_match_what_training_computes_from_the_checkpoint(
 def test_recorded_aux_slots_are_the_hf_hidden_states_the_contract_names(family_server):
     """Each recorded slot j is nearest to HF hidden_states[aux_hf_indices[j]] among all L+1 HF
     states of the same prompt rows: the contract is what the engine captured, not a rule's guess."""
+    from specdiff.replay.model.target_capture import load_target
     from specdiff.tracer.store import open_trace
 
-    family, case, target, trace_path, c = family_server
-    if not case.serves:
-        pytest.skip(f"{family}: the first request does not run on the CPU recipe yet (issue 20); "
-                    "its contract is checked at start-up above")
-    from specdiff.replay.model.target_capture import load_target
+    family, _, target, trace_path, c = family_server
 
     trace = open_trace(str(trace_path))
     model = load_target(target, dtype=torch.float32)
