@@ -114,10 +114,9 @@ def aux_capture_facts(adapter: SGLangAdapter, dw) -> dict:
     the last layer's output *before* the norm, which HF's hidden_states[L] (after the norm) is not;
     it keeps its place L in ``aux_hf_indices`` (the slot arrives) and is listed in
     ``aux_prenorm_indices``. Captures are appended in the layer loop: the concat is ascending. An
-    index never reached is
-    dropped silently by SGLang: ``aux_dropped_ids`` names the configured id it came from (every
-    family's set_eagle3_layers_to_capture maps the ids one by one, in order), UNKNOWN when the ids
-    cannot be paired. ``capture_aux_hidden_states`` off: the draft gets no aux states.
+    index never reached is dropped silently by SGLang: ``aux_dropped_ids`` names the configured id
+    it came from (every family's set_eagle3_layers_to_capture maps the ids one by one, in order),
+    UNKNOWN when the ids cannot be paired. ``capture_aux_hidden_states`` off: the draft gets no aux states.
     ``layers_to_capture`` is set by the target's ``ModelRunner.init_attention_backends``
     (model_runner.py:1105), after ``alloc_memory_pool``: read it from ``_capture_cuda_graphs`` on.
     """
