@@ -288,3 +288,42 @@ def test_vllm_launcher_environment_keeps_the_compile_cache_where_asked():
     assert env["VLLM_CACHE_ROOT"] == "/c" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     base = {"A": "1"}
     assert env["VLLM_TARGET_DEVICE"] == "cpu" and cpu_env(base)["A"] == "1" and base == {"A": "1"}  # a copy
+
+
+@pytest.fixture(scope="module")
+def fallback(repo_models, tmp_path_factory, server_env):
+    """The ids only in a key the V1 runner does not read (``eagle_config.layer_ids``, which V2's
+    eagle3_utils reads): V1 falls back to the target's default layers, logged at info level only."""
+    root = tmp_path_factory.mktemp("vllm-fallback")
+    draft = _draft_copy(repo_models, root / "draft", eagle_config={"layer_ids": [0, 3, 6]})
+    trace = root / "fallback.trace"
+    srv = _server(repo_models / "target", draft, server_env(SPECDIFF_TRACE=str(trace)),
+                  log_path=str(root / "server.log"))
+    srv.start()
+    try:
+        srv.generate(PROMPTS[:4], max_new_tokens=24)
+    finally:
+        srv.stop()
+    return SimpleNamespace(trace=trace, draft=draft, log=root / "server.log")
+
+
+@pytest.mark.server
+def test_ids_in_a_key_the_runner_ignores_name_the_default_fallback_and_diverge_at_the_aux(
+        fallback, repo_models, tmp_path, run_cli):
+    from specdiff.tracer.engines.vllm.contract import SOURCE_DEFAULT
+    from specdiff.tracer.store import open_trace
+
+    c = open_trace(str(fallback.trace)).contract
+    L = c["num_layers"]
+    assert c["aux_ids_source"] == SOURCE_DEFAULT and c["aux_native_ids"] is None
+    assert c["aux_hf_indices"] == [2, L // 2, L - 3]  # interfaces.py:1733
+    assert "default aux layers" in fallback.log.read_text()  # our warning: vLLM says it at info level
+    # trained on HF [0, 3, 6]: the diff against the training side stops at the aux capture
+    train = tmp_path / "train.trace"
+    rec = run_cli("record", "train", "--target", repo_models / "target", "--draft", repo_models / "draft",
+                  "--aux-layers", "0,3,6", "--aux-convention", "hf", "--replay", fallback.trace, "-o", train)
+    assert rec.exit_code == 0, rec.output
+    diff = run_cli("diff", train, fallback.trace, "--format", "json")
+    assert diff.exit_code == 1, diff.output[-2000:]
+    first = json.loads(diff.stdout)["first_divergence"]["tensor"]
+    assert first.startswith("target.aux"), first
