@@ -327,3 +327,55 @@ def test_ids_in_a_key_the_runner_ignores_name_the_default_fallback_and_diverge_a
     assert diff.exit_code == 1, diff.output[-2000:]
     first = json.loads(diff.stdout)["first_divergence"]["tensor"]
     assert first.startswith("target.aux"), first
+
+
+# ---- serve vs serve (issue 21 step 4): SGLang and vLLM on the same draft and prompts ------------
+@pytest.fixture(scope="module")
+def sglang_served(repo_models, tmp_path_factory, server_env):
+    """The shipped pair (SGLang format) served by a traced CPU SGLang with the same chain (3 steps,
+    topk 1) and the same six prompts as ``served``."""
+    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
+
+    pytest.importorskip("sglang")
+    trace = tmp_path_factory.mktemp("sglang") / "sglang.trace"
+    srv = ServerProcess(repo_models / "target", draft_model_path=repo_models / "draft",
+                        spec=SpecSettings(num_steps=3, topk=1, num_draft_tokens=4), extra_args=["--dtype", "bfloat16"],
+                        env=server_env(SPECDIFF_TRACE=str(trace)))
+    srv.start()
+    try:
+        srv.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    finally:
+        srv.stop()
+    return trace
+
+
+@pytest.mark.server
+def test_sglang_and_vllm_serving_the_same_draft_agree_stage_by_stage(sglang_served, served, run_cli):
+    """Each engine given the ids in its own convention (SGLang nested [-1, 2, 5], vLLM top-level
+    [0, 3, 6]): every stage both record agrees within tolerance, at the same (seq, pos, depth)."""
+    diff = run_cli("diff", sglang_served, served.trace, "--format", "json")
+    report = json.loads(diff.stdout)
+    assert diff.exit_code == 0, (report.get("first_divergence"), diff.stderr[-2000:])
+    for name in ("tokens", "target.aux.0", "target.aux.2", "draft.fc_out", "draft.hidden_in", "draft.positions",
+                 "draft.hidden_out", "draft.topk_target", "target.argmax"):
+        t = report["tensors"][name]
+        assert t["rows"] > 0 and not t["diverged"], (name, t)
+
+
+@pytest.mark.server
+def test_a_vllm_draft_whose_ids_vllm_ignores_diverges_from_sglang_at_the_aux_and_the_contract_says_why(
+        sglang_served, fallback, run_cli):
+    """The same weights; SGLang reads eagle_config's ids (HF [0, 3, 6]), vLLM V1 ignores the key its
+    config uses and captures its default layers: the first divergence is an aux slot, the contracts
+    differ in aux_hf_indices, and the vLLM side's contract names the fallback as the ids' source."""
+    from specdiff.tracer.engines.vllm.contract import SOURCE_DEFAULT
+    from specdiff.tracer.store import open_trace
+
+    diff = run_cli("diff", sglang_served, fallback.trace, "--format", "json")
+    report = json.loads(diff.stdout)
+    assert diff.exit_code == 1, diff.output[-2000:]
+    assert report["first_divergence"]["tensor"].startswith("target.aux"), report["first_divergence"]
+    aux = next(m for m in report["contract_mismatches"] if m["field"] == "aux_hf_indices")
+    vllm_contract = open_trace(str(fallback.trace)).contract
+    assert aux["x"] == [0, 3, 6] and aux["y"] == vllm_contract["aux_hf_indices"] != [0, 3, 6]
+    assert vllm_contract["engine"] == "vllm" and vllm_contract["aux_ids_source"] == SOURCE_DEFAULT
