@@ -63,6 +63,9 @@ NAMES: tuple[SGLangName, ...] = (
     _n("GPUModelRunner.sample_tokens", _V1R, "method", "v1/worker/gpu_model_runner.py:4304",
        "wrapped: one recorded iteration (target sampling / verify, then the draft's propose)",
        tensors=_EVERYTHING, essential=True),
+    _n("GPUModelRunner.execute_model", _V1R, "method", "v1/worker/gpu_model_runner.py:3940",
+       "wrapped: the target forward (prefill / verify) of an iteration: its time counts in recorder_iter_s, "
+       "an exception in it is written as the trace's crash", facts=("crash",)),
     _n("GPUModelRunner._sample", _V1R, "method", "v1/worker/gpu_model_runner.py:3437",
        "wrapped: sampled / accepted tokens per request ([B, K+1], -1 = rejected) and the target logits' argmax",
        tensors=_VERIFY),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,6 +294,16 @@ class Recorder:
         norm_output = False if inner is MISSING else bool(getattr(inner, "norm_output", False))
         rec = self
 
+        def timed(fn):
+            # the module hooks' own time counts in recorder_hook_s (the serving cost)
+            def hook(*a):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*a)
+                finally:
+                    rec.hook_s += time.perf_counter() - t0
+            return hook
+
         def _cap():
             c = rec.cur
             return c if c is not None and rec.enabled else None
@@ -337,10 +348,10 @@ class Recorder:
                 rec.fail("draft logits", exc)
 
         if isinstance(fc, torch.nn.Module):
-            fc.register_forward_hook(_fc)
-        dmodel.register_forward_hook(_fwd, with_kwargs=True)
+            fc.register_forward_hook(timed(_fc))
+        dmodel.register_forward_hook(timed(_fwd), with_kwargs=True)
         if isinstance(lp, torch.nn.Module):
-            lp.register_forward_hook(_logits)
+            lp.register_forward_hook(timed(_logits))
 
     def finish(self, cap: IterCapture, draft_ids) -> None:
         if draft_ids is not None and isinstance(draft_ids, torch.Tensor):

@@ -115,6 +115,7 @@ def _on_import(name: str) -> None:
         mod = sys.modules[name]
         if name == _V1_RUNNER:
             cls = mod.GPUModelRunner
+            _wrap(cls, "execute_model", _around_execute_model, missing)
             _wrap(cls, "sample_tokens", _around_sample_tokens, missing)
             _wrap(cls, "_sample", _around_sample, missing)
             _wrap(cls, "_setup_eagle3_aux_hidden_state_outputs", _around_setup_aux, missing)
@@ -191,6 +192,25 @@ def _around_setup_aux(orig, sig, self, *a, **kw):
         except Exception as exc:  # noqa: BLE001
             rec.fail("GPUModelRunner._setup_eagle3_aux_hidden_state_outputs", exc)
     return out
+
+
+def _around_execute_model(orig, sig, self, *a, **kw):
+    """The target forward: timed into recorder_iter_s; an exception in it becomes the trace's crash."""
+    rec = _rec
+    if rec is None or not rec.active or rec.writer is None:
+        return orig(self, *a, **kw)
+    rec.phase = ("target forward (prefill / verify)", {})
+    t0 = time.perf_counter()
+    try:
+        return orig(self, *a, **kw)
+    except Exception as exc:
+        try:
+            rec.record_crash(exc)
+        except Exception as exc2:  # noqa: BLE001 - never mask vLLM's own exception
+            logger.error("specdiff: could not record the crash (%s: %s)", type(exc2).__name__, exc2)
+        raise
+    finally:
+        rec.iter_s += time.perf_counter() - t0
 
 
 def _around_sample_tokens(orig, sig, self, *a, **kw):
