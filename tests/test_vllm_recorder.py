@@ -275,7 +275,10 @@ def test_record_serve_vllm_command(tmp_path):
     from specdiff.tracer.engines.vllm.cpu import record_serve_command
 
     argv, env = record_serve_command(["T", "--speculative-config", "{}"], cpu=True, env={"SPECDIFF_TRACE": "x"})
-    assert argv[1:] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "T", "--speculative-config", "{}"]
+    assert argv[1:] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "T", "--speculative-config", "{}",
+                        "--shutdown-timeout", "10"]
+    given, _ = record_serve_command(["T", "--shutdown-timeout=3"], cpu=True, env={})
+    assert given[-1] == "--shutdown-timeout=3" and given.count("--shutdown-timeout") == 0
     assert env["VLLM_TARGET_DEVICE"] == "cpu" and env["SPECDIFF_TRACE"] == "x"
     _, plain = record_serve_command(["T"], cpu=False, env={"A": "1"})
     assert plain == {"A": "1"}

@@ -86,9 +86,15 @@ def serve_command(serve_args: Sequence[str], *, host: str | None = None, port: i
 
 def record_serve_command(serve_args: Sequence[str], *, cpu: bool, env: Mapping[str, str]) -> tuple[list[str], dict]:
     """``(argv, env)`` of ``specdiff record serve --engine vllm [--cpu] -- <serve_args>``: vLLM's
-    OpenAI server in this Python (the environment specdiff[vllm] was installed into); ``cpu`` adds
-    the CPU environment (``cpu_env``: VLLM_TARGET_DEVICE=cpu, a 2 GiB KV cache)."""
-    return serve_command(serve_args), (cpu_env(env) if cpu else dict(env))
+    OpenAI server in this Python (the environment specdiff[vllm] was installed into), draining on
+    shutdown unless the arguments say otherwise; ``cpu`` adds the CPU environment (``cpu_env``:
+    VLLM_TARGET_DEVICE=cpu, a 2 GiB KV cache)."""
+    args = list(serve_args)
+    if not any(a == "--shutdown-timeout" or a.startswith("--shutdown-timeout=") for a in args):
+        # vLLM's default (0) aborts: the worker that holds the trace is SIGKILLed before it closes it
+        # (entrypoints/launchers/launcher.py:266-268); a drain of 10 s lets it close (journaled either way).
+        args += ["--shutdown-timeout", "10"]
+    return serve_command(args), (cpu_env(env) if cpu else dict(env))
 
 
 @dataclass
