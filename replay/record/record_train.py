@@ -30,7 +30,14 @@ Aux layers: the *training* layers, i.e. the draft's own configured ids resolved 
 convention, or what the caller states (ids + convention), concatenated in the order listed,
 as a trainer does (``tracer.conventions``, concat ``listed``); contract ``aux_concat_order``.
 A serving trace's ``aux_hf_indices`` are what the server captured, which is exactly what may be
-wrong, so they are never used as the default.
+wrong, so they are never used as the default. An id that names the last decoder layer's output
+before the final norm in its convention (GPT-OSS's SGLang id L) is read from the final norm's
+input (``train_aux``), contract ``aux_prenorm_indices``.
+
+Target identity: ``target_architecture``, ``target_config_sha256``, ``target_num_experts`` /
+``target_experts_per_token`` and ``target_weights_fingerprint`` of the target as loaded
+(``tracer.contract.target_identity_facts``, the same computation as the SGLang recorder's), so
+``specdiff diff`` refuses a pair recorded on two different targets.
 
 Nothing the caller gives is rewritten: an input that cannot be used as given is refused with
 one line (``RecordTrainError``), and every option left unset is filled from
@@ -78,6 +85,7 @@ from specdiff.tracer.contract import (
     bos_added_fact,
     known,
     rope_scaling_fact,
+    target_identity_facts,
     tokenizer_hashes,
     validate_contract,
     weight_sha256,
@@ -288,7 +296,9 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         raise RecordTrainError(f"topk {topk} exceeds the draft vocab {loaded.config.draft_vocab_size}")
 
     tcfg = target.config
-    facts = loaded.contract_facts(num_layers=L)
+    # the draft's facts without its own engine-view aux resolution: the training layers (``aux``,
+    # read by the target's rule, pre-norm slot included) are the aux facts of this trace
+    facts = loaded.contract_facts()
     notes = list(facts.pop("draft_notes", [])) + list(aux.notes)
     if served.get("skipped_sequences"):
         notes.append(f"serving sequences {served['skipped_sequences']} have fewer than 2 tokens (no draft row): "
@@ -303,6 +313,9 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         "tokenizer_sha256": _sha256_file(target_dir / "tokenizer.json"),
         "probe_positions": int(probe_positions), "notes": notes, DEFAULTS_USED: defaults_used,
     })
+    # the same identity facts the SGLang recorder reads from its live target (tracer/contract.py), so a
+    # pair recorded on two different targets is refused by `specdiff diff` before any comparison
+    facts.update(target_identity_facts(tcfg, target_embedding(target)))
     facts.update(draft_computation_facts(draft, loaded.config, vocab=int(tcfg.vocab_size),
                                          seqs=seqs, bos_token_id=getattr(tcfg, "bos_token_id", None),
                                          tokenizer_dir=target_dir))
@@ -311,6 +324,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         facts["replay_of"] = str(replay)
         if known(served, "aux_hf_indices") is not None:
             facts["served_aux_hf_indices"] = list(served["aux_hf_indices"])
+        notes.extend(_prenorm_notes(served, aux, L))
     try:
         validate_contract(facts, where=str(out))
     except TraceError as e:
@@ -353,6 +367,24 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     result.accept_rate, result.accept_cum_rate, result.mean_accept_length = acc, acc_cum, mean
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _prenorm_notes(served: dict, aux, num_layers: int) -> list[str]:
+    """A note when serving's slot L is the last layer's pre-norm output (its contract's
+    ``aux_prenorm_indices``) but training's slot L is HF hidden_states[L] (after the norm), or the
+    reverse: the replay keeps what the caller's ids say, and ``diff`` compares the two."""
+    served_pre = known(served, "aux_prenorm_indices") or []
+    train_pre = list(getattr(aux, "prenorm", ()))
+    L = num_layers
+    if L in served_pre and L in aux.hf_indices and L not in train_pre:
+        return [f"serving's slot L{L} is the last layer's output before the final norm (aux_prenorm_indices "
+                f"{list(served_pre)}); training's HF {L} is after the norm, as the {aux.convention} ids say. If "
+                f"training fed the pre-norm output, give the ids in the convention that names it (e.g. the draft's "
+                f"SGLang ids with --aux-convention sglang)"]
+    if train_pre and known(served, "aux_prenorm_indices") is not None and L not in served_pre:
+        return [f"training's slot L{L} is the last layer's output before the final norm; serving captured no "
+                f"pre-norm slot (aux_prenorm_indices {served.get('aux_prenorm_indices')})"]
+    return []
 
 
 def _preflight_facts(target_dir, draft_dir, training_hf) -> list[dict]:

@@ -33,7 +33,8 @@ class TrainReplayer:
     Args:
         target: HF causal LM (eval).
         draft: Eagle3Draft (eval, its dtype is the draft compute dtype).
-        aux: the aux resolution (training layers).
+        aux: the aux resolution (training layers); a ``TrainAux`` whose ``prenorm`` is (L,) reads
+            that slot from the final norm's input (``capture_target``).
         steps: TTT depths.
         topk: speculative topk of ``draft.topk``.
         capture: ``default`` or ``full`` (logits level).
@@ -68,7 +69,7 @@ class TrainReplayer:
     def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[TargetCapture, TTTOutput]:
         """The bare forward: target with hidden states, then the draft's TTT forward."""
         cap = capture_target(self.target, input_ids, self.aux.hf_indices, lengths=lengths,
-                             keep_all=self.probe_positions > 0)
+                             keep_all=self.probe_positions > 0, prenorm=getattr(self.aux, "prenorm", ()))
         dev = next(self.draft.parameters()).device
         out = self.draft.ttt_forward(cap.aux_cat.to(dev), input_ids.to(dev), self.steps, lengths=lengths,
                                      pad_id=self.pad_id)
