@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from specdiff.replay.diff.contract_check import _FIELDS
+from specdiff.replay.diff.contract_check import _FIELDS, TARGET_IDENTITY
 from specdiff.tracer.contract import CONTRACT_FIELDS
 from specdiff.tracer.store import TraceWriter
 
@@ -25,7 +25,7 @@ BASE = {
     "embed_source": "target", "embed_sha256": "e" * 64, "lm_head_source": "draft", "lm_head_sha256": "l" * 64,
     "rope_theta": 10000.0, "rope_scaling": None, "rope_style": "neox", "draft_weights_sha256": "w" * 64,
     "tokenizer_sha256": "k" * 64, "bos_added": True, "chat_template_sha256": "c" * 64, "dtype": "float32",
-    "spec_steps": 3, "spec_topk": 1,
+    "spec_steps": 3, "spec_topk": 1, "aux_prenorm_indices": [],
 }
 
 #: field -> the serving side's value (training keeps BASE's)
@@ -37,6 +37,7 @@ CHANGED = {
     "lm_head_sha256": "L" * 64, "rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2.0},
     "rope_style": "gptj", "draft_weights_sha256": "W" * 64, "tokenizer_sha256": "K" * 64, "bos_added": False,
     "chat_template_sha256": "C" * 64, "dtype": "bfloat16", "spec_steps": 5, "spec_topk": 2,
+    "aux_prenorm_indices": [5],
 }
 
 #: stage -> (tensor written with diverging rows, row shape, kind)
@@ -53,6 +54,8 @@ TENSOR_OF_STAGE = {
 def test_every_compared_field_is_a_declared_contract_field_and_is_exercised():
     assert set(_FIELDS) <= set(CONTRACT_FIELDS)
     assert set(CHANGED) == set(_FIELDS), set(_FIELDS) ^ set(CHANGED)
+    # target identity is compared before everything else (refused, tests/test_target_identity.py)
+    assert set(TARGET_IDENTITY) <= set(CONTRACT_FIELDS) and not set(TARGET_IDENTITY) & set(_FIELDS)
 
 
 def _trace(path, side, contract, *, stage, diverge: bool):

@@ -1,4 +1,12 @@
-"""Contract check: the two traces' contract facts side by side, each mismatch named in plain words."""
+"""Contract check: the two traces' contract facts side by side, each mismatch named in plain words.
+
+What invalidates the comparison comes first: two traces whose target identity facts differ
+(``TARGET_IDENTITY``: architecture, config hash, dtype-independent weight fingerprint, MoE
+routing; tracer/contract.py) were recorded on different target models, and
+``refuse_different_targets`` stops the diff with one line before any row is compared. A fact a
+side did not record (an older trace) or recorded as ``unknown`` is not compared, and that is said
+once per side.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,18 @@ from dataclasses import dataclass
 
 from specdiff.replay.diff.align import Pair
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, unknown_fields
+from specdiff.tracer.errors import SpecdiffError
+
+#: the facts that name the target model a trace was recorded on (tracer/contract.py; the SGLang recorder
+#: reads them from its live target, record train from the target it loaded): equal on both sides of one
+#: target whatever the dtype each side ran it in (the config hash leaves out dtype, the fingerprint
+#: rounds to bf16)
+TARGET_IDENTITY = ("target_architecture", "target_config_sha256", "target_weights_fingerprint",
+                   "target_num_experts", "target_experts_per_token")
+
+
+class DifferentTargetsError(SpecdiffError):
+    """The two traces were recorded on different target models: nothing they hold can be compared."""
 
 # Severity: "error" = the two sides cannot agree; "warn" = likely a cause; "info" = worth knowing.
 # Each field: (severity, message template, stages it bears on ("*" = every stage), fix).
@@ -31,6 +51,12 @@ _FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     AUX_CONCAT_ORDER: ("warn", "{ly} concatenated the aux slots as HF {y}; {lx} as HF {x}", _AUX,
                        "concatenate the aux states in ascending layer order in training (SGLang and vLLM do), "
                        "or retrain"),
+    "aux_prenorm_indices": ("warn", "aux slots holding the last layer's output before the final norm: {ly} "
+                            "{y}, {lx} {x} (HF hidden_states[L] is after the norm)", _AUX,
+                            "feed the same state in slot L on both sides: SGLang's GPT-OSS captures the last "
+                            "layer's output before the final norm for id L (srt/models/gpt_oss.py:726-738); "
+                            "train on that (record train reads the draft's SGLang ids by the target's rule), or "
+                            "choose aux ids without L"),
     "d2t_sha256": ("warn", "the d2t vocab maps differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target", "verify"),
                    "export d2t as offsets (target id = draft id + d2t[draft id]) from the training vocab map"),
     "hot_token_id_sha256": ("warn", "the draft->target id maps (hot_token_id) differ ({lx} {xs}, {ly} {ys})",
@@ -130,18 +156,77 @@ def unknown_facts(contract: dict) -> dict[str, str]:
     return {f: why.get(f, "the recorder could not read it") for f in unknown_fields(contract)}
 
 
+def _short_value(field: str, v) -> str:
+    return v[:12] if isinstance(v, str) and (field.endswith("sha256") or field.endswith("fingerprint")) else str(v)
+
+
+def target_differences(traces: Pair) -> list[tuple[str, object, object]]:
+    """(field, x, y) for each ``TARGET_IDENTITY`` fact both traces recorded (not ``unknown``)
+    whose values differ; empty when the targets agree or cannot be compared."""
+    cx, cy = traces.x.contract, traces.y.contract
+    out = []
+    for field in TARGET_IDENTITY:
+        if field not in cx or field not in cy or UNKNOWN in (cx[field], cy[field]):
+            continue
+        if cx[field] != cy[field]:
+            out.append((field, cx[field], cy[field]))
+    return out
+
+
+def refuse_different_targets(traces: Pair) -> None:
+    """Stop a diff of two traces recorded on different target models, before any comparison.
+
+    Raises:
+        DifferentTargetsError: one line naming every identity fact that differs with both values
+            (hashes cut to 12 hex digits), e.g. ``traces of different targets: target_weights_fingerprint
+            1a2b3c4d5e6f (training) vs 9f8e7d6c5b4a (serving); ...``; the CLI exits 2 on it.
+    """
+    diffs = target_differences(traces)
+    if not diffs:
+        return
+    labels = side_labels(traces)
+    parts = "; ".join(f"{f} {_short_value(f, x)} ({labels.x}) vs {_short_value(f, y)} ({labels.y})"
+                      for f, x, y in diffs)
+    raise DifferentTargetsError(f"traces of different targets: {parts}; nothing is compared (record both sides on "
+                                "the same target model)")
+
+
+def _identity_not_compared(traces: Pair, labels: Pair[str]) -> list[ContractMismatch]:
+    """One line per side whose target identity cannot be compared: facts ``unknown`` there, or none
+    recorded (a trace written before they existed) while the other side has them."""
+    out = []
+    for label, c, other in ((labels.x, traces.x.contract, traces.y.contract),
+                            (labels.y, traces.y.contract, traces.x.contract)):
+        unknown = [f for f in TARGET_IDENTITY if c.get(f) == UNKNOWN]
+        if unknown:
+            why = unknown_facts(c)[unknown[0]]
+            out.append(ContractMismatch("target_identity", "info", None, None,
+                                        f"target identity facts {', '.join(unknown)} are unknown on {label} ({why}): "
+                                        "not compared", (), "check the SGLang version against specdiff's tested range"))
+        elif not any(f in c for f in TARGET_IDENTITY) and any(f in other for f in TARGET_IDENTITY):
+            out.append(ContractMismatch("target_identity", "info", None, None,
+                                        f"{label} records no target identity (a trace written before specdiff "
+                                        "recorded it): whether both sides ran the same target is not compared", (),
+                                        "re-record that side to compare the targets"))
+    return out
+
+
 def check_contracts(traces: Pair) -> list[ContractMismatch]:
     """Every known contract field present on both sides whose values differ, most severe first.
 
     Fields missing on one side are not reported (an engine may not know them); a field recorded
     as ``"unknown"`` is reported as unknown (with the engine name that hid it), never compared;
-    the SGLang-only ``aux_dropped_ids`` is reported whenever non-empty.
+    the SGLang-only ``aux_dropped_ids`` is reported whenever non-empty. Target identity
+    (``TARGET_IDENTITY``) is refused earlier when it differs (``refuse_different_targets``); here
+    only an identity that cannot be compared is said, once per side.
     """
     cx, cy = traces.x.contract, traces.y.contract
     labels = side_labels(traces)
-    out: list[ContractMismatch] = []
+    out: list[ContractMismatch] = _identity_not_compared(traces, labels)
     for label, c, is_x in ((labels.x, cx, True), (labels.y, cy, False)):
         for field, why in unknown_facts(c).items():
+            if field in TARGET_IDENTITY:
+                continue  # said once, above
             other = (cy if is_x else cx).get(field)
             x, y = (UNKNOWN, other) if is_x else (other, UNKNOWN)
             stages = _FIELDS[field][2] if field in _FIELDS else ()

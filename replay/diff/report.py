@@ -17,6 +17,7 @@ from specdiff.replay.diff.contract_check import (
     ContractMismatch,
     bearing_on,
     check_contracts,
+    refuse_different_targets,
     side_labels,
     unknown_facts,
 )
@@ -271,7 +272,12 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     far, ``first`` once proven; no explanation, contract or acceptance yet), for the app's grid.
     ``runner``: where the per-block metrics are computed (``replay.diff.blocks.LocalBlocks``, the
     default, or ``ExecutorBlocks`` on Dask workers); the report is the same either way.
+
+    Raises:
+        DifferentTargetsError: the traces' target identity facts differ (contract_check), before
+            anything is compared.
     """
+    refuse_different_targets(traces)  # traces of two different targets: nothing below is meaningful
     labels = side_labels(traces)
     crash = _crash(traces, labels)
     if crash is not None and not (traces.x.sequences and traces.y.sequences):
