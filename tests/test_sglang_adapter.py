@@ -18,14 +18,8 @@ import pytest
 import torch
 
 from specdiff.tracer.contract import UNKNOWN, sha256_array, tokenizer_hashes, unknown_fields, weight_sha256
-from specdiff.tracer.engines.sglang.adapter import (
-    MISSING,
-    NAMES,
-    TESTED_RANGE,
-    SGLangAdapter,
-    SGLangName,
-    version_in_range,
-)
+from specdiff.tracer.engines.names import MISSING, EngineName, version_in_range
+from specdiff.tracer.engines.sglang.adapter import NAMES, TESTED_RANGE, SGLangAdapter
 
 MODELS = Path(__file__).resolve().parents[1] / "traces" / "models"
 
@@ -58,7 +52,7 @@ def fakesg(monkeypatch):
 
 
 def _name(key, owner, kind, attr=None, **kw):
-    return SGLangName(key=key, owner=owner, attr=attr or key.rsplit(".", 1)[1], kind=kind, source="fake.py:1",
+    return EngineName(key=key, owner=owner, attr=attr or key.rsplit(".", 1)[1], kind=kind, source="fake.py:1",
                       used_for="test", **kw)
 
 
@@ -127,9 +121,10 @@ def test_a_renamed_private_method_of_the_installed_sglang_is_one_warning(monkeyp
 
 
 def test_version_outside_the_tested_range_warns_once_with_the_range():
-    assert version_in_range("0.5.23") and version_in_range("0.5.23.post1") and version_in_range("0.5.19")
-    assert version_in_range("0.5.18") is False and version_in_range("0.6.0") is False
-    assert version_in_range("not a version") is None
+    r = TESTED_RANGE
+    assert version_in_range("0.5.23", r) and version_in_range("0.5.23.post1", r) and version_in_range("0.5.19", r)
+    assert version_in_range("0.5.18", r) is False and version_in_range("0.6.0", r) is False
+    assert version_in_range("not a version", r) is None
     a, lines = _adapter(version="0.5.18")
     assert a.check_version() is False
     assert lines == [f"specdiff: SGLang 0.5.18 is outside the tested range {TESTED_RANGE[0]}..{TESTED_RANGE[1]}; "
@@ -180,12 +175,12 @@ def _worker(*, ltc=(3, 5, 6), ids=(2, 4, 5), L=8, drop_ltc=False, hot=True, targ
 
 def _contract(worker):
     """The contract a trace holds once start-up is over: alloc_memory_pool, then _capture_cuda_graphs."""
+    from specdiff.tracer.engines.options import Options
     from specdiff.tracer.engines.sglang.contract import (
         aux_capture_facts,
         contract_from_worker,
         graph_hidden_stages,
     )
-    from specdiff.tracer.engines.sglang.options import Options
 
     a, lines = _adapter()
     serving = SimpleNamespace(tokenizer_path=str(MODELS / "target"), chat_template=None)
@@ -259,7 +254,7 @@ def test_an_unknown_fact_passes_contract_validation_and_survives_the_store(tmp_p
 # ---- recorder options from the environment -----------------------------------------------------
 # A bad value is refused, not replaced: tests/test_sglang_recorder.py::test_a_bad_environment_value_*
 def test_good_recorder_variables_are_quiet(caplog):
-    from specdiff.tracer.engines.sglang.options import Options
+    from specdiff.tracer.engines.options import Options
 
     with caplog.at_level(logging.WARNING, logger="specdiff.tracer"):
         o = Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_LOGITS_TOPK": " 4 ", "SPECDIFF_EAGER_DRAFT": "0"})

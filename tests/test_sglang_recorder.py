@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from specdiff.tracer.async_writer import AsyncTraceWriter
+from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.sglang.attribution import _parents
-from specdiff.tracer.engines.sglang.options import Options
 from specdiff.tracer.store import TraceWriter, open_trace
 
 PROMPTS = ["def main():\n    return", "import os\nimport sys\n\nclass "]
@@ -52,7 +52,7 @@ def test_options_from_env():
 ])
 def test_a_bad_environment_value_is_one_error_naming_the_variable_the_value_and_what_is_accepted(name, value,
                                                                                                accepted):
-    from specdiff.tracer.engines.sglang.options import OptionError
+    from specdiff.tracer.engines.options import OptionError
     from specdiff.tracer.errors import SpecdiffError
 
     with pytest.raises(OptionError) as err:

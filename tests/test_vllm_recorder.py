@@ -237,7 +237,7 @@ def test_the_correct_pair_served_by_vllm_matches_the_training_side(served, repo_
 def sglang_format(repo_models, tmp_path_factory, server_env):
     """The SGLang-format draft as shipped (nested eagle_config ids [-1, 2, 5] only) served by vLLM:
     the first request crashes it."""
-    from specdiff.tracer.engines.sglang.cpu.launch import ServerError
+    from specdiff.tracer.engines.server import ServerError
 
     root = tmp_path_factory.mktemp("vllm-nested")
     draft = _draft_copy(repo_models, root / "draft")

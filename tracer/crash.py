@@ -26,6 +26,9 @@ DRAFT_FORWARDS = {"EXTEND": "draft extend (prefill)", "DRAFT_EXTEND_V2": "draft 
 _MAX_MESSAGE = 2000
 _SHAPE_FRAMES = 3
 _MAX_SHAPES = 16
+#: specdiff's own recorder code: its SGLang recorder lives in a folder named ``sglang`` too
+#: (tracer/engines/sglang/), and its wrappers are never where serving failed
+_OWN_CODE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def forward_name(*, is_draft: bool, mode: str | None) -> str:
@@ -85,7 +88,8 @@ def crash_record(exc: BaseException, *, forward: str | None, forward_shapes: dic
     where = [f"{os.path.basename(f.f_code.co_filename)}:{line} {f.f_code.co_name}" for f, line in frames[-8:]]
     if forward is None:
         # the innermost SGLang function (torch's own frames say less about where in serving)
-        sg = [(f, line) for f, line in frames if f"{os.sep}sglang{os.sep}" in f.f_code.co_filename]
+        sg = [(f, line) for f, line in frames if f"{os.sep}sglang{os.sep}" in f.f_code.co_filename
+              and not os.path.abspath(f.f_code.co_filename).startswith(_OWN_CODE)]
         f, line = (sg or frames or [(None, 0)])[-1]
         forward = ("unknown" if f is None else
                    f"{f.f_code.co_name} ({os.path.basename(f.f_code.co_filename)}:{line}), outside the model forwards")

@@ -16,21 +16,21 @@ missing rows or a contract fact filled in from elsewhere. So:
 - Hooks read through ``SGLangAdapter.get`` (never ``getattr(x, name, None)``): an absent
   attribute is ``MISSING`` (logged, marked), a present attribute that is None stays None.
 
+The machinery (``EngineName``, ``EngineAdapter``, ``MISSING``) is engine-independent and lives in
+tracer/engines/names.py; this module holds SGLang's table and target layouts.
+
 Sources are paths under ``site-packages/sglang/`` of SGLang 0.5.23. ``TESTED_RANGE`` is the
 inclusive range of SGLang versions this table was verified on; outside it the plugin warns once.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import logging
 import pkgutil
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specdiff.tracer.contract import UNKNOWN
+from specdiff.tracer.engines.names import EngineAdapter, EngineName
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -43,75 +43,6 @@ _P = "sglang.srt."
 _EW2 = _P + "speculative.eagle_worker_v2"
 
 
-class _Missing:
-    """Sentinel: the attribute does not exist on the object (not the same as a None value)."""
-
-    _inst = None
-
-    def __new__(cls):
-        if cls._inst is None:
-            cls._inst = super().__new__(cls)
-        return cls._inst
-
-    def __repr__(self) -> str:
-        return "MISSING"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-MISSING = _Missing()
-
-# Kinds of name and how each is checked:
-#   hook      a HookRegistry target "<module>.<Class>.<method>" or "<module>.<function>": import + hasattr
-#   method    a method/property/class attribute read (not hooked): import + hasattr
-#   field     a dataclass field (maybe without default): import + dataclass fields / annotations
-#   instance  an attribute set in __init__: checked on the live object where first seen
-#   param     a parameter of a function whose frame / call the recorder reads: inspect.signature
-KINDS = ("hook", "method", "field", "instance", "param")
-
-
-@dataclass(frozen=True)
-class SGLangName:
-    """One SGLang name the recorder depends on.
-
-    Attributes:
-        key: handle the recorder uses, ``"<Owner>.<attr>"`` (e.g. ``"EagleDraftWorker.hot_token_id"``).
-        owner: dotted import path of the class / module / function that holds ``attr``.
-        attr: the attribute, method, field or parameter name.
-        kind: one of ``KINDS``.
-        source: where SGLang 0.5.23 defines it (path under site-packages/sglang, with line).
-        used_for: what the recorder does with it.
-        tensors: canonical tensors (tracer/schema.py) the recorder cannot record without it.
-        facts: contract fields (tracer/contract.py) it cannot read without it.
-        hook: for ``kind == "hook"``: (HookType name, hook function in plugin).
-        essential: without it nothing can be recorded (tracing is refused).
-        optional: only needed when an option asks for it (e.g. SPECDIFF_EAGER_DRAFT).
-    """
-
-    key: str
-    owner: str
-    attr: str
-    kind: str
-    source: str
-    used_for: str
-    tensors: tuple[str, ...] = ()
-    facts: tuple[str, ...] = ()
-    hook: tuple[str, str] | None = None
-    essential: bool = False
-    optional: bool = False
-
-    @property
-    def target(self) -> str:
-        """Dotted path of the name itself (the HookRegistry target for hooks)."""
-        return f"{self.owner}.{self.attr}"
-
-    def unobservable(self) -> dict:
-        """The contract's ``unobservable`` entry for this name (msgpack/JSON-safe)."""
-        return {"name": self.key, "sglang": self.target, "source": self.source,
-                "tensors": list(self.tensors), "facts": list(self.facts)}
-
-
 _ALL_DRAFT = ("tokens", "draft.fc_in", "draft.fc_out", "draft.hidden_out", "draft.logits",
               "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp")
 _VERIFY = ("verify.accept_length", "verify.accept_index", "verify.accepted_tokens", "verify.predict",
@@ -121,8 +52,8 @@ _EVERYTHING = ("every tensor",)
 
 
 def _n(key, owner, kind, source, used_for, *, attr=None, tensors=(), facts=(), hook=None,
-       essential=False, optional=False) -> SGLangName:
-    return SGLangName(key=key, owner=owner, attr=attr or key.rsplit(".", 1)[1], kind=kind, source=source,
+       essential=False, optional=False) -> EngineName:
+    return EngineName(key=key, owner=owner, attr=attr or key.rsplit(".", 1)[1], kind=kind, source=source,
                       used_for=used_for, tensors=tuple(tensors), facts=tuple(facts), hook=hook,
                       essential=essential, optional=optional)
 
@@ -265,9 +196,9 @@ TARGET_WRAPPERS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _target_layout_names() -> tuple[SGLangName, ...]:
+def _target_layout_names() -> tuple[EngineName, ...]:
     """The NAMES entries of every TARGET_LAYOUTS / TARGET_WRAPPERS attribute (each once)."""
-    out: dict[str, SGLangName] = {}
+    out: dict[str, EngineName] = {}
     for lay in {id(v): v for v in TARGET_LAYOUTS.values()}.values():
         for attr in (*_OUTER_ATTRS, *_INNER_ATTRS):
             used_for, facts = _LAYOUT_USE[attr]
@@ -288,7 +219,7 @@ def _target_layout_names() -> tuple[SGLangName, ...]:
 
 
 #: Every SGLang name the recorder touches (SGLang 0.5.23, EAGLE worker v2).
-NAMES: tuple[SGLangName, ...] = (
+NAMES: tuple[EngineName, ...] = (
     # ---- hook targets ----------------------------------------------------------------------
     _n("EagleDraftWorker.alloc_memory_pool", f"{_EW2}.EagleDraftWorker", "hook",
        "srt/speculative/eagle_worker_v2.py:243", "build the contract and open the trace at start-up, before "
@@ -551,7 +482,7 @@ NAMES: tuple[SGLangName, ...] = (
        "srt/speculative/eagle_info.py:25", "sibling links of the tree", tensors=("verify.parents",)),
 )
 
-BY_KEY: dict[str, SGLangName] = {n.key: n for n in NAMES}
+BY_KEY: dict[str, EngineName] = {n.key: n for n in NAMES}
 
 
 def hook_table(*, eager_draft: bool = False, names=NAMES) -> dict[str, tuple[str, str]]:
@@ -559,46 +490,9 @@ def hook_table(*, eager_draft: bool = False, names=NAMES) -> dict[str, tuple[str
     return {n.target: n.hook for n in names if n.kind == "hook" and (eager_draft or not n.optional)}
 
 
-def version_in_range(version: str, rng: tuple[str, str] = TESTED_RANGE) -> bool | None:
-    """True when ``version`` (its release part: 0.5.23.post1 counts as 0.5.23) lies in the inclusive
-    range, False outside, None when it does not parse."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        v = Version(Version(version).base_version)
-        return Version(rng[0]) <= v <= Version(rng[1])
-    except InvalidVersion:
-        return None
-
-
-def _resolve_static(name: SGLangName, resolve: Callable[[str], object]) -> str | None:
-    """None when ``name`` resolves in the running SGLang, else why not (one short phrase)."""
-    try:
-        owner = resolve(name.owner)
-    except Exception as exc:  # noqa: BLE001 - any import failure means the name is not there
-        return f"cannot import {name.owner} ({type(exc).__name__}: {exc})"
-    if name.kind in ("hook", "method"):
-        return None if hasattr(owner, name.attr) else f"{name.owner} has no attribute {name.attr!r}"
-    if name.kind == "field":
-        if hasattr(owner, name.attr):
-            return None
-        fields = {f.name for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else set()
-        for klass in getattr(owner, "__mro__", ()):
-            fields |= set(getattr(klass, "__annotations__", {}) or {})
-        return None if name.attr in fields else f"{name.owner} has no field {name.attr!r}"
-    if name.kind == "param":
-        try:
-            params = inspect.signature(owner).parameters
-        except (TypeError, ValueError) as exc:
-            return f"no signature for {name.owner} ({exc})"
-        return None if name.attr in params else f"{name.owner}() has no parameter {name.attr!r}"
-    return None  # instance attributes: checked on the live object (check_instance)
-
-
-class SGLangAdapter:
-    """The recorder's view of the running SGLang: name checks, accessors, what became unobservable.
-
-    One per scheduler process. Thread-safe (the writer thread may read ``unobservable``).
+class SGLangAdapter(EngineAdapter):
+    """The recorder's view of the running SGLang: ``EngineAdapter``'s name checks, accessors and
+    ``unobservable`` list over ``NAMES``. One per scheduler process.
 
     Args:
         version: ``sglang.__version__`` of the running SGLang ("?" when unreadable).
@@ -606,15 +500,12 @@ class SGLangAdapter:
         log: where the one-line warnings go (default the ``specdiff.tracer`` logger's warning).
     """
 
+    engine = "sglang"
+    title = "SGLang"
+    tested_range = TESTED_RANGE
+
     def __init__(self, version: str, *, names=NAMES, log: Callable[[str], None] | None = None):
-        self.version = str(version)
-        self.names = tuple(names)
-        self.by_key = {n.key: n for n in self.names}
-        self.missing: dict[str, str] = {}  # key -> why
-        self._log = log or logger.warning
-        self._lock = threading.Lock()
-        self._checked_instances: set[tuple[int, str]] = set()
-        self._warned: set[str] = set()
+        super().__init__(version, names=names, log=log)
 
     @classmethod
     def for_running_sglang(cls, **kw) -> SGLangAdapter:
@@ -627,98 +518,13 @@ class SGLangAdapter:
             version = "?"
         return cls(version, **kw)
 
-    # -- checks -------------------------------------------------------------------------------
-    def check_version(self, rng: tuple[str, str] = TESTED_RANGE) -> bool:
-        """Warn once when the running SGLang is outside ``rng``; True when inside (quiet)."""
-        ok = version_in_range(self.version, rng) if self.version != "?" else None
-        if ok:
-            return True
-        self._log(f"specdiff: SGLang {self.version} is outside the tested range {rng[0]}..{rng[1]}; "
-                  "every SGLang name the recorder uses is checked, and what it cannot read is recorded "
-                  "as unknown")
-        return False
-
     def check_static(self, *, resolve: Callable[[str], object] = pkgutil.resolve_name,
-                     eager_draft: bool = False) -> list[SGLangName]:
-        """Check every class / function / method / field / parameter name; returns the missing ones
-        (each logged once). Instance attributes are left to ``check_instance``."""
-        bad = []
-        for n in self.names:
-            if n.kind == "instance" or (n.optional and not eager_draft):
-                continue
-            why = _resolve_static(n, resolve)
-            if why is not None:
-                self.mark_missing(n.key, why)
-                bad.append(n)
-        return bad
+                     eager_draft: bool = False) -> list[EngineName]:
+        """Check every class / function / method / field / parameter name (the SPECDIFF_EAGER_DRAFT
+        ones only with ``eager_draft``); returns the missing ones (each logged once). Instance
+        attributes are left to ``check_instance``."""
+        return self.check_names(lambda n: eager_draft or not n.optional, resolve=resolve)
 
-    def check_instance(self, obj, *keys: str) -> list[str]:
-        """Check instance attributes ``keys`` on the live ``obj`` (once per object and key);
-        returns the missing keys (each logged once)."""
-        bad = []
-        for key in keys:
-            n = self.by_key[key]
-            tag = (id(obj), key)
-            if tag in self._checked_instances:
-                if key in self.missing:
-                    bad.append(key)
-                continue
-            self._checked_instances.add(tag)
-            if not hasattr(obj, n.attr):
-                self.mark_missing(key, f"{type(obj).__name__} object has no attribute {n.attr!r}")
-                bad.append(key)
-        return bad
 
-    def mark_missing(self, key: str, why: str) -> None:
-        """Record ``key`` as missing and log its one line (only the first time)."""
-        n = self.by_key[key]
-        with self._lock:
-            if key in self.missing:
-                return
-            self.missing[key] = why
-        what = []
-        if n.tensors:
-            what.append("tensors " + ", ".join(n.tensors))
-        if n.facts:
-            what.append("contract facts " + ", ".join(n.facts))
-        self._log(f"specdiff: SGLang {self.version} has no {n.key} ({n.source}; {why}): now unobservable: "
-                  f"{'; '.join(what) or 'nothing recorded depends on it'}")
-
-    def warn_once(self, tag: str, line: str) -> None:
-        """Log ``line`` the first time ``tag`` is seen (a fact assumed, not a missing name)."""
-        with self._lock:
-            if tag in self._warned:
-                return
-            self._warned.add(tag)
-        self._log(line)
-
-    # -- accessors ----------------------------------------------------------------------------
-    def get(self, obj, key: str):
-        """``obj.<attr of key>``, or ``MISSING`` (logged once, marked unobservable) when absent.
-
-        A present attribute whose value is None is returned as None: None is a fact (e.g. no
-        d2t), absence is not.
-        """
-        n = self.by_key[key]
-        try:
-            return getattr(obj, n.attr)
-        except AttributeError:
-            self.mark_missing(key, f"{type(obj).__name__} object has no attribute {n.attr!r}")
-            return MISSING
-
-    def fact(self, obj, key: str, convert: Callable = lambda v: v):
-        """``convert(obj.<attr>)`` for a contract fact, or ``UNKNOWN`` when the attribute is absent."""
-        v = self.get(obj, key)
-        return UNKNOWN if v is MISSING else convert(v)
-
-    def has(self, key: str) -> bool:
-        """False once ``key`` was found missing."""
-        return key not in self.missing
-
-    # -- what the contract says -----------------------------------------------------------------
-    def unobservable(self) -> list[dict]:
-        """The contract's ``unobservable`` list: one entry per missing name (declaration order)."""
-        with self._lock:
-            missing = dict(self.missing)
-        return [dict(n.unobservable(), why=missing[n.key], sglang_version=self.version)
-                for n in self.names if n.key in missing]
+__all__ = ["ASSUMED_LAYOUT", "BY_KEY", "NAMES", "TARGET_LAYOUTS", "TARGET_WRAPPERS", "TESTED_RANGE",
+           "SGLangAdapter", "TargetLayout", "hook_table"]

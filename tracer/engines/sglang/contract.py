@@ -11,15 +11,15 @@ import logging
 import torch
 
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN
+from specdiff.tracer.engines.names import MISSING
+from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.sglang.adapter import (
     ASSUMED_LAYOUT,
-    MISSING,
     TARGET_LAYOUTS,
     TARGET_WRAPPERS,
     SGLangAdapter,
 )
 from specdiff.tracer.engines.sglang.draft_stages import graph_hidden
-from specdiff.tracer.engines.sglang.options import Options
 
 logger = logging.getLogger("specdiff.tracer")
 

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from specdiff.tracer.contract import UNKNOWN, known
-from specdiff.tracer.engines.sglang.adapter import MISSING, SGLangAdapter
+from specdiff.tracer.engines.names import MISSING
+from specdiff.tracer.engines.options import Options
+from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
 from specdiff.tracer.engines.sglang.attribution import DraftForward, IterCapture, write_capture
 from specdiff.tracer.engines.sglang.contract import (
     aux_capture_facts,
@@ -33,7 +35,6 @@ from specdiff.tracer.engines.sglang.contract import (
     unrecorded_stages,
 )
 from specdiff.tracer.engines.sglang.draft_stages import DraftStageTaps, graph_hidden
-from specdiff.tracer.engines.sglang.options import Options
 
 logger = logging.getLogger("specdiff.tracer")
 

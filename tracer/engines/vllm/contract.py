@@ -25,8 +25,9 @@ import logging
 import torch
 
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, sha256_array
-from specdiff.tracer.engines.sglang.options import Options
-from specdiff.tracer.engines.vllm.adapter import MISSING, VLLMAdapter, runner_version
+from specdiff.tracer.engines.names import MISSING
+from specdiff.tracer.engines.options import Options
+from specdiff.tracer.engines.vllm.adapter import VLLMAdapter, runner_version
 
 logger = logging.getLogger("specdiff.tracer")
 

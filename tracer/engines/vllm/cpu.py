@@ -2,8 +2,8 @@
 
 vLLM pins torch 2.13.0 and SGLang 2.14.1, so vLLM lives in its own venv (``make vllm-venv``:
 ``.venv-vllm/``, specdiff installed editable there so vLLM finds the recorder through the
-``vllm.general_plugins`` entry point). ``VLLMServerProcess`` is the SGLang launcher's
-``ServerProcess`` (start in its own session, wait for ``/health``, stop by process group) with
+``vllm.general_plugins`` entry point). ``VLLMServerProcess`` is an ``EngineServer``
+(tracer/engines/server.py: start in its own session, wait for ``/health``, stop by process group) with
 vLLM's command line and environment; it talks to ``/v1/completions``.
 
 Measured on this project's 2-core machines (shared/research/vllm-cpu.md): engine start 51-87 s
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specdiff.tracer.engines.sglang.cpu.launch import ServerError, ServerProcess, free_port
+from specdiff.tracer.engines.server import EngineServer, ServerError, free_port
 
 #: The repository's vLLM venv (Makefile ``vllm-venv``), relative to the repository root.
 VLLM_VENV = ".venv-vllm"
@@ -98,8 +98,8 @@ def record_serve_command(serve_args: Sequence[str], *, cpu: bool, env: Mapping[s
 
 
 @dataclass
-class VLLMServerProcess(ServerProcess):
-    """A CPU ``vllm serve`` started by specdiff; a context manager like ``ServerProcess``.
+class VLLMServerProcess(EngineServer):
+    """A CPU ``vllm serve`` started by specdiff; a context manager (``EngineServer``).
 
     ``model_path`` is the target; with ``draft_model_path`` it speculates with EAGLE-3
     (``num_speculative_tokens`` drafts per step). ``extra_args`` go to ``vllm serve``;

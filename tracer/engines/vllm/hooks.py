@@ -34,8 +34,9 @@ import numpy as np
 import torch
 
 from specdiff.tracer.contract import UNKNOWN, known
-from specdiff.tracer.engines.sglang.options import Options
-from specdiff.tracer.engines.vllm.adapter import MISSING, VLLMAdapter
+from specdiff.tracer.engines.names import MISSING
+from specdiff.tracer.engines.options import Options
+from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
 from specdiff.tracer.rows import RowBatch
 
 logger = logging.getLogger("specdiff.tracer")

@@ -12,7 +12,7 @@ draft is observed through forward hooks on modules that run eagerly (hooks.py), 
 profile runs are skipped (they do not go through ``sample_tokens``).
 
 Environment: as the SGLang recorder (``SPECDIFF_TRACE``, ``SPECDIFF_CAPTURE``,
-``SPECDIFF_LOGITS_TOPK``, ``SPECDIFF_RIDS``, ``SPECDIFF_MAX_QUEUE_MB``; tracer/engines/sglang/options.py).
+``SPECDIFF_LOGITS_TOPK``, ``SPECDIFF_RIDS``, ``SPECDIFF_MAX_QUEUE_MB``; tracer/engines/options.py).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def load(env=None) -> bool:
     """
     global _adapter
     env = os.environ if env is None else env
-    from specdiff.tracer.engines.sglang.options import OptionError, Options
+    from specdiff.tracer.engines.options import OptionError, Options
 
     try:
         opts = Options.from_env(env)

@@ -1,5 +1,8 @@
-"""The SGLang recorder's options, read from ``SPECDIFF_*`` environment variables; a bad value is an
-error that names the variable, the value and what is accepted (never a silent fallback)."""
+"""Every engine recorder's options, read from ``SPECDIFF_*`` environment variables; a bad value is an
+error that names the variable, the value and what is accepted (never a silent fallback).
+
+The SGLang and vLLM plugins read the same variables; ``SPECDIFF_EAGER_DRAFT`` only has an effect on
+SGLang (its CUDA-graphed draft steps re-run eagerly: tracer/engines/sglang/draft_stages.py)."""
 
 from __future__ import annotations
 
