@@ -188,6 +188,31 @@ def test_record_train_replays_a_serving_trace_and_full_capture(tmp_path, models,
     assert res.exit_code == 2 and "already exists" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
+def test_record_train_records_the_target_identity_it_loaded(tmp_path, models, prompts, run_cli):
+    """The identity facts the SGLang recorder reads from its live target, computed here from the target
+    record train loaded; checked against the checkpoint files read independently."""
+    from transformers import AutoConfig
+
+    from specdiff.tracer.contract import config_sha256, weights_fingerprint
+
+    target, draft = models
+    out = tmp_path / "train.trace"
+    res = run_cli("record", "train", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+                  "-o", str(out), "--steps", "1", "--probe-positions", "0")
+    assert res.exit_code == 0, res.output
+    c = open_trace(str(out)).contract
+    raw = json.loads((target / "config.json").read_text())
+    weights = {}
+    for f in sorted(target.glob("*.safetensors")):
+        weights.update(load_file(str(f)))
+    embed = weights["model.embed_tokens.weight"]
+    assert c["target_architecture"] == raw["architectures"][0] == "LlamaForCausalLM"
+    assert c["target_config_sha256"] == config_sha256(AutoConfig.from_pretrained(str(target), local_files_only=True))
+    assert c["target_weights_fingerprint"] == weights_fingerprint(embed, raw["vocab_size"])
+    assert (c["target_num_experts"], c["target_experts_per_token"]) == (None, None)  # dense
+    assert c["aux_prenorm_indices"] == []  # Llama: no aux slot is the pre-norm output
+
+
 def test_explicit_aux_layers_and_bad_counts(tmp_path, models, prompts, run_cli):
     target, draft = models
     out = tmp_path / "t.trace"

@@ -4,11 +4,10 @@ Owns turning ``--aux-layers`` / ``--aux-convention`` or the draft config's own i
 hidden-state indices in training's concat order (``specdiff.eagle3.aux_layers``), refusing ids
 that cannot be used as given.
 
-An id that names the last decoder layer's output *before* the final norm in its own convention
-(SGLang 0.5.23 GPT-OSS capture index L, srt/models/gpt_oss.py:726-738; vLLM 0.32 / speculators id
-L; SpecForge's HF backend id L-1) is replayed, not refused: its slot is listed as L and marked
-pre-norm (``TrainAux.prenorm``, contract ``aux_prenorm_indices``), and the target capture reads it
-from the final norm's input (``replay.model.target_capture.capture_target``). HF index L in the
+An SGLang id that the target family's rule captures as the last decoder layer's output *before*
+the final norm (SGLang 0.5.23 GPT-OSS capture index L, srt/models/gpt_oss.py:726-738) is
+replayed, not refused: its slot is listed as L and marked pre-norm (``TrainAux.prenorm``,
+contract ``aux_prenorm_indices``), and the target capture reads it from the final norm's input (``replay.model.target_capture.capture_target``). HF index L in the
 ``hf`` convention stays what HF defines: after the final norm.
 """
 
@@ -17,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 
 from specdiff.eagle3.aux_layers import (
-    RULES,
     AuxResolution,
     ConventionError,
     engine_capture,
@@ -44,59 +42,42 @@ class TrainAux(AuxResolution):
         return {**super().as_facts(), "aux_prenorm_indices": list(self.prenorm)}
 
 
-def _prenorm_source(conv: str, architecture: str | None) -> str:
-    if conv == "sglang":
-        fam = sglang_family_rule(architecture)
-        return f"the SGLang {fam.name} rule of {architecture}, {fam.sources[-1].split(' ')[0]}"
-    return RULES[conv].sources[0].split(" ")[0] if RULES[conv].sources else RULES[conv].tool
-
-
 def _resolve_prenorm(ids, conv: str, num_layers: int, architecture: str | None) -> TrainAux | None:
-    """The listed resolution of ``ids`` when one of them names the last layer's pre-norm output in
-    ``conv`` (None when none does: the plain ``resolve_aux_ids`` applies, with its refusals).
+    """The listed resolution of SGLang ``ids`` when the target family's rule captures one of them as
+    the last layer's pre-norm output (None otherwise: the plain ``resolve_aux_ids`` applies, with
+    its refusals; vLLM / speculators id L and SpecForge id L-1 stay refused there).
 
     Raises:
         ConventionError: two ids name the pre-norm output, another id names nothing the
             convention captures (the engine drops it) or a layer twice.
     """
     L = num_layers
-    if ids is None or conv not in RULES:
+    if ids is None or conv != "sglang" or architecture is None:
+        # the Llama rule (RULES['sglang']) never reaches the pre-norm output; vLLM / speculators id L and
+        # SpecForge id L-1 keep resolve_aux_ids' refusal (tests/test_train_order.py pins it)
         return None
     ids = [int(i) for i in ids]
-    if conv == "sglang":
-        if architecture is None:
-            return None  # the Llama rule (RULES['sglang']): no capture index reaches the pre-norm output
-        fam = sglang_family_rule(architecture)
-        outcomes = [fam.outcome(c, L) for c in fam.capture_indices(ids, L)]
-        pre = [k for k, (kind, _) in enumerate(outcomes) if kind == "prenorm"]
-        if not pre:
-            return None
-        plan = engine_capture("sglang", ids, num_layers=L, architecture=architecture)
-        if plan.dropped:
-            raise ConventionError(f"sglang id {plan.dropped[0]} captures nothing on {architecture} (the SGLang "
-                                  f"{fam.name} rule: {fam.id_meaning()}){'; ' + plan.failure if plan.failure else ''}")
-        hf = [L if kind == "prenorm" else h for kind, h in outcomes]
-    else:
-        rule = RULES[conv]
-        pre = [k for k, i in enumerate(ids) if rule.to_hf(i, L) is None and i - L in rule.prenorm]
-        if not pre:
-            return None
-        rest = resolve_aux_ids([i for k, i in enumerate(ids) if k not in pre], convention=conv, num_layers=L,
-                               concat="listed")
-        it = iter(rest.hf_indices)
-        hf = [L if k in pre else next(it) for k in range(len(ids))]
+    fam = sglang_family_rule(architecture)
+    outcomes = [fam.outcome(c, L) for c in fam.capture_indices(ids, L)]
+    pre = [k for k, (kind, _) in enumerate(outcomes) if kind == "prenorm"]
+    if not pre:
+        return None
+    plan = engine_capture("sglang", ids, num_layers=L, architecture=architecture)
+    if plan.dropped:
+        raise ConventionError(f"sglang id {plan.dropped[0]} captures nothing on {architecture} (the SGLang "
+                              f"{fam.name} rule: {fam.id_meaning()}){'; ' + plan.failure if plan.failure else ''}")
+    hf = [L if kind == "prenorm" else h for kind, h in outcomes]
     if len(pre) > 1:
-        raise ConventionError(f"{conv} ids {ids} name the last layer's pre-norm output twice (ids "
+        raise ConventionError(f"sglang ids {ids} name the last layer's pre-norm output twice (ids "
                               f"{[ids[k] for k in pre]}); each aux slot must be a different layer")
     if len(set(hf)) != len(hf):
-        raise ConventionError(f"{conv} ids {ids} name one layer twice (HF {hf}); each aux slot must be a "
+        raise ConventionError(f"sglang ids {ids} name one layer twice (HF {hf}); each aux slot must be a "
                               "different layer")
-    i = ids[pre[0]]
-    note = (f"{conv} id {i} names the last decoder layer's output before the final norm "
-            f"({_prenorm_source(conv, architecture)}); no HF hidden_states index holds it (HF {L} is after the "
-            f"norm): record train reads slot {pre[0]} from the final norm's input (contract aux_prenorm_indices "
-            f"[{L}])")
-    return TrainAux(tuple(hf), tuple(ids), conv, (), (note,), "listed", prenorm=(L,))
+    note = (f"sglang id {ids[pre[0]]} names the last decoder layer's output before the final norm (the SGLang "
+            f"{fam.name} rule of {architecture}, {fam.sources[-1].split(' ')[0]}); no HF hidden_states index holds "
+            f"it (HF {L} is after the norm): record train reads slot {pre[0]} from the final norm's input "
+            f"(contract aux_prenorm_indices [{L}])")
+    return TrainAux(tuple(hf), tuple(ids), "sglang", (), (note,), "listed", prenorm=(L,))
 
 
 def _family_note(convention: str, architecture: str | None) -> tuple[str, ...]:
@@ -120,8 +101,8 @@ def resolve_train_aux(loaded: LoadedDraft, num_layers: int, aux_layers=None,
     family's rule (``eagle3.aux_layers.sglang_family_rule``: DeepSeek-V3 reads [0, 3, 6] as
     HF [0, 3, 6], Llama as HF [1, 4, 7]); None or an unknown one assumes the plus-one rule, and
     the returned ``notes`` say which rule was used. An id that names the last layer's pre-norm
-    output in its convention (GPT-OSS ids whose max is L, vLLM id L, SpecForge id L-1) gives a
-    slot listed as L with ``prenorm == (L,)`` (module docstring).
+    output under the target family's SGLang rule (GPT-OSS: ids whose max is L, or id L-1 read +1)
+    gives a slot listed as L with ``prenorm == (L,)`` (module docstring).
 
     Raises RecordTrainError when the ids are invalid, cannot be used in the order given (a
     layer twice, an id the convention never captures) or their count differs from the draft's K.
