@@ -173,6 +173,10 @@ def test_the_contract_says_which_runner_ran_and_where_the_aux_ids_came_from(serv
     assert c["embed_source"] == "target" and c["lm_head_source"] == "draft"
     assert c["spec_steps"] == 3 and c["spec_topk"] == 1 and c["spec_algorithm"] == "EAGLE3"
     assert c["unobservable"] == []  # every declared V1 name resolved in the running vLLM
+    from specdiff.tracer.contract import CONTRACT_FIELDS
+
+    # every fact the vLLM recorder writes is declared with its meaning (bos_token_id is popped on write)
+    assert set(c) - set(CONTRACT_FIELDS) == set(), set(c) - set(CONTRACT_FIELDS)
     assert set(c["unrecorded_stages"]) >= {"draft.attn_in", "verify.parents"}
     assert "crash" not in c
     # the d2t as served, and one sequence per request (6 batched + 2 from record client)

@@ -34,7 +34,8 @@ DEFAULTS_USED = "defaults_used"
 #: name -> (accepted python types, meaning)
 CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "side": ((str,), "'serve' or 'train'"),
-    "engine": ((str,), "who recorded: 'sglang', 'specdiff-reference', 'specforge', 'speculators', ..."),
+    "engine": ((str,), "who recorded: a serving engine registered in tracer/engines ('sglang', 'vllm'), or a "
+                       "training side ('specdiff-reference', 'specforge', 'speculators', ...)"),
     "engine_version": ((str,), "version string of the engine"),
     "num_layers": ((int,), "target decoder layers L"),
     "hidden_size": ((int,), "target hidden size H"),
@@ -84,13 +85,35 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "depth_coverage": ((str,), "which positions have draft rows at depth >= 1, in words (serving drafts "
                                "only from the last accepted position of each step)"),
     "dropped_records": ((int,), "records the recorder dropped because the writer fell behind"),
+    "recorder_hook_s": (_num, "seconds the serving recorder's hooks ran inside the engine's iterations "
+                              "(its cost on the serving path; benchmarks/recorder_overhead.py)"),
+    "recorder_iter_s": (_num, "seconds the recorded iterations took, hooks included"),
+    "recorder_writer_s": (_num, "seconds the background writer thread spent writing the store"),
     "findings": (_list, "pre-flight contract findings (specdiff check)"),
     "model_name": ((str,), "target model path or name"),
     DEFAULTS_USED: ((dict,), "options the recorder filled in: name -> {'value': ..., 'source': where "
                     "the value came from}"),
     "draft_name": ((str,), "draft model path or name"),
-    "unobservable": (_list, "engine names the recorder could not find: [{name, sglang, source, tensors, "
-                            "facts, why, sglang_version}] (tracer/engines/sglang/adapter.py)"),
+    "unobservable": (_list, "engine names the recorder could not find: [{name, <engine>, source, tensors, facts, "
+                            "why, <engine>_version}], <engine> being the trace's engine fact ('sglang': "
+                            "{..., sglang: dotted path, sglang_version}; 'vllm': {..., vllm, vllm_version}) "
+                            "(tracer/engines/names.py EngineAdapter.unobservable; read back: unobservable_engine)"),
+    # ---- facts only some engines record (vLLM 0.32: tracer/engines/vllm/contract.py) ----------------
+    "engine_runner": ((str,), "the engine's model runner that ran, '<runner> <module>.<Class>' (vLLM: 'v1 "
+                              "vllm.v1.worker.cpu_model_runner.CPUModelRunner'; only V1 is hooked: a 'v2 ...' "
+                              "runner means nothing per step was recorded)"),
+    "aux_ids_source": ((str,), "where the engine took the aux ids from, in its own key precedence: a config key "
+                               "('top-level eagle_aux_hidden_state_layer_ids', 'eagle_config."
+                               "eagle_aux_hidden_state_layer_ids', ...) or, starting with 'default', the "
+                               "engine's fallback when no key it reads held ids (AUX_IDS_DEFAULT_PREFIX)"),
+    "aux_id_rule": ((str,), "the engine's aux-id convention in words, with its source lines (vLLM: id k = HF "
+                            "hidden_states[k], deduplicated, ascending)"),
+    "d2t_rule": ((str,), "how the engine maps draft-vocab logits to target ids, with its source lines (vLLM: "
+                         "scattered into the full vocab at arange(Vd) + d2t)"),
+    "draft_class": ((str,), "dotted class of the draft model the engine built (vLLM: 'vllm.model_executor."
+                            "models.llama_eagle3.Eagle3LlamaForCausalLM')"),
+    "draft_num_aux": ((int,), "aux hidden states the draft's fc takes (its input width / hidden size); a count "
+                              "that differs from the captured slots crashes the first request"),
     "target_architecture": ((str,), "the target model class the engine instantiated, named after the HF "
                                     "architecture it serves (SGLang: type(ModelRunner.model).__name__, "
                                     "e.g. 'DeepseekV3ForCausalLM'; training: config.architectures[0])"),
@@ -130,6 +153,19 @@ def validate_contract(contract, *, where: str) -> dict:
                 raise TraceError(f"{where}: contract field {key!r} ({meaning}) has type "
                                  f"{type(value).__name__}")
     return contract
+
+
+#: ``aux_ids_source`` values starting with this say the engine read no ids and used its default layers
+AUX_IDS_DEFAULT_PREFIX = "default"
+
+
+def unobservable_engine(entry: dict) -> tuple[str, str] | None:
+    """(engine, version) of one ``unobservable`` entry, whichever engine wrote it: the entry holds
+    ``<engine>_version`` next to ``<engine>`` (tracer/engines/names.py); None when it holds neither."""
+    for key, value in entry.items():
+        if key.endswith("_version") and key[: -len("_version")] in entry:
+            return key[: -len("_version")], str(value)
+    return None
 
 
 def known(contract: dict, field: str, default=None):

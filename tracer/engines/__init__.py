@@ -13,6 +13,10 @@ SGLANG = register(EngineSpec(
     aux_convention="sglang", aux_concat="ascending",
     tested_range=("0.5.19", "0.5.23"),  # = sglang.adapter.TESTED_RANGE (tests/test_architecture.py)
     cpu_launcher="specdiff.tracer.engines.sglang.cpu.launch",
+    # srt/model_executor/model_runner_components/spec_aux_hidden_state.py:188-196 (only the nested key)
+    aux_ids_key="eagle_config.eagle_aux_hidden_state_layer_ids",
+    aux_ids_read=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+    aux_id_words="SGLang id k captures HF k+1",
 ))
 
 VLLM = register(EngineSpec(
@@ -21,6 +25,12 @@ VLLM = register(EngineSpec(
     aux_convention="vllm", aux_concat="ascending",  # interfaces.py:1577-1578 sorted(set(layers))
     tested_range=("0.32.0", "0.32.0"),  # = vllm.adapter.TESTED_RANGE (tests/test_vllm_recorder.py)
     cpu_launcher="specdiff.tracer.engines.vllm.cpu",
+    # V1 runner, v1/worker/gpu_model_runner.py:5268-5280: the top-level key; if empty, eagle_config's
+    # nested ids, else dflash_config's (+1). V2's eagle3_utils reads no nested eagle ids.
+    aux_ids_key="top-level eagle_aux_hidden_state_layer_ids",
+    aux_ids_read=("top-level eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids",
+                  "dflash_config.target_layer_ids"),
+    aux_id_words="vLLM id k = HF k",
 ))
 
 __all__ = ["SGLANG", "VLLM", "EngineSpec", "engine_names", "engine_spec", "register"]

@@ -40,6 +40,11 @@ class EngineSpec:
         aux_concat: how it orders the captured slots in the fc input ('ascending').
         tested_range: inclusive (low, high) engine versions the recorder was verified on.
         cpu_launcher: module of the CPU recipe's launcher, or None when the engine has none.
+        aux_ids_key: the draft-config key a user writes the aux ids into for this engine (the fix
+            of an aux-layer divergence names it).
+        aux_ids_read: every draft-config key the engine reads the aux ids from, in its precedence
+            (the first that holds ids wins); none holding ids -> the engine's default layers.
+        aux_id_words: the engine's aux-id numbering in a few words, for explanations.
     """
 
     name: str
@@ -50,6 +55,9 @@ class EngineSpec:
     aux_concat: str
     tested_range: tuple[str, str]
     cpu_launcher: str | None = None
+    aux_ids_key: str = ""
+    aux_ids_read: tuple[str, ...] = ()
+    aux_id_words: str = ""
 
 
 class UnknownEngineError(ValueError):

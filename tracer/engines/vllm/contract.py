@@ -24,7 +24,7 @@ import logging
 
 import torch
 
-from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, sha256_array
+from specdiff.tracer.contract import AUX_CONCAT_ORDER, AUX_IDS_DEFAULT_PREFIX, UNKNOWN, sha256_array
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.vllm.adapter import VLLMAdapter, runner_version
@@ -41,7 +41,7 @@ D2T_RULE = ("draft logits [N, Vd] scattered into the full target vocab at arange
 SOURCE_TOP = "top-level eagle_aux_hidden_state_layer_ids"
 SOURCE_NESTED = "eagle_config.eagle_aux_hidden_state_layer_ids"
 SOURCE_DFLASH = "dflash_config.target_layer_ids (+1)"
-SOURCE_DEFAULT = "default fallback get_eagle3_default_aux_hidden_state_layers (2, L//2, L-3)"
+SOURCE_DEFAULT = f"{AUX_IDS_DEFAULT_PREFIX} fallback get_eagle3_default_aux_hidden_state_layers (2, L//2, L-3)"
 
 
 def read_chain(adapter: VLLMAdapter, obj, *keys: str):
