@@ -40,7 +40,9 @@ from specdiff.replay.diff.align import Alignment, Pair, match_rows
 from specdiff.replay.diff.compare import TensorComparison
 from specdiff.replay.diff.contract_check import side_labels
 from specdiff.replay.diff.structure import contract_value
-from specdiff.tracer.contract import aux_slot_layers, known
+from specdiff.tracer.contract import AUX_IDS_DEFAULT_PREFIX, aux_slot_layers, known
+from specdiff.tracer.engines import engine_names, engine_spec
+from specdiff.tracer.engines.base import EngineSpec, UnknownEngineError
 from specdiff.tracer.schema import aux_name, aux_slot, probe_index
 
 MAX_ROWS = 2048
@@ -137,11 +139,70 @@ def _hf_candidates(trace) -> dict[int, str]:
     return out
 
 
+def trace_engine(trace) -> EngineSpec | None:
+    """The registered serving engine that recorded ``trace`` (its ``engine`` contract fact), or
+    None for a training side, an older trace without the fact, or an engine specdiff does not know."""
+    name = known(trace.contract, "engine")
+    try:
+        return engine_spec(str(name)) if name else None
+    except UnknownEngineError:
+        return None
+
+
+def _engine_label(trace) -> str | None:
+    spec = trace_engine(trace)
+    if spec is None:
+        return None
+    version = known(trace.contract, "engine_version")
+    return f"{spec.title} {version}" if version else spec.title
+
+
+def side_names(traces: Pair) -> Pair[str]:
+    """How explanations and the report name the two sides: 'training' / 'serving'; for two serving
+    traces of different engines or engine versions, each by its engine ('SGLang 0.5.23' / 'vLLM
+    0.32.0'); else 'A' / 'B' (``contract_check.side_labels``)."""
+    if traces.x.side == traces.y.side == "serve":
+        names = traces.map(_engine_label)
+        if names.x and names.y and names.x != names.y:
+            return names
+    return side_labels(traces)
+
+
+def _fallback_words(trace) -> str | None:
+    """'vLLM V1 read no ids from <keys>: it fell back to its default HF [...]' when the trace's
+    contract says the engine took no aux ids from the draft config (``aux_ids_source``), else None."""
+    src = known(trace.contract, "aux_ids_source")
+    if not isinstance(src, str) or not src.startswith(AUX_IDS_DEFAULT_PREFIX):
+        return None
+    spec = trace_engine(trace)
+    runner = str(known(trace.contract, "engine_runner") or "").split(" ")[0].upper()
+    who = " ".join(w for w in ((spec.title if spec else "the engine"), runner) if w)
+    keys = " or ".join(spec.aux_ids_read) if spec and spec.aux_ids_read else "the draft config"
+    return f"{who} read no ids from {keys}: it fell back to its default HF {aux_slot_layers(trace.contract) or '?'}"
+
+
+def _culprit_is_y(traces: Pair) -> bool:
+    """Which side's capture to explain against the other: the serving side against training; of two
+    serving sides, the one whose contract shows its engine did not take the configured ids (the
+    default fallback, ids dropped), else y."""
+    if traces.x.side != traces.y.side:
+        return traces.y.side == "serve"
+
+    def suspect(t):
+        return _fallback_words(t) is not None or bool(known(t.contract, "aux_dropped_ids"))
+    return not (suspect(traces.x) and not suspect(traces.y))
+
+
 def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Explanation]:
-    """Identify which HF hidden state each aux slot holds, by similarity with the other side."""
-    labels = side_labels(traces)
+    """Identify which HF hidden state each aux slot holds, by similarity with the other side.
+
+    Two serving traces that captured disjoint layers (neither can be identified in the other) are
+    explained from their contracts (``_serve_capture_differs``). The fix is written in the diverging serving side's engine's terms (``EngineSpec.aux_ids_key``
+    and its id convention); when that side's contract says the engine read no ids and fell back
+    to its default layers (``aux_ids_source``), the explanation says so, transform or not."""
+    labels = side_names(traces)
     # Identify the side with fewer known layers (serving) against the side with probes (training).
-    serve_is_y = traces.y.side == "serve" or traces.x.side != "serve"
+    serve_is_y = _culprit_is_y(traces)
     s_trace = traces.y if serve_is_y else traces.x
     o_trace = traces.x if serve_is_y else traces.y
     s_label, o_label = (labels.y, labels.x) if serve_is_y else (labels.x, labels.y)
@@ -168,8 +229,20 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
         else f"{s_label} slot {j}: not identified (no readable rows)"
         for a, (j, b, ok) in enumerate(zip(slots, best, closes)))
     identified = [b for b, ok in zip(best, closes) if ok]
+    fallback = _fallback_words(s_trace)
+    both_serve = traces.x.side == traces.y.side == "serve"
     if not identified:
-        return []
+        if fallback is None and both_serve and o_hf and s_hf and list(s_hf) != list(o_hf):
+            return [_serve_capture_differs(traces, alignment, labels, evidence, matrix)]
+        if fallback is None or not o_hf or list(s_hf) == list(o_hf):
+            return []
+        fix, _ = _aux_fix(o_hf, s_trace, o_trace)
+        msg = f"{s_label} captured HF {list(s_hf)} where {o_label} used HF {list(o_hf)}: {fallback}"
+        if both_serve:
+            msg += f" — {s_label}'s draft config causes the divergence"
+        ev = evidence + tuple(f"contract {f}: {s_label} {s_trace.contract.get(f)}"
+                              for f in ("aux_ids_source", "aux_native_ids", "engine_runner") if f in s_trace.contract)
+        return [Explanation("aux_ids_default", msg, ev, fix, matrix)]
     actual = [b if ok else None for b, ok in zip(best, closes)]
     if o_hf and len(o_hf) == len(actual) and all(b is None or b == o for b, o in zip(actual, o_hf, strict=True)):
         # Every slot that matches a layer holds the layer the other side used there: the others hold
@@ -180,15 +253,56 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     shifted = o_hf and len(s_hf) == len(o_hf) and all(s == o + 1 for s, o in zip(s_hf, o_hf))
     if 0 in o_hf and 0 not in [b for b in actual if b is not None]:
         msg += f"; {o_label} slot 0 is the embedding output, which {s_label} never captured"
-    fix, rule = _sglang_fix(o_hf, s_trace, o_trace) if o_hf else ("", "plus-one")
+    fix, rule = _aux_fix(o_hf, s_trace, o_trace) if o_hf else ("", "plus-one")
+    spec = trace_engine(s_trace)
     if shifted:
-        how = ("SGLang id k captures HF k+1" if rule == "plus-one"
-               else f"SGLang's {rule} rule on this target")
-        msg += (f"; every layer off by one ({how}, vLLM/speculators id k = HF k): "
+        if spec is None or spec.aux_convention == "sglang":
+            how = ("SGLang id k captures HF k+1" if rule == "plus-one"
+                   else f"SGLang's {rule} rule on this target") + ", vLLM/speculators id k = HF k"
+        else:
+            how = "; ".join([spec.aux_id_words] + [engine_spec(n).aux_id_words for n in engine_names()
+                                                   if n != spec.name and engine_spec(n).aux_id_words])
+        msg += (f"; every layer off by one ({how}): "
                 "ids written in one convention and read in another")
     elif o_hf and s_hf:
         msg += f" — layer ids shifted ({s_label} captured HF {s_hf}, {o_label} used {o_hf})"
+    if fallback is not None:
+        msg += f"; {fallback}"
+    if both_serve and (fallback is not None or known(s_trace.contract, "aux_dropped_ids")):
+        msg += f" — {s_label}'s draft config causes the divergence"
     return [Explanation("aux_layer_shift", msg, evidence, fix, matrix)]
+
+
+def _ids_words(trace) -> str:
+    """'from ids [..] in <source>' as far as the contract says, else ''."""
+    ids, src = known(trace.contract, "aux_native_ids"), known(trace.contract, "aux_ids_source")
+    spec = trace_engine(trace)
+    src = src or (spec.aux_ids_key if spec and ids is not None else None)
+    return (f" from ids {ids}" if ids is not None else "") + (f" in {src}" if src else "")
+
+
+def _serve_capture_differs(traces: Pair, alignment: Alignment, labels: Pair, evidence, matrix) -> Explanation:
+    """Two serving traces captured different layers and neither holds the other's: say what each
+    engine captured and from which ids, and blame the side that accepts less (the same draft accepts
+    less on the layers it was not trained on); without acceptance on both sides, say it cannot tell."""
+    from specdiff.replay.diff.acceptance import acceptance
+
+    hf = traces.map(lambda t: list(aux_slot_layers(t.contract) or []))
+    msg = (f"the engines captured different aux layers: {labels.x} HF {hf.x}{_ids_words(traces.x)}; "
+           f"{labels.y} HF {hf.y}{_ids_words(traces.y)}")
+    acc = acceptance(traces, alignment).map(lambda a: a.mean_accept_length)
+    if acc.x is None or acc.y is None or acc.x == acc.y:
+        msg += " — which side's draft config is wrong the traces cannot tell (no acceptance to compare)"
+        fixes = [_aux_fix(hf.y, traces.x, traces.y)[0], _aux_fix(hf.x, traces.y, traces.x)[0]]
+        return Explanation("aux_capture_differs", msg, evidence,
+                           f"on {labels.x}: {fixes[0]}; or on {labels.y}: {fixes[1]} (whichever the draft was "
+                           "trained on)", matrix)
+    bad_x = acc.x < acc.y
+    bad, good = (labels.x, labels.y) if bad_x else (labels.y, labels.x)
+    msg += (f" — {bad}'s draft config causes the divergence: the same draft accepts less there (mean accept "
+            f"length {min(acc.x, acc.y):.2f} vs {max(acc.x, acc.y):.2f} on {good})")
+    fix = _aux_fix(hf.y, traces.x, traces.y)[0] if bad_x else _aux_fix(hf.x, traces.y, traces.x)[0]
+    return Explanation("aux_capture_differs", msg, evidence, fix, matrix)
 
 
 #: one architecture per SGLang rule, to test which rule a serving contract's ids fit
@@ -212,13 +326,30 @@ def _target_arch(traces) -> str | None:
     return None
 
 
+def _aux_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
+    """(fix text, rule name): the ids, in the serving side's engine's convention and config key
+    (``EngineSpec``), that make it capture HF ``o_hf``; SGLang's family rules through
+    ``_sglang_fix``. A trace without a registered engine is taken as SGLang's (older traces)."""
+    spec = trace_engine(s_trace)
+    if spec is None or spec.aux_convention == "sglang":
+        return _sglang_fix(o_hf, s_trace, o_trace)
+    L = known(s_trace.contract, "num_layers") or known(o_trace.contract, "num_layers")
+    arch = _target_arch((s_trace, o_trace))
+    try:
+        ids = native_aux_ids(o_hf, spec.aux_convention, num_layers=L, architecture=arch)
+    except ConventionError as e:
+        return f"no {spec.title} ids give HF {o_hf} on this target: {e}", spec.aux_convention
+    how = f"{spec.title} id = HF index" if list(ids) == list(o_hf) else f"{spec.title} convention for HF {o_hf}"
+    return f"set the draft config's {spec.aux_ids_key} to {list(ids)} ({how})", spec.aux_convention
+
+
 def _sglang_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
     """(fix text, rule name): the eagle_config ids that make SGLang feed ``o_hf``, in the rule of
     the target (``eagle3.aux_layers.sglang_family_rule``). The rule comes from the target's
     architecture, else from the serving contract's own ids and captured layers (the rules that
     reproduce them, when they agree on the fix), else the plus-one rule is assumed and the fix
     says so."""
-    head = "set the draft config's eagle_config.eagle_aux_hidden_state_layer_ids to "
+    head = f"set the draft config's {engine_spec('sglang').aux_ids_key} to "
     L = known(s_trace.contract, "num_layers") or known(o_trace.contract, "num_layers")
     arch = _target_arch((s_trace, o_trace))
     try:
@@ -251,7 +382,11 @@ def explain_aux_permutation(traces: Pair, alignment: Alignment, tol_rel: float) 
     """Each aux slot of one side equals a *different* slot of the other: the same layers, concatenated
     in another order (SGLang concatenates in ascending layer order, aux_hidden_states.py; a trainer
     may keep the order it was given). Slot against slot, so no HF indices or probes are needed."""
-    labels = side_labels(traces)
+    labels = side_names(traces)
+    # who concatenates ascending: the serving engines of the two traces (SGLang for older traces)
+    asc = sorted({(trace_engine(t) or engine_spec("sglang")).title for t in (traces.x, traces.y) if t.side == "serve"
+                  and (trace_engine(t) or engine_spec("sglang")).aux_concat == "ascending"}) or ["SGLang"]
+    who = " and ".join(asc)
     sx = sorted(j for j in (aux_slot(n) for n in traces.x.names) if j is not None)
     sy = sorted(j for j in (aux_slot(n) for n in traces.y.names) if j is not None)
     if len(sx) < 2 or sx != sy:
@@ -267,7 +402,8 @@ def explain_aux_permutation(traces: Pair, alignment: Alignment, tol_rel: float) 
     pairs = [f"{labels.y} slot {j} = {labels.x} slot {int(b)}" for j, b in zip(sy, best, strict=True)]
     orders = "; ".join(f"{lab} concatenates HF {list(h)}" for lab, h in ((labels.x, hx), (labels.y, hy)) if h)
     msg = ("the aux slots are permuted — the same layers concatenated in another order: " + ", ".join(pairs)
-           + (f" ({orders})" if orders else "") + "; SGLang concatenates in ascending layer order")
+           + (f" ({orders})" if orders else "") + f"; {who} concatenate{'s' if len(asc) == 1 else ''} in ascending "
+           "layer order")
     ev = tuple(f"{labels.y} slot {j} vs {labels.x} slot {int(b)}: rel err {rel[k, b]:.2e} "
                f"(vs its own slot {j}: {rel[k, k]:.2e})" for k, (j, b) in enumerate(zip(sy, best, strict=True)))
     for fname in ("aux_concat_order", "aux_hf_indices"):
@@ -278,7 +414,8 @@ def explain_aux_permutation(traces: Pair, alignment: Alignment, tol_rel: float) 
               "rows": [f"{labels.y} slot {j}" for j in sy], "cols": [f"{labels.x} slot {i}" for i in sx],
               "rel": [[round(float(v), 4) for v in r] for r in rel]}
     return [Explanation("aux_slot_permutation", msg, ev,
-                        "train on the aux layers in ascending layer order (what SGLang concatenates), or permute "
+                        f"train on the aux layers in ascending layer order (what {who} concatenate"
+                        f"{'s' if len(asc) == 1 else ''}), or permute "
                         "the columns of the draft's fc.weight (and fc_norm/input_norm) to that order before serving",
                         matrix)]
 
@@ -287,7 +424,7 @@ def explain_vocab_map(traces: Pair, alignment: Alignment) -> list[Explanation]:
     """Test how each side turned draft ids into target ids, using the recorded ``draft.d2t``."""
     if "draft.d2t" not in traces.x.names or "draft.d2t" not in traces.y.names:
         return []
-    labels = side_labels(traces)
+    labels = side_names(traces)
     d2t = traces.map(lambda t: t.read("draft.d2t").reshape(-1).astype(np.int64))
     if len(d2t.x) != len(d2t.y) or np.array_equal(d2t.x, d2t.y):
         return []
@@ -321,7 +458,7 @@ def explain_norm_before_fc(traces: Pair, alignment: Alignment, tol: TensorCompar
     """``draft.fc_in`` = per-slot RMSNorm(aux_cat) on one side and plain aux_cat on the other?"""
     if "draft.fc_in" not in traces.x.names or "draft.fc_in" not in traces.y.names:
         return []
-    labels = side_labels(traces)
+    labels = side_names(traces)
     m = match_rows(traces, alignment, "draft.fc_in")
     if not len(m.pair):
         return []
@@ -376,7 +513,7 @@ def explain_position_shift(traces: Pair, alignment: Alignment, comp: TensorCompa
             closes = rel <= comp.tolerance.rel
             ev = f"rel err {rel:.2e} after shifting by {shift:+d} (unshifted {comp.stats.get('mean_rel', 0):.2e})"
         if closes:
-            lab = side_labels(traces)
+            lab = side_names(traces)
             return [Explanation("position_shift", f"{name}: {lab.x} position t equals {lab.y} position t{shift:+d}",
                                 (ev,), "check the EAGLE-3 position pairing: row t consumes (h_t, x_{t+1})")]
     return []
@@ -384,7 +521,7 @@ def explain_position_shift(traces: Pair, alignment: Alignment, comp: TensorCompa
 
 def explain_halves(traces: Pair, comps: dict[str, TensorComparison], first: TensorComparison) -> list[Explanation]:
     """attn_in: embedding half vs hidden half; logits with matching hidden_out: the lm_head."""
-    labels = side_labels(traces)
+    labels = side_names(traces)
     cx, cy = traces.x.contract, traces.y.contract
     if first.name == "draft.attn_in" and len(first.match.pair):
         # Deeper rows inherit the mismatch through the carried hidden: judge the halves where it begins.
@@ -437,7 +574,7 @@ def explain_structure(traces: Pair, first: TensorComparison) -> list[Explanation
     """Name the likely causes of a layout difference (a ``structure`` finding) and the contract
     fields that show it. Nothing is transformed: shapes cannot be closed, only read."""
     m = first.structure
-    labels = side_labels(traces)
+    labels = side_names(traces)
     ev = (m.message, *_fields_lines(m.fields, labels))
     fc = traces.map(lambda t: "draft.fc_out" in t.names or "draft.fc_in" in t.names)
     if fc.x != fc.y:
@@ -508,7 +645,7 @@ def explain_token_format(traces: Pair, alignment: Alignment) -> list[Explanation
     """The sides tokenized the same text in different formats: say how, decoded side by side."""
     from specdiff.replay.diff.token_format import decoder, describe, load_tokenizer, special_ids
 
-    labels = side_labels(traces)
+    labels = side_names(traces)
     decode = decoder(load_tokenizer(traces))
     specials = special_ids(traces)
     pairs = alignment.token_formats
@@ -539,7 +676,7 @@ def explain_positions(traces: Pair, first: TensorComparison) -> list[Explanation
     x = traces.x.take(first.name, rx).reshape(-1).astype(np.int64)
     y = traces.y.take(first.name, ry).reshape(-1).astype(np.int64)
     off, counts = np.unique(y - x, return_counts=True)
-    lab = side_labels(traces)
+    lab = side_names(traces)
     best = int(off[np.argmax(counts)])
     share = float(counts.max() / len(x))
     if best == 0 or share < 0.95:

@@ -18,10 +18,9 @@ from specdiff.replay.diff.contract_check import (
     bearing_on,
     check_contracts,
     refuse_different_targets,
-    side_labels,
     unknown_facts,
 )
-from specdiff.replay.diff.explain import Explanation, explain
+from specdiff.replay.diff.explain import Explanation, explain, side_names
 from specdiff.replay.diff.findings import crash_findings, matching_findings
 from specdiff.replay.diff.routing import target_family
 from specdiff.replay.diff.structure import structure_mismatches
@@ -39,7 +38,8 @@ class DiffReport:
     """Everything ``specdiff diff`` knows about two traces.
 
     Attributes:
-        paths, labels: per side (``Pair``); labels are 'training' / 'serving' (or 'A' / 'B').
+        paths, labels: per side (``Pair``); labels are 'training' / 'serving', each engine
+            and version for two engines' traces, else 'A' / 'B' (explain.side_names).
         alignment: sequence pairs.
         comparisons: tensor name -> TensorComparison, dataflow order.
         first: the first diverging tensor, or None.
@@ -278,7 +278,7 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
             anything is compared.
     """
     refuse_different_targets(traces)  # traces of two different targets: nothing below is meaningful
-    labels = side_labels(traces)
+    labels = side_names(traces)  # by engine (and version) when two engines served
     crash = _crash(traces, labels)
     if crash is not None and not (traces.x.sequences and traces.y.sequences):
         empty = Alignment((), Pair((), ()))
