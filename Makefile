@@ -10,7 +10,7 @@ STAMP := $(VENV)/.specdiff-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.specdiff-installed
 
-.PHONY: install demo test lint bench vllm-venv
+.PHONY: install demo test test-families lint bench vllm-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,6 +37,11 @@ demo: $(STAMP)
 test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(ARGS)
+
+# the trained target + draft pairs of every family (3-13 min each to build on 2 cores, cached in
+# .pytest_cache afterwards); `make test` builds only DeepSeek-V3's, the seed's family
+test-families: $(STAMP)
+	$(PY) -m pytest --family-pairs -m family_pair $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

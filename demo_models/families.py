@@ -27,7 +27,7 @@ MLP sizes are small so a CPU trains each in a few minutes. What each family exer
 target briefly as a language model on the stdlib text (:func:`train_family_target`).
 ``build_family_pair(family, out_dir)`` also writes self-distilled data and an EAGLE-3 draft
 trained on HF [0, 3, 6], saved with the SGLang ids that capture them on that family
-(:func:`sglang_aux_ids`, rules in ``SGLANG_RULES``); ``python -m specdiff.demo_models.families
+(:func:`sglang_serve_ids`, from the rules of ``eagle3.aux_layers``); ``python -m specdiff.demo_models.families
 --out DIR`` builds every family's pair.
 """
 
@@ -291,47 +291,40 @@ def train_family_target(family: str, *, log=print):
     return model, {**stats, "train_tokens": len(train_stream)}
 
 
-# ---- SGLang aux ids per family ------------------------------------------------------------------
-#: SGLang 0.5.23 ``set_eagle3_layers_to_capture``: how each family's model file turns the draft's
-#: ``eagle_aux_hidden_state_layer_ids`` into ``layers_to_capture`` (= HF hidden_states indices).
-SGLANG_RULES = {
-    "llama": "srt/models/llama.py:929-941: [id + 1]",
-    "qwen3": "srt/models/qwen3.py:778-791: [id + 1]",
-    "qwen3_moe": "srt/models/qwen3_moe.py:1128-1143: [id + 1]",
-    "deepseek_v3": "srt/models/deepseek_v2.py:3458-3473: [id + 1] if ids[0] == 1, else the ids literally",
-    "gpt_oss": "srt/models/gpt_oss.py:1337-1352: the ids literally if max(ids) == num_layers, else [id + 1]",
-}
-
-
-def sglang_captured_hf(family: str, ids, num_layers: int = NUM_LAYERS) -> list[int]:
-    """HF hidden_states indices SGLang 0.5.23 captures for draft ``ids`` on ``family`` (``SGLANG_RULES``)."""
-    _check_family(family)
-    ids = [int(i) for i in ids]
-    if family == "deepseek_v3":
-        literal = not (ids and ids[0] == 1)
-    elif family == "gpt_oss":
-        literal = bool(ids) and max(ids) == num_layers
-    else:
-        literal = False
-    return list(ids) if literal else [i + 1 for i in ids]
-
-
-def sglang_aux_ids(family: str, hf_indices, num_layers: int = NUM_LAYERS) -> list[int]:
-    """The SGLang 0.5.23 draft ids that capture HF ``hf_indices`` (in that order) on ``family``.
-
-    Tries the ``[h - 1]`` ids first (the Llama-style rule), then the literal ids, and keeps the
-    first that :func:`sglang_captured_hf` maps back onto ``hf_indices``.
+# ---- SGLang aux ids per family: the rules are eagle3/aux_layers.py's ------------------------------
+def sglang_rule(family: str):
+    """SGLang 0.5.23's aux-id rule for ``family``'s target (``eagle3.aux_layers.sglang_family_rule``
+    of its architecture: how ``set_eagle3_layers_to_capture`` reads the draft's ids, with sources).
 
     Raises:
-        ValueError: unknown family, or no ids capture exactly ``hf_indices`` on it (e.g. HF
-            [1, ...] on DeepSeek-V3: literal ids [1, ...] are read as [id + 1]).
+        ValueError: unknown ``family``.
     """
-    hf = [int(h) for h in hf_indices]
-    for ids in ([h - 1 for h in hf], list(hf)):
-        if sglang_captured_hf(family, ids, num_layers) == hf:
-            return ids
-    raise ValueError(f"no SGLang aux ids capture HF {hf} on a {num_layers}-layer {family} target "
-                     f"({SGLANG_RULES[family]})")
+    from specdiff.eagle3.aux_layers import sglang_family_rule
+
+    _check_family(family)
+    return sglang_family_rule(ARCHITECTURES[family])
+
+
+def sglang_serve_ids(family: str, hf_indices) -> list[int]:
+    """The SGLang 0.5.23 ``eagle_aux_hidden_state_layer_ids`` that capture HF ``hf_indices`` on
+    ``family``'s 8-layer target (``eagle3.aux_layers.native_aux_ids`` with its architecture),
+    checked by the forward direction (``engine_capture``): every index arrives, none is dropped.
+
+    Raises:
+        ValueError: unknown ``family``.
+        ConventionError: the rule has no ids for these indices (e.g. HF 8 on DeepSeek-V3).
+        RuntimeError: the ids found do not capture ``hf_indices`` (the two directions disagree).
+    """
+    from specdiff.eagle3.aux_layers import engine_capture, native_aux_ids
+
+    _check_family(family)
+    arch, hf = ARCHITECTURES[family], [int(h) for h in hf_indices]
+    ids = native_aux_ids(hf, "sglang", num_layers=NUM_LAYERS, architecture=arch)
+    plan = engine_capture("sglang", ids, num_layers=NUM_LAYERS, architecture=arch)
+    if list(plan.hf_indices) != sorted(hf) or plan.dropped or plan.prenorm:
+        raise RuntimeError(f"{family}: SGLang ids {ids} capture HF {list(plan.hf_indices)} (dropped {list(plan.dropped)}), "
+                           f"not HF {hf}")
+    return ids
 
 
 # ---- a target with its draft ------------------------------------------------------------------
@@ -342,7 +335,7 @@ def build_family_pair(family: str, out_dir: str | Path, *, log=print) -> dict:
     ``DATA_TRAIN_SEQS`` + ``DATA_HELDOUT_SEQS`` greedy continuations in bf16), ``draft/``
     (:func:`train_draft.build_draft`: trained on HF ``tui.scenarios.TRAINED_HF`` = [0, 3, 6] for
     ``DRAFT_STEPS`` steps, saved with the SGLang ids that capture those indices on this family,
-    :func:`sglang_aux_ids`) and ``manifest.json`` (recipe, timings, per-depth training accuracy).
+    :func:`sglang_serve_ids`) and ``manifest.json`` (recipe, timings, per-depth training accuracy).
 
     Returns:
         the manifest dict (``draft.train_acc_last_epoch[k]``: training accuracy at TTT step k).
@@ -376,7 +369,7 @@ def build_family_pair(family: str, out_dir: str | Path, *, log=print) -> dict:
                                 log=lambda m: log(f"[{family}] {m}"))
     del target
     hf = [int(h) for h in TRAINED_HF]
-    serve_ids = sglang_aux_ids(family, hf)
+    serve_ids = sglang_serve_ids(family, hf)
     with _reproducible(NUM_THREADS):
         draft_stats = train_draft.build_draft(tdir, ddir, rdir, steps=DRAFT_STEPS, batch=DRAFT_BATCH,
                                               train_hf_indices=hf, serve_ids=serve_ids,
@@ -385,7 +378,7 @@ def build_family_pair(family: str, out_dir: str | Path, *, log=print) -> dict:
     manifest = {"family": family, "architecture": ARCHITECTURES[family], "seed": SEEDS[family],
                 "target": {**lm_stats, "batch": LM_BATCH, "seq_len": LM_SEQ_LEN, "lr": LM_LR,
                            "text_files": TEXT_FILES},
-                "data": data_stats, "draft": {**draft_stats, "sglang_rule": SGLANG_RULES[family]},
+                "data": data_stats, "draft": {**draft_stats, "sglang_rule": sglang_rule(family).sources[0]},
                 "total_seconds": round(time.time() - t0, 1)}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     log(f"[{family}] pair built in {manifest['total_seconds']:.0f}s; draft train acc per TTT step "
@@ -396,13 +389,21 @@ def build_family_pair(family: str, out_dir: str | Path, *, log=print) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m specdiff.demo_models.families --out DIR [FAMILY ...]`` builds trained pairs
-    into ``DIR/FAMILY/{target,data,draft}``."""
+    into ``DIR/FAMILY/{target,data,draft}``; ``--pair-dir DIR FAMILY`` builds one family's pair
+    into ``DIR/{target,data,draft}`` (``specdiff demo --family``)."""
     import argparse
 
     ap = argparse.ArgumentParser(description="Build tiny trained target + EAGLE-3 draft pairs per family")
-    ap.add_argument("--out", required=True)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="a folder per family under it")
+    where.add_argument("--pair-dir", help="one family's pair, directly in this folder")
     ap.add_argument("families", nargs="*", default=list(FAMILIES), help=f"default: all of {FAMILIES}")
     args = ap.parse_args(argv)
+    if args.pair_dir is not None:
+        if len(args.families) != 1:
+            ap.error("--pair-dir builds exactly one family: name it")
+        build_family_pair(args.families[0], Path(args.pair_dir))
+        return 0
     for f in args.families:
         build_family_pair(f, Path(args.out) / f)
     return 0

@@ -135,7 +135,7 @@ def make_draft(target, hot: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
 
     ``serve_ids``: the SGLang ``eagle_aux_hidden_state_layer_ids`` written into its config, one
     per aux slot (they must capture the training layers on the target's family: the rule is the
-    target model file's ``set_eagle3_layers_to_capture``, see ``families.sglang_aux_ids``).
+    target model file's ``set_eagle3_layers_to_capture``, see ``families.sglang_serve_ids``).
     """
     tcfg = target.config
     cfg = Eagle3DraftConfig(

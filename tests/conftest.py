@@ -11,7 +11,9 @@ nothing here edits the import path and no test module imports another.
   cache, keyed by the builder's source and the library versions).
 - ``family_models``: per target family (Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS) a tiny
   trained target and an EAGLE-3 draft trained on it (``specdiff.demo_models.families``), each
-  built on first use and cached like ``bringup_models``.
+  built on first use and cached like ``bringup_models``. Tests that build a family other than
+  DeepSeek-V3 are marked ``family_pair`` and deselected unless ``--family-pairs`` (or ``-m
+  family_pair``) is given (``make test-families``).
 - ``bringup_chain_server``: a real SGLang server on the CPU, shared by the test files that serve
   the same configuration; stopped by PID at session end, also when a test failed.
 - ``server_env``: the environment for a server a test starts itself (no inherited ``SPECDIFF_*``).
@@ -36,6 +38,24 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- which tests run by default ------------------------------------------------------------------
+def pytest_addoption(parser):
+    parser.addoption("--family-pairs", action="store_true",
+                     help="also run the tests marked family_pair (they build a trained target + draft of a "
+                          "family other than DeepSeek-V3: 3-13 min each on 2 cores); `make test-families`")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect ``family_pair`` tests unless ``--family-pairs`` is given or ``-m`` names the
+    marker: ``make test`` builds only the seed family's (DeepSeek-V3) trained pair."""
+    if config.getoption("--family-pairs") or "family_pair" in (config.getoption("markexpr") or ""):
+        return
+    drop = [it for it in items if it.get_closest_marker("family_pair") is not None]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [it for it in items if it.get_closest_marker("family_pair") is None]
 
 
 # ---- the CLI ------------------------------------------------------------------------------------

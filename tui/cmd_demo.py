@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from specdiff.tui.cli import cli
-from specdiff.tui.demo import REPO_MODELS, run_demo
+from specdiff.tui.demo import run_demo
 from specdiff.tui.scenarios import SCENARIOS
 
 
@@ -20,12 +20,20 @@ from specdiff.tui.scenarios import SCENARIOS
 @click.option("--workdir", type=click.Path(path_type=Path), default=Path("specdiff-demo"), show_default=True,
               help="Where traces, the served draft copy, the server log and summary.json go "
                    "(a subfolder per scenario).")
-@click.option("--models", type=click.Path(path_type=Path), default=REPO_MODELS, show_default=True,
-              help="The tiny target/draft pair (built there on first use if missing).")
+@click.option("--family", default="llama", show_default=True, metavar="FAMILY",
+              help="Target family: llama (the demo pair), qwen3, qwen3_moe, deepseek_v3 (the seed's Kimi-K2 "
+                   "architecture) or gpt_oss. The scenario's ids follow that target's SGLang aux-id rule.")
+@click.option("--models", type=click.Path(path_type=Path), default=None,
+              help="The tiny target/draft pair (built there on first use if missing) [default: traces/models "
+                   "for llama, traces/families/FAMILY otherwise].")
 @click.option("--prompts", type=click.IntRange(1, 64), default=8, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(8, 512), default=96, show_default=True)
-def demo(scenario, no_tui, workdir, models, prompts, max_new_tokens):
+def demo(scenario, no_tui, workdir, family, models, prompts, max_new_tokens):
     """Watch specdiff find a training-vs-serving mismatch in a real SGLang server (CPU, ~2 minutes).
+
+    "--family deepseek_v3 --scenario seed" replays the motivating bug on its own architecture
+    (MLA + MoE, SGLang's deepseek aux-id rule): a draft trained on [embedding, L3, L6] served
+    capturing [L3, L6, L7].
 
     Serves the tiny demo draft with the scenario's mistake on a real SGLang 0.5.23 server with
     tracing on, records the training side by replaying the served sequences, and shows the
@@ -33,5 +41,6 @@ def demo(scenario, no_tui, workdir, models, prompts, max_new_tokens):
     seeded (its mistake, or no divergence for 'correct'), 1 when it did not.
     """
     tui = not no_tui and sys.stdout.isatty()
-    sys.exit(run_demo(scenario=scenario, workdir=workdir / scenario, models=models, prompts=prompts,
-                      max_new_tokens=max_new_tokens, tui=tui))
+    sub = scenario if family == "llama" else f"{family}-{scenario}"
+    sys.exit(run_demo(scenario=scenario, workdir=workdir / sub, models=models, prompts=prompts,
+                      max_new_tokens=max_new_tokens, tui=tui, family=family))

@@ -18,9 +18,11 @@ from pathlib import Path
 import click
 
 from specdiff.tracer.errors import SpecdiffError
-from specdiff.tui.scenarios import SCENARIOS, write_served_draft
+from specdiff.tui.scenarios import SCENARIOS, describe, scenario_ids, write_served_draft
 
 REPO_MODELS = Path(__file__).resolve().parent.parent / "traces" / "models"
+#: where ``--family F`` (other than llama) keeps its trained pair: ``traces/families/F``
+FAMILY_MODELS = REPO_MODELS.parent / "families"
 
 
 class DemoError(SpecdiffError):
@@ -31,15 +33,50 @@ def _phase(i: int, n: int, name: str, text: str) -> None:
     click.echo(click.style(f"[{i}/{n}] {name:<13s}", bold=True) + text)
 
 
-def ensure_models(models: Path) -> Path:
-    """The tiny target/draft pair: reuse ``models`` if built, else build it (about 8 minutes)."""
-    if (models / "target" / "config.json").exists() and (models / "draft" / "config.json").exists():
-        return models
-    click.echo(f"    building the tiny demo models into {models} (about 8 minutes, once)")
-    # a subprocess: product code does not import the demo's model building
-    build = [sys.executable, "-m", "specdiff.demo_models.tiny_models", "--out", str(models)]
-    if subprocess.run(build).returncode != 0:
-        raise DemoError(f"building the demo models into {models} failed")
+def family_models_dir(family: str) -> Path:
+    """The default models folder of ``family``: the committed demo pair for llama, else
+    ``traces/families/<family>`` (built there by ``ensure_models``)."""
+    return REPO_MODELS if family == "llama" else FAMILY_MODELS / family
+
+
+def _check_family(family: str) -> str:
+    """``family``'s HF architecture (``demo_models.families.ARCHITECTURES``).
+
+    Raises:
+        DemoError: an unknown family.
+    """
+    from specdiff.demo_models.families import ARCHITECTURES
+
+    if family not in ARCHITECTURES:
+        raise DemoError(f"unknown target family {family!r}; known: {', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[family]
+
+
+def ensure_models(models: Path, family: str = "llama") -> Path:
+    """The tiny target/draft pair: reuse ``models`` if built, else build it (llama: the demo pair,
+    about 8 minutes; another family: ``demo_models.families.build_family_pair``, 3-13 minutes on 2
+    cores, its progress printed as it trains).
+
+    Raises:
+        DemoError: unknown family, the build failed, or ``models`` holds another family's target.
+    """
+    arch = _check_family(family)
+    if not ((models / "target" / "config.json").exists() and (models / "draft" / "config.json").exists()):
+        # a subprocess: product code does not import the demo's model building
+        if family == "llama":
+            click.echo(f"    building the tiny demo models into {models} (about 8 minutes, once)")
+            build = [sys.executable, "-m", "specdiff.demo_models.tiny_models", "--out", str(models)]
+        else:
+            click.echo(f"    building the tiny {family} target and its EAGLE-3 draft into {models} "
+                       "(3-13 minutes on 2 cores, once)")
+            build = [sys.executable, "-m", "specdiff.demo_models.families", "--pair-dir", str(models), family]
+        if subprocess.run(build).returncode != 0:
+            raise DemoError(f"building the {family} demo models into {models} failed")
+    from specdiff.eagle3.aux_layers import target_architecture
+
+    got = target_architecture(json.loads((models / "target" / "config.json").read_text()))
+    if got != arch:
+        raise DemoError(f"{models / 'target'} is a {got} target, not {family} ({arch}): give --models for it")
     return models
 
 
@@ -49,16 +86,19 @@ MIN_DISTINCT = 13  # continuation tokens; below this the tiny target loops and a
 def demo_prompts(models: Path, n: int) -> list[list[int]]:
     """The first ``n`` held-out prompts (token ids, BOS included) whose greedy continuation is not
     a short loop: at least ``MIN_DISTINCT`` distinct tokens in its first 64. On a loop even a
-    draft fed the wrong layers is accepted, which hides what the demo is about.
+    draft fed the wrong layers is accepted, which hides what the demo is about. Where fewer than
+    ``n`` prompts qualify, the most varied of the others follow.
     """
     from specdiff.tui.demo_data import DATA_FILE, load_prompt_lens, load_sequences
 
     path = models / "data" / DATA_FILE
     seqs = load_sequences(path, split="heldout")
     lens = load_prompt_lens(path, split="heldout")
-    varied = [s[:p].tolist() for s, p in zip(seqs, lens, strict=True)
-              if len(set(s[p:p + 64].tolist())) >= MIN_DISTINCT]
-    return varied[:n]
+    distinct = [len(set(s[p:p + 64].tolist())) for s, p in zip(seqs, lens, strict=True)]
+    varied = [i for i, d in enumerate(distinct) if d >= MIN_DISTINCT]
+    # a briefly trained family target loops more than the demo's: fill up with its most varied ones
+    rest = sorted((i for i, d in enumerate(distinct) if d < MIN_DISTINCT), key=lambda i: -distinct[i])
+    return [seqs[i][:lens[i]].tolist() for i in (varied + rest)[:n]]
 
 
 def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: list[list[int]],
@@ -94,20 +134,35 @@ def record_train(*, models: Path, serve_trace: Path, out: Path, draft: Path | No
         raise DemoError(f"record train failed: {tail[0]}")
 
 
-def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_new_tokens: int,
-             tui: bool) -> int:
+def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompts: int, max_new_tokens: int,
+             tui: bool, family: str = "llama") -> int:
     """Run every phase; returns the exit code: 0 when the demo found what the scenario seeded
-    (its expected first divergence and cause, or no divergence for ``correct``), 1 when not."""
+    (its expected first divergence and cause, or no divergence for ``correct``), 1 when not.
+
+    ``family``: the target family (``demo_models.families.FAMILIES``); its pair is ``models``
+    (default :func:`family_models_dir`) and the scenario's ids come from that target's SGLang rule
+    (``tui.scenarios.scenario_ids``).
+
+    Raises:
+        DemoError: a phase failed, an unknown family, or a scenario that is no mistake on it.
+    """
+    from specdiff.eagle3.aux_layers import target_architecture
     from specdiff.replay.diff.report import diff_traces, render_text
 
     sc = SCENARIOS[scenario]
     n = 5
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    _phase(1, n, "models", f"{models}")
-    models = ensure_models(models)
-    served = write_served_draft(scenario, models / "draft", workdir / "served-draft")
-    _phase(2, n, "serve", f"scenario '{scenario}': {sc.summary}")
+    models = family_models_dir(family) if models is None else models
+    _phase(1, n, "models", f"{models} ({family})")
+    models = ensure_models(models, family)
+    tcfg = json.loads((models / "target" / "config.json").read_text())
+    ids = scenario_ids(target_architecture(tcfg), int(tcfg["num_hidden_layers"]))
+    try:
+        served = write_served_draft(scenario, models / "draft", workdir / "served-draft", ids=ids)
+    except ValueError as e:
+        raise DemoError(str(e)) from None
+    _phase(2, n, "serve", f"scenario '{scenario}': {describe(scenario, ids)}")
     serve_trace, train_trace = workdir / "serve.trace", workdir / "train.trace"
     for p in (serve_trace, train_trace):
         if p.exists():
@@ -131,7 +186,9 @@ def run_demo(*, scenario: str, workdir: Path, models: Path, prompts: int, max_ne
     est = acc.x.mean_accept_length
     click.echo(f"    accept length: served {served_mean:.2f}, training-side estimate "
                f"{est:.2f}" if est is not None else f"    accept length: served {served_mean:.2f}")
-    summary = {"scenario": scenario, "served_accept_length": per_prompt, "served_mean": served_mean,
+    summary = {"scenario": scenario, "family": family, "served_ids": json.loads(
+                   (served / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+               "served_accept_length": per_prompt, "served_mean": served_mean,
                "training_estimate": est, "report": report.to_json(), "seconds": time.monotonic() - t0}
     found, line = sc.check(report)
     summary["demo_worked"] = found

@@ -2,8 +2,12 @@
 
 Each scenario writes the *served* copy of the demo draft (what the user shipped to SGLang);
 the training side always replays with the draft as it was trained. The demo draft was trained
-on HF hidden_states [0, 3, 6] (embedding output, outputs of layers 2 and 5): in SGLang's
-convention (id k captures HF k+1; -1 = embeddings) that is ids [-1, 2, 5].
+on HF hidden_states [0, 3, 6] (embedding output, outputs of layers 2 and 5). Which SGLang ids
+capture those depends on the target's model file (``eagle3.aux_layers.sglang_family_rule``): on
+the Llama demo target id k captures HF k+1 (-1 = embeddings), ids [-1, 2, 5]; on a DeepSeek-V3 /
+Kimi-K2 target (deepseek_v2.py:3458) the ids are HF indices, [0, 3, 6]. ``scenario_ids`` gives
+each scenario's ids from the target's own rule, so every scenario means the same mistake on
+every family.
 
 A scenario with ``trained_order`` stands for a draft trained on the same layers concatenated in
 another order: its fc.weight column blocks are reordered to match (``reorder_fc_blocks``), so
@@ -26,8 +30,57 @@ from specdiff.eagle3.vocab_map import hot_token_ids
 
 # The demo's one definition of its layers (demo_models.train_draft trains on them).
 TRAINED_HF = [0, 3, 6]  # HF hidden_states the demo draft was trained on: embedding, out L2, out L5
-CORRECT_SGLANG_IDS = native_aux_ids(TRAINED_HF, "sglang")  # [-1, 2, 5]
-SEED_WRONG_IDS = [2, 5, 6]  # the seed's serving ids: SGLang captures HF [3, 6, 7]
+#: what the seed's server captured instead: the training layers shifted by one slot ([embedding, L3,
+#: L31] trained, [L3, L31, L59] served on Kimi-K2; here [emb, L3, L6] trained, [L3, L6, L7] served)
+SEED_SERVED_HF = [3, 6, 7]
+CORRECT_SGLANG_IDS = native_aux_ids(TRAINED_HF, "sglang")  # [-1, 2, 5] on the Llama demo target
+SEED_WRONG_IDS = native_aux_ids(SEED_SERVED_HF, "sglang")  # [2, 5, 6] on the Llama demo target
+
+
+@dataclass(frozen=True)
+class ScenarioIds:
+    """The SGLang ids of every scenario on one target, read by its architecture's rule.
+
+    Attributes:
+        architecture: the target's HF ``architectures[0]`` (None: the Llama rule).
+        correct: ids that capture ``TRAINED_HF``.
+        seed: ids that capture ``SEED_SERVED_HF`` (the seed's shifted layers).
+        literal: ``TRAINED_HF`` written as ids (the off-by-one mistake) and ``literal_hf``, what
+            SGLang captures from them.
+        rule: the rule in words (``FamilyRule.id_meaning``) with its SGLang source.
+    """
+
+    architecture: str | None
+    correct: list[int]
+    seed: list[int]
+    literal: list[int]
+    literal_hf: list[int]
+    rule: str
+
+    def ids_for(self, hf_order) -> list[int]:
+        """Ids that capture HF ``hf_order`` (listed order kept) on this target."""
+        return native_aux_ids(hf_order, "sglang", architecture=self.architecture)
+
+
+def scenario_ids(architecture: str | None = None, num_layers: int = 8) -> ScenarioIds:
+    """:class:`ScenarioIds` for a target of ``architecture`` with ``num_layers`` layers (None: the
+    Llama demo target; an architecture SGLang's table lacks gets the plus-one rule, as
+    ``sglang_family_rule`` says).
+
+    Raises:
+        ConventionError: the rule has no ids for ``TRAINED_HF`` or ``SEED_SERVED_HF`` on this target.
+    """
+    from specdiff.eagle3.aux_layers import engine_capture, sglang_family_rule
+
+    def ids(hf):
+        return native_aux_ids(hf, "sglang", num_layers=num_layers, architecture=architecture)
+
+    literal = list(TRAINED_HF)
+    rule = sglang_family_rule(architecture or "LlamaForCausalLM")
+    return ScenarioIds(architecture, ids(TRAINED_HF), ids(SEED_SERVED_HF), literal,
+                       list(engine_capture("sglang", literal, num_layers=num_layers,
+                                           architecture=architecture).hf_indices),
+                       f"{rule.id_meaning()} ({rule.sources[0].split(' ')[0]})")
 
 
 @dataclass(frozen=True)
@@ -72,13 +125,13 @@ class Scenario:
 
 
 SCENARIOS = {
-    "seed": Scenario("seed", "served with eagle_aux_hidden_state_layer_ids [2, 5, 6] (captures HF [3, 6, 7]) "
+    "seed": Scenario("seed", "served with eagle_aux_hidden_state_layer_ids {seed} (captures HF [3, 6, 7]) "
                      "while training used [embedding output, layer 2, layer 5] = HF [0, 3, 6]",
                      ("target.aux.0",), "aux_layer_shift"),
-    "correct": Scenario("correct", "served with eagle_aux_hidden_state_layer_ids [-1, 2, 5] = HF [0, 3, 6], "
+    "correct": Scenario("correct", "served with eagle_aux_hidden_state_layer_ids {correct} = HF [0, 3, 6], "
                         "as trained", None, None),
-    "off-by-one": Scenario("off-by-one", "served with ids [0, 3, 6] written as HF / vLLM indices; SGLang reads "
-                           "id k as HF k+1 and captures HF [1, 4, 7]", ("target.aux.0",), "aux_layer_shift"),
+    "off-by-one": Scenario("off-by-one", "served with ids {literal} written as HF / vLLM indices; SGLang reads "
+                           "id k as HF k+1 and captures HF {literal_hf}", ("target.aux.0",), "aux_layer_shift"),
     "d2t-direct": Scenario("d2t-direct", "d2t saved as direct target ids; SGLang reads offsets",
                            ("draft.topk_target",), "d2t_direct_ids"),
     "no-d2t": Scenario("no-d2t", "d2t left out of the checkpoint; SGLang serves draft id i as target id i",
@@ -89,11 +142,22 @@ SCENARIOS = {
     # The permutation explanation (each serving slot = another training slot) is replay/diff/explain.py's:
     # set expected_cause to its name once it exists.
     "aux-order": Scenario("aux-order", "a draft trained on HF [6, 0, 3] concatenated in that order (SpecForge "
-                          "concatenates its layer list as listed), served with ids [5, -1, 2] = the same layers; "
+                          "concatenates its layer list as listed), served with ids {order} = the same layers; "
                           "SGLang concatenates them ascending, HF [0, 3, 6]",
                           ("target.aux.0", "target.aux.1", "target.aux.2", "target.aux_cat"), None,
                           trained_order=(6, 0, 3)),
 }
+
+
+def describe(scenario: str, ids: ScenarioIds | None = None) -> str:
+    """The scenario's one-line summary with the ids of this target (``ids``; None: the Llama demo)."""
+    ids = ids or scenario_ids()
+    sc = SCENARIOS[scenario]
+    text = sc.summary.format(seed=ids.seed, correct=ids.correct, literal=ids.literal, literal_hf=ids.literal_hf,
+                             order=ids.ids_for(sc.trained_order) if sc.trained_order else None)
+    if ids.architecture in (None, "LlamaForCausalLM") or "{" not in sc.summary:  # no ids in the text
+        return text
+    return f"{text} [{ids.architecture}: {ids.rule}]"
 
 
 def reorder_fc_blocks(fc_weight: torch.Tensor, *, from_order, to_order) -> torch.Tensor:
@@ -119,23 +183,36 @@ def _weights_file(draft_dir: Path) -> Path:
     return files[0]
 
 
-def write_served_draft(scenario: str, trained_draft: Path, out: Path) -> Path:
-    """Copy the trained draft to ``out`` with the scenario's mistake applied; returns ``out``."""
+def write_served_draft(scenario: str, trained_draft: Path, out: Path, *, ids: ScenarioIds | None = None) -> Path:
+    """Copy the trained draft to ``out`` with the scenario's mistake applied; returns ``out``.
+
+    ``ids``: the scenario ids of the target it is served on (:func:`scenario_ids`; None: the Llama
+    demo target's).
+
+    Raises:
+        KeyError: unknown scenario.
+        ValueError: a scenario that is no mistake on this target (off-by-one where the trained HF
+            indices written as ids are the correct ids, as on DeepSeek-V3).
+    """
     if scenario not in SCENARIOS:
         raise KeyError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+    ids = ids or scenario_ids()
+    if scenario == "off-by-one" and ids.literal_hf == list(TRAINED_HF):
+        raise ValueError(f"scenario 'off-by-one' is no mistake on {ids.architecture}: ids {ids.literal} capture "
+                         f"HF {ids.literal_hf} there, as trained ({ids.rule})")
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(trained_draft, out)
     cfg_path = out / "config.json"
     cfg = json.loads(cfg_path.read_text())
     eagle = cfg.setdefault("eagle_config", {})
-    eagle["eagle_aux_hidden_state_layer_ids"] = list(CORRECT_SGLANG_IDS)
+    eagle["eagle_aux_hidden_state_layer_ids"] = list(ids.correct)
     wfile = _weights_file(out)
     weights = load_file(str(wfile))
     if scenario == "seed":
-        eagle["eagle_aux_hidden_state_layer_ids"] = list(SEED_WRONG_IDS)
+        eagle["eagle_aux_hidden_state_layer_ids"] = list(ids.seed)
     elif scenario == "off-by-one":
-        eagle["eagle_aux_hidden_state_layer_ids"] = list(TRAINED_HF)
+        eagle["eagle_aux_hidden_state_layer_ids"] = list(ids.literal)
     elif scenario == "d2t-direct":
         d2t = weights["d2t"]
         weights["d2t"] = hot_token_ids(d2t).to(d2t.dtype)  # direct ids
@@ -145,7 +222,7 @@ def write_served_draft(scenario: str, trained_draft: Path, out: Path) -> Path:
     elif SCENARIOS[scenario].trained_order is not None:
         order = SCENARIOS[scenario].trained_order
         weights["fc.weight"] = reorder_fc_blocks(weights["fc.weight"], from_order=TRAINED_HF, to_order=order)
-        eagle["eagle_aux_hidden_state_layer_ids"] = native_aux_ids(order, "sglang")
+        eagle["eagle_aux_hidden_state_layer_ids"] = ids.ids_for(order)
     elif scenario == "norm-before-fc":
         cfg["norm_before_fc"] = True
         width = weights["fc.weight"].shape[1]
