@@ -192,7 +192,8 @@ def test_gpt_oss_prenorm_slot_is_the_final_norms_input(gpt_oss, run_cli):
     # a serving trace as the SGLang recorder writes it for this pair (tests/test_family_contract.py checks
     # the live server says exactly this): slot 2 = capture index 8 = the pre-norm output
     served = {"engine": "sglang", "num_layers": 8, "aux_hf_indices": [0, 3, 8], "aux_concat_order": [0, 3, 8],
-              "aux_prenorm_indices": [8], "spec_steps": 2, "spec_topk": 1}
+              "aux_prenorm_indices": [8], "spec_steps": 2, "spec_topk": 1, "model_name": str(target),
+              "draft_name": str(draft)}
     with TraceWriter(str(root / "serve.trace"), side="serve", contract=served, overwrite=True) as tw:
         for i, s in enumerate(SEQS):
             tw.add_sequence(np.asarray(s, np.int32), prompt_len=5, rid=f"r{i}")
@@ -202,6 +203,14 @@ def test_gpt_oss_prenorm_slot_is_the_final_norms_input(gpt_oss, run_cli):
     assert c["aux_prenorm_indices"] == [8]
     assert any("sglang id 8 names the last decoder layer's output before the final norm" in n for n in c["notes"])
 
+    # the pre-flight check reads training's layers as HF indices, where slot 2 would be hidden_states[8]: neither
+    # the findings stored by record train nor those diff computes on the serving pair may claim a mismatch
+    from specdiff.replay.diff.align import Pair
+    from specdiff.replay.diff.findings import findings_of_kinds
+
+    assert not [f for f in c["findings"] if f["kind"].startswith("training.")], c["findings"]
+    pair = Pair(open_trace(str(out)), open_trace(str(root / "serve.trace")))
+    assert [f["kind"] for f in findings_of_kinds(pair, ("training.", "aux."))] == ["aux.prenorm_last"]
     trace = open_trace(str(out))
     for dtype in (torch.bfloat16, torch.float32):
         _check_slots_against_a_direct_forward(trace, load_target(target, dtype=dtype), dtype)

@@ -46,6 +46,11 @@ def _serving_findings(traces: Pair) -> list[dict]:
     )
 
     layers = aux_slot_layers(train.contract)  # in training's concat order: a permutation is a finding
+    if known(train.contract, "aux_prenorm_indices"):
+        # a slot listed as L that holds the last layer's pre-norm output (GPT-OSS): as HF indices the check
+        # would read it as hidden_states[L] (after the norm) and report a false mismatch; the contract check
+        # compares aux_hf_indices and aux_prenorm_indices of the two traces instead
+        layers = None
     try:
         report = run_preflight(target, draft, engines=("sglang",),
                                training_layers=list(layers) if layers else None, training_convention="hf")

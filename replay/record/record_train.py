@@ -319,7 +319,9 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     facts.update(draft_computation_facts(draft, loaded.config, vocab=int(tcfg.vocab_size),
                                          seqs=seqs, bos_token_id=getattr(tcfg, "bos_token_id", None),
                                          tokenizer_dir=target_dir))
-    facts["findings"] = _preflight_facts(target_dir, draft_dir, aux.hf_indices)
+    # HF indices cannot say "pre-norm": with such a slot the check runs without training layers (no false
+    # mismatch against HF L); the slot itself is in the contract (aux_prenorm_indices)
+    facts["findings"] = _preflight_facts(target_dir, draft_dir, None if aux.prenorm else aux.hf_indices)
     if replay is not None:
         facts["replay_of"] = str(replay)
         if known(served, "aux_hf_indices") is not None:
@@ -388,11 +390,13 @@ def _prenorm_notes(served: dict, aux, num_layers: int) -> list[str]:
 
 
 def _preflight_facts(target_dir, draft_dir, training_hf) -> list[dict]:
-    """``specdiff check`` on the pair as recorded (error/warn only), for the contract ``findings``."""
+    """``specdiff check`` on the pair as recorded (error/warn only), for the contract ``findings``;
+    ``training_hf`` None: without the training-layers comparison."""
     from specdiff.replay.preflight.check import findings_as_facts, run_preflight
 
     try:
-        report = run_preflight(target_dir, draft_dir, training_layers=list(training_hf), training_convention="hf")
+        report = run_preflight(target_dir, draft_dir, training_convention="hf",
+                               training_layers=None if training_hf is None else list(training_hf))
     except SpecdiffError:
         return []
     return [f for f in findings_as_facts(report.findings) if f["severity"] in ("error", "warn")]
