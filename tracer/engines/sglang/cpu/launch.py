@@ -125,6 +125,16 @@ def server_command(
     return argv, env
 
 
+def record_serve_command(sglang_args: Sequence[str], *, cpu: bool,
+                         env: Mapping[str, str]) -> tuple[list[str], Mapping[str, str]]:
+    """``(argv, env)`` of ``specdiff record serve --engine sglang [--cpu] -- <sglang_args>``: SGLang's
+    ``launch_server`` in this Python (``env`` as given), or with ``cpu`` the CPU recipe (``serve.py``,
+    ``CPU_BASE_ARGS`` before the user's arguments, ``cpu_server_env``)."""
+    if cpu:
+        return [sys.executable, SERVE_SCRIPT, *CPU_BASE_ARGS, *sglang_args], cpu_server_env(env)
+    return [sys.executable, "-m", "sglang.launch_server", *sglang_args], env
+
+
 @dataclass
 class ServerProcess(EngineServer):
     """A CPU SGLang server started by specdiff; use as a context manager.
@@ -179,4 +189,4 @@ class ServerProcess(EngineServer):
 
 
 __all__ = ["CPU_BASE_ARGS", "SERVE_SCRIPT", "ServerError", "ServerProcess", "SpecSettings", "cpu_server_env",
-           "free_port", "server_command"]
+           "free_port", "record_serve_command", "server_command"]
