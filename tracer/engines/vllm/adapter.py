@@ -161,8 +161,9 @@ BY_KEY = {n.key: n for n in NAMES}
 
 
 def runner_version(runner) -> str:
-    """'v2' for vLLM's V2 model runner (``vllm.v1.worker.gpu.model_runner``), else 'v1'."""
-    return "v2" if type(runner).__module__.startswith(_V2) else "v1"
+    """'v2' for vLLM's V2 model runner: a class of ``vllm.v1.worker.gpu.*`` or one derived from it (the
+    V2 CPU runner, v1/worker/cpu/model_runner.py:10, subclasses the V2 GPUModelRunner), else 'v1'."""
+    return "v2" if any(k.__module__.startswith(_V2) for k in type(runner).__mro__) else "v1"
 
 
 class VLLMAdapter(EngineAdapter):

@@ -11,6 +11,12 @@ parallelism only TP rank 0 records. The ``torch.compile``d draft forward is neve
 draft is observed through forward hooks on modules that run eagerly (hooks.py), and warm-up /
 profile runs are skipped (they do not go through ``sample_tokens``).
 
+Only the V1 runner is hooked. vLLM 0.32 builds its V2 runner (the GPU default: config/vllm.py:703-738,
+v1/worker/gpu_worker.py:563-576) from ``vllm.v1.worker.gpu.model_runner``; when that module is
+imported in a traced process the plugin warns once that nothing per step will be recorded and how to
+switch (``VLLM_USE_V2_MODEL_RUNNER=0``), and when the V2 runner is built it writes a trace whose
+contract says so (``engine_runner`` 'v2 ...', every stage in ``unrecorded_stages``).
+
 Environment: as the SGLang recorder (``SPECDIFF_TRACE``, ``SPECDIFF_CAPTURE``,
 ``SPECDIFF_LOGITS_TOPK``, ``SPECDIFF_RIDS``, ``SPECDIFF_MAX_QUEUE_MB``; tracer/engines/options.py).
 """
@@ -37,6 +43,13 @@ _patched: set[str] = set()
 _V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
 _V1_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
 _V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+
+#: why nothing per step is recorded under the V2 runner (the warning and the contract say it)
+V2_UNHOOKED = ("vLLM runs its V2 model runner (vllm.v1.worker.gpu.model_runner, the GPU default since 0.32: "
+               "config/vllm.py:703-738): the specdiff recorder hooks only the V1 runner, so no per-step tensor "
+               "is recorded; restart the server with VLLM_USE_V2_MODEL_RUNNER=0 to record (V1 reads the aux ids "
+               "from the top-level eagle_aux_hidden_state_layer_ids, else eagle_config's: "
+               "v1/worker/gpu_model_runner.py:5268-5280)")
 
 
 def load(env=None) -> bool:
@@ -102,8 +115,11 @@ def _on_import(name: str) -> None:
     A = _adapter
     try:
         if name == _V2_RUNNER:
-            # Declared and checked for GPU users; this version hooks V1 only.
+            # Imported only where a V2 runner is built (gpu_worker.py:565-571, cpu_worker.py:168):
+            # declared and checked for GPU users, said once, and written into the trace when it runs.
+            A.warn_once("v2-runner", f"specdiff: {V2_UNHOOKED}")
             A.check_runner("v2", module=name)
+            _wrap_v2_init(sys.modules[name].GPUModelRunner)
             return
         if _rec is None:
             from specdiff.tracer.engines.vllm.hooks import Recorder
@@ -137,6 +153,43 @@ def _wrap(cls, attr: str, around, missing: set[str]) -> None:
         return around(orig, sig, self, *a, **kw)
 
     setattr(cls, attr, wrapper)
+
+
+def _wrap_v2_init(cls) -> None:
+    orig = cls.__init__
+
+    @functools.wraps(orig)
+    def __init__(self, *a, **kw):
+        orig(self, *a, **kw)
+        if _tp_rank0():
+            try:
+                write_v2_trace(self)
+            except Exception as exc:  # noqa: BLE001 - never break vLLM's start-up
+                logger.error("specdiff: could not write the V2 runner's trace (%s: %s)", type(exc).__name__, exc)
+
+    cls.__init__ = __init__
+
+
+def write_v2_trace(runner) -> str | None:
+    """Write the trace of a process whose V2 runner ran: a contract with the engine, its version,
+    ``engine_runner`` 'v2 <module>.<Class>', every schema tensor in ``unrecorded_stages`` (why: ``V2_UNHOOKED``)
+    and what the adapter found missing; no rows. Returns its path (None when tracing is off or the
+    trace was already written in this process)."""
+    from specdiff.tracer.engines.vllm.adapter import runner_version
+    from specdiff.tracer.schema import SPECS
+    from specdiff.tracer.store import TraceWriter
+
+    opts, A = _Finder.opts, _adapter
+    if opts is None or A is None or "v2-trace" in _patched:
+        return None
+    _patched.add("v2-trace")
+    contract = {"engine": "vllm", "engine_version": A.version, "capture_level": opts.capture,
+                "logits_topk": int(opts.logits_topk), "dropped_records": 0,
+                "engine_runner": f"{runner_version(runner)} {type(runner).__module__}.{type(runner).__name__}",
+                "unrecorded_stages": {name: V2_UNHOOKED for name in SPECS if not name.startswith("target.probe")},
+                "unobservable": A.unobservable()}
+    TraceWriter(opts.path, side="serve", contract=contract).close()
+    return opts.path
 
 
 def _close(*_a) -> None:
