@@ -104,6 +104,43 @@ def test_the_same_weights_in_fp32_and_bf16_are_the_same_target(tmp_path, llama_t
     assert json.loads(r.stdout)["tensors"], "the pair was compared"
 
 
+def test_a_float16_copy_of_the_same_weights_is_not_refused(tmp_path, run_cli):
+    """weights_fingerprint rounds to bf16 itself, so bf16 and fp32 copies agree; a float16 copy rounds small
+    weights (float16 subnormals) again and can change it. The family's default-seed Llama target is one such
+    checkpoint: the pair is compared, and the report says why the fingerprint was not."""
+    from safetensors.torch import load_file
+
+    from specdiff.demo_models.bringup import build_draft
+    from specdiff.demo_models.families import build_family_target
+    from specdiff.tracer.contract import weights_fingerprint
+
+    target = build_family_target("llama", tmp_path / "target", trained=False)
+    embed = load_file(str(target / "model.safetensors"))["model.embed_tokens.weight"]
+    assert weights_fingerprint(embed, 4096) != weights_fingerprint(embed.to(torch.float16), 4096)  # the premise
+    build_draft(tmp_path / "draft")
+    prompts = _prompts(tmp_path / "p.jsonl")
+    c16 = _record(run_cli, target, tmp_path / "draft", tmp_path / "bf16.trace", "--prompts", prompts)
+    cf = _record(run_cli, target, tmp_path / "draft", tmp_path / "fp16.trace", "--prompts", prompts,
+                 "--target-dtype", "float16")
+    assert c16["target_weights_fingerprint"] != cf["target_weights_fingerprint"]
+    assert c16["target_config_sha256"] == cf["target_config_sha256"]
+    r = run_cli("diff", tmp_path / "bf16.trace", tmp_path / "fp16.trace", "--format", "json")
+    assert r.exit_code in (0, 1), r.output
+    notes = [m["message"] for m in json.loads(r.stdout)["contract_mismatches"]
+             if m["field"] == "target_weights_fingerprint"]
+    assert notes == ["target weight fingerprints differ, but A ran the target in bfloat16 and B in float16: a cast "
+                     "rounds small weights differently, so the fingerprint cannot tell a cast from other weights; "
+                     "not compared"]
+
+
+def test_a_fingerprint_difference_in_the_same_dtype_is_still_refused(tmp_path, run_cli):
+    train = _synthetic(tmp_path / "t.trace", "train", {**BASE, "target_dtype": "float16"})
+    serve = _synthetic(tmp_path / "s.trace", "serve", {**BASE, "dtype": "float16",
+                                                       "target_weights_fingerprint": OTHER["target_weights_fingerprint"]})
+    r = run_cli("diff", train, serve)
+    assert r.exit_code == 2 and "target_weights_fingerprint ffffffffffff (training) vs eeeeeeeeeeee" in r.output
+
+
 def _synthetic(path, side, contract, diverge=False):
     """A real store holding one sequence and rows of ``target.aux.0`` (diverging when asked)."""
     rng = np.random.default_rng(0)
