@@ -101,6 +101,7 @@ def test_unknown_family_is_one_clear_error(tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_target_training_is_deterministic(family, monkeypatch):
     monkeypatch.setattr(F, "LM_STEPS", 2)
+    monkeypatch.setattr(F, "LM_STEPS_BY_FAMILY", {})
     monkeypatch.setattr(F, "TEXT_FILES", 2)
     monkeypatch.setattr(F, "VAL_FILES", 1)
     (m1, s1), (m2, _) = (F.train_family_target(family, log=lambda m: None) for _ in range(2))

@@ -102,14 +102,15 @@ def demo_prompts(models: Path, n: int) -> list[list[int]]:
 
 
 def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: list[list[int]],
-                    max_new_tokens: int, log_path: Path) -> list[dict]:
+                    max_new_tokens: int, log_path: Path, env: dict | None = None) -> list[dict]:
     """Start a traced CPU SGLang server, send ``prompts`` one by one (greedy), stop it.
 
+    ``env``: the server's environment (default: this process's, with ``SPECDIFF_TRACE`` = ``trace``).
     Returns per prompt: output_ids and meta_info. The trace is closed when the server stops.
     """
     from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
 
-    env = dict(os.environ, SPECDIFF_TRACE=str(trace))
+    env = dict(os.environ, SPECDIFF_TRACE=str(trace)) if env is None else env
     results = []
     with ServerProcess(models / "target", draft_model_path=served_draft, spec=SpecSettings(),
                        env=env, log_path=log_path) as server:
