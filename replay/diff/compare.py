@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from specdiff.replay.diff import blocks, inherited, metrics, routing
+from specdiff.replay.diff import blocks, context, inherited, metrics, routing
 from specdiff.replay.diff.align import Alignment, Pair, RowMatch, match_rows, pack_keys
 from specdiff.replay.diff.contract_check import side_labels
 from specdiff.replay.diff.early import FirstDivergenceWatch, divergence_key
@@ -440,6 +440,10 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
             prev = out.get(aux_name(aux_slot(name) - 1))
             judge = functools.partial(_judge_routing, prev, family, counted)
             watch_frac = routing.bound(tol)
+        elif context.consumes_context(name) and (first := context.first_sources(upstream)):
+            # an earlier cached row differed: the draft attention carries it to later rows (context.py)
+            judge = functools.partial(_judge_context, first, counted)
+            watch_frac = 1.0
         out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, match=m, watch=watch,
                                    on_rows=rows_done if on_rows is not None else None, runner=runner,
                                    on_partial=None if on_partial is None
@@ -473,6 +477,16 @@ def _judge_routing(previous, family, counted, comp, candidates):
     got = routing.routing_flips(comp, previous, family, candidates, counted)
     if isinstance(got, str):
         comp.stats["routing_not_named"] = got
+        return None
+    return got
+
+
+def _judge_context(first, counted, comp, candidates):
+    """``context.context_rows`` as a ``compare_tensor`` judge; why the rows were not named, when
+    not, goes to the tensor's ``stats["context_not_named"]``."""
+    got = context.context_rows(comp, first, candidates, counted)
+    if isinstance(got, str):
+        comp.stats["context_not_named"] = got
         return None
     return got
 

@@ -1,0 +1,146 @@
+"""Draft attention context: a named, legitimate difference after an earlier cached row differed.
+
+The EAGLE-3 draft attends over its KV cache: the row at (seq, t) of ``draft.hidden_out`` and every
+stage after it reads the keys and values of every earlier position t' < t of the same sequence,
+computed from that position's depth-0 ``draft.attn_in`` (SGLang 0.5.23: the draft KV cache the
+draft extend writes after each verify, srt/speculative/eagle_worker_v2.py:1110
+``_draft_extend_for_decode``; training: the causal TTT mask). ``replay/diff/inherited.py`` inherits a row from a differing input *at the same position*;
+an earlier position's differing K/V reaches every later row of the sequence instead, diluted by
+the weight the attention puts on it.
+
+Measured (issue 20, tiny DeepSeek-V3 target, random draft, traced chain server, 3 prompts x 48
+tokens): one MoE routing flip at ``target.aux.1`` (seq 0, pos 30; explained) moved that position's
+``draft.attn_in`` by rel 0.38 (inherited), and 12 later depth-0 ``draft.hidden_out`` rows of the
+same sequence (pos 32-51) by rel 0.05-0.10, against 0.008-0.018 before pos 30: 6.6 % of the
+counted rows, a false "first divergence: draft.hidden_out".
+
+``context_rows`` names that pattern, for a draft tensor after the attention, when every counted
+failing row fits it:
+
+- it lies after a *context source* of its own sequence: a depth-0 row of a stage the draft's K/V
+  are computed from (``draft.attn_in`` or anything that feeds it) that differs while its own
+  tensor treats it as noise (``inherited.source_rows``: explained, inherited, or within the
+  stage's fail fraction);
+- the rows before every source (the attention over agreeing context) are at least
+  ``CONTEXT_MIN_CLEAN`` of the counted rows and all agree: a bug in the draft attention itself
+  (rope, mask, scale) fails those too and is then counted in full, as before;
+- each float row still points the same way (cosine > 0, rel < ``CONTEXT_MAX_REL``).
+
+A failing row with no earlier source in its sequence is never named, and a stage that diverged is
+never a source: a real bug upstream stays the first divergence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdiff.tracer.schema import spec_for
+
+#: the stage whose depth-0 rows the draft's KV cache is computed from
+CONTEXT_STAGE = "draft.attn_in"
+#: the rows before every context source must be at least this share of the counted rows
+CONTEXT_MIN_CLEAN = 0.25
+#: a row moved by another position's K/V is still related to the other side's
+CONTEXT_MAX_REL = 1.0
+
+
+def consumes_context(name: str) -> bool:
+    """Whether rows of tensor ``name`` are computed from the draft attention's output (a draft
+    stage after ``draft.attn_in``)."""
+    return name.startswith("draft.") and spec_for(name).stage_index > spec_for(CONTEXT_STAGE).stage_index
+
+
+def first_sources(upstream) -> dict[int, int]:
+    """pair -> first position of a context source (module doc) in ``upstream``
+    (``inherited.Inheritance``, the source rows of the tensors compared so far)."""
+    from specdiff.replay.diff.inherited import feeds
+
+    first: dict[int, int] = {}
+    for s in upstream.sources:
+        if s.name != CONTEXT_STAGE and not feeds(s.name, CONTEXT_STAGE):
+            continue
+        keys = s.keys[s.depth == 0]
+        for pair, pos in zip((keys >> 32).tolist(), (keys & 0xFFFFFFFF).tolist(), strict=True):
+            if pos < first.get(pair, pos + 1):
+                first[pair] = pos
+    return first
+
+
+@dataclass(frozen=True)
+class ContextRows:
+    """Rows of one draft tensor explained by an earlier differing cached row (JSON-safe).
+
+    Attributes:
+        tensor: the draft tensor; rows: ``[{"seq", "pos", "depth", "rel", "cos"}]`` explained.
+        sources: ``[{"seq", "pos"}]``: the first context source of each sequence they lie in.
+        fraction: explained rows / counted rows; clean_rows: counted rows before every source.
+        max_rel: the largest relative error among them (0 for id tensors).
+    """
+
+    tensor: str
+    rows: list
+    sources: list
+    fraction: float
+    clean_rows: int
+    max_rel: float
+
+    @property
+    def cause(self) -> str:
+        return "draft_attention_context"
+
+    def message(self) -> str:
+        at = ", ".join(f"seq {s['seq']} pos {s['pos']}" for s in self.sources[:3])
+        more = f" and {len(self.sources) - 3} more" if len(self.sources) > 3 else ""
+        return (f"draft attention context: {len(self.rows)} {self.tensor} row(s) ({self.fraction:.1%} of the rows whose "
+                f"inputs agree) differ only after an earlier position of their sequence differed upstream ({at}{more}); "
+                f"the draft attends to that position's cached keys and values, and the {self.clean_rows} rows before "
+                f"it agree (max_rel {self.max_rel:.3g})")
+
+    def evidence(self, limit: int = 8) -> list[str]:
+        lines = [f"seq {r['seq']} pos {r['pos']} depth {r['depth']}: rel {r['rel']:.3g}" for r in self.rows[:limit]]
+        if len(self.rows) > limit:
+            lines.append(f"... {len(self.rows) - limit} more")
+        return lines
+
+
+def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: np.ndarray) -> ContextRows | str | None:
+    """The context explanation of ``candidates`` (bool [n]: the failing rows of ``comp``, a draft
+    tensor after the attention, whose same-position inputs agree); when any of them does not fit
+    (module doc) nothing is explained and the answer is why, in words; None when the tensor does
+    not consume the context, no sequence has a source, or nothing fails.
+
+    ``first``: :func:`first_sources`; ``counted``: bool [n], the rows whose inputs agree.
+    """
+    if not consumes_context(comp.name) or not first or not candidates.any():
+        return None
+    m = comp.match
+    inf = np.iinfo(np.int64).max
+    starts = np.array([first.get(int(p), inf) for p in m.pair], np.int64)
+    after = m.pos.astype(np.int64) > starts
+    idx = np.nonzero(candidates)[0]
+    if not after[idx].all():
+        k = int((~after[idx]).sum())
+        return f"{k} failing rows lie before any differing cached row of their sequence: the attention itself differs"
+    readable = counted & (comp.status != 4)  # compare.UNREADABLE
+    clean = int((readable & ~after).sum())
+    total = int(readable.sum())
+    if clean < CONTEXT_MIN_CLEAN * total:
+        return (f"only {clean} of {total} rows lie before every differing cached row, too few to show that the "
+                "attention itself agrees")
+    float_kind = spec_for(comp.name).kind == "float"
+    if comp.nonfinite[idx].any():
+        return "non-finite rows"
+    if float_kind and ((comp.score[idx] >= CONTEXT_MAX_REL).any() or (comp.cos[idx] <= 0).any()):
+        return f"some rows are unrelated to the other side's (rel >= {CONTEXT_MAX_REL:g} or cosine <= 0)"
+    rows = [{"seq": int(m.pair[i]), "pos": int(m.pos[i]), "depth": int(m.depth[i]),
+             "rel": float(comp.score[i]) if float_kind else 0.0, "cos": float(comp.cos[i])} for i in idx]
+    seqs = sorted({r["seq"] for r in rows})
+    return ContextRows(comp.name, rows, [{"seq": s, "pos": int(first[s])} for s in seqs],
+                       len(idx) / total if total else 1.0, clean,
+                       float(comp.score[idx].max()) if float_kind else 0.0)
+
+
+__all__ = ["ContextRows", "consumes_context", "first_sources", "context_rows", "CONTEXT_STAGE",
+           "CONTEXT_MIN_CLEAN", "CONTEXT_MAX_REL"]

@@ -1,0 +1,116 @@
+"""Draft attention context (replay/diff/context.py): an earlier cached row that differed moves the
+later rows of its sequence after the draft attention; that is named, not a divergence, and a bug in
+the attention itself is still one.
+
+Each test writes a real pair of zarr stores (``TraceWriter``) with the dataflow of one position at
+depth 0: ``tokens``, three aux slots, ``draft.fc_out``, ``draft.attn_in`` and ``draft.hidden_out``.
+Serving equals training up to bf16-sized noise, then:
+
+- ``flips``: positions whose ``target.aux.1`` row flipped (an MoE router near-tie): aux.1/aux.2,
+  fc_out, attn_in and hidden_out of that position differ (same-position inheritance);
+- ``context``: in the sequences of those flips, every later ``draft.hidden_out`` row moves by
+  ``context_rel`` (the flipped position's cached K/V, read by the attention) — the pattern measured
+  on the tiny DeepSeek-V3 target (issue 20);
+- ``attn_bug``: ``draft.hidden_out`` moved at every position of some sequences (a wrong rope or
+  mask in the serving draft).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdiff.replay.diff.report import diff_traces
+from specdiff.tracer.schema import aux_name
+from specdiff.tracer.store import TraceWriter
+
+H, N_SEQ, T = 32, 6, 48
+MOE = {"target_architecture": "DeepseekV3ForCausalLM", "target_num_experts": 4, "target_experts_per_token": 2}
+
+
+def _off(x: np.ndarray, rng, rel: float) -> np.ndarray:
+    d = rng.standard_normal(x.shape).astype(np.float32)
+    return (x + rel * np.linalg.norm(x) * d / np.linalg.norm(d)).astype(np.float32)
+
+
+def write_pair(root, *, flips=(), context_rel=0.0, attn_bug=(), bug_rel=0.08) -> tuple[str, str]:
+    rng = np.random.default_rng(0)
+    paths = (str(root / "train.trace"), str(root / "serve.trace"))
+    base = {"hidden_size": H, "num_layers": 8, "aux_hf_indices": [1, 4, 7], "dtype": "bfloat16"}
+    writers = [TraceWriter(paths[0], side="train", contract=base, overwrite=True),
+               TraceWriter(paths[1], side="serve", contract={**base, **MOE}, overwrite=True)]
+    flip_at = dict(flips)  # seq -> flipped position
+    for s in range(N_SEQ):
+        toks = rng.integers(0, 1000, T + 1)
+        aux = rng.standard_normal((3, T, H)).astype(np.float32)
+        fc, attn, out = (rng.standard_normal((T, H)).astype(np.float32) for _ in range(3))
+        for side, w in enumerate(writers):
+            sid = w.add_sequence(toks, prompt_len=4, rid=f"{w.side}-{s}")
+            noise = np.random.default_rng(100 + s + 1000 * side)
+
+            def jitter(x, noise=noise, side=side):
+                return (x * (1 + 2e-3 * side * noise.standard_normal(x.shape))).astype(np.float32)
+
+            a, f, at, ho = jitter(aux), jitter(fc), jitter(attn), jitter(out)
+            if side:
+                for t in range(T):
+                    if flip_at.get(s) == t:
+                        for j in (1, 2):
+                            a[j, t] = _off(a[j, t], noise, 0.2)
+                        f[t], at[t], ho[t] = (_off(x, noise, 0.3) for x in (f[t], at[t], ho[t]))
+                    elif s in flip_at and t > flip_at[s] and context_rel:
+                        ho[t] = _off(ho[t], noise, context_rel)
+                    if s in attn_bug:
+                        ho[t] = _off(ho[t], noise, bug_rel)
+            pos = np.arange(T)
+            w.append("tokens", toks[1:T + 1].astype(np.int64), seq=sid, pos=pos)
+            for j in range(3):
+                w.append(aux_name(j), a[j], seq=sid, pos=pos)
+            w.append("draft.fc_out", f, seq=sid, pos=pos)
+            w.append("draft.attn_in", at, seq=sid, pos=pos, depth=0)
+            w.append("draft.hidden_out", ho, seq=sid, pos=pos, depth=0)
+    for w in writers:
+        w.close()
+    return paths
+
+
+FLIPS = [(0, 30), (2, 40)]  # late in 2 of 6 sequences: most rows see only agreeing context
+
+
+def test_rows_moved_by_an_earlier_flipped_cached_row_are_named_not_a_divergence(tmp_path):
+    report = diff_traces(*write_pair(tmp_path, flips=FLIPS, context_rel=0.08), narrow=False)
+    assert report.first is None, report.verdict()
+    out = report.comparisons["draft.hidden_out"]
+    assert out.stats["inherited_rows"] == 2  # the flipped positions themselves (same position)
+    ctx = out.explanation
+    assert ctx is not None and ctx.cause == "draft_attention_context"
+    assert sorted((r["seq"], r["pos"]) for r in ctx.rows) == [(0, t) for t in range(31, T)] + [(2, t) for t in range(41, T)]
+    assert ctx.sources == [{"seq": 0, "pos": 30}, {"seq": 2, "pos": 40}]
+    assert [e.cause for e in report.legitimate] == ["moe_routing_near_tie", "draft_attention_context"]
+    js = report.to_json()
+    assert [e["cause"] for e in js["explained_differences"]] == ["moe_routing_near_tie", "draft_attention_context"]
+    assert "draft attention context" in js["explained_differences"][1]["message"]
+
+
+def test_the_same_rows_without_an_earlier_source_are_a_divergence(tmp_path):
+    # the same later rows moved, but nothing upstream differed before them: the attention itself
+    report = diff_traces(*write_pair(tmp_path, attn_bug=(0, 2)), narrow=False)
+    assert report.first is not None and report.first.name == "draft.hidden_out"
+    assert report.comparisons["draft.hidden_out"].explanation is None
+
+
+def test_an_attention_bug_after_flips_is_still_the_first_divergence(tmp_path):
+    # flips and their context, plus a serving attention bug in two sequences without a flip: those
+    # rows lie before any source of their sequence, so nothing is named and the bug counts in full
+    report = diff_traces(*write_pair(tmp_path, flips=FLIPS, context_rel=0.08, attn_bug=(3, 4)), narrow=False)
+    assert report.first is not None and report.first.name == "draft.hidden_out"
+    out = report.comparisons["draft.hidden_out"]
+    assert out.explanation is None
+    assert "before any differing cached row" in out.stats["context_not_named"]
+
+
+def test_too_few_clean_rows_name_nothing(tmp_path):
+    # a flip at position 1 of every sequence: the rows before it cannot show that the attention agrees
+    report = diff_traces(*write_pair(tmp_path, flips=[(s, 1) for s in range(N_SEQ)], context_rel=0.08),
+                         narrow=False)
+    assert report.first is not None and report.first.name == "draft.hidden_out"
+    assert "too few to show" in report.comparisons["draft.hidden_out"].stats["context_not_named"]
