@@ -364,8 +364,8 @@ def test_correct_pair_has_no_divergence(family_servers, family, mode):
             assert e["cause"] == "draft_attention_context", (where, e["cause"])
             assert e["tensor"] not in ("draft.fc_out", "draft.attn_in") and e["sources"], (where, e)
             assert e["clean_rows"] > 0 and e["max_rel"] < 1.0, (where, e)
-    if family not in MOE_FAMILIES:  # a dense target flips no router: nothing for the context to carry
-        assert causes == [], (where, causes)
+    if family not in MOE_FAMILIES:  # a dense target has no router to flip
+        assert "moe_routing_near_tie" not in causes, (where, causes)
     # inherited rows come from an earlier stage of the same rows, never from the tensor itself
     for name, inh in report["inherited"].items():
         assert inh["rows"] > 0 and name not in inh["from"], (where, name, inh)
