@@ -332,8 +332,55 @@ def test_ids_in_a_key_the_runner_ignores_name_the_default_fallback_and_diverge_a
     assert rec.exit_code == 0, rec.output
     diff = run_cli("diff", train, fallback.trace, "--format", "json")
     assert diff.exit_code == 1, diff.output[-2000:]
-    first = json.loads(diff.stdout)["first_divergence"]["tensor"]
+    report = json.loads(diff.stdout)
+    first = report["first_divergence"]["tensor"]
     assert first.startswith("target.aux"), first
+    # the explanation names the fallback from the contract and gives the fix in vLLM's key and numbering
+    [cause] = report["explanations"]
+    assert f"vLLM V1 read no ids from top-level eagle_aux_hidden_state_layer_ids or eagle_config." \
+           f"eagle_aux_hidden_state_layer_ids or dflash_config.target_layer_ids: it fell back to its default " \
+           f"HF {[2, L // 2, L - 3]}" in cause["message"], cause
+    assert cause["fix"] == ("set the draft config's top-level eagle_aux_hidden_state_layer_ids to [0, 3, 6] "
+                            "(vLLM id = HF index)"), cause
+
+
+@pytest.fixture(scope="module")
+def shifted(repo_models, tmp_path_factory, server_env):
+    """The seed's mistake in vLLM's numbering: the top-level ids [1, 4, 7] (trained on HF [0, 3, 6])."""
+    root = tmp_path_factory.mktemp("vllm-shifted")
+    draft = _draft_copy(repo_models, root / "draft", eagle_aux_hidden_state_layer_ids=[1, 4, 7])
+    trace = root / "shifted.trace"
+    srv = _server(repo_models / "target", draft, server_env(SPECDIFF_TRACE=str(trace)),
+                  log_path=str(root / "server.log"))
+    srv.start()
+    try:
+        srv.generate(PROMPTS[:4], max_new_tokens=24)
+    finally:
+        srv.stop()
+    return SimpleNamespace(trace=trace, log=root / "server.log")
+
+
+@pytest.mark.server
+def test_the_seeds_mistake_in_vllms_numbering_stops_at_the_aux_with_the_vllm_correct_fix(
+        shifted, repo_models, tmp_path, run_cli):
+    from specdiff.tracer.engines.vllm.contract import SOURCE_TOP
+    from specdiff.tracer.store import open_trace
+
+    c = open_trace(str(shifted.trace)).contract
+    assert c["aux_ids_source"] == SOURCE_TOP and c["aux_hf_indices"] == [1, 4, 7]
+    train = tmp_path / "train.trace"
+    rec = run_cli("record", "train", "--target", repo_models / "target", "--draft", repo_models / "draft",
+                  "--aux-layers", "0,3,6", "--aux-convention", "hf", "--replay", shifted.trace, "-o", train)
+    assert rec.exit_code == 0, rec.output
+    diff = run_cli("diff", train, shifted.trace, "--format", "json")
+    assert diff.exit_code == 1, diff.output[-2000:]
+    report = json.loads(diff.stdout)
+    assert report["first_divergence"]["tensor"].startswith("target.aux"), report["first_divergence"]
+    [cause] = report["explanations"]
+    assert cause["cause"] == "aux_layer_shift", cause
+    assert "every layer off by one (vLLM id k = HF k; SGLang id k captures HF k+1)" in cause["message"], cause
+    assert cause["fix"] == ("set the draft config's top-level eagle_aux_hidden_state_layer_ids to [0, 3, 6] "
+                            "(vLLM id = HF index)"), cause
 
 
 # ---- serve vs serve (issue 21 step 4): SGLang and vLLM on the same draft and prompts ------------
@@ -386,3 +433,10 @@ def test_a_vllm_draft_whose_ids_vllm_ignores_diverges_from_sglang_at_the_aux_and
     vllm_contract = open_trace(str(fallback.trace)).contract
     assert aux["x"] == [0, 3, 6] and aux["y"] == vllm_contract["aux_hf_indices"] != [0, 3, 6]
     assert vllm_contract["engine"] == "vllm" and vllm_contract["aux_ids_source"] == SOURCE_DEFAULT
+    # the sides are named by engine and version, and the explanation says whose config causes it
+    sglang_version = open_trace(str(sglang_served)).contract["engine_version"]
+    assert report["labels"] == [f"SGLang {sglang_version}", "vLLM 0.32.0"], report["labels"]
+    [cause] = report["explanations"]
+    assert "vLLM 0.32.0's draft config causes the divergence" in cause["message"], cause
+    assert "it fell back to its default HF" in cause["message"], cause
+    assert cause["fix"].startswith("set the draft config's top-level eagle_aux_hidden_state_layer_ids to [0, 3, 6]")
