@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdiff.replay.diff.align import Pair
-from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, unknown_fields
+from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known, unknown_fields
 from specdiff.tracer.errors import SpecdiffError
 
 #: the facts that name the target model a trace was recorded on (tracer/contract.py; the SGLang recorder
@@ -90,6 +90,11 @@ _FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
                      "set rope_scaling in the draft config to training's"),
     "rope_style": ("warn", "draft rope style: {lx} {x}, {ly} {y}", ("draft.hidden_out", "draft.logits"),
                    "use the same rotary style (neox rotate-halves vs gptj interleaved) on both sides"),
+    "partial_rotary_factor": ("warn", "draft partial rotary factor: {lx} {x}, {ly} {y} (the fraction of each "
+                              "head's dims rotated)", ("draft.hidden_out", "draft.logits"),
+                              "set partial_rotary_factor in the draft config to what training used (SGLang's "
+                              "llama attention rotates head_dim * partial_rotary_factor dims, "
+                              "srt/models/llama.py:199)"),
     "draft_weights_sha256": ("warn", "draft weights differ ({lx} {xs}, {ly} {ys})", _DRAFT_IN,
                              "serve the checkpoint that was trained"),
     "tokenizer_sha256": ("warn", "tokenizers differ ({lx} {xs}, {ly} {ys})", _TOK,
@@ -106,6 +111,51 @@ _FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "spec_topk": ("info", "draft top-k differs ({lx} {x}, {ly} {y})", ("draft.topk", "draft.topk_target", "verify"),
                   "record training with the serving --speculative-eagle-topk (--topk)"),
 }
+
+
+#: weight hash fact -> its dtype-independent fingerprint fact. The sha256 facts hash the weights as
+#: float32 bytes of the dtype each side holds them in (tracer/contract.py ``weight_sha256``), so one
+#: checkpoint held in bfloat16 by training and in float16 by serving hashes differently (float16 rounds
+#: weights below 2**-14 again). The fingerprint fact, when a recorder writes it, hashes values rounded
+#: through float16 then bfloat16, equal for one bf16 checkpoint held in bf16, fp16 or fp32.
+WEIGHT_HASHES = {"embed_sha256": "embed_fingerprint", "lm_head_sha256": "lm_head_fingerprint",
+                 "draft_weights_sha256": "draft_weights_fingerprint"}
+_WEIGHT_WORDS = {"embed_sha256": "embeddings the draft multiplies by", "lm_head_sha256": "lm_heads the draft "
+                 "multiplies by", "draft_weights_sha256": "draft weights"}
+
+
+def weights_dtype(contract: dict) -> str | None:
+    """The dtype a side held the draft's weights in: its compute ``dtype`` fact (both recorders cast
+    the draft to it), without a ``torch.`` prefix; None when not recorded."""
+    v = known(contract, "dtype")
+    return str(v).replace("torch.", "") if v else None
+
+
+def _weight_hash_mismatch(field: str, x, y, cx: dict, cy: dict, labels: Pair[str]) -> ContractMismatch:
+    """A weight sha256 that differs, judged independent of dtype: a real difference (warn) when both
+    sides held the weights in one dtype or their dtype-independent fingerprints (``WEIGHT_HASHES``)
+    differ; else the same weights in another dtype, a cast (info), said with the fingerprint that
+    proves it or with the dtypes that make the bytes differ."""
+    severity, template, stages, fix = _FIELDS[field]
+    fp = WEIGHT_HASHES[field]
+    fx, fy = known(cx, fp), known(cy, fp)
+    dx, dy = weights_dtype(cx), weights_dtype(cy)
+    msg = template.format(x=x, y=y, xs=_short(x), ys=_short(y), lx=labels.x, ly=labels.y)
+    if fx is not None and fy is not None:
+        if fx != fy:
+            return ContractMismatch(field, severity, x, y, msg + f"; their dtype-independent {fp}s differ too "
+                                    f"({labels.x} {_short(fx)}, {labels.y} {_short(fy)}): other weights, not a cast",
+                                    stages, fix)
+        return ContractMismatch(field, "info", x, y, f"{field}: the same weights in another dtype (a cast): "
+                                f"{fp} {_short(fx)} on both sides; the sha256 is of the {dx or '?'} / {dy or '?'} "
+                                "bytes", (), "")
+    if dx and dy and dx != dy:
+        return ContractMismatch(field, "info", x, y, f"{field}: the same weights in another dtype (a cast), as far "
+                                f"as the contract can tell: {labels.x} holds the {_WEIGHT_WORDS[field]} in {dx}, "
+                                f"{labels.y} in {dy}, so their bytes hash differently; not compared (no {fp} "
+                                "recorded on both sides)", (), f"record both sides in one dtype to compare the "
+                                f"{_WEIGHT_WORDS[field]}")
+    return ContractMismatch(field, severity, x, y, msg, stages, fix)
 
 
 @dataclass(frozen=True)
@@ -285,6 +335,9 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
         if isinstance(y, tuple):
             y = list(y)
         if x == y:
+            continue
+        if field in WEIGHT_HASHES:
+            out.append(_weight_hash_mismatch(field, x, y, cx, cy, labels))
             continue
         msg = template.format(x=x, y=y, xs=_short(x), ys=_short(y), lx=labels.x, ly=labels.y)
         out.append(ContractMismatch(field, severity, x, y, msg, stages, fix))

@@ -38,7 +38,9 @@ from specdiff.eagle3.aux_layers import (
 from specdiff.replay.diff import metrics
 from specdiff.replay.diff.align import Alignment, Pair, match_rows
 from specdiff.replay.diff.compare import TensorComparison
+from specdiff.replay.diff.contract_causes import explain_contract
 from specdiff.replay.diff.contract_check import side_labels
+from specdiff.replay.diff.nonfinite import explain_nonfinite
 from specdiff.replay.diff.structure import contract_value
 from specdiff.tracer.contract import AUX_IDS_DEFAULT_PREFIX, aux_slot_layers, known
 from specdiff.tracer.engines import engine_names, engine_spec
@@ -711,4 +713,10 @@ def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorCompariso
     out += explain_positions(traces, first)
     if not out:
         out += explain_position_shift(traces, alignment, first)
-    return out
+    # Non-finite values lead when they appear at the first divergence itself (later: evidence after it);
+    # a contract difference acting inside the first stage explains it when no transform closed the gap
+    # (a transform is the sharper proof of the same fact), before "no known cause" (their modules).
+    nonfinite = explain_nonfinite(traces, comps, first, side_names(traces))
+    at_first = [e for e in nonfinite if f"appear at {first.name} " in e.message]
+    contract = [] if out else explain_contract(traces, comps, first)
+    return at_first + out + contract + [e for e in nonfinite if e not in at_first]
