@@ -42,6 +42,9 @@ VARIANTS = {
                                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
                                  "num_key_value_heads": 4, "head_dim": 16},
     "lm_head_from_target": {"draft_vocab_size": 128, "lm_head_from_target": True},
+    # the rope keys SGLang 0.5.23 reads beyond theta / scaling (llama.py:199, :335)
+    "partial_rotary_gptj": {"partial_rotary_factor": 0.5, "rope_is_neox_style": False},
+    "tied": {"tie_word_embeddings": True},
 }
 
 
@@ -137,7 +140,8 @@ def test_a_missing_dim_is_an_error_naming_the_field_the_file_and_the_fix(tmp_pat
     ({"num_key_value_heads": 3}, "num_key_value_heads", "divisor of num_attention_heads"),
     ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling", "none, linear or llama3"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling", "original_max_position_embeddings"),
-    ({"tie_word_embeddings": True}, "tie_word_embeddings", "ship lm_head.weight"),
+    ({"partial_rotary_factor": 2.0}, "partial_rotary_factor", "(0, 1]"),
+    ({"rope_is_neox_style": "no"}, "rope_is_neox_style", "true or false"),
     ({"architectures": ["LlamaForCausalLM"]}, "architectures", "LlamaForCausalLMEagle3"),
     ({"fc_norm": "yes"}, None, None),  # truthy as SGLang reads it: not an error
 ])
@@ -201,3 +205,22 @@ def test_record_train_prints_and_stores_the_draft_config_defaults(tmp_path, run_
     assert {f"draft_config.{n}" for n in NORM_FLAGS} <= set(used)
     line = next(x for x in r.output.splitlines() if x.startswith("defaults used: "))
     assert "draft_config.norm_before_fc False (absent from " in line
+
+
+def test_tie_word_embeddings_is_read_with_a_note_not_refused(tmp_path):
+    """SGLang 0.5.23 serves a tied draft (its lm_head becomes the target's embedding,
+    llama_eagle3.py:301-302 + llama.py:917-918): the config says so instead of refusing."""
+    f = _cfg().write(tmp_path, "specforge", aux_ids=IDS["specforge"], torch_dtype="float32")
+    f.write_text(json.dumps({**json.loads(f.read_text()), "tie_word_embeddings": True}))
+    cfg = Eagle3DraftConfig.from_file(tmp_path)
+    assert cfg.tie_word_embeddings is True
+    assert any("tie_word_embeddings is true" in n and "target's embedding" in n for n in cfg.notes)
+
+
+def test_absent_rope_keys_are_the_engines_values_without_a_default_entry(tmp_path):
+    f = _cfg().write(tmp_path, "specforge", aux_ids=IDS["specforge"], torch_dtype="float32")
+    raw = json.loads(f.read_text())
+    assert "partial_rotary_factor" not in raw and "rope_is_neox_style" not in raw
+    cfg = Eagle3DraftConfig.from_file(tmp_path)
+    assert (cfg.partial_rotary_factor, cfg.rope_is_neox_style, cfg.rotary_dim) == (1.0, True, 8)
+    assert not {"partial_rotary_factor", "rope_is_neox_style"} & set(cfg.defaults_used)

@@ -38,15 +38,18 @@ def _rms(x, w, eps):
     return w * (x / math.sqrt(float((x * x).mean()) + eps))
 
 
-def _rope(vec, pos, theta):
-    """Rotate one head vector [d] at position pos: pairs (i, i + d/2), HF rotate_half layout."""
-    d = vec.shape[0]
+def _rope(vec, pos, theta, rotary_dim=None, neox=True):
+    """Rotate one head vector [head_dim] at position pos over its first ``rotary_dim`` dims (the
+    rest unchanged; SGLang 0.5.23 llama.py:199-200 partial_rotary_factor): pairs (i, i + r/2) in
+    the HF rotate_half (neox) layout, pairs (2i, 2i+1) in the gptj layout; angle pos * theta^(-2i/r)."""
+    r = vec.shape[0] if rotary_dim is None else rotary_dim
     out = vec.clone()
-    for i in range(d // 2):
-        ang = pos * theta ** (-2.0 * i / d)
-        a, b = vec[i], vec[i + d // 2]
-        out[i] = a * math.cos(ang) - b * math.sin(ang)
-        out[i + d // 2] = b * math.cos(ang) + a * math.sin(ang)
+    for i in range(r // 2):
+        ang = pos * theta ** (-2.0 * i / r)
+        ia, ib = (i, i + r // 2) if neox else (2 * i, 2 * i + 1)
+        a, b = vec[ia], vec[ib]
+        out[ia] = a * math.cos(ang) - b * math.sin(ang)
+        out[ib] = b * math.cos(ang) + a * math.sin(ang)
     return out
 
 
@@ -84,8 +87,9 @@ def reference_loop(model: Eagle3Draft, aux_cat, input_ids, steps, pad_id=0):
                 k = sd["midlayer.self_attn.k_proj.weight"] @ attn_in
                 v = sd["midlayer.self_attn.v_proj.weight"] @ attn_in
                 pos = t + d
-                q = torch.stack([_rope(q[i * hd:(i + 1) * hd], pos, c.rope_theta) for i in range(nh)])
-                k = torch.stack([_rope(k[i * hd:(i + 1) * hd], pos, c.rope_theta) for i in range(nkv)])
+                rope = dict(rotary_dim=int(c.partial_rotary_factor * hd), neox=c.rope_is_neox_style)
+                q = torch.stack([_rope(q[i * hd:(i + 1) * hd], pos, c.rope_theta, **rope) for i in range(nh)])
+                k = torch.stack([_rope(k[i * hd:(i + 1) * hd], pos, c.rope_theta, **rope) for i in range(nkv)])
                 keys[(d, t)], vals[(d, t)] = k, v.view(nkv, hd)
                 rows.append((tok, h, attn_in, q))
             new_hidden = []
@@ -107,7 +111,9 @@ def reference_loop(model: Eagle3Draft, aux_cat, input_ids, steps, pad_id=0):
                 mlp = sd["midlayer.mlp.down_proj.weight"] @ (g * torch.sigmoid(g) * (sd["midlayer.mlp.up_proj.weight"] @ z))
                 hout = h1 + mlp
                 normed = _rms(hout, sd["norm.weight"], eps)
-                logits = sd["lm_head.weight"] @ normed
+                head = (sd["embed_tokens.weight"][:c.draft_vocab_size] if c.tie_word_embeddings
+                        else sd["lm_head.weight"])
+                logits = head @ normed
                 for name, val in (("tokens", torch.tensor(tok)), ("hidden_in", h), ("attn_in", attn_in),
                                   ("hidden_out", hout), ("logits", logits)):
                     out.setdefault(name, {})[(b, t, d)] = val
@@ -121,6 +127,11 @@ CASES = {
     "norms": dict(norm_before_fc=True, fc_norm=True),
     "mha_norm_output": dict(num_key_value_heads=4, norm_output=True),
     "norm_before_residual": dict(norm_before_residual=True, num_key_value_heads=1),
+    # the rope keys SGLang 0.5.23 reads (llama.py:199, :335): half of each head rotated, interleaved pairs
+    "partial_rotary_0.5": dict(partial_rotary_factor=0.5),
+    "gptj_style": dict(rope_is_neox_style=False),
+    "partial_gptj_theta": dict(partial_rotary_factor=0.5, rope_is_neox_style=False, rope_theta=500000.0),
+    "tied_lm_head": dict(tie_word_embeddings=True),
 }
 
 
@@ -444,3 +455,29 @@ def test_rope_frequencies_match_transformers(scaling):
     else:
         want, _ = ROPE_INIT_FUNCTIONS[kind](cfg, "cpu")
     torch.testing.assert_close(rope_inv_freq(64, 500000.0, scaling), want.float(), rtol=1e-6, atol=1e-7)
+
+
+def test_partial_rotary_leaves_the_unrotated_dims_alone_and_changes_the_output():
+    """partial_rotary_factor 0.5: the forward differs from full rope (so the key is honoured), and
+    rotating at another position changes only the first rotary_dim dims of q / k."""
+    full = Eagle3Draft(_cfg())
+    _randomize(full)
+    half = Eagle3Draft(_cfg(partial_rotary_factor=0.5))
+    half.load_state_dict(full.state_dict())
+    aux, ids = torch.randn(1, 6, 72), torch.randint(0, 40, (1, 6))
+    assert not torch.allclose(full.ttt_forward(aux, ids, 2).hidden_out[1], half.ttt_forward(aux, ids, 2).hidden_out[1],
+                              rtol=1e-3, atol=1e-3)
+    attn_in = torch.randn(1, 3, 64)
+    q0, k0, _ = half._qkv(attn_in, torch.zeros(1, 3, dtype=torch.int64))
+    q5, k5, _ = half._qkv(attn_in, torch.full((1, 3), 5, dtype=torch.int64))
+    r = half.config.rotary_dim
+    assert r == 4 and torch.equal(q0[..., r:], q5[..., r:]) and torch.equal(k0[..., r:], k5[..., r:])
+    assert not torch.allclose(q0[..., :r], q5[..., :r])
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5, 0.1])
+def test_a_partial_rotary_factor_the_forward_cannot_use_is_refused(bad):
+    from specdiff.replay.model.draft_config import DraftConfigError
+
+    with pytest.raises(DraftConfigError, match="partial_rotary_factor"):
+        _cfg(partial_rotary_factor=bad)  # 0.1 x head_dim 8 rotates 0 dims

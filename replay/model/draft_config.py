@@ -93,6 +93,16 @@ class Eagle3DraftConfig:
         intermediate_size: draft MLP width.
         num_attention_heads / num_key_value_heads / head_dim: attention shape.
         rms_norm_eps, rope_theta, rope_scaling: as in a LlamaConfig (rope_scaling None = plain).
+        partial_rotary_factor: the fraction of each head's dims rope rotates (the first
+            ``int(partial_rotary_factor * head_dim)``; the rest pass unrotated), SGLang 0.5.23
+            srt/models/llama.py:199-200, applied in layers/rotary_embedding/base.py:343-355.
+        rope_is_neox_style: rotate halves (True, neox) or interleaved pairs (False, gptj),
+            SGLang 0.5.23 srt/models/llama.py:335 (``getattr(config, "rope_is_neox_style", True)``).
+        tie_word_embeddings: the config ties lm_head to embed_tokens. SGLang 0.5.23 then makes the
+            draft's lm_head its embed_tokens (srt/models/llama_eagle3.py:301-302), which set_embed
+            replaces with the target's embedding (srt/models/llama.py:917-918): the draft scores
+            with the first ``draft_vocab_size`` rows of the target's embedding, not a trained
+            lm_head. Read and kept (``check`` reports it as a finding), never refused.
         vocab_size: target vocab V (embedding rows, t2d length).
         draft_vocab_size: Vd (lm_head rows, d2t length).
         num_aux: K, number of aux slots concatenated into fc.
@@ -133,6 +143,11 @@ class Eagle3DraftConfig:
     hidden_act: str = "silu"
     lm_head_from_target: bool = False
     max_position_embeddings: int = 2048
+    # absent from a file = the standard Llama rope SGLang assumes (getattr defaults, llama.py:199, :335);
+    # not listed in defaults_used, which would carry them for every draft that never names them
+    partial_rotary_factor: float = 1.0
+    rope_is_neox_style: bool = True
+    tie_word_embeddings: bool = False
     eagle_aux_hidden_state_layer_ids: list[int] | None = None
     aux_convention: str = "sglang"
     source: str | None = None
@@ -163,6 +178,15 @@ class Eagle3DraftConfig:
         if kind not in ROPE_TYPES:
             self._fail("rope_scaling", f"type {kind!r} is not supported by the reference draft",
                        "use none, linear or llama3 rope scaling")
+        prf = self.partial_rotary_factor
+        if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1:
+            self._fail("partial_rotary_factor", f"is {prf!r}", "give a number in (0, 1] (1 = rotate every dim)")
+        if self.rotary_dim < 2 or self.rotary_dim % 2:
+            self._fail("partial_rotary_factor", f"{prf} x head_dim {self.head_dim} rotates {self.rotary_dim} dims "
+                       "(rope rotates pairs)", "give a factor that makes an even, non-zero number of dims")
+        for name in ("rope_is_neox_style", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                self._fail(name, f"is {getattr(self, name)!r}", "give true or false")
         if kind in ("linear", "llama3") and "factor" not in self.rope_scaling:
             self._fail("rope_scaling", f"{kind} scaling without factor", "add rope_scaling.factor")
         if kind == "llama3" and "original_max_position_embeddings" not in self.rope_scaling:
@@ -170,6 +194,12 @@ class Eagle3DraftConfig:
                        "add rope_scaling.original_max_position_embeddings")
 
     # ---- derived -----------------------------------------------------------------------------
+    @property
+    def rotary_dim(self) -> int:
+        """Dims of each head rope rotates: ``int(partial_rotary_factor * head_dim)`` (SGLang 0.5.23
+        srt/models/llama.py:200)."""
+        return int(self.partial_rotary_factor * self.head_dim)
+
     @property
     def aux_width(self) -> int:
         """K * H: width of the aux concat fed to fc."""
@@ -230,8 +260,9 @@ class Eagle3DraftConfig:
         (llama_eagle3.py:306-308); norm flags false (``specdiff.eagle3.norms``).
 
         Raises:
-            DraftConfigError: an absent dim, num_hidden_layers != 1, tie_word_embeddings, or a
-                value the forward cannot compute with (field, ``source`` and fix in one line).
+            DraftConfigError: an absent dim, num_hidden_layers != 1, or a value the forward cannot
+                compute with (field, ``source`` and fix in one line). ``tie_word_embeddings: true``
+                is kept with a note (``specdiff check`` reports it with its fix), not refused.
         """
         fmt = fmt or detect_format(raw, source=source)
         dims = raw.get("transformer_layer_config") if fmt == "speculators" else raw
@@ -254,10 +285,10 @@ class Eagle3DraftConfig:
             raise DraftConfigError(field=_key_path(fmt, "num_hidden_layers"), file=source,
                                    problem=f"is {dims['num_hidden_layers']}",
                                    fix="the reference EAGLE-3 draft has exactly one decoder layer: use 1")
-        if raw.get("tie_word_embeddings") or dims.get("tie_word_embeddings"):
-            raise DraftConfigError(field=_key_path(fmt, "tie_word_embeddings"), file=source,
-                                   problem="is true (lm_head = embedding): not supported",
-                                   fix="set it to false and ship lm_head.weight")
+        tied = bool(raw.get("tie_word_embeddings") or dims.get("tie_word_embeddings"))
+        if tied:
+            notes.append("tie_word_embeddings is true: SGLang 0.5.23 scores the draft with the target's embedding "
+                         "(llama_eagle3.py:301-302, llama.py:917-918), not lm_head.weight")
         hd, heads = dims["hidden_size"], dims["num_attention_heads"]
 
         def dim(name: str, fallback, why: str):
@@ -310,6 +341,8 @@ class Eagle3DraftConfig:
                   rms_norm_eps=eps, rope_theta=theta, rope_scaling=scaling, num_aux=num_aux,
                   target_hidden_size=th, hidden_act=act, lm_head_from_target="draft_vocab_size" in defaults,
                   max_position_embeddings=int(dims.get("max_position_embeddings", 2048)),
+                  partial_rotary_factor=dims.get("partial_rotary_factor", 1.0),
+                  rope_is_neox_style=dims.get("rope_is_neox_style", True), tie_word_embeddings=tied,
                   eagle_aux_hidden_state_layer_ids=None if ids is None else [int(i) for i in ids],
                   aux_convention=convention, source=source, format=fmt, defaults_used=defaults,
                   notes=notes, **flags)
@@ -345,8 +378,13 @@ class Eagle3DraftConfig:
             "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim, "num_hidden_layers": 1, "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta, "max_position_embeddings": self.max_position_embeddings,
-            "vocab_size": self.vocab_size, "hidden_act": self.hidden_act, "tie_word_embeddings": False,
+            "vocab_size": self.vocab_size, "hidden_act": self.hidden_act,
+            "tie_word_embeddings": self.tie_word_embeddings,
         }
+        if self.partial_rotary_factor != 1.0:
+            dims["partial_rotary_factor"] = self.partial_rotary_factor
+        if not self.rope_is_neox_style:
+            dims["rope_is_neox_style"] = False
         dims["rope_scaling"] = self.rope_scaling
         if fmt == "specforge":
             conf = {"architectures": [SPECFORGE_ARCH], **dims}

@@ -19,7 +19,15 @@ SpecForge / speculators train it. Every convention below names its source:
 - **vocab map**: ``d2t`` int64 [Vd] offsets, target id = draft id + d2t[draft id]
   (llama_eagle3.py:350-352 ``hot_token_id = d2t + arange``); ``t2d`` bool [V] is carried but
   unused by serving.
-- **rope**: HF/neox style (rotate_half), ``rope_theta``, ``rope_scaling`` None / linear / llama3.
+- **rope** (SGLang 0.5.23 ``srt/models/llama.py:199-231, :324-336``, applied by
+  ``srt/layers/rotary_embedding/base.py:343-355`` and ``utils.py:36-62``): ``rope_theta``,
+  ``rope_scaling`` None / linear / llama3, over the first ``rotary_dim = int(partial_rotary_factor
+  * head_dim)`` dims of each head (inverse frequencies over ``rotary_dim``; the rest pass
+  unrotated); neox style (rotate halves of those dims) or, with ``rope_is_neox_style: false``,
+  gptj style (rotate interleaved pairs).
+- **lm_head**: with ``tie_word_embeddings`` the draft scores with the first Vd rows of its
+  embedding (SGLang: lm_head IS embed_tokens, llama_eagle3.py:301-302, whose weight set_embed
+  makes the target's, llama.py:917-918; the logits processor keeps Vd columns).
 - **TTT** (SpecForge ``specforge/modeling/draft/llama3_eagle.py`` LlamaAttention with
   ``cache_hidden``; speculators ``eagle3/core.py`` + ``eagle3/attention.py``
   ``extend_mask_for_draft_tokens``): row t at depth k has rope position t + k; its query
@@ -48,7 +56,7 @@ from specdiff.tracer.rows import draft_top_ids
 
 __all__ = [
     "Eagle3DraftConfig", "Eagle3Draft", "TTTOutput", "RMSNorm",
-    "rope_inv_freq", "ttt_labels",
+    "rope_inv_freq", "apply_rope", "ttt_labels",
 ]
 
 
@@ -96,14 +104,27 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
     return inv.float()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, neox: bool) -> torch.Tensor:
+    """Rotate the first ``2 * cos.shape[-1]`` dims of ``x`` [..., head_dim]; the rest pass unchanged.
+
+    ``cos`` / ``sin`` [..., rotary_dim / 2] broadcast against ``x``'s leading dims. neox: pairs
+    (i, i + rotary_dim/2); gptj (``neox=False``): pairs (2i, 2i+1) — SGLang 0.5.23
+    srt/layers/rotary_embedding/utils.py:36-62 (``o1 = x1 cos - x2 sin, o2 = x2 cos + x1 sin``).
+    """
+    r = 2 * cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    if neox:
+        x1, x2 = rot.chunk(2, dim=-1)
+    else:
+        x1, x2 = rot[..., ::2], rot[..., 1::2]
+    o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    out = torch.cat((o1, o2), dim=-1) if neox else torch.stack((o1, o2), dim=-1).flatten(-2)
+    return torch.cat((out, rest), dim=-1)
 
 
 class _Rope(nn.Module):
     """Rope tables for positions: ``forward(positions [B,T] int64, dtype)`` -> cos, sin
-    [B,1,T,head_dim] (fp32 math, cast to ``dtype``). A module so that hooks see the positions
+    [B,1,T,rotary_dim/2] (fp32 math, cast to ``dtype``; ``apply_rope`` uses them). A module so that hooks see the positions
     the attention rotates at (``tracer.training_hooks`` role ``rope`` -> ``draft.positions``).
 
     The inverse frequencies are a plain attribute, not a buffer: ``model.to(bf16)`` must not
@@ -112,12 +133,12 @@ class _Rope(nn.Module):
 
     def __init__(self, cfg: Eagle3DraftConfig):
         super().__init__()
-        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.inv_freq = rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.neox = cfg.rope_is_neox_style
 
     def forward(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        freqs = (positions.float()[..., None] * self.inv_freq.to(positions.device))[:, None]
+        return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
 
 class _Attention(nn.Module):
@@ -274,8 +295,8 @@ class Eagle3Draft(nn.Module):
         k = a.k_proj(attn_in).view(B, T, a.nkv, a.head_dim).transpose(1, 2)
         v = a.v_proj(attn_in).view(B, T, a.nkv, a.head_dim).transpose(1, 2)
         cos, sin = a.rotary_emb(positions, q.dtype)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = apply_rope(q, cos, sin, neox=a.rotary_emb.neox)
+        k = apply_rope(k, cos, sin, neox=a.rotary_emb.neox)
         rep = a.nh // a.nkv
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
@@ -360,10 +381,17 @@ class Eagle3Draft(nn.Module):
             res["positions"].append(pos)
             res["attn_in"].append(attn_in)
             res["hidden_out"].append(out)
-            res["logits"].append(self.lm_head(normed))
+            res["logits"].append(self.logits(normed))
             res["valid"].append((ar + 1 + d < lengths[:, None]).to(dev))
             h = fed_back_hidden(out, normed, norm_output=self.config.norm_output)
         return TTTOutput(fc_in=fc_in, fc_out=fc_out, lengths=lengths, d2t=self.d2t, **res)
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """[..., Hd] normed hidden -> [..., Vd] logits: ``lm_head``, or with ``tie_word_embeddings``
+        the first Vd rows of the embedding (module doc, SGLang llama_eagle3.py:301-302)."""
+        if self.config.tie_word_embeddings:
+            return F.linear(normed, self.embed_tokens.weight[: self.config.draft_vocab_size])
+        return self.lm_head(normed)
 
     def forward(self, aux_cat, input_ids, steps: int = 1, **kw) -> TTTOutput:
         """Alias of ``ttt_forward``."""
