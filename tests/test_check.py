@@ -265,7 +265,8 @@ def test_mismatched_rope(pair):
     report = run_preflight(target, draft)
     f = _one(report, "rope.theta")
     assert f.message.startswith("draft rope_theta 500000 but target rope_theta 10000")
-    assert "draft max_position_embeddings 128 < target 512" in _one(report, "rope.max_positions").message
+    assert "draft max_position_embeddings 128 (context 128) < the served context 512: SGLang 0.5.23 refuses to " \
+        "start" in _one(report, "rope.max_positions", "sglang").message
     _edit_config(draft, lambda c: c.update(rope_theta=10000.0, max_position_embeddings=512,
                                            rope_scaling={"rope_type": "linear", "factor": 2.0}))
     assert "draft rope_scaling {'rope_type': 'linear', 'factor': 2.0} but target rope_scaling None" in \
@@ -410,3 +411,71 @@ def test_bin_weights_are_checked_like_safetensors(pair, run_cli):
     (draft / "pytorch_model.bin").write_bytes(b"not a pickle")
     r = run_cli("check", "--target", target, "--draft", draft)
     assert r.exit_code == 2 and r.output.startswith("specdiff: error: draft weights ") and "weights_only" in r.output
+
+
+# ---- every rope key SGLang reads, the served dtype, tied embeddings (issue 22) -------------------
+def test_max_positions_shorter_than_the_served_context_is_sglangs_refusal_to_start(pair):
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: c.update(max_position_embeddings=64))
+    f = _one(run_preflight(target, draft), "rope.max_positions", "sglang")
+    assert f.severity == "error"
+    assert "draft max_position_embeddings 64 (context 64) < the served context 512" in f.message
+    assert "refuses to start" in f.message and "srt/configs/model_config.py:1314" in f.message
+    assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in f.fix and "max_position_embeddings = 512" in f.fix
+    # the server's --context-length is what the draft is held to, when given
+    assert not [x for x in run_preflight(target, draft, context_length=64).findings if x.kind == "rope.max_positions"]
+
+
+def test_rope_style_and_partial_rotary_are_read(pair):
+    target, draft, _ = pair
+    report = run_preflight(target, draft)
+    assert not [f for f in report.findings if f.kind in ("rope.style", "rope.partial_rotary")]
+    _edit_config(draft, lambda c: c.update(rope_is_neox_style=False, partial_rotary_factor=0.5))
+    report = run_preflight(target, draft)
+    assert "interleaved pairs" in _one(report, "rope.style", "sglang").message
+    f = _one(report, "rope.partial_rotary", "sglang")
+    assert "rotates only the first 8 of each head's 16 dims (llama.py:199-200)" in f.message
+
+
+def test_tie_word_embeddings_is_a_finding_with_its_fix_not_a_refusal(pair, run_cli):
+    target, draft, _ = pair
+    _edit_config(draft, lambda c: c.update(tie_word_embeddings=True))
+    f = _one(run_preflight(target, draft), "weights.tied_lm_head", "sglang")
+    assert f.severity == "warn" and "the target's embedding" in f.message and "llama_eagle3.py:303-304" in f.message
+    assert "tie_word_embeddings to false" in f.fix
+    r = run_cli("check", "--target", target, "--draft", draft)
+    assert r.exit_code == 0 and "weights.tied_lm_head" in r.output, r.output
+
+
+def test_served_dtype_against_the_trained_one(pair):
+    target, draft, _ = pair
+    _edit_weights(draft, lambda sd: sd.update({k: v.to(torch.bfloat16) for k, v in sd.items()
+                                                if v.is_floating_point()}))
+    _edit_config(draft, lambda c: c.update(torch_dtype="bfloat16"))
+    assert not [f for f in run_preflight(target, draft).findings if f.kind == "weights.served_dtype"]
+    f = _one(run_preflight(target, draft, served_dtype="float16"), "weights.served_dtype", "sglang")
+    assert f.severity == "warn" and "65504" in f.message and f.fix == "serve in bfloat16: --dtype bfloat16"
+    # --dtype auto on a config that says float32 (or nothing) is float16 in SGLang 0.5.23
+    _edit_config(draft, lambda c: c.update(torch_dtype="float32"))
+    f = _one(run_preflight(target, draft), "weights.served_dtype", "sglang")
+    assert "--dtype auto with config dtype float32" in f.message and f.severity == "warn"
+
+
+def test_sglang_rules_match_sglangs_own_functions():
+    """The context / dtype rules above against SGLang 0.5.23's code, on the same configs."""
+    from sglang.srt.configs.model_config import _get_and_verify_dtype
+    from sglang.srt.utils.hf_transformers.common import get_context_length
+    from transformers import LlamaConfig
+
+    from specdiff.replay.preflight.rules import sglang_context_length, sglang_served_dtype
+
+    for kw in ({"max_position_embeddings": 64}, {"max_position_embeddings": 100,
+                                                 "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+               {"max_position_embeddings": 100, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 50}}):
+        raw = {"model_type": "llama", **kw}
+        assert sglang_context_length(raw) == get_context_length(LlamaConfig(**kw)), kw
+    for cdt, arg in (("float32", "auto"), (None, "auto"), ("bfloat16", "auto"), ("bfloat16", "float16")):
+        raw = {"model_type": "llama", **({"torch_dtype": cdt} if cdt else {})}
+        want = str(_get_and_verify_dtype(raw, arg)).replace("torch.", "")
+        assert sglang_served_dtype(raw, arg) == want, (cdt, arg)

@@ -209,7 +209,7 @@ def test_record_train_prints_and_stores_the_draft_config_defaults(tmp_path, run_
 
 def test_tie_word_embeddings_is_read_with_a_note_not_refused(tmp_path):
     """SGLang 0.5.23 serves a tied draft (its lm_head becomes the target's embedding,
-    llama_eagle3.py:301-302 + llama.py:917-918): the config says so instead of refusing."""
+    llama_eagle3.py:303-304 + llama.py:917-918): the config says so instead of refusing."""
     f = _cfg().write(tmp_path, "specforge", aux_ids=IDS["specforge"], torch_dtype="float32")
     f.write_text(json.dumps({**json.loads(f.read_text()), "tie_word_embeddings": True}))
     cfg = Eagle3DraftConfig.from_file(tmp_path)

@@ -99,7 +99,7 @@ class Eagle3DraftConfig:
         rope_is_neox_style: rotate halves (True, neox) or interleaved pairs (False, gptj),
             SGLang 0.5.23 srt/models/llama.py:335 (``getattr(config, "rope_is_neox_style", True)``).
         tie_word_embeddings: the config ties lm_head to embed_tokens. SGLang 0.5.23 then makes the
-            draft's lm_head its embed_tokens (srt/models/llama_eagle3.py:301-302), which set_embed
+            draft's lm_head its embed_tokens (srt/models/llama_eagle3.py:303-304), which set_embed
             replaces with the target's embedding (srt/models/llama.py:917-918): the draft scores
             with the first ``draft_vocab_size`` rows of the target's embedding, not a trained
             lm_head. Read and kept (``check`` reports it as a finding), never refused.
@@ -288,7 +288,7 @@ class Eagle3DraftConfig:
         tied = bool(raw.get("tie_word_embeddings") or dims.get("tie_word_embeddings"))
         if tied:
             notes.append("tie_word_embeddings is true: SGLang 0.5.23 scores the draft with the target's embedding "
-                         "(llama_eagle3.py:301-302, llama.py:917-918), not lm_head.weight")
+                         "(llama_eagle3.py:303-304, llama.py:917-918), not lm_head.weight")
         hd, heads = dims["hidden_size"], dims["num_attention_heads"]
 
         def dim(name: str, fallback, why: str):

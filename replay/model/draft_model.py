@@ -26,7 +26,7 @@ SpecForge / speculators train it. Every convention below names its source:
   unrotated); neox style (rotate halves of those dims) or, with ``rope_is_neox_style: false``,
   gptj style (rotate interleaved pairs).
 - **lm_head**: with ``tie_word_embeddings`` the draft scores with the first Vd rows of its
-  embedding (SGLang: lm_head IS embed_tokens, llama_eagle3.py:301-302, whose weight set_embed
+  embedding (SGLang: lm_head IS embed_tokens, llama_eagle3.py:303-304, whose weight set_embed
   makes the target's, llama.py:917-918; the logits processor keeps Vd columns).
 - **TTT** (SpecForge ``specforge/modeling/draft/llama3_eagle.py`` LlamaAttention with
   ``cache_hidden``; speculators ``eagle3/core.py`` + ``eagle3/attention.py``
@@ -388,7 +388,7 @@ class Eagle3Draft(nn.Module):
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """[..., Hd] normed hidden -> [..., Vd] logits: ``lm_head``, or with ``tie_word_embeddings``
-        the first Vd rows of the embedding (module doc, SGLang llama_eagle3.py:301-302)."""
+        the first Vd rows of the embedding (module doc, SGLang llama_eagle3.py:303-304)."""
         if self.config.tie_word_embeddings:
             return F.linear(normed, self.embed_tokens.weight[: self.config.draft_vocab_size])
         return self.lm_head(normed)

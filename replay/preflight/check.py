@@ -20,6 +20,8 @@ from specdiff.replay.preflight.rules import (
     check_aux,
     check_norms,
     check_rope,
+    check_served_dtype,
+    check_tied,
     check_tokenizer,
     check_training,
     check_vocab,
@@ -42,8 +44,12 @@ def _training_hf(layers, convention: str, num_layers: int, architecture: str | N
 
 
 def run_preflight(target, draft, *, engines=ENGINES, training_layers=None, training_convention: str = "hf",
-                  speculative_algorithm: str | None = "EAGLE3") -> PreflightReport:
+                  speculative_algorithm: str | None = "EAGLE3", served_dtype: str = "auto",
+                  context_length: int | None = None) -> PreflightReport:
     """Read both directories and return the report (findings ordered error, warn, info).
+
+    ``served_dtype``: the server's --dtype (SGLang's ``auto`` rule applied to the draft's config);
+    ``context_length``: the server's --context-length (None: derived from the target's config).
 
     Raises:
         PreflightError: a directory that cannot be checked (one line).
@@ -74,7 +80,9 @@ def run_preflight(target, draft, *, engines=ENGINES, training_layers=None, train
         findings += check_vocab(d.d2t, d.t2d, draft_vocab_size=cfg.draft_vocab_size, vocab_size=t.vocab_size,
                                 eos_token_ids=t.eos_token_ids)
         findings += check_norms(d, engines=engines)
-        findings += check_rope(d, t)
+        findings += check_rope(d, t, context_length=context_length)
+        findings += check_tied(d, t)
+        findings += check_served_dtype(d, dtype=served_dtype)
     findings += check_tokenizer(d, t)
     findings = [f for f in findings if f.engine == "all" or f.engine in engines]
     order = {s: i for i, s in enumerate(SEVERITIES)}

@@ -36,7 +36,8 @@ from specdiff.replay.preflight.files import DraftInfo, TargetInfo
 from specdiff.replay.preflight.report import Finding
 
 __all__ = ["check_aux", "check_family", "sglang_ids_fix", "check_training", "check_weights", "check_vocab", "check_norms", "check_rope",
-           "check_algorithm", "check_tokenizer"]
+           "check_algorithm", "check_tokenizer", "check_served_dtype", "check_tied", "sglang_context_length",
+           "sglang_served_dtype"]
 
 
 def slots_text(cap: EngineCapture, L: int) -> str:
@@ -344,10 +345,13 @@ def check_weights(draft: DraftInfo, target: TargetInfo, *, engines) -> list[Find
         out.append(Finding("weights.ignored", "info", "all",
                            "ignored by the engines: " + ", ".join(sorted(ignored)), ""))
     has_embed = "embed_tokens.weight" in canon
-    if has_embed and "sglang" in engines:
+    if has_embed and "sglang" in engines and cfg.target_hidden_size == cfg.hidden_size:
+        # set_embed keeps the draft's own embedding only when the hidden sizes differ (llama.py:912-916)
         out.append(Finding("weights.ignored", "info", "sglang",
-                           "embed_tokens.weight is in the checkpoint but SGLang replaces it with the "
-                           "target's embedding (init_lm_head -> set_embed)",
+                           "embed_tokens.weight is in the checkpoint but SGLang 0.5.23 replaces it with the "
+                           "target's embedding (speculative/eagle_worker_v2.py:363 -> set_embed, "
+                           "srt/models/llama.py:917-918): a draft trained with its own embedding is served "
+                           "with another one",
                            "train with the target's embedding frozen, or serve with vLLM"))
     if not has_embed and cfg.hidden_size != H:
         out.append(Finding("weights.embed", "error", "all",
@@ -507,8 +511,44 @@ def _scaling_key(s):
     return json.dumps(s, sort_keys=True) if s else None
 
 
-def check_rope(draft: DraftInfo, target: TargetInfo) -> list[Finding]:
-    """rope theta / scaling / max positions of the draft vs the target."""
+def sglang_context_length(config: dict) -> int:
+    """The context length SGLang 0.5.23 derives from a config dict (srt/utils/hf_transformers/common.py:
+    668-695 ``get_context_length``): the first of max_sequence_length, seq_length, max_seq_len,
+    model_max_length, max_position_embeddings, times rope_scaling's ``factor`` unless the scaling
+    names original_max_position_embeddings or is llama3; 2048 when none is set."""
+    rs = config.get("rope_scaling") or None
+    factor = 1
+    if isinstance(rs, dict) and "original_max_position_embeddings" not in rs and rs.get("rope_type") != "llama3":
+        factor = rs.get("factor", 1)
+    for key in ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings"):
+        if config.get(key) is not None:
+            return int(factor * config[key])
+    return 2048
+
+
+def sglang_served_dtype(config: dict, dtype: str = "auto") -> str:
+    """The dtype SGLang 0.5.23 runs a model in for ``--dtype dtype`` (srt/configs/model_config.py:
+    2284-2325 ``_get_and_verify_dtype``): ``auto`` takes the config's ``dtype`` / ``torch_dtype``, but
+    a float32 or absent one becomes float16 (bfloat16 for Gemma models)."""
+    if dtype != "auto":
+        return {"half": "float16", "float": "float32", "bf16": "bfloat16"}.get(dtype, dtype)
+    cdt = config.get("dtype") or config.get("torch_dtype") or "float32"
+    if str(cdt).replace("torch.", "") in ("float32", "float"):
+        return "bfloat16" if str(config.get("model_type", "")).startswith("gemma") else "float16"
+    return str(cdt).replace("torch.", "")
+
+
+def _draft_dims(draft: DraftInfo) -> dict:
+    """The config dict holding the draft's Llama dims (speculators: transformer_layer_config)."""
+    inner = draft.raw.get("transformer_layer_config")
+    return inner if isinstance(inner, dict) else draft.raw
+
+
+def check_rope(draft: DraftInfo, target: TargetInfo, *, context_length: int | None = None) -> list[Finding]:
+    """Every rope key SGLang 0.5.23 reads for the draft (srt/models/llama.py:199-200, :324-336):
+    rope_theta and rope_scaling against the target's, rope_is_neox_style, partial_rotary_factor, and
+    the draft's context (max_position_embeddings) against the served one (``context_length``: the
+    server's --context-length; None = what SGLang derives from the target's config)."""
     cfg = draft.config
     out = []
     if float(cfg.rope_theta) != float(target.rope_theta):
@@ -521,13 +561,77 @@ def check_rope(draft: DraftInfo, target: TargetInfo) -> list[Finding]:
         out.append(Finding("rope.scaling", "warn", "all",
                            f"draft rope_scaling {cfg.rope_scaling} but target rope_scaling {target.rope_scaling}",
                            "copy the target's rope_scaling into the draft config if training used it"))
-    tm = target.max_position_embeddings
-    if tm is not None and cfg.max_position_embeddings < tm:
-        out.append(Finding("rope.max_positions", "warn", "all",
-                           f"draft max_position_embeddings {cfg.max_position_embeddings} < target {tm}: "
-                           "positions past the draft's limit index beyond its rope cache",
-                           f"set max_position_embeddings = {tm} in the draft config"))
+    if not cfg.rope_is_neox_style:
+        out.append(Finding("rope.style", "warn", "sglang",
+                           "draft rope_is_neox_style false: SGLang 0.5.23 rotates the draft's q/k in interleaved "
+                           "pairs (2i, 2i+1) (gptj style; llama.py:335, layers/rotary_embedding/utils.py:52-62) "
+                           "instead of halves (neox, what Llama-style trainers such as SpecForge use)",
+                           "remove rope_is_neox_style from the draft config (or set it true) unless the draft was "
+                           "trained with interleaved rope"))
+    if cfg.partial_rotary_factor != 1.0:
+        out.append(Finding("rope.partial_rotary", "warn", "sglang",
+                           f"draft partial_rotary_factor {cfg.partial_rotary_factor:g}: SGLang 0.5.23 rotates only "
+                           f"the first {cfg.rotary_dim} of each head's {cfg.head_dim} dims (llama.py:199-200); the "
+                           "other dims carry no position",
+                           "remove partial_rotary_factor from the draft config unless training rotated the same "
+                           "dims (record train replays the config as SGLang serves it)"))
+    served = context_length or sglang_context_length(target.config.get("text_config") or target.config)
+    own = sglang_context_length(_draft_dims(draft))
+    if own < served:
+        out.append(Finding("rope.max_positions", "error", "sglang",
+                           f"draft max_position_embeddings {cfg.max_position_embeddings} (context {own}) < the "
+                           f"served context {served}: SGLang 0.5.23 refuses to start (ValueError: \"Target model's "
+                           "context_length ... is greater than the derived context_length\", "
+                           "srt/configs/model_config.py:1314; the draft gets the target's context, "
+                           "speculative/eagle_worker_v2.py:229) unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, "
+                           "which overrides the draft's max_position_embeddings to the target's "
+                           "(model_config.py:1303-1311)",
+                           f"set max_position_embeddings = {served} in the draft config (rope does not depend on "
+                           "it), or start the server with SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"))
+        out.append(Finding("rope.max_positions", "warn", "vllm",
+                           f"draft max_position_embeddings {cfg.max_position_embeddings} < the served context "
+                           f"{served}: positions past it are beyond what the draft config declares",
+                           f"set max_position_embeddings = {served} in the draft config"))
     return out
+
+
+def check_served_dtype(draft: DraftInfo, *, dtype: str = "auto") -> list[Finding]:
+    """The dtype SGLang 0.5.23 serves the draft in (``sglang_served_dtype`` of the draft's config for
+    ``--dtype dtype``) against the dtype its weights were trained / stored in (safetensors headers):
+    float16 for a bfloat16 draft is a warning (float16 overflows past 65504 where bf16 does not);
+    float16 for float32 weights (trained dtype unknown) is said as info."""
+    served = sglang_served_dtype(draft.raw, dtype)
+    floats = sorted({dt for n, (_, dt) in draft.tensors.items()
+                     if dt.startswith(("float", "bfloat")) and canonical_name(n) not in ("d2t", "t2d")})
+    if served != "float16" or not floats or floats == ["float16"]:
+        return []
+    how = (f"--dtype {dtype}" if dtype != "auto" else
+           f"--dtype auto with config dtype {draft.raw.get('dtype') or draft.raw.get('torch_dtype') or 'absent'} "
+           "(float32 or absent becomes float16: srt/configs/model_config.py:2303-2319)")
+    fix = "serve in bfloat16: --dtype bfloat16"
+    if "bfloat16" in floats:
+        return [Finding("weights.served_dtype", "warn", "sglang",
+                        f"the draft's weights are bfloat16 but SGLang 0.5.23 serves it in float16 ({how}): "
+                        "activations past float16's 65504 overflow to inf/NaN, and weights below 2**-14 lose "
+                        "precision", fix)]
+    return [Finding("weights.served_dtype", "info", "sglang",
+                    f"SGLang 0.5.23 serves this draft in float16 ({how}) while its weights are {floats[0]}: a draft "
+                    "trained in bfloat16 can overflow there (float16's largest value is 65504)", fix)]
+
+
+def check_tied(draft: DraftInfo, target: TargetInfo) -> list[Finding]:
+    """``tie_word_embeddings: true``: what SGLang 0.5.23 scores the draft with (a finding, not a refusal)."""
+    cfg = draft.config
+    if not cfg.tie_word_embeddings:
+        return []
+    shared = cfg.target_hidden_size == cfg.hidden_size == target.hidden_size
+    head = ("the target's embedding (set_embed replaces the draft's, srt/models/llama.py:917-918)" if shared
+            else "the draft's own embed_tokens (set_embed keeps it when the hidden sizes differ, llama.py:912-916)")
+    return [Finding("weights.tied_lm_head", "warn", "sglang",
+                    "tie_word_embeddings is true: SGLang 0.5.23 makes the draft's lm_head its embed_tokens "
+                    f"(srt/models/llama_eagle3.py:303-304), so the draft scores with {head}, its first "
+                    f"{cfg.draft_vocab_size} rows; a trained lm_head.weight is not used",
+                    "set tie_word_embeddings to false in the draft config and ship the trained lm_head.weight")]
 
 
 def _normalize_algorithm(a: str) -> str:
