@@ -52,8 +52,11 @@ def _serving_findings(traces: Pair) -> list[dict]:
         # compares aux_hf_indices and aux_prenorm_indices of the two traces instead
         layers = None
     try:
+        # the dtype the server really ran (its contract), not SGLang's --dtype auto guess from the config
+        served = str(known(serve.contract, "dtype") or "auto").replace("torch.", "")
         report = run_preflight(target, draft, engines=("sglang",),
-                               training_layers=list(layers) if layers else None, training_convention="hf")
+                               training_layers=list(layers) if layers else None, training_convention="hf",
+                               served_dtype=served)
     except SpecdiffError:
         return []
     return findings_as_facts(report.findings)
