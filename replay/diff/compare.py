@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from specdiff.replay.diff import blocks, context, inherited, metrics, routing
+from specdiff.replay.diff import blocks, context, groups, inherited, metrics, routing
 from specdiff.replay.diff.align import Alignment, Pair, RowMatch, match_rows, pack_keys
 from specdiff.replay.diff.contract_check import side_labels
 from specdiff.replay.diff.early import FirstDivergenceWatch, divergence_key
@@ -66,6 +66,9 @@ class TensorComparison:
             [n] indexes ``inherited_names`` (the tensor each came from), -1 elsewhere.
         explained: bool [n], counted failing rows a named legitimate cause explains
             (``explanation``, e.g. routing.RoutingFlips); None = none.
+        concentration: the structural group its counted failing rows concentrate in most
+            (replay/diff/groups.py ``Concentration``; ``fired``: the tensor diverges because of it,
+            though under its fail fraction over all rows), or None.
     """
 
     name: str
@@ -86,6 +89,7 @@ class TensorComparison:
     inherited_names: list = field(default_factory=list)
     explained: np.ndarray | None = None
     explanation: object = None
+    concentration: object = None
 
     @property
     def own_fail(self) -> np.ndarray:
@@ -97,6 +101,26 @@ class TensorComparison:
         if self.explained is not None:
             fail = fail & ~self.explained
         return fail
+
+    @property
+    def judged_fail(self) -> np.ndarray:
+        """bool [n]: the failing rows the verdict rests on: ``own_fail``, or only the fired group's
+        failing rows when the tensor diverges because of a concentration (groups.py), not over all rows."""
+        own = self.own_fail
+        group = self._group_only(own)
+        return own if group is None else own & group
+
+    def _group_only(self, own: np.ndarray) -> np.ndarray | None:
+        """The fired group's failing rows when the tensor diverges only because of them, else None."""
+        c = self.concentration
+        if c is None or not c.fired or self._diverged_overall(own):
+            return None
+        return c.mask
+
+    def _diverged_overall(self, own: np.ndarray) -> bool:
+        counted = self.counted if self.counted is not None else np.ones(len(own), bool)
+        n = int((counted & (self.status != UNREADABLE)).sum())
+        return bool(self.nonfinite.any()) or (n > 0 and own.sum() / n > self.tolerance.max_fail_frac)
 
     @property
     def first_where(self) -> dict | None:
@@ -124,6 +148,9 @@ class TensorComparison:
             return None
         depth = self.match.depth
         fail = self.own_fail
+        group = self._group_only(fail)
+        if group is not None:  # diverged only in a structural group: where that group's rows fail
+            return int(depth[fail & group].min())
         counted = self.counted if self.counted is not None else np.ones(len(depth), bool)
         for d in np.unique(depth):
             sel = depth == d
@@ -136,7 +163,7 @@ class TensorComparison:
     def first_failing_row(self) -> int | None:
         """Index (into the aligned rows) of the failing row at the earliest position, then pair,
         among the rows at ``divergence_depth`` when that depth has failing rows."""
-        bad = np.nonzero(self.own_fail)[0]
+        bad = np.nonzero(self.judged_fail if self.diverged else self.own_fail)[0]
         if not len(bad):
             return None
         d = self.divergence_depth
@@ -175,7 +202,8 @@ def _filter_depth(m: RowMatch, good: np.ndarray | None) -> RowMatch:
 def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: Tolerance,
                    good_paths: np.ndarray | None, block_rows: int = 1 << 16, match: RowMatch | None = None,
                    watch=None, on_rows=None, on_partial=None, runner=None, counted: np.ndarray | None = None,
-                   inheritance: tuple | None = None, judge=None, watch_frac: float | None = None) -> TensorComparison:
+                   inheritance: tuple | None = None, judge=None, watch_frac: float | None = None,
+                   row_groups: list | None = None) -> TensorComparison:
     """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows).
 
     Blocks of ``block_rows`` rows (at most ~16 MiB of float32 a side) are compared on the block
@@ -193,6 +221,9 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     for the counted failing rows ``candidates`` (bool [n]), e.g. ``routing.routing_flips``, or
     None; it explains all of them or none, before the verdict is final. ``watch_frac``: the fail
     fraction the early watch proves a divergence above (the largest any ``judge`` may explain).
+    ``row_groups``: the structural groups of the rows (groups.row_groups; None: not group-judged):
+    a float tensor under its fail fraction diverges when its failures concentrate in one of them
+    (groups.concentrated), decided before ``watch`` sees the comparison.
     """
     spec = spec_for(name)
     m = match if match is not None else tensor_match(traces, alignment, name, good_paths=good_paths)
@@ -255,6 +286,10 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
             own = own & nonfinite
     own_frac = float(own.sum()) / counted_readable if counted_readable else 0.0
     comp.diverged = bool(readable) and (own_frac > tolerance.max_fail_frac or bool(nonfinite.any()))
+    if row_groups and readable and not comp.diverged:
+        usable = (counted if counted is not None else np.ones(n, bool)) & ~unread
+        comp.concentration = groups.concentrated(comp, row_groups, own & usable, usable)
+        comp.diverged = comp.concentration is not None and comp.concentration.fired
     stats.update(_inheritance_stats(comp, own, counted_readable, own_frac, spec.kind))
     if watch is not None:
         watch.finished(comp)
@@ -419,6 +454,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     watch = FirstDivergenceWatch(pending={n: _shallowest_depth(traces.x, n) for n in names}, known=known,
                                  on_first=on_first)
     total, done = sum(traces.x.rows(n) for n in names), 0
+    grouping = _Grouping(traces, alignment)
 
     def rows_done(k: int) -> None:
         nonlocal done
@@ -431,6 +467,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         spec = spec_for(name)
         tol = default_tolerance(_compute_dtype(traces.x, name), _compute_dtype(traces.y, name),
                                 kind=spec.kind, preset=preset)
+        user_frac = apply_overrides(tol, name, overrides or {}).max_fail_frac != tol.max_fail_frac
         tol = apply_overrides(exact_inputs(name, tol), name, overrides or {})
         m = tensor_match(traces, alignment, name, good_paths=good, match=matched.get(name))
         inh = upstream.inherited(name, m)
@@ -448,7 +485,8 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                                    on_rows=rows_done if on_rows is not None else None, runner=runner,
                                    on_partial=None if on_partial is None
                                    else lambda c: on_partial({**out, c.name: c}, watch.first),
-                                   counted=counted, inheritance=inh, judge=judge, watch_frac=watch_frac)
+                                   counted=counted, inheritance=inh, judge=judge, watch_frac=watch_frac,
+                                   row_groups=None if user_frac else grouping.groups(name, m))
         if family.moe and aux_slot(name) == 0 and out[name].diverged:
             out[name].stats["routing_not_named"] = routing.SLOT0_WHY
         upstream.add(out[name], inherited.source_rows(out[name]))
@@ -459,6 +497,27 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         out["tokens"] = token_format_comparison(traces, alignment, out.get("tokens"), preset=preset)
     watch.done()
     return {n: out[n] for n in ordered(out)}
+
+
+class _Grouping:
+    """The structural row groups of each tensor (groups.row_groups), from serving's row keys:
+    its decode iteration per row (``iter``; -1 = prefill) and the requests whose prefix hit the
+    radix cache (groups.cached_prefixes), read once per diff. Serving is side B unless only side A
+    is a serving trace."""
+
+    def __init__(self, traces: Pair, alignment: Alignment):
+        self.traces = traces
+        self.sv = "x" if traces.x.side == "serve" and traces.y.side != "serve" else "y"
+        self.prompt = {p.index: p.prompt_len for p in alignment.seq_pairs}
+        self.cached = groups.cached_prefixes(traces, alignment, self.sv)
+
+    def groups(self, name: str, m: RowMatch) -> list | None:
+        if spec_for(name).kind != "float" or not len(m.pair):
+            return None
+        trace = getattr(self.traces, self.sv)
+        it = np.asarray(trace.keys(name, columns=("iter",))["iter"], np.int64)[getattr(m.rows, self.sv)]
+        iters = it if (it >= 0).any() else None
+        return groups.row_groups(m, iters=iters, prompt_lens=self.prompt, cached=self.cached)
 
 
 def exact_inputs(name: str, tol: Tolerance) -> Tolerance:
