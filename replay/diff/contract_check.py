@@ -105,7 +105,8 @@ _FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "chat_template_sha256": ("info", "chat templates differ ({lx} {xs}, {ly} {ys})", _TOK,
                              "format training data with the serving chat template"),
     "dtype": ("info", "compute dtypes differ ({lx} {x}, {ly} {y}): tolerances use the looser", _ALL,
-              "record training in the serving dtype (--dtype)"),
+              "run both sides in one dtype: record training with the serving --dtype, or serve in the trained "
+              "dtype (a bf16-trained draft in float16 can overflow: --dtype bfloat16)"),
     "spec_steps": ("info", "draft steps differ ({lx} {x}, {ly} {y})", ("draft.topk", "verify"),
                    "record training with the serving --speculative-num-steps (--steps)"),
     "spec_topk": ("info", "draft top-k differs ({lx} {x}, {ly} {y})", ("draft.topk", "draft.topk_target", "verify"),
