@@ -25,7 +25,7 @@ BASE = {
     "embed_source": "target", "embed_sha256": "e" * 64, "lm_head_source": "draft", "lm_head_sha256": "l" * 64,
     "rope_theta": 10000.0, "rope_scaling": None, "rope_style": "neox", "draft_weights_sha256": "w" * 64,
     "tokenizer_sha256": "k" * 64, "bos_added": True, "chat_template_sha256": "c" * 64, "dtype": "float32",
-    "spec_steps": 3, "spec_topk": 1, "aux_prenorm_indices": [],
+    "spec_steps": 3, "spec_topk": 1, "aux_prenorm_indices": [], "partial_rotary_factor": 1.0,
 }
 
 #: field -> the serving side's value (training keeps BASE's)
@@ -37,7 +37,7 @@ CHANGED = {
     "lm_head_sha256": "L" * 64, "rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2.0},
     "rope_style": "gptj", "draft_weights_sha256": "W" * 64, "tokenizer_sha256": "K" * 64, "bos_added": False,
     "chat_template_sha256": "C" * 64, "dtype": "bfloat16", "spec_steps": 5, "spec_topk": 2,
-    "aux_prenorm_indices": [5],
+    "aux_prenorm_indices": [5], "partial_rotary_factor": 0.5,
 }
 
 #: stage -> (tensor written with diverging rows, row shape, kind)

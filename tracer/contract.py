@@ -69,6 +69,12 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "rope_theta": (_num, "rope base of the draft's attention"),
     "rope_scaling": ((dict, type(None)), "rope scaling of the draft's attention (rope_scaling_fact)"),
     "rope_style": ((str,), "'neox' (rotate halves) or 'gptj' (rotate interleaved pairs)"),
+    "partial_rotary_factor": (_num, "fraction of each head's dims the draft's rope rotates (SGLang: rotary_dim / "
+                                    "head_size of its rotary_emb, srt/models/llama.py:199-200)"),
+    "embed_fingerprint": ((str,), "dtype-independent hash of the embedding the draft multiplies by (values rounded "
+                                  "through float16 then bfloat16): equal for one checkpoint held in bf16, fp16 or "
+                                  "fp32 (replay/diff/contract_check.py WEIGHT_HASHES)"),
+    "lm_head_fingerprint": ((str,), "dtype-independent hash of the draft's lm_head (as embed_fingerprint)"),
     "bos_added": ((bool, str, type(None)), "every prompt starts with BOS (False: none does; 'mixed'; None: "
                                           "no prompt) - bos_added_fact"),
     "spec_steps": ((int,), "--speculative-num-steps / TTT steps"),

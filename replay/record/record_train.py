@@ -170,7 +170,8 @@ def draft_computation_facts(draft, config, *, vocab: int, seqs, bos_token_id, to
         "lm_head_sha256": weight_sha256(draft.lm_head.weight, rows=config.draft_vocab_size),
         "rope_theta": float(config.rope_theta),
         "rope_scaling": rope_scaling_fact(kind, **params),
-        "rope_style": "neox",  # draft_model.py applies rope with rotate_half
+        "rope_style": "neox" if config.rope_is_neox_style else "gptj",  # as draft_model.apply_rope rotates
+        "partial_rotary_factor": float(config.partial_rotary_factor),
         "bos_added": bos_added_fact([int(s.tokens[0]) for s in seqs if len(s.tokens)], bos_token_id),
         "chat_template_sha256": tokenizer_hashes(tokenizer_dir)[1],
     }
