@@ -40,6 +40,7 @@ from specdiff.replay.diff.align import Alignment, Pair, match_rows
 from specdiff.replay.diff.compare import TensorComparison
 from specdiff.replay.diff.contract_causes import explain_contract
 from specdiff.replay.diff.contract_check import side_labels
+from specdiff.replay.diff.history import explain_group, explain_history
 from specdiff.replay.diff.nonfinite import explain_nonfinite
 from specdiff.replay.diff.structure import contract_value
 from specdiff.tracer.contract import AUX_IDS_DEFAULT_PREFIX, aux_slot_layers, known
@@ -670,25 +671,57 @@ def _at_depth(m, depth):
     return type(m)(m.rows.map(lambda r: r[keep]), m.pair[keep], m.pos[keep], m.depth[keep], m.only)
 
 
+def _offsets(traces: Pair, m, name: str) -> tuple[int, float, int]:
+    """(most common serving - training offset, its share, rows) of int tensor ``name`` on RowMatch ``m``."""
+    rx, ry = _sample(m)
+    x = traces.x.take(name, rx).reshape(-1).astype(np.int64)
+    y = traces.y.take(name, ry).reshape(-1).astype(np.int64)
+    off, counts = np.unique(y - x, return_counts=True)
+    return int(off[np.argmax(counts)]), float(counts.max() / len(x)), len(x)
+
+
 def explain_positions(traces: Pair, first: TensorComparison) -> list[Explanation]:
-    """``draft.positions``: one side's rope positions = the other's + a constant offset?"""
+    """``draft.positions``: one side's rope positions = the other's + an offset, judged per draft
+    depth (three quarters of the rows are depth 0, where a draft-step bug leaves them right: the
+    most common offset over all rows hides a +1 every deeper row shares)."""
     if first.name != "draft.positions" or not len(first.match.pair):
         return []
-    rx, ry = _sample(first.match)
-    x = traces.x.take(first.name, rx).reshape(-1).astype(np.int64)
-    y = traces.y.take(first.name, ry).reshape(-1).astype(np.int64)
-    off, counts = np.unique(y - x, return_counts=True)
     lab = side_names(traces)
-    best = int(off[np.argmax(counts)])
-    share = float(counts.max() / len(x))
-    if best == 0 or share < 0.95:
+    per = {int(d): _offsets(traces, _at_depth(first.match, int(d)), first.name) for d in np.unique(first.match.depth)}
+    clean = {d: v for d, v in per.items() if v[1] >= 0.95}
+    if len(clean) != len(per):
         return []
-    return [Explanation("position_offset",
-                        f"the draft's rope positions on {lab.y} are {lab.x}'s {best:+d}: row t at depth k is "
-                        f"rotated at t + k {best:+d} instead of t + k",
-                        (f"{share:.1%} of aligned rows differ by exactly {best:+d}",),
-                        "the draft attends at position t + k (SGLang draft extend: the token's own position; "
-                        "draft step k: seq_len + k - 1); check the position offset the draft is given")]
+    offs = {d: v[0] for d, v in clean.items()}
+    ev = tuple(f"depth {d}: {v[1]:.1%} of {v[2]} rows differ by exactly {v[0]:+d}" for d, v in sorted(clean.items()))
+    fix = ("the draft attends at position t + k (SGLang draft extend: the token's own position; draft step k: "
+           "seq_len + k - 1); check the position offset the draft is given")
+    vals = set(offs.values())
+    if vals == {0}:
+        return []
+    if len(vals) == 1:
+        best = vals.pop()
+        return [Explanation("position_offset",
+                            f"the draft's rope positions on {lab.y} are {lab.x}'s {best:+d}: row t at depth k is "
+                            f"rotated at t + k {best:+d} instead of t + k", ev, fix)]
+    wrong = sorted(d for d, o in offs.items() if o)
+    k0 = wrong[0]
+    if all(offs[d] == 0 for d in offs if d < k0) and len({offs[d] for d in wrong}) == 1 and wrong == \
+            sorted(d for d in offs if d >= k0):
+        c = offs[k0]
+        ahead = "ahead of" if c > 0 else "behind"
+        return [Explanation("position_offset_depth",
+                            f"draft positions at depth >= {k0} are {abs(c)} {ahead} {lab.x} ({c:+d} at depth >= {k0}) "
+                            f"on {lab.y}, depth < {k0} agree: rope positions "
+                            + ("advanced before each draft step instead of after" if c > 0 else
+                               "not advanced for each draft step"), ev, fix)]
+    if all(offs[d] == offs[min(offs)] + (d - min(offs)) * (offs[max(offs)] - offs[min(offs)]) // max(1, max(offs) - min(offs))
+           for d in offs):
+        step = (offs[max(offs)] - offs[min(offs)]) // max(1, max(offs) - min(offs))
+        return [Explanation("position_offset_depth",
+                            f"the draft's rope positions on {lab.y} drift by {step:+d} per draft depth from {lab.x}'s "
+                            f"(offset {offs[min(offs)]:+d} at depth {min(offs)}): the position is advanced by the "
+                            "wrong amount per draft step", ev, fix)]
+    return []
 
 
 def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorComparison],
@@ -711,6 +744,7 @@ def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorCompariso
         out += explain_norm_before_fc(traces, alignment, first)
     out += explain_halves(traces, comps, first)
     out += explain_positions(traces, first)
+    out += explain_history(traces, alignment, comps, first)  # draft KV history (history.py)
     if not out:
         out += explain_position_shift(traces, alignment, first)
     # Non-finite values lead when they appear at the first divergence itself (later: evidence after it);
@@ -719,4 +753,6 @@ def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorCompariso
     nonfinite = explain_nonfinite(traces, comps, first, side_names(traces))
     at_first = [e for e in nonfinite if f"appear at {first.name} " in e.message]
     contract = [] if out else explain_contract(traces, comps, first)
-    return at_first + out + contract + [e for e in nonfinite if e not in at_first]
+    # a divergence called in a structural group (groups.py) names the group when nothing sharper did
+    group = [] if out or contract or at_first else explain_group(first)
+    return at_first + out + contract + group + [e for e in nonfinite if e not in at_first]

@@ -21,8 +21,10 @@ failing rows: counted, not explained), a group G of n rows with k failing rows *
    of which K fail) times the number of groups tested (those meeting 1 and 2: Bonferroni)
    is at most ``GROUP_ALPHA``;
 4. the group's failing rows are far beyond the noise floor: their smallest relative error is at
-   least ``GROUP_FAR`` x the 99th percentile of the passing counted rows' relative errors
-   (bf16 noise sits just under the tolerance; a wrong KV row sits several times above it).
+   least ``GROUP_FAR`` x the 99th percentile of the relative errors of the group's own passing
+   counted rows (of the whole tensor's when the group has fewer than ``FLOOR_MIN_ROWS``): a
+   structure that is merely noisier (deeper draft rows compound bf16 rounding) has its noise just
+   under the tolerance and a few rows just over it; a wrong KV row sits several times above it.
 
 Of the groups that fire, the one with the smallest tail probability is named (ties: the smaller
 group, the more specific). Id tensors are not group-judged: their failing rows are discrete
@@ -47,10 +49,11 @@ import numpy as np
 GROUP_MIN_ROWS = 3
 GROUP_ALPHA = 0.01
 GROUP_FAR = 2.0
+FLOOR_MIN_ROWS = 20
 GROUP_RULE = (f"a group of rows fires when >= {GROUP_MIN_ROWS} of its counted rows fail, its fail fraction is above "
               f"the tensor's max_fail_frac, the hypergeometric tail of that many failures in a group that size "
               f"(x groups tested) is <= {GROUP_ALPHA:g}, and its failing rows sit >= {GROUP_FAR:g}x above the "
-              "99th percentile of the passing rows' relative error")
+              "99th percentile of the relative error of the group's passing rows")
 #: position thresholds tried for "positions past some index" groups
 POSITION_STEPS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -139,14 +142,18 @@ def cached_prefixes(traces, alignment, serve_attr: str) -> dict[int, int]:
     """pair -> cached prefix length of the serving request, for requests whose prefix hit the radix
     cache: the serving side records target rows only for the positions it extends (SGLang recorder,
     tracer/engines/sglang/attribution.py: prefill with prefix p writes t = p..p+e-1), so a sequence
-    whose first ``target.aux_cat`` row lies past its aligned start had its first p positions cached.
-    Empty when serving recorded no target rows."""
+    whose first ``target.aux_cat`` row (or, without target rows, depth-0 ``tokens`` row: the draft
+    extend of the same positions) lies past its aligned start had its first p positions cached.
+    A chunked prefill's later chunks have a prefix too, but its first chunk starts at 0. Empty when
+    serving recorded neither. The recorder does not store the cached prefix length itself."""
     trace = getattr(traces, serve_attr)
-    if "target.aux_cat" not in trace.names or not trace.rows("target.aux_cat"):
+    name = next((n for n in ("target.aux_cat", "tokens") if n in trace.names and trace.rows(n)), None)
+    if name is None:
         return {}
-    k = trace.keys("target.aux_cat", columns=("seq", "pos"))
+    k = trace.keys(name, columns=("seq", "pos", "depth"))
     first: dict[int, int] = {}
-    seqs, pos = k["seq"].astype(np.int64), k["pos"].astype(np.int64)
+    d0 = k["depth"] == 0
+    seqs, pos = k["seq"][d0].astype(np.int64), k["pos"][d0].astype(np.int64)
     order = np.lexsort((pos, seqs))
     s, p = seqs[order], pos[order]
     head = np.r_[True, s[1:] != s[:-1]] if len(s) else np.zeros(0, bool)
@@ -210,7 +217,6 @@ def concentrated(comp, groups: list[Group], own: np.ndarray, counted: np.ndarray
         return None
     N, K = int(counted.sum()), int((own & counted).sum())
     passing = counted & ~own & ~comp.nonfinite
-    floor = float(np.percentile(comp.score[passing], 99)) if passing.any() else 0.0
     tested = []
     for g in groups:
         sel = g.mask & counted
@@ -224,6 +230,8 @@ def concentrated(comp, groups: list[Group], own: np.ndarray, counted: np.ndarray
     p = min(1.0, p * len(tested))
     bad = own & g.mask & counted
     rel = comp.score[bad]
+    ref = passing & g.mask if int((passing & g.mask).sum()) >= FLOOR_MIN_ROWS else passing
+    floor = float(np.percentile(comp.score[ref], 99)) if ref.any() else 0.0
     far = float(rel.min()) >= GROUP_FAR * floor
     m = comp.match
     idx = np.nonzero(bad)[0]

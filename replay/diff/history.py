@@ -1,0 +1,156 @@
+"""Named causes for draft rows whose inputs agree but whose output differs: the draft's history.
+
+A draft row after the attention (``draft.hidden_out`` and later) is computed from its own
+attention input (``draft.attn_in``, compared row by row) and from the keys and values of every
+earlier position of its sequence (the draft KV cache), which no recorded row shows. When the
+attention input agrees on every failing row, the difference is in that history; where the failing
+rows lie says whose history (issue 22, measured on SGLang 0.5.23 with bugs put in by a plugin):
+
+- only rows of decode iterations (after a round boundary), none of the prefill: **stale draft KV**
+  — after verify the draft must rewrite the KV of the accepted positions from the target's hidden
+  states (SGLang 0.5.23 srt/speculative/eagle_worker_v2.py:1110 ``_draft_extend_for_decode``);
+  kept from the draft's own predicted hidden states, every later round attends to wrong KV;
+- only rows of requests whose prefix hit the radix cache, from the first uncached position:
+  **the draft KV of the cached prefix is missing** (the target's KV was reused, the draft's never
+  written for those slots);
+- only rows at draft depth >= 2 of a tree (``spec_topk`` > 1): **a re-ranked node's KV is another
+  branch's** — SGLang's multi-step draft attention indexes a node's KV as "prefix + this
+  column's draft slots", so a depth-2 node re-ranked into another column reads that column's
+  depth-1 KV, not its parent's.
+
+Each is named only when every failing row (the verdict's, ``TensorComparison.judged_fail``) fits
+it and the attention input agrees on all of them; the evidence lists the rows, which rows before
+them agree, and the requests and cached prefix lengths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdiff.replay.diff.align import pack_keys
+from specdiff.replay.diff.context import CONTEXT_STAGE, consumes_context
+from specdiff.tracer.contract import known
+
+CLOSE = 1  # compare.CLOSE (compare imports explain's dependencies)
+
+
+def _serve_attr(traces) -> str:
+    return "x" if traces.x.side == "serve" and traces.y.side != "serve" else "y"
+
+
+def attn_in_agrees(comps: dict, first) -> bool | None:
+    """Whether ``draft.attn_in`` agrees (status MATCH or CLOSE) on every failing row of ``first``
+    at the same (pair, pos, depth); None when attn_in was not compared on those rows."""
+    a = comps.get(CONTEXT_STAGE)
+    if a is None or a.kind != "values" or not len(a.match.pair):
+        return None
+    bad = np.nonzero(first.judged_fail)[0]
+    keys = pack_keys(first.match.pair[bad], first.match.pos[bad], first.match.depth[bad])
+    akeys = pack_keys(a.match.pair, a.match.pos, a.match.depth)
+    order = np.argsort(akeys)
+    at = np.minimum(np.searchsorted(akeys[order], keys), len(akeys) - 1)
+    hit = akeys[order][at] == keys
+    if not hit.any():
+        return None
+    return bool((a.status[order][at][hit] <= CLOSE).all())
+
+
+def _rows(first, idx, iters=None, limit: int = 8) -> list[str]:
+    m = first.match
+    out = []
+    for i in idx[:limit]:
+        it = f" iter {int(iters[i])}" if iters is not None else ""
+        out.append(f"seq {int(m.pair[i])} pos {int(m.pos[i])} depth {int(m.depth[i])}{it}: "
+                   f"rel {float(first.score[i]):.3g}")
+    if len(idx) > limit:
+        out.append(f"... {len(idx) - limit} more")
+    return out
+
+
+def explain_history(traces, alignment, comps: dict, first) -> list:
+    """``explain.Explanation`` of a draft divergence after the attention whose attention input
+    agrees on every failing row (module doc): ``stale_draft_kv``, ``cached_prefix_draft_kv`` or
+    ``tree_rerank_kv``; empty when none fits (or attn_in was not compared there)."""
+    from specdiff.replay.diff.explain import Explanation
+    from specdiff.replay.diff.groups import cached_prefixes
+
+    if first is None or first.kind != "values" or not consumes_context(first.name):
+        return []
+    bad = np.nonzero(first.judged_fail)[0]
+    if not len(bad) or attn_in_agrees(comps, first) is not True:
+        return []
+    m = first.match
+    order = bad[np.lexsort((m.depth[bad], m.pair[bad], m.pos[bad]))]
+    sv = _serve_attr(traces)
+    trace = getattr(traces, sv)
+    iters = np.asarray(trace.keys(first.name, columns=("iter",))["iter"], np.int64)[getattr(m.rows, sv)]
+    counted = first.counted if first.counted is not None else np.ones(len(m.pair), bool)
+    same_in = f"{CONTEXT_STAGE} agrees on all {len(bad)} failing rows"
+    out = []
+
+    cached = cached_prefixes(traces, alignment, sv)
+    if cached:
+        start = np.array([cached.get(int(p), -1) for p in m.pair], np.int64)
+        hit = (start >= 0) & (m.pos >= start)
+        firsts = {int(p): int(m.pos[bad][m.pair[bad] == p].min()) for p in np.unique(m.pair[bad])}
+        if hit[bad].all():
+            clean = int((counted & ~hit).sum())
+            reqs = ", ".join(f"seq {p} (cached prefix {cached[p]}, first failing pos {firsts[p]})"
+                             for p in sorted(firsts)[:6])
+            out.append(Explanation(
+                "cached_prefix_draft_kv",
+                f"draft KV of the radix-cached prefix missing: {first.name} differs only on requests whose prefix hit "
+                f"the radix cache, from the first uncached position on, while {same_in}: the draft attends to KV "
+                "its own extend never wrote for the cached slots",
+                (f"requests that hit the cache: {reqs}", f"{clean} counted rows of requests without a cache hit agree",
+                 *_rows(first, order, iters)),
+                "write the draft's KV for a cached prefix too (or keep the draft's KV in the radix cache with the "
+                "target's): a request whose prefix hits the cache must find the draft KV of those positions"))
+            return out
+
+    decode = iters >= 0
+    if decode.any() and (~decode & counted).any() and decode[bad].all():
+        first_iter = int(iters[bad].min())
+        before = int((counted & (~decode | (iters < first_iter))).sum())
+        out.append(Explanation(
+            "stale_draft_kv",
+            f"stale draft KV history: {first.name} differs only after a round boundary (decode iterations "
+            f"{first_iter}..{int(iters[bad].max())}), never in the prefill, while {same_in}: the draft attends "
+            "to KV of accepted positions that was not rewritten from the target's hidden states after verify",
+            (f"{before} counted rows before iteration {first_iter} (prefill included) agree",
+             *_rows(first, order, iters)),
+            "after verify, re-run the draft extend over the accepted tokens with the target's hidden states and "
+            "overwrite their draft KV (SGLang 0.5.23 eagle_worker_v2.py:1110 _draft_extend_for_decode)"))
+        return out
+
+    topk = max(int(known(t.contract, "spec_topk") or 1) for t in (traces.x, traces.y))
+    if topk > 1 and (m.depth[bad] >= 2).all() and ((m.depth < 2) & counted).any():
+        out.append(Explanation(
+            "tree_rerank_kv",
+            f"only draft-tree rows at depth >= 2 (topk {topk}) differ while {same_in}: a node that top-k "
+            "re-ranking put into another branch's column attends to that column's depth-1 KV, not its parent's "
+            "(SGLang's multi-step draft attention indexes KV as prefix + this column's draft slots)",
+            (f"{int(((m.depth < 2) & counted).sum())} counted rows at depth 0-1 agree", *_rows(first, order, iters)),
+            "index each tree node's draft KV by its parent path, not its column (upstream SGLang multi-step "
+            "draft attention; serve with --speculative-eagle-topk 1 to avoid it)"))
+    return out
+
+
+__all__ = ["explain_history", "attn_in_agrees"]
+
+
+def explain_group(first) -> list:
+    """``concentrated_rows``: the structural group a divergence was called in though its fail
+    fraction over all rows is under the allowance (groups.py), with its failing rows; empty otherwise."""
+    from specdiff.replay.diff.explain import Explanation
+
+    c = getattr(first, "concentration", None) if first is not None else None
+    if c is None or not c.fired:
+        return []
+    rows = [f"seq {r['seq']} pos {r['pos']} depth {r['depth']}: rel {r['rel']:.3g}" for r in c.evidence_rows[:8]]
+    detail = [f"{k}: {v}" for k, v in (c.detail or {}).items()]
+    return [Explanation("concentrated_rows", c.message(), (*rows, *detail),
+                        "the failing rows share this structure: look at what the engine does differently there")]
+
+
+__all__ += ["explain_group"]
