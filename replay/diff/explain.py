@@ -199,10 +199,11 @@ def _culprit_is_y(traces: Pair) -> bool:
 def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Explanation]:
     """Identify which HF hidden state each aux slot holds, by similarity with the other side.
 
-    Two serving traces that captured disjoint layers (neither can be identified in the other) are
-    explained from their contracts (``_serve_capture_differs``). The fix is written in the diverging serving side's engine's terms (``EngineSpec.aux_ids_key``
+    The fix is written in the diverging serving side's engine's terms (``EngineSpec.aux_ids_key``
     and its id convention); when that side's contract says the engine read no ids and fell back
-    to its default layers (``aux_ids_source``), the explanation says so, transform or not."""
+    to its default layers (``aux_ids_source``), the explanation says so, transform or not. Two
+    serving traces that captured disjoint layers (neither identified in the other) are explained
+    from their contracts and acceptance (``_serve_capture_differs``)."""
     labels = side_names(traces)
     # Identify the side with fewer known layers (serving) against the side with probes (training).
     serve_is_y = _culprit_is_y(traces)
