@@ -31,7 +31,10 @@ one server is alive at any time, 10 starts in all. On those runs:
   ``specdiff diff train.trace serve.trace`` exits 0 with no divergence; the report's margin is
   below every limit and any explained difference is an MoE routing near-tie on an MoE target, or
   the draft attention carrying such a row to the later rows of its sequence
-  (replay/diff/context.py).
+  (replay/diff/context.py). Two gaps are pinned precisely rather than hidden: a random draft's
+  top-k *set* swaps at its k-th rank on bf16 near ties while its distribution agrees
+  (``_topk_boundary_near_ties``), and GPT-OSS's ``target.aux.1`` differs from transformers in
+  runs of positions (``GPT_OSS_AUX``, strict xfail).
 
 Random drafts are rarely right (accept length near 1): this checks each family's kernels, capture
 and replay, not draft quality. Run with ``pytest -m server tests/test_family_servers.py``.
