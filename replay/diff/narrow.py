@@ -1,15 +1,21 @@
 """Narrow a divergence no explanation fits: which serving input, grafted into the training draft,
-reproduces what serving's draft computed?
+reproduces what serving's draft computed on the rows that fail?
 
 The draft as trained (the training contract's ``draft_name``, as in replay.graft) is re-run,
-teacher-forced at depth 0, on the first diverging aligned sequences, once on every training
-input and once per serving input substituted: ``target.aux_cat`` (the target's hidden states),
-``tokens`` (the draft's input tokens), ``draft.d2t`` (the vocab map) and the norm flags (when the
-contracts differ). Each run's draft stages (fc_in ... topk_target, depth 0) are compared with the
-rows serving recorded. A substitution that makes the training draft compute what serving
-computed is where the difference enters; when even every serving input together does not
-reproduce serving, the difference is inside the draft's own computation (weights, rope,
-attention), and the differing contract fields are the candidates.
+teacher-forced through the first divergence's depth, on the aligned sequences that hold its
+failing rows (``TensorComparison.judged_fail``; the first failing one first), once on every
+training input and once per serving input substituted: ``target.aux_cat`` (the target's hidden
+states), ``tokens`` (the draft's input tokens), ``draft.d2t`` (the vocab map) and the norm flags
+(when the contracts differ). Each run's draft stages are compared with the rows serving recorded
+**at the failing rows' positions and depth** (never a sample that misses them: a depth-1 bug
+re-run at depth 0 finds nothing to reproduce). A substitution that makes the training draft
+compute what serving computed there is where the difference enters.
+
+The verdict never contradicts the first divergence: when the training inputs alone already give
+serving's values on the failing rows, or nothing reproduces serving while the contracts agree
+(the difference lies in state the re-run does not take from the trace: the draft's KV history),
+or the first divergence is not a draft stage the re-run computes, it says it cannot decide and
+why. Only when the contracts differ does "inside the draft's own computation" name them.
 """
 
 from __future__ import annotations
@@ -59,7 +65,10 @@ class Narrowing:
     Attributes:
         stages: the stages compared (recorded by serving, computed by the re-run).
         from_stage: the first diverging draft stage (reproduction is judged from it on).
-        positions: depth-0 positions re-run.
+        positions: positions re-run (of the sequences holding the failing rows).
+        depth: the draft depth compared (the first divergence's).
+        rows: failing rows of the first divergence the comparison is made on.
+        decided: False when the conclusion says it cannot decide.
         variants: training inputs first, then one per substitution, then every serving input.
         conclusion: one line: the substitution that reproduces serving, or why none does.
         contract_fields: differing contract fields, the candidates when no input reproduces serving.
@@ -69,21 +78,33 @@ class Narrowing:
     from_stage: str
     positions: int
     variants: list[Variant] = field(default_factory=list)
+    depth: int = 0
+    rows: int = 0
+    decided: bool = True
     conclusion: str = ""
     contract_fields: list[str] = field(default_factory=list)
 
 
-def _outputs(out, d2t) -> dict:
-    """Depth-0 tensors [B,T,...] of one ttt_forward, by stage name."""
+def _outputs(out, d2t, depth: int = 0) -> dict:
+    """Tensors [B,T,...] of one ttt_forward at draft depth ``depth``, by stage name (fc stages have
+    no depth: their depth-0 rows)."""
 
     from specdiff.eagle3.vocab_map import hot_token_ids
     from specdiff.tracer.rows import draft_top_ids
 
-    top1 = draft_top_ids(out.logits[0].float(), 1)  # the recorders' tie rule
+    top1 = draft_top_ids(out.logits[depth].float(), 1)  # the recorders' tie rule
     hot = hot_token_ids(d2t)
-    return {"draft.fc_in": out.fc_in, "draft.fc_out": out.fc_out, "draft.hidden_in": out.hidden_in[0],
-            "draft.attn_in": out.attn_in[0], "draft.hidden_out": out.hidden_out[0],
+    return {"draft.fc_in": out.fc_in, "draft.fc_out": out.fc_out, "draft.hidden_in": out.hidden_in[depth],
+            "draft.attn_in": out.attn_in[depth], "draft.hidden_out": out.hidden_out[depth],
             "draft.logits_topk.ids": top1, "draft.topk": top1, "draft.topk_target": hot[top1]}
+
+
+def failing_rows(first) -> tuple[int, set]:
+    """(depth, {(pair, pos)}) of the first divergence's failing rows at its divergence depth: the
+    rows the narrowing must re-run (all of them; none of another depth)."""
+    d = first.divergence_depth or 0
+    bad = first.judged_fail & (first.match.depth == d)
+    return d, set(zip(first.match.pair[bad].tolist(), first.match.pos[bad].tolist(), strict=True))
 
 
 def narrow(report, *, draft_path: str | None = None, target_path: str | None = None) -> Narrowing:
@@ -102,10 +123,28 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
 
     from specdiff.tracer.arrays import to_torch
 
+    first = report.first
+    if first is None or first.kind != "values":
+        raise NarrowError("no value divergence to narrow")
+    if first.name not in STAGES and first.name.startswith("draft."):
+        raise NarrowError(f"cannot decide by re-running the draft: the first divergence {first.name} is not a "
+                          "draft stage the re-run computes")
+    # an input's divergence (target.*, tokens) is re-run at its failing positions, judged from the
+    # first draft stage that diverged
+    depth, failing = failing_rows(first)
+    if not failing:
+        raise NarrowError(f"{first.name} has no failing row at depth {depth} to re-run")
     run = prepare(report, draft_path=draft_path, target_path=target_path, error=NarrowError)
     traces, model, cfg, dtype, d2t, flags = report.traces, run.model, run.cfg, run.dtype, run.d2t, run.flags
-    first_pair = (report.first.first_where or {}).get("pair", 0)
-    plan = sorted(run.plan, key=lambda s: (s.seq_train != _seq_of(report, first_pair, tr)))[:MAX_SEQS]
+    first_pair = (first.first_where or {}).get("pair", 0)
+    pair_idx = {getattr(p.seq, tr): p.index for p in report.alignment.seq_pairs}
+    bad_pairs = {p for p, _ in failing}
+    # every sequence that holds a failing row the re-run reaches (its leading positions with aux rows)
+    holding = [s for s in run.plan if any(pair_idx[s.seq_train] == p and t < s.n for p, t in failing)]
+    if not holding:
+        raise NarrowError(f"no failing row of {first.name} lies in the leading positions with aux rows on both "
+                          f"sides of its sequence (pairs {sorted(bad_pairs)[:4]}): nothing to re-run there")
+    plan = sorted(holding, key=lambda s: (s.seq_train != _seq_of(report, first_pair, tr)))[:MAX_SEQS]
 
     B, T = len(plan), max(s.n for s in plan)
     side = {"train": tr, "serve": sv}
@@ -133,14 +172,22 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
         variants["serving's norm flags"] = ("train", "train", "train", "serve")
     variants["every serving input"] = ("serve", "serve", "serve", "serve")
 
-    # Serving's (and training's) recorded depth-0 rows of each stage, at (plan row, position).
+    # Serving's recorded rows of each stage at the failing rows, at (plan row, position): by-depth
+    # stages at the divergence depth, fc stages (no depth) at depth 0.
     recorded = {}
+    from specdiff.replay.diff.align import pack_keys
+    from specdiff.tracer.schema import spec_for
+
+    want = np.array(sorted(pack_keys(np.array([p]), np.array([t]), np.zeros(1, np.int64))[0] for p, t in failing))
     for name in stages:
         m = match_rows(traces, report.alignment, name)
-        keep = m.depth == 0
+        keep = m.depth == (depth if spec_for(name).by_depth else 0)
+        keep &= np.isin(pack_keys(m.pair, m.pos, np.zeros_like(m.depth)), want)
         rows_b, rows_t, picks = [], [], []
         for r, s in enumerate(plan):
-            sel = keep & (m.pair == pair_of[s.seq_train].index) & (m.pos < s.n)
+            # row t at depth k > 0 reads x_{t+1+k}: only positions whose token the re-run holds
+            reach = s.n if depth == 0 or not spec_for(name).by_depth else s.n - 1 - depth
+            sel = keep & (m.pair == pair_of[s.seq_train].index) & (m.pos < reach)
             rows_b += [r] * int(sel.sum())
             rows_t += m.pos[sel].tolist()
             picks.append(np.nonzero(sel)[0])
@@ -150,18 +197,22 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
         ys = strace.take_float(name, m.rows.y[idx] if sv == "y" else m.rows.x[idx])
         recorded[name] = (np.asarray(rows_b), np.asarray(rows_t), ys)
     stages = tuple(s for s in stages if s in recorded)
-    if not stages:
-        raise NarrowError("serving's draft stages have no depth-0 rows on the re-run positions")
-    diverged = [s for s in stages if s in report.comparisons and report.comparisons[s].diverged]
-    from_stage = diverged[0] if diverged else stages[0]
+    if first.name in STAGES:
+        if first.name not in stages:
+            raise NarrowError(f"serving recorded no {first.name} row at depth {depth} on the failing positions the "
+                              "re-run reaches")
+        from_stage = first.name
+    else:
+        diverged = [s for s in stages if s in report.comparisons and report.comparisons[s].diverged]
+        from_stage = diverged[0] if diverged else stages[0]
     judged = stages[stages.index(from_stage):]
 
-    res = Narrowing(stages, from_stage, int(lengths.sum()))
+    res = Narrowing(stages, from_stage, int(lengths.sum()), depth=depth, rows=len(recorded[from_stage][0]))
     dev = next(model.parameters()).device
     for name, (a, tk, d, f) in variants.items():
         with with_norm_flags(model, flags[f]), torch.no_grad():
-            out = model.ttt_forward(aux[a].to(dev), ids[tk].to(dev), 1, lengths=lengths)
-        got = _outputs(out, d2t[d])
+            out = model.ttt_forward(aux[a].to(dev), ids[tk].to(dev), depth + 1, lengths=lengths)
+        got = _outputs(out, d2t[d], depth)
         scores, matches = {}, {}
         for st in stages:
             rb, rt, ys = recorded[st]
@@ -177,19 +228,28 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     res.contract_fields = [f"{m.field} ({m.x} vs {m.y})" for m in report.contract]
     hits = [v for v in res.variants[1:-1] if v.reproduces]
     base, every = res.variants[0], res.variants[-1]
+    where = f"{res.rows} failing row(s) of {from_stage} at depth {depth}"
     if base.reproduces:
-        res.conclusion = ("the training draft on training's own inputs already computes what serving recorded: "
-                          "the divergence is not in the draft's computation on these rows")
+        res.decided = False
+        res.conclusion = (f"cannot decide: on the {where}, the training draft re-run on training's own inputs "
+                          "computes what serving recorded, not what training recorded: the re-run is not the draft "
+                          "training recorded (another checkpoint than the trace's draft_name?)")
     elif hits:
         res.conclusion = (f"substituting {' / '.join(v.name for v in hits)} reproduces serving from {from_stage} on: "
                           "the difference enters with that input")
     elif every.reproduces:
         res.conclusion = ("no single serving input reproduces serving, every serving input together does: "
                           "the difference is a combination of inputs")
+    elif res.contract_fields:
+        res.conclusion = (f"no serving input reproduces serving on the {where}, not even all together: the "
+                          "difference is inside the draft's own computation; differing contract fields: "
+                          + ", ".join(res.contract_fields))
     else:
-        cands = ", ".join(res.contract_fields) or "none recorded (compare the draft weights and rope settings)"
-        res.conclusion = ("no serving input reproduces serving, not even all together: the difference is inside "
-                          f"the draft's own computation (weights, rope, attention); differing contract fields: {cands}")
+        res.decided = False
+        res.conclusion = (f"cannot decide: no serving input reproduces serving on the {where}, not even all "
+                          "together, and the recorded contracts agree: the difference lies in state the re-run "
+                          "does not take from the trace (the draft's KV history of earlier positions or rounds, "
+                          "the engine's attention kernel)")
     return res
 
 

@@ -370,8 +370,8 @@ def _narrowing_rows(n) -> list[str]:
         return []
     if isinstance(n, str):
         return [f"  narrowing not run: {n}"]
-    rows = [f"  narrowing: the training draft re-run at depth 0 on {n.positions} positions, compared with what "
-            f"serving recorded from {n.from_stage} on"]
+    rows = [f"  narrowing: the training draft re-run through depth {n.depth} on {n.positions} positions, compared "
+            f"with what serving recorded on {n.rows} failing row(s) from {n.from_stage} on"]
     for v in n.variants:
         worst = max(n.stages[n.stages.index(n.from_stage):], key=lambda s: v.scores[s])
         mark = "REPRODUCES serving" if v.reproduces else f"differs ({worst} {_fmt(v.scores[worst])})"
