@@ -107,19 +107,27 @@ def test_a_server_that_closes_the_connection_unanswered_died_during_the_request(
     port = listener.getsockname()[1]
 
     def accept_then_die():
-        conn, _ = listener.accept()
-        # Read the whole request first: closing with unread bytes sends a reset ("Connection reset
-        # by peer") instead of closing the connection unanswered, which flaked under load.
-        got = b""
-        while b"\r\n\r\n" not in got:
-            got += conn.recv(65536)
-        head, _, body = got.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
-        while len(body) < length:
-            body += conn.recv(65536)
-        listener.close()  # the process is gone: /health is refused
-        conn.close()
+        while True:
+            conn, _ = listener.accept()
+            # Read the whole request first: closing with unread bytes sends a reset ("Connection reset
+            # by peer") instead of closing the connection unanswered, which flaked under load.
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += conn.recv(65536)
+            head, _, body = got.partition(b"\r\n\r\n")
+            if head.startswith(b"GET /v1/models"):  # record client asks which engine it talks to first
+                models = b'{"data": [{"id": "m", "owned_by": "sglang"}]}'
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(models), models))
+                conn.close()
+                continue
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            while len(body) < length:
+                body += conn.recv(65536)
+            listener.close()  # the process is gone: /health is refused
+            conn.close()
+            return
 
     threading.Thread(target=accept_then_die, daemon=True).start()
     r = run_cli("record", "client", "--url", f"http://127.0.0.1:{port}", "--prompts", prompts)
