@@ -176,3 +176,15 @@ def test_the_group_rule_is_a_chance_bound_not_a_fraction():
     assert hypergeom_tail(4, 1064, 4, 128) < 3e-4
     assert hypergeom_tail(3, 1064, 4, 500) > 0.1
     assert hypergeom_tail(5, 100, 4, 50) == 0.0
+
+
+def test_a_control_reports_how_close_its_most_concentrated_group_came(tmp_path):
+    rows = _depth2_rows()
+    a, b = write_pair(tmp_path, bad_out=[rows[i] for i in (3, 20, 41, 66, 90)], bad_rel=(0.055, 0.07),
+                      depth2_noise=0.03)
+    report = diff_traces(a, b, narrow=False)
+    g = report.group_margin()
+    assert report.first is None and g.tensor == "draft.hidden_out" and g.group == "depth 2"
+    assert g.fail_rows >= 5 and not g.fired
+    assert f"margin: most concentrated failures: draft.hidden_out on depth 2: {g.fail_rows} of {g.rows} rows" \
+        in render_text(report)

@@ -148,6 +148,14 @@ class DiffReport:
                         "counted_rows": c.stats.get("counted_rows"), "max_fail_frac": c.tolerance.max_fail_frac}
         return best
 
+    def group_margin(self):
+        """The most concentrated group of a tensor that did not diverge (replay/diff/groups.py
+        ``Concentration``, not fired): how close a control came to a group divergence; None when
+        no tensor's failing rows reach ``GROUP_MIN_ROWS`` in any group."""
+        held = [c.concentration for c in self.comparisons.values()
+                if not c.diverged and c.concentration is not None]
+        return min(held, key=lambda c: c.p) if held else None
+
     def contract_bearing(self) -> list[ContractMismatch]:
         """Contract differences (and unknown facts) that bear on the first divergence's stage."""
         if self.first is None:
@@ -502,6 +510,14 @@ def _legitimate_rows(report: DiffReport) -> list[str]:
                      if m["limit"] == "rel" else "worst passing row's cosine")
             words += f" ({m['use']:.0%} of its {m['limit']} limit)"
         out += ["", f"margin: closest to a limit: {m['tensor']}: {words}"]
+    g = report.group_margin()
+    if g is not None:
+        from specdiff.replay.diff.groups import GROUP_ALPHA, GROUP_FAR
+
+        far = g.min_fail_rel / g.noise_floor if g.noise_floor else float("inf")
+        out.append(f"margin: most concentrated failures: {g.tensor} on {g.group}: {g.fail_rows} of {g.rows} rows, "
+                   f"chance {g.p:.2g} (a divergence at <= {GROUP_ALPHA:g}), {far:.1f}x the group's noise floor "
+                   f"(at >= {GROUP_FAR:g}x)")
     return out
 
 
