@@ -32,12 +32,14 @@ def _iter(t: int) -> int:
 
 
 def write_pair(root, *, bad_out=(), pos_shift: int = 0, bad_rel=(0.11, 0.19), serve_contract=None,
-               skip_serve_prefix: dict | None = None, depth2_noise: float = 2e-3) -> tuple[str, str]:
+               skip_serve_prefix: dict | None = None, depth2_noise: float = 2e-3,
+               pos_drift: int = 0) -> tuple[str, str]:
     """Training and serving traces (module doc). ``bad_out``: (seq, pos, depth) rows whose serving
     ``draft.hidden_out`` is off by a rel in ``bad_rel`` (attention input unchanged); ``pos_shift``:
     serving's ``draft.positions`` at depth >= 1 are training's + this; ``skip_serve_prefix``: seq ->
     cached prefix length p (serving records no row of that sequence before p, as a radix-cache hit);
-    ``depth2_noise``: serving's relative noise on depth-2 ``draft.hidden_out`` rows."""
+    ``depth2_noise``: serving's relative noise on depth-2 ``draft.hidden_out`` rows; ``pos_drift``:
+    serving's ``draft.positions`` at depth k are training's + k x this."""
     rng = np.random.default_rng(0)
     paths = (str(root / "train.trace"), str(root / "serve.trace"))
     base = {"hidden_size": H, "dtype": "bfloat16"}
@@ -62,7 +64,7 @@ def write_pair(root, *, bad_out=(), pos_shift: int = 0, bad_rel=(0.11, 0.19), se
                 for r, t in enumerate(ts):
                     if side and (s, t, k) in bad:
                         o[r] = _off(o[r], noise, noise.uniform(*bad_rel))
-                positions = p + k + (pos_shift if side and k >= 1 else 0)
+                positions = p + k + (pos_shift if side and k >= 1 else 0) + (pos_drift * k if side else 0)
                 w.append("tokens", toks[1 + k + p].astype(np.int64), seq=sid, pos=p, depth=k, iter=it)
                 w.append("draft.positions", positions, seq=sid, pos=p, depth=k, iter=it)
                 w.append("draft.attn_in", a.astype(np.float32), seq=sid, pos=p, depth=k, iter=it)
@@ -92,6 +94,13 @@ def test_draft_positions_one_ahead_at_every_deeper_depth_are_named_per_depth(tmp
     assert "depth >= 1" in e.message and "+1" in e.message and "advanced before each draft step" in e.message
     assert any(line.startswith("depth 0: 100.0%") and line.endswith("+0") for line in e.evidence)
     assert any(line.startswith("depth 1: 100.0%") and line.endswith("+1") for line in e.evidence)
+
+
+def test_draft_positions_that_drift_with_the_depth_are_named_as_a_drift(tmp_path):
+    report = diff_traces(*write_pair(tmp_path, pos_drift=1), narrow=False)
+    assert report.first.name == "draft.positions" and report.first.first_where["depth"] == 1
+    assert report.explanations[0].cause == "position_offset_depth"
+    assert "drift by +1 per draft depth" in report.explanations[0].message
 
 
 def test_four_depth2_rows_far_above_the_noise_are_a_divergence_and_the_group_named(tmp_path):

@@ -715,13 +715,13 @@ def explain_positions(traces: Pair, first: TensorComparison) -> list[Explanation
                             f"on {lab.y}, depth < {k0} agree: rope positions "
                             + ("advanced before each draft step instead of after" if c > 0 else
                                "not advanced for each draft step"), ev, fix)]
-    if all(offs[d] == offs[min(offs)] + (d - min(offs)) * (offs[max(offs)] - offs[min(offs)]) // max(1, max(offs) - min(offs))
-           for d in offs):
-        step = (offs[max(offs)] - offs[min(offs)]) // max(1, max(offs) - min(offs))
+    d0, ds = min(offs), sorted(offs)
+    step = offs[ds[1]] - offs[d0] if len(ds) > 1 else 0
+    if step and all(offs[d] == offs[d0] + step * (d - d0) for d in ds):  # the offset grows with the depth
         return [Explanation("position_offset_depth",
                             f"the draft's rope positions on {lab.y} drift by {step:+d} per draft depth from {lab.x}'s "
-                            f"(offset {offs[min(offs)]:+d} at depth {min(offs)}): the position is advanced by the "
-                            "wrong amount per draft step", ev, fix)]
+                            f"(offset {offs[d0]:+d} at depth {d0}): the position is advanced by the wrong amount "
+                            "per draft step", ev, fix)]
     return []
 
 
