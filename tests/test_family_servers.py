@@ -406,11 +406,13 @@ def test_correct_pair_has_no_divergence(family_servers, family, mode):
     assert len(report["sequences"]) == len(PROMPTS), report["sequences"]
     tensors = report["tensors"]
     slots = len(CASES[family].hf)
+    # with top-k boundary near ties the draft's own selection from those logits (draft.topk, and its
+    # mapped ids draft.topk_target: the tree's top-2 picks) may swap the same tied ids
+    selection = ("draft.logits_topk.ids", "draft.topk", "draft.topk_target") if boundary is not None else ()
     for name in [f"target.aux.{j}" for j in range(slots)] + ["draft.fc_out", "draft.hidden_out", "draft.topk_target"]:
         assert name in tensors and tensors[name]["rows"] > 0, (where, name)
-        assert tensors[name]["diverged"] is False, (where, name, tensors[name])
-    assert not any(t["diverged"] for n, t in tensors.items()
-                   if n not in ("draft.logits_topk.ids", "draft.topk", "draft.topk_target")), where
+        assert name in selection or tensors[name]["diverged"] is False, (where, name, tensors[name])
+    assert not any(t["diverged"] for n, t in tensors.items() if n not in selection), where
     margin = report["margin"]
     assert margin is not None and 0 < margin["use"] < 1.0, (where, margin)
     print(f"{family} {mode}: margin {margin['tensor']} {margin['limit']} use {margin['use']:.2f}; "
