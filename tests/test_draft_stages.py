@@ -153,7 +153,10 @@ def tree(tmp_path_factory, run_cli, server_env):
     return _serve(run_cli, server_env, tmp_path_factory.mktemp("tree"), topk=2, draft_tokens=4)
 
 
-def _check_stages_on_both_sides(run: dict) -> None:
+def _check_stages_on_both_sides(run: dict, *, rerank_bug: bool = False) -> None:
+    """``rerank_bug``: a top-k tree, where SGLang 0.5.23's multi-step draft attention gives a depth-2
+    node that re-ranking moved into another column that column's depth-1 KV (issue 22 item 8):
+    those rows, and only those, may differ, and are then the first divergence with that cause."""
     serve = open_trace(str(run["serve"]))
     assert all(len(p) > 16 for p in run["prompts"])  # every prompt is prefilled in chunks of 16
     for name in STAGES:
@@ -178,11 +181,17 @@ def _check_stages_on_both_sides(run: dict) -> None:
     assert min(first_pos) == 0 and max(first_pos) > 0, first_pos
     # both sides agree within tolerance at every depth: no divergence anywhere
     report = diff_traces(str(run["train"]), str(run["serve"]))
-    assert report.first is None, report.verdict()
+    bug = rerank_bug and report.first is not None and report.first.name == "draft.hidden_out"
+    if bug:  # the rows the SGLang tree bug reaches: depth >= 2 only, named
+        assert report.first.divergence_depth >= 2 and report.explanations[0].cause == "tree_rerank_kv", \
+            report.verdict()
+    else:
+        assert report.first is None, report.verdict()
     for name in STAGES:
         comp = report.comparisons[name]
         assert set(comp.match.depth.tolist()) == set(range(STEPS)), (name, comp.stats)
-        assert not comp.diverged and comp.stats["rows"] > 0, (name, comp.stats)
+        assert comp.stats["rows"] > 0 and (not comp.diverged or (bug and name == "draft.hidden_out")), \
+            (name, comp.stats)
     assert report.comparisons["draft.positions"].stats["match_rate"] == 1.0
 
 
@@ -195,7 +204,7 @@ def test_chain_records_every_draft_stage_and_matches_training(chain):
 @server
 @needs_models
 def test_top2_tree_records_every_draft_stage_and_matches_training(tree):
-    _check_stages_on_both_sides(tree)
+    _check_stages_on_both_sides(tree, rerank_bug=True)
     c = open_trace(str(tree["serve"])).contract
     assert c["spec_topk"] == 2 and "last accepted position" in c["depth_coverage"]
     # eager on a CPU: every midlayer stage observed; only the prefill-pruned logits are partial

@@ -13,8 +13,8 @@ rows lie says whose history (issue 22, measured on SGLang 0.5.23 with bugs put i
 - only rows of requests whose prefix hit the radix cache, from the first uncached position:
   **the draft KV of the cached prefix is missing** (the target's KV was reused, the draft's never
   written for those slots);
-- only rows at draft depth >= 2 of a tree (``spec_topk`` > 1): **a re-ranked node's KV is another
-  branch's** — SGLang's multi-step draft attention indexes a node's KV as "prefix + this
+- only rows at draft depth >= 2 of a tree (``spec_topk`` > 1; checked before the round boundary,
+  which deeper draft rows always lie after): **a re-ranked node's KV is another branch's** — SGLang's multi-step draft attention indexes a node's KV as "prefix + this
   column's draft slots", so a depth-2 node re-ranked into another column reads that column's
   depth-1 KV, not its parent's.
 
@@ -108,6 +108,18 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
                 "target's): a request whose prefix hits the cache must find the draft KV of those positions"))
             return out
 
+    topk = max(int(known(t.contract, "spec_topk") or 1) for t in (traces.x, traces.y))
+    if topk > 1 and (m.depth[bad] >= 2).all() and ((m.depth < 2) & counted).any():
+        out.append(Explanation(
+            "tree_rerank_kv",
+            f"only draft-tree rows at depth >= 2 (topk {topk}) differ while {same_in}: a node that top-k "
+            "re-ranking put into another branch's column attends to that column's depth-1 KV, not its parent's "
+            "(SGLang's multi-step draft attention indexes KV as prefix + this column's draft slots)",
+            (f"{int(((m.depth < 2) & counted).sum())} counted rows at depth 0-1 agree", *_rows(first, order, iters)),
+            "index each tree node's draft KV by its parent path, not its column (upstream SGLang multi-step "
+            "draft attention; serve with --speculative-eagle-topk 1 to avoid it)"))
+        return out
+
     decode = iters >= 0
     if decode.any() and (~decode & counted).any() and decode[bad].all():
         first_iter = int(iters[bad].min())
@@ -123,16 +135,6 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
             "overwrite their draft KV (SGLang 0.5.23 eagle_worker_v2.py:1110 _draft_extend_for_decode)"))
         return out
 
-    topk = max(int(known(t.contract, "spec_topk") or 1) for t in (traces.x, traces.y))
-    if topk > 1 and (m.depth[bad] >= 2).all() and ((m.depth < 2) & counted).any():
-        out.append(Explanation(
-            "tree_rerank_kv",
-            f"only draft-tree rows at depth >= 2 (topk {topk}) differ while {same_in}: a node that top-k "
-            "re-ranking put into another branch's column attends to that column's depth-1 KV, not its parent's "
-            "(SGLang's multi-step draft attention indexes KV as prefix + this column's draft slots)",
-            (f"{int(((m.depth < 2) & counted).sum())} counted rows at depth 0-1 agree", *_rows(first, order, iters)),
-            "index each tree node's draft KV by its parent path, not its column (upstream SGLang multi-step "
-            "draft attention; serve with --speculative-eagle-topk 1 to avoid it)"))
     return out
 
 
