@@ -40,17 +40,9 @@ from pathlib import Path
 import torch
 
 from specdiff.demo_models.tiny_models import TARGET_DIMS, VOCAB_SIZE
+from specdiff.tui.scenarios import DEMO_FAMILIES as ARCHITECTURES  # the demo's one list
 
-FAMILIES = ("llama", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss")
-
-#: HF architecture name of each family's target (``config.json`` ``architectures[0]``).
-ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-    "deepseek_v3": "DeepseekV3ForCausalLM",
-    "gpt_oss": "GptOssForCausalLM",
-}
+FAMILIES = tuple(ARCHITECTURES)
 
 NUM_LAYERS = TARGET_DIMS["num_hidden_layers"]   # 8
 HIDDEN = TARGET_DIMS["hidden_size"]             # 256

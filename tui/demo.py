@@ -40,16 +40,16 @@ def family_models_dir(family: str) -> Path:
 
 
 def _check_family(family: str) -> str:
-    """``family``'s HF architecture (``demo_models.families.ARCHITECTURES``).
+    """``family``'s HF architecture (``tui.scenarios.DEMO_FAMILIES``).
 
     Raises:
         DemoError: an unknown family.
     """
-    from specdiff.demo_models.families import ARCHITECTURES
+    from specdiff.tui.scenarios import DEMO_FAMILIES
 
-    if family not in ARCHITECTURES:
-        raise DemoError(f"unknown target family {family!r}; known: {', '.join(ARCHITECTURES)}")
-    return ARCHITECTURES[family]
+    if family not in DEMO_FAMILIES:
+        raise DemoError(f"unknown target family {family!r}; known: {', '.join(DEMO_FAMILIES)}")
+    return DEMO_FAMILIES[family]
 
 
 def ensure_models(models: Path, family: str = "llama") -> Path:

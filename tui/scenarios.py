@@ -28,6 +28,16 @@ from safetensors.torch import load_file, save_file
 from specdiff.eagle3.aux_layers import native_aux_ids
 from specdiff.eagle3.vocab_map import hot_token_ids
 
+#: the demo's target families -> HF architecture of each tiny target (``config.json`` ``architectures[0]``);
+#: ``specdiff.demo_models.families`` builds them, the demo (``--family``) checks a built target against it
+DEMO_FAMILIES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+}
+
 # The demo's one definition of its layers (demo_models.train_draft trains on them).
 TRAINED_HF = [0, 3, 6]  # HF hidden_states the demo draft was trained on: embedding, out L2, out L5
 #: what the seed's server captured instead: the training layers shifted by one slot ([embedding, L3,
