@@ -11,10 +11,13 @@ server's Python so the engine finds the plugin (its entry-point group, ``EngineS
 
 from __future__ import annotations
 
+import collections
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -107,7 +110,12 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, sgla
     argv, env = serve_command(engine, sglang_args, cpu=cpu, env=env)
     click.echo(f"specdiff: tracing to {path} (capture {capture}); the trace is finalized when the "
                f"server stops (Ctrl-C here, or SIGTERM to pid shown below)")
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    # the server's stderr passes through (the user sees its log as before) and its tail is kept, so
+    # a server that refuses to start is reported with its own error line, not a guess
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stderr=subprocess.PIPE)
+    tail: collections.deque[str] = collections.deque(maxlen=400)
+    relay = threading.Thread(target=_relay_stderr, args=(proc.stderr, tail), daemon=True)
+    relay.start()
     click.echo(f"specdiff: {spec.title} server pid {proc.pid}: {' '.join(argv[1:])}")
 
     def _forward(signum, _frame):
@@ -122,11 +130,42 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, sgla
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    click.echo(f"specdiff: server exited ({rc}); {_trace_state(path)}")
+    relay.join(10)
+    error = engine_error_line(tail)
+    if error and not os.path.exists(path):
+        raise SpecdiffError(f"the {spec.title} server exited ({rc}) before it served: {error}; no trace was "
+                            f"written (fix what {spec.title} says, then run again)")
+    click.echo(f"specdiff: server exited ({rc}); {_trace_state(path, error)}")
 
 
-def _trace_state(path: str) -> str:
+def _relay_stderr(stream, tail) -> None:
+    """Copy the server's stderr to ours line by line, keeping the last lines in ``tail``."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        sys.stderr.write(line)
+        tail.append(line.rstrip("\n"))
+    stream.close()
+
+
+#: the last line of a Python traceback: ``ValueError: ...``, ``torch.OutOfMemoryError: ...``
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?$")
+
+
+def engine_error_line(lines) -> str | None:
+    """The engine's own error in a server log's last lines: the last traceback's final line
+    (``ValueError: User-specified context_length ...``), without the log prefix SGLang's
+    subprocesses add (``[2026-12-01 10:00:00] ``). None when the log holds no traceback."""
+    for line in reversed(list(lines)):
+        text = re.sub(r"^\[[^\]]*\]\s*", "", line.strip())
+        if _EXCEPTION_LINE.match(text) and not text.startswith(("KeyboardInterrupt", "SystemExit")):
+            return text[:1000]
+    return None
+
+
+def _trace_state(path: str, error: str | None = None) -> str:
     if not os.path.exists(path):
+        if error:
+            return f"no trace at {path}; the server's last error: {error}"
         return (f"no trace at {path} (was specdiff installed in the server's Python, and did the "
                 f"server load the EAGLE-3 worker?)")
     try:
