@@ -81,3 +81,19 @@ def test_an_engine_server_without_a_command_says_so():
 
     with pytest.raises(NotImplementedError, match="EngineServer does not say how to start engine"):
         EngineServer("m").start()
+
+
+def test_an_engine_plugin_closes_its_trace_on_sigterm_and_the_process_still_terminates(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    marker = tmp_path / "closed"
+    code = ("import os, signal, time\n"
+            "from specdiff.tracer.engines.lifecycle import close_on_sigterm\n"
+            f"close_on_sigterm(lambda: open({str(marker)!r}, 'w').write('x'))\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(30)\n")
+    r = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert r.returncode == -signal.SIGTERM  # the default action still ran after the close
+    assert marker.read_text() == "x"

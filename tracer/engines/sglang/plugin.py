@@ -30,10 +30,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import signal
 import sys
 import time
 
+from specdiff.tracer.engines.lifecycle import close_on_sigterm
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.sglang.adapter import BY_KEY, SGLangAdapter, hook_table
 
@@ -133,23 +133,7 @@ def _close(*_a) -> None:
 
 
 def _install_sigterm() -> None:
-    try:
-        prev = signal.getsignal(signal.SIGTERM)
-    except (ValueError, OSError):
-        return
-
-    def _on_term(signum, frame):
-        _close()
-        if callable(prev) and prev not in (signal.SIG_IGN, signal.SIG_DFL):
-            prev(signum, frame)
-        elif prev != signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    try:
-        signal.signal(signal.SIGTERM, _on_term)
-    except (ValueError, OSError):  # not the main thread
-        pass
+    close_on_sigterm(_close)
 
 
 # ---- hook functions (thin: every failure disables recording, never the server) -------------

@@ -30,7 +30,6 @@ import importlib.util
 import inspect
 import logging
 import os
-import signal
 import sys
 import time
 
@@ -198,23 +197,9 @@ def _close(*_a) -> None:
 
 
 def _install_sigterm() -> None:
-    try:
-        prev = signal.getsignal(signal.SIGTERM)
-    except (ValueError, OSError):
-        return
+    from specdiff.tracer.engines.lifecycle import close_on_sigterm
 
-    def _on_term(signum, frame):
-        _close()
-        if callable(prev) and prev not in (signal.SIG_IGN, signal.SIG_DFL):
-            prev(signum, frame)
-        elif prev != signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    try:
-        signal.signal(signal.SIGTERM, _on_term)
-    except (ValueError, OSError):  # not the main thread
-        pass
+    close_on_sigterm(_close)
 
 
 def _tp_rank0() -> bool:
