@@ -246,7 +246,7 @@ def test_draft_with_missing_keys_is_refused(tmp_path, models, prompts, run_cli):
 
 
 # ---- training hooks ---------------------------------------------------------------------
-_BORROWED = ("fc_input", "_qkv", "_attend", "ttt_forward", "hot_token_id")
+_BORROWED = ("fc_input", "_qkv", "_attend", "ttt_forward", "hot_token_id", "logits")
 
 
 class LlamaForCausalLMEagle3(Eagle3Draft):
