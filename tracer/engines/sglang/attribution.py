@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from specdiff.tracer.engines.requests import sequence_id
 from specdiff.tracer.rows import RowBatch
 
 if TYPE_CHECKING:
@@ -85,13 +86,7 @@ class IterCapture:
 # Rows come from the server's batch metadata (prefix/extend lengths, accept index, draft tree),
 # not from a [B, T] layout, so only the per-name gathering (tracer.rows.RowBatch) is shared with
 # the training-side row builder; the logits were already reduced on the device in the hot path.
-def _seq(rec: Recorder, tw, rid: str, prompt: list[int] | None = None) -> int:
-    if rid not in rec.seq_ids:
-        toks = list(prompt or [])
-        rec.seq_tokens[rid] = toks
-        rec.seq_prompt[rid] = len(toks)
-        rec.seq_ids[rid] = tw.add_sequence(np.asarray(toks, np.int32), prompt_len=len(toks), rid=rid)
-    return rec.seq_ids[rid]
+_seq = sequence_id  # one request -> sequence rule for every engine (tracer/engines/requests.py)
 
 
 def _add_aux(rec: Recorder, out: RowBatch, aux_rows, seq, pos, it) -> None:

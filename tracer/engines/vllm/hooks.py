@@ -36,6 +36,7 @@ import torch
 from specdiff.tracer.contract import UNKNOWN, known
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
+from specdiff.tracer.engines.requests import sequence_id
 from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
 from specdiff.tracer.rows import RowBatch
 
@@ -372,13 +373,7 @@ class Recorder:
 
 
 # ---- attribution (writer thread) ------------------------------------------------------------
-def _seq(rec: Recorder, tw, rid: str, prompt: list[int] | None) -> int:
-    if rid not in rec.seq_ids:
-        toks = list(prompt or [])
-        rec.seq_tokens[rid] = toks
-        rec.seq_prompt[rid] = len(toks)
-        rec.seq_ids[rid] = tw.add_sequence(np.asarray(toks, np.int32), prompt_len=len(toks), rid=rid)
-    return rec.seq_ids[rid]
+_seq = sequence_id  # one request -> sequence rule for every engine (tracer/engines/requests.py)
 
 
 def _add_aux(rec: Recorder, out: RowBatch, rows, seq, pos, it) -> None:
