@@ -204,7 +204,27 @@ def unknown_facts(contract: dict) -> dict[str, str]:
             who = f"SGLang {ver} has no {u.get('name')}" if ver else f"the engine has no {u.get('name')}"
             for f in u.get("facts") or []:
                 why.setdefault(f, who)
-    return {f: why.get(f, "the recorder could not read it") for f in unknown_fields(contract)}
+    # no ``unobservable`` list at all: a recorder from before specdiff said why a fact is unknown
+    silent = ("the recorder could not read it" if "unobservable" in contract else
+              "written as unknown by an older specdiff recorder, which did not say why")
+    return {f: why.get(f, silent) for f in unknown_fields(contract)}
+
+
+def _unknown_fact_line(field: str, why: str, label: str, c: dict, stages: tuple, x, y) -> ContractMismatch:
+    """The line for a fact ``c`` (side ``label``) recorded as unknown. The fix names the engine version
+    only when the engine's ``unobservable`` list says which of its names hid the fact; a fact an older
+    recorder left unknown is re-recorded. An engine's aux concat order is its ``aux_hf_indices`` (every
+    engine appends the captures in its layer loop: SGLang 0.5.23 llama.py:486-494, tracer/contract.py
+    ``aux_slot_layers``), so that one is an info, not a warning."""
+    named = any(field in (u.get("facts") or []) for u in c.get("unobservable") or [] if isinstance(u, dict))
+    fix = ("check the engine version against specdiff's tested range" if named else
+           f"re-record {label} with the current recorder (it reads {field} from the live engine)")
+    hf = c.get("aux_hf_indices")
+    if field == AUX_CONCAT_ORDER and c.get("side") == "serve" and isinstance(hf, (list, tuple)):
+        return ContractMismatch(field, "info", x, y, f"{field} is unknown on {label} ({why}): the engine "
+                                f"concatenates in layer order, so its slots are read as aux_hf_indices {list(hf)}",
+                                stages, fix)
+    return ContractMismatch(field, "warn", x, y, f"{field} is unknown on {label} ({why}): not compared", stages, fix)
 
 
 def _short_value(field: str, v) -> str:
@@ -325,8 +345,7 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
             other = (cy if is_x else cx).get(field)
             x, y = (UNKNOWN, other) if is_x else (other, UNKNOWN)
             stages = _FIELDS[field][2] if field in _FIELDS else ()
-            out.append(ContractMismatch(field, "warn", x, y, f"{field} is unknown on {label} ({why}): not compared",
-                                        stages, "check the SGLang version against specdiff's tested range"))
+            out.append(_unknown_fact_line(field, why, label, c, stages, x, y))
     for field, (severity, template, stages, fix) in _FIELDS.items():
         if field not in cx or field not in cy or UNKNOWN in (cx[field], cy[field]):
             continue
