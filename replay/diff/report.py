@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import textwrap
 from dataclasses import asdict, dataclass, field
 
 from specdiff.replay.diff.acceptance import Acceptance, acceptance
@@ -76,7 +78,7 @@ class DiffReport:
 
     @property
     def damage(self) -> list:
-        """``tracer.damage.Damage`` found in either trace (at open and while diffing)."""
+        """``tracer.store.damage.Damage`` found in either trace (at open and while diffing)."""
         return self.traces.x.damage + self.traces.y.damage
 
     @property
@@ -206,33 +208,36 @@ class DiffReport:
                      "stats": self.first.stats, "worst": self.first.worst,
                      "tolerance": asdict(self.first.tolerance), "kind": self.first.kind,
                      "structure": asdict(self.first.structure) if self.first.structure is not None else None,
-                     "contract": [asdict(m) for m in self.contract_bearing()]}
+                     # the mismatches themselves are in contract_mismatches (said once): their fields here
+                     "contract_bearing": [m.field for m in self.contract_bearing()]}
+        # most important first: the verdict, what invalidates it (crash, damage, contract errors), the
+        # first divergence and its explanation, then the evidence
         return clean({
             "verdict": self.verdict(),
             "diverged": self.diverged,
             "incomplete": self.incomplete,
+            "crash": self.crash,
             "damage": [{"message": d.message(), **asdict(d)} for d in self.damage],
             "labels": [self.labels.x, self.labels.y],
             "traces": [self.paths.x, self.paths.y],
             "first_divergence": first,
             "explanations": [asdict(e) for e in self.explanations],
+            "narrowing": (None if self.narrowing is None else {"not_run": self.narrowing}
+                          if isinstance(self.narrowing, str) else asdict(self.narrowing)),
             "contract_mismatches": [asdict(m) for m in self.contract],
             "unknown_facts": {self.labels.x: unknown_facts(self.traces.x.contract),
                               self.labels.y: unknown_facts(self.traces.y.contract)},
-            "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
-                                                        (self.labels.y, self.acceptance.y))},
-            "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
-            "crash": self.crash,
             "preflight_findings": self.findings,
-            "alignment_error": self.alignment_error,
-            "narrowing": (None if self.narrowing is None else {"not_run": self.narrowing}
-                          if isinstance(self.narrowing, str) else asdict(self.narrowing)),
-            "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length,
-                           "start": [p.start.x, p.start.y], "format": asdict(p.format) if p.format else None}
-                          for p in self.alignment.seq_pairs],
             "explained_differences": [{"cause": e.cause, "message": e.message(), **asdict(e)} for e in self.legitimate],
             "inherited": self.inherited(),
             "margin": self.margin(),
+            "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
+                                                        (self.labels.y, self.acceptance.y))},
+            "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
+            "alignment_error": self.alignment_error,
+            "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length,
+                           "start": [p.start.x, p.start.y], "format": asdict(p.format) if p.format else None}
+                          for p in self.alignment.seq_pairs],
             "tensors": {n: {"diverged": c.diverged, "kind": c.kind, **c.stats, "tolerance": asdict(c.tolerance)}
                         for n, c in self.comparisons.items()},
         })
@@ -388,85 +393,138 @@ def _narrowing_rows(n) -> list[str]:
     return rows
 
 
-def render_text(report: DiffReport) -> str:
-    """The text report: first divergence and its explanation, contract mismatches, acceptance."""
+#: the width the text report wraps at when the output is not a terminal (tests, pipes, CI logs)
+DEFAULT_WIDTH = 120
+
+
+def _wrap(lines: list[str], width: int) -> list[str]:
+    """Wrap each prose line at ``width``, continuation lines indented two more than the line's own
+    indent; words longer than the width (paths, hashes) stay whole."""
+    out = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        out += textwrap.wrap(line.strip(), width=width, initial_indent=indent, subsequent_indent=indent + "  ",
+                             break_long_words=False, break_on_hyphens=False)
+    return out
+
+
+def _crash_rows(report: DiffReport) -> list[str]:
+    c = report.crash
+    out = [f"crash ({c['label']}): {c.get('type')} in {c.get('forward')}"]
+    out += [f"  {line}" for line in str(c.get("message", "")).splitlines()[:3]]
+    for key, shape in {**{f"{c.get('forward')} {k}": v for k, v in (c.get("forward_shapes") or {}).items()},
+                       **(c.get("shapes") or {})}.items():
+        out.append(f"  {key}: {shape}")
+    if c.get("where"):
+        out.append(f"  raised at {c['where'][-1]}")
+    if report.findings:
+        f0 = report.findings[0]
+        out.append(f"  explained by [{f0['severity']}] {f0['kind']}: {f0['message']}")
+        if f0.get("fix"):
+            out.append(f"    fix: {f0['fix']}")
+    return out
+
+
+def _first_rows(report: DiffReport) -> list[str]:
+    """The first diverging tensor's numbers: rows failing, tolerance, worst element."""
+    f = report.first
+    if f.kind == "structure":
+        m = f.structure
+        return [f"  {m.name}: {m.message} — the layouts differ, so no row of it is compared"]
+    s = f.stats
+    nums = ", ".join(f"{k} {_fmt(s[k])}" for k in ("max_rel", "min_cos", "max_abs", "match_rate", "topk_overlap",
+                                                    "fail_frac", "nonfinite_rows") if k in s)
+    out = [f"  {f.name}: {s['fail_rows']}/{s['rows']} rows fail ({nums})"]
+    if s.get("routing_not_named"):
+        fam = target_family(report.traces, report.labels).words()
+        out.append(f"  MoE target ({fam}): not MoE routing near-ties: {s['routing_not_named']}")
+    if s.get("inherited_rows") or s.get("explained_rows"):
+        out.append(f"  judged on {s['counted_rows']} rows whose inputs agree: {s['own_fail_rows']} fail "
+                   f"({s['own_fail_frac']:.3g}){_inherited_note(f)}")
+    tol = f.tolerance
+    out.append(f"  tolerance: rel <= {tol.rel:g}, cos >= {tol.cos:g}, ids overlap >= {tol.ids:g}, "
+               f"fail fraction <= {tol.max_fail_frac:g}")
+    if f.worst and f.kind != "tokens":
+        w = f.worst
+        out.append(f"  worst: seq {w['pair']} pos {w['pos']} depth {w['depth']} element {w['element']}: "
+                   f"{report.labels.x} {_fmt(w['x'])} vs {report.labels.y} {_fmt(w['y'])}")
+    return out
+
+
+def _explanation_rows(report: DiffReport) -> list[str]:
+    """The causes: the headline already says the first one's message, so it is named, not repeated."""
+    if not report.explanations:
+        return ["explanation: no known cause — no known mistake's transform closes the gap",
+                *_narrowing_rows(report.narrowing)]
+    out = []
+    for k, e in enumerate(report.explanations):
+        out.append(f"explanation: {e.cause} (the headline)" if k == 0 else f"also: {e.cause}: {e.message}")
+        if e.fix:
+            out.append(f"  fix: {e.fix}")
+        out += [f"  {line}" for line in e.evidence]
+    return out
+
+
+def _contract_rows(mismatches: list[ContractMismatch], bearing: list[ContractMismatch], first: str | None) -> list[str]:
+    """Each contract difference once, with its fix; those acting at the first divergence's stage are marked."""
+    out = []
+    for m in mismatches:
+        mark = f" (bears on {first})" if first and m in bearing else ""
+        out.append(f"  [{m.severity}] {m.message}{mark}")
+        if m.fix:
+            out.append(f"    fix: {m.fix}")
+    return out
+
+
+def _alignment_line(report: DiffReport) -> str:
+    a, lab = report.alignment, report.labels
+    by_content = sum(p.format is not None for p in a.seq_pairs)
+    how = f" ({by_content} paired by content: their token formats differ)" if by_content else ""
+    return (f"{len(a.seq_pairs)} aligned sequences{how}; unmatched: {len(a.unmatched.x)} on {lab.x}, "
+            f"{len(a.unmatched.y)} on {lab.y}")
+
+
+def render_text(report: DiffReport, *, width: int | None = None) -> str:
+    """The text report, each thing said once, most important first: the headline (``verdict``); what
+    invalidates or limits the comparison (a crash, damage, contract errors); the first divergence's
+    numbers; its explanation with the fix; the other contract differences; then the evidence
+    (pre-flight findings, margins, acceptance, grafts, the tensor table, the alignment).
+
+    ``width``: prose lines wrap at it (the tensor table does not); default the terminal's width, or
+    ``DEFAULT_WIDTH`` when the output is not a terminal.
+    """
+    width = width or shutil.get_terminal_size((DEFAULT_WIDTH, 40)).columns
     out = [report.verdict(), ""]
     if report.crash is not None:
-        c = report.crash
-        out.append(f"crash ({c['label']}): {c.get('type')} in {c.get('forward')}")
-        out += [f"  {line}" for line in str(c.get("message", "")).splitlines()[:3]]
-        for key, shape in {**{f"{c.get('forward')} {k}": v for k, v in (c.get("forward_shapes") or {}).items()},
-                           **(c.get("shapes") or {})}.items():
-            out.append(f"  {key}: {shape}")
-        if c.get("where"):
-            out.append(f"  raised at {c['where'][-1]}")
-        if report.findings:
-            f0 = report.findings[0]
-            out.append(f"  explained by [{f0['severity']}] {f0['kind']}: {f0['message']}")
-            if f0.get("fix"):
-                out.append(f"    fix: {f0['fix']}")
-        out.append("")
+        out += [*_crash_rows(report), ""]
     if report.damage:
-        out.append("damage")
-        out += [f"  {d.message()}" for d in report.damage]
-        out.append("")
-    if report.first is not None and report.first.kind == "structure":
-        m = report.first.structure
-        out.append(f"  {m.name}: {m.message} — the layouts differ, so no row of it is compared")
-        out.append("")
-    if report.first is not None and report.first.kind != "structure":
-        f = report.first
-        s = f.stats
-        nums = ", ".join(f"{k} {_fmt(s[k])}" for k in ("max_rel", "min_cos", "max_abs", "match_rate", "topk_overlap",
-                                                        "fail_frac", "nonfinite_rows") if k in s)
-        out.append(f"  {f.name}: {s['fail_rows']}/{s['rows']} rows fail ({nums})")
-        if s.get("routing_not_named"):
-            fam = target_family(report.traces, report.labels).words()
-            out.append(f"  MoE target ({fam}): not MoE routing near-ties: {s['routing_not_named']}")
-        if s.get("inherited_rows") or s.get("explained_rows"):
-            out.append(f"  judged on {s['counted_rows']} rows whose inputs agree: {s['own_fail_rows']} fail "
-                       f"({s['own_fail_frac']:.3g}){_inherited_note(f)}")
-        tol = f.tolerance
-        out.append(f"  tolerance: rel <= {tol.rel:g}, cos >= {tol.cos:g}, ids overlap >= {tol.ids:g}, "
-                   f"fail fraction <= {tol.max_fail_frac:g}")
-        if f.worst and f.kind != "tokens":
-            w = f.worst
-            out.append(f"  worst: seq {w['pair']} pos {w['pos']} depth {w['depth']} element {w['element']}: "
-                       f"{report.labels.x} {_fmt(w['x'])} vs {report.labels.y} {_fmt(w['y'])}")
-        bearing = report.contract_bearing()
-        if bearing:
-            out.append("  contract differences that bear on it")
-            for m in bearing:
-                out.append(f"    [{m.severity}] {m.field}: {m.message}")
-                if m.fix:
-                    out.append(f"      fix: {m.fix}")
-        out.append("")
+        out += ["damage", *[f"  {d.message()}" for d in report.damage], ""]
+    errors = [m for m in report.contract if m.severity == "error"]
+    if errors:
+        out += ["contract errors (the two sides cannot agree while these differ)",
+                *_contract_rows(errors, [], None), ""]
     if report.first is not None:
-        if report.explanations:
-            out.append("explanation")
-            for e in report.explanations:
-                out.append(f"  {e.cause}: {e.message}")
-                out += [f"    {line}" for line in e.evidence]
-                if e.fix:
-                    out.append(f"    fix: {e.fix}")
-        else:
-            out.append("explanation: no known cause — no known mistake's transform closes the gap")
-            out += _narrowing_rows(report.narrowing)
-        out.append("")
-    if report.findings:
-        out.append("pre-flight findings (specdiff check) that bear on it")
-        out += [f"  [{f['severity']}] {f['kind']}: {f['message']}" for f in report.findings]
-        out.append("")
+        out += ["first divergence", *_first_rows(report), "", *_explanation_rows(report), ""]
+    others = [m for m in report.contract if m.severity != "error"]
     out.append("contract")
-    if report.contract:
-        out += [f"  [{m.severity}] {m.message}" for m in report.contract]
-    else:
+    if others:
+        out += _contract_rows(others, report.contract_bearing(), report.first.name if report.first else None)
+    elif not errors:
         out.append("  the contract facts both sides recorded agree")
+    else:
+        out.append("  no other difference")
+    if report.findings and report.crash is None:
+        out += ["", "pre-flight findings (specdiff check) that bear on it",
+                *[f"  [{f['severity']}] {f['kind']}: {f['message']}" for f in report.findings]]
     out += _legitimate_rows(report)
-    out += ["", "acceptance", *_acc_rows(report.labels, report.acceptance)]
+    out += ["", "acceptance (over the aligned positions)", *_acc_rows(report.labels, report.acceptance)]
     if report.grafts is not None:
         out += ["", *_graft_rows(report.grafts)]
-    out += ["", "tensors"]
+    out = _wrap(out, width)
+    out += ["", "tensors"]  # a table: its rows are not wrapped
     for name, c in report.comparisons.items():
         if c.kind == "structure":
             out.append(f"  {name:26s} {'STRUCTURE':8s} {c.structure.message}")
@@ -475,9 +533,9 @@ def render_text(report: DiffReport) -> str:
         key = "max_rel" if "max_rel" in c.stats else "match_rate"
         out.append(f"  {name:26s} {mark:8s} rows {c.stats['rows']:<6d} {key} {_fmt(c.stats.get(key, float('nan')))}"
                    f"  coverage {c.stats['coverage']:.0%}{_inherited_note(c)}{_unreadable_note(report, name, c)}")
-    out.append(f"\n{report.alignment.summary()}")
+    out += ["", *_wrap([_alignment_line(report)], width)]
     if report.alignment_error:
-        out.append(f"no row compared: {report.alignment_error}")
+        out += _wrap([f"no row compared: {report.alignment_error}"], width)
     return "\n".join(out)
 
 
