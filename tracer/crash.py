@@ -7,12 +7,19 @@ dict into the contract and closes the trace before the process dies:
      "forward": "draft extend (prefill)", "iter": 0, "kind": "prefill", "rids": [...],
      "forward_shapes": {"input_ids": [7], "positions": [7]},
      "shapes": {"Linear.forward: input": [7, 512], "Linear.forward: self.weight": [256, 768], ...},
-     "where": ["llama_eagle3.py:247 forward", "linear.py:134 forward", ...]}
+     "where": ["llama_eagle3.py:247 forward", "linear.py:134 forward", ...],
+     "engine_where": "srt/models/llama_eagle3.py:247 forward: hidden_states = self.fc(hidden_states)",
+     "requests": [{"rid": "0a1b...", "input_ids": [1, 22, 333, ...]}]}
 
 ``forward`` names the forward that was running (the recorder tracks it around every
 ``ModelRunner.forward``): target prefill, target verify, draft extend (prefill), draft extend
 (decode), draft decode; outside any model forward (e.g. verify's sampling), the innermost SGLang
 function: ``eagle_sample (eagle_utils.py:560), outside the model forwards``. ``shapes`` are the tensor locals (and module weights) of the innermost frames.
+``engine_where`` is the innermost frame in the engine's own package (path from the package root and
+its source line), the line a user opens. ``requests`` are the requests of the iteration that raised,
+each with the token ids the recorder read for it in that iteration (its prompt, at prefill) or
+``"unknown"`` when none were read there (a decode iteration: the trace's sequence of that rid holds
+them); ``record train --replay`` replays them, ``diff`` names them.
 """
 
 from __future__ import annotations
@@ -74,8 +81,49 @@ def _frame_shapes(frames) -> dict[str, list[int]]:
     return dict(list(shapes.items())[:_MAX_SHAPES])
 
 
+#: engine packages whose frames ``engine_where`` names (path shown from the package folder on)
+_ENGINE_PACKAGES = ("sglang", "vllm")
+#: ``requests[i]["input_ids"]`` when the iteration that raised read no ids for that request
+UNKNOWN_IDS = "unknown"
+
+
+def crash_requests(rids, prompts: dict | None) -> list[dict]:
+    """The ``requests`` of a crash record: one ``{"rid", "input_ids"}`` per request of the iteration.
+
+    Args:
+        rids: the iteration's request ids, in batch order.
+        prompts: rid -> prompt token ids the recorder read in this iteration (``IterCapture.prompts``
+            of either recorder; an empty list = the engine's field could not be read). A rid
+            absent from it was first seen in an earlier iteration.
+    Returns:
+        ``input_ids`` a list of ints, or ``UNKNOWN_IDS`` where none were read.
+    """
+    prompts = prompts or {}
+    return [{"rid": str(r), "input_ids": [int(t) for t in prompts[r]] if prompts.get(r) else UNKNOWN_IDS}
+            for r in rids]
+
+
+def _engine_where(frames) -> str | None:
+    """``srt/models/llama_eagle3.py:247 forward: <source line>`` of the innermost engine frame."""
+    import linecache
+
+    for f, line in reversed(frames):
+        path = os.path.abspath(f.f_code.co_filename)
+        if path.startswith(_OWN_CODE):
+            continue
+        parts = path.split(os.sep)
+        for pkg in _ENGINE_PACKAGES:
+            if pkg in parts[:-1]:
+                top = max(i for i, p in enumerate(parts[:-1]) if p == pkg)
+                rel = "/".join(parts[top + 1:])
+                src = linecache.getline(f.f_code.co_filename, line).strip()
+                return f"{rel}:{line} {f.f_code.co_name}" + (f": {src}" if src else "")
+    return None
+
+
 def crash_record(exc: BaseException, *, forward: str | None, forward_shapes: dict | None = None,
-                 iteration: int | None = None, kind: str | None = None, rids=()) -> dict:
+                 iteration: int | None = None, kind: str | None = None, rids=(),
+                 prompts: dict | None = None) -> dict:
     """The ``crash`` contract fact for ``exc`` (see the module docstring).
 
     Args:
@@ -83,6 +131,7 @@ def crash_record(exc: BaseException, *, forward: str | None, forward_shapes: dic
         forward: the model forward that was running, or None (then the innermost function's name).
         forward_shapes: shapes of that forward's inputs (name -> list of ints).
         iteration, kind, rids: the recorded iteration it happened in ("prefill" / "decode").
+        prompts: rid -> the prompt ids read in that iteration (``crash_requests``).
     """
     frames = _frames(exc)
     where = [f"{os.path.basename(f.f_code.co_filename)}:{line} {f.f_code.co_name}" for f, line in frames[-8:]]
@@ -95,7 +144,8 @@ def crash_record(exc: BaseException, *, forward: str | None, forward_shapes: dic
                    f"{f.f_code.co_name} ({os.path.basename(f.f_code.co_filename)}:{line}), outside the model forwards")
     return {"type": type(exc).__name__, "message": str(exc)[:_MAX_MESSAGE], "forward": forward,
             "iter": iteration, "kind": kind, "rids": [str(r) for r in rids],
-            "forward_shapes": dict(forward_shapes or {}), "shapes": _frame_shapes(frames), "where": where}
+            "forward_shapes": dict(forward_shapes or {}), "shapes": _frame_shapes(frames), "where": where,
+            "engine_where": _engine_where(frames), "requests": crash_requests(rids, prompts)}
 
 
 def describe_crash(crash: dict) -> str:

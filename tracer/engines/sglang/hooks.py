@@ -166,15 +166,27 @@ class Recorder:
 
     def record_crash(self, exc: BaseException, cap: IterCapture | None) -> None:
         """The scheduler raised inside a recorded iteration: write the exception, the forward it
-        happened in and the shapes involved into the trace, and close it (before the process dies)."""
+        happened in, the shapes involved and the iteration's requests with their token ids into the
+        trace, and close it (before the process dies).
+
+        What the iteration recorded before it raised (its requests' sequences with the prompt, the
+        target rows of a target forward that completed) is written too, attributed as usual
+        (``write_capture``): a crash in the draft leaves the target's view of the crashing prompt."""
         from specdiff.tracer.crash import crash_record, describe_crash
 
         forward, shapes = self.phase if self.phase is not None else (None, {})
         crash = crash_record(exc, forward=forward, forward_shapes=shapes,
                              iteration=None if cap is None else cap.iter,
-                             kind=None if cap is None else cap.kind, rids=() if cap is None else cap.rids)
+                             kind=None if cap is None else cap.kind, rids=() if cap is None else cap.rids,
+                             prompts=None if cap is None else cap.prompts)
         logger.error("specdiff: the server raised %s; the trace %s keeps the contract and this crash",
                      describe_crash(crash), self.opts.path)
+        if cap is not None and self.active:
+            try:
+                self.finish(cap, None)
+            except Exception as exc2:  # noqa: BLE001 - the crash record itself must still be written
+                logger.error("specdiff: the crashing iteration's rows were not written (%s: %s)",
+                             type(exc2).__name__, exc2)
         self.close(crash=crash)
 
     # -- capture helpers (hot path) --

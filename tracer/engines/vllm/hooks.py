@@ -219,7 +219,7 @@ class Recorder:
                              iteration=None if cap is None else cap.iter,
                              kind=None if cap is None else ("decode" if cap.num_draft and any(cap.num_draft)
                                                             else "prefill"),
-                             rids=() if cap is None else cap.rids)
+                             rids=() if cap is None else cap.rids, prompts=None if cap is None else cap.prompts)
         logger.error("specdiff: vLLM raised %s; the trace %s keeps the contract and this crash",
                      describe_crash(crash), self.opts.path)
         self.close(crash=crash)
