@@ -95,7 +95,7 @@ from specdiff.tracer.store import TraceWriter
 
 __all__ = ["RecordTrainError", "TrainSequence", "RecordTrainResult", "DTYPES", "CAPTURE_LEVELS",
            "LOGITS_TOPK", "sequences_from_trace", "sequences_from_prompts", "resolve_train_aux",
-           "TrainReplayer", "record_train"]
+           "TrainReplayer", "TrainSide", "check_train_options", "load_train_side", "record_train"]
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -212,6 +212,189 @@ def _aux_defaults(aux_layers, aux_convention, loaded: LoadedDraft, aux: AuxResol
     return used
 
 
+def check_train_options(*, aux_layers=None, aux_convention: str | None = None, steps=None, topk=None,
+                        dtype: str | None = None, target_dtype: str | None = None, capture: str | None = None,
+                        probe_positions=None, max_new_tokens=None, batch_size=None, replay=None) -> None:
+    """Refuse option values ``record train`` (and ``specdiff watch``, which replays the same way)
+    cannot use as given, before any model is loaded.
+
+    Raises:
+        RecordTrainError: one line naming the option.
+    """
+    if aux_convention is not None and aux_layers is None:
+        raise RecordTrainError(f"--aux-convention {aux_convention} says how to read --aux-layers, which is "
+                               "missing; give both (e.g. --aux-layers 0,3,6 --aux-convention hf) or neither "
+                               "(the draft config's ids in its own convention)")
+    _check_counts(steps=steps, topk=topk, probe_positions=probe_positions, max_new_tokens=max_new_tokens,
+                  batch_size=batch_size, replay=replay)
+    for opt, name in (("--dtype", dtype), ("--target-dtype", target_dtype)):
+        if name is not None:
+            _parse_dtype(name, opt)
+    if capture is not None and capture not in CAPTURE_LEVELS:
+        raise RecordTrainError(f"--capture {capture!r}: use one of {', '.join(CAPTURE_LEVELS)}")
+    if aux_convention is not None and aux_convention not in CONVENTIONS:
+        raise RecordTrainError(f"--aux-convention {aux_convention!r}: use one of {', '.join(CONVENTIONS)}")
+
+
+@dataclass
+class TrainSide:
+    """The training side, loaded once: target, draft, training aux layers and the filled-in options,
+    ready to replay token sequences into training traces. ``record train`` loads one per run and
+    replays every sequence; ``specdiff watch`` keeps one and replays each served request as it ends.
+
+    Attributes:
+        target_dir / draft_dir: the model directories as given.
+        target: the HF target (eval, ``target_dtype``, on ``device``).
+        loaded: the draft checkpoint (``replay.model.checkpoint.LoadedDraft``); ``loaded.model``
+            is on ``device``.
+        aux: the training aux resolution (``train_aux.resolve_train_aux``).
+        replayer: the ``TrainReplayer`` (its acceptance tallies grow with every batch replayed).
+        options: steps, topk, dtype, target_dtype, capture, probe_positions, max_new_tokens,
+            batch_size, device: as given, else filled in (``train_options.fill_defaults``).
+        defaults_used: ``defaults_used`` contract entries for every option left unset.
+        served: the serving trace's contract ({} without one).
+    """
+
+    target_dir: Path
+    draft_dir: Path
+    target: torch.nn.Module
+    loaded: LoadedDraft
+    aux: AuxResolution
+    replayer: TrainReplayer
+    options: dict
+    defaults_used: dict[str, dict]
+    served: dict
+
+    def contract(self, seqs: list[TrainSequence], *, out: str, replay: str | None = None) -> tuple[dict, list[str]]:
+        """The contract facts of a training trace of ``seqs`` written to ``out`` (validated), and
+        its notes (the same list as ``facts["notes"]``).
+
+        Raises:
+            RecordTrainError: the facts do not validate (tracer.contract.validate_contract).
+        """
+        o, tcfg, L = self.options, self.target.config, self.replayer.num_layers
+        loaded, aux, served = self.loaded, self.aux, self.served
+        # the draft's facts without its own engine-view aux resolution: the training layers (``aux``,
+        # read by the target's rule, pre-norm slot included) are the aux facts of this trace
+        facts = loaded.contract_facts()
+        notes = list(facts.pop("draft_notes", [])) + list(aux.notes)
+        if served.get("skipped_sequences"):
+            notes.append(f"serving sequences {served['skipped_sequences']} have fewer than 2 tokens (no draft "
+                         "row): not replayed")
+        facts.update(aux.as_facts())
+        facts.update({
+            "engine": "specdiff-reference", "engine_version": _version(), "side": "train",
+            "num_layers": L, "hidden_size": int(tcfg.hidden_size), "vocab_size": int(tcfg.vocab_size),
+            "spec_steps": int(o["steps"]), "spec_topk": int(o["topk"]), "dtype": o["dtype"],
+            "target_dtype": o["target_dtype"], "capture_level": o["capture"],
+            "logits_topk": LOGITS_TOPK if o["capture"] == "default" else 0,
+            "model_name": str(self.target_dir), "draft_name": str(self.draft_dir),
+            "tokenizer_sha256": _sha256_file(self.target_dir / "tokenizer.json"),
+            "probe_positions": int(o["probe_positions"]), "notes": notes, DEFAULTS_USED: self.defaults_used,
+        })
+        # the same identity facts the SGLang recorder reads from its live target (tracer/contract.py), so a
+        # pair recorded on two different targets is refused by `specdiff diff` before any comparison
+        facts.update(target_identity_facts(tcfg, target_embedding(self.target)))
+        facts.update(draft_computation_facts(self.loaded.model, loaded.config, vocab=int(tcfg.vocab_size),
+                                             seqs=seqs, bos_token_id=getattr(tcfg, "bos_token_id", None),
+                                             tokenizer_dir=self.target_dir))
+        # HF indices cannot say "pre-norm": with such a slot the check runs without training layers (no false
+        # mismatch against HF L); the slot itself is in the contract (aux_prenorm_indices)
+        facts["findings"] = _preflight_facts(self.target_dir, self.draft_dir, None if aux.prenorm else aux.hf_indices)
+        if replay is not None:
+            facts["replay_of"] = str(replay)
+            if known(served, "aux_hf_indices") is not None:
+                facts["served_aux_hf_indices"] = list(served["aux_hf_indices"])
+            notes.extend(_prenorm_notes(served, aux, L))
+        try:
+            validate_contract(facts, where=str(out))
+        except TraceError as e:
+            raise RecordTrainError(str(e)) from None
+        return facts, notes
+
+    def open_trace(self, out: str, seqs: list[TrainSequence], facts: dict, *,
+                   overwrite: bool = False) -> tuple[TraceWriter, list[int]]:
+        """A new training trace at ``out`` holding ``seqs`` (their seq ids kept when set) and the
+        draft's ``draft.d2t``; returns the writer and the trace seq id of each sequence.
+
+        Raises:
+            TraceError: ``out`` exists and not ``overwrite``.
+        """
+        writer = TraceWriter(str(out), side="train", contract=facts, overwrite=overwrite)
+        try:
+            seq_ids = self.add_sequences(writer, seqs)
+            self.replayer.write_d2t(writer)
+        except BaseException:
+            writer.close()
+            raise
+        return writer, seq_ids
+
+    @staticmethod
+    def add_sequences(writer: TraceWriter, seqs: list[TrainSequence]) -> list[int]:
+        """Register ``seqs`` in ``writer`` (a served sequence keeps its seq id, so the traces align
+        row for row; one without takes its index in ``seqs``); returns their trace seq ids."""
+        return [writer.add_sequence(s.tokens, prompt_len=s.prompt_len, rid=s.rid,
+                                    seq_id=s.seq_id if s.seq_id is not None else i)
+                for i, s in enumerate(seqs)]
+
+    def batches(self, seqs: list[TrainSequence], seq_ids: list[int], *, max_batch_tokens: int = 8192):
+        """Yield (number of sequences, ``RowBatch``) per padded batch of ``seqs``: the target and
+        draft forward of the batch and every canonical row (``TrainReplayer.rows``; the acceptance
+        tallies grow). Sequences of similar length share a batch (``batches_by_length``)."""
+        rep = self.replayer
+        for idx in batches_by_length(seqs, int(self.options["batch_size"]), max_batch_tokens):
+            ids, lengths = TrainReplayer.pad([seqs[i] for i in idx])
+            cap, tout = rep.forward(ids, lengths)
+            yield len(idx), rep.rows([seq_ids[i] for i in idx], cap, tout)
+
+
+def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: dict | None = None,
+                    aux_layers=None, aux_convention: str | None = None, steps: int | None = None,
+                    topk: int | None = None, dtype: str | None = None, target_dtype: str | None = None,
+                    capture: str | None = None, probe_positions: int | None = None,
+                    max_new_tokens: int | None = None, batch_size: int | None = None,
+                    device: str | None = None, extra_defaults: dict | None = None) -> TrainSide:
+    """Load the target and the draft checkpoint and resolve the training aux layers and every
+    option left None (``train_options.fill_defaults``; steps / topk from ``served``, the serving
+    trace's contract). Options are checked first (``check_train_options``).
+
+    ``extra_defaults``: more ``defaults_used`` entries (how prompts were tokenized).
+
+    Raises:
+        RecordTrainError / CheckpointError / TargetError: one line each.
+    """
+    check_train_options(aux_layers=aux_layers, aux_convention=aux_convention, steps=steps, topk=topk, dtype=dtype,
+                        target_dtype=target_dtype, capture=capture, probe_positions=probe_positions,
+                        max_new_tokens=max_new_tokens, batch_size=batch_size)
+    served = dict(served or {})
+    target_dir, draft_dir = Path(target_dir), Path(draft_dir)
+    opts, defaults_used = fill_defaults(
+        {"steps": steps, "topk": topk, "dtype": dtype, "target_dtype": target_dtype, "capture": capture,
+         "probe_positions": probe_positions, "max_new_tokens": max_new_tokens, "batch_size": batch_size,
+         "device": device}, served)
+    ddtype = _parse_dtype(opts["dtype"], "--dtype")
+    tdtype = _parse_dtype(opts["target_dtype"], "--target-dtype")
+
+    _quiet_transformers()
+    target = load_target(target_dir, dtype=tdtype).to(opts["device"])
+    L = target_num_layers(target)
+    loaded = load_draft(draft_dir, dtype=ddtype, target_embedding=target_embedding(target).float(),
+                        target_lm_head=target_lm_head(target).float())
+    loaded.model.to(opts["device"])  # nn.Module.to moves the module in place
+    aux = resolve_train_aux(loaded, L, aux_layers, aux_convention,
+                            architecture=target_architecture(target.config.to_dict()))
+    defaults_used = {**_aux_defaults(aux_layers, aux_convention, loaded, aux), **defaults_used,
+                     **(extra_defaults or {}),
+                     **{f"draft_config.{k}": v for k, v in loaded.config.defaults_used.items()}}
+    if int(opts["topk"]) > loaded.config.draft_vocab_size:
+        raise RecordTrainError(f"topk {opts['topk']} exceeds the draft vocab {loaded.config.draft_vocab_size}")
+    pad_id = getattr(target.config, "pad_token_id", None)
+    rep = TrainReplayer(target, loaded.model, aux, steps=int(opts["steps"]), topk=int(opts["topk"]),
+                        capture=opts["capture"], probe_positions=int(opts["probe_positions"]),
+                        pad_id=int(pad_id) if pad_id is not None else 0)
+    return TrainSide(target_dir, draft_dir, target, loaded, aux, rep, opts, defaults_used, served)
+
+
 def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
                  replay: str | None = None, prompts: str | Path | None = None,
                  aux_layers=None, aux_convention: str | None = None, steps: int | None = None,
@@ -249,124 +432,43 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     """
     if (replay is None) == (prompts is None):
         raise RecordTrainError("give exactly one of --replay SERVE_TRACE or --prompts FILE.jsonl")
-    if aux_convention is not None and aux_layers is None:
-        raise RecordTrainError(f"--aux-convention {aux_convention} says how to read --aux-layers, which is "
-                               "missing; give both (e.g. --aux-layers 0,3,6 --aux-convention hf) or neither "
-                               "(the draft config's ids in its own convention)")
-    _check_counts(steps=steps, topk=topk, probe_positions=probe_positions, max_new_tokens=max_new_tokens,
-                  batch_size=batch_size, replay=replay)
-    for opt, name in (("--dtype", dtype), ("--target-dtype", target_dtype)):
-        if name is not None:
-            _parse_dtype(name, opt)
-    if capture is not None and capture not in CAPTURE_LEVELS:
-        raise RecordTrainError(f"--capture {capture!r}: use one of {', '.join(CAPTURE_LEVELS)}")
-    if aux_convention is not None and aux_convention not in CONVENTIONS:
-        raise RecordTrainError(f"--aux-convention {aux_convention!r}: use one of {', '.join(CONVENTIONS)}")
-    target_dir, draft_dir = Path(target_dir), Path(draft_dir)
+    check_train_options(aux_layers=aux_layers, aux_convention=aux_convention, steps=steps, topk=topk, dtype=dtype,
+                        target_dtype=target_dtype, capture=capture, probe_positions=probe_positions,
+                        max_new_tokens=max_new_tokens, batch_size=batch_size, replay=replay)
     served: dict = {}
     token_defaults: dict[str, dict] = {}
     if replay is not None:
         seqs, served = sequences_from_trace(replay)
     else:
-        seqs = sequences_from_prompts(prompts, target_dir, defaults_used=token_defaults)
+        seqs = sequences_from_prompts(prompts, Path(target_dir), defaults_used=token_defaults)
     if not overwrite and Path(str(out)).exists():
         raise RecordTrainError(f"{out}: already exists; choose another path or pass --overwrite")
-    opts, defaults_used = fill_defaults(
-        {"steps": steps, "topk": topk, "dtype": dtype, "target_dtype": target_dtype, "capture": capture,
-         "probe_positions": probe_positions, "max_new_tokens": max_new_tokens, "batch_size": batch_size,
-         "device": device}, served)
-    steps, topk, dtype, target_dtype = int(opts["steps"]), int(opts["topk"]), opts["dtype"], opts["target_dtype"]
-    capture, probe_positions, device = opts["capture"], int(opts["probe_positions"]), opts["device"]
-    max_new_tokens, batch_size = int(opts["max_new_tokens"]), int(opts["batch_size"])
-    ddtype = _parse_dtype(dtype, "--dtype")
-    tdtype = _parse_dtype(target_dtype, "--target-dtype")
-
-    _quiet_transformers()
-    target = load_target(target_dir, dtype=tdtype).to(device)
-    L = target_num_layers(target)
-    loaded = load_draft(draft_dir, dtype=ddtype, target_embedding=target_embedding(target).float(),
-                        target_lm_head=target_lm_head(target).float())
-    draft = loaded.model.to(device)
-    aux = resolve_train_aux(loaded, L, aux_layers, aux_convention,
-                            architecture=target_architecture(target.config.to_dict()))
-    defaults_used = {**_aux_defaults(aux_layers, aux_convention, loaded, aux), **defaults_used, **token_defaults,
-                     **{f"draft_config.{k}": v for k, v in loaded.config.defaults_used.items()}}
-    if max_new_tokens > 0:
-        seqs = extend_greedy(target, seqs, max_new_tokens)
-    if topk > loaded.config.draft_vocab_size:
-        raise RecordTrainError(f"topk {topk} exceeds the draft vocab {loaded.config.draft_vocab_size}")
-
-    tcfg = target.config
-    # the draft's facts without its own engine-view aux resolution: the training layers (``aux``,
-    # read by the target's rule, pre-norm slot included) are the aux facts of this trace
-    facts = loaded.contract_facts()
-    notes = list(facts.pop("draft_notes", [])) + list(aux.notes)
-    if served.get("skipped_sequences"):
-        notes.append(f"serving sequences {served['skipped_sequences']} have fewer than 2 tokens (no draft row): "
-                     "not replayed")
-    facts.update(aux.as_facts())
-    facts.update({
-        "engine": "specdiff-reference", "engine_version": _version(), "side": "train",
-        "num_layers": L, "hidden_size": int(tcfg.hidden_size), "vocab_size": int(tcfg.vocab_size),
-        "spec_steps": steps, "spec_topk": topk, "dtype": dtype, "target_dtype": target_dtype,
-        "capture_level": capture, "logits_topk": LOGITS_TOPK if capture == "default" else 0,
-        "model_name": str(target_dir), "draft_name": str(draft_dir),
-        "tokenizer_sha256": _sha256_file(target_dir / "tokenizer.json"),
-        "probe_positions": int(probe_positions), "notes": notes, DEFAULTS_USED: defaults_used,
-    })
-    # the same identity facts the SGLang recorder reads from its live target (tracer/contract.py), so a
-    # pair recorded on two different targets is refused by `specdiff diff` before any comparison
-    facts.update(target_identity_facts(tcfg, target_embedding(target)))
-    facts.update(draft_computation_facts(draft, loaded.config, vocab=int(tcfg.vocab_size),
-                                         seqs=seqs, bos_token_id=getattr(tcfg, "bos_token_id", None),
-                                         tokenizer_dir=target_dir))
-    # HF indices cannot say "pre-norm": with such a slot the check runs without training layers (no false
-    # mismatch against HF L); the slot itself is in the contract (aux_prenorm_indices)
-    facts["findings"] = _preflight_facts(target_dir, draft_dir, None if aux.prenorm else aux.hf_indices)
-    if replay is not None:
-        facts["replay_of"] = str(replay)
-        if known(served, "aux_hf_indices") is not None:
-            facts["served_aux_hf_indices"] = list(served["aux_hf_indices"])
-        notes.extend(_prenorm_notes(served, aux, L))
-    try:
-        validate_contract(facts, where=str(out))
-    except TraceError as e:
-        raise RecordTrainError(str(e)) from None
-
-    writer = TraceWriter(str(out), side="train", contract=facts, overwrite=overwrite)
-    pad_id = getattr(tcfg, "pad_token_id", None)
-    rep = TrainReplayer(target, draft, aux, steps=steps, topk=topk, capture=capture,
-                        probe_positions=probe_positions, pad_id=int(pad_id) if pad_id is not None else 0)
-    result = RecordTrainResult(str(out), len(seqs), int(sum(len(s.tokens) for s in seqs)), aux,
-                               [], [], float("nan"), 0.0, notes, defaults_used)
+    side = load_train_side(target_dir, draft_dir, served=served, aux_layers=aux_layers, aux_convention=aux_convention,
+                           steps=steps, topk=topk, dtype=dtype, target_dtype=target_dtype, capture=capture,
+                           probe_positions=probe_positions, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                           device=device, extra_defaults=token_defaults)
+    if int(side.options["max_new_tokens"]) > 0:
+        seqs = extend_greedy(side.target, seqs, int(side.options["max_new_tokens"]))
+    facts, notes = side.contract(seqs, out=str(out), replay=replay)
+    writer, seq_ids = side.open_trace(str(out), seqs, facts, overwrite=overwrite)
+    rep = side.replayer
+    result = RecordTrainResult(str(out), len(seqs), int(sum(len(s.tokens) for s in seqs)), side.aux,
+                               [], [], float("nan"), 0.0, notes, side.defaults_used)
     if on_start:
         on_start(len(seqs), result)
     t0 = time.perf_counter()
-    try:
-        seq_ids = []
-        for i, s in enumerate(seqs):
-            sid = writer.add_sequence(s.tokens, prompt_len=s.prompt_len, rid=s.rid,
-                                      seq_id=s.seq_id if s.seq_id is not None else i)
-            seq_ids.append(sid)
-        rep.write_d2t(writer)
-    except BaseException:
-        writer.close()
-        raise
     # Appends run on one thread so compression and I/O overlap the next batch's forward;
     # lossless: a full queue waits, and a write error is raised here by submit / close.
     aw = AsyncTraceWriter(writer, lambda w, item: item[1].flush(w), max_items=2, lossless=True,
                           on_written=(lambda item: progress(item[0])) if progress else None)
-    facts: dict = {}
+    end: dict = {}
     try:
-        for idx in batches_by_length(seqs, batch_size, max_batch_tokens):
-            ids, lengths = TrainReplayer.pad([seqs[i] for i in idx])
-            cap, tout = rep.forward(ids, lengths)
-            aw.submit((len(idx), rep.rows([seq_ids[i] for i in idx], cap, tout)))
+        for item in side.batches(seqs, seq_ids, max_batch_tokens=max_batch_tokens):
+            aw.submit(item)
         acc, acc_cum, mean = rep.accept_rates()
-        facts = {"accept_rate": acc, "accept_cum_rate": acc_cum,
-                 "mean_accept_length": None if mean != mean else mean}
+        end = {"accept_rate": acc, "accept_cum_rate": acc_cum, "mean_accept_length": None if mean != mean else mean}
     finally:
-        aw.close(timeout_s=None, contract=facts)
+        aw.close(timeout_s=None, contract=end)
     result.accept_rate, result.accept_cum_rate, result.mean_accept_length = acc, acc_cum, mean
     result.seconds = time.perf_counter() - t0
     return result
