@@ -16,12 +16,12 @@ import torch
 
 from specdiff.replay.diff.compare import UNREADABLE
 from specdiff.replay.diff.report import diff_traces, render_json
-from specdiff.tracer.arrays import STORAGE_DTYPES
-from specdiff.tracer.damage import READABLE, RECOPY
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import TraceWriter, open_trace
 from specdiff.tracer.store import layout as store_layout
-from specdiff.tracer.upgrade import upgrade
+from specdiff.tracer.store.arrays import STORAGE_DTYPES
+from specdiff.tracer.store.damage import READABLE, RECOPY
+from specdiff.tracer.store.upgrade import upgrade
 from specdiff.tui.app import SpecdiffApp
 from specdiff.tui.view import Sel
 
@@ -413,8 +413,7 @@ def test_opening_a_trace_lists_no_chunk_files_and_a_read_lists_only_its_tensor(p
     """Finding missing chunk files lists the chunk directories; that waits until a tensor is read
     (or the trace's damage is asked for), so a diff's first answer does not pay for listing every
     chunk of a large trace. The missing chunk is still found: by the read that needs it."""
-    from specdiff.tracer import chunks
-    from specdiff.tracer.store import open_trace
+    from specdiff.tracer.store import chunks, open_trace
 
     listed: list[str] = []
     real = chunks._chunk_files

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdiff.tracer.journal import SPILL_DIR
 from specdiff.tracer.store import TraceWriter, open_trace
+from specdiff.tracer.store.journal import SPILL_DIR
 
 # chunk_bytes=4096 and [3, 32] bf16 appends: 64-row chunks, a commit (4 chunks) every 256 rows
 # (appends of 3 rows do not end on a chunk edge). "raw": float chunks stored raw, each spill file
@@ -24,7 +24,7 @@ _WRITER = """
 import sys, time, numpy as np, torch, zarr
 from specdiff.tracer import store
 from specdiff.tracer.store import layout
-from specdiff.tracer.journal import JournalWriter, SpillWriter
+from specdiff.tracer.store.journal import JournalWriter, SpillWriter
 
 path, codec, point, at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 if codec == "blosc":
@@ -334,9 +334,9 @@ def test_an_unclosed_trace_whose_journal_keeps_payloads_in_an_unknown_way_is_one
 def test_a_spill_file_a_live_writer_commits_and_removes_while_the_trace_opens_is_read_from_zarr(tmp_path, monkeypatch):
     # blosc rows: a commit deletes their spill files once journalled; a reader that read the journal
     # just before sees a file vanish, reads the grown journal again and finds the rows in zarr
-    from specdiff.tracer.journal import read_journal
     from specdiff.tracer.store import layout
     from specdiff.tracer.store import reader as reader_module
+    from specdiff.tracer.store.journal import read_journal
 
     monkeypatch.setattr(layout, "data_codecs", lambda name: layout.compressors(np.dtype(np.uint16)))
     path = tmp_path / "live.trace"

@@ -1,5 +1,5 @@
 """The store's write path (issue 14, store write at disk speed): float chunks stored raw + crc32c,
-each a full spill file moved to its zarr key (tracer/journal.py), read back by zarr's own codecs;
+each a full spill file moved to its zarr key (tracer/store/journal.py), read back by zarr's own codecs;
 appends of any size; traces with blosc-compressed float chunks still read."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import torch
 import zarr
 
-from specdiff.tracer.arrays import STORAGE_DTYPES
 from specdiff.tracer.store import TraceWriter, open_trace
 from specdiff.tracer.store import layout as store_layout
+from specdiff.tracer.store.arrays import STORAGE_DTYPES
 
 ROW = 48  # draft.fc_out [row, draft_hidden]
 CHUNK_ROWS = 16
@@ -134,7 +134,7 @@ def test_commits_never_read_back_a_key_chunk_to_rewrite_it(tmp_path, monkeypatch
 def test_a_float_trace_is_written_once_its_full_spill_files_become_its_chunks(tmp_path, monkeypatch):
     # issue 14: the rows' bytes go to a spill file once; a full chunk's file is moved to its zarr key
     # (crc appended) instead of being written again, so zarr writes data only for the partial last chunk
-    from specdiff.tracer.journal import SpillWriter
+    from specdiff.tracer.store.journal import SpillWriter
 
     spilled, zarr_data = [], []
     real_write, real_set = SpillWriter.write, zarr.storage.LocalStore.set
@@ -183,7 +183,7 @@ def test_a_full_chunk_is_in_place_before_its_commit_and_flush_journals_the_commi
 
 
 def test_raw_chunks_read_from_their_files_match_zarr_for_any_row_range(tmp_path):
-    # tracer/chunks.py reads whole raw chunks from their files (crc checked) and partial ones via zarr
+    # tracer/store/chunks.py reads whole raw chunks from their files (crc checked) and partial ones via zarr
     batches = _batches(torch.bfloat16, SIZES)
     _write(str(tmp_path / "t"), batches)
     trace = open_trace(str(tmp_path / "t"))

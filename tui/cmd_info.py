@@ -1,6 +1,6 @@
 """``specdiff info TRACE``: contract facts, sequences, tensors and the trace's completeness.
 
-``--verify`` reads every chunk and lists each damaged one (tracer.damage), exit 1 if any.
+``--verify`` reads every chunk and lists each damaged one (tracer.store.damage), exit 1 if any.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def describe(trace, *, verified: bool = False) -> str:
         cut = f", last {trace.cut_tail_bytes} bytes of a record cut" if trace.cut_tail_bytes else ""
         lines.append(f"state      CUT OFF: the writer did not close it: still writing, or stopped "
                      f"(all complete records kept{cut})")
-    ranks = getattr(trace, "ranks", None)  # tracer.ranks.RankedTrace: one store per DP replica
+    ranks = getattr(trace, "ranks", None)  # tracer.store.ranks.RankedTrace: one store per DP replica
     if ranks:
         lines.append(f"ranks      {len(ranks)} (one store per data-parallel replica)")
         for label, t in ranks:

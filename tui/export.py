@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdiff.tracer.arrays import to_torch
 from specdiff.tracer.store import TraceWriter
+from specdiff.tracer.store.arrays import to_torch
 from specdiff.tui.view import CELLS, Sel, ViewModel
 
 

@@ -24,9 +24,9 @@ import numpy as np
 
 from specdiff.replay.diff import metrics
 from specdiff.replay.diff.align import Pair
-from specdiff.tracer.arrays import STORAGE_DTYPES, from_storage
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import open_trace
+from specdiff.tracer.store.arrays import STORAGE_DTYPES, from_storage
 
 #: float32 bytes per side of one sub-block: both sides and their difference stay in L2 across the
 #: ~7 metric passes, and each numpy call has enough elements to outweigh its Python overhead (the

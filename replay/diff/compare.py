@@ -31,7 +31,7 @@ from specdiff.tracer.contract import known
 from specdiff.tracer.schema import aux_name, aux_slot, ordered, probe_index, spec_for
 
 MATCH, CLOSE, DIVERGED = 0, 1, 2
-#: a row in a damaged chunk on either side (tracer.damage): not compared, never counted as a match
+#: a row in a damaged chunk on either side (tracer.store.damage): not compared, never counted as a match
 UNREADABLE = 4
 STATUS_NAMES = {MATCH: "match", CLOSE: "within tolerance", DIVERGED: "diverged", UNREADABLE: "unreadable"}
 

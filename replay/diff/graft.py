@@ -98,8 +98,8 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
 
     from specdiff.eagle3.vocab_map import hot_token_ids
     from specdiff.replay.model.draft_model import ttt_labels
-    from specdiff.tracer.arrays import to_torch
     from specdiff.tracer.rows import draft_top_ids
+    from specdiff.tracer.store.arrays import to_torch
 
     tr, _ = sides(report)
     if "target.argmax" not in getattr(report.traces, tr).names:

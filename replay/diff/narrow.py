@@ -121,7 +121,7 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
         raise NarrowError(f"{strace.path}: serving recorded no draft stage to compare a re-run with")
     import torch
 
-    from specdiff.tracer.arrays import to_torch
+    from specdiff.tracer.store.arrays import to_torch
 
     first = report.first
     if first is None or first.kind != "values":

@@ -14,7 +14,7 @@ engine, it delivers one trace store per recording rank with:
   the engine's draft lacks), ``graph_hidden_stages`` for stages a graph hid;
 - **crash evidence**: the exception that stopped the engine (``tracer.crash.crash_record``) in
   the contract's ``crash`` fact, written before the process died;
-- **per-rank layout**: one store per DP replica under ``dp<r>/`` (``tracer.ranks``).
+- **per-rank layout**: one store per DP replica under ``dp<r>/`` (``tracer.store.ranks``).
 
 ``EngineSpec`` is the part of an engine that offline code (``replay/``, ``tui/``) may use: its name
 as recorded in the ``engine`` contract fact, its aux-id convention, its tested versions and where

@@ -3,7 +3,7 @@
 Layout (traces/FORMAT.md has the full description)::
 
     <trace>/zarr.json                      group; attrs: specdiff {format, side}, contract, closed
-    <trace>/journal.msgpack                write-ahead record journal (tracer.journal)
+    <trace>/journal.msgpack                write-ahead record journal (tracer.store.journal)
     <trace>/tensors/<name>/data            [row, *dims]  the tensor rows: floats raw + crc32c, others blosc
     <trace>/tensors/<name>/{seq,pos,depth,iter}  [row] int32/int16 row keys (schema.py)
     <trace>/sequences/{id,tokens,offsets,prompt_len}  written at close, for plain-zarr readers
@@ -12,7 +12,7 @@ Layout (traces/FORMAT.md has the full description)::
 then its keys to the journal, so a SIGKILL loses nothing already appended). A full float chunk's
 spill file, its crc32c appended, is moved to the chunk's zarr key, so the trace's bytes reach the
 disk once; every four chunks a ``commit`` (on a writer thread) grows the arrays, writes the key
-columns (and blosc rows) and is journalled (tracer.journal). ``open_trace`` reads committed rows
+columns (and blosc rows) and is journalled (tracer.store.journal). ``open_trace`` reads committed rows
 from zarr and the uncommitted tail, chunk by chunk, from spill files or moved chunks.
 
 Modules: ``layout`` (format constants, codecs, ``Sequence``), ``writer`` (``TraceWriter``),
@@ -20,7 +20,7 @@ Modules: ``layout`` (format constants, codecs, ``Sequence``), ``writer`` (``Trac
 and its spill files; damage found while reading).
 """
 
-from specdiff.tracer.arrays import STORAGE_DTYPES
+from specdiff.tracer.store.arrays import STORAGE_DTYPES
 from specdiff.tracer.store.layout import (
     ARRAY_CONFIG,
     CHUNK_BYTES,

@@ -8,7 +8,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 
-from specdiff.tracer.arrays import STORAGE_DTYPES
+from specdiff.tracer.store.arrays import STORAGE_DTYPES
 
 FORMAT_VERSION = 1
 KEY_COLUMNS = (("seq", "int32"), ("pos", "int32"), ("depth", "int16"), ("iter", "int32"))
@@ -40,7 +40,7 @@ FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 
 def data_codecs(dtype_name: str):
-    """The chunk codecs of a tensor's ``data`` array, by its storage dtype name (tracer.arrays).
+    """The chunk codecs of a tensor's ``data`` array, by its storage dtype name (tracer.store.arrays).
 
     Float tensors (hidden states, logits) are stored raw with a crc32c checksum: bitshuffle-lz4
     shrank bf16 hidden states to ~0.8 of their size but encoded at ~0.4 GB/s and decoded at

@@ -8,16 +8,16 @@ from dataclasses import dataclass
 import numpy as np
 import zarr
 
-from specdiff.tracer.arrays import STORAGE_DTYPES, from_storage, to_torch
-from specdiff.tracer.chunks import ArrayReader, metadata_problem, read_bytes
-from specdiff.tracer.chunks import join as _join
-from specdiff.tracer.damage import Damage
 from specdiff.tracer.errors import TraceError
-from specdiff.tracer.journal import (
+from specdiff.tracer.schema import ordered, spec_for
+from specdiff.tracer.store.arrays import STORAGE_DTYPES, from_storage, to_torch
+from specdiff.tracer.store.chunks import ArrayReader, metadata_problem, read_bytes
+from specdiff.tracer.store.chunks import join as _join
+from specdiff.tracer.store.damage import Damage
+from specdiff.tracer.store.journal import (
     JOURNAL_NAME,
     read_journal,
 )
-from specdiff.tracer.schema import ordered, spec_for
 from specdiff.tracer.store.layout import (
     FORMAT_VERSION,
     KEY_COLUMNS,
@@ -47,7 +47,7 @@ class Trace:
         path, side, format, contract, sequences (list[Sequence]), records (appends recorded),
         closed (the writer closed cleanly), cut_tail_bytes (bytes of a cut last journal entry).
 
-    Damage (``tracer.damage``) never stops reading: rows in a damaged chunk read as NaN (floats),
+    Damage (``tracer.store.damage``) never stops reading: rows in a damaged chunk read as NaN (floats),
     -1 (ints, row keys) or False, ``unreadable`` says which rows those are, and ``damage`` lists
     what was found so far (at open: journal, metadata, missing chunk files; on read: chunks that
     fail to decode). ``verify`` reads every chunk.
@@ -237,20 +237,20 @@ def damaged_fill(dtype_name: str):
 
 
 def _is_rank_parent(path: str) -> bool:
-    """``path`` holds no trace of its own but per-rank traces (tracer.ranks)."""
+    """``path`` holds no trace of its own but per-rank traces (tracer.store.ranks)."""
     try:
         if read_bytes(path, "zarr.json") is not None:
             return False
     except OSError:
         return False
-    from specdiff.tracer.ranks import rank_stores
+    from specdiff.tracer.store.ranks import rank_stores
 
     return bool(rank_stores(path))
 
 
 def open_trace(path: str) -> Trace:
     """Open a trace for reading (local path or fsspec URL); a directory of per-rank traces
-    (``dp<r>``, written by a data-parallel server) opens as one ``tracer.ranks.RankedTrace``.
+    (``dp<r>``, written by a data-parallel server) opens as one ``tracer.store.ranks.RankedTrace``.
 
     A damaged journal or group metadata is read around when the other copy holds the same facts
     (a closed trace's zarr metadata holds everything; the journal holds everything but the
@@ -266,7 +266,7 @@ def open_trace(path: str) -> Trace:
     if "://" not in path and not os.path.exists(path):
         raise TraceError(f"{path}: no such trace (the path does not exist)")
     if _is_rank_parent(path):
-        from specdiff.tracer.ranks import RankedTrace, rank_stores
+        from specdiff.tracer.store.ranks import RankedTrace, rank_stores
 
         return RankedTrace(path, [(label, open_trace(sub)) for label, sub in rank_stores(path)])
     store = open_store(path)

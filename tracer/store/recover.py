@@ -10,13 +10,13 @@ import fsspec
 import numpy as np
 import zarr
 
-from specdiff.tracer.arrays import STORAGE_DTYPES
-from specdiff.tracer.chunks import chunk_key, crc32c_holds, metadata_problem, stored_raw
-from specdiff.tracer.chunks import join as _join
 from specdiff.tracer.contract import validate_contract
-from specdiff.tracer.damage import Damage
 from specdiff.tracer.errors import TraceError
-from specdiff.tracer.journal import (
+from specdiff.tracer.store.arrays import STORAGE_DTYPES
+from specdiff.tracer.store.chunks import chunk_key, crc32c_holds, metadata_problem, stored_raw
+from specdiff.tracer.store.chunks import join as _join
+from specdiff.tracer.store.damage import Damage
+from specdiff.tracer.store.journal import (
     COMMIT_SPILL_PAYLOAD,
     SPILL_PAYLOAD,
     read_spill,

@@ -11,12 +11,15 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync as zarr_sync
 
-from specdiff.tracer.arrays import STORAGE_DTYPES, to_storage
-from specdiff.tracer.chunks import chunk_key, stored_raw
-from specdiff.tracer.chunks import join as _join
 from specdiff.tracer.contract import validate_contract
 from specdiff.tracer.errors import TraceError
-from specdiff.tracer.journal import (
+from specdiff.tracer.schema import spec_for
+from specdiff.tracer.store import layout
+from specdiff.tracer.store.arrays import STORAGE_DTYPES, to_storage
+from specdiff.tracer.store.chunks import chunk_key, stored_raw
+from specdiff.tracer.store.chunks import join as _join
+from specdiff.tracer.store.commit import grow_and_write
+from specdiff.tracer.store.journal import (
     JOURNAL_NAME,
     SPILL_PAYLOAD,
     JournalWriter,
@@ -26,9 +29,6 @@ from specdiff.tracer.journal import (
     remove_spill_dir,
     spill_key,
 )
-from specdiff.tracer.schema import spec_for
-from specdiff.tracer.store import layout
-from specdiff.tracer.store.commit import grow_and_write
 from specdiff.tracer.store.layout import (
     ARRAY_CONFIG,
     CHUNK_BYTES,

@@ -6,7 +6,7 @@ Declared in pyproject as ``[project.entry-points."sglang.srt.plugins"] specdiff`
 TP rank 0 (the other TP ranks run the same batch and hold the same all-reduced hidden states and
 all-gathered logits, so their tensors add nothing); with data parallelism (``--dp-size N``) every
 replica r writes its own store ``<SPECDIFF_TRACE>/dp<r>``, and ``open_trace(<SPECDIFF_TRACE>)``
-reads them as one trace (tracer/ranks.py). With DP attention only attention-DP group 0 (global
+reads them as one trace (tracer/store/ranks.py). With DP attention only attention-DP group 0 (global
 TP rank 0) records.
 
 Environment:
@@ -93,7 +93,7 @@ def load(env=None) -> bool:
     # SGLang 0.5.23 passes dp_rank=None when one replica serves (entrypoints/engine.py:945-953) and
     # an int, 0 included, to every replica the data-parallel controller starts
     # (managers/data_parallel_controller.py:772-800): then one store per replica under the path,
-    # opened together as one trace (tracer/ranks.py).
+    # opened together as one trace (tracer/store/ranks.py).
     if isinstance(dp_rank, int):
         opts.path = os.path.join(opts.path, f"dp{dp_rank}")
 

@@ -20,12 +20,12 @@ import re
 import fsspec
 import numpy as np
 
-from specdiff.tracer.arrays import from_storage
-from specdiff.tracer.chunks import join
 from specdiff.tracer.contract import UNKNOWN
-from specdiff.tracer.damage import Damage
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.schema import ordered, spec_for
+from specdiff.tracer.store.arrays import from_storage
+from specdiff.tracer.store.chunks import join
+from specdiff.tracer.store.damage import Damage
 
 RANK_DIR = re.compile(r"^dp(\d+)$")
 #: contract facts that belong to one rank (what it saw or spent), merged rather than compared;
@@ -223,7 +223,7 @@ class RankedTrace:
         return self._gather(name, "data", start, stop)
 
     def read_torch(self, name: str, start: int = 0, stop: int | None = None):
-        from specdiff.tracer.arrays import to_torch
+        from specdiff.tracer.store.arrays import to_torch
 
         stop = self.rows(name) if stop is None else stop
         return to_torch(self._gather(name, "data", start, stop), self._layout[name][0])

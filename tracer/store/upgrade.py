@@ -4,7 +4,7 @@ Traces without the crc32c codec still read (a damaged chunk is found when it fai
 bytes changed in place can decode to wrong values unnoticed; upgrading adds the checksum so such a
 change reads as damage. The source is verified first (every chunk read) and never modified::
 
-    python -m specdiff.tracer.upgrade OLD.trace NEW.trace
+    python -m specdiff.tracer.store.upgrade OLD.trace NEW.trace
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def upgrade(src: str, dst: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m specdiff.tracer.upgrade OLD.trace NEW.trace", file=sys.stderr)
+        print("usage: python -m specdiff.tracer.store.upgrade OLD.trace NEW.trace", file=sys.stderr)
         return 2
     try:
         n = upgrade(args[0], args[1])

@@ -24,7 +24,7 @@ import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.core.buffer.cpu import NDBuffer
 
-from specdiff.tracer.damage import RECOPY, Damage, chunk_consequence, chunk_problem
+from specdiff.tracer.store.damage import RECOPY, Damage, chunk_consequence, chunk_problem
 
 
 def stored_raw(array) -> bool:
