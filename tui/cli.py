@@ -19,6 +19,10 @@ EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 #: subcommand -> the modules that register it (``record`` is a group: serve/client, then train).
 #: Only the command asked for is imported: ``check`` loads torch (checkpoint reading), which would
 #: add seconds to every ``specdiff diff`` / ``view`` start (click docs, "Lazily Loading Subcommands").
+#: ``--capture`` of ``record serve`` and ``record train``, one wording (k: the command's top-k width)
+CAPTURE_HELP = ("default: the draft logits kept as their top-k ids and values plus the logsumexp (k = {k}); "
+                "full: every draft logit.")
+
 SUBCOMMANDS = {
     "check": ("cmd_check",),
     "demo": ("cmd_demo",),
@@ -26,6 +30,7 @@ SUBCOMMANDS = {
     "info": ("cmd_info",),
     "record": ("cmd_record", "cmd_record_train"),
     "view": ("cmd_view",),
+    "watch": ("cmd_watch",),
 }
 
 

@@ -1,0 +1,114 @@
+"""Which requests of a live serving trace have finished.
+
+A serving recorder (SGLang or vLLM, ``tracer/engines/``) journals a request's sequence entry again
+each time it grows (``TraceWriter.add_sequence``, the last entry per seq id wins; the recorders
+write a token before the rows that are compared against it, tracer/engines/sglang/attribution.py
+``write_capture``), and writes no "finished" entry. So a request counts as finished when its tokens
+have not grown for ``settle_s`` seconds and it holds at least one generated token, or when the
+trace is closed (the server stopped: nothing grows any more). ``settle_s`` must exceed the longest
+pause between two decode steps of a running request (a request the scheduler retracts for memory
+and resumes later than that is replayed at the length it had; its later tokens are then not
+watched).
+
+A trace that lists why each request was recorded (contract ``sampled_requests``, the sampling of
+``tracer.engines.requests.RequestSampler``) gives each request its reason; a trace holds only the
+requests it recorded either way, so every sequence in it is watched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdiff.tracer.errors import TraceError
+from specdiff.tracer.store import Trace, open_trace
+
+
+@dataclass(frozen=True)
+class ServedRequest:
+    """One finished request of the serving trace.
+
+    Attributes:
+        key: the watch's name for it: the rid, else ``seq<id>`` (a trace without rids).
+        rid: the engine's request id (None when the trace has none).
+        seq_id: its sequence id in the serving trace.
+        tokens: int64 [n] prompt + generated tokens as served.
+        prompt_len: tokens that came from the prompt.
+        reason: why it was recorded (``sampled_requests``), None when the trace does not say.
+    """
+
+    key: str
+    rid: str | None
+    seq_id: int
+    tokens: np.ndarray
+    prompt_len: int
+    reason: str | None = None
+
+
+def sampled_reasons(contract: dict) -> dict[str, str]:
+    """rid -> why it was recorded, from the contract's ``sampled_requests`` (a mapping rid ->
+    reason, or a list of rids or of ``{"rid", "reason"}`` objects); {} when absent."""
+    listed = contract.get("sampled_requests")
+    if isinstance(listed, dict):
+        return {str(k): str(v) for k, v in listed.items()}
+    out: dict[str, str] = {}
+    if isinstance(listed, list):
+        for item in listed:
+            if isinstance(item, dict) and "rid" in item:
+                out[str(item["rid"])] = str(item.get("reason", "sampled"))
+            elif isinstance(item, str):
+                out[item] = "sampled"
+    return out
+
+
+class FinishedRequests:
+    """Polls a serving trace being written and says which requests finished since the last poll.
+
+    Args:
+        path: the serving trace (local path or fsspec URL), as the server's ``SPECDIFF_TRACE``.
+        settle_s: seconds a request's tokens must stay unchanged to count as finished.
+        clock: monotonic seconds (tests may pass their own).
+    """
+
+    def __init__(self, path: str, *, settle_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+        self.path = str(path)
+        self.settle_s = float(settle_s)
+        self.clock = clock
+        self._seen: dict[int, tuple[int, float]] = {}  # seq id -> (token count, when it last changed)
+        self._given: set[int] = set()
+
+    def poll(self) -> tuple[Trace, list[ServedRequest]]:
+        """Open the trace as it is now and return it with the requests that finished since the
+        last poll (each request once, in sequence-id order).
+
+        Raises:
+            TraceError: the path holds no trace, or a training trace.
+        """
+        trace = open_trace(self.path)
+        if trace.side != "serve":
+            raise TraceError(f"{self.path}: a {trace.side} trace; --serve takes the trace a traced server writes")
+        now = self.clock()
+        reasons = sampled_reasons(trace.contract)
+        done = []
+        for s in sorted(trace.sequences, key=lambda s: s.id):
+            sid, n = int(s.id), len(s.tokens)
+            if sid in self._given:
+                continue
+            last = self._seen.get(sid)
+            if last is None or last[0] != n:
+                self._seen[sid] = last = (n, now)
+            settled = now - last[1] >= self.settle_s and n > int(s.prompt_len)
+            if trace.closed or settled:
+                self._given.add(sid)
+                rid = None if s.rid is None else str(s.rid)
+                done.append(ServedRequest(rid if rid is not None else f"seq{sid}", rid, sid,
+                                          np.asarray(s.tokens, np.int64), int(s.prompt_len),
+                                          reasons.get(rid) if rid is not None else None))
+        return trace, done
+
+    def pending(self) -> int:
+        """Requests seen but not yet finished."""
+        return len(set(self._seen) - self._given)
