@@ -22,11 +22,11 @@ from specdiff.replay.diff.contract_check import (
     refuse_different_targets,
     unknown_facts,
 )
+from specdiff.replay.diff.crash import crash_cause, crash_divergence, crash_text, crash_verdict
 from specdiff.replay.diff.explain import Explanation, explain, side_names
 from specdiff.replay.diff.findings import crash_findings, matching_findings
 from specdiff.replay.diff.routing import target_family
 from specdiff.replay.diff.structure import structure_mismatches
-from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.schema import ordered, spec_for
 from specdiff.tracer.store import open_trace
 
@@ -167,9 +167,7 @@ class DiffReport:
     def verdict(self) -> str:
         """The one-line verdict the header and the text report lead with."""
         if self.first is None and self.crash is not None:
-            why = (f" — explained by pre-flight finding {self.findings[0]['kind']}: {self.findings[0]['message']}"
-                   if self.findings else " — no pre-flight finding explains it")
-            return f"first divergence: {self.crash['label']} crashed: {describe_crash(self.crash)}{why}"
+            return crash_verdict(self.crash)
         if self.first is None:
             if self.incomplete:
                 return (f"no divergence in the rows that could be read, but the traces are damaged "
@@ -296,8 +294,11 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     if crash is not None and not (traces.x.sequences and traces.y.sequences):
         empty = Alignment((), Pair((), ()))
         none = Acceptance(None, None, {}, 0)
-        return DiffReport(traces.map(lambda t: t.path), labels, empty, {}, None, [], check_contracts(traces),
-                          Pair(none, none), traces, findings=crash_findings(traces, crash), crash=crash)
+        _, crash = crash_divergence(traces, labels, empty, {}, None, crash)
+        mismatches, findings = check_contracts(traces), crash_findings(traces, crash)
+        crash["cause"] = crash_cause(traces, labels, crash, findings, mismatches)
+        return DiffReport(traces.map(lambda t: t.path), labels, empty, {}, None, [], mismatches,
+                          Pair(none, none), traces, findings=findings, crash=crash)
     structure = structure_mismatches(traces, labels)
     alignment_error = None
     try:
@@ -312,11 +313,15 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
                         on_partial=None if on_partial is None else
                         lambda comps, early: on_partial(_partial_report(traces, labels, alignment, comps, early)))
     first = first_divergence(comps)
+    if crash is not None:  # where the crashed side stopped; the crash leads unless a value diverged earlier
+        first, crash = crash_divergence(traces, labels, alignment, comps, first, crash)
     report = DiffReport(traces.map(lambda t: t.path), labels, alignment, comps, first,
                         explain(traces, alignment, comps, first), check_contracts(traces),
                         acceptance(traces, alignment), traces,
                         findings=matching_findings(traces, first) if crash is None or first is not None
                         else crash_findings(traces, crash), crash=crash, alignment_error=alignment_error)
+    if crash is not None:
+        crash["cause"] = crash_cause(traces, labels, crash, crash_findings(traces, crash), report.contract)
     if narrow and first is not None and first.kind == "values" and not report.explanations:
         from specdiff.replay.diff.narrow import narrow_or_reason
 
@@ -419,13 +424,8 @@ def _crash_rows(report: DiffReport) -> list[str]:
                        **(c.get("shapes") or {})}.items():
         out.append(f"  {key}: {shape}")
     if c.get("where"):
-        out.append(f"  raised at {c['where'][-1]}")
-    if report.findings:
-        f0 = report.findings[0]
-        out.append(f"  explained by [{f0['severity']}] {f0['kind']}: {f0['message']}")
-        if f0.get("fix"):
-            out.append(f"    fix: {f0['fix']}")
-    return out
+        out.append(f"  raised at {c.get('engine_where') or c['where'][-1]}")
+    return out + crash_text(c)
 
 
 def _first_rows(report: DiffReport) -> list[str]:

@@ -278,6 +278,8 @@ class TrainSide:
         # read by the target's rule, pre-norm slot included) are the aux facts of this trace
         facts = loaded.contract_facts()
         notes = list(facts.pop("draft_notes", [])) + list(aux.notes)
+        if served.get("crash_replay"):
+            notes.append(served["crash_replay"])
         if served.get("skipped_sequences"):
             notes.append(f"serving sequences {served['skipped_sequences']} have fewer than 2 tokens (no draft "
                          "row): not replayed")

@@ -40,13 +40,43 @@ def sequences_from_trace(path: str) -> tuple[list[TrainSequence], dict]:
     trace = open_trace(path)
     seqs = [TrainSequence(np.asarray(s.tokens, np.int64), int(s.prompt_len), s.rid, int(s.id))
             for s in trace.sequences if len(s.tokens) >= 2]
+    contract = dict(trace.contract)
+    seqs += _crashed_requests(contract.get("crash"), seqs, contract)
     if not seqs:
         raise RecordTrainError(f"{path}: the trace holds no token sequences to replay")
-    contract = dict(trace.contract)
     skipped = [int(s.id) for s in trace.sequences if len(s.tokens) < 2]
     if skipped:
         contract["skipped_sequences"] = skipped
     return seqs, contract
+
+
+def _crashed_requests(crash, seqs: list[TrainSequence], contract: dict) -> list[TrainSequence]:
+    """The requests a server crashed on (contract ``crash``, tracer/crash.py): their sequences
+    are replayed as recorded (the prompt, and any token committed before the crash); a request
+    whose ids only the crash record holds (no sequence written before the process died) is added
+    here, prompt only. Sets ``contract["crash_replay"]``: one line saying what is replayed."""
+    from specdiff.tracer.crash import UNKNOWN_IDS
+
+    if not isinstance(crash, dict):
+        return []
+    by_rid = {s.rid: s for s in seqs}
+    added, said = [], []
+    for req in crash.get("requests") or [{"rid": r, "input_ids": UNKNOWN_IDS} for r in crash.get("rids") or []]:
+        rid, ids = str(req.get("rid")), req.get("input_ids")
+        if rid in by_rid:
+            s = by_rid[rid]
+            extra = len(s.tokens) - s.prompt_len
+            said.append(f"request {rid} ({s.prompt_len} prompt tokens" + (f" + {extra} generated" if extra else "")
+                        + ", from the trace's sequence)")
+        elif isinstance(ids, list) and len(ids) >= 2:
+            added.append(TrainSequence(np.asarray(ids, np.int64), len(ids), rid, None))
+            said.append(f"request {rid} ({len(ids)} prompt tokens, from the crash record)")
+        else:
+            said.append(f"request {rid} (its token ids are unknown: not replayed)")
+    if said:
+        contract["crash_replay"] = (f"serving crashed on {', '.join(said)}; replayed prompt only, so `specdiff "
+                                    "diff` reports the crash where serving stopped")
+    return added
 
 
 def _load_tokenizer(target_dir: Path):

@@ -108,9 +108,11 @@ class EngineServer:
                 raise
         return self
 
-    def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Poll ``/health`` until it answers 200; raise :class:`ServerError` with the log's
-        last lines if the process exits first or the timeout passes."""
+    def wait_ready(self, timeout_s: float | None = None, *, path: str = "/health") -> None:
+        """Poll ``path`` until it answers 200; raise :class:`ServerError` with the log's
+        last lines if the process exits first or the timeout passes. ``path`` another endpoint than
+        ``/health`` (SGLang's runs a one-token generation: ``/model_info`` for a server whose
+        first generation is expected to crash)."""
         assert self.proc is not None, "start() first"
         deadline = time.monotonic() + (self.startup_timeout_s if timeout_s is None else timeout_s)
         while True:
@@ -121,7 +123,7 @@ class EngineServer:
                     f"(log {self.log_path}); last lines:\n{tail_log(Path(self.log_path))}"
                 )
             try:
-                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                if requests.get(self.url + path, timeout=5).status_code == 200:
                     self.startup_s = time.monotonic() - self._t0
                     return
             except requests.RequestException:  # not listening yet, or too busy starting to answer
