@@ -37,7 +37,7 @@ def test_options_from_env():
     assert (o.path, o.capture, o.logits_topk, o.rids, o.eager_draft) == ("/x", "full", 4, "^a", True)
     # unset or empty: the defaults
     o = Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": "", "SPECDIFF_LOGITS_TOPK": " "})
-    assert (o.capture, o.logits_topk, o.max_queue_mb, o.rids, o.eager_draft) == ("default", 8, 2048, None, False)
+    assert (o.capture, o.logits_topk, o.max_queue_mb, o.rids, o.eager_draft) == ("default", 8, 256, None, False)
     assert Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": " FULL ",
                              "SPECDIFF_EAGER_DRAFT": "off"}).capture == "full"
 

@@ -16,6 +16,18 @@ One writer serves both recorders, in one of two modes:
 Both: the thread waits for an item's event (``item.wait()``) before handling it; ``written``
 counts handled items and ``on_written(item)`` (if given) is called in the thread after each, so
 progress reports what is on disk.
+
+``ProcessTraceWriter`` (the serving recorders' default, ``SPECDIFF_WRITER=process``) is the lossy
+mode with the work moved out of the server's process: ``submit`` only copies the item's tensors
+into a shared-memory ring (tracer/shm_ring.py) and the rows are built, encoded and written by a
+writer process (tracer/writer_process.py), so the scheduler never waits for the recorder's Python
+or its GIL. On a GPU the copy into the ring waits for the item's CUDA event on a publisher thread,
+never on the serving thread.
+
+Lossy drops are of whole requests: an item that does not fit drops every request it holds
+(``dropped_rids``); the recorders stop capturing those requests and the writer skips their later
+rows, so a recorded request is either complete or listed as dropped (``dropped_requests``), and
+rows written before the drop stay in the trace.
 """
 
 from __future__ import annotations
@@ -60,6 +72,7 @@ class AsyncTraceWriter:
         self.error: BaseException | None = None
         self.max_bytes = int(max_bytes)
         self.queued_bytes = 0
+        self.dropped_rids: set[str] = set()
         self._q: queue.Queue = queue.Queue(maxsize=max_items)
         self._closed = False
         # re-entrant: close() may run in a signal handler that interrupted submit() on this thread
@@ -93,15 +106,18 @@ class AsyncTraceWriter:
         size = int(item.nbytes()) if hasattr(item, "nbytes") else 0
         with self._lock:
             if self.queued_bytes + size > self.max_bytes and self.queued_bytes > 0:
-                self.dropped += 1
-                return False
+                return self._drop(item)
             try:
                 self._q.put_nowait((item, size))
             except queue.Full:
-                self.dropped += 1
-                return False
+                return self._drop(item)
             self.queued_bytes += size
             return True
+
+    def _drop(self, item) -> bool:
+        self.dropped += 1
+        self.dropped_rids.update(getattr(item, "rids", None) or ())
+        return False
 
     def _run(self) -> None:
         while True:
@@ -175,4 +191,210 @@ class AsyncTraceWriter:
             logger.error("specdiff: closing the trace failed (%s: %s)", type(exc).__name__, exc)
         if self.lossless:
             self._raise()
+        return ok
+
+
+# ---- the writer process -----------------------------------------------------------------------
+class ProcessTraceWriter:
+    """A lossy trace writer whose ``TraceWriter`` lives in a separate process (module doc).
+
+    Args:
+        path: the new trace (made by the writer process; an existing path is an error).
+        contract: contract facts to open it with.
+        handler: ``"module:function"`` of the attribution, ``handler(side, tw, item)``, where
+            ``side`` is a ``specdiff.tracer.engines.requests.WriterSide`` built from ``side``.
+        side: keyword arguments of that ``WriterSide`` (hidden_size, num_aux, topk).
+        first: ``(name, tensor, seq, pos)`` appends made right after the trace is opened.
+        ring_mb: the ring's size, the bound on host memory for captures in flight (capped at half
+            the free space of /dev/shm).
+        start_timeout_s: how long the writer process may take to open the trace.
+
+    Raises:
+        TraceError: the writer process could not open the trace (its error line), or did not
+            start in time.
+        OSError: no shared-memory ring could be made.
+    """
+
+    def __init__(self, path: str, *, contract: dict, handler: str, side: dict, first=(),
+                 ring_mb: int = 256, start_timeout_s: float = 180.0):
+        import os
+        import pickle
+        import subprocess
+        import sys
+
+        from specdiff.tracer.errors import TraceError
+        from specdiff.tracer.shm_ring import Ring, ring_dir
+
+        self.path = path
+        self.lossless = False
+        self.dropped = 0
+        self.dropped_rids: set[str] = set()
+        self._notices: list[str] = []
+        self._controls: list = []  # contract updates that did not fit yet: never dropped
+        self._closed = False
+        self._publisher = None
+        rdir = ring_dir()
+        st = os.statvfs(rdir)
+        size = min(int(ring_mb) << 20, st.f_bavail * st.f_frsize // 2)
+        if size < (8 << 20):
+            raise OSError(f"{rdir}: {st.f_bavail * st.f_frsize >> 20} MiB free, too little for the recorder's ring")
+        ring_path = os.path.join(rdir, f"specdiff-ring-{os.getpid()}-{id(self):x}")
+        self.ring = Ring(ring_path, size, create=True)
+        # Its own session: a signal to the server's process group (SIGTERM to stop, even SIGKILL)
+        # leaves the writer to finish what the ring holds; it exits when the server is gone.
+        rfd, self._wake_fd = os.pipe()
+        os.set_blocking(self._wake_fd, False)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "specdiff.tracer.writer_process"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(rfd,),
+                                         close_fds=True, start_new_session=True)
+        finally:
+            os.close(rfd)
+        spec = {"ring": ring_path, "wake_fd": rfd, "trace": path, "contract": contract, "handler": handler,
+                "side": side, "first": list(first), "parent": os.getpid()}
+        self.proc.stdin.write(pickle.dumps(spec, protocol=5))
+        self.proc.stdin.close()
+        line = self._reply(start_timeout_s)
+        if line != "ready":
+            self._abandon()
+            raise TraceError(line[len("error "):] if line.startswith("error ") else
+                             f"{path}: the trace writer process did not start ({line or 'no answer'})")
+
+    def _reply(self, timeout_s: float | None) -> str:
+        import select
+
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        if not r:
+            return ""
+        return self.proc.stdout.readline().decode("utf-8", "replace").strip()
+
+    def _abandon(self) -> None:
+        import os
+
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        try:
+            os.unlink(self.ring.path)
+        except FileNotFoundError:
+            pass
+        os.close(self._wake_fd)
+        self.ring.close()
+
+    # -- state --
+    @property
+    def active(self) -> bool:
+        return not (self._closed or self.ring.failed or self.proc.poll() is not None)
+
+    @property
+    def failed(self) -> bool:
+        return self.ring.failed
+
+    @property
+    def written(self) -> int:
+        return self.ring.written
+
+    @property
+    def busy_s(self) -> float:
+        return self.ring.busy_s
+
+    # -- producer (serving thread) --
+    def submit(self, item) -> bool:
+        """Copy ``item`` into the ring (never blocks); False, with the item's requests dropped,
+        when it does not fit or the writer is inactive. An item with a pending CUDA event
+        (``item.event``) is copied by a publisher thread once the event completes."""
+        if not self.active:
+            return False
+        if getattr(item, "event", None) is not None:
+            self._publish_later(item)
+            return True
+        return self._put(item)
+
+    def _put(self, item) -> bool:
+        import os
+
+        while self._controls:  # contract updates keep their order and are never dropped
+            if not self.ring.put(("item", self._controls[0], self._notices)):
+                break
+            self._notices = []
+            self._controls.pop(0)
+        if not hasattr(item, "rids"):  # a contract update
+            if self._controls or not self.ring.put(("item", item, self._notices)):
+                self._controls.append(item)
+                return True
+        elif self._controls or not self.ring.put(("item", item, self._notices)):
+            self.dropped += 1
+            new = [r for r in item.rids if r not in self.dropped_rids]
+            self.dropped_rids.update(new)
+            self._notices = self._notices + new
+            return False
+        self._notices = []
+        try:
+            os.write(self._wake_fd, b"\0")
+        except BlockingIOError:  # the pipe is full of wake-ups already
+            pass
+        return True
+
+    def _publish_later(self, item) -> None:
+        # CUDA only: the copies into pinned memory were queued with non_blocking=True; waiting for
+        # them (event.synchronize releases the GIL) happens here, off the scheduler's thread.
+        if self._publisher is None:
+            self._pending: queue.SimpleQueue = queue.SimpleQueue()
+            self._publisher = threading.Thread(target=self._publish_loop, name="specdiff-trace-publisher",
+                                               daemon=True)
+            self._publisher.start()
+        self._pending.put(item)
+
+    def _publish_loop(self) -> None:
+        while True:
+            item = self._pending.get()
+            if item is _STOP:
+                return
+            try:
+                item.wait()
+                item.event = None
+                self._put(item)
+            except Exception as exc:  # noqa: BLE001 - a lost item must not stop the server
+                logger.error("specdiff: publishing a capture failed (%s: %s)", type(exc).__name__, exc)
+
+    # -- close --
+    def close(self, *, timeout_s: float | None = 30.0, contract: dict | None = None) -> bool:
+        """Hand ``contract`` facts (and ``dropped_records``) to the writer process, let it write
+        what the ring holds and close the trace; True when it did. Safe to call more than once
+        (later calls return False) and from a signal handler."""
+        import os
+
+        if self._closed:
+            return False
+        self._closed = True
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self._publisher is not None:
+            self._pending.put(_STOP)
+            self._publisher.join(timeout=timeout_s)
+        facts = dict(contract or {}, dropped_records=int(self.dropped))
+        ok = False
+        while self.proc.poll() is None:
+            while self._controls and self.ring.put(("item", self._controls[0], self._notices)):
+                self._controls.pop(0)
+                self._notices = []
+            if not self._controls and self.ring.put(("close", facts, self._notices)):
+                try:
+                    os.write(self._wake_fd, b"\0")
+                except BlockingIOError:
+                    pass
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                ok = self._reply(left) == "closed"
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        if not ok:
+            logger.error("specdiff: the trace writer process did not close %s within %s s; the trace "
+                         "stays readable up to its last journaled record", self.path, timeout_s)
+        try:
+            self.proc.wait(timeout=5.0)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+        os.close(self._wake_fd)
+        self.ring.close()
         return ok

@@ -22,7 +22,9 @@ class Options:
     logits_topk: int = 8
     rids: str | None = None
     eager_draft: bool = False
-    max_queue_mb: int = 2048
+    max_queue_mb: int = 256  # the bound on host memory of captures in flight (the ring size)
+    sample: float | None = None  # record this fraction of requests (tracer/engines/requests.py)
+    writer: str = "process"  # "process": rows built in a writer process; "thread": in this one
 
     @classmethod
     def from_env(cls, env) -> Options | None:
@@ -38,9 +40,17 @@ class Options:
         return cls(path=path,
                    capture=_env_choice(env, "SPECDIFF_CAPTURE", ("default", "full"), default="default"),
                    logits_topk=_env_int(env, "SPECDIFF_LOGITS_TOPK", 8),
-                   max_queue_mb=_env_int(env, "SPECDIFF_MAX_QUEUE_MB", 2048),
+                   max_queue_mb=_env_int(env, "SPECDIFF_MAX_QUEUE_MB", 256),
                    rids=_env_regex(env, "SPECDIFF_RIDS"),
-                   eager_draft=_env_flag(env, "SPECDIFF_EAGER_DRAFT"))
+                   eager_draft=_env_flag(env, "SPECDIFF_EAGER_DRAFT"),
+                   sample=_env_fraction(env, "SPECDIFF_SAMPLE"),
+                   writer=_env_choice(env, "SPECDIFF_WRITER", ("process", "thread"), default="process"))
+
+    def sampler(self):
+        """The ``RequestSampler`` these options ask for (``SPECDIFF_SAMPLE``, ``SPECDIFF_RIDS``)."""
+        from specdiff.tracer.engines.requests import RequestSampler
+
+        return RequestSampler(self.sample, self.rids)
 
 
 class OptionError(SpecdiffError):
@@ -76,6 +86,19 @@ def _env_int(env, name: str, default: int, *, minimum: int = 1) -> int:
     if v is None or v < minimum:
         raise OptionError(name, raw, f"an integer >= {minimum} (default {default})")
     return v
+
+
+def _env_fraction(env, name: str) -> float | None:
+    raw = _given(env, name)
+    if raw is None:
+        return None
+    try:
+        v = float(raw.strip())
+    except ValueError:
+        v = None
+    if v is None or not 0.0 < v <= 1.0:
+        raise OptionError(name, raw, "a fraction in (0, 1], e.g. 0.1 (unset: every request)")
+    return None if v == 1.0 else v
 
 
 def _env_regex(env, name: str) -> str | None:

@@ -1,8 +1,25 @@
-"""Engine requests -> trace sequences, shared by every serving recorder's writer thread."""
+"""Engine requests -> trace sequences, and which requests are recorded; shared by every serving
+recorder (the SGLang and vLLM hooks, and the writer process that attributes their rows)."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import re
+
 import numpy as np
+
+logger = logging.getLogger("specdiff.tracer")
+
+#: The key a client sets in a request's ``custom_params`` (SGLang: ``sampling_params.custom_params``,
+#: srt/sampling/sampling_params.py:180, reaches the scheduler as ``Req.sampling_params``) to ask for
+#: (true) or against (false) recording that request, whatever ``SPECDIFF_SAMPLE`` says.
+MARK_KEY = "specdiff_record"
+
+#: Why a request is recorded (``sampled_requests`` in the trace's contract).
+REASON_ALL = "all"  # no sampling configured: every request (``SPECDIFF_RIDS`` may still filter)
+REASON_FRACTION = "fraction"  # sample_unit(rid) < SPECDIFF_SAMPLE
+REASON_MARKED = "marked"  # the client set custom_params[MARK_KEY] true
 
 
 def sequence_id(rec, tw, rid: str, prompt: list[int] | None = None) -> int:
@@ -18,3 +35,136 @@ def sequence_id(rec, tw, rid: str, prompt: list[int] | None = None) -> int:
         rec.seq_prompt[rid] = len(toks)
         rec.seq_ids[rid] = tw.add_sequence(np.asarray(toks, np.int32), prompt_len=len(toks), rid=rid)
     return rec.seq_ids[rid]
+
+
+def sample_unit(rid: str) -> float:
+    """The request's sampling draw in [0, 1): the first 8 bytes of blake2b(rid, utf-8) as a
+    big-endian integer over 2**64. Deterministic across processes, runs and engines (Python's
+    ``hash`` is salted per process), so a watcher can tell which rids a trace should hold."""
+    d = hashlib.blake2b(str(rid).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(d, "big") / 18446744073709551616.0
+
+
+class RequestSampler:
+    """Decides, once per request, whether it is recorded and why (hot path: a dict lookup after
+    the first decision).
+
+    Args:
+        fraction: record requests with ``sample_unit(rid) < fraction``; None records all.
+        rids: a regular expression a recorded rid must match (``SPECDIFF_RIDS``), or None.
+
+    A client's mark (``custom_params[MARK_KEY]``) wins over the fraction: true records the request
+    (reason ``"marked"``), false skips it. SGLang's ``/health`` probes (rid ``HEALTH_CHECK*``) are
+    never recorded. ``decide`` is deterministic in (rid, mark), so forgetting decisions (the cache
+    is cleared at ``max_cache`` entries to bound memory) never changes one.
+    """
+
+    def __init__(self, fraction: float | None = None, rids: str | None = None, *, max_cache: int = 1 << 16):
+        self.fraction = fraction
+        self.rid_re = re.compile(rids) if rids else None
+        self.max_cache = max_cache
+        self._cache: dict[str, str | None] = {}
+
+    @property
+    def facts(self) -> dict:
+        """The trace's ``sampling`` contract fact: how requests were chosen."""
+        return {"fraction": 1.0 if self.fraction is None else float(self.fraction),
+                "marker": f"custom_params.{MARK_KEY}",
+                "rids": None if self.rid_re is None else self.rid_re.pattern}
+
+    def decide(self, rid: str, mark=None) -> str | None:
+        """The reason ``rid`` is recorded (REASON_*), or None when it is not.
+
+        Args:
+            rid: the engine's request id.
+            mark: the request's ``custom_params`` dict (or None), or a function returning it
+                (called only when the rid was not decided yet); only ``MARK_KEY`` is read.
+        """
+        got = self._cache.get(rid, 0)
+        if got != 0:
+            return got
+        if len(self._cache) >= self.max_cache:
+            self._cache.clear()
+        got = self._cache[rid] = self._decide(str(rid), mark() if callable(mark) else mark)
+        return got
+
+    def _decide(self, rid: str, mark) -> str | None:
+        if rid.startswith("HEALTH_CHECK"):  # SGLang's /health probes, not user requests
+            return None
+        if self.rid_re is not None and not self.rid_re.search(rid):
+            return None
+        flag = mark.get(MARK_KEY) if isinstance(mark, dict) else None
+        if flag is not None:
+            return REASON_MARKED if flag in (True, 1, "1", "true", "yes", "on") else None
+        if self.fraction is None:
+            return REASON_ALL
+        return REASON_FRACTION if sample_unit(rid) < self.fraction else None
+
+
+class WriterSide:
+    """What the attribution code (``write_capture`` of either engine) reads from a recorder, as the
+    writer *process* holds it: the sequence dicts ``sequence_id`` keeps, the shapes the contract
+    gave, and which requests are kept (recorded reasons in, dropped requests out).
+
+    Args:
+        hidden_size, num_aux, topk: the recorder's contract facts of the same names (None when
+            unknown).
+    """
+
+    def __init__(self, *, hidden_size=None, num_aux=None, topk: int = 1):
+        self.hidden_size = hidden_size
+        self.num_aux = num_aux
+        self.topk = topk
+        self.seq_ids: dict[str, int] = {}
+        self.seq_tokens: dict[str, list[int]] = {}
+        self.seq_prompt: dict[str, int] = {}
+        self.kept: set[str] = set()
+        self.dropped: set[str] = set()
+
+    def keep_rid(self, rid: str) -> bool:
+        return rid in self.kept and rid not in self.dropped
+
+    def absorb(self, item) -> None:
+        """Take the recording reasons an item carries (``item.reasons``: rid -> reason)."""
+        self.kept.update(getattr(item, "reasons", None) or ())
+
+    def contract_update(self, facts: dict) -> None:
+        """Follow contract facts learned after start-up (the aux layer count)."""
+        aux = facts.get("aux_hf_indices")
+        if isinstance(aux, list | tuple) and aux:
+            self.num_aux = len(aux)
+
+
+def open_writer(opts, contract: dict, first: list, write, *, handler: str, side: dict):
+    """The recorder's lossy writer: a writer process fed through shared memory
+    (``SPECDIFF_WRITER=process``, the default), or the in-process thread (``thread``, and when no
+    shared-memory ring can be made). Shared by the SGLang and vLLM recorders.
+
+    Args:
+        first: ``(name, tensor, seq, pos)`` appends to make once the trace is open (the d2t map).
+        write: the thread writer's handler ``write(tw, item)``; ``handler``/``side``: the writer
+            process's (``ProcessTraceWriter``).
+
+    Raises:
+        TraceError: the trace cannot be opened (e.g. the path exists).
+    """
+    from specdiff.tracer.async_writer import AsyncTraceWriter, ProcessTraceWriter
+    from specdiff.tracer.store import TraceWriter
+
+    if opts.writer == "process":
+        try:
+            return ProcessTraceWriter(opts.path, contract=contract, handler=handler, side=side, first=first,
+                                      ring_mb=opts.max_queue_mb)
+        except OSError as exc:
+            logger.warning("specdiff: no shared-memory ring (%s); rows are built in this process", exc)
+    tw = TraceWriter(opts.path, side="serve", contract=contract)
+    for name, data, seq, pos in first:
+        tw.append(name, data, seq=seq, pos=pos)
+    return AsyncTraceWriter(tw, write, max_items=64, max_bytes=opts.max_queue_mb << 20)
+
+
+def sampling_facts(recorded: dict[str, str], writer) -> dict:
+    """The contract facts that say which requests a trace holds: ``sampled_requests`` (rid -> why:
+    tracer/engines/requests.py REASON_*) and ``dropped_requests`` (rids whose later rows were
+    dropped because the writer fell behind; their rows written before the drop stay)."""
+    return {"sampled_requests": dict(recorded), "dropped_requests": sorted(writer.dropped_rids)}

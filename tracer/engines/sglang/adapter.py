@@ -443,6 +443,12 @@ NAMES: tuple[EngineName, ...] = (
        tensors=_ALL_DRAFT),
     _n("Req.rid", _P + "managers.schedule_batch.Req", "instance", "srt/managers/schedule_batch.py:1088",
        "request id: one sequence per request, SPECDIFF_RIDS filter", tensors=_EVERYTHING, essential=True),
+    _n("Req.sampling_params", _P + "managers.schedule_batch.Req", "instance",
+       "srt/managers/schedule_batch.py:1157", "the request's sampling parameters (a client's recording mark)",
+       facts=("sampled_requests",), optional=True),
+    _n("SamplingParams.custom_params", _P + "sampling.sampling_params.SamplingParams", "field",
+       "srt/sampling/sampling_params.py:180", "custom_params[specdiff_record]: the client asks for (or "
+       "against) recording the request", facts=("sampled_requests",), optional=True),
     _n("Req.origin_input_ids", _P + "managers.schedule_batch.Req", "instance",
        "srt/managers/schedule_batch.py:1090", "the prompt tokens of the sequence", tensors=("tokens",)),
     _n("ForwardBatch.input_ids", _P + "model_executor.forward_batch_info.ForwardBatch", "field",

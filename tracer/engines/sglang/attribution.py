@@ -67,6 +67,7 @@ class IterCapture:
     draft: list[DraftForward] = field(default_factory=list)
     select: list[tuple[int, Any]] = field(default_factory=list)
     branch_parents: dict[int, Any] = field(default_factory=dict)  # select_top_k_tokens(i) tree_info[2]
+    reasons: dict[str, str] = field(default_factory=dict)  # rids first recorded here -> why (requests.py)
     event: Any = None
 
     def wait(self) -> None:

@@ -15,7 +15,6 @@ objects at start-up (``contract``), and the writer thread attributes rows
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ import torch
 from specdiff.tracer.contract import UNKNOWN, known
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
+from specdiff.tracer.engines.requests import open_writer, sampling_facts
 from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
 from specdiff.tracer.engines.sglang.attribution import DraftForward, IterCapture, write_capture
 from specdiff.tracer.engines.sglang.contract import (
@@ -77,7 +77,8 @@ class Recorder:
         self.hidden_size: int | None = None
         self.num_aux: int | None = None
         self.topk: int = 1
-        self.rid_re = re.compile(opts.rids) if opts.rids else None
+        self.sampler = opts.sampler()  # which requests are recorded (tracer/engines/requests.py)
+        self.recorded: dict[str, str] = {}  # rid -> why it is recorded (contract sampled_requests)
         self._iter = 0
         self._hooked_models: set[int] = set()
         self.stage_taps = DraftStageTaps(snap=snap, capturing=_capturing, on_error=self.fail)
@@ -113,9 +114,6 @@ class Recorder:
         with self._lock:
             if self.writer is not None or not self.enabled:
                 return
-            from specdiff.tracer.async_writer import AsyncTraceWriter
-            from specdiff.tracer.store import TraceWriter
-
             self.contract = contract_from_worker(draft_worker, self.opts, self.adapter)
             # Hooks on the draft's midlayer now, so the contract says which stages cannot be read.
             dmodel = read_chain(self.adapter, draft_worker, "EagleDraftWorker.draft_runner", "ModelRunner.model")
@@ -128,21 +126,24 @@ class Recorder:
             self._unobservable_n = len(self.contract["unobservable"])
             bos = self.contract.pop("bos_token_id", None)
             self.bos_token_id = None if bos == UNKNOWN else bos
-            tw = TraceWriter(self.opts.path, side="serve", contract=self.contract)
+            self.contract["sampling"] = self.sampler.facts
             # The vocab map as served: d2t = hot_token_id - arange (zeros = identity, no d2t).
+            first = []
             hot = hot_token_id(draft_worker, self.adapter)
             vd = known(self.contract, "draft_vocab_size")
             if hot is not MISSING and (hot is not None or vd):
                 ar = torch.arange(vd if hot is None else hot.numel(), dtype=torch.int64)
-                tw.append("draft.d2t", torch.zeros_like(ar) if hot is None else hot - ar, seq=-1, pos=ar.numpy())
+                first.append(("draft.d2t", torch.zeros_like(ar) if hot is None else hot - ar, -1, ar.numpy()))
             sa = self.adapter.get(draft_worker, "EagleDraftWorker.server_args")
             port = MISSING if sa is MISSING else self.adapter.get(sa, "ServerArgs.port")
             if isinstance(port, int):
                 from specdiff.tracer.live import register_server
 
                 register_server(port=port, trace=self.opts.path)
-            self.writer = AsyncTraceWriter(tw, self._write, max_items=64,
-                                           max_bytes=self.opts.max_queue_mb << 20)
+            self.writer = open_writer(self.opts, self.contract, first, self._write,
+                                      handler="specdiff.tracer.engines.sglang.attribution:write_capture",
+                                      side={"hidden_size": self.hidden_size, "num_aux": self.num_aux,
+                                            "topk": self.topk})
             logger.info("specdiff: recording an EAGLE-3 trace to %s (capture %s)", self.opts.path,
                         self.opts.capture)
 
@@ -159,6 +160,7 @@ class Recorder:
         from specdiff.tracer.contract import bos_added_fact
 
         cost["bos_added"] = bos_added_fact(self._prompt_firsts, self.bos_token_id)
+        cost.update(sampling_facts(self.recorded, w))
         if w.close(contract=cost):
             logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped; hooks %.2f s of "
                         "%.2f s in recorded forwards, writer thread %.2f s)", self.opts.path, w.written,
@@ -191,10 +193,25 @@ class Recorder:
 
     # -- capture helpers (hot path) --
     def keep_rid(self, rid: str) -> bool:
-        rid = str(rid)
-        if rid.startswith("HEALTH_CHECK"):  # SGLang's /health probes, not user requests
-            return False
-        return self.rid_re is None or bool(self.rid_re.search(rid))
+        """Whether ``rid``'s rows are written: chosen by the sampler (``begin``) and not dropped."""
+        return rid in self.recorded and rid not in self.writer.dropped_rids
+
+    def _choose(self, reqs, rids: list[str]) -> dict[str, str]:
+        """The recorded requests of this batch that are new (rid -> reason); updates ``recorded``.
+        Unsampled requests cost one dict lookup each (the sampler's cache)."""
+        new = {}
+        dropped = self.writer.dropped_rids
+        for r, rid in zip(reqs, rids, strict=True):
+            if rid in self.recorded or rid in dropped:
+                continue
+            why = self.sampler.decide(rid, lambda r=r: self._custom_params(r))
+            if why is not None:
+                self.recorded[rid] = new[rid] = why
+        return new
+
+    def _custom_params(self, req):
+        sp = self.adapter.get(req, "Req.sampling_params")
+        return None if sp is MISSING or sp is None else self.adapter.get(sp, "SamplingParams.custom_params")
 
     def begin(self, batch) -> IterCapture | None:
         """Start one iteration's capture, or None (nothing to record, or SGLang lacks a name the
@@ -209,7 +226,8 @@ class Recorder:
         if MISSING in rids:
             return None
         rids = [str(r) for r in rids]
-        if not any(self.keep_rid(r) for r in rids):
+        new = self._choose(reqs, rids)
+        if not new and not any(self.keep_rid(r) for r in rids):
             return None
         it = A.get(batch, "ScheduleBatch.forward_iter")
         if it is None or it is MISSING:  # SGLang leaves it None on some paths: count our own calls
@@ -219,7 +237,7 @@ class Recorder:
         if mode is MISSING:
             return None
         kind = "prefill" if mode.is_extend() else "decode"
-        cap = IterCapture(iter=int(it), kind=kind, rids=rids)
+        cap = IterCapture(iter=int(it), kind=kind, rids=rids, reasons=new)
         if kind == "prefill":
             prefix, extend = A.get(batch, "ScheduleBatch.prefix_lens"), A.get(batch, "ScheduleBatch.extend_lens")
             if prefix is MISSING or extend is MISSING:

@@ -24,7 +24,6 @@ sampled row. The wrappers (plugin.py) and the draft's module hooks copy tensors 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ import torch
 from specdiff.tracer.contract import UNKNOWN, known
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
-from specdiff.tracer.engines.requests import sequence_id
+from specdiff.tracer.engines.requests import open_writer, sampling_facts, sequence_id
 from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
 from specdiff.tracer.rows import RowBatch
 
@@ -80,6 +79,7 @@ class IterCapture:
     iter: int
     rids: list[str]
     prompts: dict[str, list[int]] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)  # rids first recorded here -> why (requests.py)
     t: dict[str, Any] = field(default_factory=dict)
     num_draft: list[int] | None = None
     fc: list[tuple] = field(default_factory=list)
@@ -127,7 +127,8 @@ class Recorder:
         self.hidden_size = None
         self.num_aux = None
         self.bos_token_id = None
-        self.rid_re = re.compile(opts.rids) if opts.rids else None
+        self.sampler = opts.sampler()  # which requests are recorded (tracer/engines/requests.py)
+        self.recorded: dict[str, str] = {}  # rid -> why it is recorded (contract sampled_requests)
         self._iter = 0
         self._lock = threading.Lock()
         self._failed_once = False
@@ -160,13 +161,11 @@ class Recorder:
         with self._lock:
             if self.writer is not None or not self.enabled:
                 return
-            from specdiff.tracer.async_writer import AsyncTraceWriter
             from specdiff.tracer.engines.vllm.contract import (
                 contract_from_runner,
                 read_chain,
                 unrecorded_stages,
             )
-            from specdiff.tracer.store import TraceWriter
 
             c = contract_from_runner(runner, self.opts, self.adapter)
             c["unrecorded_stages"] = unrecorded_stages(self.opts, c)
@@ -177,7 +176,8 @@ class Recorder:
             self.contract = c
             self.hidden_size = known(c, "hidden_size")
             self.num_aux = len(known(c, "aux_hf_indices") or []) or None
-            tw = TraceWriter(self.opts.path, side="serve", contract=c)
+            c["sampling"] = self.sampler.facts
+            first = []
             dmodel = read_chain(self.adapter, runner, "GPUModelRunner.drafter", "SpecDecodeBaseProposer.model")
             if hasattr(dmodel, "unwrap"):
                 dmodel = dmodel.unwrap()
@@ -185,10 +185,12 @@ class Recorder:
             vd = known(c, "draft_vocab_size")
             if d2t is not MISSING and (d2t is not None or isinstance(vd, int)):
                 d = (torch.zeros(vd, dtype=torch.int64) if d2t is None else d2t.detach().to("cpu", torch.int64))
-                tw.append("draft.d2t", d, seq=-1, pos=np.arange(d.numel()))
+                first.append(("draft.d2t", d, -1, np.arange(d.numel())))
             if dmodel is not MISSING:
                 self.hook_draft(dmodel)
-            self.writer = AsyncTraceWriter(tw, self._write, max_items=64, max_bytes=self.opts.max_queue_mb << 20)
+            self.writer = open_writer(self.opts, c, first, self._write,
+                                      handler="specdiff.tracer.engines.vllm.hooks:write_capture",
+                                      side={"hidden_size": self.hidden_size, "num_aux": self.num_aux})
             logger.info("specdiff: recording an EAGLE-3 trace to %s (vLLM %s, %s)", self.opts.path,
                         self.adapter.version, c["engine_runner"])
 
@@ -203,6 +205,7 @@ class Recorder:
         extra = {"recorder_hook_s": round(self.hook_s, 4), "recorder_iter_s": round(self.iter_s, 4),
                  "recorder_writer_s": round(w.busy_s, 4), "unobservable": self.adapter.unobservable(),
                  "bos_added": bos_added_fact(self._prompt_firsts, self.bos_token_id)}
+        extra.update(sampling_facts(self.recorded, w))
         if crash is not None:
             extra["crash"] = crash
         if w.close(contract=extra):
@@ -225,7 +228,8 @@ class Recorder:
         self.close(crash=crash)
 
     def keep_rid(self, rid: str) -> bool:
-        return self.rid_re is None or bool(self.rid_re.search(str(rid)))
+        """Whether ``rid``'s rows are written: chosen by the sampler (``begin``) and not dropped."""
+        return rid in self.recorded and rid not in self.writer.dropped_rids
 
     # -- hot path --
     def begin(self, runner) -> IterCapture | None:
@@ -235,9 +239,15 @@ class Recorder:
         if rids is MISSING or not rids:
             return None  # warm-up / profile runs schedule no request
         rids = [str(r) for r in rids]
-        if not any(self.keep_rid(r) for r in rids):
+        new = {}
+        for rid in rids:  # vLLM 0.32 keeps no client field the recorder reads: fraction and rid only
+            if rid not in self.recorded and rid not in self.writer.dropped_rids:
+                why = self.sampler.decide(rid)
+                if why is not None:
+                    self.recorded[rid] = new[rid] = why
+        if not new and not any(self.keep_rid(r) for r in rids):
             return None
-        cap = IterCapture(iter=self._iter, rids=rids)
+        cap = IterCapture(iter=self._iter, rids=rids, reasons=new)
         self._iter += 1
         reqs = A.get(runner, "GPUModelRunner.requests")
         for rid in rids:

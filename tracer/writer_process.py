@@ -1,0 +1,114 @@
+"""The serving recorders' writer process (``python -m specdiff.tracer.writer_process``): reads
+captures from the shared-memory ring (tracer/shm_ring.py), attributes them to rows and writes the
+trace, off the server's process (tracer/async_writer.py ``ProcessTraceWriter`` starts it).
+
+Protocol: the parent pickles a spec to stdin (ring path, wake-up pipe fd, trace path, contract,
+handler, ``WriterSide`` arguments, first appends); this process answers ``ready`` or
+``error <message>`` on stdout once the trace is open, and ``closed`` after the close record. Ring
+records are ``("item", item, dropped rids)`` or ``("close", contract facts, dropped rids)``.
+
+When the parent dies (kill -9: the wake-up pipe reads EOF) it writes what the ring holds and exits
+without closing the trace: the trace is what a killed server leaves, journaled up to its last
+record. ``SPECDIFF_WRITER_TEST_DELAY_S`` (tests only) sleeps that long before each item, to make
+the writer fall behind.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pickle
+import select
+import signal
+import sys
+import time
+
+logger = logging.getLogger("specdiff.tracer")
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line.replace("\n", " ") + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the server decides when this ends
+        signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="specdiff writer: %(message)s")
+    spec = pickle.loads(sys.stdin.buffer.read())
+    from specdiff.tracer.shm_ring import Ring
+
+    ring = Ring(spec["ring"])
+    os.unlink(spec["ring"])  # both sides have it mapped: nothing is left behind whoever dies
+    try:
+        import torch
+
+        torch.set_num_threads(1)  # the server's cores are the server's
+        from specdiff.tracer.engines.requests import WriterSide
+        from specdiff.tracer.store import TraceWriter
+
+        tw = TraceWriter(spec["trace"], side="serve", contract=spec["contract"])
+        for name, data, seq, pos in spec["first"]:
+            tw.append(name, data, seq=seq, pos=pos)
+        mod, fn = spec["handler"].split(":")
+        handler = getattr(importlib.import_module(mod), fn)
+        side = WriterSide(**spec["side"])
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
+        _say(f"error {exc}" if type(exc).__name__ == "TraceError" else f"error {type(exc).__name__}: {exc}")
+        return 2
+    _say("ready")
+    delay = float(os.environ.get("SPECDIFF_WRITER_TEST_DELAY_S") or 0.0)
+    wake = spec["wake_fd"]
+    parent_gone = failed = False
+    while True:
+        got = ring.get()
+        if got is None:
+            if parent_gone:
+                logger.info("the server is gone: %s left unclosed, journaled up to its last record", tw.path)
+                return 0
+            ready, _, _ = select.select([wake], [], [], 1.0)
+            if ready and os.read(wake, 1 << 16) == b"":
+                parent_gone = True
+            elif not ready and os.getppid() != spec["parent"]:
+                parent_gone = True
+            continue
+        (kind, payload, notices), total = got
+        t0 = time.perf_counter_ns()
+        side.dropped.update(notices)
+        if kind == "close":
+            ok = _close(tw, side, payload, failed)
+            ring.release(total, time.perf_counter_ns() - t0)
+            _say("closed" if ok else "error closing")
+            return 0 if ok else 1
+        if not failed:
+            try:
+                if delay:
+                    time.sleep(delay)
+                if hasattr(payload, "rids"):
+                    side.absorb(payload)
+                    handler(side, tw, payload)
+                else:  # a ContractUpdate of either engine
+                    tw.set_contract(**payload.facts)
+                    side.contract_update(payload.facts)
+            except Exception as exc:  # noqa: BLE001 - tracing stops; the server keeps serving
+                failed = True
+                ring.mark_failed()
+                logger.error("trace writer failed (%s: %s); tracing disabled, the server keeps serving; "
+                             "the trace at %s holds what was written before", type(exc).__name__, exc, tw.path)
+        del payload, got
+        ring.release(total, time.perf_counter_ns() - t0)
+
+
+def _close(tw, side, facts: dict, failed: bool) -> bool:
+    try:
+        tw.set_contract(**facts)
+        tw.close()
+        return True
+    except Exception as exc:  # noqa: BLE001
+        logger.error("closing the trace failed (%s: %s)", type(exc).__name__, exc)
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
