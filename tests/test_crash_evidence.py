@@ -82,10 +82,10 @@ def test_diff_of_a_serve_trace_that_crashed_before_any_sequence_reports_the_cras
     r = run_cli("diff", train, serve, "--format", "text")
     assert r.exit_code == 1, r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)
-    first = r.output.splitlines()[0]
-    assert first.startswith("first divergence: serving crashed: RuntimeError in draft extend (prefill) "
-                            "(iteration 0): mat1 and mat2 shapes cannot be multiplied")
-    assert "explained by pre-flight finding aux.slot_count" in first
+    first = " ".join(r.output.split("\n\n", 1)[0].split())  # the headline, unwrapped
+    assert first.startswith("first divergence: serving crashed at draft.fc_in (request r0): RuntimeError in draft "
+                            "extend (prefill) (iteration 0): mat1 and mat2 shapes cannot be multiplied")
+    assert "aux id 7 asks for the output of the target's last layer (8 layers)" in first
     assert "Linear.forward: self.weight: [256, 768]" in r.output
     # the contracts are still compared
     assert "serving captured HF hidden_states[0, 3]; training used [0, 3, 6]" in r.output
@@ -173,9 +173,10 @@ def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_
     assert rt.exit_code == 0, rt.output
     d = run_cli("diff", train, path, "--format", "text")
     assert d.exit_code == 1, d.output
-    first = d.output.splitlines()[0]
-    assert first.startswith("first divergence: serving crashed: RuntimeError in draft extend (prefill)")
-    assert "explained by pre-flight finding aux.slot_count" in first
+    first = " ".join(d.output.split("\n\n", 1)[0].split())  # the headline, unwrapped
+    assert first.startswith("first divergence: serving crashed at draft.fc_in (seq 0 "), first
+    assert "RuntimeError in draft extend (prefill)" in first
+    assert "aux id 7 asks for the output of the target's last layer (8 layers)" in first
 
 
 def _wait_model_info(srv, timeout_s: float = 600.0) -> None:
@@ -275,5 +276,6 @@ def test_the_app_opens_a_crashed_serve_trace_on_the_crash(tmp_path, tui):
             return verdict
 
     verdict = asyncio.run(run())
-    assert verdict.startswith("first divergence: serving crashed: RuntimeError in draft extend (prefill)"), verdict
+    assert verdict.startswith("first divergence: serving crashed at draft.fc_in (request r0): RuntimeError in draft "
+                              "extend (prefill)"), verdict
     assert app.return_code == 1

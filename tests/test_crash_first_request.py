@@ -170,7 +170,7 @@ def test_a_server_crashing_on_its_first_request_is_diffed_to_the_crash(tmp_path,
     [seq] = t.sequences
     # the crashing request's prompt, and what the target's prefill recorded before the draft raised
     assert seq.rid == req["rid"] and list(seq.tokens[:seq.prompt_len]) == req["input_ids"]
-    assert t.contract["aux_dropped_ids"] == [8] and "target.aux.0" in t.names() and "draft.fc_in" not in t.names()
+    assert t.contract["aux_dropped_ids"] == [8] and "target.aux.0" in t.names and "draft.fc_in" not in t.names
     n_aux = t.rows("target.aux.0")
     assert n_aux == seq.prompt_len
 
@@ -187,8 +187,11 @@ def test_a_server_crashing_on_its_first_request_is_diffed_to_the_crash(tmp_path,
     assert first.startswith(f"first divergence: serving crashed at draft.fc_in (seq 0 {req['rid']}, "
                             f"{len(req['input_ids'])} prompt tokens): RuntimeError in draft extend (prefill)"), first
     assert "aux id 8 is past the target's last layer (8 layers)" in first
-    assert "srt/models/llama.py:941" in first and "srt/models/llama_eagle3.py:" in first
+    # the engine's rule and the line that raised, read from the live server
+    assert "(srt/models/llama.py:929 LlamaForCausalLM.set_eagle3_layers_to_capture)" in first
+    assert "it raises at srt/models/llama_eagle3.py:247 forward" in first
     assert "fix: use ids in -1..6" in d.output
     j = json.loads(run_cli("diff", train, serve, "--format", "json").output)
     assert j["diverged"] and j["first_divergence"] is None and j["crash"]["stage"] == "draft.fc_in"
+    assert j["explanations"][0]["cause"] == "contract.aux_dropped_ids" and "-1..6" in j["explanations"][0]["fix"]
     assert j["crash"]["recorded_before"] and open_trace(str(serve)).rows("target.aux.0") == n_aux

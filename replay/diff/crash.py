@@ -30,13 +30,9 @@ from specdiff.tracer.schema import STAGE_ORDER, spec_for
 FORWARD_STAGES = (("target", "target.aux"), ("draft decode", "draft.attn_in"), ("draft", "draft.fc_in"))
 _OUTSIDE = "verify"
 
-#: why a dropped aux id becomes a crash, per engine (read from the engine version the tests serve)
-_DROPPED_SOURCES = {
-    "sglang": ("SGLang 0.5.23 captures the input of layer id+1 (srt/models/llama.py:941 layers_to_capture = "
-               "[val + 1 ...]; the layer loop srt/models/llama.py:486-492 runs layers 0..{last})"),
-    "vllm": "vLLM 0.32.0 captures ids 0 (embeddings) .. {L} (after layer {last}) (model_executor/models/llama.py:427-441)",
-}
-_FC_SOURCES = {"sglang": "srt/models/llama_eagle3.py:156-161", "vllm": "model_executor/models/llama_eagle3.py"}
+#: engine -> (name, where its fc is sized by the configured ids), SGLang 0.5.23 / vLLM 0.32.0
+_ENGINES = {"sglang": ("SGLang", "srt/models/llama_eagle3.py:156-161 num_aux_hidden_states = len(ids)"),
+            "vllm": ("vLLM", "")}
 
 
 def crash_stage(crash: dict) -> str:
@@ -94,10 +90,13 @@ def crash_divergence(traces: Pair, labels: Pair, alignment: Alignment, comps: di
 
 
 def _dropped_cause(crashed: dict, other: dict, crash: dict, findings: list[dict], labels: Pair, on_y: bool):
+    """An aux id the crashed engine dropped, as the cause of a crash in a draft forward (module doc)."""
     dropped = known(crashed, "aux_dropped_ids") or []
     if not dropped or not str(crash.get("forward", "")).startswith("draft"):
         return None
     engine = str(known(crashed, "engine") or "")
+    name, fc_site = _ENGINES.get(engine, (engine or "the engine", ""))
+    version = known(crashed, "engine_version")
     L = known(crashed, "num_layers")
     i = int(dropped[0])
     if isinstance(L, int) and i >= L:
@@ -105,41 +104,38 @@ def _dropped_cause(crashed: dict, other: dict, crash: dict, findings: list[dict]
     elif isinstance(L, int) and i == L - 1 and engine == "sglang":
         head = f"aux id {i} asks for the output of the target's last layer ({L} layers), which SGLang cannot capture"
     else:
-        head = f"aux id {i} names no layer the engine captures" + (f" ({L} layers)" if L else "")
+        head = f"aux id {i} names no layer {name} captures" + (f" ({L} layers)" if L else "")
     finding = next((f for f in findings if f.get("kind") == "aux.dropped_id" and f.get("engine") in (engine, "all")
                     and f" id {i} " in f" {f.get('message', '')} "), None)
-    src = _DROPPED_SOURCES.get(engine, "")
-    if src and isinstance(L, int):
-        src = src.format(L=L, last=L - 1)
-    why = []
-    if finding is not None:
-        msg = str(finding["message"])
-        why.append(msg.split(f"id {i} ", 1)[-1].split(":")[0])
-    elif src:
-        why.append(src)
-    if finding is not None and src:
-        why.append(src)
-    got = known(crashed, "aux_hf_indices")
-    want = known(crashed, "aux_native_ids")
-    k_fc = len(want) if isinstance(want, list) else None
-    n_got = len(got) if isinstance(got, list) else None
-    site = crash.get("engine_where") or (crash.get("where") or [None])[-1]
-    fc = _FC_SOURCES.get(engine, "")
-    conseq = (f"so {n_got} of the {k_fc} slots the draft's fc was built for ({fc}) arrive" if n_got is not None
-              and k_fc else "so the draft's fc gets fewer slots than it was built for")
-    message = f"{head}: {'; '.join(why)}; {conseq}" + (f" and it raises at {site}" if site else "")
-    L_ = L if isinstance(L, int) else "L"
-    fix = (finding or {}).get("fix") or (f"use ids in -1..{L_ - 2 if isinstance(L_, int) else 'L-2'} (id k = HF k+1; "
-                                         "-1 = embeddings)" if engine == "sglang" else
-                                         f"use ids the engine maps to layers of the {L_}-layer target")
-    x_aux, y_aux = known(other, "aux_hf_indices"), got
-    if on_y:
-        aux_line = f"contract aux_hf_indices: {labels.x} {x_aux} vs {labels.y} {y_aux}"
-    else:
-        aux_line = f"contract aux_hf_indices: {labels.x} {y_aux} vs {labels.y} {x_aux}"
-    evidence = [f"contract aux_dropped_ids ({crash.get('label')}): {list(dropped)}", aux_line]
+    # the pre-flight's per-family reason ("maps to capture index 9, which is never reached (only layers 0..7
+    # run)"), else the recorder's own word that the engine dropped it
+    why = (str(finding["message"]).split(f"id {i} ", 1)[-1].split(":")[0].replace("maps to", "maps it to", 1)
+           if finding is not None
+           else "drops it")
+    rule = str(known(crashed, "aux_capture_rule") or "")
+    cite = rule.split(" ", 1)[1] if rule.startswith(f"{engine} ") else rule  # "srt/models/llama.py:929 ..."
+    got, want = known(crashed, "aux_hf_indices"), known(crashed, "aux_native_ids")
+    slots = (f"{len(got)} of the {len(want)} aux slots the draft's fc was built for arrive"
+             if isinstance(got, list) and isinstance(want, list) else "the draft's fc gets fewer aux slots than "
+             "it was built for")
+    site = crash.get("engine_where") or (crash.get("where") or [""])[-1]
+    site_short = site.split(": ", 1)[0]
+    message = (f"{head}: {name}{' ' + str(version) if version else ''} {why}" + (f" ({cite})" if cite else "")
+               + f", so {slots}" + (f" and it raises at {site_short}" if site_short else ""))
+    L_ = L if isinstance(L, int) else None
+    fix = (finding or {}).get("fix") or (
+        f"use ids in -1..{L_ - 2 if L_ else 'L-2'} (id k = HF k+1; -1 = embeddings)" if engine == "sglang"
+        else f"use ids {name} maps to layers of the {L_ or 'L'}-layer target")
+    x_aux = known(other, "aux_hf_indices")
+    pair = (x_aux, got) if on_y else (got, x_aux)
+    evidence = [f"contract aux_dropped_ids ({crash.get('label')}): {list(dropped)}",
+                f"contract aux_hf_indices: {labels.x} {pair[0]} vs {labels.y} {pair[1]}"]
     if finding is not None:
         evidence.append(f"pre-flight [{finding.get('severity')}] aux.dropped_id: {finding['message']}")
+    if fc_site:
+        evidence.append(f"{name} sizes fc by the configured ids: {fc_site}")
+    if site:
+        evidence.append(f"{name} raised at {site}")
     return {"kind": "contract.aux_dropped_ids", "message": message, "fix": fix, "evidence": evidence}
 
 
@@ -174,9 +170,11 @@ def crash_verdict(crash: dict) -> str:
     if crash.get("stage"):
         at = []
         for s in seqs[:2]:
-            n = s.get("pair") if s.get("pair") is not None else s.get("seq")
             plen = f", {s['prompt_len']} prompt tokens" if s.get("prompt_len") is not None else ""
-            at.append(f"seq {n if n is not None else '?'} {s['rid']}{plen}")
+            # the aligned pair is the "seq" every other verdict names; else the request alone
+            name = (f"seq {s['pair']} {s['rid']}" if s.get("pair") is not None else
+                    f"{crash['label']} seq {s['seq']} {s['rid']}" if s.get("seq") is not None else f"request {s['rid']}")
+            at.append(f"{name}{plen}")
         more = f", +{len(seqs) - 2} more" if len(seqs) > 2 else ""
         where = f" at {crash['stage']}" + (f" ({'; '.join(at)}{more})" if at else "")
     cause = crash.get("cause")
@@ -197,8 +195,8 @@ def crash_text(crash: dict) -> list[str]:
     before = crash.get("recorded_before") or {}
     if before:
         agree = [n for n, v in before.items() if v == "agrees"]
-        said = ([f"{', '.join(agree)} agree"] if agree else []) + [f"{n}: {v}" for n, v in before.items()
-                                                                   if v != "agrees"]
+        said = ([f"{', '.join(agree)} agree"] if agree else []) + [
+            v if v.startswith(n) else f"{n}: {v}" for n, v in before.items() if v != "agrees"]
         out.append(f"  recorded before the crash: {'; '.join(said)}")
     cause = crash.get("cause")
     if cause:
@@ -207,3 +205,14 @@ def crash_text(crash: dict) -> list[str]:
         if cause.get("fix"):
             out.append(f"    fix: {cause['fix']}")
     return out
+
+
+def crash_explanations(crash: dict | None, first) -> list:
+    """The crash's cause as the report's explanation (``explain.Explanation``, cause = the cause's
+    kind) when the crash is the first divergence; empty otherwise (``first`` keeps its own)."""
+    from specdiff.replay.diff.explain import Explanation
+
+    cause = None if crash is None or first is not None else crash.get("cause")
+    if not cause:
+        return []
+    return [Explanation(cause["kind"], cause["message"], tuple(cause.get("evidence") or ()), cause.get("fix", ""))]

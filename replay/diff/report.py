@@ -22,7 +22,13 @@ from specdiff.replay.diff.contract_check import (
     refuse_different_targets,
     unknown_facts,
 )
-from specdiff.replay.diff.crash import crash_cause, crash_divergence, crash_text, crash_verdict
+from specdiff.replay.diff.crash import (
+    crash_cause,
+    crash_divergence,
+    crash_explanations,
+    crash_text,
+    crash_verdict,
+)
 from specdiff.replay.diff.explain import Explanation, explain, side_names
 from specdiff.replay.diff.findings import crash_findings, matching_findings
 from specdiff.replay.diff.routing import target_family
@@ -297,7 +303,8 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
         _, crash = crash_divergence(traces, labels, empty, {}, None, crash)
         mismatches, findings = check_contracts(traces), crash_findings(traces, crash)
         crash["cause"] = crash_cause(traces, labels, crash, findings, mismatches)
-        return DiffReport(traces.map(lambda t: t.path), labels, empty, {}, None, [], mismatches,
+        return DiffReport(traces.map(lambda t: t.path), labels, empty, {}, None, crash_explanations(crash, None),
+                          mismatches,
                           Pair(none, none), traces, findings=findings, crash=crash)
     structure = structure_mismatches(traces, labels)
     alignment_error = None
@@ -322,6 +329,7 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
                         else crash_findings(traces, crash), crash=crash, alignment_error=alignment_error)
     if crash is not None:
         crash["cause"] = crash_cause(traces, labels, crash, crash_findings(traces, crash), report.contract)
+        report.explanations = report.explanations or crash_explanations(crash, first)
     if narrow and first is not None and first.kind == "values" and not report.explanations:
         from specdiff.replay.diff.narrow import narrow_or_reason
 
