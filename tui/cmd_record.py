@@ -39,8 +39,9 @@ def default_trace_path() -> str:
 
 
 def trace_env(path: str, capture: str, logits_topk: int, rids: str | None, eager_draft: bool,
-              base=None) -> dict[str, str]:
-    """Environment that switches the plugin on (added to ``base``, default ``os.environ``)."""
+              base=None, *, sample: float | None = None) -> dict[str, str]:
+    """Environment that switches the plugin on (added to ``base``, default ``os.environ``);
+    ``sample``: the fraction of requests recorded (``SPECDIFF_SAMPLE``, tracer/engines/requests.py)."""
     env = dict(os.environ if base is None else base)
     env["SPECDIFF_TRACE"] = path
     env["SPECDIFF_CAPTURE"] = capture
@@ -49,6 +50,8 @@ def trace_env(path: str, capture: str, logits_topk: int, rids: str | None, eager
         env["SPECDIFF_RIDS"] = rids
     if eager_draft:
         env["SPECDIFF_EAGER_DRAFT"] = "1"
+    if sample is not None:
+        env["SPECDIFF_SAMPLE"] = repr(float(sample))
     return env
 
 
@@ -85,8 +88,11 @@ def _engine_names() -> list[str]:
 @click.option("--logits-topk", default=8, show_default=True, help="k of draft.logits_topk.*")
 @click.option("--rids", default=None, metavar="REGEX", help="Record only requests whose rid matches.")
 @click.option("--eager-draft", is_flag=True, help="Run the draft without CUDA graphs so every stage is seen.")
+@click.option("--sample", type=click.FloatRange(0.0, 1.0, min_open=True), default=None, metavar="FRACTION",
+              help="Record this fraction of requests, chosen by a hash of the rid; a request whose "
+                   "custom_params has specdiff_record true (false) is always (never) recorded.")
 @click.argument("sglang_args", nargs=-1, type=click.UNPROCESSED)
-def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, sglang_args):
+def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, sample, sglang_args):
     """Start an SGLang or vLLM server with tracing on and wait (Ctrl-C stops it and closes the trace).
 
     \b
@@ -106,7 +112,7 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, sgla
     if os.path.exists(path):
         raise SpecdiffError(f"{path} already exists; choose another --trace path")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    env = trace_env(path, capture, logits_topk, rids, eager_draft)
+    env = trace_env(path, capture, logits_topk, rids, eager_draft, sample=sample)
     argv, env = serve_command(engine, sglang_args, cpu=cpu, env=env)
     click.echo(f"specdiff: tracing to {path} (capture {capture}); the trace is finalized when the "
                f"server stops (Ctrl-C here, or SIGTERM to pid shown below)")
