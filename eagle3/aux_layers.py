@@ -729,3 +729,160 @@ def _refuse_repeats(hf, what: str) -> None:
                 f"{what} name HF hidden_states[{i}] twice; each aux slot must be "
                 "a different layer (an engine captures each layer once)")
         seen.add(i)
+
+
+# ---- where each engine reads the aux ids in a draft config.json --------------------------------
+#: Every draft-config key some engine or runner reads aux ids from, as explanations name it
+#: ('top-level X' = config.json's own key X; 'a.b' = key b of the nested dict a).
+KEY_TOP = "top-level eagle_aux_hidden_state_layer_ids"
+KEY_NESTED = "eagle_config.eagle_aux_hidden_state_layer_ids"
+KEY_DFLASH = "dflash_config.target_layer_ids"
+KEY_DSPARK = "top-level dspark_target_layer_ids"
+KEY_TARGET_IDS = "top-level target_layer_ids"
+KEY_DFLASH_LAYERS = "dflash_config.layer_ids"
+KEY_EAGLE_LAYERS = "eagle_config.layer_ids"
+ID_KEYS = (KEY_TOP, KEY_NESTED, KEY_DFLASH, KEY_DSPARK, KEY_TARGET_IDS, KEY_DFLASH_LAYERS, KEY_EAGLE_LAYERS)
+#: keys whose ids the engine shifts by +1 before use (DFlash / DSpark number "capture after layer i")
+PLUS_ONE_KEYS = (KEY_DFLASH, KEY_DSPARK, KEY_TARGET_IDS)
+
+#: engine -> its model runners whose key precedence differs, the one specdiff's recorder was verified on
+#: first (vLLM 0.32.0: V1 on the CPU build, which has no Triton; V2 is the GPU default,
+#: config/vllm.py:722-738 ``use_v2_model_runner``)
+ENGINE_RUNNERS: dict[str, tuple[str | None, ...]] = {"sglang": (None,), "vllm": ("v1", "v2")}
+
+#: (engine, runner) -> the keys it reads aux ids from, in precedence (first holding ids wins), and the
+#: source of the rule. Nothing holding ids -> the engine's default layers (``default_hf_indices``).
+ENGINE_ID_KEYS: dict[tuple[str, str | None], tuple[str, ...]] = {
+    # srt/model_executor/model_runner_components/spec_aux_hidden_state.py:188-196:
+    # eagle_config["eagle_aux_hidden_state_layer_ids"] as given (even []); any exception -> None (default)
+    ("sglang", None): (KEY_NESTED,),
+    # vllm/v1/worker/gpu_model_runner.py:5268-5283 _get_eagle3_aux_layers_from_config: the top-level key when
+    # non-empty; else dflash_config.target_layer_ids (+1), replaced by eagle_config's ids whenever
+    # eagle_config is a non-empty dict (even one without them: then no ids, the default)
+    ("vllm", "v1"): (KEY_TOP, KEY_NESTED, KEY_DFLASH),
+    # vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:100-137 get_eagle3_aux_layers_from_config: never
+    # reads eagle_config.eagle_aux_hidden_state_layer_ids; logs its fallback at info level (:25-30)
+    ("vllm", "v2"): (KEY_TOP, KEY_DFLASH, KEY_DSPARK, KEY_TARGET_IDS, KEY_DFLASH_LAYERS, KEY_EAGLE_LAYERS),
+}
+ENGINE_ID_SOURCES = {
+    ("sglang", None): "SGLang 0.5.23 srt/model_executor/model_runner_components/spec_aux_hidden_state.py:188-196",
+    ("vllm", "v1"): "vLLM 0.32.0 v1/worker/gpu_model_runner.py:5268-5283 (V1 runner)",
+    ("vllm", "v2"): "vLLM 0.32.0 v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:100-137 (V2 runner)",
+}
+#: what each engine does when no key it reads holds ids (sources in ``RULES``)
+ENGINE_FALLBACK = {
+    ("sglang", None): "SGLang captures its default (set_eagle3_layers_to_capture(None), srt/models/llama.py:929-941)",
+    ("vllm", "v1"): ("vLLM V1 falls back to get_eagle3_default_aux_hidden_state_layers (interfaces.py:1712-1733) "
+                     "and logs nothing (gpu_model_runner.py:5241-5247)"),
+    ("vllm", "v2"): ("vLLM V2 falls back to get_eagle3_default_aux_hidden_state_layers (interfaces.py:1712-1733), "
+                     "logged at info level only (eagle3_utils.py:25-30)"),
+}
+
+
+def config_value(raw: dict, key: str):
+    """The value of one of ``ID_KEYS`` in a draft config.json dict (None when absent)."""
+    path = key.removeprefix("top-level ").split(".")
+    v = raw
+    for p in path:
+        if not isinstance(v, dict):
+            return None
+        v = v.get(p)
+    return v
+
+
+@dataclass(frozen=True)
+class ConfigIds:
+    """The aux ids one engine (and model runner) takes from a draft config.json, and from where.
+
+    Attributes:
+        engine: 'sglang' or 'vllm'.
+        runner: the model runner whose precedence was applied ('v1', 'v2'; None for SGLang).
+        ids: the ids the engine uses, in its own numbering (DFlash's +1 applied); None: no key it
+            reads held ids, so it captures its default layers.
+        key: the ``ID_KEYS`` entry they came from; None for the default fallback.
+        unread: (key, ids as written) for every other ``ID_KEYS`` key holding ids: ignored by this
+            runner or shadowed by a key it reads first.
+        sources: where the precedence was read (``ENGINE_ID_SOURCES``).
+    """
+
+    engine: str
+    runner: str | None
+    ids: tuple[int, ...] | None
+    key: str | None
+    unread: tuple[tuple[str, tuple], ...] = ()
+    sources: str = ""
+
+    @property
+    def who(self) -> str:
+        """'SGLang', 'vLLM V1', 'vLLM V2'."""
+        title = {"sglang": "SGLang", "vllm": "vLLM"}[self.engine]
+        return f"{title} {self.runner.upper()}" if self.runner else title
+
+    @property
+    def fallback(self) -> str:
+        """What this engine does without ids, in words with its source."""
+        return ENGINE_FALLBACK[(self.engine, self.runner)]
+
+    def read_by(self, key: str) -> bool:
+        """Whether this engine/runner reads ``key`` at all."""
+        return key in ENGINE_ID_KEYS[(self.engine, self.runner)]
+
+
+def _id_list(key: str, v) -> tuple | None:
+    """``v`` as a tuple of ints when it is a non-empty list; None when absent or empty.
+
+    Raises:
+        ConventionError: a list holding anything but ints.
+    """
+    if v is None:
+        return None
+    if not isinstance(v, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        raise ConventionError(f"draft config: {key} {v!r} is not a list of ints")
+    return tuple(v)
+
+
+def config_aux_ids(engine: str, raw: dict, *, runner: str | None = None) -> ConfigIds:
+    """Which aux ids ``engine`` takes from the draft's config.json ``raw`` (``ENGINE_ID_KEYS``).
+
+    Args:
+        engine: one of ``ENGINES``.
+        raw: the draft's config.json as a dict.
+        runner: vLLM's model runner, 'v1' or 'v2' (None: the first of ``ENGINE_RUNNERS``, the one
+            specdiff's recorder runs on); must be None for SGLang.
+
+    Returns:
+        ConfigIds. SGLang uses ``eagle_config.eagle_aux_hidden_state_layer_ids`` as given, an empty
+        list included (it then captures nothing); vLLM treats an empty list as no ids.
+
+    Raises:
+        ConventionError: unknown engine or runner, or ids that are not a list of ints.
+    """
+    if engine not in ENGINE_RUNNERS:
+        raise ConventionError(f"unknown engine {engine!r}; use one of: {', '.join(ENGINES)}")
+    runner = ENGINE_RUNNERS[engine][0] if runner is None else runner
+    if runner not in ENGINE_RUNNERS[engine]:
+        raise ConventionError(f"{engine} has no model runner {runner!r}; use one of: "
+                              f"{', '.join(str(r) for r in ENGINE_RUNNERS[engine])}")
+    vals = {k: _id_list(k, config_value(raw, k)) for k in ID_KEYS}
+    ids, key = None, None
+    if engine == "sglang":
+        eagle = raw.get("eagle_config")
+        if isinstance(eagle, dict) and vals[KEY_NESTED] is not None:
+            ids, key = vals[KEY_NESTED], KEY_NESTED
+    elif vals[KEY_TOP]:
+        ids, key = vals[KEY_TOP], KEY_TOP
+    elif runner == "v1":
+        if isinstance(raw.get("dflash_config"), dict) and raw["dflash_config"] and vals[KEY_DFLASH]:
+            ids, key = tuple(i + 1 for i in vals[KEY_DFLASH]), KEY_DFLASH
+        if isinstance(raw.get("eagle_config"), dict) and raw["eagle_config"]:
+            # gpu_model_runner.py:5279-5280: a non-empty eagle_config replaces whatever dflash gave
+            ids, key = (vals[KEY_NESTED], KEY_NESTED) if vals[KEY_NESTED] else (None, None)
+    else:
+        for k in (KEY_DFLASH, KEY_DSPARK, KEY_TARGET_IDS, KEY_DFLASH_LAYERS, KEY_EAGLE_LAYERS):
+            if vals[k]:
+                # eagle3_utils.py:115-122: DeepSeek v4.1 reads its dspark ids as they are
+                literal = k == KEY_DSPARK and raw.get("model_type") == "deepseek_v41"
+                ids, key = (vals[k] if k not in PLUS_ONE_KEYS or literal else tuple(i + 1 for i in vals[k])), k
+                break
+    unread = tuple((k, v) for k, v in vals.items() if v and k != key)
+    return ConfigIds(engine, runner, ids, key, unread, ENGINE_ID_SOURCES[(engine, runner)])

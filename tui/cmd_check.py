@@ -81,7 +81,12 @@ def render_text(report: PreflightReport, *, width: int = 110) -> str:
 @click.option("--target", "target", required=True, help="target model directory (config.json; weights not loaded)")
 @click.option("--draft", "draft", required=True, help="EAGLE-3 draft checkpoint directory")
 @click.option("--engine", type=click.Choice(["sglang", "vllm", "all"]), default="all", show_default=True,
-              help="engine(s) whose loading rules to apply")
+              help="engine(s) whose loading rules to apply. sglang: SGLang 0.5.23 reads the aux ids only from "
+                   "eagle_config.eagle_aux_hidden_state_layer_ids, id k captures HF k+1 (-1 = embeddings; the rule "
+                   "depends on the target's model file). vllm: vLLM 0.32.0's V1 runner reads the top-level "
+                   "eagle_aux_hidden_state_layer_ids first, else eagle_config's, else dflash_config's, else its "
+                   "default layers [2, L//2, L-3] (silently); id k = HF k, ascending; what the V2 runner (the GPU "
+                   "default, which never reads eagle_config's ids) would take differently is a finding too.")
 @click.option("--training-layers", default=None,
               help="layers the draft was trained on, comma-separated (HF indices unless --training-convention)")
 @click.option("--training-convention", type=click.Choice(["hf", "sglang", "vllm", "speculators", "specforge"]),
@@ -93,7 +98,10 @@ def check(target, draft, engine, training_layers, training_convention, speculati
     """Pre-flight: what SGLang / vLLM will really feed this draft, and what will go wrong.
 
     Reads config.json files, safetensors headers and the draft's d2t / t2d only. Exit 1 when a
-    finding is an error (serving will crash or be wrong), 0 otherwise.
+    finding is an error (serving will crash or be wrong), 0 otherwise. Each engine's advice is in
+    its own key and numbering: --engine vllm says which config key vLLM takes the aux ids from,
+    what an SGLang-format draft (eagle_config ids with -1) does there, and where the ids to write
+    at the top level go.
     """
     engines = ENGINES if engine == "all" else (engine,)
     report = run_preflight(target, draft, engines=engines, training_layers=_layers(training_layers),

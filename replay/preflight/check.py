@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from specdiff.eagle3.aux_layers import CONVENTIONS, ConventionError, resolve_aux_ids
 from specdiff.replay.model.checkpoint import canonical_name
-from specdiff.replay.preflight.engines import ENGINES, EngineCapture, resolve_engine_capture, sglang_fc_slots
+from specdiff.replay.preflight.engines import ENGINES, EngineCapture, fc_slots, resolve_engine_capture
 from specdiff.replay.preflight.files import PreflightError, read_draft, read_target
 from specdiff.replay.preflight.report import SEVERITIES, Finding, PreflightReport, findings_as_facts
 from specdiff.replay.preflight.rules import (
@@ -24,6 +24,7 @@ from specdiff.replay.preflight.rules import (
     check_tied,
     check_tokenizer,
     check_training,
+    check_vllm_ids,
     check_vocab,
     check_weights,
 )
@@ -69,12 +70,15 @@ def run_preflight(target, draft, *, engines=ENGINES, training_layers=None, train
         k_weights = (fc_shape[1] // t.hidden_size if fc_shape is not None and len(fc_shape) == 2
                      and fc_shape[1] % t.hidden_size == 0 else cfg.num_aux)
         for e in engines:
-            k = sglang_fc_slots(d.raw) if (e == "sglang" and d.format == "specforge") else k_weights
+            k = fc_slots(d.raw) if (e == "sglang" and d.format == "specforge") else k_weights
             captures[e] = resolve_engine_capture(e, raw=d.raw, fmt=d.format, num_layers=t.num_layers, k_fc=k,
                                                  aux_width=t.hidden_size, draft_hidden=cfg.hidden_size,
                                                  architecture=t.architecture)
         findings += check_aux(captures, raw=d.raw, num_layers=t.num_layers, aux_width=t.hidden_size,
                               training_hf=train_hf, architecture=t.architecture)
+        if "vllm" in captures:
+            findings += check_vllm_ids(captures["vllm"], raw=d.raw, num_layers=t.num_layers, k_weights=k_weights,
+                                       training_hf=train_hf, architecture=t.architecture)
         findings += check_training(captures, train_hf, num_layers=t.num_layers, architecture=t.architecture)
         findings += check_weights(d, t, engines=engines)
         findings += check_vocab(d.d2t, d.t2d, draft_vocab_size=cfg.draft_vocab_size, vocab_size=t.vocab_size,

@@ -1,9 +1,10 @@
 """What each engine will capture from the target and feed the draft's fc, from its config alone.
 
-Owns: where each engine reads the aux ids (SGLang: ``eagle_config`` only; vLLM: top level, else
-``eagle_config``), how many fc slots it builds, and the outcome (ok / crash / fc skipped /
-unsupported format). What an id captures is ``specdiff.eagle3.aux_layers.engine_capture``; this
-module only applies it to a draft config.
+Owns: how many fc slots each engine builds and the outcome (ok / crash / fc skipped / unsupported
+format). Where each engine reads the aux ids is ``specdiff.eagle3.aux_layers.config_aux_ids``
+(``EngineSpec.read_aux_ids``; SGLang: ``eagle_config`` only; vLLM V1: top level, else
+``eagle_config``, else ``dflash_config``; vLLM V2 never reads ``eagle_config``'s ids) and what an
+id captures is ``engine_capture``; this module only applies them to a draft config.
 
 - SGLang 0.5.23 reads aux ids only from ``eagle_config.eagle_aux_hidden_state_layer_ids``
   (spec_aux_hidden_state.py:185-196; a list, even empty, is used as given, no key = default).
@@ -12,9 +13,11 @@ module only applies it to a draft config.
   (llama_eagle3.py:238). There is no model class for the speculators format.
 - What SGLang captures from the ids depends on the target's architecture (per model file:
   plus-one, deepseek, gpt-oss; ``specdiff.eagle3.aux_layers.sglang_family_rule``).
-- vLLM 0.32.0 reads the top-level ``eagle_aux_hidden_state_layer_ids`` and, when that is absent
-  or empty, ``eagle_config``'s (v1/worker/gpu_model_runner.py:5252-5287). Measured crash with a
-  missing slot: ``shape '[-1, K*H]' is invalid`` (shared/research/vllm-cpu.md).
+- vLLM 0.32.0's V1 runner reads the top-level ``eagle_aux_hidden_state_layer_ids`` and, when that
+  is absent or empty, ``eagle_config``'s (v1/worker/gpu_model_runner.py:5268-5283). fc is built
+  for K = ``num_aux_hidden_states`` / len(eagle_config ids) / 3 (llama_eagle3.py:209-216): the
+  top-level ids are not counted. Measured crash with a missing slot: ``shape '[-1, K*H]' is
+  invalid`` (shared/research/vllm-cpu.md).
 """
 
 from __future__ import annotations
@@ -22,11 +25,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from specdiff.eagle3.aux_layers import engine_capture
+from specdiff.eagle3.aux_layers import (
+    KEY_NESTED,
+    KEY_TOP,
+    ConfigIds,
+    ConventionError,
+    config_aux_ids,
+    engine_capture,
+)
 from specdiff.replay.preflight.files import PreflightError
 
-__all__ = ["ENGINES", "ENGINE_NAME", "EngineCapture", "resolve_engine_capture", "sglang_fc_slots", "hf_label",
-           "fmt_hf"]
+__all__ = ["ENGINES", "ENGINE_NAME", "EngineCapture", "resolve_engine_capture", "fc_slots",
+           "read_config_ids", "hf_label", "fmt_hf"]
 
 ENGINES = ("sglang", "vllm")
 ENGINE_NAME = {"sglang": "SGLang", "vllm": "vLLM", "all": "all engines"}
@@ -100,17 +110,22 @@ def fmt_hf(indices, L: int) -> str:
     return "[" + ", ".join(f"{i} ({hf_label(i, L)})" for i in indices) + "]"
 
 
-def _ids_or_none(v):
-    if v is None:
-        return None
-    if not isinstance(v, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
-        raise PreflightError(f"draft config: eagle_aux_hidden_state_layer_ids {v!r} is not a list of ints")
-    return tuple(v)
+#: how findings name where the ids were read (``EngineCapture.source``); other keys by their full name
+SHORT_SOURCE = {KEY_TOP: "top-level", KEY_NESTED: "eagle_config", None: "default"}
 
 
-def sglang_fc_slots(raw: dict) -> int:
-    """K as SGLang builds fc (llama_eagle3.py:156-161): ``num_aux_hidden_states``, else the
-    number of eagle_config ids, else 3."""
+def read_config_ids(engine: str, raw: dict, runner: str | None = None) -> ConfigIds:
+    """``eagle3.aux_layers.config_aux_ids`` with a bad id list as a ``PreflightError`` (one line)."""
+    try:
+        return config_aux_ids(engine, raw, runner=runner)
+    except ConventionError as e:
+        raise PreflightError(str(e)) from None
+
+
+def fc_slots(raw: dict) -> int:
+    """K as SGLang and vLLM build the draft's fc from its config: ``num_aux_hidden_states``, else
+    the number of ``eagle_config`` ids, else 3 (SGLang 0.5.23 llama_eagle3.py:156-161; vLLM 0.32.0
+    model_executor/models/llama_eagle3.py:209-216: neither counts the top-level ids)."""
     k = raw.get("num_aux_hidden_states")
     if k is None:
         ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -119,32 +134,25 @@ def sglang_fc_slots(raw: dict) -> int:
 
 
 def resolve_engine_capture(engine: str, *, raw: dict, fmt: str, num_layers: int, k_fc: int,
-                           aux_width: int, draft_hidden: int, architecture: str | None = None) -> EngineCapture:
+                           aux_width: int, draft_hidden: int, architecture: str | None = None,
+                           runner: str | None = None) -> EngineCapture:
     """What ``engine`` captures for this draft config on an L-layer target.
 
     Args:
         raw: the draft's config.json.
         fmt: 'specforge' or 'speculators'.
         architecture: the target's HF architecture (its SGLang rule); None: the Llama rule.
+        runner: vLLM's model runner whose key precedence applies ('v1' default, 'v2').
         k_fc: slots fc expects; aux_width: width per slot (target H); draft_hidden: Hd (SGLang
             skips fc when the arriving width equals it).
 
     Raises:
-        PreflightError: ids that are not a list of ints.
+        PreflightError: ids that are not a list of ints, an unknown runner.
     """
-    eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
-    e_ids = _ids_or_none(eagle.get("eagle_aux_hidden_state_layer_ids"))
-    t_ids = _ids_or_none(raw.get("eagle_aux_hidden_state_layer_ids"))
-    if engine == "sglang":
-        if fmt == "speculators":
-            return EngineCapture("sglang", "none", None, "sglang", (), (), k_fc, "unsupported")
-        ids, source = (e_ids, "eagle_config") if e_ids is not None else (None, "default")
-    elif t_ids:
-        ids, source = t_ids, "top-level"
-    elif e_ids:
-        ids, source = e_ids, "eagle_config"
-    else:
-        ids, source = None, "default"
+    read = read_config_ids(engine, raw, runner)
+    if engine == "sglang" and fmt == "speculators":
+        return EngineCapture("sglang", "none", None, "sglang", (), (), k_fc, "unsupported")
+    ids, source = read.ids, SHORT_SOURCE.get(read.key, read.key)
     plan = engine_capture(engine, ids, num_layers=num_layers, architecture=architecture)
     fam = plan.rule
     extra = dict(failure=plan.failure, notes=plan.notes,

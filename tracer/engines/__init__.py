@@ -5,6 +5,7 @@
 Importing this package only registers each engine's ``EngineSpec``; it imports no engine.
 """
 
+from specdiff.eagle3.aux_layers import ENGINE_ID_KEYS
 from specdiff.tracer.engines.base import EngineSpec, engine_names, engine_spec, register
 
 SGLANG = register(EngineSpec(
@@ -15,7 +16,7 @@ SGLANG = register(EngineSpec(
     cpu_launcher="specdiff.tracer.engines.sglang.cpu.launch",
     # srt/model_executor/model_runner_components/spec_aux_hidden_state.py:188-196 (only the nested key)
     aux_ids_key="eagle_config.eagle_aux_hidden_state_layer_ids",
-    aux_ids_read=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+    aux_ids_read=ENGINE_ID_KEYS[("sglang", None)],
     aux_id_words="SGLang id k captures HF k+1",
     serve_args_hint="at least --model-path and --speculative-draft-model-path",
 ))
@@ -29,8 +30,7 @@ VLLM = register(EngineSpec(
     # V1 runner, v1/worker/gpu_model_runner.py:5268-5280: the top-level key; if empty, eagle_config's
     # nested ids, else dflash_config's (+1). V2's eagle3_utils reads no nested eagle ids.
     aux_ids_key="top-level eagle_aux_hidden_state_layer_ids",
-    aux_ids_read=("top-level eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids",
-                  "dflash_config.target_layer_ids"),
+    aux_ids_read=ENGINE_ID_KEYS[("vllm", "v1")], runners=("v1", "v2"),
     aux_id_words="vLLM id k = HF k",
     serve_args_hint="the target model first and --speculative-config",
 ))
