@@ -127,6 +127,34 @@ def test_the_crash_leads_at_the_stage_serving_stopped_with_the_dropped_id_as_cau
     assert j["diverged"] and j["crash"]["stage"] == "draft.fc_in" and j["crash"]["cause"]["fix"] == cause["fix"]
 
 
+def test_the_app_shows_the_crash_its_cause_and_fix(tmp_path, tui):
+    import asyncio
+    import time
+
+    from specdiff.tui.app import SpecdiffApp
+
+    train = _train(tmp_path / "train.trace")
+    serve = _serve(tmp_path / "serve.trace", crash=_draft_crash(), slots=2)
+    app = SpecdiffApp(train, serve, export_root=tmp_path)
+
+    async def run():
+        async with app.run_test(size=(160, 50)) as pilot:
+            deadline = time.monotonic() + 60
+            while app.report is None and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.pause()
+            got = [tui.static_text(app, sel) for sel in ("#verdict", "#fix", "#explain-body")]
+            await pilot.press("q")
+            return got
+
+    verdict, fix, explain = asyncio.run(run())
+    assert verdict.startswith("first divergence: serving crashed at draft.fc_in (seq 0 r0"), verdict
+    assert "-1..6" in fix, fix
+    flat = " ".join(explain.split())
+    assert "contract.aux_dropped_ids: aux id 8 is past the target's last layer" in flat, flat
+    assert app.return_code == 1
+
+
 def test_a_value_divergence_before_the_crash_stage_stays_first(tmp_path):
     from specdiff.replay.diff.report import diff_traces
 
