@@ -88,14 +88,19 @@ def test_a_serving_contract_field_that_differs_is_shown_beside_the_first_diverge
     serve = _trace(tmp_path / "serve.trace", "serve", {**BASE, field: CHANGED[field]}, stage=stage, diverge=True)
     r = run_cli("diff", train, serve, "--format", "json")
     assert r.exit_code == 1, r.output
-    first = json.loads(r.output)["first_divergence"]
+    j = json.loads(r.output)
+    first = j["first_divergence"]
     assert first["tensor"] == TENSOR_OF_STAGE[stage][0]
-    assert [m["field"] for m in first["contract"]] == [field]
-    assert first["contract"][0]["fix"]
+    assert first["contract_bearing"] == [field]
+    assert [m["fix"] for m in j["contract_mismatches"] if m["field"] == field][0]
     text = run_cli("diff", train, serve, "--format", "text").output
-    block = text.split("contract differences that bear on it\n", 1)[1].split("\n\n", 1)[0]
-    lines = block.splitlines()
-    assert lines[0].strip().startswith(f"[{_FIELDS[field][0]}] {field}: ") and lines[1].strip().startswith("fix: ")
+    # said once (errors lead the report, the rest in the contract block), its fix under it
+    assert text.count(f"] {field}: ") == 1
+    entry = text.split(f"[{_FIELDS[field][0]}] {field}: ", 1)[1].split("\n\n", 1)[0].split("\n  [", 1)[0]
+    said, fix = " ".join(entry.split()).split(" fix: ", 1)
+    assert fix and (_FIELDS[field][0] == "error" or said.endswith(f"(bears on {first['tensor']})"))
+    if _FIELDS[field][0] == "error":
+        assert text.index(f"] {field}: ") < text.index("\nfirst divergence\n")
 
 
 def test_an_unknown_serving_fact_is_shown_beside_the_divergence_it_could_explain(tmp_path, run_cli):
@@ -109,11 +114,11 @@ def test_an_unknown_serving_fact_is_shown_beside_the_divergence_it_could_explain
     j = json.loads(r.output)
     assert r.exit_code == 1
     assert j["unknown_facts"]["serving"] == {"aux_hf_indices": "SGLang 0.5.99 has no LlamaModel.layers_to_capture"}
-    msgs = [m["message"] for m in j["first_divergence"]["contract"]]
+    msgs = [m["message"] for m in j["contract_mismatches"] if m["field"] in j["first_divergence"]["contract_bearing"]]
     assert msgs == ["aux_hf_indices is unknown on serving (SGLang 0.5.99 has no LlamaModel.layers_to_capture): "
                     "not compared"]
     info = run_cli("info", serve).output
-    assert "unknown    1 contract fact(s) could not be read from the engine" in info
+    assert "unknown    1 contract fact(s) recorded as unknown" in info
     assert "aux_hf_indices           SGLang 0.5.99 has no LlamaModel.layers_to_capture" in info
 
 

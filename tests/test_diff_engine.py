@@ -48,7 +48,7 @@ def test_seed_layer_shift_is_first_divergence_with_slot_mapping(tmp_path, aux_tr
     assert "serving captured HF hidden_states[3, 6, 7]; training used [0, 3, 6]" in \
         [m.message for m in report.contract]
     text = render_text(report)
-    assert text.splitlines()[0].startswith("first divergence: target.aux.0 at seq 0 pos 0 — serving slot 0")
+    assert text.split("\n\n", 1)[0].startswith("first divergence: target.aux.0 at seq 0 pos 0 — serving slot 0")
     proc = subprocess.run([sys.executable, "-m", "specdiff.tui", "diff", a, b, "--format", "text"],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "aux_layer_shift" in proc.stdout

@@ -73,7 +73,7 @@ def test_bos_plus_raw_text_against_a_chat_template_is_a_tokens_divergence_at_pos
     aux = report.comparisons["target.aux.0"]
     assert aux.stats["rows"] >= 20 and not aux.diverged, aux.stats
     text = render_text(report)
-    assert "paired by content" in text and "explanation\n  token_format:" in text
+    assert "paired by content" in text and "explanation: token_format" in text
 
 
 def test_sequences_without_any_common_run_name_the_nearest_pair(tmp_path):

@@ -29,6 +29,7 @@ SUBCOMMANDS = {
     "diff": ("cmd_diff",),
     "info": ("cmd_info",),
     "record": ("cmd_record", "cmd_record_train"),
+    "upgrade": ("cmd_upgrade",),
     "view": ("cmd_view",),
     "watch": ("cmd_watch",),
 }

@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 import click
 
 from specdiff.tui.cli import cli
 from specdiff.tui.demo import run_demo
-from specdiff.tui.scenarios import SCENARIOS
+from specdiff.tui.scenarios import SCENARIOS, describe
 
 
-@cli.command()
+def _scenarios_epilog(width: int = 78) -> str:
+    """Every scenario of ``--scenario`` with what it seeds (scenarios.describe, the Llama demo's ids);
+    click keeps a ``\\b`` paragraph as written, so it is wrapped here."""
+    lines = ["\b", "Scenarios (ids of the Llama demo target):"]
+    for name in SCENARIOS:
+        lines += textwrap.wrap(describe(name), width=width, initial_indent=f"  {name:15s} ",
+                               subsequent_indent=" " * 18, break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+@cli.command(epilog=_scenarios_epilog())
 @click.option("--scenario", type=click.Choice(list(SCENARIOS)), default="seed", show_default=True,
-              help="seed: served aux layers differ from training's; correct: served as trained; "
-                   "d2t-direct / no-d2t: broken vocab map; norm-before-fc: a norm on the serving side only.")
+              help="The mistake the demo seeds (each one is explained under Scenarios below).")
 @click.option("--no-tui", is_flag=True, help="Print the text report instead of opening the app.")
 @click.option("--workdir", type=click.Path(path_type=Path), default=Path("specdiff-demo"), show_default=True,
               help="Where traces, the served draft copy, the server log and summary.json go "

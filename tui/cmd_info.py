@@ -5,19 +5,91 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import textwrap
+from collections.abc import Mapping
 
 import click
 
 from specdiff.replay.diff.contract_check import unknown_facts
+from specdiff.replay.diff.report import DEFAULT_WIDTH
 from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.store import open_trace
 from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
 
+KEY_W = 24  # contract fact names are at most this wide (the value column starts after it)
 
-def describe(trace, *, verified: bool = False) -> str:
+
+def scalar(v) -> str:
+    """A contract value for people: floats to 4 significant digits, lists without quotes, None as none
+    (the exact values are in the trace's journal and ``open_trace(...).contract``)."""
+    if isinstance(v, bool) or v is None:
+        return "none" if v is None else str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(scalar(x) for x in v) + "]"
+    return str(v)
+
+
+def _item(v: Mapping) -> str:
+    """One dict in a list (a stored pre-flight finding: severity, kind, engine, message, fix), or a
+    default record train filled in (value, source), as one sentence."""
+    if "message" in v:
+        engine = f" ({v['engine']})" if v.get("engine") else ""
+        fix = f"; fix: {v['fix']}" if v.get("fix") else ""
+        return f"[{v.get('severity', 'info')}] {v.get('kind', '')}{engine}: {v['message']}{fix}"
+    if set(v) == {"value", "source"}:
+        return f"{scalar(v['value'])} ({v['source']})"
+    return "; ".join(f"{k} {scalar(x)}" for k, x in v.items())
+
+
+def fact_lines(key: str, value, *, indent: int = 2) -> list[tuple[str, str, int]]:
+    """(key, value text, indent) rows for one contract fact: a mapping becomes one row per entry
+    (entries with the same text grouped under their joined keys), a list of mappings one row per
+    item; everything else one row (``scalar``)."""
+    if isinstance(value, Mapping) and value:
+        rows = [(key, "", indent)]
+        groups: dict[str, list[str]] = {}
+        for k, v in value.items():
+            groups.setdefault(_item(v) if isinstance(v, Mapping) else scalar(v), []).append(str(k))
+        rows += [(", ".join(keys), text, indent + 2) for text, keys in groups.items()]
+        return rows
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, Mapping) for v in value):
+        return [(key, "", indent)] + [("", _item(v), indent + 2) for v in value]
+    return [(key, scalar(value), indent)]
+
+
+def render_rows(rows: list[tuple[str, str, int]], width: int) -> list[str]:
+    """``key  value`` lines at ``width``, values in one column (``2 + KEY_W + 1``) wrapped under it;
+    a key too long for the column puts its value on the next line, indented; a row without key
+    is a list item (wrapped under itself)."""
+    col = 2 + KEY_W + 1
+    out = []
+    for key, text, indent in rows:
+        head = " " * indent + key
+        if not text:
+            out.append(head)
+            continue
+        at = col
+        if not key:
+            head, at = " " * indent, indent
+        elif len(head) >= col:
+            out.append(head)
+            head, at = "", indent + 4
+        body = textwrap.wrap(text, width=max(width - at, 20), break_long_words=False, break_on_hyphens=False,
+                             subsequent_indent="  " if not key else "")
+        out.append(head.ljust(at) + body[0])
+        out += [" " * at + line for line in body[1:]]
+    return out
+
+
+def describe(trace, *, verified: bool = False, width: int | None = None) -> str:
     """Plain-text summary of an opened trace (what ``specdiff info`` prints); ``verified``: every
-    chunk was read (``Trace.verify``) before, so no damage line means none exists."""
+    chunk was read (``Trace.verify``) before, so no damage line means none exists. ``width``: lines
+    wrap at it (default: the terminal's, or ``DEFAULT_WIDTH`` when not a terminal)."""
+    width = width or shutil.get_terminal_size((DEFAULT_WIDTH, 40)).columns
     lines = [f"trace      {trace.path}",
              f"side       {trace.side}   format {trace.format}   records {trace.records}"]
     if trace.closed:
@@ -44,14 +116,16 @@ def describe(trace, *, verified: bool = False) -> str:
         if crash.get("where"):
             lines.append(f"  raised at  {crash['where'][-1]}")
     lines.append("contract")
+    rows = []
     for key in sorted(trace.contract):
-        if key in ("unobservable", "crash"):
+        if key in ("unobservable", "crash", "side"):  # side: said on the second line
             continue
-        lines.append(f"  {key:24s} {trace.contract[key]}")
+        rows += fact_lines(key, trace.contract[key])
+    lines += render_rows(rows, width)
     unknown = unknown_facts(trace.contract)
     if unknown:
-        lines.append(f"unknown    {len(unknown)} contract fact(s) could not be read from the engine")
-        lines += [f"  {field:24s} {why}" for field, why in unknown.items()]
+        lines.append(f"unknown    {len(unknown)} contract fact(s) recorded as unknown")
+        lines += render_rows([(field, why, 2) for field, why in unknown.items()], width)
     for u in trace.contract.get("unobservable") or []:
         if isinstance(u, dict) and u.get("tensors"):
             lines.append(f"  unobservable tensors     {', '.join(u['tensors'])} (no {u.get('name')})")

@@ -26,7 +26,7 @@ import requests
 
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.jsonl import iter_jsonl
-from specdiff.tui.cli import cli
+from specdiff.tui.cli import CAPTURE_HELP, cli
 
 
 @cli.group()
@@ -84,7 +84,7 @@ def _engine_names() -> list[str]:
 @click.option("--trace", "trace_path", default=None, metavar="PATH",
               help="Trace store to create (default: traces/serve-<time>.trace).")
 @click.option("--capture", type=click.Choice(["default", "full"]), default="default", show_default=True,
-              help="default: draft logits as top-k + logsumexp; full: full draft logits.")
+              help=CAPTURE_HELP.format(k="--logits-topk"))
 @click.option("--logits-topk", default=8, show_default=True, help="k of draft.logits_topk.*")
 @click.option("--rids", default=None, metavar="REGEX", help="Record only requests whose rid matches.")
 @click.option("--eager-draft", is_flag=True, help="Run the draft without CUDA graphs so every stage is seen.")

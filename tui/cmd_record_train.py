@@ -18,6 +18,7 @@ from specdiff.replay.record.train_options import (
     describe_defaults,
 )
 from specdiff.tracer.errors import SpecdiffError
+from specdiff.tui.cli import CAPTURE_HELP
 from specdiff.tui.cmd_record import record
 
 
@@ -39,6 +40,10 @@ def _fmt(xs) -> str:
     return "[" + ", ".join(f"{x:.3f}" for x in xs) + "]"
 
 
+#: k of the training side's draft.logits_topk.* (tracer/rows.py TOPK_WIDTH, which imports torch: the CLI
+#: starts without it; tests/test_help_texts.py holds the two equal)
+TRAIN_TOPK = 8
+
 @record.command("train")
 @click.option("--target", "target", required=True, type=click.Path(file_okay=False),
               help="Local Hugging Face target model directory.")
@@ -53,27 +58,27 @@ def _fmt(xs) -> str:
               help="Training aux layers in training's concat order, e.g. 6,0,3 (slot j = the j-th id; "
                    "used as given). Default: the draft config's ids, in its convention and order.")
 @click.option("--aux-convention", type=click.Choice(list(CONVENTIONS)), default=None,
-              help=f"Convention of --aux-layers (default: {AUX_CONVENTION_DEFAULT} = output_hidden_states index).")
+              show_default=f"{AUX_CONVENTION_DEFAULT}, the output_hidden_states index",
+              help="Convention of --aux-layers.")
 @click.option("--steps", type=int, default=None,
-              help=f"TTT depths (default: the serving trace's spec_steps, else {FALLBACK_STEPS}).")
+              show_default=f"the serving trace's spec_steps, else {FALLBACK_STEPS}", help="TTT depths.")
 @click.option("--topk", type=int, default=None,
-              help=f"draft.topk width (default: serving spec_topk, else {FALLBACK_TOPK}).")
+              show_default=f"the serving trace's spec_topk, else {FALLBACK_TOPK}", help="draft.topk width.")
 @click.option("--dtype", type=click.Choice(DTYPE_NAMES), default=None,
-              help=f"Draft compute dtype (default: {DEFAULTS['dtype']}).")
+              show_default=DEFAULTS["dtype"], help="Draft compute dtype.")
 @click.option("--target-dtype", type=click.Choice(DTYPE_NAMES), default=None,
-              help=f"Target dtype; keep the serving dtype for tight tolerances (default: {DEFAULTS['target_dtype']}).")
+              show_default=DEFAULTS["target_dtype"], help="Target dtype; keep the serving dtype for tight tolerances.")
 @click.option("--capture", type=click.Choice(CAPTURE_LEVELS), default=None,
-              help="default: draft logits as top-8 + logsumexp; full: all draft logits "
-                   f"(default: {DEFAULTS['capture']}).")
+              show_default=DEFAULTS["capture"], help=CAPTURE_HELP.format(k=TRAIN_TOPK))
 @click.option("--probe-positions", type=int, default=None,
-              help="Record every target layer at the first N positions (layer identification; 0 = off; "
-                   f"default: {DEFAULTS['probe_positions']}).")
+              show_default=str(DEFAULTS["probe_positions"]),
+              help="Record every target layer at the first N positions (layer identification; 0 = off).")
 @click.option("--max-new-tokens", type=int, default=None,
-              help="With --prompts: extend each prompt with the target's greedy continuation "
-                   f"(default: {DEFAULTS['max_new_tokens']}).")
+              show_default=str(DEFAULTS["max_new_tokens"]),
+              help="With --prompts: extend each prompt with the target's greedy continuation.")
 @click.option("--batch-size", type=int, default=None,
-              help=f"Sequences per forward (default: {DEFAULTS['batch_size']}).")
-@click.option("--device", default=None, help=f"torch device for both models (default: {DEFAULTS['device']}).")
+              show_default=str(DEFAULTS["batch_size"]), help="Sequences per forward.")
+@click.option("--device", default=None, show_default=DEFAULTS["device"], help="torch device for both models.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing trace at --out.")
 def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps, topk, dtype, target_dtype,
           capture, probe_positions, max_new_tokens, batch_size, device, overwrite):
