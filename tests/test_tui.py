@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,7 +46,10 @@ async def test_seed_bug_opens_on_the_first_divergence(seed_pair, tmp_path, tui):
         grid = app.query_one(PipelineGrid)
         assert grid.selection == app.sel and grid.has_focus
         verdict = tui.static_text(app, "#verdict")
-        assert verdict.startswith("first divergence: target.aux.0 at seq 0 pos 0 — serving slot 0")
+        # the header names the cause; the Explain pane says it in full, once; the fix has its own line
+        assert verdict.strip() == "first divergence: target.aux.0 at seq 0 pos 0 — aux_layer_shift"
+        assert tui.static_text(app, "#fix").startswith("fix: set the draft config's eagle_config")
+        assert app.query_one("#fix").display and not app.query_one("#alert").display
         # the grid row of the first divergence carries the marker, its cell the ▶ lead
         line = "".join(seg.text for seg in grid.render_line(1 + grid.rows.index(next(
             r for r in grid.rows if r.name == "target.aux.0"))))
@@ -55,7 +59,7 @@ async def test_seed_bug_opens_on_the_first_divergence(seed_pair, tmp_path, tui):
     assert app.return_code == 1
 
 
-async def test_n_and_N_walk_the_divergences_in_report_order(seed_pair, tmp_path, tui):
+async def test_n_and_N_move_between_failing_tensors_and_brackets_between_their_rows(seed_pair, tmp_path, tui):
     app = SpecdiffApp(*seed_pair, export_root=tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await tui.wait_for(pilot, tui.ready(app))
@@ -64,17 +68,29 @@ async def test_n_and_N_walk_the_divergences_in_report_order(seed_pair, tmp_path,
         for name, i in report.divergences:
             m = report.comparisons[name].match
             expected.append(Sel(name, int(m.depth[i]), int(m.pair[i]), int(m.pos[i])))
-        assert expected[0] == app.sel and len(expected) == 57
-        for want in expected[1:6]:
+        tensors = list(dict.fromkeys(s.name for s in expected))
+        firsts = [next(s for s in expected if s.name == n) for n in tensors]
+        assert expected[0] == app.sel and len(tensors) > 2
+        for want in firsts[1:]:  # n: the next diverged tensor, on its first failing row
             await pilot.press("n")
             assert app.sel == want
-        for want in reversed(expected[1:5]):
-            await pilot.press("N")
-            assert app.sel == want
-        await pilot.press("N", "N")
-        assert app.sel == expected[-1]  # wraps around
+        await pilot.press("n")
+        assert app.sel == firsts[0]  # wraps around
+        await pilot.press("N")
+        assert app.sel == firsts[-1]
         await pilot.press("f")
-        assert app.sel == expected[0]
+        rows = [s for s in expected if s.name == expected[0].name]
+        assert len(rows) > 3
+        for want in rows[1:4]:  # ]: the next failing row of the same tensor
+            await pilot.press("right_square_bracket")
+            assert app.sel == want
+        await pilot.press("left_square_bracket")
+        assert app.sel == rows[2]
+        await pilot.press("f", "left_square_bracket")
+        assert app.sel == rows[-1]  # wraps around within the tensor
+        await pilot.press("question_mark")
+        help_text = tui.static_text(app.screen, "#help")
+        assert "next / previous diverged tensor" in help_text and "next / previous failing row" in help_text
 
 
 async def test_detail_pane_shows_the_reports_numbers(seed_pair, tmp_path, tui):
@@ -120,20 +136,41 @@ async def test_depth_toggle_filter_and_tolerance_cycle(seed_pair, tmp_path, tui)
         assert app.sel is not None
 
 
-async def test_export_writes_a_readable_store_and_metrics(seed_pair, tmp_path, tui):
-    app = SpecdiffApp(*seed_pair, export_root=tmp_path / "out")
+async def test_export_asks_for_a_folder_and_never_overwrites_an_earlier_export(seed_pair, tmp_path, tui):
+    app = SpecdiffApp(*seed_pair)  # no export_root: the default is under the first trace's folder
+    chosen = tmp_path / "chosen"
     async with app.run_test(size=SIZE) as pilot:
         await tui.wait_for(pilot, tui.ready(app))
         await pilot.press("e")
+        await tui.wait_for(pilot, lambda: app.screen.query("#export-dir"))
+        box = app.screen.query_one("#export-dir")
+        assert box.value == str(tmp_path / "specdiff-exports")  # seed_pair's traces lie in tmp_path
+        box.value = str(chosen)
+        await pilot.press("enter")
         await tui.wait_for(pilot, lambda: app.exported is not None)
-    out = app.exported
-    assert out.name == "specdiff-export-target.aux.0-0-0"
-    a, b = open_trace(str(out / "a.trace")), open_trace(str(out / "b.trace"))
-    assert a.side == "train" and b.side == "serve"
-    assert a.names == b.names == ["target.aux.0"] and a.rows("target.aux.0") == 11  # seq 0: 12 tokens
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["tensor"] == "target.aux.0" and metrics["cell"]["status"] == "diverged"
-    assert diff_traces(str(out / "a.trace"), str(out / "b.trace")).first.name == "target.aux.0"
+        first = app.exported
+        await pilot.press("e")
+        await tui.wait_for(pilot, lambda: app.screen.query("#export-dir"))
+        assert app.screen.query_one("#export-dir").value == str(chosen)  # the folder chosen last
+        await pilot.press("enter")
+        await tui.wait_for(pilot, lambda: app.exported != first)
+        second = app.exported
+        await pilot.press("e")
+        await tui.wait_for(pilot, lambda: app.screen.query("#export-dir"))
+        await pilot.press("escape")  # cancels: nothing written
+        await pilot.pause()
+        assert app.exported == second
+    assert first == chosen / "specdiff-export-target.aux.0-seq0-pos0-depth0"
+    assert second == chosen / "specdiff-export-target.aux.0-seq0-pos0-depth0-2"
+    assert sorted(p.name for p in chosen.iterdir()) == [first.name, second.name]
+    for out in (first, second):
+        a, b = open_trace(str(out / "a.trace")), open_trace(str(out / "b.trace"))
+        assert a.side == "train" and b.side == "serve"
+        assert a.names == b.names == ["target.aux.0"] and a.rows("target.aux.0") == 11  # seq 0: 12 tokens
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert (metrics["tensor"], metrics["seq"], metrics["pos"], metrics["depth"]) == ("target.aux.0", 0, 0, 0)
+        assert metrics["cell"]["status"] == "diverged"
+    assert diff_traces(str(first / "a.trace"), str(first / "b.trace")).first.name == "target.aux.0"
 
 
 async def test_correct_pair_shows_no_divergence(correct_pair, tmp_path, tui):
@@ -202,3 +239,94 @@ def until_ready(tui):
 @pytest.mark.parametrize("scenario", ["seed_bug", "no_divergence"])
 def test_main_screen_snapshot(snap_compare, snapshot_app, until_ready, scenario, size):
     assert snap_compare(snapshot_app(scenario), terminal_size=size, run_before=until_ready)
+
+
+# ---- the shipped example pair (traces/examples/seed): what a newcomer sees first ----------------
+EXAMPLE = Path(__file__).resolve().parents[1] / "traces" / "examples" / "seed"
+needs_example = pytest.mark.skipif(not (EXAMPLE / "serve.trace").exists(), reason="the shipped example pair is absent")
+
+
+def _example_app(tmp_path=None) -> SpecdiffApp:
+    return SpecdiffApp(str(EXAMPLE / "train.trace"), str(EXAMPLE / "serve.trace"), export_root=tmp_path)
+
+
+def _scroll_explain_to_the_table(app, tui) -> None:
+    """Scroll the Explain pane so the layer-match table (the verdict's evidence) starts at its top."""
+    from specdiff.tui import panes
+
+    pane = app.query_one("#explain")
+    lines = tui.plain(panes.explain(app.vm), width=pane.scrollable_content_region.width).splitlines()
+    pane.scroll_to(y=next(i for i, line in enumerate(lines) if line.startswith("rel err: slot vs HF")),
+                   animate=False, immediate=True)
+
+
+@needs_example
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
+async def test_the_fix_is_on_screen_without_scrolling_on_the_shipped_pair(size, tmp_path, tui):
+    app = _example_app(tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await tui.wait_for(pilot, tui.ready(app))
+        fix = app.query_one("#fix")
+        want = f"fix: {app.report.explanations[0].fix}"
+        assert " ".join(tui.static_text(app, "#fix").split()) == want
+        # every line of it is drawn: the widget is tall enough for its wrapped text and lies on screen
+        assert fix.region.height == len(tui.plain(fix.content, width=fix.content_region.width).splitlines())
+        assert 0 <= fix.region.y and fix.region.bottom <= size[1] - 1  # above the footer
+        verdict = tui.static_text(app, "#verdict").strip()
+        assert verdict == "first divergence: target.aux.0 at seq 0 pos 0 — aux_layer_shift"
+        assert app.query_one("#verdict").region.height == 1
+
+
+@needs_example
+async def test_the_layer_match_table_reads_at_120_columns_on_the_shipped_pair(tmp_path, tui):
+    app = _example_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await tui.wait_for(pilot, tui.ready(app))
+        _scroll_explain_to_the_table(app, tui)
+        await pilot.pause()
+        m = app.report.explanations[0].matrix
+        shown = tui.plain(app.query_one("#explain-body").content,
+                          width=app.query_one("#explain").scrollable_content_region.width)
+        table = shown.split("rel err: slot vs HF", 1)[1].split("\n\n", 1)[0]
+        assert "…" not in table
+        # one row per HF layer, one column per serving slot, every number whole
+        for k, col in enumerate(m["cols"]):
+            row = next(line.split() for line in table.splitlines() if line.strip().startswith(col))
+            assert row == [col, *[f"{m['rel'][j][k]:.2g}" for j in range(len(m["rows"]))]]
+        assert "slot 0" in table and "serving slot" not in table.split("\n", 2)[-1]
+
+
+@needs_example
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
+def test_shipped_pair_snapshot_shows_the_fix(snap_compare, until_ready, size):
+    # the header: the verdict by cause name, then the fix, both whole, above the grid
+    assert snap_compare(_example_app(), terminal_size=size, run_before=until_ready)
+
+
+@needs_example
+def test_shipped_pair_snapshot_shows_the_layer_match_table(snap_compare, tui):
+    async def run_before(pilot):
+        await tui.wait_for(pilot, tui.ready(pilot.app))
+        _scroll_explain_to_the_table(pilot.app, tui)
+        await pilot.pause()
+
+    assert snap_compare(_example_app(), terminal_size=(120, 40), run_before=run_before)
+
+
+@needs_example
+async def test_d_says_why_the_deeper_rows_are_empty_on_the_shipped_pair(tmp_path, tui):
+    app = _example_app(tmp_path)
+    said = []
+    app.notify = lambda message, **kw: said.append(message)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await tui.wait_for(pilot, tui.ready(app))
+        await pilot.press("d")
+        assert "depths: all" in tui.static_text(app, "#title")
+        coverage = app.report.traces.y.contract["depth_coverage"]
+        assert said == [f"serving: {coverage}"]
+        # a '-' cell of a depth sub-row says the same in the detail pane
+        await pilot.press("up", "up")  # target.aux.0 -> tokens' depth 2 -> depth 1 sub-row
+        assert app.sel == Sel("tokens", 1, 0, 0)
+        assert coverage in " ".join(tui.static_text(app, "#detail-body").split())
+        await pilot.press("d")
+        assert "depths: 0 only" in tui.static_text(app, "#title") and app.sel.depth == 0

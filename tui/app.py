@@ -44,20 +44,22 @@ HELP = """\
 [b]specdiff view[/b] — training ↔ serving, first divergence first
 
 [b]f[/b]            jump to the first divergence
-[b]n[/b] / [b]N[/b]        next / previous divergence (dataflow, then position order)
+[b]n[/b] / [b]N[/b]        next / previous diverged tensor (dataflow order), on its first failing row
+[b]][/b] / [b][[/b]        next / previous failing row of this tensor (position, sequence, depth order)
 [b]arrows[/b]       move in the pipeline grid (tensors × positions)
 [b]pgup/pgdn[/b]    a page of positions left / right;  [b]home/end[/b] first / last position
 [b]enter[/b]        drill in: focus the detail pane (escape comes back)
-[b]d[/b]            toggle draft depths (depth 0 only ↔ every depth as a sub-row)
+[b]d[/b]            toggle draft depths (depth 0 only ↔ every depth as a sub-row; the title says which)
 [b]t[/b]            cycle tolerance presets (strict ×0.2, default, loose ×5) and re-run the diff
 [b]/[/b]            filter the grid's tensors by name (escape clears)
-[b]e[/b]            export the selected slice: both sides' rows + metrics.json
+[b]e[/b]            export the selected slice (both sides' rows + metrics.json) to a folder you choose;
+             default under the first trace's folder; a new folder per export, named by tensor/seq/pos/depth
 [b]tab[/b]          cycle panes (sequences list selects the sequence)
 [b]?[/b]            this help;  [b]q[/b] quit
 
 Cells: [green]·[/] match  [yellow]~[/] within tolerance  [red]✗[/] diverged  [magenta]?[/] missing on one side
-       [bright_magenta]▒[/] unreadable (damaged chunk);  [blue]-[/] not observable on one side (the detail pane
-       says why, from that trace);  blank: not compared;  [bold red]▶[/] first divergence
+       [bright_magenta]▒[/] unreadable (damaged chunk);  [blue]-[/] not observable on one side;  blank: no row
+       on either side;  [bold red]▶[/] first divergence.  The detail pane says why a cell is empty.
 """
 
 
@@ -127,6 +129,37 @@ class HelpScreen(ModalScreen):
         yield Static(HELP, id="help")
 
 
+class ExportScreen(ModalScreen[str | None]):
+    """Where ``e`` writes: a folder to edit (enter exports into a new subfolder, escape cancels)."""
+
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+    DEFAULT_CSS = """
+    ExportScreen { align: center middle; }
+    #export-box { width: 90%; max-width: 110; height: auto; border: round $primary; padding: 0 1;
+                  background: $surface; }
+    """
+
+    def __init__(self, root: Path, sel: Sel):
+        super().__init__()
+        self.root, self.sel = root, sel
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="export-box"):
+            yield Static(f"export {self.sel.name} seq {self.sel.pair} pos {self.sel.pos} depth {self.sel.depth} "
+                         "into a new subfolder of (enter exports, escape cancels):")
+            yield Input(str(self.root), id="export-dir")
+
+    def on_mount(self) -> None:
+        self.query_one("#export-dir", Input).focus()
+
+    @on(Input.Submitted, "#export-dir")
+    def _submitted(self, msg: Input.Submitted) -> None:
+        self.dismiss(msg.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
 # ---- the app ---------------------------------------------------------------------------------
 class SpecdiffApp(App):
     """Two traces, aligned and compared by the diff engine, shown as a pipeline grid."""
@@ -134,8 +167,12 @@ class SpecdiffApp(App):
     TITLE = "specdiff"
     CSS = """
     #title { height: 1; background: $primary; color: $text; padding: 0 1; text-style: bold; }
-    #verdict { height: auto; max-height: 3; padding: 0 1; }
-    #verdict.short { max-height: 2; }
+    #alert { height: auto; max-height: 2; padding: 0 1; color: $error; text-style: bold; display: none; }
+    #alert.shown { display: block; }
+    #verdict { height: auto; max-height: 2; padding: 0 1; }
+    #fix { height: auto; max-height: 3; padding: 0 1; color: $success; display: none; }
+    #fix.shown { display: block; }
+    #fix.short { max-height: 2; }
     #verdict.diverged { color: $error; text-style: bold; }
     #verdict.clean { color: $success; text-style: bold; }
     #progress { height: 1; padding: 0 1; }
@@ -156,8 +193,10 @@ class SpecdiffApp(App):
 
     BINDINGS = [
         Binding("f", "first", "first"),
-        Binding("n", "step(1)", "next"),
-        Binding("N", "step(-1)", "prev"),
+        Binding("n", "tensor(1)", "next tensor"),
+        Binding("N", "tensor(-1)", "prev tensor"),
+        Binding("right_square_bracket", "row(1)", "next row"),
+        Binding("left_square_bracket", "row(-1)", "prev row", show=False),
         Binding("enter", "drill", "drill in"),
         Binding("d", "depths", "depths"),
         Binding("t", "preset", "tolerance"),
@@ -169,12 +208,14 @@ class SpecdiffApp(App):
     ]
 
     def __init__(self, trace_a: str, trace_b: str, *, preset: str = "default", overrides: dict | None = None,
-                 export_root: str | Path = "."):
+                 export_root: str | Path | None = None):
         super().__init__()
         self.paths = Paths(str(trace_a), str(trace_b))
         self.preset = preset
         self.overrides = overrides
-        self.export_root = Path(export_root)
+        # exports go under the first trace's folder unless the user picks another (``e``)
+        self.export_root = Path(export_root) if export_root is not None else \
+            Path(str(trace_a)).resolve().parent / "specdiff-exports"
         self.traces = None  # Pair of opened traces, once the worker opened them
         self.report: DiffReport | None = None
         self.vm: ViewModel | None = None
@@ -189,7 +230,9 @@ class SpecdiffApp(App):
     # ---- layout -----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Static(self._title(), id="title")
+        yield Static("", id="alert")
         yield Static("opening traces…", id="verdict")
+        yield Static("", id="fix")
         # determinate from the start: an indeterminate bar animates and takes the GIL from the worker
         yield ProgressBar(total=1, id="progress", show_eta=False)
         with Horizontal(id="top"):
@@ -214,10 +257,10 @@ class SpecdiffApp(App):
 
     def _title(self) -> str:
         return (f"specdiff  {basename(self.paths.x)} ↔ {basename(self.paths.y)}   "
-                f"tolerance: {self.preset}")
+                f"tolerance: {self.preset}   depths: {'all' if self.depths else '0 only'}")
 
     def on_resize(self, event) -> None:
-        self.query_one("#verdict", Static).set_class(event.size.height < 30, "short")
+        self.query_one("#fix", Static).set_class(event.size.height < 30, "short")
 
     def on_mount(self) -> None:
         self.query_one(PipelineGrid).focus()
@@ -287,10 +330,15 @@ class SpecdiffApp(App):
         self.query_one("#title", Static).update(self._title())
         self.query_one("#progress", ProgressBar).add_class("done")
         verdict = self.query_one("#verdict", Static)
-        verdict.update(msg.report.verdict())
+        verdict.update(msg.report.verdict(short=True))  # the cause in full is the Explain pane's first line
         bad = msg.report.diverged or msg.report.incomplete
         verdict.set_class(bad, "diverged")
         verdict.set_class(not bad, "clean")
+        alert, fix = panes.alert_line(msg.report), panes.fix_line(msg.report)
+        self.query_one("#alert", Static).update(alert or "")
+        self.query_one("#alert", Static).set_class(bool(alert), "shown")
+        self.query_one("#fix", Static).update(Text.assemble(("fix: ", "bold"), fix) if fix else "")
+        self.query_one("#fix", Static).set_class(bool(fix), "shown")
         self.query_one("#legend", Static).update(legend(unreadable=msg.vm.unreadable))
         self._fill_sequences()
         self.query_one("#explain-body", Static).update(panes.explain(msg.vm))
@@ -382,12 +430,21 @@ class SpecdiffApp(App):
         elif self.vm is not None:
             self.notify("no divergence within tolerance")
 
-    def action_step(self, step: int) -> None:
+    def action_tensor(self, step: int) -> None:
+        """``n`` / ``N``: the next / previous diverged tensor, on its first failing row."""
+        self._go(None if self.vm is None or self.sel is None else self.vm.tensor_step(self.sel, step),
+                 "no divergence within tolerance")
+
+    def action_row(self, step: int) -> None:
+        """``]`` / ``[``: the next / previous failing row of the selected tensor."""
+        self._go(None if self.vm is None or self.sel is None else self.vm.row_step(self.sel, step),
+                 f"{self.sel.name if self.sel else 'this tensor'} has no failing row")
+
+    def _go(self, nxt: Sel | None, none: str) -> None:
         if self.vm is None or self.sel is None:
             return
-        nxt = self.vm.divergence_step(self.sel, step)
         if nxt is None:
-            self.notify("no divergence within tolerance")
+            self.notify(none)
             return
         self.select(nxt)
         self.query_one(PipelineGrid).focus()
@@ -408,6 +465,11 @@ class SpecdiffApp(App):
         self.depths = not self.depths
         sel = self.sel if self.depths else Sel(self.sel.name, 0, self.sel.pair, self.sel.pos)
         self.select(sel)
+        self.query_one("#title", Static).update(self._title())
+        if self.depths:  # most deeper cells are empty on an engine side: say why before anyone asks
+            why = self.vm.depth_note()
+            if why:
+                self.notify(why, title="depths ≥ 1")
 
     def action_preset(self) -> None:
         if self.report is None:
@@ -446,10 +508,17 @@ class SpecdiffApp(App):
             self.query_one(PipelineGrid).show(self.vm, self.vm.rows(depths=self.depths, text=text), self.sel)
 
     def action_export(self) -> None:
+        """``e``: ask where (the last folder used, at first under the first trace's folder), then export."""
         if self.vm is None or self.sel is None:
+            return
+        self.push_screen(ExportScreen(self.export_root, self.sel), self._export_to)
+
+    def _export_to(self, root: str | None) -> None:
+        if not root or self.vm is None or self.sel is None:
             return
         from specdiff.tui.export import export_slice
 
+        self.export_root = Path(root).expanduser()
         try:
             self.exported = export_slice(self.vm, self.sel, root=self.export_root)
         except (SpecdiffError, OSError) as exc:

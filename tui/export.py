@@ -1,6 +1,6 @@
 """Export the selected slice: both sides' rows of one tensor for one sequence, plus its metrics.
 
-Writes ``<dir>/specdiff-export-<tensor>-<seq>-<pos>/`` holding ``a.trace`` and ``b.trace`` (small
+Writes a new ``<dir>/specdiff-export-<tensor>-seq<S>-pos<P>-depth<D>/`` holding ``a.trace`` and ``b.trace`` (small
 specdiff traces, one per side, readable with ``open_trace`` and diffable with ``specdiff diff``)
 and ``metrics.json`` (the cell's and the tensor's numbers from the report).
 """
@@ -31,15 +31,35 @@ def _clean(v):
     return v
 
 
+def _new_folder(root: Path, name: str) -> Path:
+    """Create and return ``root/name``, or ``root/name-2``, ``-3``, ... when taken (mkdir without
+    exist_ok claims the name atomically, so two exports never share a folder)."""
+    for k in range(1, 10_000):
+        out = root / (name if k == 1 else f"{name}-{k}")
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:
+            continue
+    raise OSError(f"{root}: 9999 exports named {name} already; choose another folder")
+
+
 def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".") -> Path:
-    """Write the export folder for ``sel`` under ``root``; returns its path."""
+    """Write a new export folder for ``sel`` under ``root`` (created if missing); returns its path.
+
+    The folder is ``specdiff-export-<tensor>-seq<S>-pos<P>-depth<D>``, with ``-2``, ``-3``, ... added
+    when that name exists: an export never replaces an earlier one.
+
+    Raises:
+        OSError: ``root`` cannot be created or written.
+    """
     r = vm.report
     pair = vm.pairs[sel.pair]
-    out = Path(root) / f"specdiff-export-{sel.name}-{sel.pair}-{sel.pos}"
-    out.mkdir(parents=True, exist_ok=True)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    out = _new_folder(Path(root), f"specdiff-export-{sel.name}-seq{sel.pair}-pos{sel.pos}-depth{sel.depth}")
     for trace, sid, fname in ((r.traces.x, pair.seq.x, "a.trace"), (r.traces.y, pair.seq.y, "b.trace")):
         contract = {k: v for k, v in trace.contract.items() if k != "side"}
-        with TraceWriter(str(out / fname), side=trace.side, contract=contract, overwrite=True) as w:
+        with TraceWriter(str(out / fname), side=trace.side, contract=contract) as w:
             seq = trace.sequence(sid)
             new = w.add_sequence(seq.tokens[: pair.length], prompt_len=min(seq.prompt_len, pair.length),
                                  rid=seq.rid)

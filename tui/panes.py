@@ -171,29 +171,73 @@ def detail(vm: ViewModel, sel: Sel) -> Detail:
                   Group(title, _topk_lines(vm, vm.report.labels, ix, iy, decode=decodable)))
 
 
+def fix_line(report) -> str | None:
+    """The one fix the header shows: the first explanation's, else the crash's pre-flight finding's,
+    else the first contract error's; None when no fix is known."""
+    for e in report.explanations:
+        if e.fix:
+            return e.fix
+    if report.crash is not None and report.findings and report.findings[0].get("fix"):
+        return report.findings[0]["fix"]
+    return next((m.fix for m in report.contract if m.severity == "error" and m.fix), None)
+
+
+def alert_line(report) -> str | None:
+    """What invalidates or limits the comparison, one line for the header: damage, contract errors, a
+    crash the headline does not already say; None when nothing does."""
+    parts = []
+    if report.damage:
+        parts.append(f"damaged traces: {report._damage_summary()}")
+    errors = [m for m in report.contract if m.severity == "error"]
+    if errors:
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        parts.append(f"contract error: {errors[0].message}{more}")
+    if report.crash is not None and report.first is not None:
+        parts.append(f"{report.crash['label']} crashed (see Explain)")
+    return "; ".join(parts) or None
+
+
 def explain(vm: ViewModel) -> Group:
-    """Explanations (message, evidence, fix, similarity matrix), contract mismatches, acceptance."""
+    """The Explain pane, most important first: what invalidates the comparison (damage, contract errors),
+    the explanation (message, fix, evidence, the slot-vs-layer table), the other contract differences,
+    pre-flight findings, acceptance, grafts. Each thing once."""
     r = vm.report
     parts: list = []
     if r.damage:
         parts.append(Text("Damage", style="bold underline magenta"))
         parts += [Text(d.message(), style="magenta") for d in r.damage]
         parts.append(Text(""))
+    errors = [m for m in r.contract if m.severity == "error"]
+    if errors:
+        parts.append(Text("Contract errors (the sides cannot agree while these differ)", style="bold underline red"))
+        parts += _contract(errors)
+        parts.append(Text(""))
     parts.append(Text("Explanation", style="bold underline"))
-    if r.first is None:
+    if r.first is None and r.crash is None:
         parts.append(Text("no divergence: nothing to explain", style="green"))
+    elif r.first is None:
+        parts.append(Text(r.verdict(), style="red"))
     elif not r.explanations:
         parts.append(Text("no known cause: no known mistake's transform closes the gap; inspect the tensors "
                           "in the grid", style="yellow"))
         parts += _narrowing(r.narrowing)
+    header_fix = fix_line(r)
     for e in r.explanations:
         parts.append(Text.assemble((f"{e.cause}: ", "bold red"), e.message))
-        for line in e.evidence:
-            parts.append(Text(f"  • {line}", style="dim"))
-        if e.fix:
-            parts.append(Text.assemble(("  fix: ", "bold green"), e.fix))
-        if e.matrix:
+        if e.fix:  # the header's fix line shows the first: said once
+            parts.append(Text.assemble(("  fix: ", "bold green"), "in the header" if e.fix == header_fix else e.fix))
+        if e.matrix:  # the table holds the evidence lines' numbers (each row's best match, in green)
             parts.append(_matrix(e.matrix))
+        else:
+            parts += [Text(f"  • {line}", style="dim") for line in e.evidence]
+    others = [m for m in r.contract if m.severity != "error"]
+    parts.append(Text(""))
+    parts.append(Text("Contract", style="bold underline"))
+    if others:
+        parts += _contract(others)
+    else:
+        parts.append(Text("the contract facts both sides recorded agree" if not errors else "no other difference",
+                          style="green"))
     if r.findings:
         parts.append(Text(""))
         parts.append(Text("Pre-flight findings (specdiff check)", style="bold underline"))
@@ -201,21 +245,23 @@ def explain(vm: ViewModel) -> Group:
             colour = "red" if f["severity"] == "error" else "yellow"
             parts.append(Text.assemble((f"[{f['severity']}] {f['kind']}: ", f"bold {colour}"), f["message"]))
     parts.append(Text(""))
-    parts.append(Text("Contract", style="bold underline"))
-    if r.contract:
-        for m in r.contract:
-            colour = {"error": "red", "warn": "yellow"}.get(m.severity, "")
-            parts.append(Text.assemble((f"[{m.severity}] ", f"bold {colour}".strip()), m.message))
-    else:
-        parts.append(Text("the contract facts both sides recorded agree", style="green"))
-    parts.append(Text(""))
-    parts.append(Text("Acceptance", style="bold underline"))
+    parts.append(Text("Acceptance (over the aligned positions)", style="bold underline"))
     parts.append(_acceptance(vm))
     if r.grafts is not None:
         parts.append(Text(""))
         parts.append(Text("Graft", style="bold underline"))
         parts.append(_grafts(r.grafts))
     return Group(*parts)
+
+
+def _contract(mismatches: list) -> list[Text]:
+    out = []
+    for m in mismatches:
+        colour = {"error": "red", "warn": "yellow"}.get(m.severity, "")
+        out.append(Text.assemble((f"[{m.severity}] ", f"bold {colour}".strip()), m.message))
+        if m.fix:
+            out.append(Text.assemble(("  fix: ", "bold green"), m.fix))
+    return out
 
 
 def _narrowing(n) -> list:
@@ -255,16 +301,38 @@ def _grafts(grafts: list) -> Table | Text:
 
 
 def _matrix(m: dict) -> Table:
-    t = Table(title=m.get("title", "rel err: slot vs HF hidden_states"), title_justify="left", box=None, padding=(0, 1),
-              header_style="bold")
+    """The evidence table (``Explanation.matrix``: rel err of each row's tensor against each column's),
+    laid out to read in a half-width pane: the longer side runs down, so 3 slots x 9 HF layers is 9
+    rows of 3 numbers; the words every label shares go to the title ("serving slot 0" -> "slot 0")."""
+    rows, cols, rel = list(m["rows"]), list(m["cols"]), np.asarray(m["rel"], dtype=float)
+    title = m.get("title", "rel err: slot vs HF hidden_states")
+    common = _common_words(rows)
+    if common:
+        rows = [r[len(common):].strip() for r in rows]
+        title += f" ({common.strip()})"
+    best = rel.argmin(axis=1) if rel.size else np.zeros(0, int)  # the best column of each row (a slot's layer)
+    transpose = len(cols) > len(rows)
+    t = Table(title=title, title_justify="left", box=None, padding=(0, 1), header_style="bold")
     t.add_column("")
-    for c in m["cols"]:
+    for c in (rows if transpose else cols):
         t.add_column(str(c), justify="right")
-    for name, vals in zip(m["rows"], m["rel"]):
-        best = int(np.argmin(vals)) if len(vals) else -1
-        t.add_row(name, *[Text(f"{v:.2g}", style="bold green" if k == best else "dim")
-                          for k, v in enumerate(vals)])
+    for i, label in enumerate(cols if transpose else rows):
+        vals = rel[:, i] if transpose else rel[i]
+        hit = [best[k] == i for k in range(len(rows))] if transpose else [best[i] == k for k in range(len(cols))]
+        t.add_row(str(label), *[Text(f"{v:.2g}", style="bold green" if h else "dim") for v, h in zip(vals, hit)])
     return t
+
+
+def _common_words(labels: list[str]) -> str:
+    """The leading words every label shares, but the one before the label's own ("serving " of
+    "serving slot 0", "serving slot 1": the labels stay "slot 0", "slot 1")."""
+    if len(labels) < 2:
+        return ""
+    words = [str(x).split(" ") for x in labels]
+    n = 0
+    while all(len(w) > n + 2 and w[n] == words[0][n] for w in words):
+        n += 1
+    return " ".join(words[0][:n]) + " " if n else ""
 
 
 def _acceptance(vm: ViewModel) -> Table | Text:

@@ -193,6 +193,15 @@ class ViewModel:
                            + f") holds no {name} rows: its recorder does not record this stage")
         return "; ".join(reasons) or None
 
+    def depth_note(self) -> str | None:
+        """Why the depth >= 1 sub-rows are mostly ``-``: each side's recorded ``depth_coverage`` (SGLang
+        drafts deeper only from the last accepted position of a decode step), or None when neither says."""
+        r = self.report
+        notes = [f"{label}: {t.contract['depth_coverage']}" for label, t in ((r.labels.x, r.traces.x),
+                                                                           (r.labels.y, r.traces.y))
+                 if t.contract.get("depth_coverage")]
+        return "; ".join(notes) or None
+
     def first_computed(self, side: int, seq_id: int) -> int:
         """First position a serving request computed itself: > 0 when SGLang's radix cache served
         its prompt's prefix (the recorder writes prefill rows from the prefix length on; the
@@ -280,6 +289,38 @@ class ViewModel:
         except ValueError:
             i = -1 if step > 0 else 0
         return self.divergences[(i + step) % len(self.divergences)]
+
+    def tensor_step(self, current: Sel, step: int) -> Sel | None:
+        """The first failing row of the next (step=1) / previous (step=-1) diverged tensor in dataflow
+        order, wrapping around (``n`` / ``N``); None when nothing diverged."""
+        names = list(dict.fromkeys(s.name for s in self.divergences))
+        if not names:
+            return None
+        if current.name in names:
+            i = names.index(current.name) + step
+        else:  # not on a diverged tensor: the next one below (or above) it in the grid's order
+            order = {n: k for k, n in enumerate(self.names)}
+            here = order.get(current.name, -1)
+            later = [k for k, n in enumerate(names) if order.get(n, -1) > here]
+            i = (later[0] if later else len(names)) if step > 0 else (later[0] - 1 if later else len(names) - 1)
+        name = names[i % len(names)]
+        return next(s for s in self.divergences if s.name == name)
+
+    def row_step(self, current: Sel, step: int) -> Sel | None:
+        """The next (step=1) / previous (step=-1) failing row of the current tensor (position, then
+        sequence, then depth order, as the report lists them), wrapping around (``]`` / ``[``); None
+        when the tensor has no failing row."""
+        rows = [s for s in self.divergences if s.name == current.name]
+        if not rows:
+            return None
+        if current in rows:
+            return rows[(rows.index(current) + step) % len(rows)]
+        key = (current.pos, current.pair, current.depth)
+        after = [s for s in rows if (s.pos, s.pair, s.depth) > key]
+        if step > 0:
+            return after[0] if after else rows[0]
+        before = [s for s in rows if (s.pos, s.pair, s.depth) < key]
+        return before[-1] if before else rows[-1]
 
     # ---- text -------------------------------------------------------------------------------
     def decode(self, ids) -> str | None:

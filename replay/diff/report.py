@@ -170,8 +170,9 @@ class DiffReport:
             return []
         return bearing_on(self.contract, spec_for(self.first.name).stage)
 
-    def verdict(self) -> str:
-        """The one-line verdict the header and the text report lead with."""
+    def verdict(self, *, short: bool = False) -> str:
+        """The one-line verdict the text report leads with. ``short``: an explained divergence's cause
+        by its name only (``aux_layer_shift``), for the app's header, whose Explain pane says it in full."""
         if self.first is None and self.crash is not None:
             return crash_verdict(self.crash)
         if self.first is None:
@@ -185,7 +186,8 @@ class DiffReport:
                      if m is not None and m["use"] >= CLOSE_TO_LIMIT else "")
             return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
                     f"{len(self.alignment.seq_pairs)} sequences{named}{close}{self._damage_note()}")
-        why = f" — {self.explanations[0].message}" if self.explanations else ""
+        e0 = self.explanations[0] if self.explanations else None
+        why = "" if e0 is None else f" — {e0.cause}" if short else f" — {e0.message}"
         if self.first.kind == "structure":
             m = self.first.structure
             return (f"first divergence: {self.first.name} (structure: {m.kind.replace('_', ' ')})"
@@ -481,7 +483,8 @@ def _contract_rows(mismatches: list[ContractMismatch], bearing: list[ContractMis
     out = []
     for m in mismatches:
         mark = f" (bears on {first})" if first and m in bearing else ""
-        out.append(f"  [{m.severity}] {m.message}{mark}")
+        said = m.message if m.message.startswith(m.field) else f"{m.field}: {m.message}"
+        out.append(f"  [{m.severity}] {said}{mark}")
         if m.fix:
             out.append(f"    fix: {m.fix}")
     return out
