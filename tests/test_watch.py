@@ -41,7 +41,8 @@ def test_a_request_counts_as_finished_once_its_tokens_stop_growing_or_the_trace_
 
     now = [0.0]
     path = str(tmp_path / "serve.trace")
-    w = TraceWriter(path, side="serve", contract={"sampled_requests": {"r1": "fraction"}})
+    w = TraceWriter(path, side="serve", contract={"sampled_requests": {"r1": "fraction", "r0": "marked"},
+                                                  "dropped_requests": ["r0"]})
     w.add_sequence([1, 2, 3], prompt_len=3, rid="r0")  # prompt only: not finished however long it waits
     w.add_sequence([1, 2, 3, 4], prompt_len=3, rid="r1")
     follow = FinishedRequests(path, settle_s=2.0, clock=lambda: now[0])
@@ -53,12 +54,36 @@ def test_a_request_counts_as_finished_once_its_tokens_stop_growing_or_the_trace_
     assert follow.poll()[1] == []  # r1 changed at t=1: 1.5 s unchanged < settle
     now[0] = 3.5
     done = follow.poll()[1]
-    assert [(r.key, r.seq_id, r.tokens.tolist(), r.reason) for r in done] == [("r1", 1, [1, 2, 3, 4, 5], "fraction")]
+    assert [(r.key, r.seq_id, r.tokens.tolist(), r.reason, r.dropped) for r in done] == [
+        ("r1", 1, [1, 2, 3, 4, 5], "fraction", False)]
     now[0] = 10.0
     assert follow.poll()[1] == [] and follow.pending() == 1  # said once; r0 has no generated token
     w.close()
     trace, done = follow.poll()
-    assert trace.closed and [r.key for r in done] == ["r0"] and follow.pending() == 0
+    assert trace.closed and [(r.key, r.dropped) for r in done] == [("r0", True)] and follow.pending() == 0
+
+
+def test_requests_with_nothing_to_replay_are_reported_and_kept_as_done_without_loading_models(tmp_path):
+    from specdiff.replay.watch.watcher import Watcher
+
+    path = str(tmp_path / "serve.trace")
+    with TraceWriter(path, side="serve", contract={"dropped_requests": ["gone"]}) as w:
+        w.add_sequence([5], prompt_len=1, rid="short")
+        w.add_sequence([1, 2, 3, 4], prompt_len=2, rid="gone")
+
+    def load_side(contract):
+        raise AssertionError("no request needs the models")
+
+    events = []
+    watcher = Watcher(path, tmp_path / "watch", load_side=load_side, on_event=events.append, settle_s=0)
+    assert watcher.run(once=True) == 0
+    skipped = {e.data["key"]: e.data["why"] for e in events if e.kind == "skipped"}
+    assert skipped == {"short": "fewer than 2 tokens: no draft row",
+                       "gone": "dropped by the recorder (its writer fell behind): rows missing"}
+    assert [e.kind for e in events] == ["start", "skipped", "skipped", "end"]
+    again = []
+    Watcher(path, tmp_path / "watch", load_side=load_side, on_event=again.append).run(once=True)
+    assert [e.kind for e in again] == ["start", "end"] and again[0].data["resumed"] == 2
 
 
 def test_rolling_acceptance_pools_the_last_requests_by_their_samples():

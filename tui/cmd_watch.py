@@ -38,6 +38,8 @@ def _text(event) -> tuple[str, bool] | None:
         status = f"DIVERGED at {d['first']}" if d["diverged"] else "ok"
         return (f"request {d['key']} ({d['tokens']} tokens): {status}; rolling acceptance over "
                 f"{r['serve']['requests']} requests: serve {_rates(r['serve'])}, train {_rates(r['train'])}", False)
+    if event.kind == "skipped":
+        return f"request {d['key']}: not replayed: {d['why']}", False
     if event.kind == "alert":
         where = f" pos {d['pos']}" + (f" depth {d['depth']}" if d.get("depth") else "") if d.get("pos") is not None else ""
         why = f" — {d['message']}" if d.get("message") else ""

@@ -10,9 +10,12 @@ pause between two decode steps of a running request (a request the scheduler ret
 and resumes later than that is replayed at the length it had; its later tokens are then not
 watched).
 
-A trace that lists why each request was recorded (contract ``sampled_requests``, the sampling of
-``tracer.engines.requests.RequestSampler``) gives each request its reason; a trace holds only the
-requests it recorded either way, so every sequence in it is watched.
+A trace that lists why each request was recorded (contract ``sampled_requests``, rid -> reason,
+``tracer.engines.requests.sampling_facts``) gives each request its reason; a trace holds only the
+requests it recorded either way, so every sequence in it is watched. A request listed in
+``dropped_requests`` lost its later rows when the recorder's writer fell behind
+(tracer/async_writer.py): it is reported as dropped, not replayed (its missing rows would read as
+a difference of the sides).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class ServedRequest:
         tokens: int64 [n] prompt + generated tokens as served.
         prompt_len: tokens that came from the prompt.
         reason: why it was recorded (``sampled_requests``), None when the trace does not say.
+        dropped: the trace lists it in ``dropped_requests`` (rows missing).
     """
 
     key: str
@@ -46,6 +50,7 @@ class ServedRequest:
     tokens: np.ndarray
     prompt_len: int
     reason: str | None = None
+    dropped: bool = False
 
 
 def sampled_reasons(contract: dict) -> dict[str, str]:
@@ -92,6 +97,7 @@ class FinishedRequests:
             raise TraceError(f"{self.path}: a {trace.side} trace; --serve takes the trace a traced server writes")
         now = self.clock()
         reasons = sampled_reasons(trace.contract)
+        dropped = {str(r) for r in trace.contract.get("dropped_requests") or []}
         done = []
         for s in sorted(trace.sequences, key=lambda s: s.id):
             sid, n = int(s.id), len(s.tokens)
@@ -106,7 +112,7 @@ class FinishedRequests:
                 rid = None if s.rid is None else str(s.rid)
                 done.append(ServedRequest(rid if rid is not None else f"seq{sid}", rid, sid,
                                           np.asarray(s.tokens, np.int64), int(s.prompt_len),
-                                          reasons.get(rid) if rid is not None else None))
+                                          reasons.get(rid) if rid is not None else None, rid in dropped))
         return trace, done
 
     def pending(self) -> int:

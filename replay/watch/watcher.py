@@ -33,7 +33,8 @@ from specdiff.tracer.store import open_trace
 
 @dataclass
 class WatchEvent:
-    """One thing the watch reports: ``kind`` is ``start``, ``request``, ``alert`` or ``end``;
+    """One thing the watch reports: ``kind`` is ``start``, ``request``, ``skipped`` (a request not
+    replayed, ``why``), ``alert`` or ``end``;
     ``data`` is JSON-safe (``data["event"] == kind``)."""
 
     kind: str
@@ -112,8 +113,12 @@ class Watcher:
         for req in finished:
             if self.state.done(req.key):
                 self._skipped_resumed.add(req.key)
-            elif len(req.tokens) < 2:  # no draft row: nothing to replay
-                self.state.mark(req.key, {"seq": req.seq_id, "skipped": "fewer than 2 tokens"})
+            elif len(req.tokens) < 2 or req.dropped:
+                why = ("dropped by the recorder (its writer fell behind): rows missing" if req.dropped
+                       else "fewer than 2 tokens: no draft row")
+                self.state.mark(req.key, {"seq": req.seq_id, "rid": req.rid, "skipped": why})
+                self.on_event(WatchEvent("skipped", {"event": "skipped", "key": req.key, "seq": req.seq_id,
+                                                     "why": why}))
             else:
                 todo.append(req)
         if todo:
