@@ -51,9 +51,12 @@ def test_rows_appended_in_any_batch_sizes_read_back_bit_for_bit_through_zarr(tmp
     assert trace.keys("draft.fc_out")["pos"].tolist() == list(range(len(want)))
     assert trace.keys("draft.fc_out")["seq"].tolist() == [i for i, n in enumerate(SIZES) for _ in range(n)]
     # zarr alone (no specdiff code) decodes the chunks specdiff encoded, checking each crc32c
+    # (bf16 as zarr's ``bfloat16`` data type: ml_dtypes' numpy bfloat16, tracer/store/arrays.py)
     arr = zarr.open_array(str(tmp_path / "t" / "tensors" / "draft.fc_out" / "data"), mode="r")
-    assert np.array_equal(arr[:], want.view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy()
-                          .view(STORAGE_DTYPES["bfloat16" if dtype == torch.bfloat16 else str(dtype)[6:]]))
+    name = "bfloat16" if dtype == torch.bfloat16 else str(dtype)[6:]
+    assert arr.dtype.name == name
+    assert np.array_equal(arr[:].view(STORAGE_DTYPES[name]),
+                          want.view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy().view(STORAGE_DTYPES[name]))
 
 
 def test_a_float_chunk_file_is_its_rows_raw_then_their_crc32c(tmp_path):
@@ -193,6 +196,7 @@ def test_raw_chunks_read_from_their_files_match_zarr_for_any_row_range(tmp_path)
     assert reader.direct  # the path under test
     for a, b in [(0, n), (0, CHUNK_ROWS), (5, 37), (CHUNK_ROWS, 3 * CHUNK_ROWS), (17, 18), (n - 3, n), (3, 12)]:
         buf = np.empty((b - a, ROW), np.uint16)
-        assert np.array_equal(trace.read_storage("draft.fc_out", a, b), arr[a:b])
-        assert trace.read_storage("draft.fc_out", a, b, out=buf) is buf and np.array_equal(buf, arr[a:b])
+        want = arr[a:b].view(np.uint16)  # zarr's bfloat16 values as the uint16 bits specdiff holds
+        assert np.array_equal(trace.read_storage("draft.fc_out", a, b), want)
+        assert trace.read_storage("draft.fc_out", a, b, out=buf) is buf and np.array_equal(buf, want)
     assert trace.damage == []

@@ -16,11 +16,13 @@ columns (and blosc rows) and is journalled (tracer.store.journal). ``open_trace`
 from zarr and the uncommitted tail, chunk by chunk, from spill files or moved chunks.
 
 Modules: ``layout`` (format constants, codecs, ``Sequence``), ``writer`` (``TraceWriter``),
+``base`` (``TraceReader``: the read API ``Trace`` and ``ranks.RankedTrace`` share),
 ``reader`` (``open_trace`` -> ``Trace``), ``recover`` (rows of an unclosed trace from the journal
 and its spill files; damage found while reading).
 """
 
 from specdiff.tracer.store.arrays import STORAGE_DTYPES
+from specdiff.tracer.store.base import TensorInfo, TraceReader
 from specdiff.tracer.store.layout import (
     ARRAY_CONFIG,
     CHUNK_BYTES,
@@ -31,8 +33,8 @@ from specdiff.tracer.store.layout import (
     Sequence,
     local_path,
 )
-from specdiff.tracer.store.reader import TensorInfo, Trace, damaged_fill, open_trace
+from specdiff.tracer.store.reader import Trace, damaged_fill, open_trace
 from specdiff.tracer.store.writer import TraceWriter
 
 __all__ = ["STORAGE_DTYPES", "CHUNK_BYTES", "FORMAT_VERSION", "KEY_COLUMNS", "SEQUENCE_ARRAYS", "SIDES", "Sequence",
-           "TensorInfo", "Trace", "TraceWriter", "damaged_fill", "local_path", "open_trace", "ARRAY_CONFIG"]
+           "TensorInfo", "Trace", "TraceReader", "TraceWriter", "damaged_fill", "local_path", "open_trace", "ARRAY_CONFIG"]

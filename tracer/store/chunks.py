@@ -24,6 +24,7 @@ import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.core.buffer.cpu import NDBuffer
 
+from specdiff.tracer.store.arrays import as_storage
 from specdiff.tracer.store.damage import RECOPY, Damage, chunk_consequence, chunk_problem
 
 
@@ -229,6 +230,11 @@ class ArrayReader:
         return i in self.damage or -1 in self.damage
 
     # ---- reading --------------------------------------------------------------------------
+    def _buffer(self, out: np.ndarray) -> NDBuffer:
+        """``out`` (storage dtype) as a buffer zarr reads this array's values into: a view in the
+        array's declared dtype (bf16 arrays declare ``bfloat16``, held as uint16 bits here)."""
+        return NDBuffer.from_numpy_array(out.view(self.array.dtype) if out.dtype != self.array.dtype else out)
+
     def _filled(self, n: int) -> np.ndarray:
         return np.full((n, *self.shape), self.fill, self.dtype)
 
@@ -252,9 +258,9 @@ class ArrayReader:
                 if self.direct:
                     return self._read_direct(start, stop, out)
                 if out is not None:
-                    self.array.get_basic_selection(slice(start, stop), out=NDBuffer.from_numpy_array(out))
+                    self.array.get_basic_selection(slice(start, stop), out=self._buffer(out))
                     return out
-                return self.array[start:stop]
+                return as_storage(self.array[start:stop], self.dtype)
             except MemoryError:
                 raise
             except Exception:  # a damaged chunk: find it below, keep the rest
@@ -265,7 +271,7 @@ class ArrayReader:
                 continue
             a, b = max(start, i * self.chunk_rows), min(hi, (i + 1) * self.chunk_rows)
             try:
-                out[a - start:b - start] = self.array[a:b]
+                out[a - start:b - start] = as_storage(self.array[a:b], self.dtype)
             except MemoryError:
                 raise
             except Exception as exc:
@@ -291,7 +297,7 @@ class ArrayReader:
         edges = [(start, min(first * rows, stop)), (max(end * rows, start), stop)] if first < end else [(start, stop)]
         for a, b in edges:
             if a < b:
-                self.array.get_basic_selection(slice(a, b), out=NDBuffer.from_numpy_array(out[a - start:b - start]))
+                self.array.get_basic_selection(slice(a, b), out=self._buffer(out[a - start:b - start]))
         flat = out.reshape(n, -1).view(np.uint8)
         with contextlib.ExitStack() as stack:
             files = [stack.enter_context(open(os.path.join(self.direct, self._chunk_key(i)), "rb", buffering=0))
@@ -319,7 +325,7 @@ class ArrayReader:
         chunk = rows // self.chunk_rows
         if inside.all() and -1 not in self.damage and not any(i >= 0 and (chunk == i).any() for i in list(self.damage)):
             try:
-                return self.array.get_orthogonal_selection((rows,) + rest)
+                return as_storage(self.array.get_orthogonal_selection((rows,) + rest), self.dtype)
             except MemoryError:
                 raise
             except Exception:
@@ -330,7 +336,7 @@ class ArrayReader:
                 continue
             sel = inside & (chunk == i)
             try:
-                out[sel] = self.array.get_orthogonal_selection((rows[sel],) + rest)
+                out[sel] = as_storage(self.array.get_orthogonal_selection((rows[sel],) + rest), self.dtype)
             except MemoryError:
                 raise
             except Exception as exc:

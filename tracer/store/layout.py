@@ -71,6 +71,19 @@ class Sequence:
     rid: str | None
 
 
+def consolidate(store) -> None:
+    """Write the group's consolidated metadata (every array's ``zarr.json`` in the root one), so
+    zarr and xarray open a closed trace with one read, list no directory (object stores), and never
+    meet the journal or spill files that listing finds. zarr 3.1 warns that consolidated metadata
+    is not yet in the v3 spec (zarr/api/asynchronous.py consolidate_metadata): it is zarr-python's
+    own format, which xarray reads first, so the warning is silenced here."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+        zarr.consolidate_metadata(store)
+
+
 def local_path(path: str) -> str:
     """``file://`` URLs as plain paths: zarr's LocalStore creates parent directories where
     fsspec's local filesystem, by default, does not (so a ``file://`` trace could not be written)."""

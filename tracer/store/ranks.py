@@ -22,8 +22,7 @@ import numpy as np
 
 from specdiff.tracer.contract import UNKNOWN
 from specdiff.tracer.errors import TraceError
-from specdiff.tracer.schema import ordered, spec_for
-from specdiff.tracer.store.arrays import from_storage
+from specdiff.tracer.store.base import TraceReader
 from specdiff.tracer.store.chunks import join
 from specdiff.tracer.store.damage import Damage
 
@@ -78,9 +77,9 @@ def _merged_contract(path: str, labels: list[str], contracts: list[dict]) -> dic
     return {k: v for k, v in merged.items() if v is not None}
 
 
-class RankedTrace:
+class RankedTrace(TraceReader):
     """The rank stores of one server (``rank_stores``) read as one trace; same reading interface
-    as ``tracer.store.Trace``.
+    as ``tracer.store.Trace`` (their shared base: ``tracer.store.base.TraceReader``).
 
     Attributes:
         ranks: ``[(label, Trace)]`` by rank (``label`` is ``dp<r>``).
@@ -146,18 +145,8 @@ class RankedTrace:
             return values
         return np.where(values >= 0, values + self._seq_base[r], values).astype(values.dtype)  # -1: damaged
 
-    @property
-    def names(self) -> list[str]:
-        return ordered(self._layout)
-
-    def info(self, name: str):
-        """``TensorInfo`` of ``name`` over every rank. Raises KeyError if absent."""
-        from specdiff.tracer.store import TensorInfo
-
-        dtype, shape = self._layout[name]
-        return TensorInfo(name, dtype, shape, self.rows(name), spec_for(name).dims)
-
     def rows(self, name: str) -> int:
+        """Rows of ``name`` over every rank."""
         return int(self._offsets(name)[-1])
 
     def chunks(self, name: str, *, per_range: int = 4) -> list[tuple[int, int]]:
@@ -169,22 +158,11 @@ class RankedTrace:
                 out += [(int(a + off[r]), int(b + off[r])) for a, b in t.chunks(name, per_range=per_range)]
         return out or [(0, 0)]
 
-    def _empty(self, name: str, column: str) -> np.ndarray:
-        from specdiff.tracer.store import KEY_COLUMNS, STORAGE_DTYPES
-
-        if column == "data":
-            dtype, shape = self._layout[name]
-            return np.empty((0, *shape), STORAGE_DTYPES[dtype])
-        return np.empty(0, dict(KEY_COLUMNS)[column])
-
-    def _gather(self, name: str, column: str, start: int, stop: int) -> np.ndarray:
+    def _read(self, name: str, column: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        # ``out`` unused: rows are gathered from the ranks' stores into a new array
         parts = []
         for r, t, a, b in self._spans(name, start, stop):
-            if column == "data":
-                part = t._read(name, "data", a, b)  # storage dtype, chunk-bulk like Trace.read
-            else:
-                part = self._shift(r, column, t.keys(name, a, b, columns=(column,))[column])
-            parts.append(part)
+            parts.append(self._shift(r, column, t._read(name, column, a, b)))
         if not parts:
             return self._empty(name, column)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -202,37 +180,6 @@ class RankedTrace:
                 out = np.empty((len(rows), *part.shape[1:]), part.dtype)
             out[sel] = part
         return self._empty(name, column) if out is None else out
-
-    def take_float(self, name: str, rows: np.ndarray) -> np.ndarray:
-        return from_storage(self.take(name, rows), self._layout[name][0], as_float32=True)
-
-    def keys(self, name: str, start: int = 0, stop: int | None = None, *,
-             columns=("seq", "pos", "depth", "iter")) -> dict[str, np.ndarray]:
-        stop = self.rows(name) if stop is None else stop
-        return {c: self._gather(name, c, start, stop) for c in columns}
-
-    def read(self, name: str, start: int = 0, stop: int | None = None, *, as_float32: bool = False) -> np.ndarray:
-        stop = self.rows(name) if stop is None else stop
-        return from_storage(self._gather(name, "data", start, stop), self._layout[name][0], as_float32=as_float32)
-
-    def read_storage(self, name: str, start: int = 0, stop: int | None = None, *,
-                     out: np.ndarray | None = None) -> np.ndarray:
-        """Rows [start, stop) in storage dtype, like ``Trace.read_storage`` (the diff's block reads;
-        ``out`` is not used: rows are gathered from the ranks into a new array)."""
-        stop = self.rows(name) if stop is None else stop
-        return self._gather(name, "data", start, stop)
-
-    def read_torch(self, name: str, start: int = 0, stop: int | None = None):
-        from specdiff.tracer.store.arrays import to_torch
-
-        stop = self.rows(name) if stop is None else stop
-        return to_torch(self._gather(name, "data", start, stop), self._layout[name][0])
-
-    def sequence(self, seq_id: int):
-        for s in self.sequences:
-            if s.id == seq_id:
-                return s
-        raise KeyError(seq_id)
 
     # ---- damage ------------------------------------------------------------------------------
     @property

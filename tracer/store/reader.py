@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import zarr
 
 from specdiff.tracer.errors import TraceError
-from specdiff.tracer.schema import ordered, spec_for
-from specdiff.tracer.store.arrays import STORAGE_DTYPES, from_storage, to_torch
+from specdiff.tracer.schema import ordered
+from specdiff.tracer.store.arrays import STORAGE_DTYPES
+from specdiff.tracer.store.base import TraceReader
 from specdiff.tracer.store.chunks import ArrayReader, metadata_problem, read_bytes
 from specdiff.tracer.store.chunks import join as _join
 from specdiff.tracer.store.damage import Damage
@@ -22,25 +22,13 @@ from specdiff.tracer.store.layout import (
     FORMAT_VERSION,
     KEY_COLUMNS,
     SEQUENCE_ARRAYS,
-    Sequence,
     local_path,
     open_store,
 )
 from specdiff.tracer.store.recover import Contents, from_journal, from_zarr, zarr_tensors
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """Shape facts of one tensor in a trace: ``rows`` x ``shape`` of ``dtype`` (storage name)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    rows: int
-    dims: tuple[str, ...]
-
-
-class Trace:
+class Trace(TraceReader):
     """A trace opened for reading (see ``open_trace``).
 
     Attributes:
@@ -120,18 +108,8 @@ class Trace:
                 self._sequence_readers.append(reader)
         return self.damage
 
-    # ---- tensor access ----------------------------------------------------------------------
-    @property
-    def names(self) -> list[str]:
-        """Tensor names in dataflow order (schema.ordered)."""
-        return ordered(self._layout)
-
-    def info(self, name: str) -> TensorInfo:
-        """Shape facts of ``name``. Raises KeyError if absent."""
-        dtype, shape = self._layout[name]
-        return TensorInfo(name, dtype, shape, self.rows(name), spec_for(name).dims)
-
     def rows(self, name: str) -> int:
+        """Rows of ``name`` written so far (committed plus the journalled tail); 0 if absent."""
         tail = self._tail.get(name)
         return self._committed.get(name, 0) + (tail[0].shape[0] if tail else 0)
 
@@ -183,46 +161,8 @@ class Trace:
             if out is None:
                 out = np.empty((len(rows), *part.shape[1:]), part.dtype)
             out[~head] = part
-        if out is None:
-            dtype, shape = self._layout[name]
-            out = np.empty((0, *shape), STORAGE_DTYPES[dtype])
-        return out
+        return self._empty(name, column) if out is None else out
 
-    def take_float(self, name: str, rows: np.ndarray) -> np.ndarray:
-        """``take`` with bf16 upcast exactly and every float as float32 (for comparisons)."""
-        return from_storage(self.take(name, rows), self._layout[name][0], as_float32=True)
-
-    def keys(self, name: str, start: int = 0, stop: int | None = None, *,
-             columns=("seq", "pos", "depth", "iter")) -> dict[str, np.ndarray]:
-        """Row keys of ``name``: ``{"seq","pos","depth","iter"}`` (or ``columns``) -> int arrays [rows]."""
-        stop = self.rows(name) if stop is None else stop
-        return {k: self._read(name, k, start, stop) for k in columns}
-
-    def read(self, name: str, start: int = 0, stop: int | None = None, *, as_float32: bool = False) -> np.ndarray:
-        """Rows [start, stop) of ``name`` as numpy: [n, *shape]. bf16 comes back as exact float32."""
-        stop = self.rows(name) if stop is None else stop
-        return from_storage(self._read(name, "data", start, stop), self._layout[name][0], as_float32=as_float32)
-
-    def read_storage(self, name: str, start: int = 0, stop: int | None = None, *,
-                     out: np.ndarray | None = None) -> np.ndarray:
-        """Rows [start, stop) of ``name`` in storage dtype (bf16 as raw uint16 bits; no upcast copy).
-
-        ``out``: a buffer of the rows' shape and storage dtype that committed, undamaged rows are
-        read into (and returned); otherwise, or when it does not fit, a new array comes back.
-        """
-        stop = self.rows(name) if stop is None else stop
-        return self._read(name, "data", start, stop, out)
-
-    def read_torch(self, name: str, start: int = 0, stop: int | None = None):
-        """Rows [start, stop) as a torch tensor in the recorded dtype (bf16 restored bit for bit)."""
-        stop = self.rows(name) if stop is None else stop
-        return to_torch(self._read(name, "data", start, stop), self._layout[name][0])
-
-    def sequence(self, seq_id: int) -> Sequence:
-        for s in self.sequences:
-            if s.id == seq_id:
-                return s
-        raise KeyError(seq_id)
 
 
 def damaged_fill(dtype_name: str):

@@ -1,10 +1,16 @@
-"""Copy a trace written before chunk checksums into one with them (and with ``sequences/id``).
+"""Copy a trace written by an older specdiff into one in today's layout: ``specdiff upgrade OLD NEW``.
 
-Traces without the crc32c codec still read (a damaged chunk is found when it fails to decode), but
-bytes changed in place can decode to wrong values unnoticed; upgrading adds the checksum so such a
-change reads as damage. The source is verified first (every chunk read) and never modified::
+What older traces lack, and what the copy adds (values unchanged, bit for bit):
+- crc32c on every chunk: traces without it still read (a damaged chunk is found when it fails to
+  decode), but bytes changed in place can decode to wrong values unnoticed;
+- ``sequences/id``;
+- bf16 tensors declared as zarr's ``bfloat16`` data type instead of their ``uint16`` bits
+  (tracer/store/arrays.py), so zarr and xarray read real bfloat16 values;
+- consolidated metadata (tracer/store/layout.py ``consolidate``): one read opens the trace, no
+  listing (object stores), no warning from zarr about the journal.
 
-    python -m specdiff.tracer.store.upgrade OLD.trace NEW.trace
+The source is verified first (every chunk read) and never modified. Also
+``python -m specdiff.tracer.store.upgrade OLD.trace NEW.trace``.
 """
 
 from __future__ import annotations
@@ -18,34 +24,50 @@ from zarr.codecs import Crc32cCodec
 
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import ARRAY_CONFIG, KEY_COLUMNS, SEQUENCE_ARRAYS, open_trace
+from specdiff.tracer.store.arrays import BF16
+from specdiff.tracer.store.layout import consolidate
 
 
-def _rewrite(src, dst, key: str) -> None:
+def _rewrite(src, dst, key: str) -> bool:
     """Rewrite array ``key`` of group ``dst`` from the same array of group ``src`` with crc32c
-    appended to its compressors (same chunks, dtype, dims, attributes and values), one chunk at a
-    time; already checksummed arrays are left alone."""
+    appended to its compressors and bf16 bits declared ``bfloat16`` (same chunks, dims, attributes
+    and bits), one chunk at a time. Returns False (nothing written) for an array that has both."""
     arr = src[key]
-    if any(isinstance(c, Crc32cCodec) for c in arr.compressors):
-        return
+    checksummed = any(isinstance(c, Crc32cCodec) for c in arr.compressors)
+    bits = arr.attrs.get("specdiff_dtype") == "bfloat16" and arr.dtype == np.uint16
+    if checksummed and not bits:
+        return False
     parent, name = key.rsplit("/", 1)
     new = dst[parent].create_array(
-        name, shape=arr.shape, chunks=arr.chunks, dtype=arr.dtype, fill_value=arr.fill_value,
-        compressors=[*arr.compressors, Crc32cCodec()], dimension_names=arr.metadata.dimension_names,
-        attributes=dict(arr.attrs), config=ARRAY_CONFIG, overwrite=True)
+        name, shape=arr.shape, chunks=arr.chunks, dtype=BF16 if bits else arr.dtype,
+        fill_value=0 if bits else arr.fill_value,
+        compressors=[*arr.compressors] if checksummed else [*arr.compressors, Crc32cCodec()],
+        dimension_names=arr.metadata.dimension_names, attributes=dict(arr.attrs), config=ARRAY_CONFIG,
+        overwrite=True)
     step = arr.chunks[0]
     for a in range(0, arr.shape[0], step):
-        new[a:a + step] = arr[a:a + step]
+        new[a:a + step] = arr[a:a + step].view(BF16) if bits else arr[a:a + step]
+    return True
 
 
 def upgrade(src: str, dst: str) -> int:
-    """Copy trace ``src`` to ``dst`` with crc32c on every chunk and a ``sequences/id`` array.
+    """Copy trace ``src`` to ``dst`` in today's layout (module docstring: crc32c on every chunk,
+    ``sequences/id``, bf16 as ``bfloat16``, consolidated metadata). A ranked trace (``dp<r>``
+    stores) is not upgraded: upgrade each rank store.
 
-    Returns the number of arrays rewritten.
+    Returns the number of arrays rewritten (0: ``src`` had today's arrays; ``dst`` is a copy with
+    consolidated metadata).
 
     Raises:
-        TraceError: ``src`` is damaged (the damage lines), or ``dst`` exists.
+        TraceError: ``src`` is damaged (the first damage line), unclosed, per-rank, or ``dst`` exists.
     """
     trace = open_trace(src)
+    if hasattr(trace, "ranks"):
+        raise TraceError(f"{src}: holds per-rank traces ({', '.join(lb for lb, _ in trace.ranks)}); "
+                         "upgrade each one on its own")
+    if not trace.closed:
+        raise TraceError(f"{src}: the writer never closed this trace; open it as it is (specdiff reads "
+                         "unclosed traces) rather than upgrading a copy of a trace still being written")
     damage = trace.verify()
     if damage:
         raise TraceError(f"{src}: damaged, not upgraded: {damage[0].message()}")
@@ -64,11 +86,11 @@ def upgrade(src: str, dst: str) -> int:
                                             dimension_names=("seq",), compressors=[Crc32cCodec()],
                                             config=ARRAY_CONFIG)
         keys += [f"sequences/{k}" for k, _ in SEQUENCE_ARRAYS if k != "id"]
-    for key in keys:
-        _rewrite(source, group, key)
+    rewritten = sum(_rewrite(source, group, key) for key in keys)
+    consolidate(group.store)
     if open_trace(dst).verify():
         raise TraceError(f"{dst}: the upgraded copy does not verify; keep {src}")
-    return len(keys)
+    return rewritten
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     except TraceError as exc:
         print(f"specdiff: error: {exc}", file=sys.stderr)
         return 2
-    print(f"{args[1]}: {n} arrays rewritten with crc32c checksums")
+    print(f"{args[1]}: {n} arrays rewritten (crc32c checksums, bfloat16 data type), metadata consolidated")
     return 0
 
 

@@ -15,7 +15,7 @@ from specdiff.tracer.contract import validate_contract
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.schema import spec_for
 from specdiff.tracer.store import layout
-from specdiff.tracer.store.arrays import STORAGE_DTYPES, to_storage
+from specdiff.tracer.store.arrays import STORAGE_DTYPES, ZARR_DTYPES, as_stored, to_storage
 from specdiff.tracer.store.chunks import chunk_key, stored_raw
 from specdiff.tracer.store.chunks import join as _join
 from specdiff.tracer.store.commit import grow_and_write
@@ -41,6 +41,7 @@ from specdiff.tracer.store.layout import (
     SEQUENCE_ARRAYS,
     SIDES,
     Sequence,
+    consolidate,
     local_path,
 )
 
@@ -281,7 +282,7 @@ class TraceWriter:
         arrays = self._arrays[name]
         writes = [(arrays[k].async_array, start, v.copy()) for k, v in keys.items()]
         if data is not None:
-            writes.append((arrays["data"].async_array, start, data.copy()))
+            writes.append((arrays["data"].async_array, start, as_stored(data.copy(), self._layout[name][0])))
         elif upto % chunk_rows:  # raw, at close: the last chunk's rows are only in its spill file
             edge = upto // chunk_rows * chunk_rows
             gen, spill = self._spills[name]
@@ -290,7 +291,7 @@ class TraceWriter:
             if gen != edge // chunk_rows or len(tail) != upto - edge:
                 raise TraceError(f"{spill.url}: holds {len(tail)} rows of chunk {gen} of {name}, "
                                  f"expected {upto - edge}; the trace's directory was changed while it was written")
-            writes.append((arrays["data"].async_array, edge, tail))
+            writes.append((arrays["data"].async_array, edge, as_stored(tail, dtype_name)))
         # One trip to zarr's event loop for the grows and the writes: under load each trip costs
         # more than encoding a small key chunk.
         work = grow_and_write([a.async_array for a in arrays.values()], rows=upto, writes=writes)
@@ -335,9 +336,8 @@ class TraceWriter:
         spec = spec_for(name)
         dtype_name, shape = self._layout[name]
         chunk_rows = self._chunk_rows(name)
-        dtype = STORAGE_DTYPES[dtype_name]
         arrays = {"data": grp.create_array(
-            "data", shape=(0, *shape), chunks=(chunk_rows, *shape), dtype=dtype,
+            "data", shape=(0, *shape), chunks=(chunk_rows, *shape), dtype=ZARR_DTYPES[dtype_name],
             compressors=layout.data_codecs(dtype_name), dimension_names=("row", *spec.dims),
             attributes={"specdiff_dtype": dtype_name, "specdiff_tensor": name}, config=ARRAY_CONFIG)}
         for k, kd in KEY_COLUMNS:
@@ -376,6 +376,7 @@ class TraceWriter:
                                  compressors=layout.compressors(values.dtype), config=ARRAY_CONFIG)
         self._group.attrs.update({"contract": self._contract, "closed": True, "records": self.records,
                                   "sequence_rids": [s.rid for s in seqs]})
+        consolidate(self._group.store)
         self._journal.write({"t": "close", "records": self.records})
         self._journal.close()
         for _, spill in self._spills.values():  # every row is committed: a last partial chunk's file
