@@ -55,6 +55,27 @@ def test_crash_requests_keep_the_ids_read_and_say_unknown_otherwise():
     assert c["engine_where"] is None  # raised by torch alone: no engine frame to name
 
 
+def test_replay_takes_a_crashing_prompt_from_the_crash_record_when_no_sequence_was_written(tmp_path):
+    """The vLLM recorder (and any engine that died before its writer ran) leaves the ids only in the
+    crash record: the replay reads them there; ids it never read are said, not guessed."""
+    from specdiff.replay.record.errors import RecordTrainError
+    from specdiff.replay.record.sequences import sequences_from_trace
+
+    def serve(name, prompts):
+        tw = TraceWriter(str(tmp_path / name), side="serve", contract={"engine": "vllm"})
+        tw.set_contract(crash=crash_record(_fc_crash(), forward="draft extend (prefill)", rids=["a", "b"],
+                                           prompts=prompts))
+        tw.close()
+        return str(tmp_path / name)
+
+    seqs, contract = sequences_from_trace(serve("s1.trace", {"a": [5, 6, 7]}))
+    assert [(s.rid, list(s.tokens), s.prompt_len) for s in seqs] == [("a", [5, 6, 7], 3)]
+    assert contract["crash_replay"].startswith("serving crashed on request a (3 prompt tokens, from the crash "
+                                               "record), request b (its token ids are unknown: not replayed)")
+    with pytest.raises(RecordTrainError, match="no token sequences to replay"):
+        sequences_from_trace(serve("s2.trace", {}))
+
+
 # ---- the diff's decision on small traces ----------------------------------------------------------
 PROMPT = [11, 12, 13, 14, 15, 16, 17]
 
