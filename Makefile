@@ -10,7 +10,7 @@ STAMP := $(VENV)/.specdiff-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.specdiff-installed
 
-.PHONY: install demo test test-families lint bench vllm-venv
+.PHONY: install demo test test-fast test-families lint bench vllm-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,6 +33,12 @@ vllm-venv: $(VLLM_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/specdiff demo $(ARGS)
+
+# what to run first: lint and every test that starts no server and is not marked slow (no
+# .venv-vllm needed); `make test` runs everything, as CI does
+test-fast: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -m "not server and not slow" $(ARGS)
 
 test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m ruff check .
