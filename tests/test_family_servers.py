@@ -31,10 +31,9 @@ one server is alive at any time, 10 starts in all. On those runs:
   ``specdiff diff train.trace serve.trace`` exits 0 with no divergence; the report's margin is
   below every limit and any explained difference is an MoE routing near-tie on an MoE target, or
   the draft attention carrying such a row to the later rows of its sequence
-  (replay/diff/context.py). Two gaps are pinned precisely rather than hidden: a random draft's
-  top-k *set* swaps at its k-th rank on bf16 near ties while its distribution agrees
-  (``_topk_boundary_near_ties``), and GPT-OSS's ``target.aux.1`` differs from transformers in
-  runs of positions (``GPT_OSS_AUX``, strict xfail).
+  (replay/diff/context.py), or a random draft's top-k *set* swapping at its k-th rank on bf16
+  near ties (replay/diff/topk_ties.py). One gap is pinned precisely rather than hidden: GPT-OSS's
+  ``target.aux.1`` differs from transformers in runs of positions (``GPT_OSS_AUX``, strict xfail).
 
 Random drafts are rarely right (accept length near 1): this checks each family's kernels, capture
 and replay, not draft quality. Run with ``pytest -m server tests/test_family_servers.py``.
@@ -348,42 +347,6 @@ GPT_OSS_AUX = pytest.mark.xfail(strict=True, reason="GPT-OSS target.aux.1 differ
 PAIR_FAMILIES = [pytest.param(f, marks=GPT_OSS_AUX) if f == "gpt_oss" else f for f in FAMILIES]
 
 
-def _topk_boundary_near_ties(report: dict, train: Path, serve: Path) -> str | None:
-    """Why the only divergence is the draft's top-k *set* swapping at its k-th rank on bf16 near
-    ties, or None when it is not that: ``draft.logits_topk.ids`` is the first divergence, nothing
-    before it diverged, and on every failing row it counts, each id one side holds and the other
-    does not has a logit within a bf16 near tie (``replay.diff.tolerance.is_near_tie``) of the
-    other side's k-th logit. A random draft's logits are nearly flat, so its k-th and (k+1)-th
-    logits tie (measured on Qwen3, Qwen3-MoE, DeepSeek-V3: 10-22 / 144 rows, every swap at rank 8
-    of 8, logits equal or 1 bf16 step apart). The diff compares the id *sets* without a near-tie
-    rule at that boundary (issue 20, not yet handled); a wrong lm_head or hidden state moves ids
-    by more than a tie and fails this."""
-    from specdiff.replay.diff.report import diff_traces
-    from specdiff.replay.diff.tolerance import is_near_tie
-
-    first = report["first_divergence"]
-    if first is None or first["tensor"] != "draft.logits_topk.ids":
-        return None
-    if any(t["diverged"] for n, t in report["tensors"].items()
-           if n not in ("draft.logits_topk.ids", "draft.topk", "draft.topk_target")):
-        return None
-    r = diff_traces(str(train), str(serve), narrow=False)
-    ids, vals = r.comparisons["draft.logits_topk.ids"], r.comparisons["draft.logits_topk.values"]
-    m = ids.match
-    own = (ids.status == 2) & (ids.counted if ids.counted is not None else True)
-    (tx, ty), (rx, ry) = (r.traces.x, r.traces.y), (m.rows.x[own], m.rows.y[own])
-    ix, iy = tx.take(ids.name, rx), ty.take(ids.name, ry)
-    vx, vy = tx.take_float(vals.name, rx), ty.take_float(vals.name, ry)
-    for a, b, va, vb in ((ix, iy, vx, vy), (iy, ix, vy, vx)):
-        for row in range(len(a)):
-            only = [j for j, t in enumerate(a[row]) if t not in set(b[row].tolist())]
-            kth = float(vb[row][-1])
-            if not all(is_near_tie(max(kth, float(va[row][j])), min(kth, float(va[row][j])), dtype="bfloat16")
-                       for j in only):
-                return None
-    return f"{int(own.sum())} rows swap ids at the top-k boundary on bf16 near ties"
-
-
 #: the draft stages before its attention output: the re-ranked-node KV bug cannot reach them
 _BEFORE_DRAFT_OUTPUT = ("draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.positions", "draft.attn_in")
 
@@ -402,19 +365,16 @@ def _sglang_tree_rerank_bug(report: dict, mode: str) -> bool:
 @pytest.mark.parametrize("mode", SPEC_MODES)
 @pytest.mark.parametrize("family", PAIR_FAMILIES)
 def test_correct_pair_has_no_divergence(family_servers, family, mode):
-    """The same draft on both sides, the family-correct ids: ``diff`` finds no divergence (or only
-    the random draft's top-k boundary near ties, ``_topk_boundary_near_ties``), no tensor up to the
-    draft's logits diverged, every aux slot and the draft's stages were compared on rows of every
-    served prompt, and the closest call (``margin``) is under its limit. What the report explains
-    instead of failing is a named MoE routing near-tie, and only on an MoE target, or the draft
-    attention carrying such a row to later rows (replay/diff/context.py)."""
+    """The same draft on both sides, the family-correct ids: ``diff`` finds no divergence, no
+    tensor up to the draft's logits diverged, every aux slot and the draft's stages were compared
+    on rows of every served prompt, and the closest call (``margin``) is under its limit. What the
+    report explains instead of failing is a named MoE routing near-tie, and only on an MoE target,
+    the draft attention carrying such a row to later rows (replay/diff/context.py), or the random
+    draft's top-k boundary near ties (replay/diff/topk_ties.py)."""
     diff, report, train = _correct_pair(family_servers, family, mode)
     where = f"{family} {mode}: {report.get('verdict')}"
-    boundary = _topk_boundary_near_ties(report, train, family_servers(family, mode).trace)
     rerank = _sglang_tree_rerank_bug(report, mode)
-    if boundary is not None:
-        print(f"{family} {mode}: only top-k boundary near ties at draft.logits_topk.ids: {boundary}")
-    elif rerank:
+    if rerank:
         print(f"{family} {mode}: SGLang 0.5.23's re-ranked tree node KV bug named: {report['verdict']}")
     else:
         assert diff.returncode == 0, f"{where}\n{json.dumps(report.get('first_divergence'), indent=1)[:3000]}"
@@ -424,9 +384,7 @@ def test_correct_pair_has_no_divergence(family_servers, family, mode):
     assert len(report["sequences"]) == len(PROMPTS), report["sequences"]
     tensors = report["tensors"]
     slots = len(CASES[family].hf)
-    # with top-k boundary near ties the draft's own selection from those logits (draft.topk, and its
-    # mapped ids draft.topk_target: the tree's top-2 picks) may swap the same tied ids
-    selection = ("draft.logits_topk.ids", "draft.topk", "draft.topk_target") if boundary is not None else ()
+    selection = ()
     if rerank:  # the bug's rows and what they feed: the draft's output at depth >= 2 and after it
         selection += tuple(n for n in tensors if n.startswith("draft.") and n not in _BEFORE_DRAFT_OUTPUT)
     for name in [f"target.aux.{j}" for j in range(slots)] + ["draft.fc_out", "draft.hidden_out", "draft.topk_target"]:
@@ -444,6 +402,9 @@ def test_correct_pair_has_no_divergence(family_servers, family, mode):
             assert family in MOE_FAMILIES, (where, e["tensor"])
             assert e["tensor"].startswith("target.aux.") and e["tensor"] != "target.aux.0", (where, e["tensor"])
             assert 0 < e["fraction"] <= e["bound"], (where, e)
+        elif e["cause"] == "topk_boundary_near_tie":  # ids the draft chose from its logits, at rank k only
+            assert e["tensor"] in ("draft.logits_topk.ids", "draft.topk"), (where, e)
+            assert len({r["rank"] for r in e["rows"]}) == 1 and e["rows"], (where, e)
         else:  # a later row that read an earlier differing cached row: after the attention, with its source
             assert e["cause"] == "draft_attention_context", (where, e["cause"])
             assert e["tensor"] not in ("draft.fc_out", "draft.attn_in") and e["sources"], (where, e)

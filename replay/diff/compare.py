@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from specdiff.replay.diff import blocks, context, groups, inherited, metrics, routing
+from specdiff.replay.diff import blocks, context, groups, inherited, metrics, routing, topk_ties
 from specdiff.replay.diff.align import Alignment, Pair, RowMatch, match_rows, pack_keys
 from specdiff.replay.diff.contract_check import side_labels
 from specdiff.replay.diff.early import FirstDivergenceWatch, divergence_key
@@ -481,6 +481,10 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
             # an earlier cached row differed: the draft attention carries it to later rows (context.py)
             judge = functools.partial(_judge_context, first, counted)
             watch_frac = 1.0
+        if name in topk_ties.JUDGED:
+            # ids chosen from the draft's logits may swap at rank k on a near tie (topk_ties.py)
+            judge = functools.partial(_judge_ties, traces, counted)
+            watch_frac = 1.0
         out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, match=m, watch=watch,
                                    on_rows=rows_done if on_rows is not None else None, runner=runner,
                                    on_partial=None if on_partial is None
@@ -536,6 +540,17 @@ def _judge_routing(previous, family, counted, comp, candidates):
     got = routing.routing_flips(comp, previous, family, candidates, counted)
     if isinstance(got, str):
         comp.stats["routing_not_named"] = got
+        return None
+    return got
+
+
+def _judge_ties(traces, counted, comp, candidates):
+    """``topk_ties.boundary_ties`` as a ``compare_tensor`` judge, in the draft's looser compute
+    dtype; why the rows were not named, when not, goes to the tensor's ``stats["ties_not_named"]``."""
+    dtype = looser_dtype(_compute_dtype(traces.x, comp.name), _compute_dtype(traces.y, comp.name))
+    got = topk_ties.boundary_ties(traces, comp, candidates, counted, dtype=dtype)
+    if isinstance(got, str):
+        comp.stats["ties_not_named"] = got
         return None
     return got
 

@@ -1,0 +1,98 @@
+"""Top-k boundary near-ties (replay/diff/topk_ties.py, issue 20) on real pairs of zarr stores.
+
+A random draft's logits are nearly flat, so its k-th and (k+1)-th logits tie in bf16 and each
+engine keeps another id at rank k. Those rows are named a legitimate difference; a swap whose
+logits are further apart than a tie — at any rank — stays a divergence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdiff.replay.diff.report import diff_traces, render_text
+from specdiff.tracer.store import TraceWriter
+
+N_SEQ, T, V, K, TOPK = 4, 40, 64, 8, 2
+
+
+def _write(root, *, swap_rows=(), swap_gap: float = 0.0, swap_rank: int = K, topk_swaps=()) -> tuple[str, str]:
+    """Training and serving traces of the draft's top-k (K logits, TOPK speculative ids, the mapped
+    ids). ``swap_rows``: (seq, pos) where serving holds the (K+1)-th id instead of the id at
+    ``swap_rank`` (its logit ``swap_gap`` below serving's K-th logit); ``topk_swaps``: the same
+    for ``draft.topk`` at rank TOPK (its ids tie)."""
+    rng = np.random.default_rng(0)
+    paths = (str(root / "train.trace"), str(root / "serve.trace"))
+    base = {"hidden_size": 8, "dtype": "bfloat16"}
+    ws = [TraceWriter(p, side=s, contract=base, overwrite=True) for p, s in zip(paths, ("train", "serve"))]
+    swaps, tswaps = set(swap_rows), set(topk_swaps)
+    d2t = np.arange(V, dtype=np.int64) * 3  # target id = 4 i
+    for s in range(N_SEQ):
+        toks = rng.integers(0, 1000, T + 2)
+        logits = np.sort(rng.standard_normal((T, V)).astype(np.float32) * 4, axis=1)[:, ::-1]
+        order = np.stack([rng.permutation(V) for _ in range(T)])
+        for side, w in enumerate(ws):
+            sid = w.add_sequence(toks, prompt_len=10, rid=f"{w.side}-{s}")
+            ids, vals = order[:, :K].copy(), logits[:, :K].copy()
+            tk = order[:, :TOPK].copy()
+            for t in range(T):
+                if side and (s, t) in swaps:
+                    keep = np.delete(np.arange(K), swap_rank - 1)
+                    ids[t] = np.r_[order[t, keep], order[t, K]]
+                    vals[t] = np.r_[logits[t, keep], logits[t, K - 1] - swap_gap]
+                if (s, t) in tswaps:  # ranks TOPK and TOPK + 1 tie on both sides; serving keeps the latter
+                    vals[t, TOPK] = vals[t, TOPK - 1]
+                    if side:
+                        tk[t, TOPK - 1] = order[t, TOPK]
+                        ids[t, [TOPK - 1, TOPK]] = order[t, [TOPK, TOPK - 1]]
+            p = np.arange(T, dtype=np.int64)
+            kw = dict(seq=sid, pos=p, depth=np.zeros(T, np.int64), iter=np.full(T, -1, np.int64))
+            w.append("tokens", toks[1:T + 1].astype(np.int64), **kw)
+            w.append("draft.logits_topk.values", vals, **kw)
+            w.append("draft.logits_topk.ids", ids.astype(np.int64), **kw)
+            w.append("draft.topk", tk.astype(np.int64), **kw)
+            w.append("draft.topk_target", (tk + d2t[tk]).astype(np.int64), **kw)
+    for w in ws:
+        w.close()
+    return paths
+
+
+def _rows(n: int) -> list[tuple[int, int]]:
+    return [(s, t) for s in range(N_SEQ) for t in range(3, T, 4)][:n]
+
+
+def test_swaps_at_rank_k_on_a_bf16_tie_are_named_not_a_divergence(tmp_path):
+    a, b = _write(tmp_path, swap_rows=_rows(12), swap_gap=0.0)
+    r = diff_traces(a, b, narrow=False)
+    comp = r.comparisons["draft.logits_topk.ids"]
+    assert comp.stats["fail_rows"] == 12 and not comp.diverged
+    assert r.first is None
+    named = [e for e in r.legitimate if e.cause == "topk_boundary_near_tie"]
+    assert [e.tensor for e in named] == ["draft.logits_topk.ids"] and len(named[0].rows) == 12
+    assert {row["rank"] for row in named[0].rows} == {K}
+    assert "top-k boundary near-ties: 12 draft.logits_topk.ids row(s)" in render_text(r)
+
+
+def test_swaps_further_apart_than_a_tie_stay_a_divergence(tmp_path):
+    a, b = _write(tmp_path, swap_rows=_rows(12), swap_gap=1.5)
+    r = diff_traces(a, b, narrow=False)
+    comp = r.comparisons["draft.logits_topk.ids"]
+    assert comp.diverged and r.first.name == "draft.logits_topk.ids"
+    assert "more than a bfloat16 near tie" in comp.stats["ties_not_named"]
+
+
+def test_a_swap_above_the_last_rank_is_no_tie_at_the_boundary(tmp_path):
+    # the id swapped out sat at rank 3: its logit is far above the other side's k-th
+    a, b = _write(tmp_path, swap_rows=_rows(12), swap_gap=0.0, swap_rank=3)
+    r = diff_traces(a, b, narrow=False)
+    assert r.comparisons["draft.logits_topk.ids"].diverged
+    assert "ties_not_named" in r.comparisons["draft.logits_topk.ids"].stats
+
+
+def test_speculative_topk_ties_are_named_and_the_mapped_ids_inherit_them(tmp_path):
+    a, b = _write(tmp_path, topk_swaps=_rows(10))
+    r = diff_traces(a, b, narrow=False)
+    assert r.first is None, render_text(r)
+    named = {e.tensor: e for e in r.legitimate if e.cause == "topk_boundary_near_tie"}
+    assert len(named["draft.topk"].rows) == 10 and {row["rank"] for row in named["draft.topk"].rows} == {TOPK}
+    # the mapped ids differ on the same rows, carried over from draft.topk, not named twice
+    assert r.comparisons["draft.topk_target"].stats["inherited_from"] == {"draft.topk": 10}
