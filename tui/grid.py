@@ -24,6 +24,17 @@ SHORT = {0: "match", 1: "within tol", 2: "diverged", 3: "missing", 4: "unreadabl
 CELL_W = 2
 
 
+def fit(label: str, width: int) -> str:
+    """``label`` in at most ``width`` cells, its last dotted part kept whole (``draft.logits_topk.values``
+    -> ``draft.logits…values``) so names that differ only at the end stay apart."""
+    if len(label) <= width:
+        return label
+    head, dot, tail = label.rpartition(".")
+    if not dot or len(tail) + 2 > width:
+        return label[: width - 1] + "…"
+    return head[: width - len(tail) - 1] + "…" + tail
+
+
 class PipelineGrid(ScrollView, can_focus=True):
     """Cells coloured and marked by comparison status; the first divergence carries ``▶``."""
 
@@ -174,7 +185,7 @@ class PipelineGrid(ScrollView, can_focus=True):
         comp = vm.report.comparisons.get(row.name)
         marker = "▶ " if first is not None else "  "
         label = (marker + row.label)
-        label = label[: LABEL_W - 1] if len(label) >= LABEL_W else label
+        label = fit(label, LABEL_W - 1)
         lstyle = Style(bold=True, color="red") if (comp is not None and comp.diverged and row.depth == 0) \
             else Style(dim=row.depth > 0)
         segs = [Segment(f"{label:<{LABEL_W}}", lstyle)]
