@@ -790,6 +790,23 @@ def config_value(raw: dict, key: str):
     return v
 
 
+def set_config_value(raw: dict, key: str, value) -> None:
+    """Write ``value`` at one of ``ID_KEYS`` in a draft config.json dict (nested dicts made as
+    needed); ``value`` None removes the key."""
+    *parents, last = key.removeprefix("top-level ").split(".")
+    d = raw
+    for p in parents:
+        if not isinstance(d.get(p), dict):
+            if value is None:
+                return
+            d[p] = {}
+        d = d[p]
+    if value is None:
+        d.pop(last, None)
+    else:
+        d[last] = value
+
+
 @dataclass(frozen=True)
 class ConfigIds:
     """The aux ids one engine (and model runner) takes from a draft config.json, and from where.

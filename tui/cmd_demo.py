@@ -36,9 +36,13 @@ def _scenarios_epilog(width: int = 78) -> str:
 @click.option("--models", type=click.Path(path_type=Path), default=None,
               help="The tiny target/draft pair (built there on first use if missing) [default: traces/models "
                    "for llama, traces/families/FAMILY otherwise].")
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True,
+              help="The serving engine. vllm: vLLM 0.32.0 on the CPU from the vLLM venv (make vllm-venv), the llama "
+                   "pair only; each scenario in vLLM's key and numbering (top-level eagle_aux_hidden_state_layer_ids, "
+                   "id k = HF k); off-by-one is an SGLang-format draft, which crashes vLLM at the first request.")
 @click.option("--prompts", type=click.IntRange(1, 64), default=8, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(8, 512), default=96, show_default=True)
-def demo(scenario, no_tui, workdir, family, models, prompts, max_new_tokens):
+def demo(scenario, no_tui, workdir, family, models, engine, prompts, max_new_tokens):
     """Watch specdiff find a training-vs-serving mismatch in a real SGLang server (CPU, ~2 minutes).
 
     "--family deepseek_v3 --scenario seed" replays the motivating bug on its own architecture
@@ -52,5 +56,6 @@ def demo(scenario, no_tui, workdir, family, models, prompts, max_new_tokens):
     """
     tui = not no_tui and sys.stdout.isatty()
     sub = scenario if family == "llama" else f"{family}-{scenario}"
+    sub = sub if engine == "sglang" else f"{engine}-{sub}"
     sys.exit(run_demo(scenario=scenario, workdir=workdir / sub, models=models, prompts=prompts,
-                      max_new_tokens=max_new_tokens, tui=tui, family=family))
+                      max_new_tokens=max_new_tokens, tui=tui, family=family, engine=engine))

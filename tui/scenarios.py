@@ -17,6 +17,7 @@ demo draft computes; that reordered checkpoint is both what was trained and what
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import dataclass
@@ -25,8 +26,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdiff.eagle3.aux_layers import native_aux_ids
+from specdiff.eagle3.aux_layers import KEY_NESTED, native_aux_ids, set_config_value
 from specdiff.eagle3.vocab_map import hot_token_ids
+from specdiff.tracer.engines import engine_spec
 
 #: the demo's target families -> HF architecture of each tiny target (``config.json`` ``architectures[0]``);
 #: ``specdiff.demo_models.families`` builds them, the demo (``--family``) checks a built target against it
@@ -49,15 +51,22 @@ SEED_WRONG_IDS = native_aux_ids(SEED_SERVED_HF, "sglang")  # [2, 5, 6] on the Ll
 
 @dataclass(frozen=True)
 class ScenarioIds:
-    """The SGLang ids of every scenario on one target, read by its architecture's rule.
+    """The ids of every scenario on one target and serving engine, in that engine's numbering
+    (SGLang: the target architecture's rule; vLLM: id k = HF k) and config key.
 
     Attributes:
         architecture: the target's HF ``architectures[0]`` (None: the Llama rule).
         correct: ids that capture ``TRAINED_HF``.
         seed: ids that capture ``SEED_SERVED_HF`` (the seed's shifted layers).
-        literal: ``TRAINED_HF`` written as ids (the off-by-one mistake) and ``literal_hf``, what
-            SGLang captures from them.
-        rule: the rule in words (``FamilyRule.id_meaning``) with its SGLang source.
+        literal: the off-by-one mistake: the trained layers written in the *other* engine's
+            numbering (SGLang: ``TRAINED_HF`` as HF / vLLM ids; vLLM: SGLang's ids, as an
+            SGLang-format draft ships them); ``literal_hf``: what the engine captures from them.
+        rule: the rule in words with its source.
+        engine: the serving engine ('sglang', 'vllm'; ``tracer.engines.engine_spec``).
+        key: the draft-config key the engine reads first (``EngineSpec.aux_ids_key``): correct,
+            seed and reordered ids go there.
+        literal_key: the key the off-by-one ids are written in (SGLang's nested key for both:
+            where a user writes ids for SGLang, and where an SGLang-format draft carries them).
     """
 
     architecture: str | None
@@ -66,31 +75,49 @@ class ScenarioIds:
     literal: list[int]
     literal_hf: list[int]
     rule: str
+    engine: str = "sglang"
+    key: str = KEY_NESTED
+    literal_key: str = KEY_NESTED
 
     def ids_for(self, hf_order) -> list[int]:
-        """Ids that capture HF ``hf_order`` (listed order kept) on this target."""
-        return native_aux_ids(hf_order, "sglang", architecture=self.architecture)
+        """Ids that capture HF ``hf_order`` (listed order kept) on this target and engine."""
+        conv = engine_spec(self.engine).aux_convention
+        return native_aux_ids(hf_order, conv, architecture=self.architecture if conv == "sglang" else None)
 
 
-def scenario_ids(architecture: str | None = None, num_layers: int = 8) -> ScenarioIds:
-    """:class:`ScenarioIds` for a target of ``architecture`` with ``num_layers`` layers (None: the
-    Llama demo target; an architecture SGLang's table lacks gets the plus-one rule, as
-    ``sglang_family_rule`` says).
+def scenario_ids(architecture: str | None = None, num_layers: int = 8, engine: str = "sglang") -> ScenarioIds:
+    """:class:`ScenarioIds` for a target of ``architecture`` with ``num_layers`` layers served by
+    ``engine`` (None: the Llama demo target; an architecture SGLang's table lacks gets the plus-one
+    rule, as ``sglang_family_rule`` says). vLLM numbers every SupportsEagle3 target alike: id k =
+    HF k (``RULES['vllm']``, vLLM 0.32.0 model_executor/models/llama.py:427-441).
 
     Raises:
         ConventionError: the rule has no ids for ``TRAINED_HF`` or ``SEED_SERVED_HF`` on this target.
+        UnknownEngineError: an engine no recorder is registered for.
     """
-    from specdiff.eagle3.aux_layers import engine_capture, sglang_family_rule
+    from specdiff.eagle3.aux_layers import RULES, engine_capture, sglang_family_rule
 
-    def ids(hf):
+    spec = engine_spec(engine)
+
+    def sglang_ids(hf):
         return native_aux_ids(hf, "sglang", num_layers=num_layers, architecture=architecture)
 
-    literal = list(TRAINED_HF)
-    rule = sglang_family_rule(architecture or "LlamaForCausalLM")
+    if spec.aux_convention == "sglang":
+        literal = list(TRAINED_HF)
+        rule = sglang_family_rule(architecture or "LlamaForCausalLM")
+        return ScenarioIds(architecture, sglang_ids(TRAINED_HF), sglang_ids(SEED_SERVED_HF), literal,
+                           list(engine_capture("sglang", literal, num_layers=num_layers,
+                                               architecture=architecture).hf_indices),
+                           f"{rule.id_meaning()} ({rule.sources[0].split(' ')[0]})", engine, spec.aux_ids_key)
+
+    def ids(hf):
+        return native_aux_ids(hf, spec.aux_convention, num_layers=num_layers)
+
+    literal = sglang_ids(TRAINED_HF)
+    rule = RULES[spec.aux_convention]
     return ScenarioIds(architecture, ids(TRAINED_HF), ids(SEED_SERVED_HF), literal,
-                       list(engine_capture("sglang", literal, num_layers=num_layers,
-                                           architecture=architecture).hf_indices),
-                       f"{rule.id_meaning()} ({rule.sources[0].split(' ')[0]})")
+                       list(engine_capture(engine, literal, num_layers=num_layers).hf_indices),
+                       f"{spec.aux_id_words} ({rule.sources[0].split(' ')[0]})", engine, spec.aux_ids_key)
 
 
 @dataclass(frozen=True)
@@ -108,6 +135,7 @@ class Scenario:
     expected_first: tuple[str, ...] | None
     expected_cause: str | None
     trained_order: tuple[int, ...] | None = None  # HF concat order of training, when not TRAINED_HF
+    expected_crash: bool = False  # the served engine dies at the first request; the diff must say so
 
     def training_args(self) -> list[str]:
         """``record train`` options that state how this scenario's draft was trained."""
@@ -120,6 +148,17 @@ class Scenario:
         and one line saying so."""
         first = report.first.name if report.first is not None else None
         causes = [e.cause for e in report.explanations]
+        if self.expected_crash:
+            if report.crash is None:
+                return False, (f"demo FAILED: scenario '{self.name}' should crash the server at the first request, "
+                               f"but no crash was recorded (first divergence: {first or 'none'})")
+            forward = report.crash.get("forward", "a forward")
+            cause = report.crash.get("cause")
+            if not cause:
+                return False, (f"demo FAILED: scenario '{self.name}' crashed the server in {forward} as seeded, but "
+                               "nothing explains the crash")
+            return True, (f"demo worked: scenario '{self.name}' seeded a mistake that crashes the server; specdiff "
+                          f"recorded the crash in {forward} and explains it: {cause.get('message', cause)}")
         if self.expected_first is None:
             if first is None:
                 return True, f"demo worked: scenario '{self.name}' served as trained and no divergence was found"
@@ -159,10 +198,52 @@ SCENARIOS = {
 }
 
 
+#: the scenarios served by vLLM 0.32.0: the same mistakes in vLLM's key and numbering (id k = HF k, the
+#: top-level key read first; gpu_model_runner.py:5268-5283). Off-by-one there is the mirror of SGLang's:
+#: the ids written in SGLang's numbering in eagle_config (an SGLang-format draft as shipped); vLLM reads
+#: them literally, -1 matches no layer, two of three slots reach fc and the first request crashes
+#: (shared/research/vllm-cpu.md: "shape '[-1, 768]' is invalid for input of size 3584").
+ENGINE_SCENARIOS: dict[str, dict[str, Scenario]] = {"vllm": {
+    "seed": dataclasses.replace(SCENARIOS["seed"], summary=(
+        "served with top-level eagle_aux_hidden_state_layer_ids {seed} (vLLM id k = HF k: captures HF [3, 6, 7]) "
+        "while training used [embedding output, layer 2, layer 5] = HF [0, 3, 6]")),
+    "correct": dataclasses.replace(SCENARIOS["correct"], summary=(
+        "served with top-level eagle_aux_hidden_state_layer_ids {correct} = HF [0, 3, 6], as trained")),
+    "off-by-one": dataclasses.replace(SCENARIOS["off-by-one"], summary=(
+        "served as an SGLang-format draft: eagle_config ids {literal} (SGLang's numbering) and no top-level ids; "
+        "vLLM reads id k as HF k and captures only HF {literal_hf}: the first request crashes"),
+        expected_first=None, expected_cause=None, expected_crash=True),
+    "d2t-direct": dataclasses.replace(SCENARIOS["d2t-direct"], summary=(
+        "d2t saved as direct target ids; vLLM reads offsets (target = arange(Vd) + d2t, llama_eagle3.py:373-395)")),
+    "no-d2t": dataclasses.replace(SCENARIOS["no-d2t"], summary=(
+        "d2t left out of the checkpoint; vLLM keeps its zero-initialised map (llama_eagle3.py:338-343) and serves "
+        "draft id i as target id i")),
+    "norm-before-fc": dataclasses.replace(SCENARIOS["norm-before-fc"], summary=(
+        "served with norm_before_fc on (an RMSNorm over the aux concat, llama_eagle3.py:184-188,405-407) that "
+        "training never applied")),
+    "aux-order": dataclasses.replace(SCENARIOS["aux-order"], summary=(
+        "a draft trained on HF [6, 0, 3] concatenated in that order (SpecForge concatenates its layer list as "
+        "listed), served with top-level ids {order} = the same layers; vLLM concatenates them ascending, "
+        "HF [0, 3, 6] (interfaces.py:1577-1578)")),
+}}
+
+
+def scenario_for(scenario: str, engine: str = "sglang") -> Scenario:
+    """The scenario as served by ``engine`` (its summary and expectation in that engine's terms).
+
+    Raises:
+        KeyError: unknown scenario.
+    """
+    if scenario not in SCENARIOS:
+        raise KeyError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+    return ENGINE_SCENARIOS.get(engine, {}).get(scenario, SCENARIOS[scenario])
+
+
 def describe(scenario: str, ids: ScenarioIds | None = None) -> str:
-    """The scenario's one-line summary with the ids of this target (``ids``; None: the Llama demo)."""
+    """The scenario's one-line summary with the ids of this target and engine (``ids``; None: the
+    Llama demo on SGLang)."""
     ids = ids or scenario_ids()
-    sc = SCENARIOS[scenario]
+    sc = scenario_for(scenario, ids.engine)
     text = sc.summary.format(seed=ids.seed, correct=ids.correct, literal=ids.literal, literal_hf=ids.literal_hf,
                              order=ids.ids_for(sc.trained_order) if sc.trained_order else None)
     if ids.architecture in (None, "LlamaForCausalLM") or "{" not in sc.summary:  # no ids in the text
@@ -215,14 +296,14 @@ def write_served_draft(scenario: str, trained_draft: Path, out: Path, *, ids: Sc
     shutil.copytree(trained_draft, out)
     cfg_path = out / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    eagle = cfg.setdefault("eagle_config", {})
-    eagle["eagle_aux_hidden_state_layer_ids"] = list(ids.correct)
+    set_config_value(cfg, ids.key, list(ids.correct))
     wfile = _weights_file(out)
     weights = load_file(str(wfile))
     if scenario == "seed":
-        eagle["eagle_aux_hidden_state_layer_ids"] = list(ids.seed)
+        set_config_value(cfg, ids.key, list(ids.seed))
     elif scenario == "off-by-one":
-        eagle["eagle_aux_hidden_state_layer_ids"] = list(ids.literal)
+        set_config_value(cfg, ids.key, None)
+        set_config_value(cfg, ids.literal_key, list(ids.literal))
     elif scenario == "d2t-direct":
         d2t = weights["d2t"]
         weights["d2t"] = hot_token_ids(d2t).to(d2t.dtype)  # direct ids
@@ -232,7 +313,7 @@ def write_served_draft(scenario: str, trained_draft: Path, out: Path, *, ids: Sc
     elif SCENARIOS[scenario].trained_order is not None:
         order = SCENARIOS[scenario].trained_order
         weights["fc.weight"] = reorder_fc_blocks(weights["fc.weight"], from_order=TRAINED_HF, to_order=order)
-        eagle["eagle_aux_hidden_state_layer_ids"] = ids.ids_for(order)
+        set_config_value(cfg, ids.key, ids.ids_for(order))
     elif scenario == "norm-before-fc":
         cfg["norm_before_fc"] = True
         width = weights["fc.weight"].shape[1]

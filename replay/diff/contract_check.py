@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdiff.replay.diff.align import Pair
-from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known, unknown_fields
+from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known, unknown_fields, unobservable_engine
+from specdiff.tracer.engines.base import UnknownEngineError, engine_spec
 from specdiff.tracer.errors import SpecdiffError
 
 #: the facts that name the target model a trace was recorded on (tracer/contract.py; the SGLang recorder
@@ -46,42 +47,39 @@ _FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
                        "serve an EAGLE-3 draft with --speculative-algorithm EAGLE3 (EAGLE feeds one final "
                        "hidden state and skips fc)"),
     "aux_hf_indices": ("warn", "{ly} captured HF hidden_states{y}; {lx} used {x}", _AUX,
-                       "write the training layers into the draft's eagle_config.eagle_aux_hidden_state_layer_ids "
-                       "(SGLang id = HF index - 1), or record training with the served layers"),
+                       "write the training layers into the draft config's aux-id key in the serving engine's "
+                       "numbering, or record training with the served layers"),
     AUX_CONCAT_ORDER: ("warn", "{ly} concatenated the aux slots as HF {y}; {lx} as HF {x}", _AUX,
                        "concatenate the aux states in ascending layer order in training (SGLang and vLLM do), "
                        "or retrain"),
     "aux_prenorm_indices": ("warn", "aux slots holding the last layer's output before the final norm: {ly} "
                             "{y}, {lx} {x} (HF hidden_states[L] is after the norm)", _AUX,
-                            "feed the same state in slot L on both sides: SGLang's GPT-OSS captures the last "
-                            "layer's output before the final norm for id L (srt/models/gpt_oss.py:726-738); "
-                            "train on that (record train reads the draft's SGLang ids by the target's rule), or "
-                            "choose aux ids without L"),
+                            "feed the same state in slot L on both sides: train on the last layer's output before "
+                            "the final norm, or choose aux ids without L"),
     "d2t_sha256": ("warn", "the d2t vocab maps differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target", "verify"),
                    "export d2t as offsets (target id = draft id + d2t[draft id]) from the training vocab map"),
     "hot_token_id_sha256": ("warn", "the draft->target id maps (hot_token_id) differ ({lx} {xs}, {ly} {ys})",
                             ("draft.topk_target", "verify"),
                             "export d2t as offsets (target id = draft id + d2t[draft id]) from the training vocab map"),
     "t2d_sha256": ("info", "the t2d masks differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target",),
-                   "SGLang ignores t2d; make d2t and t2d come from the same vocab map"),
+                   "the engines map draft ids through d2t only; make d2t and t2d come from the same vocab map"),
     "norm_before_fc": ("warn", "norm before fc: {lx} {x}, {ly} {y}", ("draft.fc_in", "draft.fc_out"),
-                       "set eagle_config.norm_before_fc in the draft config as in training"),
+                       "set norm_before_fc in the draft config as in training"),
     "fc_norm": ("warn", "per-slot fc norm: {lx} {x}, {ly} {y}", ("draft.fc_in", "draft.fc_out"),
                 "set fc_norm in the draft config as in training"),
     "norm_output": ("warn", "hidden fed to the next depth normed: {lx} {x}, {ly} {y}",
                     ("draft.fc_out", "draft.attn_in", "draft.hidden_out", "draft.logits"),
-                    "set norm_output in the draft config as in training (SGLang: True = feed the normed hidden)"),
+                    "set norm_output in the draft config as in training (True = feed the normed hidden)"),
     "embed_source": ("warn", "draft embedding taken from the {x} on {lx}, from the {y} on {ly}",
                      ("draft.attn_in", "draft.hidden_out", "draft.logits"),
-                     "SGLang shares the target's embedding with an EAGLE-3 draft: train with the target's "
+                     "the engine shares the target's embedding with an EAGLE-3 draft: train with the target's "
                      "(frozen) embedding"),
     "embed_sha256": ("warn", "the embeddings the draft multiplies by differ ({lx} {xs}, {ly} {ys})",
                      ("draft.attn_in", "draft.hidden_out", "draft.logits"),
-                     "train and serve with the same target embedding (SGLang uses the target's)"),
+                     "train and serve with the same target embedding (the engine uses the target's)"),
     "lm_head_source": ("warn", "draft lm_head taken from the {x} on {lx}, from the {y} on {ly}",
                        ("draft.logits", "draft.topk"),
-                       "put the trained lm_head into the draft checkpoint (SGLang loads the checkpoint's lm_head "
-                       "unless it has no draft_vocab_size or ties embeddings)"),
+                       "put the trained lm_head into the draft checkpoint"),
     "lm_head_sha256": ("warn", "the lm_heads the draft multiplies by differ ({lx} {xs}, {ly} {ys})",
                        ("draft.logits", "draft.topk"), "serve the lm_head that was trained"),
     "rope_theta": ("warn", "draft rope theta: {lx} {x}, {ly} {y}", ("draft.hidden_out", "draft.logits"),
@@ -92,9 +90,7 @@ _FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
                    "use the same rotary style (neox rotate-halves vs gptj interleaved) on both sides"),
     "partial_rotary_factor": ("warn", "draft partial rotary factor: {lx} {x}, {ly} {y} (the fraction of each "
                               "head's dims rotated)", ("draft.hidden_out", "draft.logits"),
-                              "set partial_rotary_factor in the draft config to what training used (SGLang's "
-                              "llama attention rotates head_dim * partial_rotary_factor dims, "
-                              "srt/models/llama.py:199)"),
+                              "set partial_rotary_factor in the draft config to what training used"),
     "draft_weights_sha256": ("warn", "draft weights differ ({lx} {xs}, {ly} {ys})", _DRAFT_IN,
                              "serve the checkpoint that was trained"),
     "tokenizer_sha256": ("warn", "tokenizers differ ({lx} {xs}, {ly} {ys})", _TOK,
@@ -112,6 +108,78 @@ _FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "spec_topk": ("info", "draft top-k differs ({lx} {x}, {ly} {y})", ("draft.topk", "draft.topk_target", "verify"),
                   "record training with the serving --speculative-eagle-topk (--topk)"),
 }
+
+
+#: field -> fix, per serving engine (the ``engine`` contract fact), where the fix names the engine's own
+#: key, numbering or code. SGLang's is also the fix of a trace without the fact (every such trace is
+#: SGLang's: the vLLM recorder always writes it); ``_FIELDS``' own fix is the engine-neutral one.
+ENGINE_FIXES: dict[str, dict[str, str]] = {
+    "sglang": {
+        "aux_hf_indices": "write the training layers into the draft's eagle_config.eagle_aux_hidden_state_layer_ids "
+                          "(SGLang id = HF index - 1), or record training with the served layers",
+        "aux_prenorm_indices": "feed the same state in slot L on both sides: SGLang's GPT-OSS captures the last "
+                               "layer's output before the final norm for id L (srt/models/gpt_oss.py:726-738); "
+                               "train on that (record train reads the draft's SGLang ids by the target's rule), or "
+                               "choose aux ids without L",
+        "t2d_sha256": "SGLang ignores t2d; make d2t and t2d come from the same vocab map",
+        "norm_before_fc": "set eagle_config.norm_before_fc in the draft config as in training",
+        "norm_output": "set norm_output in the draft config as in training (SGLang: True = feed the normed hidden)",
+        "embed_source": "SGLang shares the target's embedding with an EAGLE-3 draft: train with the target's "
+                        "(frozen) embedding",
+        "embed_sha256": "train and serve with the same target embedding (SGLang uses the target's)",
+        "lm_head_source": "put the trained lm_head into the draft checkpoint (SGLang loads the checkpoint's lm_head "
+                          "unless it has no draft_vocab_size or ties embeddings)",
+        "partial_rotary_factor": "set partial_rotary_factor in the draft config to what training used (SGLang's "
+                                 "llama attention rotates head_dim * partial_rotary_factor dims, "
+                                 "srt/models/llama.py:199)",
+    },
+    # vLLM 0.32.0 (vllm/model_executor/models/...; the V1 runner's key precedence in eagle3.aux_layers)
+    "vllm": {
+        "aux_hf_indices": "write the training layers into the draft config's top-level "
+                          "eagle_aux_hidden_state_layer_ids (vLLM id = HF index; the V1 runner reads it before "
+                          "eagle_config's), or record training with the served layers",
+        "aux_prenorm_indices": "feed the same state in slot L on both sides: vLLM id L captures the last layer's "
+                               "output before the final norm (llama.py:438-441, hidden_states + residual); train "
+                               "on that, or choose aux ids without L",
+        "t2d_sha256": "vLLM skips t2d at load (llama_eagle3.py:426); make d2t and t2d come from the same vocab map",
+        "norm_before_fc": "set norm_before_fc in the draft config as in training (vLLM reads eagle_config's, else "
+                          "the top-level key: llama_eagle3.py:184-188)",
+        "norm_output": "set norm_output in the draft config as in training (vLLM: True = the draft returns the "
+                       "normed hidden only, llama_eagle3.py:286)",
+        "embed_source": "vLLM shares the target's embedding with an EAGLE-3 draft (llm_base_proposer.py:1416 "
+                        "_maybe_share_embeddings): train with the target's (frozen) embedding",
+        "embed_sha256": "train and serve with the same target embedding (vLLM uses the target's when it shares it)",
+        "lm_head_source": "put the trained lm_head into the draft checkpoint (vLLM shares the target's only when "
+                          "the draft has none: llm_base_proposer.py:1508 _maybe_share_lm_head)",
+    },
+}
+
+
+def serving_engines(traces: Pair) -> list:
+    """The ``EngineSpec`` of each serving side (x first, once each); a serving trace without an
+    ``engine`` fact counts as SGLang's (written before the fact existed, by the SGLang recorder)."""
+    specs = []
+    for t in (traces.x, traces.y):
+        if t.side != "serve":
+            continue
+        name = known(t.contract, "engine") or "sglang"
+        try:
+            spec = engine_spec(str(name))
+        except UnknownEngineError:
+            continue
+        if spec not in specs:
+            specs.append(spec)
+    return specs
+
+
+def engine_fix(field: str, traces: Pair) -> str:
+    """The fix of ``field`` in the serving engine's own terms (``ENGINE_FIXES``); two engines -> each
+    one's, named; no serving side -> SGLang's (legacy traces), else ``_FIELDS``' neutral fix."""
+    specs = serving_engines(traces) or [engine_spec("sglang")]
+    fixes = [(s, ENGINE_FIXES.get(s.name, {}).get(field, _FIELDS[field][3])) for s in specs]
+    if len(fixes) == 1 or len({f for _, f in fixes}) == 1:
+        return fixes[0][1]
+    return "; ".join(f"{s.title}: {f}" for s, f in fixes)
 
 
 #: weight hash fact -> its dtype-independent fingerprint fact. The sha256 facts hash the weights as
@@ -132,12 +200,12 @@ def weights_dtype(contract: dict) -> str | None:
     return str(v).replace("torch.", "") if v else None
 
 
-def _weight_hash_mismatch(field: str, x, y, cx: dict, cy: dict, labels: Pair[str]) -> ContractMismatch:
+def _weight_hash_mismatch(field: str, x, y, cx: dict, cy: dict, labels: Pair[str], fix: str) -> ContractMismatch:
     """A weight sha256 that differs, judged independent of dtype: a real difference (warn) when both
     sides held the weights in one dtype or their dtype-independent fingerprints (``WEIGHT_HASHES``)
     differ; else the same weights in another dtype, a cast (info), said with the fingerprint that
     proves it or with the dtypes that make the bytes differ."""
-    severity, template, stages, fix = _FIELDS[field]
+    severity, template, stages, _ = _FIELDS[field]
     fp = WEIGHT_HASHES[field]
     fx, fy = known(cx, fp), known(cy, fp)
     dx, dy = weights_dtype(cx), weights_dtype(cy)
@@ -194,20 +262,46 @@ def _short(v) -> str:
     return "none" if v is None else (str(v)[:10] if isinstance(v, str) else str(v))
 
 
+def _engine_title(name: str) -> str:
+    try:
+        return engine_spec(name).title
+    except UnknownEngineError:
+        return name
+
+
 def unknown_facts(contract: dict) -> dict[str, str]:
     """Field -> why it is unknown: the engine name the recorder could not find (from the
-    contract's ``unobservable`` list), for every field recorded as ``"unknown"``."""
+    contract's ``unobservable`` list, whichever engine wrote it: ``tracer.contract.unobservable_engine``),
+    for every field recorded as ``"unknown"``."""
     why: dict[str, str] = {}
     for u in contract.get("unobservable") or []:
         if isinstance(u, dict):
-            ver = u.get("sglang_version")
-            who = f"SGLang {ver} has no {u.get('name')}" if ver else f"the engine has no {u.get('name')}"
+            eng = unobservable_engine(u)
+            who = (f"{_engine_title(eng[0])} {eng[1]} has no {u.get('name')}" if eng
+                   else f"the engine has no {u.get('name')}")
             for f in u.get("facts") or []:
                 why.setdefault(f, who)
     # no ``unobservable`` list at all: a recorder from before specdiff said why a fact is unknown
     silent = ("the recorder could not read it" if "unobservable" in contract else
               "written as unknown by an older specdiff recorder, which did not say why")
     return {f: why.get(f, silent) for f in unknown_fields(contract)}
+
+
+def unknown_fix(contract: dict) -> str:
+    """What to do about a fact the trace's engine hid: check that engine's version against the range
+    specdiff's recorder was tested on (``EngineSpec.tested_range``); the engine is the one the
+    ``unobservable`` entries or the ``engine`` fact name."""
+    names = [e[0] for e in (unobservable_engine(u) for u in contract.get("unobservable") or []
+                            if isinstance(u, dict)) if e] + [str(known(contract, "engine") or "")]
+    for name in names:
+        try:
+            spec = engine_spec(name)
+        except UnknownEngineError:
+            continue
+        lo, hi = spec.tested_range
+        return (f"check the {spec.title} version against specdiff's tested range ({spec.title} "
+                f"{lo if lo == hi else f'{lo}-{hi}'})")
+    return "check the engine version against specdiff's tested range"
 
 
 def _unknown_fact_line(field: str, why: str, label: str, c: dict, stages: tuple, x, y) -> ContractMismatch:
@@ -217,7 +311,7 @@ def _unknown_fact_line(field: str, why: str, label: str, c: dict, stages: tuple,
     engine appends the captures in its layer loop: SGLang 0.5.23 llama.py:486-494, tracer/contract.py
     ``aux_slot_layers``), so that one is an info, not a warning."""
     named = any(field in (u.get("facts") or []) for u in c.get("unobservable") or [] if isinstance(u, dict))
-    fix = ("check the engine version against specdiff's tested range" if named else
+    fix = (unknown_fix(c) if named else
            f"re-record {label} with the current recorder (it reads {field} from the live engine)")
     hf = c.get("aux_hf_indices")
     if field == AUX_CONCAT_ORDER and c.get("side") == "serve" and isinstance(hf, (list, tuple)):
@@ -299,7 +393,9 @@ def refuse_different_targets(traces: Pair) -> None:
     diffs = target_differences(traces)
     if not diffs:
         return
-    labels = side_labels(traces)
+    from specdiff.replay.diff.explain import side_names  # explain imports this module
+
+    labels = side_names(traces)
     parts = "; ".join(f"{f} {_short_value(f, x)} ({labels.x}) vs {_short_value(f, y)} ({labels.y})"
                       for f, x, y in diffs)
     raise DifferentTargetsError(f"traces of different targets: {parts}; nothing is compared (record both sides on "
@@ -317,7 +413,7 @@ def _identity_not_compared(traces: Pair, labels: Pair[str]) -> list[ContractMism
             why = unknown_facts(c)[unknown[0]]
             out.append(ContractMismatch("target_identity", "info", None, None,
                                         f"target identity facts {', '.join(unknown)} are unknown on {label} ({why}): "
-                                        "not compared", (), "check the SGLang version against specdiff's tested range"))
+                                        "not compared", (), unknown_fix(c)))
         elif not any(f in c for f in TARGET_IDENTITY) and any(f in other for f in TARGET_IDENTITY):
             out.append(ContractMismatch("target_identity", "info", None, None,
                                         f"{label} records no target identity (a trace written before specdiff "
@@ -326,17 +422,39 @@ def _identity_not_compared(traces: Pair, labels: Pair[str]) -> list[ContractMism
     return out
 
 
+#: engine -> (why its ids went missing, the fix): SGLang 0.5.23 plus-one rule (srt/models/llama.py:929-941,
+#: 486-494: id L-1 names capture index L, never reached); vLLM 0.32.0 (llama.py:427-441: only ids 0..L name
+#: a capture point, an id outside never matches: interfaces.py:1577-1578 keeps it in the set, no layer has it)
+DROPPED_WORDS = {
+    "sglang": ("SGLang id L-1 is never captured", "use ids in -1..L-2 (SGLang id k = HF k+1)"),
+    "vllm": ("vLLM captures ids 0..L only: id k = HF k, so an SGLang-style -1 or an id past L matches no layer",
+             "write vLLM ids 0..L-1 at the top-level eagle_aux_hidden_state_layer_ids (vLLM id k = HF k; "
+             "-1 for the embeddings is SGLang's numbering, vLLM's is 0)"),
+}
+
+
+def dropped_words(contract: dict) -> tuple[str, str]:
+    """(why, fix) for aux ids the trace's engine dropped (``DROPPED_WORDS``; no ``engine`` fact: SGLang)."""
+    name = str(known(contract, "engine") or "sglang")
+    return DROPPED_WORDS.get(name, ("the engine captured no layer for them",
+                                    "use ids the engine captures (its aux-id convention)"))
+
+
 def check_contracts(traces: Pair) -> list[ContractMismatch]:
     """Every known contract field present on both sides whose values differ, most severe first.
 
     Fields missing on one side are not reported (an engine may not know them); a field recorded
     as ``"unknown"`` is reported as unknown (with the engine name that hid it), never compared;
-    the SGLang-only ``aux_dropped_ids`` is reported whenever non-empty. Target identity
+    ``aux_dropped_ids`` is reported whenever non-empty, in that engine's words (``dropped_words``).
+    Sides are named by ``explain.side_names`` (two engines: each by its engine and version) and
+    fixes in the serving engine's own key and numbering (``engine_fix``). Target identity
     (``TARGET_IDENTITY``) is refused earlier when it differs (``refuse_different_targets``); here
     only an identity that cannot be compared is said, once per side.
     """
+    from specdiff.replay.diff.explain import side_names  # explain imports this module
+
     cx, cy = traces.x.contract, traces.y.contract
-    labels = side_labels(traces)
+    labels = side_names(traces)
     out: list[ContractMismatch] = _identity_not_compared(traces, labels) + fingerprint_cast_note(traces, labels)
     for label, c, is_x in ((labels.x, cx, True), (labels.y, cy, False)):
         for field, why in unknown_facts(c).items():
@@ -356,17 +474,18 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
             y = list(y)
         if x == y:
             continue
+        fix = engine_fix(field, traces)
         if field in WEIGHT_HASHES:
-            out.append(_weight_hash_mismatch(field, x, y, cx, cy, labels))
+            out.append(_weight_hash_mismatch(field, x, y, cx, cy, labels, fix))
             continue
         msg = template.format(x=x, y=y, xs=_short(x), ys=_short(y), lx=labels.x, ly=labels.y)
         out.append(ContractMismatch(field, severity, x, y, msg, stages, fix))
-    for label, c in ((labels.x, cx), (labels.y, cy)):
-        dropped = c.get("aux_dropped_ids") or []
+    for label, t in ((labels.x, traces.x), (labels.y, traces.y)):
+        dropped = t.contract.get("aux_dropped_ids") or []
         if dropped and dropped != UNKNOWN:
+            why, fix = dropped_words(t.contract)
             out.append(ContractMismatch("aux_dropped_ids", "error", dropped, None,
-                                        f"{label}: aux ids {dropped} are silently dropped by the engine "
-                                        "(SGLang id L-1 is never captured)", _AUX,
-                                        "use ids in -1..L-2 (SGLang id k = HF k+1)"))
+                                        f"{label}: aux ids {dropped} are silently dropped by the engine ({why})",
+                                        _AUX, fix))
     rank = {"error": 0, "warn": 1, "info": 2}
     return sorted(out, key=lambda m: rank[m.severity])

@@ -1,8 +1,10 @@
 """Pre-flight findings (``specdiff check``) that bear on a divergence, for the diff and the app.
 
-The serving trace names its target and draft (contract ``model_name`` / ``draft_name``); when
-those directories exist here, the pre-flight check runs on them with the training side's aux
-layers, and the findings whose kind concerns the first diverging stage are shown next to it.
+Each serving trace names its target and draft (contract ``model_name`` / ``draft_name``); when
+those directories exist here, the pre-flight check runs on them by the rules of the engine that
+recorded the trace (its ``engine`` fact: SGLang's or vLLM's key precedence and numbering), with the
+training side's aux layers, and the findings whose kind concerns the first diverging stage are
+shown next to it.
 Findings a recorder stored in a contract (field ``findings``) are used as well.
 """
 
@@ -33,20 +35,31 @@ STAGE_KINDS = {
 
 
 def _serving_findings(traces: Pair) -> list[dict]:
-    serve = traces.y if traces.y.side == "serve" else traces.x if traces.x.side == "serve" else None
-    train = traces.x if serve is traces.y else traces.y
-    if serve is None:
-        return []
+    """Pre-flight findings on each serving trace's target and draft, by the rules of the engine that
+    recorded it (its ``engine`` fact; SGLang for a trace without one), with the training side's aux
+    layers when one side is training."""
+    train = next((t for t in (traces.x, traces.y) if t.side != "serve"), None)
+    out: list[dict] = []
+    for serve in (t for t in (traces.x, traces.y) if t.side == "serve"):
+        out += _preflight_of(serve, train)
+    return out
+
+
+def _preflight_of(serve, train) -> list[dict]:
     target, draft = known(serve.contract, "model_name"), known(serve.contract, "draft_name")
     if not target or not draft or not Path(target).is_dir() or not Path(draft).is_dir():
         return []
     from specdiff.replay.preflight.check import (  # reads configs and weight headers
+        ENGINES,
         findings_as_facts,
         run_preflight,
     )
 
-    layers = aux_slot_layers(train.contract)  # in training's concat order: a permutation is a finding
-    if known(train.contract, "aux_prenorm_indices"):
+    engine = str(known(serve.contract, "engine") or "sglang")
+    if engine not in ENGINES:
+        return []  # no pre-flight rules for this engine
+    layers = aux_slot_layers(train.contract) if train is not None else None  # training's concat order
+    if train is not None and known(train.contract, "aux_prenorm_indices"):
         # a slot listed as L that holds the last layer's pre-norm output (GPT-OSS): as HF indices the check
         # would read it as hidden_states[L] (after the norm) and report a false mismatch; the contract check
         # compares aux_hf_indices and aux_prenorm_indices of the two traces instead
@@ -54,7 +67,7 @@ def _serving_findings(traces: Pair) -> list[dict]:
     try:
         # the dtype the server really ran (its contract), not SGLang's --dtype auto guess from the config
         served = str(known(serve.contract, "dtype") or "auto").replace("torch.", "")
-        report = run_preflight(target, draft, engines=("sglang",),
+        report = run_preflight(target, draft, engines=(engine,),
                                training_layers=list(layers) if layers else None, training_convention="hf",
                                served_dtype=served)
     except SpecdiffError:

@@ -48,8 +48,6 @@ class EngineSpec:
         serve_args_hint: what ``record serve --engine <name> -- ...`` needs at least (its error says it).
         runners: the engine's model runners whose aux-id key precedence differs (vLLM 0.32: 'v1',
             'v2'), the one specdiff's recorder was verified on first; () when it has one.
-        unknown_fix: what a user does about a contract fact this engine's recorder could not read
-            (the contract check's fix line for an ``unknown`` fact).
 
     The module ``cpu_launcher`` names has ``record_serve_command(args, *, cpu, env) -> (argv, env)``:
     the command ``specdiff record serve`` runs for this engine, on a CPU or as served.
@@ -68,12 +66,6 @@ class EngineSpec:
     aux_id_words: str = ""
     serve_args_hint: str = ""
     runners: tuple[str, ...] = ()
-
-    @property
-    def unknown_fix(self) -> str:
-        lo, hi = self.tested_range
-        tested = lo if lo == hi else f"{lo}-{hi}"
-        return f"check the {self.title} version against specdiff's tested range ({self.title} {tested})"
 
     def read_aux_ids(self, draft_config: dict, runner: str | None = None):
         """Which aux ids this engine takes from a draft config.json dict, from which key, and which
