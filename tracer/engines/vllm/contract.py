@@ -24,6 +24,7 @@ import logging
 
 import torch
 
+from specdiff.eagle3.aux_layers import KEY_DFLASH, KEY_NESTED, KEY_TOP, ConventionError, config_aux_ids
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, AUX_IDS_DEFAULT_PREFIX, UNKNOWN, sha256_array
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
@@ -54,17 +55,20 @@ def read_chain(adapter: VLLMAdapter, obj, *keys: str):
 
 
 def aux_ids_source(draft_hf_config, ids) -> str:
-    """Which key of the draft config the V1 runner's ids came from (its precedence,
-    v1/worker/gpu_model_runner.py:5268-5280), given ``ids``, what
-    ``_get_eagle3_aux_layers_from_config()`` returned (None -> the default fallback)."""
+    """Which key of the draft config the V1 runner's ids came from, given ``ids``, what
+    ``_get_eagle3_aux_layers_from_config()`` returned (None -> the default fallback). The key is
+    found by specdiff's one reading of the runner's precedence (``eagle3.aux_layers.config_aux_ids``,
+    v1/worker/gpu_model_runner.py:5268-5283), the rule ``specdiff check --engine vllm`` applies;
+    ``unknown`` when that rule finds no key for ids the runner did return."""
     if not ids:
         return SOURCE_DEFAULT
-    if getattr(draft_hf_config, "eagle_aux_hidden_state_layer_ids", None):
-        return SOURCE_TOP
-    eagle = getattr(draft_hf_config, "eagle_config", None)
-    if isinstance(eagle, dict) and eagle.get("eagle_aux_hidden_state_layer_ids"):
-        return SOURCE_NESTED
-    return SOURCE_DFLASH
+    raw = {k: getattr(draft_hf_config, k) for k in ("eagle_aux_hidden_state_layer_ids", "eagle_config", "dflash_config")
+           if getattr(draft_hf_config, k, None) is not None}
+    try:
+        key = config_aux_ids("vllm", raw, runner="v1").key
+    except ConventionError:
+        return UNKNOWN
+    return {KEY_TOP: SOURCE_TOP, KEY_NESTED: SOURCE_NESTED, KEY_DFLASH: SOURCE_DFLASH}.get(key, UNKNOWN)
 
 
 def _cfg(cfg, attr: str, fact: str, what: str):
