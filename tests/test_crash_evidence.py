@@ -155,7 +155,10 @@ def test_a_server_crashing_on_an_aux_id_past_the_last_layer_leaves_contract_and_
 
     trace = open_trace(str(path))
     c = trace.contract["crash"]
-    assert trace.closed and not trace.sequences
+    # the crashing request's prompt is kept (its sequence, and its ids in the crash record)
+    [seq] = trace.sequences
+    assert trace.closed and [seq.rid] == c["rids"] == [r["rid"] for r in c["requests"]]
+    assert list(seq.tokens[:seq.prompt_len]) == c["requests"][0]["input_ids"]
     assert (c["type"], c["forward"], c["kind"]) == ("RuntimeError", "draft extend (prefill)", "prefill")
     assert "mat1 and mat2 shapes cannot be multiplied" in c["message"]
     assert any(shape == [256, 768] for key, shape in c["shapes"].items() if key.endswith("self.weight")), c["shapes"]
