@@ -138,31 +138,65 @@ def hypergeom_tail(k: int, N: int, K: int, n: int) -> float:
     return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 
+def recorded_prefill(trace) -> dict[int, dict]:
+    """seq -> the serving recorder's per-request prefill facts (contract ``request_prefill``, written by
+    tracer/engines/sglang/prefill.py: ``{"cached_prefix": int | "unknown", "chunks": [[start, length],
+    ...]}``), matched through each sequence's rid; empty when the trace does not hold them (another
+    recorder, an older trace, a server killed before it closed the trace)."""
+    from specdiff.tracer.engines.sglang.prefill import FIELD
+
+    facts = (trace.contract or {}).get(FIELD)
+    if not isinstance(facts, dict) or not facts:
+        return {}
+    out = {}
+    for seq in getattr(trace, "sequences", None) or ():
+        f = facts.get(str(seq.rid))
+        if isinstance(f, dict):
+            out[seq.id] = f
+    return out
+
+
+def chunk_ends(traces, alignment, serve_attr: str) -> dict[int, list[int]]:
+    """pair -> aligned positions of the last row of each non-final prefill chunk of the serving request
+    (recorded per request, ``recorded_prefill``): the rows whose draft input token is the first token
+    of the next chunk. Empty when nothing was recorded or no request was prefilled in chunks."""
+    rec = recorded_prefill(getattr(traces, serve_attr))
+    out: dict[int, list[int]] = {}
+    for pair in alignment.seq_pairs:
+        f = rec.get(getattr(pair.seq, serve_attr))
+        chunks = (f or {}).get("chunks") or []
+        start = getattr(pair.start, serve_attr)
+        ends = [p + e - 1 - start for p, e in chunks[:-1] if p + e - 1 >= start]
+        if ends:
+            out[pair.index] = ends
+    return out
+
+
 def cached_prefixes(traces, alignment, serve_attr: str) -> dict[int, int]:
     """pair -> cached prefix length of the serving request, for requests whose prefix hit the radix
-    cache: the serving side records target rows only for the positions it extends (SGLang recorder,
-    tracer/engines/sglang/attribution.py: prefill with prefix p writes t = p..p+e-1), so a sequence
-    whose first ``target.aux_cat`` row (or, without target rows, depth-0 ``tokens`` row: the draft
-    extend of the same positions) lies past its aligned start had its first p positions cached.
-    A chunked prefill's later chunks have a prefix too, but its first chunk starts at 0. Empty when
-    serving recorded neither. The recorder does not store the cached prefix length itself."""
+    cache. Recorded per request by the SGLang recorder (``recorded_prefill``: ``Req.cached_tokens`` at
+    the first prefill); for a sequence without that fact (unknown, or an older trace) inferred from the
+    rows: serving records target rows only for the positions it extends (attribution.py: prefill with
+    prefix p writes t = p..p+e-1), so a sequence whose first ``target.aux_cat`` row (or, without target
+    rows, depth-0 ``tokens`` row) lies past its aligned start had its first p positions cached (a
+    chunked prefill's later chunks have a prefix too, but its first chunk starts at 0)."""
     trace = getattr(traces, serve_attr)
+    rec = recorded_prefill(trace)
     name = next((n for n in ("target.aux_cat", "tokens") if n in trace.names and trace.rows(n)), None)
-    if name is None:
-        return {}
-    k = trace.keys(name, columns=("seq", "pos", "depth"))
     first: dict[int, int] = {}
-    d0 = k["depth"] == 0
-    seqs, pos = k["seq"][d0].astype(np.int64), k["pos"][d0].astype(np.int64)
-    order = np.lexsort((pos, seqs))
-    s, p = seqs[order], pos[order]
-    head = np.r_[True, s[1:] != s[:-1]] if len(s) else np.zeros(0, bool)
-    for sid, p0 in zip(s[head].tolist(), p[head].tolist(), strict=True):
-        first[sid] = p0
+    if name is not None:
+        k = trace.keys(name, columns=("seq", "pos", "depth"))
+        d0 = k["depth"] == 0
+        seqs, pos = k["seq"][d0].astype(np.int64), k["pos"][d0].astype(np.int64)
+        order = np.lexsort((pos, seqs))
+        s, p = seqs[order], pos[order]
+        head = np.r_[True, s[1:] != s[:-1]] if len(s) else np.zeros(0, bool)
+        first = dict(zip(s[head].tolist(), p[head].tolist(), strict=True))
     out = {}
     for pair in alignment.seq_pairs:
-        start = getattr(pair.start, serve_attr)
-        p0 = first.get(getattr(pair.seq, serve_attr))
+        sid, start = getattr(pair.seq, serve_attr), getattr(pair.start, serve_attr)
+        cached = (rec.get(sid) or {}).get("cached_prefix")
+        p0 = cached if isinstance(cached, int) and not isinstance(cached, bool) else first.get(sid)
         if p0 is not None and p0 > start:
             out[pair.index] = int(p0 - start)
     return out
@@ -242,5 +276,6 @@ def concentrated(comp, groups: list[Group], own: np.ndarray, counted: np.ndarray
                          float(rel.max()), bool(p <= GROUP_ALPHA and far), g.detail, ev, bad)
 
 
-__all__ = ["Group", "Concentration", "row_groups", "concentrated", "cached_prefixes", "hypergeom_tail",
+__all__ = ["Group", "Concentration", "row_groups", "concentrated", "cached_prefixes", "chunk_ends", "recorded_prefill",
+           "hypergeom_tail",
            "GROUP_RULE", "GROUP_MIN_ROWS", "GROUP_ALPHA", "GROUP_FAR"]

@@ -38,21 +38,46 @@ def _serve_attr(traces) -> str:
     return "x" if traces.x.side == "serve" and traces.y.side != "serve" else "y"
 
 
-def attn_in_agrees(comps: dict, first) -> bool | None:
-    """Whether ``draft.attn_in`` agrees (status MATCH or CLOSE) on every failing row of ``first``
-    at the same (pair, pos, depth); None when attn_in was not compared on those rows."""
+def _attn_status(comps: dict, first, idx) -> np.ndarray | None:
+    """Per row of ``first`` at ``idx``: 1 where ``draft.attn_in`` agrees (MATCH or CLOSE) at the same
+    (pair, pos, depth), 0 where it differs, -1 where it was not compared; None without attn_in."""
     a = comps.get(CONTEXT_STAGE)
     if a is None or a.kind != "values" or not len(a.match.pair):
         return None
-    bad = np.nonzero(first.judged_fail)[0]
-    keys = pack_keys(first.match.pair[bad], first.match.pos[bad], first.match.depth[bad])
+    keys = pack_keys(first.match.pair[idx], first.match.pos[idx], first.match.depth[idx])
     akeys = pack_keys(a.match.pair, a.match.pos, a.match.depth)
     order = np.argsort(akeys)
     at = np.minimum(np.searchsorted(akeys[order], keys), len(akeys) - 1)
     hit = akeys[order][at] == keys
-    if not hit.any():
+    out = np.where(a.status[order][at] <= CLOSE, 1, 0)
+    return np.where(hit, out, -1)
+
+
+def attn_in_agrees(comps: dict, first) -> bool | None:
+    """Whether ``draft.attn_in`` agrees (status MATCH or CLOSE) on every failing row of ``first``
+    at the same (pair, pos, depth); None when attn_in was not compared on those rows."""
+    got = _attn_status(comps, first, np.nonzero(first.judged_fail)[0])
+    if got is None or not (got >= 0).any():
         return None
-    return bool((a.status[order][at][hit] <= CLOSE).all())
+    return bool((got[got >= 0] == 1).all())
+
+
+def _inputs_agree_or_inherit(comps: dict, first) -> tuple[bool, int, int]:
+    """Whether every failing row of ``first`` either has ``draft.attn_in`` agreeing, or sits at depth
+    k >= 1 right below a failing row at depth k - 1 of the same (pair, pos): the draft step at depth
+    k takes the depth-(k - 1) output as its input hidden state (tracer/rows.py ``ttt_rows``), so a
+    history fault at depth k - 1 reaches the attention input at depth k. Returns (holds, rows
+    whose attn_in agrees, rows below a failing row); holds needs at least one agreeing row."""
+    bad = np.nonzero(first.judged_fail)[0]
+    got = _attn_status(comps, first, bad)
+    if got is None:
+        return False, 0, 0
+    m = first.match
+    failing = set(pack_keys(m.pair[bad], m.pos[bad], m.depth[bad]).tolist())
+    above = pack_keys(m.pair[bad], m.pos[bad], np.maximum(m.depth[bad] - 1, 0))
+    below = (m.depth[bad] >= 1) & np.array([int(k) in failing for k in above], bool)
+    agree = got == 1
+    return bool(agree.any() and (agree | below).all()), int(agree.sum()), int((~agree & below).sum())
 
 
 def _rows(first, idx, iters=None, limit: int = 8) -> list[str]:
@@ -74,10 +99,14 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
     from specdiff.replay.diff.explain import Explanation
     from specdiff.replay.diff.groups import cached_prefixes
 
-    if first is None or first.kind != "values" or not consumes_context(first.name):
+    if first is None or first.kind != "values":
         return []
+    chunk = explain_chunk_boundary(traces, alignment, first)
+    if chunk or not consumes_context(first.name):
+        return chunk
     bad = np.nonzero(first.judged_fail)[0]
-    if not len(bad) or attn_in_agrees(comps, first) is not True:
+    holds, n_agree, n_below = _inputs_agree_or_inherit(comps, first) if len(bad) else (False, 0, 0)
+    if not holds:
         return []
     m = first.match
     order = bad[np.lexsort((m.depth[bad], m.pair[bad], m.pos[bad]))]
@@ -85,7 +114,9 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
     trace = getattr(traces, sv)
     iters = np.asarray(trace.keys(first.name, columns=("iter",))["iter"], np.int64)[getattr(m.rows, sv)]
     counted = first.counted if first.counted is not None else np.ones(len(m.pair), bool)
-    same_in = f"{CONTEXT_STAGE} agrees on all {len(bad)} failing rows"
+    same_in = (f"{CONTEXT_STAGE} agrees on all {len(bad)} failing rows" if not n_below else
+               f"{CONTEXT_STAGE} agrees on {n_agree} of the {len(bad)} failing rows and the other {n_below} "
+               "are draft steps below a failing row (their input hidden state is its output)")
     out = []
 
     cached = cached_prefixes(traces, alignment, sv)
@@ -138,7 +169,42 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
     return out
 
 
-__all__ = ["explain_history", "attn_in_agrees"]
+def explain_chunk_boundary(traces, alignment, first) -> list:
+    """``chunk_boundary_token``: every failing row of ``first`` is a depth-0 row at the last position
+    of a non-final prefill chunk of its serving request (chunks recorded per request,
+    groups.chunk_ends). The draft extend of a chunk reads x_{t+1} at its row t; at the chunk's last
+    row that is the first prompt token of the next chunk, which the chunk itself does not hold
+    (SGLang 0.5.23 srt/speculative/eagle_utils.py:81 ``_eagle_prefill_tail_tokens``, fixed by PR
+    #26329; before it the target's sampled token of the partial prompt was fed). Empty otherwise."""
+    from specdiff.replay.diff.explain import Explanation
+    from specdiff.replay.diff.groups import chunk_ends
+
+    bad = np.nonzero(first.judged_fail)[0]
+    if not len(bad):
+        return []
+    ends = chunk_ends(traces, alignment, _serve_attr(traces))
+    if not ends:
+        return []
+    m = first.match
+    at_end = np.array([int(m.depth[i]) == 0 and int(m.pos[i]) in ends.get(int(m.pair[i]), ()) for i in bad], bool)
+    if not at_end.all():
+        return []
+    n_ends = sum(len(v) for v in ends.values())
+    order = bad[np.lexsort((m.depth[bad], m.pair[bad], m.pos[bad]))]
+    reqs = ", ".join(f"seq {p}: chunks end at pos {', '.join(map(str, v))}" for p, v in sorted(ends.items())[:6])
+    what = "the draft's input token" if first.name == "tokens" else f"{first.name}"
+    return [Explanation(
+        "chunk_boundary_token",
+        f"{what} differs only at chunked-prefill boundaries: all {len(bad)} failing rows are the last row of a "
+        f"non-final prefill chunk ({n_ends} such rows in {len(ends)} requests), where the draft extend must read the "
+        "next chunk's first prompt token; serving fed it another token there",
+        (f"prefill chunks recorded per request: {reqs}", *_rows(first, order)),
+        "feed the next chunk's first prompt token as the draft's input at the last row of a non-final chunk "
+        "(SGLang 0.5.23 eagle_utils.py:81 _eagle_prefill_tail_tokens, PR #26329), or serve without chunked "
+        "prefill (--chunked-prefill-size larger than the prompts)")]
+
+
+__all__ = ["explain_history", "explain_chunk_boundary", "attn_in_agrees"]
 
 
 def explain_group(first) -> list:

@@ -449,6 +449,9 @@ NAMES: tuple[EngineName, ...] = (
     _n("SamplingParams.custom_params", _P + "sampling.sampling_params.SamplingParams", "field",
        "srt/sampling/sampling_params.py:180", "custom_params[specdiff_record]: the client asks for (or "
        "against) recording the request", facts=("sampled_requests",), optional=True),
+    _n("Req.cached_tokens", _P + "managers.schedule_batch.Req", "instance",
+       "srt/managers/schedule_batch.py:1353", "the request's radix-cache hit at its first prefill (cached prefix "
+       "length; tracer/engines/sglang/prefill.py)", facts=("request_prefill",), optional=True),
     _n("Req.origin_input_ids", _P + "managers.schedule_batch.Req", "instance",
        "srt/managers/schedule_batch.py:1090", "the prompt tokens of the sequence", tensors=("tokens",)),
     _n("ForwardBatch.input_ids", _P + "model_executor.forward_batch_info.ForwardBatch", "field",

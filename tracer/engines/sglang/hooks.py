@@ -35,6 +35,7 @@ from specdiff.tracer.engines.sglang.contract import (
     unrecorded_stages,
 )
 from specdiff.tracer.engines.sglang.draft_stages import DraftStageTaps, graph_hidden
+from specdiff.tracer.engines.sglang.prefill import PrefillFacts
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -85,6 +86,7 @@ class Recorder:
         self._failed_once = False
         self._lock = threading.Lock()
         self._seen_prompts: set[str] = set()
+        self.prefill = PrefillFacts()  # per-request cached prefix and chunks (contract request_prefill)
         self.hook_s = 0.0  # wall time spent inside the hooks on the serving thread
         self.iter_s = 0.0  # wall time of the recorded forward_batch_generation calls
         # writer-thread state
@@ -161,6 +163,7 @@ class Recorder:
 
         cost["bos_added"] = bos_added_fact(self._prompt_firsts, self.bos_token_id)
         cost.update(sampling_facts(self.recorded, w))
+        cost.update(self.prefill.contract())
         if w.close(contract=cost):
             logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped; hooks %.2f s of "
                         "%.2f s in recorded forwards, writer thread %.2f s)", self.opts.path, w.written,
@@ -244,6 +247,7 @@ class Recorder:
                 return None
             cap.prefix_lens = [int(x) for x in prefix]
             cap.extend_lens = [int(x) for x in extend]
+            self.prefill.note(A, reqs, rids, cap.prefix_lens, cap.extend_lens, self.keep_rid)
             for r, rid in zip(reqs, rids, strict=True):
                 if rid not in self._seen_prompts:
                     prompt = A.get(r, "Req.origin_input_ids")

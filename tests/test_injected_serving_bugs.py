@@ -1,0 +1,142 @@
+"""Serving bugs put into a real SGLang 0.5.23 CPU server by a test-owned plugin, found as a user would:
+the server traced (``SPECDIFF_TRACE``), ``record train --replay``, ``diff`` (issue 22 "Must show").
+
+The plugin (tests/bug_plugins/specdiff_bug_plugins.py) is loaded through SGLang's own plugin entry
+point, like specdiff's recorder, and ``SPECDIFF_TEST_BUG`` picks one bug per server: draft
+positions one too far at depth >= 1, the draft KV of a radix-cached prefix missing, stale draft KV
+after verify, one wrong draft input token at each chunked-prefill boundary. Every server, the
+control included, runs with ``--chunked-prefill-size 16`` (the demo prompts, 27-46 tokens, are
+prefilled in 2-3 chunks) and gets each prompt twice (the second one hits the radix cache), so the
+control shows those paths clean. One server per kind: the recorder writes one trace per server
+process and each kind needs its own trace.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
+from specdiff.tui.demo import REPO_MODELS, demo_prompts
+from specdiff.tui.scenarios import write_served_draft
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+if not (REPO_MODELS / "draft" / "config.json").exists():
+    pytest.skip("the demo models are not built", allow_module_level=True)
+
+PLUGIN_DIR = Path(__file__).resolve().parent / "bug_plugins"
+CHUNK = 16
+NEW_TOKENS = 16
+
+
+def specdiff(*args, timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specdiff.tui", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def served_draft(tmp_path_factory) -> Path:
+    return write_served_draft("correct", REPO_MODELS / "draft", tmp_path_factory.mktemp("draft") / "draft")
+
+
+def serve_traced(tmp_path: Path, served_draft: Path, server_env, bug: str | None) -> tuple[Path, Path]:
+    """Serve 2 demo prompts twice each (greedy) with ``bug`` put in; returns (train, serve) traces."""
+    sys.path.insert(0, str(PLUGIN_DIR))
+    try:
+        from specdiff_bug_plugins import entry_point_dir
+    finally:
+        sys.path.remove(str(PLUGIN_DIR))
+    eps = entry_point_dir(tmp_path / "entry-points")
+    serve = tmp_path / "serve.trace"
+    env = server_env(SPECDIFF_TRACE=str(serve), PYTHONPATH=f"{eps}:{PLUGIN_DIR}")
+    if bug:
+        env["SPECDIFF_TEST_BUG"] = bug
+    with ServerProcess(REPO_MODELS / "target", draft_model_path=served_draft, spec=SpecSettings(), env=env,
+                       extra_args=["--chunked-prefill-size", str(CHUNK), "--dtype", "bfloat16"],
+                       log_path=tmp_path / "server.log") as server:
+        for ids in demo_prompts(REPO_MODELS, 2):
+            for _ in range(2):
+                out = server.generate(input_ids=ids, max_new_tokens=NEW_TOKENS)
+                assert out["meta_info"]["completion_tokens"] == NEW_TOKENS
+    train = tmp_path / "train.trace"
+    rec = specdiff("record", "train", "--target", REPO_MODELS / "target", "--draft", REPO_MODELS / "draft",
+                   "--replay", serve, "-o", train)
+    assert rec.returncode == 0, rec.stderr[-2000:]
+    return train, serve
+
+
+def diff(train: Path, serve: Path) -> tuple[subprocess.CompletedProcess, dict, str]:
+    proc = specdiff("diff", train, serve, "--format", "json")
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    text = specdiff("diff", train, serve, "--format", "text").stdout
+    print(text)  # the report a user reads, kept in the test log
+    return proc, json.loads(proc.stdout), text
+
+
+def test_control_chunked_prefill_and_radix_repeats_without_a_bug_are_clean(tmp_path, served_draft, server_env):
+    proc, report, text = diff(*serve_traced(tmp_path, served_draft, server_env, None))
+    assert proc.returncode == 0, text
+    assert report["first_divergence"] is None
+
+
+
+def found(tmp_path, served_draft, server_env, bug) -> tuple[dict, str]:
+    """Serve with ``bug``, diff: exit 1, the plugin really ran, no narrowing that could contradict the
+    named cause (it runs only when no cause is named). Returns the JSON report and the text."""
+    proc, report, text = diff(*serve_traced(tmp_path, served_draft, server_env, bug))
+    assert "Loaded plugin specdiff_bugs" in (tmp_path / "server.log").read_text()
+    assert proc.returncode == 1, text
+    assert report["explanations"], text
+    assert report["narrowing"] is None, report["narrowing"]
+    return report, text
+
+
+def test_draft_positions_one_too_far_at_depth_1_and_deeper(tmp_path, served_draft, server_env):
+    report, text = found(tmp_path, served_draft, server_env, "positions")
+    first = report["first_divergence"]
+    assert (first["tensor"], first["depth"]) == ("draft.positions", 1), first
+    assert first["worst"]["y"] == first["worst"]["x"] + 1, first["worst"]
+    cause = report["explanations"][0]
+    assert cause["cause"] == "position_offset_depth", cause
+    assert "+1 at depth >= 1" in cause["message"] and "advanced before each draft step" in cause["message"]
+    assert any(line.startswith("depth 0: 100.0%") and line.endswith("+0") for line in cause["evidence"])
+    assert text.startswith("first divergence: draft.positions")
+
+
+def test_draft_kv_of_a_radix_cached_prefix_missing(tmp_path, served_draft, server_env):
+    report, text = found(tmp_path, served_draft, server_env, "cache_hit_kv")
+    first = report["first_divergence"]
+    assert first["tensor"] == "draft.hidden_out", first
+    cause = report["explanations"][0]
+    assert cause["cause"] == "cached_prefix_draft_kv", cause
+    prompts = demo_prompts(REPO_MODELS, 2)
+    # the repeats (seqs 1 and 3) hit the cache for all but the last prompt token (SGLang extends >= 1)
+    assert f"seq 1 (cached prefix {len(prompts[0]) - 1}, first failing pos {len(prompts[0]) - 1})" in cause["evidence"][0]
+    assert first["seq"] in (1, 3) and first["pos"] == len(prompts[first["seq"] // 2]) - 1, first
+    assert "only on requests whose prefix hit the radix cache" in cause["message"]
+
+
+def test_stale_draft_kv_after_verify(tmp_path, served_draft, server_env):
+    report, text = found(tmp_path, served_draft, server_env, "stale_kv")
+    first = report["first_divergence"]
+    assert first["tensor"] == "draft.hidden_out", first
+    cause = report["explanations"][0]
+    assert cause["cause"] == "stale_draft_kv", cause
+    assert "only after a round boundary" in cause["message"] and "never in the prefill" in cause["message"]
+    assert "draft.attn_in agrees on" in cause["message"]
+
+
+def test_one_wrong_draft_input_token_at_each_chunked_prefill_boundary(tmp_path, served_draft, server_env):
+    report, text = found(tmp_path, served_draft, server_env, "chunk_token")
+    first = report["first_divergence"]
+    assert (first["tensor"], first["depth"]) == ("tokens", 0), first
+    assert (first["pos"] + 1) % CHUNK == 0, first  # the last row of a full chunk
+    cause = report["explanations"][0]
+    assert cause["cause"] == "chunk_boundary_token", cause
+    assert "only at chunked-prefill boundaries" in cause["message"]
+    assert cause["evidence"][0].startswith("prefill chunks recorded per request: seq 0: chunks end at pos 15, 31")
