@@ -250,6 +250,22 @@ def _example_app(tmp_path=None) -> SpecdiffApp:
     return SpecdiffApp(str(EXAMPLE / "train.trace"), str(EXAMPLE / "serve.trace"), export_root=tmp_path)
 
 
+def _assert_the_fix_is_whole_on_screen(app, size, tui) -> None:
+    fix = app.query_one("#fix")
+    assert " ".join(tui.static_text(app, "#fix").split()) == f"fix: {' '.join(app.report.explanations[0].fix.split())}"
+    # every line of it is drawn: the widget is tall enough for its wrapped text and lies on screen
+    assert fix.region.height == len(tui.plain(fix.content, width=fix.content_region.width).splitlines())
+    assert 0 <= fix.region.y and fix.region.bottom <= size[1] - 1  # above the footer
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
+async def test_the_fix_is_whole_on_screen_on_the_seed_bug_pair(seed_pair, tmp_path, size, tui):
+    app = SpecdiffApp(*seed_pair, export_root=tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await tui.wait_for(pilot, tui.ready(app))
+        _assert_the_fix_is_whole_on_screen(app, size, tui)
+
+
 def _scroll_explain_to_the_table(app, tui) -> None:
     """Scroll the Explain pane so the layer-match table (the verdict's evidence) starts at its top."""
     from specdiff.tui import panes
@@ -266,12 +282,7 @@ async def test_the_fix_is_on_screen_without_scrolling_on_the_shipped_pair(size, 
     app = _example_app(tmp_path)
     async with app.run_test(size=size) as pilot:
         await tui.wait_for(pilot, tui.ready(app))
-        fix = app.query_one("#fix")
-        want = f"fix: {app.report.explanations[0].fix}"
-        assert " ".join(tui.static_text(app, "#fix").split()) == want
-        # every line of it is drawn: the widget is tall enough for its wrapped text and lies on screen
-        assert fix.region.height == len(tui.plain(fix.content, width=fix.content_region.width).splitlines())
-        assert 0 <= fix.region.y and fix.region.bottom <= size[1] - 1  # above the footer
+        _assert_the_fix_is_whole_on_screen(app, size, tui)
         verdict = tui.static_text(app, "#verdict").strip()
         assert verdict == "first divergence: target.aux.0 at seq 0 pos 0 — aux_layer_shift"
         assert app.query_one("#verdict").region.height == 1

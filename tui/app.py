@@ -170,9 +170,8 @@ class SpecdiffApp(App):
     #alert { height: auto; max-height: 2; padding: 0 1; color: $error; text-style: bold; display: none; }
     #alert.shown { display: block; }
     #verdict { height: auto; max-height: 2; padding: 0 1; }
-    #fix { height: auto; max-height: 3; padding: 0 1; color: $success; display: none; }
+    #fix { height: auto; max-height: 4; padding: 0 1; color: $success; display: none; }
     #fix.shown { display: block; }
-    #fix.short { max-height: 2; }
     #verdict.diverged { color: $error; text-style: bold; }
     #verdict.clean { color: $success; text-style: bold; }
     #progress { height: 1; padding: 0 1; }
@@ -258,9 +257,6 @@ class SpecdiffApp(App):
     def _title(self) -> str:
         return (f"specdiff  {basename(self.paths.x)} ↔ {basename(self.paths.y)}   "
                 f"tolerance: {self.preset}   depths: {'all' if self.depths else '0 only'}")
-
-    def on_resize(self, event) -> None:
-        self.query_one("#fix", Static).set_class(event.size.height < 30, "short")
 
     def on_mount(self) -> None:
         self.query_one(PipelineGrid).focus()
@@ -376,6 +372,7 @@ class SpecdiffApp(App):
         grid = self.query_one(PipelineGrid)
         grid.show(self.vm, self.vm.rows(depths=self.depths, text=self.filter_text), sel)
         self.sel = grid.selection or sel
+        self._grid_title()
         table = self.query_one("#seqs", DataTable)
         if table.row_count and table.cursor_row != sel.pair:
             self._syncing = True
@@ -409,7 +406,14 @@ class SpecdiffApp(App):
     @on(PipelineGrid.Moved)
     def _grid_moved(self, msg: PipelineGrid.Moved) -> None:
         self.sel = msg.sel
+        self._grid_title()
         self._show_detail()
+
+    def _grid_title(self) -> None:
+        """The grid's border says which aligned sequence it shows."""
+        if self.vm is not None and self.sel is not None and self.sel.pair in self.vm.pairs:
+            self.query_one("#grid-box").border_title = (f"Pipeline — seq {self.sel.pair} "
+                                                        f"({self.vm.length(self.sel.pair)} positions)")
 
     @on(DataTable.RowHighlighted, "#seqs")
     def _seq_highlighted(self, msg: DataTable.RowHighlighted) -> None:

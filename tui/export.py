@@ -8,27 +8,15 @@ and ``metrics.json`` (the cell's and the tensor's numbers from the report).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from specdiff.replay.diff.report import json_safe
 from specdiff.tracer.store import TraceWriter
 from specdiff.tracer.store.arrays import to_torch
 from specdiff.tui.view import CELLS, Sel, ViewModel
-
-
-def _clean(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    if isinstance(v, np.generic):
-        return _clean(v.item())
-    return v
 
 
 def _new_folder(root: Path, name: str) -> Path:
@@ -85,5 +73,5 @@ def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".") -> Path:
         "tolerance": asdict(comp.tolerance) if comp is not None else None,
         "worst": comp.worst if comp is not None else None,
     }
-    (out / "metrics.json").write_text(json.dumps(_clean(metrics), indent=2))
+    (out / "metrics.json").write_text(json.dumps(json_safe(metrics), indent=2))
     return out

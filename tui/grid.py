@@ -217,4 +217,5 @@ def legend(*, unreadable: bool = False) -> str:
         text = SHORT[code]
         parts.append(f"[{colour}]{sym}[/] {text}")
     parts.append("[bold red]▶[/] first")
+    parts.append("blank: no row   enter: why")  # the detail pane says why any cell is empty
     return "   ".join(parts)

@@ -12,6 +12,8 @@ import shutil
 import textwrap
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from specdiff.replay.diff.acceptance import Acceptance, acceptance
 from specdiff.replay.diff.align import Alignment, AlignmentError, Pair, align_sequences
 from specdiff.replay.diff.compare import TensorComparison, compare_all, first_divergence
@@ -39,6 +41,20 @@ from specdiff.tracer.store import open_trace
 #: a passing tensor this close to a limit (limit_use) is named in the verdict: another prompt
 #: set may push it over (issue 20: a Qwen3 control passed at max_rel 0.0486 against 0.05)
 CLOSE_TO_LIMIT = 0.8
+
+
+def json_safe(v):
+    """``v`` with numpy scalars as Python numbers and non-finite floats as strings ("nan", "inf"),
+    through dicts, lists and tuples: what ``json.dumps`` writes as strict JSON, values exact."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    return v
 
 
 @dataclass
@@ -197,16 +213,8 @@ class DiffReport:
         return f"first divergence: {self.first.name} at {where}{why}{self._damage_note()}"
 
     def to_json(self) -> dict:
-        """JSON-safe dict (``specdiff diff --format json``)."""
-        def clean(v):
-            if isinstance(v, float) and not math.isfinite(v):
-                return str(v)
-            if isinstance(v, dict):
-                return {k: clean(x) for k, x in v.items()}
-            if isinstance(v, (list, tuple)):
-                return [clean(x) for x in v]
-            return v
-
+        """JSON-safe dict (``specdiff diff --format json``), exact values (``json_safe``)."""
+        clean = json_safe
         first = None
         if self.first is not None:
             w = self.first.first_where or {}
