@@ -236,7 +236,7 @@ class ProcessTraceWriter:
         rdir = ring_dir()
         st = os.statvfs(rdir)
         size = min(int(ring_mb) << 20, st.f_bavail * st.f_frsize // 2)
-        if size < (8 << 20):
+        if size < (1 << 20):
             raise OSError(f"{rdir}: {st.f_bavail * st.f_frsize >> 20} MiB free, too little for the recorder's ring")
         ring_path = os.path.join(rdir, f"specdiff-ring-{os.getpid()}-{id(self):x}")
         self.ring = Ring(ring_path, size, create=True)

@@ -9,8 +9,8 @@ records are ``("item", item, dropped rids)`` or ``("close", contract facts, drop
 
 When the parent dies (kill -9: the wake-up pipe reads EOF) it writes what the ring holds and exits
 without closing the trace: the trace is what a killed server leaves, journaled up to its last
-record. ``SPECDIFF_WRITER_TEST_DELAY_S`` (tests only) sleeps that long before each item, to make
-the writer fall behind.
+record. Tests make the writer fall behind with ``SPECDIFF_WRITER_TEST_DELAY_S`` (sleep that long
+before each item) or ``SPECDIFF_WRITER_TEST_PAUSE_FILE`` (handle no item while that file exists).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main() -> int:
         return 2
     _say("ready")
     delay = float(os.environ.get("SPECDIFF_WRITER_TEST_DELAY_S") or 0.0)
+    pause = os.environ.get("SPECDIFF_WRITER_TEST_PAUSE_FILE") or None
     wake = spec["wake_fd"]
     parent_gone = failed = False
     while True:
@@ -85,6 +86,8 @@ def main() -> int:
             try:
                 if delay:
                     time.sleep(delay)
+                while pause is not None and os.path.exists(pause):
+                    time.sleep(0.05)
                 if hasattr(payload, "rids"):
                     side.absorb(payload)
                     handler(side, tw, payload)

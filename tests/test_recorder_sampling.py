@@ -1,0 +1,141 @@
+"""Sampled recording and a writer process that falls behind (issue 24), on one real CPU SGLang server.
+
+The server records ``SPECDIFF_SAMPLE=0.5`` of its requests through the writer process, with a
+1 MiB shared-memory ring: the first phase's requests (chosen by rid hash, or marked by the client
+through ``custom_params``) must be exactly the ones listed and recorded; in the second phase the
+writer is paused (``SPECDIFF_WRITER_TEST_PAUSE_FILE``) during a burst that overflows the ring, so
+whole requests are dropped and listed while the server keeps serving, and the trace stays readable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdiff.tracer.engines.requests import (
+    MARK_KEY,
+    REASON_FRACTION,
+    REASON_MARKED,
+    RequestSampler,
+    sample_unit,
+)
+from specdiff.tracer.store import open_trace
+
+FRACTION = 0.5
+NEW = 8
+BURST_NEW = 32
+
+
+def _rids(prefix: str, *, sampled: bool, n: int) -> list[str]:
+    out, i = [], 0
+    while len(out) < n:
+        rid = f"{prefix}-{i}"
+        if (sample_unit(rid) < FRACTION) == sampled:
+            out.append(rid)
+        i += 1
+    return out
+
+
+def test_sampler_decisions_are_deterministic_and_marks_win():
+    s = RequestSampler(0.1)
+    rids = [f"r{i}" for i in range(2000)]
+    chosen = [r for r in rids if s.decide(r) is not None]
+    assert chosen == [r for r in rids if sample_unit(r) < 0.1]
+    assert 120 < len(chosen) < 280  # a fair 10 % of 2000 (binomial sd 13)
+    out = next(r for r in rids if sample_unit(r) >= 0.1)
+    assert RequestSampler(0.1).decide(out, {MARK_KEY: True}) == REASON_MARKED
+    assert RequestSampler(0.1).decide(chosen[0], {MARK_KEY: False}) is None
+    assert RequestSampler(None).decide("HEALTH_CHECK_1") is None
+    assert RequestSampler(None, "^a").decide("b1") is None and RequestSampler(None, "^a").decide("a1") == "all"
+
+
+@pytest.fixture(scope="module")
+def sampled_server(bringup_models, tmp_path_factory, server_env):
+    pytest.importorskip("sglang")
+    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
+
+    path = tmp_path_factory.mktemp("sample") / "sampled.trace"
+    pause = path.parent / "writer.pause"
+    env = server_env(SPECDIFF_TRACE=str(path), SPECDIFF_SAMPLE=str(FRACTION), SPECDIFF_MAX_QUEUE_MB="1",
+                     SPECDIFF_WRITER_TEST_PAUSE_FILE=str(pause))
+    srv = ServerProcess(bringup_models.target, draft_model_path=bringup_models.draft,
+                        spec=SpecSettings(num_steps=3, topk=1, num_draft_tokens=4), env=env)
+    srv.start()
+    res = {"path": path}
+    try:
+        # phase 1: the sampling rule, one request at a time (a ring this small holds a few iterations)
+        res["in"] = _rids("in", sampled=True, n=2)
+        res["out"] = _rids("out", sampled=False, n=2)
+        res["marked"] = _rids("mk", sampled=False, n=1)
+        res["vetoed"] = _rids("veto", sampled=True, n=1)
+        res["outs"] = {}
+        for rid in res["in"] + res["out"] + res["marked"] + res["vetoed"]:
+            mark = {MARK_KEY: True} if rid in res["marked"] else {MARK_KEY: False} if rid in res["vetoed"] else None
+            sp = {"max_new_tokens": NEW, "temperature": 0.0, "ignore_eos": True}
+            if mark:
+                sp["custom_params"] = mark
+            res["outs"][rid] = srv.post("/generate", {"text": "def f(x):\n    return", "rid": rid,
+                                                      "sampling_params": sp})
+        # phase 2: the writer handles nothing while a burst of marked requests runs (far more
+        # iterations than the ring holds); the server must finish it all the same
+        burst = [f"burst-{i}" for i in range(6)]
+        sp = {"max_new_tokens": BURST_NEW, "temperature": 0.0, "ignore_eos": True,
+              "custom_params": {MARK_KEY: True}}
+        pause.touch()
+        try:
+            res["burst"] = srv.post("/generate", {"text": ["import os\n"] * len(burst), "rid": burst,
+                                                  "sampling_params": [sp] * len(burst)}, timeout_s=600)
+        finally:
+            pause.unlink()
+        res["burst_rids"] = burst
+    finally:
+        srv.stop()
+    return res
+
+
+@pytest.mark.server
+def test_sampling_records_exactly_the_chosen_requests_and_lists_them(sampled_server):
+    r = sampled_server
+    trace = open_trace(str(r["path"]))
+    assert trace.closed
+    c = trace.contract
+    assert c["sampling"] == {"fraction": FRACTION, "marker": f"custom_params.{MARK_KEY}", "rids": None}
+    listed = c["sampled_requests"]
+    phase1 = {rid: why for rid, why in listed.items() if not rid.startswith("burst-")}
+    assert phase1 == {**{rid: REASON_FRACTION for rid in r["in"]}, **{rid: REASON_MARKED for rid in r["marked"]}}
+    seqs = {s.rid: s for s in trace.sequences}
+    assert not set(seqs) & set(r["out"] + r["vetoed"]), "an unsampled request was recorded"
+    dropped = set(c["dropped_requests"])
+    for rid in r["in"] + r["marked"]:
+        assert rid not in dropped, f"{rid} dropped although the writer had time to catch up"
+        s, out = seqs[rid], r["outs"][rid]
+        assert s.tokens[s.prompt_len:].tolist()[:len(out["output_ids"])] == out["output_ids"]
+        k = trace.keys("verify.accept_length")
+        assert (k["seq"] == s.id).sum() == out["meta_info"]["spec_verify_ct"]
+
+
+@pytest.mark.server
+def test_a_writer_that_falls_behind_drops_whole_requests_without_blocking_the_server(sampled_server):
+    r = sampled_server
+    trace = open_trace(str(r["path"]))
+    c = trace.contract
+    dropped = set(c["dropped_requests"])
+    assert c["dropped_records"] > 0 and dropped, "the burst did not overflow the 1 MiB ring"
+    assert dropped <= set(r["burst_rids"]) and set(c["sampled_requests"]) >= set(r["burst_rids"])
+    # the server did not wait for the writer: it finished the burst while the writer was paused
+    assert all(o["meta_info"]["completion_tokens"] == BURST_NEW for o in r["burst"])
+    seqs = {s.rid: s for s in trace.sequences}
+    outs = {o["meta_info"]["id"]: o for o in r["burst"]}
+    k = trace.keys("verify.accept_length")
+    for rid in r["burst_rids"]:
+        if rid in dropped:  # rows written before the drop stay, and stop there
+            if rid in seqs:
+                assert (k["seq"] == seqs[rid].id).sum() < outs[rid]["meta_info"]["spec_verify_ct"]
+            continue
+        s = seqs[rid]  # a request that was not dropped is whole
+        assert (k["seq"] == s.id).sum() == outs[rid]["meta_info"]["spec_verify_ct"]
+        assert s.tokens[s.prompt_len:].tolist()[:BURST_NEW] == outs[rid]["output_ids"]
+    # readable: every row of a recorded tensor decodes
+    for name in ("target.aux_cat", "draft.logsumexp"):
+        n = trace.rows(name)
+        assert n > 0 and np.isfinite(trace.take(name, np.arange(n)).astype(np.float32)).all()
