@@ -120,8 +120,10 @@ def test_diff_of_the_example_pair_is_byte_identical_to_the_golden_json():
     # the code before the issue-13 redesign (commit fb78f8e) on a clean clone: the model paths the
     # traces name do not exist here, so no pre-flight findings. Regenerated once since, when the
     # per-row dot products moved from einsum to np.vecdot (issue 14): min_cos / max_rel changed in
-    # their last float32 digits (1-3 ulp), nothing else. Otherwise regenerate it only when the
-    # example pair itself is re-recorded.
+    # their last float32 digits (1-3 ulp), nothing else. Regenerated when the pair was re-recorded
+    # by traces/examples/regenerate.py with repo-relative paths (issue 23): the models the traces
+    # name now exist on a clean clone, so the report holds pre-flight findings. Otherwise
+    # regenerate it only when the example pair itself is re-recorded.
     result = subprocess.run(
         [sys.executable, "-m", "specdiff.tui", "diff", "traces/examples/seed/train.trace",
          "traces/examples/seed/serve.trace", "--format", "json"],  # relative: the JSON names them

@@ -11,7 +11,9 @@ from specdiff.tui.cli import cli
 @cli.command()
 @click.argument("old")
 @click.argument("new")
-def upgrade(old, new):
+@click.option("--compact", is_flag=True,
+              help="Also shrink each array's chunks to the rows it holds (for small traces kept in a repo).")
+def upgrade(old, new, compact):
     """Copy trace OLD to NEW in today's layout; OLD is verified first and never changed.
 
     \b
@@ -22,5 +24,5 @@ def upgrade(old, new):
     """
     from specdiff.tracer.store.upgrade import upgrade as run
 
-    n = run(old, new)
+    n = run(old, new, compact=compact)
     click.echo(f"{new}: {n} arrays rewritten (crc32c checksums, bfloat16 data type), metadata consolidated")

@@ -28,32 +28,38 @@ from specdiff.tracer.store.arrays import BF16
 from specdiff.tracer.store.layout import consolidate
 
 
-def _rewrite(src, dst, key: str) -> bool:
+def _rewrite(src, dst, key: str, *, compact: bool = False) -> bool:
     """Rewrite array ``key`` of group ``dst`` from the same array of group ``src`` with crc32c
-    appended to its compressors and bf16 bits declared ``bfloat16`` (same chunks, dims, attributes
-    and bits), one chunk at a time. Returns False (nothing written) for an array that has both."""
+    appended to its compressors and bf16 bits declared ``bfloat16`` (same dims, attributes and
+    bits), one chunk at a time; with ``compact``, chunks of no more rows than the array holds.
+    Returns False (nothing written) for an array that needs none of it."""
     arr = src[key]
     checksummed = any(isinstance(c, Crc32cCodec) for c in arr.compressors)
     bits = arr.attrs.get("specdiff_dtype") == "bfloat16" and arr.dtype == np.uint16
-    if checksummed and not bits:
+    chunks = arr.chunks
+    if compact and 0 < arr.shape[0] < chunks[0]:
+        chunks = (arr.shape[0], *chunks[1:])
+    if checksummed and not bits and chunks == arr.chunks:
         return False
     parent, name = key.rsplit("/", 1)
     new = dst[parent].create_array(
-        name, shape=arr.shape, chunks=arr.chunks, dtype=BF16 if bits else arr.dtype,
+        name, shape=arr.shape, chunks=chunks, dtype=BF16 if bits else arr.dtype,
         fill_value=0 if bits else arr.fill_value,
         compressors=[*arr.compressors] if checksummed else [*arr.compressors, Crc32cCodec()],
         dimension_names=arr.metadata.dimension_names, attributes=dict(arr.attrs), config=ARRAY_CONFIG,
         overwrite=True)
-    step = arr.chunks[0]
+    step = chunks[0]
     for a in range(0, arr.shape[0], step):
         new[a:a + step] = arr[a:a + step].view(BF16) if bits else arr[a:a + step]
     return True
 
 
-def upgrade(src: str, dst: str) -> int:
+def upgrade(src: str, dst: str, *, compact: bool = False) -> int:
     """Copy trace ``src`` to ``dst`` in today's layout (module docstring: crc32c on every chunk,
     ``sequences/id``, bf16 as ``bfloat16``, consolidated metadata). A ranked trace (``dp<r>``
-    stores) is not upgraded: upgrade each rank store.
+    stores) is not upgraded: upgrade each rank store. ``compact``: also shrink every array's chunks
+    to the rows it holds (a raw float chunk is stored whole, ~4 MiB, however few rows it has: a
+    small trace meant to be shipped, like traces/examples, is otherwise mostly padding).
 
     Returns the number of arrays rewritten (0: ``src`` had today's arrays; ``dst`` is a copy with
     consolidated metadata).
@@ -86,7 +92,7 @@ def upgrade(src: str, dst: str) -> int:
                                             dimension_names=("seq",), compressors=[Crc32cCodec()],
                                             config=ARRAY_CONFIG)
         keys += [f"sequences/{k}" for k, _ in SEQUENCE_ARRAYS if k != "id"]
-    rewritten = sum(_rewrite(source, group, key) for key in keys)
+    rewritten = sum(_rewrite(source, group, key, compact=compact) for key in keys)
     consolidate(group.store)
     if open_trace(dst).verify():
         raise TraceError(f"{dst}: the upgraded copy does not verify; keep {src}")

@@ -10,7 +10,8 @@ root with repo-relative paths, so the contracts name ``traces/models/target``, t
 and the serving trace as a fresh clone has them, not as the recording machine did. The served
 draft (``OUT/served-draft``) is the trained draft with the seed's ``eagle_aux_hidden_state_layer_ids``
 in its config.json; its weights are a relative symlink to ``traces/models/draft``'s (the seed
-changes no weight), so the repo holds no second copy.
+changes no weight), so the repo holds no second copy. Both traces are then compacted
+(``specdiff upgrade --compact``: chunks no larger than their rows), values unchanged.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def regenerate(out: Path) -> tuple[Path, Path]:
     import json
 
     from specdiff.eagle3.aux_layers import target_architecture
+    from specdiff.tracer.store.upgrade import upgrade
     from specdiff.tui.demo import demo_prompts, record_train, serve_and_trace
     from specdiff.tui.scenarios import scenario_for, scenario_ids
 
@@ -77,6 +79,13 @@ def regenerate(out: Path) -> tuple[Path, Path]:
                         env={k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
                         | {"SPECDIFF_TRACE": str(serve)})
     record_train(models=MODELS, serve_trace=serve, out=train, extra=scenario_for(SCENARIO).training_args())
+    for trace in (serve, train):  # raw float chunks are stored whole (~4 MiB): 118 MB of padding here
+        small = trace.with_name(f".{trace.name}.compact")
+        if small.exists():
+            shutil.rmtree(small)
+        upgrade(str(trace), str(small), compact=True)
+        shutil.rmtree(trace)
+        small.rename(trace)  # back under the name the training contract's replay_of gives
     return train, serve
 
 
