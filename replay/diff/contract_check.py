@@ -440,6 +440,14 @@ def dropped_words(contract: dict) -> tuple[str, str]:
                                     "use ids the engine captures (its aux-id convention)"))
 
 
+def _concat_ranks(order) -> list[int] | None:
+    """Where each aux slot's layer ranks among the slots (``[6, 0, 3]`` -> ``[2, 0, 1]``): two concat
+    orders differ as orders only when these differ; None when ``order`` is not a list."""
+    if not isinstance(order, (list, tuple)):
+        return None
+    return [sorted(order).index(v) for v in order]
+
+
 def check_contracts(traces: Pair) -> list[ContractMismatch]:
     """Every known contract field present on both sides whose values differ, most severe first.
 
@@ -474,6 +482,8 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
             y = list(y)
         if x == y:
             continue
+        if field == AUX_CONCAT_ORDER and _concat_ranks(x) == _concat_ranks(y):
+            continue  # the same order of other layers: aux_hf_indices says which (issue 23: said once)
         fix = engine_fix(field, traces)
         if field in WEIGHT_HASHES:
             out.append(_weight_hash_mismatch(field, x, y, cx, cy, labels, fix))
