@@ -108,12 +108,25 @@ def test_no_line_of_a_vllm_traces_report_names_sglang_wrongly(seed_demo):
     serve, train = seed_demo.dir / "serve.trace", seed_demo.dir / "train.trace"
     assert open_trace(str(serve)).contract["engine"] == "vllm"
     report = diff_traces(str(train), str(serve))
-    text = render_text(report)
-    wrong = [ln for ln in text.splitlines() if "SGLang" in ln and "vLLM" not in ln]
+    d = report.to_json()
+
+    def said(node):  # every explanation, contract line and finding: its message with its fix
+        if isinstance(node, dict):
+            if isinstance(node.get("message"), str):
+                yield f"{node['message']} | fix: {node.get('fix') or ''}"
+            for v in node.values():
+                yield from said(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from said(v)
+
+    lines = list(said(d))
+    assert len(lines) >= 3, lines  # the cause, the aux_hf_indices line, the pre-flight's training mismatch
+    wrong = [ln for ln in lines if "SGLang" in ln and "vLLM" not in ln]
     assert not wrong, "\n".join(wrong)
-    facts = json.dumps(report.to_json())
+    text = render_text(report)
     for sglang_only in ("SGLang id = HF index - 1", "eagle_config.eagle_aux_hidden_state_layer_ids (SGLang",
-                        "check the SGLang version"):
-        assert sglang_only not in facts, sglang_only
+                        "check the SGLang version", "crashes"):  # the served draft has vLLM's key: no crash
+        assert sglang_only not in text and sglang_only not in json.dumps(d), sglang_only
     aux = next(m for m in report.to_json()["contract_mismatches"] if m["field"] == "aux_hf_indices")
     assert "top-level eagle_aux_hidden_state_layer_ids (vLLM id = HF index" in aux["fix"], aux
