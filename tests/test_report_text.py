@@ -122,3 +122,20 @@ def test_demo_help_explains_every_scenario_it_lists(run_cli):
     section = " ".join(text.split("Scenarios", 1)[1].split())
     for name in SCENARIOS:
         assert f" {name} {' '.join(describe(name).split())}" in section, name
+
+
+@pytest.mark.parametrize(("train_order", "said"), [([0, 3, 6], False), ([6, 0, 3], True)],
+                         ids=["other-layers-same-order", "permuted"])
+def test_aux_concat_order_is_said_only_when_the_order_differs(train_order, said):
+    # training [0, 3, 6] vs serving [3, 6, 7]: the layers differ (aux_hf_indices says so), the order does not
+    from types import SimpleNamespace
+
+    from specdiff.replay.diff.align import Pair
+    from specdiff.replay.diff.contract_check import check_contracts
+
+    train = {"side": "train", "aux_hf_indices": sorted(train_order), "aux_concat_order": train_order}
+    serve = {"side": "serve", "engine": "sglang", "aux_hf_indices": [3, 6, 7], "aux_concat_order": [3, 6, 7]}
+    fields = [m.field for m in check_contracts(Pair(SimpleNamespace(contract=train, side="train"),
+                                                    SimpleNamespace(contract=serve, side="serve")))]
+    assert fields.count("aux_hf_indices") == 1
+    assert ("aux_concat_order" in fields) is said
