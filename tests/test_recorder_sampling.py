@@ -139,3 +139,34 @@ def test_a_writer_that_falls_behind_drops_whole_requests_without_blocking_the_se
     for name in ("target.aux_cat", "draft.logsumexp"):
         n = trace.rows(name)
         assert n > 0 and np.isfinite(trace.take(name, np.arange(n)).astype(np.float32)).all()
+
+
+def test_the_ring_refuses_what_does_not_fit_and_wraps_without_losing_a_byte(tmp_path):
+    import os
+
+    import torch
+
+    from specdiff.tracer.shm_ring import Ring
+
+    path = str(tmp_path / "ring")
+    prod = Ring(path, 64 * 1024, create=True)
+    cons = Ring(path)
+    os.unlink(path)
+    items = [{"i": i, "h": torch.randn(7, 33).bfloat16(), "ids": torch.arange(i), "ok": torch.tensor([True, False]),
+              "none": None} for i in range(200)]
+    sent, got, refused = 0, 0, 0
+    while got < len(items):
+        while sent < len(items) and prod.put(items[sent]):
+            sent += 1
+        refused += sent < len(items)
+        rec = cons.get()
+        assert rec is not None
+        obj, total = rec
+        want = items[got]
+        assert obj["i"] == want["i"] and obj["none"] is None
+        assert torch.equal(obj["h"], want["h"]) and torch.equal(obj["ids"], want["ids"])
+        assert obj["ok"].tolist() == [True, False]
+        del obj, rec
+        cons.release(total)
+        got += 1
+    assert refused > 0 and cons.get() is None and cons.written == len(items) and prod.used() == 0

@@ -26,6 +26,9 @@ import time
 
 logger = logging.getLogger("specdiff.tracer")
 
+#: at most this often the journal gets the sampled and dropped requests' lists (a contract entry)
+LIST_EVERY_S = 5.0
+
 
 def _say(line: str) -> None:
     sys.stdout.write(line.replace("\n", " ") + "\n")
@@ -62,6 +65,7 @@ def main() -> int:
     pause = os.environ.get("SPECDIFF_WRITER_TEST_PAUSE_FILE") or None
     wake = spec["wake_fd"]
     parent_gone = failed = False
+    listed = 0.0
     while True:
         got = ring.get()
         if got is None:
@@ -76,7 +80,7 @@ def main() -> int:
             continue
         (kind, payload, notices), total = got
         t0 = time.perf_counter_ns()
-        side.dropped.update(notices)
+        side.drop(notices)
         if kind == "close":
             ok = _close(tw, side, payload, failed)
             ring.release(total, time.perf_counter_ns() - t0)
@@ -100,6 +104,16 @@ def main() -> int:
                 logger.error("trace writer failed (%s: %s); tracing disabled, the server keeps serving; "
                              "the trace at %s holds what was written before", type(exc).__name__, exc, tw.path)
         del payload, got
+        if side.changed and not failed and time.monotonic() - listed > LIST_EVERY_S:
+            # which requests the trace holds, journaled while serving: a watcher and a killed
+            # server's trace see it before the close (which writes the serving side's final list)
+            try:
+                tw.set_contract(**side.listing())
+            except Exception as exc:  # noqa: BLE001 - the store failed: as a failed item
+                failed = True
+                ring.mark_failed()
+                logger.error("trace writer failed (%s: %s); tracing disabled", type(exc).__name__, exc)
+            listed = time.monotonic()
         ring.release(total, time.perf_counter_ns() - t0)
 
 

@@ -118,15 +118,30 @@ class WriterSide:
         self.seq_ids: dict[str, int] = {}
         self.seq_tokens: dict[str, list[int]] = {}
         self.seq_prompt: dict[str, int] = {}
-        self.kept: set[str] = set()
+        self.kept: dict[str, str] = {}  # rid -> why it is recorded
         self.dropped: set[str] = set()
+        self.changed = False  # kept or dropped grew since ``listing()`` was last taken
 
     def keep_rid(self, rid: str) -> bool:
         return rid in self.kept and rid not in self.dropped
 
     def absorb(self, item) -> None:
         """Take the recording reasons an item carries (``item.reasons``: rid -> reason)."""
-        self.kept.update(getattr(item, "reasons", None) or ())
+        reasons = getattr(item, "reasons", None)
+        if reasons:
+            self.kept.update(reasons)
+            self.changed = True
+
+    def drop(self, rids) -> None:
+        """Requests the serving side dropped (their later rows are skipped)."""
+        if rids:
+            self.dropped.update(rids)
+            self.changed = True
+
+    def listing(self) -> dict:
+        """The contract facts ``sampled_requests`` and ``dropped_requests`` as known here."""
+        self.changed = False
+        return {"sampled_requests": dict(self.kept), "dropped_requests": sorted(self.dropped)}
 
     def contract_update(self, facts: dict) -> None:
         """Follow contract facts learned after start-up (the aux layer count)."""
