@@ -14,6 +14,7 @@ process and each kind needs its own trace.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,13 @@ def serve_traced(tmp_path: Path, served_draft: Path, server_env, bug: str | None
     return train, serve
 
 
+def logged_cache_hits(tmp_path: Path) -> list[int]:
+    """The non-zero ``#cached-token: N`` of SGLang's "Prefill batch" log lines, in order (one request
+    a batch here)."""
+    log = (tmp_path / "server.log").read_text()
+    return [int(n) for n in re.findall(r"Prefill batch.*?#cached-token: (\d+)", log) if int(n)]
+
+
 def diff(train: Path, serve: Path) -> tuple[subprocess.CompletedProcess, dict, str]:
     proc = specdiff("diff", train, serve, "--format", "json")
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -79,9 +87,24 @@ def diff(train: Path, serve: Path) -> tuple[subprocess.CompletedProcess, dict, s
 
 
 def test_control_chunked_prefill_and_radix_repeats_without_a_bug_are_clean(tmp_path, served_draft, server_env):
-    proc, report, text = diff(*serve_traced(tmp_path, served_draft, server_env, None))
+    from specdiff.tracer.store import open_trace
+
+    train, serve = serve_traced(tmp_path, served_draft, server_env, None)
+    proc, report, text = diff(train, serve)
     assert proc.returncode == 0, text
     assert report["first_divergence"] is None
+    # what the recorder read per request from the live Req / ScheduleBatch (tracer/engines/sglang/prefill.py),
+    # against SGLang's own log of each prefill's cache hit
+    trace = open_trace(serve)
+    facts = [trace.contract["request_prefill"][s.rid] for s in trace.sequences]
+    assert "injected" not in (tmp_path / "server.log").read_text()  # the plugin loaded, no bug put in
+    hits = logged_cache_hits(tmp_path)
+    assert len(hits) == 2 and all(h > 0 for h in hits), hits
+    for (first, repeat), ids, hit in zip(zip(facts[::2], facts[1::2]), demo_prompts(REPO_MODELS, 2), hits,
+                                         strict=True):
+        n = len(ids)
+        assert first == {"cached_prefix": 0, "chunks": [[p, min(CHUNK, n - p)] for p in range(0, n, CHUNK)]}, first
+        assert repeat == {"cached_prefix": hit, "chunks": [[hit, n - hit]]}, repeat
 
 
 
@@ -89,7 +112,7 @@ def found(tmp_path, served_draft, server_env, bug) -> tuple[dict, str]:
     """Serve with ``bug``, diff: exit 1, the plugin really ran, no narrowing that could contradict the
     named cause (it runs only when no cause is named). Returns the JSON report and the text."""
     proc, report, text = diff(*serve_traced(tmp_path, served_draft, server_env, bug))
-    assert "Loaded plugin specdiff_bugs" in (tmp_path / "server.log").read_text()
+    assert f"specdiff_bug_plugins: {bug} injected" in (tmp_path / "server.log").read_text()
     assert proc.returncode == 1, text
     assert report["explanations"], text
     assert report["narrowing"] is None, report["narrowing"]
@@ -114,10 +137,11 @@ def test_draft_kv_of_a_radix_cached_prefix_missing(tmp_path, served_draft, serve
     assert first["tensor"] == "draft.hidden_out", first
     cause = report["explanations"][0]
     assert cause["cause"] == "cached_prefix_draft_kv", cause
-    prompts = demo_prompts(REPO_MODELS, 2)
-    # the repeats (seqs 1 and 3) hit the cache for all but the last prompt token (SGLang extends >= 1)
-    assert f"seq 1 (cached prefix {len(prompts[0]) - 1}, first failing pos {len(prompts[0]) - 1})" in cause["evidence"][0]
-    assert first["seq"] in (1, 3) and first["pos"] == len(prompts[first["seq"] // 2]) - 1, first
+    hits = logged_cache_hits(tmp_path)  # the repeats (seqs 1 and 3), as SGLang logged them
+    assert cause["evidence"][0] == (f"requests that hit the cache: seq 1 (cached prefix {hits[0]}, first failing pos "
+                                    f"{hits[0]}), seq 3 (cached prefix {hits[1]}, first failing pos {hits[1]})")
+    assert (first["seq"], first["pos"]) == (1, hits[0]), first
+    assert any("counted rows of requests without a cache hit agree" in line for line in cause["evidence"])
     assert "only on requests whose prefix hit the radix cache" in cause["message"]
 
 

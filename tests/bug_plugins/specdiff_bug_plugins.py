@@ -30,6 +30,7 @@ Kinds (each on SGLang 0.5.23's own code path; lines of that release):
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 ENV = "SPECDIFF_TEST_BUG"
@@ -38,6 +39,14 @@ KINDS = ("positions", "chunk_token", "cache_hit_kv", "stale_kv")
 REVERT_PR = {"positions": 25015, "chunk_token": 26329}
 _EW2 = "sglang.srt.speculative.eagle_worker_v2"
 _applied = False
+_acted: set[str] = set()
+
+
+def _said(kind: str) -> None:
+    """One line in the server's log the first time the bug acts (the test checks the bug really ran)."""
+    if kind not in _acted:
+        _acted.add(kind)
+        print(f"specdiff_bug_plugins: {kind} injected", file=sys.stderr, flush=True)
 
 
 def entry_point_dir(root: Path) -> Path:
@@ -61,12 +70,14 @@ def _draft_kv_buffers(draft_worker) -> list:
 
 def _wipe_cached_prefix(orig, self, batch, *a, **kw):
     """``cache_hit_kv``: zero the draft KV of each cache-hit request's cached prefix, then extend."""
-    for req, pre in zip(batch.reqs, batch.prefix_lens or (), strict=False):
+    # ScheduleBatch.req_pool_indices: each request's req_to_token row (srt/managers/schedule_batch.py:2545)
+    for req, pre, row in zip(batch.reqs, batch.prefix_lens or (), batch.req_pool_indices.tolist(), strict=False):
         hit = int(getattr(req, "cached_tokens", 0) or 0)
         if hit > 0 and pre == hit:  # the request's first chunk, right after its radix-cache match
-            slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, :hit].to(torch_long())
+            slots = self.req_to_token_pool.req_to_token[row, :hit].to(torch_long())
             for buf in _draft_kv_buffers(self):
                 buf[slots] = 0
+            _said("cache_hit_kv")
     return orig(self, batch, *a, **kw)
 
 
@@ -89,6 +100,7 @@ def _discard_decode_extend_kv(orig, self, forward_batch, *a, **kw):
     out = orig(self, forward_batch, *a, **kw)
     for b, s in zip(bufs, saved, strict=True):
         b[loc] = s
+    _said("stale_kv")
     return out
 
 
@@ -101,6 +113,7 @@ def _revert_once(orig, self, *a, **kw):
 
         _revert_pr_fix(REVERT_PR[os.environ[ENV]])
         _applied = True
+        _said(os.environ[ENV])
     return orig(self, *a, **kw)
 
 
