@@ -305,7 +305,8 @@ class ProcessTraceWriter:
         (``item.event``) is copied by a publisher thread once the event completes."""
         if not self.active:
             return False
-        if getattr(item, "event", None) is not None:
+        if self._publisher is not None or getattr(item, "event", None) is not None:
+            # once a publisher runs, everything goes through it: one producer, items in order
             self._publish_later(item)
             return True
         return self._put(item)
@@ -351,8 +352,9 @@ class ProcessTraceWriter:
             if item is _STOP:
                 return
             try:
-                item.wait()
-                item.event = None
+                if getattr(item, "event", None) is not None:
+                    item.wait()
+                    item.event = None
                 self._put(item)
             except Exception as exc:  # noqa: BLE001 - a lost item must not stop the server
                 logger.error("specdiff: publishing a capture failed (%s: %s)", type(exc).__name__, exc)
