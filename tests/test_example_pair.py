@@ -59,6 +59,14 @@ def test_the_served_draft_is_the_trained_one_with_the_seed_ids():
     assert {k for k in cfg if cfg[k] != base.get(k)} | {k for k in base if k not in cfg} == {"eagle_config"}
 
 
+def _by_sequence(value, trace):
+    """A per-request fact keyed by request id (random on every run) re-keyed by sequence order."""
+    order = {s.rid: i for i, s in enumerate(trace.sequences)}
+    if isinstance(value, dict) and value and set(value) <= set(order):
+        return {order[k]: v for k, v in sorted(value.items(), key=lambda kv: order[kv[0]])}
+    return value
+
+
 def _assert_same_pair(made: Path) -> None:
     for side in ("serve", "train"):
         a, b = open_trace(str(EXAMPLE / f"{side}.trace")), open_trace(str(made / f"{side}.trace"))
@@ -78,8 +86,8 @@ def _assert_same_pair(made: Path) -> None:
                 assert np.array_equal(x, y), f"{side} {name}"
         skip = set(PATH_FACTS[side]) | {"recorder_hook_s", "recorder_iter_s", "recorder_writer_s", "created",
                                          "host", "pid", "started_at", "wall_s"}
-        ca = {k: v for k, v in a.contract.items() if k not in skip and not k.endswith("_s")}
-        cb = {k: v for k, v in b.contract.items() if k not in skip and not k.endswith("_s")}
+        ca = {k: _by_sequence(v, a) for k, v in a.contract.items() if k not in skip and not k.endswith("_s")}
+        cb = {k: _by_sequence(v, b) for k, v in b.contract.items() if k not in skip and not k.endswith("_s")}
         assert sorted(ca) == sorted(cb), side
         differ = [k for k in ca if json.dumps(ca[k], sort_keys=True) != json.dumps(cb[k], sort_keys=True)
                   and not isinstance(ca[k], float)]
