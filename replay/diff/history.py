@@ -169,6 +169,11 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
     return out
 
 
+def _side_labels(traces) -> tuple[str, str]:
+    """(side x, side y) as the report names them (``training`` / ``serving`` by their trace side)."""
+    return tuple("serving" if t.side == "serve" else "training" for t in (traces.x, traces.y))
+
+
 def explain_chunk_boundary(traces, alignment, first) -> list:
     """``chunk_boundary_token``: every failing row of ``first`` is a depth-0 row at the last position
     of a non-final prefill chunk of its serving request (chunks recorded per request,
@@ -193,12 +198,20 @@ def explain_chunk_boundary(traces, alignment, first) -> list:
     order = bad[np.lexsort((m.depth[bad], m.pair[bad], m.pos[bad]))]
     reqs = ", ".join(f"seq {p}: chunks end at pos {', '.join(map(str, v))}" for p, v in sorted(ends.items())[:6])
     what = "the draft's input token" if first.name == "tokens" else f"{first.name}"
+    rows = _rows(first, order)
+    if first.name == "tokens":  # ids, not a relative error: show both sides' token
+        shown = order[:8]
+        tx = np.asarray(traces.x.take("tokens", m.rows.x[shown])).reshape(-1)
+        ty = np.asarray(traces.y.take("tokens", m.rows.y[shown])).reshape(-1)
+        label = _side_labels(traces)
+        rows = [f"seq {int(m.pair[i])} pos {int(m.pos[i])}: {label[0]} {int(a)} vs {label[1]} {int(b)}"
+                for i, a, b in zip(shown, tx, ty, strict=True)] + rows[len(shown):]
     return [Explanation(
         "chunk_boundary_token",
         f"{what} differs only at chunked-prefill boundaries: all {len(bad)} failing rows are the last row of a "
         f"non-final prefill chunk ({n_ends} such rows in {len(ends)} requests), where the draft extend must read the "
         "next chunk's first prompt token; serving fed it another token there",
-        (f"prefill chunks recorded per request: {reqs}", *_rows(first, order)),
+        (f"prefill chunks recorded per request: {reqs}", *rows),
         "feed the next chunk's first prompt token as the draft's input at the last row of a non-final chunk "
         "(SGLang 0.5.23 eagle_utils.py:81 _eagle_prefill_tail_tokens, PR #26329), or serve without chunked "
         "prefill (--chunked-prefill-size larger than the prompts)")]
