@@ -45,13 +45,20 @@ def served_draft(tmp_path_factory) -> Path:
     return write_served_draft("correct", REPO_MODELS / "draft", tmp_path_factory.mktemp("draft") / "draft")
 
 
+def entry_point_dir(root: Path) -> Path:
+    """A ``specdiff_bug_plugins-0.dist-info`` under ``root`` that declares the plugin's ``load`` in SGLang's
+    ``sglang.srt.plugins`` group (what SGLang's ``load_plugins`` reads, srt/plugins/__init__.py): with
+    ``root`` and ``PLUGIN_DIR`` on the server's ``PYTHONPATH``, ``importlib.metadata`` finds it as it
+    finds an installed plugin's. Returns ``root``."""
+    info = root / "specdiff_bug_plugins-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: specdiff-bug-plugins\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nspecdiff_bugs = specdiff_bug_plugins:load\n")
+    return root
+
+
 def serve_traced(tmp_path: Path, served_draft: Path, server_env, bug: str | None) -> tuple[Path, Path]:
     """Serve 2 demo prompts twice each (greedy) with ``bug`` put in; returns (train, serve) traces."""
-    sys.path.insert(0, str(PLUGIN_DIR))
-    try:
-        from specdiff_bug_plugins import entry_point_dir
-    finally:
-        sys.path.remove(str(PLUGIN_DIR))
     eps = entry_point_dir(tmp_path / "entry-points")
     serve = tmp_path / "serve.trace"
     env = server_env(SPECDIFF_TRACE=str(serve), PYTHONPATH=f"{eps}:{PLUGIN_DIR}")

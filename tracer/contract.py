@@ -23,6 +23,9 @@ from specdiff.tracer.errors import TraceError
 
 #: The value of a fact that could not be read from the live engine objects.
 UNKNOWN = "unknown"
+#: serving contract field: rid -> {"cached_prefix": int | UNKNOWN, "chunks": [[start, length], ...]}
+#: (written by tracer/engines/sglang/prefill.py, read by replay/diff/groups.py; traces/FORMAT.md)
+REQUEST_PREFILL = "request_prefill"
 
 _num = (int, float)
 _list = (list, tuple)

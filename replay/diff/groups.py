@@ -143,9 +143,9 @@ def recorded_prefill(trace) -> dict[int, dict]:
     tracer/engines/sglang/prefill.py: ``{"cached_prefix": int | "unknown", "chunks": [[start, length],
     ...]}``), matched through each sequence's rid; empty when the trace does not hold them (another
     recorder, an older trace, a server killed before it closed the trace)."""
-    from specdiff.tracer.engines.sglang.prefill import FIELD
+    from specdiff.tracer.contract import REQUEST_PREFILL
 
-    facts = (trace.contract or {}).get(FIELD)
+    facts = (trace.contract or {}).get(REQUEST_PREFILL)
     if not isinstance(facts, dict) or not facts:
         return {}
     out = {}

@@ -4,7 +4,7 @@ Loaded the way specdiff's own recorder is (tracer/engines/sglang/plugin.py): thr
 ``sglang.srt.plugins`` entry-point group, which ``load_plugins()`` calls in every process it
 starts (srt/plugins/__init__.py). Nothing is installed: the test writes a ``*.dist-info`` folder
 naming ``specdiff_bug_plugins:load`` and puts it and this folder on the server's ``PYTHONPATH``
-(``entry_point_dir``). ``SPECDIFF_TEST_BUG=<kind>`` picks the bug; unset, the plugin does nothing.
+(tests/test_injected_serving_bugs.py ``entry_point_dir``). ``SPECDIFF_TEST_BUG=<kind>`` picks the bug; unset, the plugin does nothing.
 
 Kinds (each on SGLang 0.5.23's own code path; lines of that release):
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 ENV = "SPECDIFF_TEST_BUG"
 KINDS = ("positions", "chunk_token", "cache_hit_kv", "stale_kv")
@@ -47,18 +46,6 @@ def _said(kind: str) -> None:
     if kind not in _acted:
         _acted.add(kind)
         print(f"specdiff_bug_plugins: {kind} injected", file=sys.stderr, flush=True)
-
-
-def entry_point_dir(root: Path) -> Path:
-    """Write a ``specdiff_bug_plugins-0.dist-info`` under ``root`` that declares ``load`` in SGLang's
-    ``sglang.srt.plugins`` group; returns ``root``. Put ``root`` and this module's folder on the
-    server's ``PYTHONPATH``: ``importlib.metadata`` then finds the entry point, as for an installed
-    plugin."""
-    info = Path(root) / "specdiff_bug_plugins-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: specdiff-bug-plugins\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nspecdiff_bugs = specdiff_bug_plugins:load\n")
-    return Path(root)
 
 
 def _draft_kv_buffers(draft_worker) -> list:

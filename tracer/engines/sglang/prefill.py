@@ -20,10 +20,8 @@ table gives each sequence's rid).
 
 from __future__ import annotations
 
+from specdiff.tracer.contract import REQUEST_PREFILL as FIELD
 from specdiff.tracer.contract import UNKNOWN
-
-#: contract field (rid -> {"cached_prefix": int | "unknown", "chunks": [[start, length], ...]})
-FIELD = "request_prefill"
 
 
 class PrefillFacts:
