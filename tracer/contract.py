@@ -97,7 +97,15 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "recorder_hook_s": (_num, "seconds the serving recorder's hooks ran inside the engine's iterations "
                               "(its cost on the serving path; benchmarks/recorder_overhead.py)"),
     "recorder_iter_s": (_num, "seconds the recorded iterations took, hooks included"),
-    "recorder_writer_s": (_num, "seconds the background writer thread spent writing the store"),
+    "recorder_writer_s": (_num, "seconds the background writer (thread, or process: tracer/writer_process.py) "
+                                "spent writing the store"),
+    "recorder_writer_cpu_s": (_num, "CPU seconds of the recorder's writer process (off the server's process)"),
+    "sampling": ((dict,), "how requests were chosen for recording: {'fraction', 'marker', 'rids'} "
+                          "(tracer/engines/requests.py RequestSampler)"),
+    "sampled_requests": ((dict,), "rid -> why it was recorded: 'all', 'fraction' (blake2b draw < fraction) "
+                                  "or 'marked' (the client's custom_params.specdiff_record)"),
+    "dropped_requests": (_list, "rids the recorder dropped whole because its writer fell behind (rows "
+                                "written before the drop stay; later ones are not recorded)"),
     "findings": (_list, "pre-flight contract findings (specdiff check)"),
     "model_name": ((str,), "target model path or name"),
     DEFAULTS_USED: ((dict,), "options the recorder filled in: name -> {'value': ..., 'source': where "
