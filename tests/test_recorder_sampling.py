@@ -170,3 +170,23 @@ def test_the_ring_refuses_what_does_not_fit_and_wraps_without_losing_a_byte(tmp_
         cons.release(total)
         got += 1
     assert refused > 0 and cons.get() is None and cons.written == len(items) and prod.used() == 0
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.1", "ten percent"])
+def test_a_bad_sample_fraction_is_one_error_naming_it(value):
+    from specdiff.tracer.engines.options import OptionError, Options
+
+    with pytest.raises(OptionError) as e:
+        Options.from_env({"SPECDIFF_TRACE": "t.trace", "SPECDIFF_SAMPLE": value})
+    assert str(e.value) == (f"SPECDIFF_SAMPLE={value!r} is not valid; accepted values: a fraction in (0, 1], "
+                            "e.g. 0.1 (unset: every request)")
+    o = Options.from_env({"SPECDIFF_TRACE": "t.trace", "SPECDIFF_SAMPLE": "0.25", "SPECDIFF_WRITER": "thread"})
+    assert (o.sample, o.writer) == (0.25, "thread") and o.sampler().facts["fraction"] == 0.25
+
+
+def test_record_serve_passes_the_sample_fraction(tmp_path):
+    from specdiff.tui.cmd_record import trace_env
+
+    env = trace_env(str(tmp_path / "t.trace"), "default", 8, None, False, base={}, sample=0.1)
+    assert env["SPECDIFF_SAMPLE"] == "0.1"
+    assert "SPECDIFF_SAMPLE" not in trace_env(str(tmp_path / "t.trace"), "default", 8, None, False, base={})
