@@ -57,6 +57,20 @@ def models(args) -> tuple[Path, Path]:
     return build_bringup_models(Path(tempfile.gettempdir()) / "specdiff-bringup")
 
 
+def recorded_mb(trace) -> float:
+    """MB of rows recorded (rows x row bytes of every tensor, keys not counted): a small trace's
+    directory is mostly its raw chunks' fixed size, so its size on disk would not say what was recorded."""
+    import numpy as np
+
+    from specdiff.tracer.store import STORAGE_DTYPES
+
+    total = 0
+    for name in trace.names():
+        info = trace.info(name)
+        total += info.rows * int(np.prod(info.shape, dtype=np.int64)) * STORAGE_DTYPES[info.dtype].itemsize
+    return total / 1e6
+
+
 #: The SGLang modes compared side by side: the recorder's environment of each.
 MODES = {"off": {}, "default": {"SPECDIFF_CAPTURE": "default"}, "full": {"SPECDIFF_CAPTURE": "full"},
          "sample10": {"SPECDIFF_CAPTURE": "default", "SPECDIFF_SAMPLE": "0.1"}}
@@ -114,7 +128,7 @@ def run_sglang(target, draft, args, workdir: Path) -> dict:
         if m in traces:
             t = open_trace(str(traces[m]))
             c = t.contract
-            mb = sum(f.stat().st_size for f in traces[m].rglob("*") if f.is_file()) / 1e6
+            mb = recorded_mb(t)
             cpu = c.get("recorder_hook_s", 0.0) + c.get("recorder_writer_cpu_s", c.get("recorder_writer_s", 0.0))
             res.update(records=t.records, dropped=c.get("dropped_records"), mb=mb, closed=t.closed,
                        sampled=len(c.get("sampled_requests") or {}), dropped_requests=len(c.get("dropped_requests") or []),
@@ -261,7 +275,7 @@ def main():
               + " ".join(f"{v:.1f}" for v in r["rounds"]))
     print("ratio = median over rounds of (mode tok/s / untraced tok/s in the same round); dropped = "
           "iterations/requests; hooks% = the hooks' wall time / the recorded forwards' (serving thread); "
-          "wr_cpu_s = the writer process's CPU; cpu_s/MB = (hook_s + wr_cpu_s) / MB of trace")
+          "wr_cpu_s = the writer process's CPU; MB = rows recorded; cpu_s/MB = (hook_s + wr_cpu_s) / MB")
     for m, goal in GOALS.items():
         if m in res:
             r = res[m]["ratio"]
