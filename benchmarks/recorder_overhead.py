@@ -65,7 +65,7 @@ def recorded_mb(trace) -> float:
     from specdiff.tracer.store import STORAGE_DTYPES
 
     total = 0
-    for name in trace.names():
+    for name in trace.names:
         info = trace.info(name)
         total += info.rows * int(np.prod(info.shape, dtype=np.int64)) * STORAGE_DTYPES[info.dtype].itemsize
     return total / 1e6
