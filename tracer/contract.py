@@ -99,7 +99,7 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "recorder_iter_s": (_num, "seconds the recorded iterations took, hooks included"),
     "recorder_writer_s": (_num, "seconds the background writer (thread, or process: tracer/writer_process.py) "
                                 "spent writing the store"),
-    "recorder_writer_cpu_s": (_num, "CPU seconds of the recorder's writer process (off the server's process)"),
+    "recorder_writer_cpu_s": (_num, "CPU seconds the recorder's writer process spent after start-up (off the server's process)"),
     "sampling": ((dict,), "how requests were chosen for recording: {'fraction', 'marker', 'rids'} "
                           "(tracer/engines/requests.py RequestSampler)"),
     "sampled_requests": ((dict,), "rid -> why it was recorded: 'all', 'fraction' (blake2b draw < fraction) "

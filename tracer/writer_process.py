@@ -28,6 +28,7 @@ logger = logging.getLogger("specdiff.tracer")
 
 #: at most this often the journal gets the sampled and dropped requests' lists (a contract entry)
 LIST_EVERY_S = 5.0
+_cpu0 = 0.0
 
 
 def _say(line: str) -> None:
@@ -61,6 +62,8 @@ def main() -> int:
         _say(f"error {exc}" if type(exc).__name__ == "TraceError" else f"error {type(exc).__name__}: {exc}")
         return 2
     _say("ready")
+    global _cpu0
+    _cpu0 = time.process_time()  # start-up (imports, opening the trace) is not writing
     delay = float(os.environ.get("SPECDIFF_WRITER_TEST_DELAY_S") or 0.0)
     pause = os.environ.get("SPECDIFF_WRITER_TEST_PAUSE_FILE") or None
     wake = spec["wake_fd"]
@@ -120,7 +123,7 @@ def main() -> int:
 def _close(tw, side, facts: dict, failed: bool) -> bool:
     try:
         # this process's CPU time, spent off the server's process (benchmarks: CPU seconds per MB)
-        tw.set_contract(**facts, recorder_writer_cpu_s=round(time.process_time(), 4))
+        tw.set_contract(**facts, recorder_writer_cpu_s=round(time.process_time() - _cpu0, 4))
         tw.close()
         return True
     except Exception as exc:  # noqa: BLE001
