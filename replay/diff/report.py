@@ -451,7 +451,7 @@ def _first_rows(report: DiffReport) -> list[str]:
     f = report.first
     if f.kind == "structure":
         m = f.structure
-        return [f"  {m.name}: {m.message} — the layouts differ, so no row of it is compared"]
+        return [f"  {m.message} — the layouts differ, so no row of it is compared"]
     s = f.stats
     nums = ", ".join(f"{k} {_fmt(s[k])}" for k in ("max_rel", "min_cos", "max_abs", "match_rate", "topk_overlap",
                                                     "fail_frac", "nonfinite_rows") if k in s)
