@@ -190,3 +190,18 @@ def test_record_serve_passes_the_sample_fraction(tmp_path):
     env = trace_env(str(tmp_path / "t.trace"), "default", 8, None, False, base={}, sample=0.1)
     assert env["SPECDIFF_SAMPLE"] == "0.1"
     assert "SPECDIFF_SAMPLE" not in trace_env(str(tmp_path / "t.trace"), "default", 8, None, False, base={})
+
+
+def test_a_second_close_of_the_writer_process_reads_its_last_counts(tmp_path):
+    """SIGTERM's close then atexit's: the second close and the counts it reports must not touch
+    the unmapped ring (it raised ``ValueError: mmap closed or invalid`` at server exit)."""
+    from specdiff.tracer.async_writer import ProcessTraceWriter
+
+    w = ProcessTraceWriter(str(tmp_path / "t.trace"), contract={"hidden_size": 8},
+                           handler="specdiff.tracer.engines.sglang.attribution:write_capture",
+                           side={"hidden_size": 8, "num_aux": 3, "topk": 1})
+    assert w.close() is True
+    counts = (w.written, w.failed, w.busy_s)
+    assert w.close() is False
+    assert (w.written, w.failed, w.busy_s) == counts and not w.active and not w.failed
+    assert open_trace(str(tmp_path / "t.trace")).closed

@@ -232,6 +232,7 @@ class ProcessTraceWriter:
         self._notices: list[str] = []
         self._controls: list = []  # contract updates that did not fit yet: never dropped
         self._closed = False
+        self._final: tuple | None = None  # (failed, written, busy_s) once the ring is unmapped
         self._publisher = None
         rdir = ring_dir()
         st = os.statvfs(rdir)
@@ -279,6 +280,7 @@ class ProcessTraceWriter:
         except FileNotFoundError:
             pass
         os.close(self._wake_fd)
+        self._final = (self.ring.failed, self.ring.written, self.ring.busy_s)
         self.ring.close()
 
     # -- state --
@@ -286,17 +288,19 @@ class ProcessTraceWriter:
     def active(self) -> bool:
         return not (self._closed or self.ring.failed or self.proc.poll() is not None)
 
+    # read from the ring while it is mapped, from its last header after close (a second close, e.g.
+    # SIGTERM's then atexit's, still asks for them)
     @property
     def failed(self) -> bool:
-        return self.ring.failed
+        return self._final[0] if self._final else self.ring.failed
 
     @property
     def written(self) -> int:
-        return self.ring.written
+        return self._final[1] if self._final else self.ring.written
 
     @property
     def busy_s(self) -> float:
-        return self.ring.busy_s
+        return self._final[2] if self._final else self.ring.busy_s
 
     # -- producer (serving thread) --
     def submit(self, item) -> bool:
@@ -398,5 +402,6 @@ class ProcessTraceWriter:
         except Exception:  # noqa: BLE001
             self.proc.kill()
         os.close(self._wake_fd)
+        self._final = (self.ring.failed, self.ring.written, self.ring.busy_s)
         self.ring.close()
         return ok

@@ -32,8 +32,13 @@ _cpu0 = 0.0
 
 
 def _say(line: str) -> None:
-    sys.stdout.write(line.replace("\n", " ") + "\n")
-    sys.stdout.flush()
+    """One protocol line to the parent; a parent that already exited (an engine that shuts down
+    without waiting for ``closed``) is not an error: the trace is written either way."""
+    try:
+        sys.stdout.write(line.replace("\n", " ") + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor is the flush at exit
 
 
 def main() -> int:
