@@ -22,18 +22,22 @@ async def test_recorded_seed_pair_opens_on_the_layer_shift(tmp_path, tui):
     async with app.run_test(size=(120, 40)) as pilot:
         await tui.wait_for(pilot, lambda: app.vm is not None and app.sel is not None, timeout=120)
         assert app.sel == Sel("target.aux.0", 0, 0, 0)
+        # the header names the cause; the Explain pane says it in full, with the fix
         assert tui.static_text(app, "#verdict").startswith(
-            "first divergence: target.aux.0 at seq 0 pos 0 — serving slot 0 = training HF hidden_states[3]")
-        explain = tui.static_text(app, "#explain-body")
-        assert "aux_layer_shift" in explain and "[-1, 2, 5]" in explain
+            "first divergence: target.aux.0 at seq 0 pos 0 — aux_layer_shift")
+        explain = " ".join(tui.static_text(app, "#explain-body").split())  # the pane wraps
+        assert "serving slot 0 = training HF hidden_states[3]" in explain
+        assert "[-1, 2, 5]" in tui.static_text(app, "#fix")  # the fix has its own line in the header
         comp = app.report.comparisons["target.aux.0"]
         body = tui.static_text(app, "#detail-body")
         assert f"{comp.stats['fail_rows']}/{comp.stats['rows']} rows fail" in body
         assert "tolerance rel ≤ 0.05  cos ≥ 0.995" in body  # bf16 traces: bf16 tolerance
-        # n walks to the next divergence: the same tensor, the next position
-        await pilot.press("n")
+        # ] walks to the next failing row of the same tensor
+        await pilot.press("]")
         assert app.sel.name == "target.aux.0" and (app.sel.pair, app.sel.pos) != (0, 0)
         await pilot.press("f", "e")
+        await tui.wait_for(pilot, lambda: app.screen.query("#export-dir"))
+        await pilot.press("enter")
         await tui.wait_for(pilot, lambda: any(tmp_path.glob("specdiff-export-*")), timeout=30)
         export = next(tmp_path.glob("specdiff-export-*"))
         assert open_trace(str(export / "b.trace")).rows("target.aux.0") > 0
