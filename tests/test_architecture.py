@@ -122,7 +122,8 @@ def test_diff_of_the_example_pair_is_byte_identical_to_the_golden_json():
     # per-row dot products moved from einsum to np.vecdot (issue 14): min_cos / max_rel changed in
     # their last float32 digits (1-3 ulp), nothing else. Regenerated when the pair was re-recorded
     # by traces/examples/regenerate.py with repo-relative paths (issue 23): the models the traces
-    # name now exist on a clean clone, so the report holds pre-flight findings. Otherwise
+    # name now exist on a clean clone, so the report holds pre-flight findings. Changed by hand once
+    # more with one string: the aux_hf_indices fix names SGLang's per-family numbering. Otherwise
     # regenerate it only when the example pair itself is re-recorded.
     result = subprocess.run(
         [sys.executable, "-m", "specdiff.tui", "diff", "traces/examples/seed/train.trace",

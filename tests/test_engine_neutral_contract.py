@@ -43,11 +43,10 @@ def test_an_sglang_serving_trace_keeps_sglangs_words():
     # also what a trace written before the engine fact existed gets (only SGLang recorded then)
     for engine in ("sglang", None):
         m = _by_field(Pair(SimpleNamespace(side="train", contract=dict(TRAIN)), _serve(engine, aux_dropped_ids=[7])))
-        assert m["aux_hf_indices"].fix == ("write the training layers into the draft's eagle_config."
-                                           "eagle_aux_hidden_state_layer_ids (SGLang id = HF index - 1), or record "
-                                           "training with the served layers")
+        assert m["aux_hf_indices"].fix.startswith("write the training layers into the draft's eagle_config."
+                                                  "eagle_aux_hidden_state_layer_ids in SGLang's numbering")
         assert m["norm_before_fc"].fix == "set eagle_config.norm_before_fc in the draft config as in training"
-        assert "SGLang id L-1 is never captured" in m["aux_dropped_ids"].message
+        assert "SGLang's numbering for this target" in m["aux_dropped_ids"].message
     assert unknown_facts(_serve("sglang").contract)["rope_theta"] == "SGLang 0.5.23 has no RotaryEmbedding.base"
 
 

@@ -125,7 +125,7 @@ def test_no_line_of_a_vllm_traces_report_names_sglang_wrongly(seed_demo):
     wrong = [ln for ln in lines if "SGLang" in ln and "vLLM" not in ln]
     assert not wrong, "\n".join(wrong)
     text = render_text(report)
-    for sglang_only in ("SGLang id = HF index - 1", "eagle_config.eagle_aux_hidden_state_layer_ids (SGLang",
+    for sglang_only in ("in SGLang's numbering for this target", "eagle_config.eagle_aux_hidden_state_layer_ids in SGLang",
                         "check the SGLang version", "crashes"):  # the served draft has vLLM's key: no crash
         assert sglang_only not in text and sglang_only not in json.dumps(d), sglang_only
     aux = next(m for m in report.to_json()["contract_mismatches"] if m["field"] == "aux_hf_indices")

@@ -115,8 +115,10 @@ _FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
 #: SGLang's: the vLLM recorder always writes it); ``_FIELDS``' own fix is the engine-neutral one.
 ENGINE_FIXES: dict[str, dict[str, str]] = {
     "sglang": {
+        # the numbering is per model file (eagle3/aux_layers.py FamilyRule): the explanation's fix has the ids
         "aux_hf_indices": "write the training layers into the draft's eagle_config.eagle_aux_hidden_state_layer_ids "
-                          "(SGLang id = HF index - 1), or record training with the served layers",
+                          "in SGLang's numbering for this target (plus-one families, e.g. Llama, Qwen3: id = HF "
+                          "index - 1; DeepSeek-V3: the HF index), or record training with the served layers",
         "aux_prenorm_indices": "feed the same state in slot L on both sides: SGLang's GPT-OSS captures the last "
                                "layer's output before the final norm for id L (srt/models/gpt_oss.py:726-738); "
                                "train on that (record train reads the draft's SGLang ids by the target's rule), or "
@@ -422,11 +424,15 @@ def _identity_not_compared(traces: Pair, labels: Pair[str]) -> list[ContractMism
     return out
 
 
-#: engine -> (why its ids went missing, the fix): SGLang 0.5.23 plus-one rule (srt/models/llama.py:929-941,
-#: 486-494: id L-1 names capture index L, never reached); vLLM 0.32.0 (llama.py:427-441: only ids 0..L name
+#: engine -> (why its ids went missing, the fix): SGLang 0.5.23 numbers ids per model file
+#: (eagle3/aux_layers.py FamilyRule; plus-one: srt/models/llama.py:929-941, 486-494: id L-1 names capture
+#: index L, never reached; deepseek_v2.py:3458-3473 literal unless ids[0] == 1); vLLM 0.32.0 (llama.py:427-441: only ids 0..L name
 #: a capture point, an id outside never matches: interfaces.py:1577-1578 keeps it in the set, no layer has it)
 DROPPED_WORDS = {
-    "sglang": ("SGLang id L-1 is never captured", "use ids in -1..L-2 (SGLang id k = HF k+1)"),
+    "sglang": ("SGLang's numbering for this target (contract aux_capture_rule) maps them to no layer that runs: "
+               "an id past the last layer, or id L-1 under the plus-one rule of llama.py / qwen3.py",
+               "use ids the target's rule maps to layers 0..L-1 (`specdiff check` prints them; plus-one "
+               "families: -1..L-2, id k = HF k+1)"),
     "vllm": ("vLLM captures ids 0..L only: id k = HF k, so an SGLang-style -1 or an id past L matches no layer",
              "write vLLM ids 0..L-1 at the top-level eagle_aux_hidden_state_layer_ids (vLLM id k = HF k; "
              "-1 for the embeddings is SGLang's numbering, vLLM's is 0)"),
