@@ -153,7 +153,8 @@ def _worker(*, ltc=(3, 5, 6), ids=(2, 4, 5), L=8, drop_ltc=False, hot=True, targ
     if not drop_ltc:
         tinner.layers_to_capture = list(ltc)
     d2t = torch.arange(1024, dtype=torch.int64) * 3
-    rot = SimpleNamespace(base=10000.0, is_neox_style=True)  # class name SimpleNamespace: not SGLang's
+    # class name SimpleNamespace: not SGLang's; rotary_dim / head_size: a partial rope of 0.5
+    rot = SimpleNamespace(base=10000.0, is_neox_style=True, rotary_dim=32, head_size=64)
     layer = SimpleNamespace(self_attn=SimpleNamespace(rotary_emb=rot))
     dinner = SimpleNamespace(fc=torch.nn.Linear(768, 256), norm_before_fc=False, fc_norm=None, norm_output=False,
                              embed_tokens=tembed, layers=[layer])  # the target's embedding, shared
@@ -203,7 +204,7 @@ def test_contract_reads_the_capture_sglang_really_does():
     assert (c["embed_source"], c["lm_head_source"]) == ("target", "draft")
     assert c["embed_sha256"] == weight_sha256(w.draft_runner.model.model.embed_tokens.weight)
     assert c["lm_head_sha256"] == weight_sha256(w.draft_runner.model.lm_head.weight)
-    assert (c["rope_theta"], c["rope_style"]) == (10000.0, "neox")
+    assert (c["rope_theta"], c["rope_style"], c["partial_rotary_factor"]) == (10000.0, "neox", 0.5)
     assert c["rope_scaling"] == {"type": "sglang SimpleNamespace"}  # an unknown rope class is named, not guessed
     assert (c["tokenizer_sha256"], c["chat_template_sha256"]) == tokenizer_hashes(MODELS / "target")
 

@@ -389,6 +389,13 @@ NAMES: tuple[EngineName, ...] = (
     _n("RotaryEmbedding.is_neox_style", _P + "layers.rotary_embedding.base.RotaryEmbedding", "instance",
        "srt/layers/rotary_embedding/base.py:107", "rotate halves (neox) or interleaved pairs (gptj)",
        facts=("rope_style",)),
+    # llama.py:199-200 builds rotary_dim = partial_rotary_factor * head_dim; the rope keeps both
+    _n("RotaryEmbedding.rotary_dim", _P + "layers.rotary_embedding.base.RotaryEmbedding", "instance",
+       "srt/layers/rotary_embedding/base.py:104", "dims the rope rotates (partial_rotary_factor * head_dim)",
+       facts=("partial_rotary_factor",)),
+    _n("RotaryEmbedding.head_size", _P + "layers.rotary_embedding.base.RotaryEmbedding", "instance",
+       "srt/layers/rotary_embedding/base.py:103", "head dim the rope's rotary_dim is a part of",
+       facts=("partial_rotary_factor",)),
     _n("LinearScalingRotaryEmbedding.scaling_factors", _P + "layers.rotary_embedding.base.LinearScalingRotaryEmbedding",
        "instance", "srt/layers/rotary_embedding/base.py:642", "linear rope scaling factor", facts=("rope_scaling",)),
     _n("Llama3RotaryEmbedding.scaling_factor", _P + "layers.rotary_embedding.rope_variant.Llama3RotaryEmbedding",

@@ -308,7 +308,8 @@ _ROPE_CLASSES = {
 
 
 def _rope_facts(A: SGLangAdapter, dinner) -> dict:
-    """rope_theta / rope_scaling / rope_style as the draft's attention applies them (its
+    """rope_theta / rope_scaling / rope_style / partial_rotary_factor (rotary_dim / head_size, SGLang
+    llama.py:199-200) as the draft's attention applies them (its
     ``rotary_emb``, built by get_rope from the draft config). Another rope class is recorded by
     its class name, so it is compared, never guessed."""
     from specdiff.tracer.contract import rope_scaling_fact
@@ -318,8 +319,10 @@ def _rope_facts(A: SGLangAdapter, dinner) -> dict:
         A, layers[0], "LlamaDecoderLayer.self_attn", "LlamaAttention.rotary_emb")
     base = read_chain(A, rot, "RotaryEmbedding.base")
     neox = read_chain(A, rot, "RotaryEmbedding.is_neox_style")
+    rdim, hsize = read_chain(A, rot, "RotaryEmbedding.rotary_dim"), read_chain(A, rot, "RotaryEmbedding.head_size")
     out = {"rope_theta": UNKNOWN if base is MISSING else float(base),
-           "rope_style": UNKNOWN if neox is MISSING else ("neox" if neox else "gptj")}
+           "rope_style": UNKNOWN if neox is MISSING else ("neox" if neox else "gptj"),
+           "partial_rotary_factor": UNKNOWN if MISSING in (rdim, hsize) or not hsize else int(rdim) / int(hsize)}
     if rot is MISSING:
         out["rope_scaling"] = UNKNOWN
         return out
