@@ -1,5 +1,6 @@
 """Serving bugs put into a real SGLang 0.5.23 CPU server by a test-owned plugin, found as a user would:
-the server traced (``SPECDIFF_TRACE``), ``record train --replay``, ``diff`` (issue 22 "Must show").
+the server traced (``SPECDIFF_TRACE``), ``record train --replay``, ``diff`` (issue 22 "Must show"); and a
+rope mistake in the served draft config only (``partial_rotary_factor``), no plugin needed.
 
 The plugin (tests/bug_plugins/specdiff_bug_plugins.py) is loaded through SGLang's own plugin entry
 point, like specdiff's recorder, and ``SPECDIFF_TEST_BUG`` picks one bug per server: draft
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -171,3 +173,25 @@ def test_one_wrong_draft_input_token_at_each_chunked_prefill_boundary(tmp_path, 
     assert cause["cause"] == "chunk_boundary_token", cause
     assert "only at chunked-prefill boundaries" in cause["message"]
     assert cause["evidence"][0].startswith("prefill chunks recorded per request: seq 0: chunks end at pos 15, 31")
+
+
+def test_a_partial_rope_on_the_served_draft_only_is_the_contract_cause(tmp_path, served_draft, server_env):
+    """No plugin: the served draft's config says ``partial_rotary_factor: 0.5`` (SGLang's llama attention
+    rotates head_dim * 0.5 dims, srt/models/llama.py:199-200), training used the whole head. The draft's
+    depth-0 attention output is the first to differ, and the recorder read the factor off the live
+    rope, so the contract difference is the named cause, with the pre-flight finding beside it."""
+    partial = tmp_path / "partial-draft"
+    shutil.copytree(served_draft, partial)
+    cfg = json.loads((partial / "config.json").read_text())
+    (partial / "config.json").write_text(json.dumps({**cfg, "partial_rotary_factor": 0.5}, indent=1))
+    train, serve = serve_traced(tmp_path, partial, server_env, None)
+    proc, report, text = diff(train, serve)
+    assert proc.returncode == 1, text
+    first = report["first_divergence"]
+    # depth 0 first: deeper draft steps feed the differing output back (their attn_in differs by inheritance)
+    assert (first["tensor"], first["depth"]) == ("draft.hidden_out", 0), first
+    cause = report["explanations"][0]
+    assert cause["cause"] == "contract.partial_rotary_factor", cause
+    assert "contract partial_rotary_factor: 1.0 vs 0.5" in cause["evidence"], cause["evidence"]
+    assert "no known cause" not in text and report["narrowing"] is None
+    assert any(f["kind"] == "rope.partial_rotary" for f in report["preflight_findings"]), report["preflight_findings"]
