@@ -46,7 +46,7 @@ def test_options_from_env():
     ("SPECDIFF_CAPTURE", "fulll", "default or full"),
     ("SPECDIFF_LOGITS_TOPK", "eight", "an integer >= 1 (default 8)"),
     ("SPECDIFF_LOGITS_TOPK", "0", "an integer >= 1 (default 8)"),
-    ("SPECDIFF_MAX_QUEUE_MB", "2GB", "an integer >= 1 (default 2048)"),
+    ("SPECDIFF_MAX_QUEUE_MB", "2GB", "an integer >= 1 (default 256)"),
     ("SPECDIFF_EAGER_DRAFT", "maybe", "1/true/yes/on or 0/false/no/off"),
     ("SPECDIFF_RIDS", "req-[", "a Python regular expression (this one: unterminated character set at position 4)"),
 ])
@@ -137,6 +137,7 @@ def test_a_trace_cut_at_any_journal_write_has_no_target_row_past_its_tokens(tmp_
     H, K, N = 4, 3, 4  # hidden size, aux layers, draft tokens (chain, topk 1)
     rec = Recorder(Options(path=str(tmp_path / "k.trace")))
     rec.hidden_size, rec.num_aux, rec.topk = H, K, 1
+    rec.recorded["r"] = "all"  # what the sampler decides at the request's first hook (no SPECDIFF_SAMPLE)
     tw = TraceWriter(rec.opts.path, side="serve")
     violations = []
     append = tw.append

@@ -197,7 +197,8 @@ class Recorder:
     # -- capture helpers (hot path) --
     def keep_rid(self, rid: str) -> bool:
         """Whether ``rid``'s rows are written: chosen by the sampler (``begin``) and not dropped."""
-        return rid in self.recorded and rid not in self.writer.dropped_rids
+        w = self.writer  # None before begin() opened it (rows attributed by hand, as in tests)
+        return rid in self.recorded and (w is None or rid not in w.dropped_rids)
 
     def _choose(self, reqs, rids: list[str]) -> dict[str, str]:
         """The recorded requests of this batch that are new (rid -> reason); updates ``recorded``.
