@@ -35,10 +35,11 @@ demo: $(STAMP)
 	$(VENV)/bin/specdiff demo $(ARGS)
 
 # what to run first: lint and every test that starts no server and is not marked slow (no
-# .venv-vllm needed); `make test` runs everything, as CI does
+# .venv-vllm needed), on two pytest-xdist workers; `make test` runs everything serially (its server
+# tests share one server per module), as CI does
 test-fast: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -m "not server and not slow" $(ARGS)
+	$(PY) -m pytest -n 2 -m "not server and not slow" $(ARGS)
 
 test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m ruff check .

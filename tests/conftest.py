@@ -41,6 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---- which tests run by default ------------------------------------------------------------------
+# Reports wrap prose at the terminal's width (replay/diff/report.py): one width for every run, a
+# terminal, CI's pipe or a pytest-xdist worker (which reports 80 columns), so a text a test looks for
+# is wrapped the same way everywhere; the CLI subprocesses tests start inherit it.
+os.environ["COLUMNS"] = "120"
+
+
 def pytest_addoption(parser):
     parser.addoption("--family-pairs", action="store_true",
                      help="also run the tests marked family_pair (they build a trained target + draft of a "
