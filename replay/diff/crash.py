@@ -21,7 +21,9 @@ crashing prompts. The diff then has rows up to the point where the crashed side 
 
 from __future__ import annotations
 
+from specdiff.eagle3.aux_layers import sglang_family_rule
 from specdiff.replay.diff.align import Alignment, Pair
+from specdiff.replay.diff.contract_check import dropped_words
 from specdiff.tracer.contract import known
 from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.schema import STAGE_ORDER, spec_for
@@ -123,9 +125,10 @@ def _dropped_cause(crashed: dict, other: dict, crash: dict, findings: list[dict]
     message = (f"{head}: {name}{' ' + str(version) if version else ''} {why}" + (f" ({cite})" if cite else "")
                + f", so {slots}" + (f" and it raises at {site_short}" if site_short else ""))
     L_ = L if isinstance(L, int) else None
+    plus_one = engine == "sglang" and sglang_family_rule(known(crashed, "target_architecture")).name == "plus-one"
     fix = (finding or {}).get("fix") or (
-        f"use ids in -1..{L_ - 2 if L_ else 'L-2'} (id k = HF k+1; -1 = embeddings)" if engine == "sglang"
-        else f"use ids {name} maps to layers of the {L_ or 'L'}-layer target")
+        f"use ids in -1..{L_ - 2 if L_ else 'L-2'} (id k = HF k+1; -1 = embeddings)" if plus_one
+        else dropped_words(crashed)[1])
     x_aux = known(other, "aux_hf_indices")
     pair = (x_aux, got) if on_y else (got, x_aux)
     evidence = [f"contract aux_dropped_ids ({crash.get('label')}): {list(dropped)}",

@@ -169,11 +169,6 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
     return out
 
 
-def _side_labels(traces) -> tuple[str, str]:
-    """(side x, side y) as the report names them (``training`` / ``serving`` by their trace side)."""
-    return tuple("serving" if t.side == "serve" else "training" for t in (traces.x, traces.y))
-
-
 def explain_chunk_boundary(traces, alignment, first) -> list:
     """``chunk_boundary_token``: every failing row of ``first`` is a depth-0 row at the last position
     of a non-final prefill chunk of its serving request (chunks recorded per request,
@@ -203,8 +198,10 @@ def explain_chunk_boundary(traces, alignment, first) -> list:
         shown = order[:8]
         tx = np.asarray(traces.x.take("tokens", m.rows.x[shown])).reshape(-1)
         ty = np.asarray(traces.y.take("tokens", m.rows.y[shown])).reshape(-1)
-        label = _side_labels(traces)
-        rows = [f"seq {int(m.pair[i])} pos {int(m.pos[i])}: {label[0]} {int(a)} vs {label[1]} {int(b)}"
+        from specdiff.replay.diff.explain import side_names  # explain imports this module
+
+        label = side_names(traces)
+        rows = [f"seq {int(m.pair[i])} pos {int(m.pos[i])}: {label.x} {int(a)} vs {label.y} {int(b)}"
                 for i, a, b in zip(shown, tx, ty, strict=True)] + rows[len(shown):]
     return [Explanation(
         "chunk_boundary_token",

@@ -65,6 +65,15 @@ def _rule_text(fam: FamilyRule) -> str:
             f"{fam.id_meaning()})")
 
 
+def _sglang_rule_words(architecture: str | None) -> str:
+    """How SGLang reads aux ids on this target: the Llama wording for the plus-one files (and no
+    architecture), else the family's rule (``_rule_text``)."""
+    fam = sglang_family_rule(architecture)
+    if architecture is None or fam.name == "plus-one":
+        return "SGLang id k captures HF k+1, -1 = embeddings"
+    return _rule_text(fam)
+
+
 def sglang_ids_fix(hf_indices, L: int, architecture: str | None) -> str:
     """The eagle_config ids that make SGLang feed ``hf_indices`` on this target, as a fix text
     (the Llama wording without an architecture); a list the rule cannot express says so."""
@@ -293,7 +302,7 @@ def check_vllm_ids(cap: EngineCapture, *, raw: dict, num_layers: int, k_weights:
                       f"vLLM feeds HF {slots_text(cap, L)}, SGLang HF {fmt_hf(sg.hf_indices, L)} from the same key")
             out.append(Finding("aux.sglang_ids", "error" if neg or cap.outcome == "crash" else "warn", "vllm",
                                f"eagle_config ids {list(v1.ids)} read in SGLang's numbering are HF "
-                               f"{fmt_hf(sg.hf_indices, L)} (SGLang id k captures HF k+1, -1 = embeddings), but "
+                               f"{fmt_hf(sg.hf_indices, L)} ({_sglang_rule_words(architecture)}), but "
                                f"{v1.who} reads eagle_config's ids literally (id k = HF k): {effect}",
                                f"add top-level eagle_aux_hidden_state_layer_ids = {want} (vLLM id k = HF k; vLLM "
                                "reads it before eagle_config, SGLang ignores it)"))
