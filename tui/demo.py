@@ -227,9 +227,9 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
     from specdiff.replay.diff.report import diff_traces, render_text
     from specdiff.tracer.engines import engine_spec
 
+    vllm_py = check_engine(engine, family)  # first: its one-line error for an unknown engine
     sc = scenario_for(scenario, engine)
-    spec = engine_spec(engine) if engine != "sglang" else None
-    vllm_py = check_engine(engine, family)
+    spec = engine_spec(engine)
     n = 5
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -276,7 +276,7 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
     if served_mean is not None:
         click.echo(f"    accept length: served {served_mean:.2f}, training-side estimate "
                    f"{est:.2f}" if est is not None else f"    accept length: served {served_mean:.2f}")
-    read = (spec or engine_spec("sglang")).read_aux_ids(json.loads((served / "config.json").read_text()))
+    read = spec.read_aux_ids(json.loads((served / "config.json").read_text()))
     summary = {"scenario": scenario, "family": family, "engine": engine,
                "served_ids": None if read.ids is None else list(read.ids), "served_ids_key": read.key,
                "served_accept_length": per_prompt, "served_mean": served_mean,

@@ -48,15 +48,18 @@ class TopkBoundaryTies:
 
     @property
     def cause(self) -> str:
+        """The explanation's name in reports."""
         return "topk_boundary_near_tie"
 
     def message(self) -> str:
+        """One sentence: how many rows, and that each swap is a tie at rank k."""
         gap = max((r["gap"] for r in self.rows), default=0.0)
         return (f"top-k boundary near-ties: {len(self.rows)} {self.tensor} row(s) ({self.fraction:.1%} of the rows "
                 f"whose inputs agree) keep another id at the last rank only; each swapped id's logit is within a "
                 f"{self.dtype} near tie of the other side's k-th logit (largest gap {gap:.3g})")
 
     def evidence(self, limit: int = 8) -> list[str]:
+        """The first ``limit`` named rows (seq, pos, depth, rank, gap), then how many more."""
         lines = [f"seq {r['seq']} pos {r['pos']} depth {r['depth']}: swap at rank {r['rank']}, gap {r['gap']:.3g}"
                  for r in self.rows[:limit]]
         if len(self.rows) > limit:

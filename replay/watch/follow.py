@@ -54,19 +54,10 @@ class ServedRequest:
 
 
 def sampled_reasons(contract: dict) -> dict[str, str]:
-    """rid -> why it was recorded, from the contract's ``sampled_requests`` (a mapping rid ->
-    reason, or a list of rids or of ``{"rid", "reason"}`` objects); {} when absent."""
+    """rid -> why it was recorded, from the contract's ``sampled_requests`` (rid -> reason, as both
+    recorders write it: tracer/engines/requests.py ``sampling_facts``); {} when absent."""
     listed = contract.get("sampled_requests")
-    if isinstance(listed, dict):
-        return {str(k): str(v) for k, v in listed.items()}
-    out: dict[str, str] = {}
-    if isinstance(listed, list):
-        for item in listed:
-            if isinstance(item, dict) and "rid" in item:
-                out[str(item["rid"])] = str(item.get("reason", "sampled"))
-            elif isinstance(item, str):
-                out[item] = "sampled"
-    return out
+    return {str(k): str(v) for k, v in listed.items()} if isinstance(listed, dict) else {}
 
 
 class FinishedRequests:

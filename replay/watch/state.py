@@ -68,10 +68,8 @@ class WatchState:
         self.save()
         return self.out / name
 
-    def segment_path(self, index: int) -> Path:
-        return self.out / self.segments[index]
-
     def done(self, key: str) -> bool:
+        """Whether request ``key`` was replayed and diffed by this or an earlier run."""
         return key in self.requests
 
     def mark(self, key: str, record: dict) -> None:
@@ -80,6 +78,8 @@ class WatchState:
         self.save()
 
     def save(self) -> None:
+        """Write the state to a temporary file, then ``os.replace`` it: a killed watch leaves the old
+        state or the new one, never half of one."""
         tmp = self.path.with_name(f"{STATE_NAME}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"format": STATE_FORMAT, "serve": self.serve, "segments": self.segments,
                                    "requests": self.requests}, indent=1))

@@ -150,6 +150,12 @@ class WriterSide:
             self.num_aux = len(aux)
 
 
+def is_kept(rid: str, recorded: dict, writer) -> bool:
+    """Whether ``rid``'s rows are written by a serving recorder: chosen by the sampler (``recorded``)
+    and not dropped by ``writer`` (None before the recorder opened it, e.g. rows attributed by hand)."""
+    return rid in recorded and (writer is None or rid not in writer.dropped_rids)
+
+
 def open_writer(opts, contract: dict, first: list, write, *, handler: str, side: dict):
     """The recorder's lossy writer: a writer process fed through shared memory
     (``SPECDIFF_WRITER=process``, the default), or the in-process thread (``thread``, and when no

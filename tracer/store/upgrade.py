@@ -86,7 +86,7 @@ def upgrade(src: str, dst: str, *, compact: bool = False) -> int:
     source = zarr.open_group(store=src, mode="r")
     keys = [f"tensors/{name}/{col}" for name in trace.names if trace.rows(name)
             for col in ("data", *(k for k, _ in KEY_COLUMNS)) if f"tensors/{name}/{col}" in group]
-    if trace.closed and trace.sequences:
+    if trace.sequences:  # closed: refused above otherwise
         if "sequences/id" not in group:
             group["sequences"].create_array("id", data=np.array([s.id for s in trace.sequences], np.int32),
                                             dimension_names=("seq",), compressors=[Crc32cCodec()],

@@ -23,7 +23,7 @@ import torch
 from specdiff.tracer.contract import UNKNOWN, known
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
-from specdiff.tracer.engines.requests import open_writer, sampling_facts
+from specdiff.tracer.engines.requests import is_kept, open_writer, sampling_facts
 from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
 from specdiff.tracer.engines.sglang.attribution import DraftForward, IterCapture, write_capture
 from specdiff.tracer.engines.sglang.contract import (
@@ -197,8 +197,7 @@ class Recorder:
     # -- capture helpers (hot path) --
     def keep_rid(self, rid: str) -> bool:
         """Whether ``rid``'s rows are written: chosen by the sampler (``begin``) and not dropped."""
-        w = self.writer  # None before begin() opened it (rows attributed by hand, as in tests)
-        return rid in self.recorded and (w is None or rid not in w.dropped_rids)
+        return is_kept(rid, self.recorded, self.writer)
 
     def _choose(self, reqs, rids: list[str]) -> dict[str, str]:
         """The recorded requests of this batch that are new (rid -> reason); updates ``recorded``.

@@ -35,7 +35,7 @@ import torch
 from specdiff.tracer.contract import UNKNOWN, known
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
-from specdiff.tracer.engines.requests import open_writer, sampling_facts, sequence_id
+from specdiff.tracer.engines.requests import is_kept, open_writer, sampling_facts, sequence_id
 from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
 from specdiff.tracer.rows import RowBatch
 
@@ -229,7 +229,7 @@ class Recorder:
 
     def keep_rid(self, rid: str) -> bool:
         """Whether ``rid``'s rows are written: chosen by the sampler (``begin``) and not dropped."""
-        return rid in self.recorded and rid not in self.writer.dropped_rids
+        return is_kept(rid, self.recorded, self.writer)
 
     # -- hot path --
     def begin(self, runner) -> IterCapture | None:
