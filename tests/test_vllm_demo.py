@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -130,3 +131,14 @@ def test_no_line_of_a_vllm_traces_report_names_sglang_wrongly(seed_demo):
         assert sglang_only not in text and sglang_only not in json.dumps(d), sglang_only
     aux = next(m for m in report.to_json()["contract_mismatches"] if m["field"] == "aux_hf_indices")
     assert "top-level eagle_aux_hidden_state_layer_ids (vLLM id = HF index" in aux["fix"], aux
+
+
+@pytest.mark.parametrize(("engine", "family", "says"), [
+    ("tgi", "llama", "unknown engine 'tgi'; specdiff records: "),
+    ("vllm", "qwen3", "--engine vllm serves the llama demo pair only"),
+])
+def test_demo_refuses_an_engine_or_family_it_cannot_run_in_one_line(engine, family, says):
+    from specdiff.tui.demo import DemoError, check_engine
+
+    with pytest.raises(DemoError, match=re.escape(says)):
+        check_engine(engine, family)

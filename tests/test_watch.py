@@ -36,6 +36,26 @@ SETTLE = "2"
 
 
 # ---- no server ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "says"), [("{", "unreadable watch state"),
+                                             ('{"format": 99}', "not a specdiff watch state of format 1")])
+def test_a_damaged_or_foreign_state_file_is_one_error_saying_what_to_do(tmp_path, text, says):
+    from specdiff.replay.watch.state import STATE_NAME, WatchState, WatchStateError
+
+    (tmp_path / STATE_NAME).write_text(text)
+    with pytest.raises(WatchStateError, match=says):
+        WatchState(tmp_path, str(tmp_path / "serve.trace"))
+
+
+def test_a_training_trace_given_as_serve_is_one_error(tmp_path):
+    from specdiff.replay.watch.follow import FinishedRequests
+    from specdiff.tracer.errors import TraceError
+
+    path = str(tmp_path / "train.trace")
+    TraceWriter(path, side="train").close()
+    with pytest.raises(TraceError, match="a train trace; --serve takes the trace a traced server writes"):
+        FinishedRequests(path).poll()
+
+
 def test_a_request_counts_as_finished_once_its_tokens_stop_growing_or_the_trace_closes(tmp_path):
     from specdiff.replay.watch.follow import FinishedRequests
 
