@@ -123,6 +123,7 @@ class WriterSide:
         self.changed = False  # kept or dropped grew since ``listing()`` was last taken
 
     def keep_rid(self, rid: str) -> bool:
+        """Whether ``rid``'s rows are written (the writer process's side of ``is_kept``)."""
         return rid in self.kept and rid not in self.dropped
 
     def absorb(self, item) -> None:
@@ -141,7 +142,7 @@ class WriterSide:
     def listing(self) -> dict:
         """The contract facts ``sampled_requests`` and ``dropped_requests`` as known here."""
         self.changed = False
-        return {"sampled_requests": dict(self.kept), "dropped_requests": sorted(self.dropped)}
+        return sampling_facts(self.kept, self.dropped)
 
     def contract_update(self, facts: dict) -> None:
         """Follow contract facts learned after start-up (the aux layer count)."""
@@ -184,8 +185,8 @@ def open_writer(opts, contract: dict, first: list, write, *, handler: str, side:
     return AsyncTraceWriter(tw, write, max_items=64, max_bytes=opts.max_queue_mb << 20)
 
 
-def sampling_facts(recorded: dict[str, str], writer) -> dict:
+def sampling_facts(recorded: dict[str, str], dropped) -> dict:
     """The contract facts that say which requests a trace holds: ``sampled_requests`` (rid -> why:
-    tracer/engines/requests.py REASON_*) and ``dropped_requests`` (rids whose later rows were
-    dropped because the writer fell behind; their rows written before the drop stay)."""
-    return {"sampled_requests": dict(recorded), "dropped_requests": sorted(writer.dropped_rids)}
+    tracer/engines/requests.py REASON_*) and ``dropped_requests`` (the rids of ``dropped``, whose
+    later rows were dropped because the writer fell behind; their rows written before the drop stay)."""
+    return {"sampled_requests": dict(recorded), "dropped_requests": sorted(dropped)}

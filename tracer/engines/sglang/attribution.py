@@ -87,7 +87,6 @@ class IterCapture:
 # Rows come from the server's batch metadata (prefix/extend lengths, accept index, draft tree),
 # not from a [B, T] layout, so only the per-name gathering (tracer.rows.RowBatch) is shared with
 # the training-side row builder; the logits were already reduced on the device in the hot path.
-_seq = sequence_id  # one request -> sequence rule for every engine (tracer/engines/requests.py)
 
 
 def _add_aux(rec: Recorder, out: RowBatch, aux_rows, seq, pos, it) -> None:
@@ -173,7 +172,7 @@ def _write_prefill(rec, tw, cap, out, touched) -> None:
         off += e
         if not rec.keep_rid(rid):
             continue
-        sid = _seq(rec, tw, rid, cap.prompts.get(rid))
+        sid = sequence_id(rec, tw, rid, cap.prompts.get(rid))
         pos = np.arange(p, p + e)
         prompt_len = rec.seq_prompt[rid]
         final = p + e >= prompt_len
@@ -226,7 +225,7 @@ def _write_decode(rec, tw, cap, out, touched) -> None:
     for b, rid in enumerate(cap.rids):
         if not rec.keep_rid(rid):
             continue
-        sid = _seq(rec, tw, rid)
+        sid = sequence_id(rec, tw, rid)
         Lb, a = int(L[b]), int(acc_len[b])
         gidx = acc_idx[b, :a]
         local = acc_idx[b].clone()

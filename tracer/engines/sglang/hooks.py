@@ -162,7 +162,7 @@ class Recorder:
         from specdiff.tracer.contract import bos_added_fact
 
         cost["bos_added"] = bos_added_fact(self._prompt_firsts, self.bos_token_id)
-        cost.update(sampling_facts(self.recorded, w))
+        cost.update(sampling_facts(self.recorded, w.dropped_rids))
         cost.update(self.prefill.contract())
         if w.close(contract=cost):
             logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped; hooks %.2f s of "

@@ -205,7 +205,7 @@ class Recorder:
         extra = {"recorder_hook_s": round(self.hook_s, 4), "recorder_iter_s": round(self.iter_s, 4),
                  "recorder_writer_s": round(w.busy_s, 4), "unobservable": self.adapter.unobservable(),
                  "bos_added": bos_added_fact(self._prompt_firsts, self.bos_token_id)}
-        extra.update(sampling_facts(self.recorded, w))
+        extra.update(sampling_facts(self.recorded, w.dropped_rids))
         if crash is not None:
             extra["crash"] = crash
         if w.close(contract=extra):
@@ -383,7 +383,6 @@ class Recorder:
 
 
 # ---- attribution (writer thread) ------------------------------------------------------------
-_seq = sequence_id  # one request -> sequence rule for every engine (tracer/engines/requests.py)
 
 
 def _add_aux(rec: Recorder, out: RowBatch, rows, seq, pos, it) -> None:
@@ -443,7 +442,7 @@ def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
         lofs += nlog
         if not rec.keep_rid(rid):
             continue
-        sid = _seq(rec, tw, rid, cap.prompts.get(rid))
+        sid = sequence_id(rec, tw, rid, cap.prompts.get(rid))
         toks = rec.seq_tokens[rid]
         srow = sampled[b]
         valid = srow[srow >= 0]
