@@ -339,6 +339,13 @@ class TrainSide:
                                     seq_id=s.seq_id if s.seq_id is not None else i)
                 for i, s in enumerate(seqs)]
 
+    def accept_facts(self) -> dict:
+        """The contract facts of the acceptance replayed so far: ``accept_rate`` / ``accept_cum_rate``
+        (per depth, fractions) and ``mean_accept_length`` (tokens per verify step; None before any
+        row was replayed: the replayer's NaN)."""
+        acc, acc_cum, mean = self.replayer.accept_rates()
+        return {"accept_rate": acc, "accept_cum_rate": acc_cum, "mean_accept_length": None if mean != mean else mean}
+
     def batches(self, seqs: list[TrainSequence], seq_ids: list[int], *, max_batch_tokens: int = 8192):
         """Yield (number of sequences, ``RowBatch``) per padded batch of ``seqs``: the target and
         draft forward of the batch and every canonical row (``TrainReplayer.rows``; the acceptance
@@ -467,8 +474,8 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     try:
         for item in side.batches(seqs, seq_ids, max_batch_tokens=max_batch_tokens):
             aw.submit(item)
+        end = side.accept_facts()
         acc, acc_cum, mean = rep.accept_rates()
-        end = {"accept_rate": acc, "accept_cum_rate": acc_cum, "mean_accept_length": None if mean != mean else mean}
     finally:
         aw.close(timeout_s=None, contract=end)
     result.accept_rate, result.accept_cum_rate, result.mean_accept_length = acc, acc_cum, mean

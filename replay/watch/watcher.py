@@ -235,9 +235,7 @@ class Watcher:
         """Close this run's training trace (it stays readable unclosed if this never runs)."""
         if self.writer is not None:
             try:
-                acc = self.side.replayer.accept_rates()
-                self.writer.set_contract(accept_rate=acc[0], accept_cum_rate=acc[1],
-                                         mean_accept_length=None if acc[2] != acc[2] else acc[2])
+                self.writer.set_contract(**self.side.accept_facts())
             except TraceError:
                 pass
             self.writer.close()
