@@ -73,7 +73,7 @@ def build(root: str, *, gib: float, kind: str) -> tuple[str, str]:
 
 
 def run_diff(paths: list[str]) -> dict:
-    from specdiff.replay.diff.report import diff_traces
+    from specdiff.replay.diff.pipeline import diff_traces
 
     t0 = time.perf_counter()
     first: list = []

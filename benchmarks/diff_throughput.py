@@ -9,7 +9,7 @@ In the same run, each in a fresh subprocess (page cache warmed by one untimed re
 ``--rounds`` alternating rounds (the median round's ratio is the result):
 
 - **read**: every data array of both traces, chunk by chunk via zarr, decompressed, no compare;
-- **diff**: ``specdiff.replay.diff.report.diff_traces`` (align, compare, first divergence, contract,
+- **diff**: ``specdiff.replay.diff.pipeline.diff_traces`` (align, compare, first divergence, contract,
   explain, acceptance);
 
 and prints both times, the ratio (goal <= 1.3x, issue 14) and the diff's peak RSS (goal < 1 GiB).
@@ -98,7 +98,7 @@ def _status_kib(field: str) -> int:
 def run_diff(paths: list[str], profile: bool, workers: int | None = None) -> dict:
     from contextlib import nullcontext
 
-    from specdiff.replay.diff.report import diff_traces
+    from specdiff.replay.diff.pipeline import diff_traces
     imports = _status_kib("VmRSS") * 1024
     t_start = time.perf_counter()
     if workers:

@@ -402,7 +402,7 @@ def early_first_divergence_equals_the_full_one(monkeypatch):
     only when, the full data has one, and it must be the full data's ``first_divergence``: the
     same tensor, finding kind and aligned (pair, pos, depth). Every scenario pair of the tests
     thus checks the early rule."""
-    from specdiff.replay.diff import compare, report
+    from specdiff.replay.diff import compare, pipeline
 
     original = compare.compare_all
 
@@ -427,4 +427,4 @@ def early_first_divergence_equals_the_full_one(monkeypatch):
                 f"early {got} != full {(full.name, full.kind, where)}"
         return comps
 
-    monkeypatch.setattr(report, "compare_all", checked)
+    monkeypatch.setattr(pipeline, "compare_all", checked)

@@ -76,6 +76,51 @@ def test_the_import_check_catches_a_recorder_that_imports_the_diff_engine(tmp_pa
         bad.unlink()
 
 
+DIFF = ROOT / "replay" / "diff"
+
+
+def _imported_from_specdiff(path: Path) -> set[tuple[str, str]]:
+    """(module, name) of every ``from specdiff.... import name`` in ``path`` (lazy ones included)."""
+    return {(node.module, a.name) for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdiff.")
+            for a in node.names}
+
+
+def _pipeline_stages() -> set[tuple[str, str]]:
+    """(module, function) of every stage the diff pipeline calls: the functions it imports (its
+    classes are the values stages pass on, which a renderer may name)."""
+    import importlib
+    import inspect
+
+    return {(mod, name) for mod, name in _imported_from_specdiff(DIFF / "pipeline.py")
+            if inspect.isfunction(getattr(importlib.import_module(mod), name))}
+
+
+def _computes(path: Path) -> list[str]:
+    """What a rendering module imports that computes part of the report: a pipeline stage, or the
+    pipeline itself."""
+    stages = _pipeline_stages()
+    return sorted(f"{mod}.{name}" for mod, name in _imported_from_specdiff(path)
+                  if (mod, name) in stages or mod == "specdiff.replay.diff.pipeline"
+                  or (mod, name) == ("specdiff.replay.diff", "pipeline"))
+
+
+def test_the_report_only_renders_it_imports_no_pipeline_stage():
+    # The diff pipeline (replay/diff/pipeline.py) builds the report; report.py renders it and
+    # result.py holds it. Neither may compute a stage again, lazily or not.
+    assert ("specdiff.replay.diff.compare", "compare_all") in _pipeline_stages()
+    assert _computes(DIFF / "report.py") == []
+    assert _computes(DIFF / "result.py") == []
+
+
+def test_the_render_check_catches_a_stage_imported_into_the_report(tmp_path):
+    # The check itself must be able to fail: a renderer that explains on its own is reported.
+    bad = tmp_path / "report.py"
+    bad.write_text("def render(report):\n    from specdiff.replay.diff.explain import explain\n"
+                   "    from specdiff.replay.diff.pipeline import diff_opened\n")
+    assert _computes(bad) == ["specdiff.replay.diff.explain.explain", "specdiff.replay.diff.pipeline.diff_opened"]
+
+
 def _engine_module_imports(pkg: str) -> list[str]:
     """``path:line module`` of every import of an engine's own modules (``specdiff.tracer.engines.<e>``)."""
     out = []

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdiff.replay.diff.report import diff_traces
+from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tracer.schema import aux_name
 from specdiff.tracer.store import TraceWriter
 

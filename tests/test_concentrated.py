@@ -15,7 +15,8 @@ import pytest
 
 from specdiff.replay.diff import blocks
 from specdiff.replay.diff.groups import GROUP_ALPHA, hypergeom_tail
-from specdiff.replay.diff.report import diff_traces, render_text
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_text
 from specdiff.tracer.store import TraceWriter
 
 H, N_SEQ, T, PROMPT, ROUND, DRAFT_EVERY, DEPTHS = 16, 8, 100, 60, 4, 6, 3

@@ -127,7 +127,8 @@ def _draft_crash() -> dict:
 
 
 def test_the_crash_leads_at_the_stage_serving_stopped_with_the_dropped_id_as_cause(tmp_path):
-    from specdiff.replay.diff.report import diff_traces, render_text
+    from specdiff.replay.diff.pipeline import diff_traces
+    from specdiff.replay.diff.report import render_text
 
     train = _train(tmp_path / "train.trace")
     serve = _serve(tmp_path / "serve.trace", crash=_draft_crash(), slots=2)
@@ -178,7 +179,7 @@ def test_the_app_shows_the_crash_its_cause_and_fix(tmp_path, tui):
 
 
 def test_a_value_divergence_before_the_crash_stage_stays_first(tmp_path):
-    from specdiff.replay.diff.report import diff_traces
+    from specdiff.replay.diff.pipeline import diff_traces
 
     train = _train(tmp_path / "train.trace", shift=1.0)  # aux slot 0 differs in every row
     serve = _serve(tmp_path / "serve.trace", crash=_draft_crash(), slots=3)

@@ -18,7 +18,8 @@ import torch
 
 from specdiff.replay.diff.blocks import ExecutorBlocks
 from specdiff.replay.diff.compare import UNREADABLE
-from specdiff.replay.diff.report import diff_traces, render_json
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_json
 from specdiff.tracer.store import TraceWriter
 
 distributed = pytest.importorskip("distributed")
@@ -177,7 +178,8 @@ def test_workers_and_dask_together_are_refused(run_cli):
 
 
 def test_the_diff_command_does_not_import_dask_unless_asked():
-    code = ("import sys; import specdiff.tui.cli, specdiff.tui.cmd_diff, specdiff.replay.diff.report; "
+    code = ("import sys; import specdiff.tui.cli, specdiff.tui.cmd_diff, specdiff.replay.diff.pipeline, "
+            "specdiff.replay.diff.report; "
             "print(sorted(m for m in ('dask', 'distributed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr[-2000:]

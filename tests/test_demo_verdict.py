@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specdiff.replay.diff.report import diff_traces
+from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tui.scenarios import SCENARIOS
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "traces" / "examples" / "seed"

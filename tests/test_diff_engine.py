@@ -15,7 +15,8 @@ import pytest
 
 from specdiff.replay.diff import metrics
 from specdiff.replay.diff.align import AlignmentError, Pair, align_sequences
-from specdiff.replay.diff.report import diff_traces, render_text
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_text
 from specdiff.replay.diff.tolerance import ToleranceError, default_tolerance, parse_overrides
 from specdiff.tracer.store import TraceWriter, open_trace
 
@@ -153,7 +154,7 @@ def test_recorded_findings_that_bear_on_the_divergence_are_shown(tmp_path, aux_t
                 {"kind": "vocab.coverage", "severity": "warn", "engine": "all", "message": "low", "fix": ""}]
     trace_b = open_trace(b)
     trace_b.contract["findings"] = findings
-    from specdiff.replay.diff.report import diff_opened
+    from specdiff.replay.diff.pipeline import diff_opened
 
     report = diff_opened(Pair(open_trace(a), trace_b))
     assert [f["kind"] for f in report.findings] == ["aux.dropped_id"]  # vocab.* does not bear on target.aux

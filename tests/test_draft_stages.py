@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdiff.replay.diff.report import diff_traces
+from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tracer.engines.sglang.attribution import IterCapture, _branch_order
 from specdiff.tracer.store import TraceWriter, open_trace
 from specdiff.tui.demo import REPO_MODELS, demo_prompts

@@ -14,7 +14,7 @@ import pytest
 
 from specdiff.replay.diff import blocks
 from specdiff.replay.diff.early import EarlyFirst
-from specdiff.replay.diff.report import diff_traces
+from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tracer.schema import aux_name
 from specdiff.tracer.store import TraceWriter
 

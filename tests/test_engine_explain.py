@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdiff.replay.diff.report import diff_traces, render_json
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_json
 
 VLLM = {"engine": "vllm", "engine_version": "0.32.0",
         "engine_runner": "v1 vllm.v1.worker.cpu_model_runner.CPUModelRunner"}

@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 from specdiff.replay.diff import blocks
-from specdiff.replay.diff.report import diff_traces, render_text
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_text
 from specdiff.replay.diff.routing import ROUTING_MAX_FRAC
 from specdiff.tracer.schema import aux_name
 from specdiff.tracer.store import TraceWriter

@@ -14,7 +14,8 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
-from specdiff.replay.diff.report import diff_traces, render_text
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_text
 from specdiff.replay.record.record_train import record_train
 from specdiff.tui.demo import REPO_MODELS, demo_prompts
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from specdiff.replay.diff.contract_causes import STAGE_CAUSES
-from specdiff.replay.diff.report import diff_traces, render_text
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_text
 from specdiff.tracer.schema import STAGE_ORDER, aux_name
 from specdiff.tracer.store import TraceWriter
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specdiff.replay.diff.report import diff_traces
+from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tui.demo import REPO_MODELS
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdiff.replay.diff.report import diff_traces, render_json
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_json
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import TraceWriter, open_trace
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdiff.replay.diff.report import diff_traces, render_json
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_json
 from specdiff.tracer.store import TraceWriter, open_trace
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "traces" / "examples" / "seed"

@@ -13,7 +13,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from specdiff.replay.diff.report import diff_traces, render_text
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_text
 from specdiff.tracer import store
 from specdiff.tracer.schema import aux_name, spec_for
 from specdiff.tracer.store import TraceWriter
@@ -145,7 +146,7 @@ def test_a_draft_scoring_the_target_vocab_is_named(tmp_path):
     trace_b = open_trace(b)
     trace_b.contract["vocab_size"] = 200  # the target's vocab
     from specdiff.replay.diff.align import Pair
-    from specdiff.replay.diff.report import diff_opened
+    from specdiff.replay.diff.pipeline import diff_opened
 
     report = diff_opened(Pair(open_trace(a), trace_b))
     assert report.first.name == "draft.logits" and report.explanations[0].cause == "draft_vocab_size"

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from specdiff.replay.diff.align import AlignmentError, Pair, align_sequences
-from specdiff.replay.diff.report import diff_traces, render_text
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_text
 from specdiff.tracer.schema import aux_name
 from specdiff.tracer.store import TraceWriter, open_trace
 from specdiff.tui.demo import REPO_MODELS

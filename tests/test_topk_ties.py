@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdiff.replay.diff.report import diff_traces, render_text
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_text
 from specdiff.tracer.store import TraceWriter
 
 N_SEQ, T, V, K, TOPK = 4, 40, 64, 8, 2

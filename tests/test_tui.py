@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdiff.replay.diff.report import diff_traces
+from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tracer.store import open_trace
 from specdiff.tui.app import ErrorScreen, SpecdiffApp
 from specdiff.tui.grid import PipelineGrid

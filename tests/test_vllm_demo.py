@@ -102,7 +102,8 @@ def test_no_line_of_a_vllm_traces_report_names_sglang_wrongly(seed_demo):
     """Every report line that names SGLang on a vLLM-served trace is a contrast that names vLLM too
     (e.g. 'vLLM id k = HF k; SGLang id k captures HF k+1'); fixes, contract lines and pre-flight
     findings are in vLLM's key and numbering."""
-    from specdiff.replay.diff.report import diff_traces, render_text
+    from specdiff.replay.diff.pipeline import diff_traces
+    from specdiff.replay.diff.report import render_text
     from specdiff.tracer.store import open_trace
 
     assert seed_demo.rc == 0, seed_demo.out[-4000:]

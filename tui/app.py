@@ -1,6 +1,6 @@
 """The interactive terminal diff (``specdiff view A B``): lands on the first divergence.
 
-The app is a view of a ``DiffReport`` (replay/diff/report.py). The diff runs in a thread worker that
+The app is a view of a ``DiffReport`` (replay/diff/result.py). The diff runs in a thread worker that
 posts small messages back (progress, early first divergence, partial grid, ready, failed), so the
 screen paints at once, says the first divergence as soon as the rows read prove it, and fills the
 grid tensor by tensor until the full report lands; re-running it with another tolerance preset
@@ -28,7 +28,7 @@ from specdiff.tui.grid import PipelineGrid, legend
 from specdiff.tui.view import Sel, ViewModel, basename, load_tokenizer
 
 if TYPE_CHECKING:
-    from specdiff.replay.diff.report import DiffReport
+    from specdiff.replay.diff.result import DiffReport
 
 # The diff engine (and torch, which it imports) loads in the worker, not before the first paint.
 PRESET_NAMES = ("strict", "default", "loose")  # replay.tolerance.PRESETS order
@@ -268,7 +268,7 @@ class SpecdiffApp(App):
         """Open (once), diff, and index the report for drawing; posts DiffReady or DiffFailed."""
         try:
             from specdiff.replay.diff.align import Pair
-            from specdiff.replay.diff.report import diff_opened
+            from specdiff.replay.diff.pipeline import diff_opened
             from specdiff.tracer.store import open_trace
 
             if self.traces is None:

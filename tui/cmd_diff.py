@@ -76,7 +76,8 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
         # Said at once (proven by the rows read so far, replay/diff/early.py); totals follow.
         click.echo(("\n" if bar is not None else "") + f"{early.verdict()} (computing the totals...)", err=True)
 
-    from specdiff.replay.diff.report import diff_traces, render_json, render_text  # torch-free CLI start
+    from specdiff.replay.diff.pipeline import diff_traces  # torch-free CLI start
+    from specdiff.replay.diff.report import render_json, render_text
 
     if on_dask:
         from specdiff.replay.diff.blocks import worker_path

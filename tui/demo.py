@@ -224,7 +224,8 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
             no mistake on this target.
     """
     from specdiff.eagle3.aux_layers import target_architecture
-    from specdiff.replay.diff.report import diff_traces, render_text
+    from specdiff.replay.diff.pipeline import diff_traces
+    from specdiff.replay.diff.report import render_text
     from specdiff.tracer.engines import engine_spec
 
     vllm_py = check_engine(engine, family)  # first: its one-line error for an unknown engine

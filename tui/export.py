@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdiff.replay.diff.report import json_safe
+from specdiff.replay.diff.result import json_safe
 from specdiff.tracer.store import TraceWriter
 from specdiff.tracer.store.arrays import to_torch
 from specdiff.tui.view import CELLS, Sel, ViewModel

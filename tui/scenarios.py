@@ -144,7 +144,7 @@ class Scenario:
         return ["--aux-layers", ",".join(map(str, self.trained_order)), "--aux-convention", "hf"]
 
     def check(self, report) -> tuple[bool, str]:
-        """Whether ``report`` (a ``replay.report.DiffReport``) found what this scenario seeded,
+        """Whether ``report`` (a ``replay.diff.result.DiffReport``) found what this scenario seeded,
         and one line saying so."""
         first = report.first.name if report.first is not None else None
         causes = [e.cause for e in report.explanations]

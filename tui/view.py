@@ -1,6 +1,6 @@
 """What the app shows, indexed for drawing: cells of the pipeline grid, divergences, selections.
 
-Everything here is a lookup into a ``DiffReport`` (replay/diff/report.py) and the row keys of the two
+Everything here is a lookup into a ``DiffReport`` (replay/diff/result.py) and the row keys of the two
 traces; nothing is compared again. Built once per report in the diff worker, so the UI thread
 only indexes numpy arrays.
 """
@@ -18,7 +18,7 @@ from specdiff.replay.diff.compare import CLOSE, DIVERGED, MATCH, SKIP, UNREADABL
 from specdiff.tracer.schema import ordered, spec_for
 
 if TYPE_CHECKING:
-    from specdiff.replay.diff.report import DiffReport
+    from specdiff.replay.diff.result import DiffReport
 
 NONE, MISSING, UNOBSERVED = -1, 3, 5
 #: cell code -> (symbol, colour, legend text). Symbols alone carry the meaning (no colour needed).

@@ -44,7 +44,7 @@ def crash_stage(crash: dict) -> str:
 
 
 def _crashed(traces: Pair, labels: Pair, crash: dict):
-    """(crashed trace, other trace, True when the crashed side is y); report._crash takes x first."""
+    """(crashed trace, other trace, True when the crashed side is y); pipeline.crash_record takes x first."""
     if isinstance(traces.x.contract.get("crash"), dict):
         return traces.x, traces.y, False
     return traces.y, traces.x, True
@@ -54,7 +54,7 @@ def crash_divergence(traces: Pair, labels: Pair, alignment: Alignment, comps: di
     """Where the crashed side stopped and whether the crash is the first divergence.
 
     Args:
-        traces, labels: both sides; crash: ``{"label": side, **contract crash}`` (report._crash).
+        traces, labels: both sides; crash: ``{"label": side, **contract crash}`` (pipeline.crash_record).
         alignment, comps: the diff's sequence pairs and comparisons (empty when nothing paired).
         first: the first diverging comparison, or None.
     Returns:

@@ -59,7 +59,7 @@ def diff_request(train, serve, train_seq: int, serve_seq: int, *, preset: str = 
         AlignmentError: the two sequences share no tokens (not the same request).
         DifferentTargetsError: the traces were recorded on different targets.
     """
-    from specdiff.replay.diff.report import diff_opened
+    from specdiff.replay.diff.pipeline import diff_opened
 
     return diff_opened(Pair(only_sequences(train, [train_seq]), only_sequences(serve, [serve_seq])),
                        preset=preset, narrow=False)

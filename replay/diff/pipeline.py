@@ -1,0 +1,209 @@
+"""The diff pipeline: two traces in, one ``DiffReport`` (replay/diff/result.py) out.
+
+``diff_opened`` is the whole pipeline, read top to bottom; each stage is one call that returns one
+field of the report, and the report is built from them by keyword. The stages, the report field
+each fills, and the module that computes it:
+
+====  ==========================  ===============  ===================================================
+ #    stage                       report field     module
+====  ==========================  ===============  ===================================================
+ 1    refuse different targets    (raises)         contract_check.refuse_different_targets
+ 2    name the sides              labels           explain.side_names
+ 3    a side's engine crashed     crash            ``crash_record`` (here); a side that crashed before
+                                                   recording any sequence ends the pipeline here
+                                                   (``crash_only``: contract and findings alone)
+ 4    layouts                     (feeds 5, 6)     structure.structure_mismatches
+ 5    align sequences             alignment        align.align_sequences
+ 6    compare every tensor        comparisons      compare.compare_all (blocks, metrics, tolerance,
+                                                   groups, inherited, routing, context, topk_ties,
+                                                   early)
+ 7    first divergence            first            compare.first_divergence; crash.crash_divergence
+                                                   (where the crashed side stopped)
+ 8    explain it                  explanations     explain.explain (contract_causes, history);
+                                                   crash.crash_explanations when the crash leads
+ 9    contract check              contract         contract_check.check_contracts
+ 10   acceptance                  acceptance       acceptance.acceptance
+ 11   pre-flight findings         findings         findings.matching_findings / crash_findings;
+                                                   crash.crash_cause (the crash's cause)
+ 12   narrow an unexplained one   narrowing        narrow.narrow_or_reason (re-runs the draft)
+====  ==========================  ===============  ===================================================
+
+Rendering is elsewhere: replay/diff/report.py (text, JSON) and tui/ (the app) only read the report.
+``specdiff diff --graft`` adds ``grafts`` afterwards (tui/cmd_diff.py, replay/diff/graft.py).
+"""
+
+from __future__ import annotations
+
+from specdiff.replay.diff.acceptance import Acceptance, acceptance
+from specdiff.replay.diff.align import Alignment, AlignmentError, Pair, align_sequences
+from specdiff.replay.diff.compare import compare_all, first_divergence
+from specdiff.replay.diff.contract_check import check_contracts, refuse_different_targets
+from specdiff.replay.diff.crash import crash_cause, crash_divergence, crash_explanations
+from specdiff.replay.diff.explain import explain, side_names
+from specdiff.replay.diff.findings import crash_findings, matching_findings
+from specdiff.replay.diff.result import DiffReport
+from specdiff.replay.diff.structure import structure_mismatches
+from specdiff.tracer.schema import ordered
+from specdiff.tracer.store import open_trace
+
+
+def diff_traces(path_x: str, path_y: str, *, preset: str = "default", overrides: dict | None = None,
+                progress=None, narrow: bool = True, on_first=None, on_rows=None, runner=None) -> DiffReport:
+    """Diff two traces (paths or fsspec URLs); A is usually training, B serving.
+
+    ``on_first`` / ``on_rows`` / ``runner``: see ``diff_opened``.
+
+    Raises:
+        TraceError: a trace cannot be opened. AlignmentError: no common sequence.
+    """
+    traces = Pair(open_trace(path_x), open_trace(path_y))
+    return diff_opened(traces, preset=preset, overrides=overrides, progress=progress, narrow=narrow,
+                       on_first=on_first, on_rows=on_rows, runner=runner)
+
+
+def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
+                progress=None, narrow: bool = True, on_first=None, on_rows=None,
+                on_partial=None, runner=None) -> DiffReport:
+    """``diff_traces`` on already opened traces (the TUI re-runs this with another preset): the
+    stages of the module docstring, in order.
+
+    A side whose engine crashed (contract ``crash``, tracer/crash.py) before recording any
+    sequence is compared by its contract and the pre-flight findings alone; the crash is the
+    first divergence, with the finding that explains it.
+
+    ``narrow``: when no explanation fits a value divergence, re-run the training draft with each
+    serving input grafted in (replay.narrow; loads torch and the draft checkpoint when at hand).
+
+    ``on_first(replay.diff.early.EarlyFirst)``: called once, as soon as the rows read so far prove
+    the first divergence (the same the report's ``first`` names), before the totals, the
+    explanation and the narrowing are computed; not called when nothing diverges.
+    ``on_rows(done, total)``: rows compared so far (see ``compare.compare_all``).
+    ``on_partial(DiffReport)``: the report as it stands while tensors are compared (comparisons so
+    far, ``first`` once proven; no explanation, contract or acceptance yet), for the app's grid.
+    ``runner``: where the per-block metrics are computed (``replay.diff.blocks.LocalBlocks``, the
+    default, or ``ExecutorBlocks`` on Dask workers); the report is the same either way.
+
+    Raises:
+        DifferentTargetsError: the traces' target identity facts differ (contract_check), before
+            anything is compared.
+    """
+    refuse_different_targets(traces)  # traces of two different targets: nothing below is meaningful
+    labels = side_names(traces)  # by engine (and version) when two engines served
+    crash = crash_record(traces, labels)
+    if crash is not None and not (traces.x.sequences and traces.y.sequences):
+        return crash_only(traces, labels, crash)
+    structure = structure_mismatches(traces, labels)
+    alignment, alignment_error = align(traces, structure)
+    comparisons = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
+                              structure=structure, on_first=on_first, on_rows=on_rows, runner=runner,
+                              on_partial=None if on_partial is None else lambda comps, early:
+                              on_partial(partial_report(traces, labels, alignment, comps, early)))
+    first = first_divergence(comparisons)
+    if crash is not None:  # where the crashed side stopped; the crash leads unless a value diverged earlier
+        first, crash = crash_divergence(traces, labels, alignment, comparisons, first, crash)
+    explanations = explain(traces, alignment, comparisons, first)
+    contract = check_contracts(traces)
+    accepted = acceptance(traces, alignment)
+    findings = relevant_findings(traces, labels, first, crash, contract)  # and the crash's cause
+    report = DiffReport(
+        paths=traces.map(lambda t: t.path), labels=labels, traces=traces,
+        alignment=alignment, alignment_error=alignment_error,
+        comparisons=comparisons,
+        first=first,
+        explanations=explanations or crash_explanations(crash, first),
+        contract=contract,
+        acceptance=accepted,
+        findings=findings,
+        crash=crash,
+    )
+    # the last stage reads the report built so far (the draft, the failing rows, the contract)
+    report.narrowing = narrowing(report) if narrow else None
+    return report
+
+
+def crash_record(traces: Pair, labels: Pair) -> dict | None:
+    """``{"label": side, **the contract's crash record}`` of the first side (x, then y) whose engine
+    died while recording (contract ``crash``, tracer/crash.py), or None."""
+    for label, trace in ((labels.x, traces.x), (labels.y, traces.y)):
+        crash = trace.contract.get("crash")
+        if isinstance(crash, dict):
+            return {"label": label, **crash}
+    return None
+
+
+def crash_only(traces: Pair, labels: Pair, crash: dict) -> DiffReport:
+    """The report when a side crashed before recording any sequence: nothing to align or compare;
+    the crash is the divergence, explained by the contract and the pre-flight findings."""
+    nothing = Alignment((), Pair((), ()))
+    none = Acceptance(None, None, {}, 0)
+    _, crash = crash_divergence(traces, labels, nothing, {}, None, crash)
+    contract, findings = check_contracts(traces), crash_findings(traces, crash)
+    crash["cause"] = crash_cause(traces, labels, crash, findings, contract)
+    return DiffReport(paths=traces.map(lambda t: t.path), labels=labels, traces=traces, alignment=nothing,
+                      comparisons={}, first=None, explanations=crash_explanations(crash, None), contract=contract,
+                      acceptance=Pair(none, none), findings=findings, crash=crash)
+
+
+def align(traces: Pair, structure: list) -> tuple[Alignment, str | None]:
+    """``(alignment, alignment_error)``: the sequence pairs, or, when no sequence pairs but the
+    layouts differ (``structure`` non-empty), no pairs and why (the layout difference leads).
+
+    Raises:
+        AlignmentError: no common sequence and the layouts agree.
+    """
+    try:
+        return align_sequences(traces, decode=_LazyDecode(traces)), None
+    except AlignmentError as exc:
+        if not structure:
+            raise
+        # The layouts differ: that is the finding, even when no row can be paired.
+        return Alignment((), Pair((), ())), str(exc)
+
+
+def relevant_findings(traces: Pair, labels: Pair, first, crash: dict | None, contract: list) -> list[dict]:
+    """Pre-flight findings that bear on the first divergence, or on the crash when it leads; a
+    crash's record gets its ``cause`` here (crash.crash_cause: its findings, then the contract)."""
+    if crash is None:
+        return matching_findings(traces, first)
+    if first is None:  # the crash leads: its findings are the report's
+        found = for_crash = crash_findings(traces, crash)
+    else:
+        found, for_crash = matching_findings(traces, first), crash_findings(traces, crash)
+    crash["cause"] = crash_cause(traces, labels, crash, for_crash, contract)
+    return found
+
+
+def narrowing(report: DiffReport):
+    """``replay.narrow.Narrowing`` (or the one-line reason it could not run) when the first
+    divergence is of values and nothing explains it; None otherwise. Imported lazily: it loads torch."""
+    first = report.first
+    if first is None or first.kind != "values" or report.explanations:
+        return None
+    from specdiff.replay.diff.narrow import narrow_or_reason
+
+    return narrow_or_reason(report)
+
+
+def partial_report(traces: Pair, labels: Pair, alignment: Alignment, comps: dict, early) -> DiffReport:
+    """A report of the comparisons so far; ``first`` only once proven (``early``, replay/diff/early.py)."""
+    none = Acceptance(None, None, {}, 0)
+    first = comps.get(early.name) if early is not None else None
+    if first is not None and first.kind != early.kind:
+        first = None
+    return DiffReport(paths=traces.map(lambda t: t.path), labels=labels, traces=traces, alignment=alignment,
+                      comparisons={n: comps[n] for n in ordered(comps)}, first=first, explanations=[],
+                      contract=[], acceptance=Pair(none, none))
+
+
+class _LazyDecode:
+    """``ids -> str`` with the target tokenizer, loaded on first use (only an error message needs it)."""
+
+    def __init__(self, traces: Pair):
+        self.traces, self.fn, self.loaded = traces, None, False
+
+    def __call__(self, ids):
+        if not self.loaded:
+            from specdiff.replay.diff.token_format import decoder, load_tokenizer
+
+            self.fn, self.loaded = decoder(load_tokenizer(self.traces)), True
+        return self.fn(ids) if self.fn else None

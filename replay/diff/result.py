@@ -1,0 +1,237 @@
+"""The diff of two traces as one value (``DiffReport``): built by the pipeline (replay/diff/pipeline.py),
+read by the renderers (replay/diff/report.py: text and JSON) and the app (tui/view.py); nothing downstream
+recomputes. Its properties are lookups into what the pipeline computed (divergent rows, margins, the
+one-line verdict); ``to_json`` is the exact, JSON-safe form of the whole value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from specdiff.replay.diff.align import Alignment, Pair
+from specdiff.replay.diff.compare import TensorComparison
+from specdiff.replay.diff.contract_check import ContractMismatch, bearing_on, unknown_facts
+from specdiff.replay.diff.crash import crash_verdict
+from specdiff.replay.diff.explain import Explanation
+from specdiff.tracer.schema import spec_for
+
+#: a passing tensor this close to a limit (limit_use) is named in the verdict: another prompt
+#: set may push it over (issue 20: a Qwen3 control passed at max_rel 0.0486 against 0.05)
+CLOSE_TO_LIMIT = 0.8
+
+
+def json_safe(v):
+    """``v`` with numpy scalars as Python numbers and non-finite floats as strings ("nan", "inf"),
+    through dicts, lists and tuples: what ``json.dumps`` writes as strict JSON, values exact."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    return v
+
+
+@dataclass
+class DiffReport:
+    """Everything ``specdiff diff`` knows about two traces.
+
+    Attributes:
+        paths, labels: per side (``Pair``); labels are 'training' / 'serving', each engine
+            and version for two engines' traces, else 'A' / 'B' (explain.side_names).
+        alignment: sequence pairs.
+        comparisons: tensor name -> TensorComparison, dataflow order.
+        first: the first diverging tensor, or None.
+        explanations: causes whose transform closes the gap at ``first``.
+        contract: contract mismatches, most severe first.
+        acceptance: per side.
+        traces: the opened traces (for views that show values).
+        grafts: ``replay.graft.GraftResult`` per substitution, ranked (``specdiff diff --graft``),
+            or None when not computed.
+        findings: pre-flight findings that bear on the first divergence.
+        narrowing: when no explanation fits the first divergence: ``replay.narrow.Narrowing`` (which
+            serving input, grafted into the training draft, reproduces serving), or the one-line
+            reason it could not run; None when not run.
+    """
+
+    paths: Pair
+    labels: Pair
+    alignment: Alignment
+    comparisons: dict[str, TensorComparison]
+    first: TensorComparison | None
+    explanations: list[Explanation]
+    contract: list[ContractMismatch]
+    acceptance: Pair
+    traces: Pair
+    grafts: list | None = None
+    findings: list = field(default_factory=list)
+    narrowing: object = None  # replay.narrow.Narrowing, or the reason it could not run (str), or None
+    alignment_error: str | None = None  # why no sequence paired (only kept when a structure finding leads)
+    crash: dict | None = None  # {"label": side, **the contract's crash record}: a side's engine died
+
+    @property
+    def diverged(self) -> bool:
+        return self.first is not None or self.crash is not None
+
+    @property
+    def damage(self) -> list:
+        """``tracer.store.damage.Damage`` found in either trace (at open and while diffing)."""
+        return self.traces.x.damage + self.traces.y.damage
+
+    @property
+    def incomplete(self) -> bool:
+        """Recorded values of either trace could not be read, so "no divergence" cannot be claimed."""
+        return any(d.lost for d in self.damage)
+
+    def unreadable_rows(self) -> int:
+        """Recorded rows of both traces that could not be read (union of damaged row ranges per tensor)."""
+        total = 0
+        for trace in (self.traces.x, self.traces.y):
+            spans: dict[str, list[tuple[int, int]]] = {}
+            for d in trace.damage:
+                if d.lost and d.rows is not None:
+                    spans.setdefault(d.tensor, []).append(d.rows)
+            for ranges in spans.values():
+                end = 0
+                for a, b in sorted(ranges):
+                    total += max(b - max(a, end), 0)
+                    end = max(end, b)
+        return total
+
+    def _damage_summary(self) -> str:
+        damage = self.damage
+        parts = f"{len(damage)} damaged part{'s' if len(damage) > 1 else ''}"
+        return f"{parts}, {self.unreadable_rows()} recorded rows unreadable" if self.incomplete else \
+            f"{parts}, nothing lost"
+
+    def _damage_note(self) -> str:
+        return f" (damaged traces: {self._damage_summary()}; see damage)" if self.damage else ""
+
+    @property
+    def divergences(self) -> list[tuple[str, int]]:
+        """(tensor name, aligned row) of every failing row, in dataflow then position order."""
+        out = []
+        for name, comp in self.comparisons.items():
+            if not comp.diverged:
+                continue
+            bad = [int(i) for i in (comp.status == 2).nonzero()[0]]
+            bad.sort(key=lambda i: (int(comp.match.pos[i]), int(comp.match.pair[i]), int(comp.match.depth[i])))
+            out += [(name, i) for i in bad]
+        return out
+
+    @property
+    def legitimate(self) -> list:
+        """Named legitimate differences (``routing.RoutingFlips``), in dataflow order: rows that
+        differ beyond tolerance for a reason the target family makes legitimate; not divergences."""
+        return [c.explanation for c in self.comparisons.values() if c.explanation is not None]
+
+    def inherited(self) -> dict:
+        """tensor -> ``{"rows", "from": {tensor: rows}}`` for every tensor with inherited rows
+        (rows whose inputs already differ upstream; replay/diff/inherited.py)."""
+        return {n: {"rows": c.stats["inherited_rows"], "from": c.stats.get("inherited_from", {})}
+                for n, c in self.comparisons.items() if c.stats.get("inherited_rows")}
+
+    def margin(self) -> dict | None:
+        """The compared tensor that came closest to a limit without diverging: ``{"tensor",
+        "limit", "use"}`` plus its numbers (``use`` 1.0 = at the limit; ``limit``: ``rel``, ``cos``
+        or ``fail_frac``), or None when no tensor passed."""
+        best = None
+        for n, c in self.comparisons.items():
+            use = c.stats.get("limit_use") or {}
+            if c.diverged or c.kind != "values" or not use:
+                continue
+            k = max(use, key=use.get)
+            if best is None or use[k] > best["use"]:
+                best = {"tensor": n, "limit": k, "use": use[k], "max_rel_passing": c.stats.get("max_rel_passing"),
+                        "rel_limit": c.tolerance.rel, "own_fail_rows": c.stats.get("own_fail_rows"),
+                        "counted_rows": c.stats.get("counted_rows"), "max_fail_frac": c.tolerance.max_fail_frac}
+        return best
+
+    def group_margin(self):
+        """The most concentrated group of a tensor that did not diverge (replay/diff/groups.py
+        ``Concentration``, not fired): how close a control came to a group divergence; None when
+        no tensor's failing rows reach ``GROUP_MIN_ROWS`` in any group."""
+        held = [c.concentration for c in self.comparisons.values()
+                if not c.diverged and c.concentration is not None]
+        return min(held, key=lambda c: c.p) if held else None
+
+    def contract_bearing(self) -> list[ContractMismatch]:
+        """Contract differences (and unknown facts) that bear on the first divergence's stage."""
+        if self.first is None:
+            return []
+        return bearing_on(self.contract, spec_for(self.first.name).stage)
+
+    def verdict(self, *, short: bool = False) -> str:
+        """The one-line verdict the text report leads with. ``short``: an explained divergence's cause
+        by its name only (``aux_layer_shift``), for the app's header, whose Explain pane says it in full."""
+        if self.first is None and self.crash is not None:
+            return crash_verdict(self.crash)
+        if self.first is None:
+            if self.incomplete:
+                return (f"no divergence in the rows that could be read, but the traces are damaged "
+                        f"({self._damage_summary()}), so equivalence is not shown; see damage")
+            named = "".join(f"; explained: {e.message().split(':')[0]} at {e.tensor} ({len(e.rows)} rows)"
+                            for e in self.legitimate)
+            m = self.margin()
+            close = (f"; close to a limit: {m['tensor']} at {m['use']:.0%} of its {m['limit']} limit"
+                     if m is not None and m["use"] >= CLOSE_TO_LIMIT else "")
+            return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
+                    f"{len(self.alignment.seq_pairs)} sequences{named}{close}{self._damage_note()}")
+        e0 = self.explanations[0] if self.explanations else None
+        why = "" if e0 is None else f" — {e0.cause}" if short else f" — {e0.message}"
+        if self.first.kind == "structure":
+            m = self.first.structure
+            return (f"first divergence: {self.first.name} (structure: {m.kind.replace('_', ' ')})"
+                    + (why or f" — {m.message}") + self._damage_note())
+        w = self.first.first_where or self.first.worst or {}
+        where = f"seq {w.get('pair')} pos {w.get('pos')}" + (f" depth {w['depth']}" if w.get("depth") else "")
+        return f"first divergence: {self.first.name} at {where}{why}{self._damage_note()}"
+
+    def to_json(self) -> dict:
+        """JSON-safe dict (``specdiff diff --format json``), exact values (``json_safe``)."""
+        clean = json_safe
+        first = None
+        if self.first is not None:
+            w = self.first.first_where or {}
+            first = {"tensor": self.first.name, "seq": w.get("pair"), "pos": w.get("pos"), "depth": w.get("depth"),
+                     "stats": self.first.stats, "worst": self.first.worst,
+                     "tolerance": asdict(self.first.tolerance), "kind": self.first.kind,
+                     "structure": asdict(self.first.structure) if self.first.structure is not None else None,
+                     # the mismatches themselves are in contract_mismatches (said once): their fields here
+                     "contract_bearing": [m.field for m in self.contract_bearing()]}
+        # most important first: the verdict, what invalidates it (crash, damage, contract errors), the
+        # first divergence and its explanation, then the evidence
+        return clean({
+            "verdict": self.verdict(),
+            "diverged": self.diverged,
+            "incomplete": self.incomplete,
+            "crash": self.crash,
+            "damage": [{"message": d.message(), **asdict(d)} for d in self.damage],
+            "labels": [self.labels.x, self.labels.y],
+            "traces": [self.paths.x, self.paths.y],
+            "first_divergence": first,
+            "explanations": [asdict(e) for e in self.explanations],
+            "narrowing": (None if self.narrowing is None else {"not_run": self.narrowing}
+                          if isinstance(self.narrowing, str) else asdict(self.narrowing)),
+            "contract_mismatches": [asdict(m) for m in self.contract],
+            "unknown_facts": {self.labels.x: unknown_facts(self.traces.x.contract),
+                              self.labels.y: unknown_facts(self.traces.y.contract)},
+            "preflight_findings": self.findings,
+            "explained_differences": [{"cause": e.cause, "message": e.message(), **asdict(e)} for e in self.legitimate],
+            "inherited": self.inherited(),
+            "margin": self.margin(),
+            "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
+                                                        (self.labels.y, self.acceptance.y))},
+            "grafts": None if self.grafts is None else [asdict(g) for g in self.grafts],
+            "alignment_error": self.alignment_error,
+            "sequences": [{"seq": p.index, "ids": [p.seq.x, p.seq.y], "length": p.length,
+                           "start": [p.start.x, p.start.y], "format": asdict(p.format) if p.format else None}
+                          for p in self.alignment.seq_pairs],
+            "tensors": {n: {"diverged": c.diverged, "kind": c.kind, **c.stats, "tolerance": asdict(c.tolerance)}
+                        for n, c in self.comparisons.items()},
+        })
