@@ -63,3 +63,60 @@ def test_a_draft_shorter_than_the_targets_context_is_sglangs_own_refusal(repo_mo
     assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in errors[0]
     assert "was specdiff installed" not in r.stdout + r.stderr
     assert not os.path.exists(trace)
+
+
+#: the lines a real SGLang 0.5.23 server printed when specdiff's plugin raised at import (a
+#: half-edited checkout, 2026-12-01): SGLang logged the traceback (srt/plugins/__init__.py:135) and
+#: served on, untraced, and the user learned it only from a missing trace afterwards
+PLUGIN_FAILED_TAIL = [
+    "[2026-12-01 21:44:43] Failed to execute general plugin: specdiff",
+    "Traceback (most recent call last):",
+    '  File "/x/sglang/srt/plugins/__init__.py", line 133, in load_plugins',
+    "    func()",
+    '  File "/x/specdiff/tracer/engines/sglang/hooks.py", line 53, in <module>',
+    "    class Recorder(ServingRecorder):",
+    "NameError: name 'ServingRecorder' is not defined",
+    "[2026-12-01 21:44:43] Init parallel begin.",
+]
+
+
+def test_a_plugin_that_fails_to_load_is_named_and_the_untraced_server_stopped():
+    from specdiff.tui.cmd_record import UntracedWatch
+
+    stopped = []
+    w = UntracedWatch(on_found=lambda: stopped.append(1))
+    for line in PLUGIN_FAILED_TAIL + PLUGIN_FAILED_TAIL:  # every SGLang process logs it; one report
+        w.feed(line)
+    assert stopped == [1]
+    assert w.reason == "specdiff's plugin failed to load in the server (NameError: name 'ServingRecorder' is not defined)"
+    assert "specdiff installed" in w.action
+    refused = UntracedWatch()
+    refused.feed("[2026-12-01 10:00:00] specdiff: tracing refused: SPECDIFF_MAX_QUEUE_MB='x' is not valid; "
+                 "the server runs untraced")
+    assert refused.reason.startswith("the recorder refused to trace: SPECDIFF_MAX_QUEUE_MB='x' is not valid")
+    # a traced server's log, errors included (a request's traceback), is not mistaken for an untraced one
+    quiet = UntracedWatch()
+    for line in SGLANG_TAIL + ["[t] Executed general plugin: specdiff", "Traceback (most recent call last):",
+                               "ValueError: bad request"]:
+        quiet.feed(line)
+    assert quiet.reason is None
+
+
+@pytest.mark.server
+@pytest.mark.timeout(600)
+def test_record_serve_stops_a_server_whose_recorder_refused_to_trace(repo_models, tmp_path, server_env):
+    pytest.importorskip("sglang")
+    from specdiff.tracer.engines.server import free_port
+    from specdiff.tracer.engines.sglang.cpu.launch import SpecSettings
+
+    trace = tmp_path / "serve.trace"
+    argv = [sys.executable, "-m", "specdiff.tui", "record", "serve", "--cpu", "--trace", str(trace), "--",
+            "--model-path", str(repo_models / "target"), "--port", str(free_port()),
+            *SpecSettings(num_steps=3, topk=1, num_draft_tokens=4).args(repo_models / "draft")]
+    r = subprocess.run(argv, env=server_env(SPECDIFF_MAX_QUEUE_MB="lots"), capture_output=True, text=True,
+                       timeout=540)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("specdiff: error:")]
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    assert len(errors) == 1, r.stderr[-3000:]
+    assert "ran untraced, so it was stopped: the recorder refused to trace: SPECDIFF_MAX_QUEUE_MB='lots'" in errors[0]
+    assert not os.path.exists(trace)

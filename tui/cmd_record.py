@@ -120,15 +120,17 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, samp
     # a server that refuses to start is reported with its own error line, not a guess
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stderr=subprocess.PIPE)
     tail: collections.deque[str] = collections.deque(maxlen=400)
-    relay = threading.Thread(target=_relay_stderr, args=(proc.stderr, tail), daemon=True)
-    relay.start()
-    click.echo(f"specdiff: {spec.title} server pid {proc.pid}: {' '.join(argv[1:])}")
 
-    def _forward(signum, _frame):
+    def _forward(signum=None, _frame=None):
         try:
             os.killpg(proc.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
             pass
+
+    untraced = UntracedWatch(on_found=_forward)  # record serve exists to trace: an untraced server is stopped
+    relay = threading.Thread(target=_relay_stderr, args=(proc.stderr, tail, untraced), daemon=True)
+    relay.start()
+    click.echo(f"specdiff: {spec.title} server pid {proc.pid}: {' '.join(argv[1:])}")
 
     old = {s: signal.signal(s, _forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -137,6 +139,9 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, samp
         for s, h in old.items():
             signal.signal(s, h)
     relay.join(10)
+    if untraced.reason is not None:
+        raise SpecdiffError(f"the {spec.title} server ran untraced, so it was stopped: {untraced.reason}; "
+                            f"{untraced.action}")
     error = engine_error_line(tail)
     if error and not os.path.exists(path):
         raise SpecdiffError(f"the {spec.title} server exited ({rc}) before it served: {error}; no trace was "
@@ -144,13 +149,58 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, samp
     click.echo(f"specdiff: server exited ({rc}); {_trace_state(path, error)}")
 
 
-def _relay_stderr(stream, tail) -> None:
-    """Copy the server's stderr to ours line by line, keeping the last lines in ``tail``."""
+def _relay_stderr(stream, tail, untraced: UntracedWatch | None = None) -> None:
+    """Copy the server's stderr to ours line by line, keeping the last lines in ``tail`` and showing
+    each to ``untraced``."""
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace")
         sys.stderr.write(line)
         tail.append(line.rstrip("\n"))
+        if untraced is not None:
+            untraced.feed(line)
     stream.close()
+
+
+#: SGLang 0.5.23 runs each general plugin inside ``except Exception: logger.exception("Failed to
+#: execute general plugin: %s", name)`` (srt/plugins/__init__.py:131-135) and serves on, untraced,
+#: when specdiff's fails to import; the plugin itself logs "specdiff: tracing refused: ..." when it
+#: declines to trace (tracer/engines/sglang/plugin.py, vllm/plugin.py).
+_PLUGIN_FAILED = "Failed to execute general plugin: specdiff"
+_TRACING_REFUSED = re.compile(r"specdiff: tracing refused: (.*)")
+
+
+class UntracedWatch:
+    """Spots, in a server's log lines, that the recorder is not running: specdiff's plugin raised
+    while the engine loaded it (the engine logs the traceback and serves on), or the plugin refused
+    to trace. ``reason`` is then one line (the plugin's refusal, or the exception's last traceback
+    line) and ``on_found()`` is called once."""
+
+    def __init__(self, on_found=None):
+        self.on_found = on_found
+        self.reason: str | None = None
+        self.action = ""
+        self._failed = False
+
+    def feed(self, line: str) -> None:
+        if self.reason is not None:
+            return
+        text = re.sub(r"^\[[^\]]*\]\s*", "", line.strip())
+        refused = _TRACING_REFUSED.search(text)
+        if refused:
+            self._found(f"the recorder refused to trace: {refused.group(1)}",
+                        "fix what it names and run record serve again")
+        elif _PLUGIN_FAILED in text:
+            self._failed = True
+        elif self._failed and _EXCEPTION_LINE.match(text):
+            self._found(f"specdiff's plugin failed to load in the server ({text[:300]})",
+                        "check that the server's Python has this specdiff installed (pip install -e . in its "
+                        "environment) and that `python -c 'import specdiff.tracer.engines'` runs there")
+
+    def _found(self, reason: str, action: str) -> None:
+        self.reason, self.action = reason, action
+        click.echo(f"specdiff: {reason}; the server would run untraced, stopping it", err=True)
+        if self.on_found is not None:
+            self.on_found()
 
 
 #: the last line of a Python traceback: ``ValueError: ...``, ``torch.OutOfMemoryError: ...``
