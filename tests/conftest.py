@@ -351,6 +351,24 @@ def snapshot_app(aux_traces):
 
 
 # ---- Textual pilot helpers ------------------------------------------------------------------------
+def _fc_crash() -> RuntimeError:
+    try:
+        import torch
+
+        torch.nn.Linear(768, 256, bias=False)(torch.zeros(7, 512))
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("an fc of the wrong width did not raise")
+
+
+@pytest.fixture(scope="session")
+def fc_crash():
+    """``fc_crash()`` -> a new RuntimeError as SGLang's EAGLE-3 draft raises it when 2 aux slots
+    were captured for an fc built for 3 (llama_eagle3.py ``self.fc``: a [7, 512] input against a
+    [256, 768] weight, CPU), raised in torch's Linear.forward so its frames carry the shapes."""
+    return _fc_crash
+
+
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     """Async tests (``pytest.mark.anyio``: the Textual pilot) run on asyncio."""

@@ -31,19 +31,9 @@ def _bad_draft(root: Path) -> Path:
     return d
 
 
-def _fc_crash():
-    """The exception SGLang raises for 2 captured slots against an fc built for 3 (CPU, bf16)."""
-    fc = torch.nn.Linear(768, 256, bias=False)
-    try:
-        fc(torch.zeros(7, 512))
-    except RuntimeError as exc:
-        return exc
-    raise AssertionError("no crash")
-
-
 # ---- the crash record ----------------------------------------------------------------------
-def test_a_crash_record_names_the_forward_and_the_shapes_involved():
-    exc = _fc_crash()
+def test_a_crash_record_names_the_forward_and_the_shapes_involved(fc_crash):
+    exc = fc_crash()
     c = crash_record(exc, forward=forward_name(is_draft=True, mode="EXTEND"), forward_shapes={"input_ids": [7]},
                      iteration=0, kind="prefill", rids=["r0"])
     assert c["type"] == "RuntimeError" and "mat1 and mat2" in c["message"]
@@ -75,8 +65,8 @@ def _train_trace(path: Path) -> str:
     return str(path)
 
 
-def test_diff_of_a_serve_trace_that_crashed_before_any_sequence_reports_the_crash_first(tmp_path, run_cli):
-    crash = crash_record(_fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill", rids=["r0"])
+def test_diff_of_a_serve_trace_that_crashed_before_any_sequence_reports_the_crash_first(tmp_path, run_cli, fc_crash):
+    crash = crash_record(fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill", rids=["r0"])
     serve = _serve_trace(tmp_path / "serve.trace", _bad_draft(tmp_path), crash)
     train = _train_trace(tmp_path / "train.trace")
     r = run_cli("diff", train, serve, "--format", "text")
@@ -100,12 +90,12 @@ def test_diff_without_a_crash_and_without_sequences_is_still_a_bad_input_line(tm
     assert r.exit_code == 2 and r.output.startswith("specdiff: error: ") and "share no token sequence" in r.output
 
 
-def test_record_client_names_the_trace_of_a_server_that_died(tmp_path, monkeypatch, run_cli):
+def test_record_client_names_the_trace_of_a_server_that_died(tmp_path, monkeypatch, run_cli, fc_crash):
     from specdiff.tracer import live
     from specdiff.tracer.engines.sglang.cpu.launch import free_port
 
     monkeypatch.setattr(live, "registry_dir", lambda: str(tmp_path / "reg"))
-    crash = crash_record(_fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill")
+    crash = crash_record(fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill")
     serve = _serve_trace(tmp_path / "serve.trace", MODELS / "draft", crash)
     port = free_port()  # nothing listens there any more: a dead server
     live.register_server(port=port, trace=serve)
@@ -254,16 +244,16 @@ def test_an_exception_in_an_iteration_is_written_with_its_forward_and_the_trace_
 
 
 def _raise_fc():
-    raise _fc_crash()
+    torch.nn.Linear(768, 256, bias=False)(torch.zeros(7, 512))  # 2 slots against an fc for 3
 
 
-def test_the_app_opens_a_crashed_serve_trace_on_the_crash(tmp_path, tui):
+def test_the_app_opens_a_crashed_serve_trace_on_the_crash(tmp_path, tui, fc_crash):
     import asyncio
     import time
 
     from specdiff.tui.app import SpecdiffApp
 
-    crash = crash_record(_fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill", rids=["r0"])
+    crash = crash_record(fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill", rids=["r0"])
     serve = _serve_trace(tmp_path / "serve.trace", _bad_draft(tmp_path), crash)
     train = _train_trace(tmp_path / "train.trace")
     app = SpecdiffApp(train, serve, export_root=tmp_path)

@@ -36,26 +36,17 @@ def _draft(root: Path, ids: list[int]) -> Path:
                               ids=replace(scenario_ids(), correct=list(ids)))
 
 
-def _fc_crash() -> RuntimeError:
-    fc = torch.nn.Linear(768, 256, bias=False)
-    try:
-        fc(torch.zeros(7, 512))
-    except RuntimeError as exc:
-        return exc
-    raise AssertionError("no crash")
-
-
 # ---- the crash record's requests ------------------------------------------------------------------
-def test_crash_requests_keep_the_ids_read_and_say_unknown_otherwise():
+def test_crash_requests_keep_the_ids_read_and_say_unknown_otherwise(fc_crash):
     got = crash_requests(["a", "b", "c"], {"a": [5, 6, 7], "b": []})
     assert got == [{"rid": "a", "input_ids": [5, 6, 7]}, {"rid": "b", "input_ids": UNKNOWN_IDS},
                    {"rid": "c", "input_ids": UNKNOWN_IDS}]
-    c = crash_record(_fc_crash(), forward="draft extend (prefill)", rids=["a"], prompts={"a": [1, 2]})
+    c = crash_record(fc_crash(), forward="draft extend (prefill)", rids=["a"], prompts={"a": [1, 2]})
     assert c["requests"] == [{"rid": "a", "input_ids": [1, 2]}]
     assert c["engine_where"] is None  # raised by torch alone: no engine frame to name
 
 
-def test_replay_takes_a_crashing_prompt_from_the_crash_record_when_no_sequence_was_written(tmp_path):
+def test_replay_takes_a_crashing_prompt_from_the_crash_record_when_no_sequence_was_written(tmp_path, fc_crash):
     """The vLLM recorder (and any engine that died before its writer ran) leaves the ids only in the
     crash record: the replay reads them there; ids it never read are said, not guessed."""
     from specdiff.replay.record.errors import RecordTrainError
@@ -63,7 +54,7 @@ def test_replay_takes_a_crashing_prompt_from_the_crash_record_when_no_sequence_w
 
     def serve(name, prompts):
         tw = TraceWriter(str(tmp_path / name), side="serve", contract={"engine": "vllm"})
-        tw.set_contract(crash=crash_record(_fc_crash(), forward="draft extend (prefill)", rids=["a", "b"],
+        tw.set_contract(crash=crash_record(fc_crash(), forward="draft extend (prefill)", rids=["a", "b"],
                                            prompts=prompts))
         tw.close()
         return str(tmp_path / name)
@@ -121,17 +112,17 @@ def _serve(path: Path, *, crash: dict, slots: int = 3) -> str:
     return str(path)
 
 
-def _draft_crash() -> dict:
-    return crash_record(_fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill", rids=["r0"],
+def _draft_crash(fc_crash) -> dict:
+    return crash_record(fc_crash(), forward="draft extend (prefill)", iteration=0, kind="prefill", rids=["r0"],
                         prompts={"r0": PROMPT})
 
 
-def test_the_crash_leads_at_the_stage_serving_stopped_with_the_dropped_id_as_cause(tmp_path):
+def test_the_crash_leads_at_the_stage_serving_stopped_with_the_dropped_id_as_cause(tmp_path, fc_crash):
     from specdiff.replay.diff.pipeline import diff_traces
     from specdiff.replay.diff.report import render_text
 
     train = _train(tmp_path / "train.trace")
-    serve = _serve(tmp_path / "serve.trace", crash=_draft_crash(), slots=2)
+    serve = _serve(tmp_path / "serve.trace", crash=_draft_crash(fc_crash), slots=2)
     rep = diff_traces(train, serve, narrow=False)
     assert rep.diverged and rep.first is None and rep.crash["stage"] == "draft.fc_in"
     v = rep.verdict()
@@ -149,14 +140,14 @@ def test_the_crash_leads_at_the_stage_serving_stopped_with_the_dropped_id_as_cau
     assert j["diverged"] and j["crash"]["stage"] == "draft.fc_in" and j["crash"]["cause"]["fix"] == cause["fix"]
 
 
-def test_the_app_shows_the_crash_its_cause_and_fix(tmp_path, tui):
+def test_the_app_shows_the_crash_its_cause_and_fix(tmp_path, tui, fc_crash):
     import asyncio
     import time
 
     from specdiff.tui.app import SpecdiffApp
 
     train = _train(tmp_path / "train.trace")
-    serve = _serve(tmp_path / "serve.trace", crash=_draft_crash(), slots=2)
+    serve = _serve(tmp_path / "serve.trace", crash=_draft_crash(fc_crash), slots=2)
     app = SpecdiffApp(train, serve, export_root=tmp_path)
 
     async def run():
@@ -178,11 +169,11 @@ def test_the_app_shows_the_crash_its_cause_and_fix(tmp_path, tui):
     assert app.return_code == 1
 
 
-def test_a_value_divergence_before_the_crash_stage_stays_first(tmp_path):
+def test_a_value_divergence_before_the_crash_stage_stays_first(tmp_path, fc_crash):
     from specdiff.replay.diff.pipeline import diff_traces
 
     train = _train(tmp_path / "train.trace", shift=1.0)  # aux slot 0 differs in every row
-    serve = _serve(tmp_path / "serve.trace", crash=_draft_crash(), slots=3)
+    serve = _serve(tmp_path / "serve.trace", crash=_draft_crash(fc_crash), slots=3)
     rep = diff_traces(train, serve, narrow=False)
     assert rep.first is not None and rep.first.name == "target.aux.0"
     assert rep.crash is not None and rep.crash["stage"] == "draft.fc_in"
