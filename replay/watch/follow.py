@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdiff.tracer.errors import TraceError
-from specdiff.tracer.store import Trace, open_trace
+from specdiff.tracer.store import Trace, TraceFollower
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class FinishedRequests:
         self.path = str(path)
         self.settle_s = float(settle_s)
         self.clock = clock
+        self._trace = TraceFollower(self.path)  # each poll decodes only what the server wrote since
         self._seen: dict[int, tuple[int, float]] = {}  # seq id -> (token count, when it last changed)
         self._given: set[int] = set()
 
@@ -83,7 +84,7 @@ class FinishedRequests:
         Raises:
             TraceError: the path holds no trace, or a training trace.
         """
-        trace = open_trace(self.path)
+        trace = self._trace.poll()
         if trace.side != "serve":
             raise TraceError(f"{self.path}: a {trace.side} trace; --serve takes the trace a traced server writes")
         now = self.clock()

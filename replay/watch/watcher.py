@@ -28,7 +28,7 @@ from specdiff.replay.watch.follow import FinishedRequests, ServedRequest
 from specdiff.replay.watch.rolling import SIDES, RollingAcceptance, acceptance_record
 from specdiff.replay.watch.state import WatchState
 from specdiff.tracer.errors import TraceError
-from specdiff.tracer.store import open_trace
+from specdiff.tracer.store import TraceFollower
 
 
 @dataclass
@@ -98,6 +98,7 @@ class Watcher:
         self.side = None
         self.writer = None
         self.segment: Path | None = None
+        self._segment_trace: TraceFollower | None = None
         self.replayed = 0  # requests replayed by this run
         self.diverged = 0  # of them, how many diverged
         self.alerts: list[dict] = []
@@ -131,6 +132,7 @@ class Watcher:
         seqs = [TrainSequence(r.tokens, r.prompt_len, r.rid, r.seq_id) for r in reqs]
         if self.writer is None:
             self.segment = self.state.new_segment()
+            self._segment_trace = TraceFollower(str(self.segment))
             facts, _ = self.side.contract(seqs, out=str(self.segment), replay=self.follow.path)
             self.writer, ids = self.side.open_trace(str(self.segment), seqs, facts)
         else:
@@ -139,7 +141,7 @@ class Watcher:
         for _, rows in self.side.batches(seqs, ids):
             rows.flush(self.writer)
         self.writer.flush()  # every row in the journal before the state says "replayed"
-        train = open_trace(str(self.segment))
+        train = self._segment_trace.poll()
         replay_s = (time.perf_counter() - t0) / len(reqs)
         for req, sid in zip(reqs, ids, strict=True):
             self._diff_one(train, serve_trace, req, sid, replay_s)

@@ -17,7 +17,7 @@ from zarr and the uncommitted tail, chunk by chunk, from spill files or moved ch
 
 Modules: ``layout`` (format constants, codecs, ``Sequence``), ``writer`` (``TraceWriter``),
 ``base`` (``TraceReader``: the read API ``Trace`` and ``ranks.RankedTrace`` share),
-``reader`` (``open_trace`` -> ``Trace``), ``recover`` (rows of an unclosed trace from the journal
+``reader`` (``open_trace`` -> ``Trace``; ``TraceFollower`` for a trace still being written), ``recover`` (rows of an unclosed trace from the journal
 and its spill files; damage found while reading).
 """
 
@@ -33,8 +33,8 @@ from specdiff.tracer.store.layout import (
     Sequence,
     local_path,
 )
-from specdiff.tracer.store.reader import Trace, damaged_fill, open_trace
+from specdiff.tracer.store.reader import Trace, TraceFollower, damaged_fill, open_trace
 from specdiff.tracer.store.writer import TraceWriter
 
 __all__ = ["STORAGE_DTYPES", "CHUNK_BYTES", "FORMAT_VERSION", "KEY_COLUMNS", "SEQUENCE_ARRAYS", "SIDES", "Sequence",
-           "TensorInfo", "Trace", "TraceReader", "TraceWriter", "damaged_fill", "local_path", "open_trace", "ARRAY_CONFIG"]
+           "TensorInfo", "Trace", "TraceFollower", "TraceReader", "TraceWriter", "damaged_fill", "local_path", "open_trace", "ARRAY_CONFIG"]

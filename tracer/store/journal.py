@@ -211,6 +211,57 @@ class JournalScan:
         return bool(self.entries) and self.entries[0].get("t") == "header"
 
 
+class JournalFollower:
+    """Decodes a growing journal a piece at a time: each ``read_new`` reads only the bytes appended
+    since the previous call and returns the entries they complete (a cut last entry waits for its
+    remaining bytes). ``problem`` is set, and nothing more is returned, once a decoded entry is not
+    a specdiff record or the bytes do not decode; ``read_journal`` then says what is wrong.
+
+    Only a local file is followed (its inode tells whether the writer replaced it: a closing
+    writer compacts the journal into a new file, ``compact_journal``); ``read_new`` raises
+    FileNotFoundError when the file is gone and sets ``replaced`` when it is another file now.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offset = 0  # bytes read so far
+        self.problem: str | None = None
+        self.replaced = False
+        self._inode: int | None = None
+        self._consumed = 0  # bytes of the entries decoded (msgpack's tell() also counts a partial one)
+        self._unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
+
+    @property
+    def cut_tail_bytes(self) -> int:
+        """Bytes read that do not complete an entry yet."""
+        return self.offset - self._consumed
+
+    def read_new(self) -> list[dict]:
+        if self.problem is not None or self.replaced:
+            return []
+        with open(self.path, "rb") as fh:
+            inode = os.fstat(fh.fileno()).st_ino
+            if self._inode is not None and inode != self._inode:
+                self.replaced = True
+                return []
+            self._inode = inode
+            fh.seek(self.offset)
+            raw = fh.read()
+        self.offset += len(raw)
+        self._unpacker.feed(raw)
+        out = []
+        try:
+            for entry in self._unpacker:
+                if not isinstance(entry, dict) or "t" not in entry:
+                    self.problem = "an entry that is not a specdiff record"
+                    break
+                out.append(entry)
+                self._consumed = self._unpacker.tell()
+        except (msgpack.UnpackException, ValueError) as exc:
+            self.problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return out
+
+
 def read_journal(url: str) -> JournalScan:
     """Decode every complete entry of a journal; damage is described, not raised.
 

@@ -16,6 +16,7 @@ from specdiff.tracer.store.chunks import join as _join
 from specdiff.tracer.store.damage import Damage
 from specdiff.tracer.store.journal import (
     JOURNAL_NAME,
+    JournalFollower,
     read_journal,
 )
 from specdiff.tracer.store.layout import (
@@ -25,7 +26,7 @@ from specdiff.tracer.store.layout import (
     local_path,
     open_store,
 )
-from specdiff.tracer.store.recover import Contents, from_journal, from_zarr, zarr_tensors
+from specdiff.tracer.store.recover import Contents, JournalReplay, from_journal, from_zarr, zarr_tensors
 
 
 class Trace(TraceReader):
@@ -277,3 +278,65 @@ def open_trace(path: str) -> Trace:
                 scan = again
     return Trace(path, store, contents, damage)
 
+
+
+class TraceFollower:
+    """Follows a trace a live writer is appending to: ``poll()`` returns the trace as it stands,
+    like ``open_trace``, but decodes only the journal bytes appended since the previous poll (the
+    watch polls a serving trace every second for as long as the server runs; opening it in full
+    each time costs the whole journal each time, so a day's trace would be read a day's worth of
+    times).
+
+    The first poll, and every poll once the trace is closed, damaged, replaced (a closing writer
+    compacts its journal into a new file), on an fsspec URL or a data-parallel parent, is a full
+    ``open_trace``: following covers only the healthy, growing, local case.
+
+    Raises (``poll``):
+        TraceError: as ``open_trace``.
+    """
+
+    def __init__(self, path: str):
+        self.path = local_path(str(path))
+        self._journal: JournalFollower | None = None
+        self._replay: JournalReplay | None = None
+        self._store = None
+        self.full_opens = 0  # polls that opened the trace in full
+
+    def poll(self) -> Trace:
+        if self._replay is not None:
+            trace = self._follow()
+            if trace is not None:
+                return trace
+        return self._open()
+
+    def _open(self) -> Trace:
+        self._journal = self._replay = None
+        trace = open_trace(self.path)
+        self.full_opens += 1
+        if ("://" in self.path or not isinstance(trace, Trace) or trace.closed or trace.damage
+                or trace.cut_tail_bytes < 0):
+            return trace
+        journal = JournalFollower(_join(self.path, JOURNAL_NAME))
+        entries = journal.read_new()
+        if journal.problem is None and entries and entries[0].get("t") == "header":
+            self._journal, self._store = journal, trace.open_store
+            self._replay = JournalReplay(self.path, entries[0]).feed(entries[1:])
+        return trace
+
+    def _follow(self) -> Trace | None:
+        """The trace from the journal's new entries; None when a full open must decide."""
+        for _ in range(3):
+            try:
+                self._replay.feed(self._journal.read_new())
+            except (OSError, TraceError):
+                return None
+            if self._journal.problem or self._journal.replaced or self._replay.closed:
+                return None
+            try:
+                contents = self._replay.contents(cut_tail_bytes=self._journal.cut_tail_bytes)
+            except TraceError:
+                # a commit between our journal read and a spill file read removed the file (its
+                # rows are in zarr now and the commit is journalled): read the new entries again
+                continue
+            return Trace(self.path, self._store, contents, [])
+        return None

@@ -41,72 +41,104 @@ class Contents:
     cut_tail_bytes: int = 0
 
 
+class JournalReplay:
+    """Contents built from journal entries fed in order, once each: ``from_journal`` feeds a whole
+    journal; ``reader.TraceFollower`` feeds a growing one a poll at a time, so a live trace is not
+    decoded again from its start at every poll. Records a commit covers are dropped as it comes
+    (only the uncommitted tail is read back), so what it keeps is bounded by the tail, not the trace.
+
+    Raises:
+        TraceError: the header names a payload this specdiff does not know; a contract entry does
+            not validate (``feed``); rows neither committed nor journalled (``contents``).
+    """
+
+    def __init__(self, path: str, header: dict):
+        self.path, self.header = path, header
+        self.payload = header.get("payload")
+        if self.payload not in (None, SPILL_PAYLOAD, COMMIT_SPILL_PAYLOAD):
+            raise TraceError(f"{path}: its journal keeps record payloads as {self.payload!r}, which this specdiff does "
+                             "not know (a newer version wrote it); upgrade specdiff to read this unclosed trace")
+        self.contract: dict = {}
+        self.seqs: dict[int, Sequence] = {}
+        self.committed: dict[str, int] = {}
+        self.spills: dict[str, tuple[int, int]] = {}  # name -> (spill generation, its first row)
+        self.recs: dict[str, list[dict]] = defaultdict(list)  # records not yet wholly committed
+        self.first_rec: dict[str, dict] = {}  # name -> its first record (dtype, shape, chunk rows)
+        self.closed, self.records = False, 0
+
+    def feed(self, entries) -> JournalReplay:
+        for e in entries:
+            t = e.get("t")
+            if t == "rec":
+                self.recs[e["name"]].append(e)
+                self.first_rec.setdefault(e["name"], e)
+                self.records += 1
+            elif t == "commit":
+                name, rows = e["name"], e["rows"]
+                self.committed[name] = rows
+                if "spill" in e:
+                    self.spills[name] = (e["spill"], rows)
+                self.recs[name] = [r for r in self.recs[name] if r["row0"] + r["n"] > rows]
+            elif t == "seq":
+                self.seqs[e["id"]] = Sequence(e["id"], np.frombuffer(e["tokens"], np.int32), e["prompt_len"], e["rid"])
+            elif t == "contract":
+                self.contract = validate_contract(e["contract"], where=self.path)
+            elif t == "close":
+                self.closed = True
+        return self
+
+    def contents(self, *, cut_tail_bytes: int,
+                 zarr_rows: dict[str, tuple[str, tuple[int, ...], int]] | None = None) -> Contents:
+        """Contents as fed so far; the uncommitted rows are read from spill files or moved chunks.
+        ``zarr_rows``: see ``from_journal``."""
+        path, payload = self.path, self.payload
+        committed = dict(self.committed)
+        layout: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for name, (dtype, shape, rows) in (zarr_rows or {}).items():
+            layout[name] = (dtype, shape)
+            committed[name] = max(committed.get(name, 0), rows)
+        tail: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+        for name, first in self.first_rec.items():
+            layout.setdefault(name, (first["dtype"], tuple(first["shape"][1:])))
+            done = committed.get(name, 0)
+            # A commit can end inside a record (commits are whole chunks): keep that record's later rows.
+            pending = [e for e in self.recs[name] if e["row0"] + e["n"] > done]
+            if not pending:
+                continue
+            if (any(c not in e for e in pending for c, _ in KEY_COLUMNS)
+                    or (not payload and any("data" not in e for e in pending))
+                    or (payload == SPILL_PAYLOAD and "chunk_rows" not in first)):
+                raise TraceError(f"{path}: rows of {name} from {done} on are neither committed nor in the "
+                                 "journal; the store is damaged (copy it again)")
+            dt = STORAGE_DTYPES[first["dtype"]]
+            skip = [max(done - e["row0"], 0) for e in pending]
+            keys = {c: np.concatenate([np.frombuffer(e[c], kd)[k:] for e, k in zip(pending, skip, strict=True)])
+                    for c, kd in KEY_COLUMNS}
+            stop, shape, lost_ok = pending[-1]["row0"] + pending[-1]["n"], layout[name][1], zarr_rows is not None
+            if payload == SPILL_PAYLOAD:
+                data = chunk_spilled_rows(path, name, chunk_rows=first["chunk_rows"], start=done, stop=stop, dtype=dt,
+                                          shape=shape, lost_ok=lost_ok)
+                keys = {c: v[:len(data)] for c, v in keys.items()}
+            elif payload == COMMIT_SPILL_PAYLOAD:
+                gen, base = self.spills.get(name, (0, 0))
+                data = spilled_rows(path, name, gen=gen, base=base, start=done, stop=stop, dtype=dt, shape=shape,
+                                    lost_ok=lost_ok)
+                keys = {c: v[:len(data)] for c, v in keys.items()}
+            else:
+                data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"])[k:]
+                                       for e, k in zip(pending, skip, strict=True)])
+            tail[name] = (data, keys)
+        return Contents(self.header["format"], self.header["side"], self.contract,
+                        [self.seqs[i] for i in sorted(self.seqs)], self.records, self.closed, committed, layout, tail,
+                        cut_tail_bytes)
+
+
 def from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
-                  zarr_rows: dict[str, tuple[str, tuple[int, ...], int]] | None = None) -> Contents:
+                 zarr_rows: dict[str, tuple[str, tuple[int, ...], int]] | None = None) -> Contents:
     """Contents from journal entries. ``zarr_rows`` (name -> dtype, shape, rows in zarr) is given
     when the journal lost entries: rows zarr holds count as committed even without their entry."""
-    header = entries[0]
-    contract: dict = {}
-    seqs: dict[int, Sequence] = {}
-    committed: dict[str, int] = {}
-    spills: dict[str, tuple[int, int]] = {}  # name -> (spill generation, its first row)
-    recs: dict[str, list[dict]] = defaultdict(list)
-    closed, records = False, 0
-    for e in entries[1:]:
-        t = e.get("t")
-        if t == "rec":
-            recs[e["name"]].append(e)
-            records += 1
-        elif t == "commit":
-            committed[e["name"]] = e["rows"]
-            if "spill" in e:
-                spills[e["name"]] = (e["spill"], e["rows"])
-        elif t == "seq":
-            seqs[e["id"]] = Sequence(e["id"], np.frombuffer(e["tokens"], np.int32), e["prompt_len"], e["rid"])
-        elif t == "contract":
-            contract = validate_contract(e["contract"], where=path)
-        elif t == "close":
-            closed = True
-    layout: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for name, (dtype, shape, rows) in (zarr_rows or {}).items():
-        layout[name] = (dtype, shape)
-        committed[name] = max(committed.get(name, 0), rows)
-    tail: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
-    payload = header.get("payload")
-    if payload not in (None, SPILL_PAYLOAD, COMMIT_SPILL_PAYLOAD):
-        raise TraceError(f"{path}: its journal keeps record payloads as {payload!r}, which this specdiff does not "
-                         "know (a newer version wrote it); upgrade specdiff to read this unclosed trace")
-    for name, entries_of in recs.items():
-        first = entries_of[0]
-        layout.setdefault(name, (first["dtype"], tuple(first["shape"][1:])))
-        done = committed.get(name, 0)
-        # A commit can end inside a record (commits are whole chunks): keep that record's later rows.
-        pending = [e for e in entries_of if e["row0"] + e["n"] > done]
-        if not pending:
-            continue
-        if (any(c not in e for e in pending for c, _ in KEY_COLUMNS) or (not payload and any("data" not in e for e in pending))
-                or (payload == SPILL_PAYLOAD and "chunk_rows" not in first)):
-            raise TraceError(f"{path}: rows of {name} from {done} on are neither committed nor in the "
-                             "journal; the store is damaged (copy it again)")
-        dt = STORAGE_DTYPES[first["dtype"]]
-        skip = [max(done - e["row0"], 0) for e in pending]
-        keys = {c: np.concatenate([np.frombuffer(e[c], kd)[k:] for e, k in zip(pending, skip, strict=True)])
-                for c, kd in KEY_COLUMNS}
-        stop, shape, lost_ok = pending[-1]["row0"] + pending[-1]["n"], layout[name][1], zarr_rows is not None
-        if payload == SPILL_PAYLOAD:
-            data = chunk_spilled_rows(path, name, chunk_rows=first["chunk_rows"], start=done, stop=stop, dtype=dt,
-                                      shape=shape, lost_ok=lost_ok)
-            keys = {c: v[:len(data)] for c, v in keys.items()}
-        elif payload == COMMIT_SPILL_PAYLOAD:
-            gen, base = spills.get(name, (0, 0))
-            data = spilled_rows(path, name, gen=gen, base=base, start=done, stop=stop, dtype=dt, shape=shape,
-                                lost_ok=lost_ok)
-            keys = {c: v[:len(data)] for c, v in keys.items()}
-        else:
-            data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"])[k:] for e, k in zip(pending, skip, strict=True)])
-        tail[name] = (data, keys)
-    return Contents(header["format"], header["side"], contract, [seqs[i] for i in sorted(seqs)], records,
-                     closed, committed, layout, tail, cut_tail_bytes)
+    return JournalReplay(path, entries[0]).feed(entries[1:]).contents(cut_tail_bytes=cut_tail_bytes,
+                                                                      zarr_rows=zarr_rows)
 
 
 def spilled_rows(path: str, name: str, *, gen: int, base: int, start: int, stop: int, dtype: np.dtype,
