@@ -21,8 +21,10 @@ progress reports what is on disk.
 mode with the work moved out of the server's process: ``submit`` only copies the item's tensors
 into a shared-memory ring (tracer/shm_ring.py) and the rows are built, encoded and written by a
 writer process (tracer/writer_process.py), so the scheduler never waits for the recorder's Python
-or its GIL. On a GPU the copy into the ring waits for the item's CUDA event on a publisher thread,
-never on the serving thread.
+or its GIL. On CPU the recorder's copies go straight into the record being built (``stage``), so
+``submit`` writes only the item's metadata; on a GPU the copy into the ring waits for the item's
+CUDA event on a publisher thread, never on the serving thread. Each writer says what it is
+(``facts()``: the contract's ``recorder_writer``).
 
 Lossy drops are of whole requests: an item that does not fit drops every request it holds
 (``dropped_rids``); the recorders stop capturing those requests and the writer skips their later
@@ -33,6 +35,7 @@ rows written before the drop stay in the trace.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -73,6 +76,7 @@ class AsyncTraceWriter:
         self.max_bytes = int(max_bytes)
         self.queued_bytes = 0
         self.dropped_rids: set[str] = set()
+        self.why: str | None = None  # why a serving recorder runs this thread writer (open_writer)
         self._q: queue.Queue = queue.Queue(maxsize=max_items)
         self._closed = False
         # re-entrant: close() may run in a signal handler that interrupted submit() on this thread
@@ -83,6 +87,12 @@ class AsyncTraceWriter:
     @property
     def active(self) -> bool:
         return not (self.failed or self._closed)
+
+    def facts(self) -> dict:
+        """Which writer runs (the contract's ``recorder_writer``), read off this object: the
+        thread, why (``why``), and its bound on queued bytes (lossy) where a ring would be."""
+        return {"kind": "thread", "ring_bytes": None, "queue_bytes": None if self.lossless else self.max_bytes,
+                "why": self.why}
 
     def _raise(self) -> None:
         if self.error is not None:
@@ -215,9 +225,10 @@ class ProcessTraceWriter:
         OSError: no shared-memory ring could be made.
     """
 
+    ALIVE_POLL_S = 0.5
+
     def __init__(self, path: str, *, contract: dict, handler: str, side: dict, first=(),
                  ring_mb: int = 256, start_timeout_s: float = 180.0):
-        import os
         import pickle
         import subprocess
         import sys
@@ -234,6 +245,11 @@ class ProcessTraceWriter:
         self._closed = False
         self._final: tuple | None = None  # (failed, written, busy_s) once the ring is unmapped
         self._publisher = None
+        self._alive, self._alive_until = True, 0.0  # ``active``'s last poll of the process
+        import torch
+
+        # CPU only: with a CUDA device captures come through pinned memory and the publisher thread
+        self._stage_ok = not torch.cuda.is_available()
         rdir = ring_dir()
         st = os.statvfs(rdir)
         size = min(int(ring_mb) << 20, st.f_bavail * st.f_frsize // 2)
@@ -270,8 +286,6 @@ class ProcessTraceWriter:
         return self.proc.stdout.readline().decode("utf-8", "replace").strip()
 
     def _abandon(self) -> None:
-        import os
-
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
@@ -279,14 +293,37 @@ class ProcessTraceWriter:
             os.unlink(self.ring.path)
         except FileNotFoundError:
             pass
+        self._teardown()
+
+    def _teardown(self) -> None:
+        """Close the wake-up pipe and unmap the ring, keeping its last counts (``_final``)."""
         os.close(self._wake_fd)
         self._final = (self.ring.failed, self.ring.written, self.ring.busy_s)
         self.ring.close()
 
+    def _wake(self) -> None:
+        """Tell the writer process the ring holds more (never blocks: a full pipe is awake enough)."""
+        try:
+            os.write(self._wake_fd, b"\0")
+        except BlockingIOError:
+            pass
+
     # -- state --
     @property
     def active(self) -> bool:
-        return not (self._closed or self.ring.failed or self.proc.poll() is not None)
+        """Open, the writer process alive and not failed. Every hook asks: the process is polled (a
+        syscall) at most every ``ALIVE_POLL_S``; a dead writer's ring fills up and drops meanwhile."""
+        if self._closed or self.ring.failed:
+            return False
+        now = time.monotonic()
+        if now >= self._alive_until:
+            self._alive = self.proc.poll() is None
+            self._alive_until = now + self.ALIVE_POLL_S
+        return self._alive
+
+    def facts(self) -> dict:
+        """Which writer runs (the contract's ``recorder_writer``), read off this object."""
+        return {"kind": "process", "ring_bytes": int(self.ring.size), "why": None}
 
     # read from the ring while it is mapped, from its last header after close (a second close, e.g.
     # SIGTERM's then atexit's, still asks for them)
@@ -315,30 +352,49 @@ class ProcessTraceWriter:
             return True
         return self._put(item)
 
-    def _put(self, item) -> bool:
-        import os
+    def stage(self, t, owner, dtype):
+        """A copy of CPU tensor ``t`` as ``dtype``, inside the ring record being built for capture
+        ``owner`` (so ``submit(owner)`` copies nothing again), or None when the ring has no room for
+        it there, or a CUDA device is present (captures then travel through pinned memory and the
+        publisher thread; the ring has one producer). Serving thread only."""
+        if not self._stage_ok or self._publisher is not None or self._closed:
+            return None
+        n = t.numel() * dtype.itemsize
+        buf = self.ring.stage(n, owner) if n else None
+        if buf is None:
+            return None
+        out = buf.view(dtype).view(t.shape)
+        out.copy_(t)
+        return out
 
-        while self._controls:  # contract updates keep their order and are never dropped
-            if not self.ring.put(("item", self._controls[0], self._notices)):
-                break
-            self._notices = []
-            self._controls.pop(0)
-        if not hasattr(item, "rids"):  # a contract update
-            if self._controls or not self.ring.put(("item", item, self._notices)):
-                self._controls.append(item)
-                return True
-        elif self._controls or not self.ring.put(("item", item, self._notices)):
+    def _put(self, item) -> bool:
+        if not hasattr(item, "rids"):  # a contract update: kept in order, never dropped
+            self._controls.append(item)
+            self._flush()
+            self._wake()
+            return True
+        mine = self.ring.staging_for(item)
+        if not mine:
+            # another capture's staging (its iteration was never submitted) is given up; earlier
+            # updates go first (while an item is staged they follow it)
+            self.ring.abandon_stage()
+            self._flush()
+        if (self._controls and not mine) or not self.ring.put(("item", item, self._notices), owner=item):
             self.dropped += 1
             new = [r for r in item.rids if r not in self.dropped_rids]
             self.dropped_rids.update(new)
             self._notices = self._notices + new
             return False
         self._notices = []
-        try:
-            os.write(self._wake_fd, b"\0")
-        except BlockingIOError:  # the pipe is full of wake-ups already
-            pass
+        self._flush()
+        self._wake()
         return True
+
+    def _flush(self) -> None:
+        """Put the contract updates waiting for room, in order (not over a staged item's bytes)."""
+        while self._controls and not self.ring.staging and self.ring.put(("item", self._controls[0], self._notices)):
+            self._controls.pop(0)
+            self._notices = []
 
     def _publish_later(self, item) -> None:
         # CUDA only: the copies into pinned memory were queued with non_blocking=True; waiting for
@@ -368,8 +424,6 @@ class ProcessTraceWriter:
         """Hand ``contract`` facts (and ``dropped_records``) to the writer process, let it write
         what the ring holds and close the trace; True when it did. Safe to call more than once
         (later calls return False) and from a signal handler."""
-        import os
-
         if self._closed:
             return False
         self._closed = True
@@ -378,16 +432,12 @@ class ProcessTraceWriter:
             self._pending.put(_STOP)
             self._publisher.join(timeout=timeout_s)
         facts = dict(contract or {}, dropped_records=int(self.dropped))
+        self.ring.abandon_stage()  # a capture staged now will not be submitted
         ok = False
         while self.proc.poll() is None:
-            while self._controls and self.ring.put(("item", self._controls[0], self._notices)):
-                self._controls.pop(0)
-                self._notices = []
+            self._flush()
             if not self._controls and self.ring.put(("close", facts, self._notices)):
-                try:
-                    os.write(self._wake_fd, b"\0")
-                except BlockingIOError:
-                    pass
+                self._wake()
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 ok = self._reply(left) == "closed"
                 break
@@ -401,7 +451,5 @@ class ProcessTraceWriter:
             self.proc.wait(timeout=5.0)
         except Exception:  # noqa: BLE001
             self.proc.kill()
-        os.close(self._wake_fd)
-        self._final = (self.ring.failed, self.ring.written, self.ring.busy_s)
-        self.ring.close()
+        self._teardown()
         return ok

@@ -100,6 +100,11 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "recorder_writer_s": (_num, "seconds the background writer (thread, or process: tracer/writer_process.py) "
                                 "spent writing the store"),
     "recorder_writer_cpu_s": (_num, "CPU seconds the recorder's writer process spent after start-up (off the server's process)"),
+    "recorder_writer": ((dict,), "which writer the serving recorder ran, read off the live writer: {'kind': "
+                                 "'process' (rows built in a writer process fed through a shared-memory ring) or "
+                                 "'thread' (in the server's process), 'ring_bytes' (the ring's size; None for the "
+                                 "thread), 'why' (why the thread ran: 'SPECDIFF_WRITER=thread' or 'no shared-memory "
+                                 "ring: <error>'; None for the process)} (tracer/async_writer.py facts())"),
     "sampling": ((dict,), "how requests were chosen for recording: {'fraction', 'marker', 'rids'} "
                           "(tracer/engines/requests.py RequestSampler)"),
     "sampled_requests": ((dict,), "rid -> why it was recorded: 'all', 'fraction' (blake2b draw < fraction) "

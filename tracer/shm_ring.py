@@ -3,12 +3,21 @@ tensors travel as raw bytes (the serving process's recorder -> its writer proces
 
 Layout: a 64-byte header (``write_pos``, ``read_pos``: byte counters that only grow; ``written``:
 items the consumer handled; ``busy_ns``: its time handling them; ``failed``: 1 once the consumer
-stopped on an error), then the data area. A record is 64-byte aligned: u32 total length, u32
-metadata length, the pickled metadata (tensors replaced by (offset, dtype, shape) ids), then each
-tensor's bytes at a 64-byte aligned offset. A record that would straddle the end leaves a wrap
-marker (length 0xFFFFFFFF) and starts at offset 0. The producer publishes a record by advancing
-``write_pos`` after its bytes are in place (x86 keeps stores in order; the consumer reads
-``write_pos`` before the record), and never waits: a record that does not fit is refused.
+stopped on an error), then the data area. A record is 64-byte aligned: a 64-byte head (u32 total
+length, u32 metadata length, u32 the metadata's offset in the record), each tensor's bytes at a
+64-byte aligned offset, then the pickled metadata (tensors replaced by (offset, dtype, shape) ids).
+A record that would straddle the end leaves a wrap marker (length 0xFFFFFFFF) and starts at offset
+0. The producer publishes a record by advancing ``write_pos`` after its bytes are in place (x86
+keeps stores in order; the consumer reads ``write_pos`` before the record), and never waits: a
+record that does not fit is refused.
+
+Staging (copy once): the producer may copy tensors straight into the record it is building for an
+owner (``stage``: the serving recorder's host copies, tracer/engines/recorder.py ``snap``) before
+the record's metadata exists; ``put(obj, owner=...)`` then writes only the metadata and the
+tensors not staged, and publishes. Staged bytes lie past ``write_pos``, where the consumer never
+reads; a ``put`` that writes a record (or a ``stage`` for another owner) ends the staging, and a
+later ``put`` of an object that still holds tensors in the ring is refused, so bytes that may have
+been reused are never published.
 
 The ring is an mmap of a file in /dev/shm that the consumer unlinks once it has mapped it, so a
 killed server leaves nothing behind.
@@ -28,7 +37,7 @@ HEADER = 64
 ALIGN = 64
 _WRAP = 0xFFFFFFFF
 _POS = struct.Struct("<QQQQQ")  # write_pos, read_pos, written, busy_ns, failed
-_REC = struct.Struct("<II")
+_REC = struct.Struct("<III")  # total, metadata length, metadata offset (in the record's 64-byte head)
 
 
 def _up(n: int) -> int:
@@ -42,15 +51,24 @@ def ring_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-class _Pickler(pickle.Pickler):
-    """Pickles tensors as (offset, dtype, shape) and collects their bytes for the ring. Through
-    ``dispatch_table``, not ``persistent_id``: the latter is a Python call for every object of a
-    capture (~10x the tensors), measured at 3/4 of ``put``'s time."""
+class _Stale(Exception):
+    """A tensor of the object lies in the ring outside the record being staged for it."""
 
-    def __init__(self, f, tensors: list):
+
+class _Pickler(pickle.Pickler):
+    """Pickles tensors as (offset, dtype, shape) and collects the bytes of those to copy. Through
+    ``dispatch_table``, not ``persistent_id``: the latter is a Python call for every object of a
+    capture (~10x the tensors), measured at 3/4 of ``put``'s time.
+
+    ``ring``: the mapped ring's address range; ``staged``: the address range of the bytes staged
+    for this object (their offsets are where they lie; nothing is copied); ``off``: where the
+    tensors to copy start (after the staged bytes)."""
+
+    def __init__(self, f, tensors: list, *, off: int, ring: tuple[int, int], staged: tuple[int, int]):
         super().__init__(f, protocol=5)
         self.tensors = tensors
-        self.off = 0
+        self.off = off
+        self.ring, self.staged = ring, staged
         self.dispatch_table = {torch.Tensor: self._reduce_tensor}
 
     def _reduce_tensor(self, obj):
@@ -58,8 +76,14 @@ class _Pickler(pickle.Pickler):
         if not t.is_contiguous():
             t = t.contiguous()
         n = t.numel() * t.element_size()
+        dtype = str(t.dtype).removeprefix("torch.")
+        p = t.data_ptr()
+        if n and self.ring[0] <= p < self.ring[1]:
+            if not (self.staged[0] <= p and p + n <= self.staged[1]):
+                raise _Stale
+            return _from_ring, (p - self.staged[0], dtype, tuple(t.shape))
         self.tensors.append((self.off, n, t))
-        args = (self.off, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+        args = (self.off, dtype, tuple(t.shape))
         self.off = _up(self.off + n)
         return _from_ring, args
 
@@ -110,6 +134,7 @@ class Ring:
         self.size = size
         self.cap = size - HEADER
         self.u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self._stage: list | None = None  # [owner, stream position of its record, bytes staged]
 
     # -- header --
     def _get(self, i: int) -> int:
@@ -134,33 +159,71 @@ class Ring:
         return self._get(0) - self._get(1)
 
     # -- producer --
-    def put(self, obj) -> bool:
-        """Copy ``obj`` (its tensors as raw bytes) into the ring; False when it does not fit now."""
+    @property
+    def staging(self) -> bool:
+        """A record is being staged (``stage``) and not yet put."""
+        return self._stage is not None
+
+    def staging_for(self, owner) -> bool:
+        return self._stage is not None and self._stage[0] is owner
+
+    def abandon_stage(self) -> None:
+        """Forget the record being staged (its owner's later ``put`` is refused)."""
+        self._stage = None
+
+    def stage(self, nbytes: int, owner) -> torch.Tensor | None:
+        """``nbytes`` (> 0) of the ring, a uint8 tensor, in the record being built for ``owner``
+        (one is started when ``owner`` has none: staging for another owner ends), or None when the
+        ring has no room there now. Valid until the record is put, or staging ends."""
+        st = self._stage
+        if st is None or st[0] is not owner:
+            w = self._get(0)
+            pos = w % self.cap
+            # near the end the record starts at 0 (the wrap marker is written when it is put)
+            s0 = w if self.cap - pos >= self.cap // 4 else w + self.cap - pos
+            st = self._stage = [owner, s0, 0]
+        off = st[2]
+        end = ALIGN + off + nbytes
+        if st[1] % self.cap + end > self.cap or st[1] + end > self._get(1) + self.cap:
+            return None
+        st[2] = _up(off + nbytes)
+        at = HEADER + st[1] % self.cap + ALIGN + off
+        return self.u8[at:at + nbytes]
+
+    def put(self, obj, *, owner=None) -> bool:
+        """Copy ``obj`` (its tensors as raw bytes; those staged for ``owner`` stay where they are)
+        into the ring; False when it does not fit now, or holds ring bytes not staged for it."""
+        st = self._stage if owner is not None and self.staging_for(owner) else None
+        if st is not None:  # whatever comes of this put, the staged bytes are the owner's no more
+            self._stage = None
+        w, r = self._get(0), self._get(1)
+        base = self.u8.data_ptr()
+        s0, used = (st[1], st[2]) if st is not None else (w, 0)
+        data = base + HEADER + s0 % self.cap + ALIGN  # where the record's tensor bytes start
         tensors: list = []
         buf = io.BytesIO()
-        _Pickler(buf, tensors).dump(obj)
-        meta = buf.getbuffer()
-        data0 = _up(_REC.size + len(meta))
-        total = _up(data0 + (tensors[-1][0] + tensors[-1][1] if tensors else 0))
-        w, r = self._get(0), self._get(1)
-        free = self.cap - (w - r)
-        pos = w % self.cap
-        if pos + total > self.cap:  # wrap: the tail is skipped
-            if free < (self.cap - pos) + total:
-                return False
-            _REC.pack_into(self.mm, HEADER + pos, _WRAP, 0)
-            w += self.cap - pos
-            pos = 0
-        elif free < total:
+        try:
+            _Pickler(buf, tensors, off=used, ring=(base, base + self.size), staged=(data, data + used)).dump(obj)
+        except _Stale:
             return False
+        meta = buf.getbuffer()
+        moff = ALIGN + _up(tensors[-1][0] + tensors[-1][1] if tensors else used)
+        total = _up(moff + len(meta))
+        if st is None and w % self.cap + total > self.cap:  # wrap: the tail is skipped
+            s0 = w + self.cap - w % self.cap
+        pos = s0 % self.cap
+        if pos + total > self.cap or s0 + total > r + self.cap:
+            return False
+        if s0 != w:
+            _REC.pack_into(self.mm, HEADER + w % self.cap, _WRAP, 0, 0)
         at = HEADER + pos
-        _REC.pack_into(self.mm, at, total, len(meta))
-        self.mm[at + _REC.size:at + _REC.size + len(meta)] = meta
-        base = at + data0
+        _REC.pack_into(self.mm, at, total, len(meta), moff)
+        self.mm[at + moff:at + moff + len(meta)] = meta
         for off, n, t in tensors:
             if n:
-                self.u8[base + off:base + off + n].copy_(t.reshape(-1).view(torch.uint8))
-        self._set(0, w + total)
+                self.u8[at + ALIGN + off:at + ALIGN + off + n].copy_(t.reshape(-1).view(torch.uint8))
+        self._stage = None  # a record written over what was staged for another owner ends that
+        self._set(0, s0 + total)
         return True
 
     # -- consumer --
@@ -172,14 +235,14 @@ class Ring:
             if r == w:
                 return None
             pos = r % self.cap
-            total, mlen = _REC.unpack_from(self.mm, HEADER + pos)
+            total, mlen, moff = _REC.unpack_from(self.mm, HEADER + pos)
             if total == _WRAP:
                 self._set(1, r + self.cap - pos)
                 continue
             at = HEADER + pos
-            meta = self.mm[at + _REC.size:at + _REC.size + mlen]
+            meta = self.mm[at + moff:at + moff + mlen]
             global _reading
-            _reading = (self.u8, at + _up(_REC.size + mlen))
+            _reading = (self.u8, at + ALIGN)
             try:
                 obj = pickle.loads(meta)
             finally:
