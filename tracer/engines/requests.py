@@ -22,19 +22,29 @@ REASON_FRACTION = "fraction"  # sample_unit(rid) < SPECDIFF_SAMPLE
 REASON_MARKED = "marked"  # the client set custom_params[MARK_KEY] true
 
 
-def sequence_id(rec, tw, rid: str, prompt: list[int] | None = None) -> int:
+def sequence_id(rec, tw, rid: str, prompt=None) -> int:
     """The trace sequence id of engine request ``rid``, added to ``tw`` (a ``TraceWriter``) the first
-    time the request is seen, with its prompt token ids (int32 [P]; empty when not known yet).
+    time the request is seen, with its prompt token ids (as the engine held them: ``token_list``;
+    written int32 [P]; empty when not known yet).
 
     ``rec`` is the engine's recorder; its writer-thread dicts ``seq_ids`` (rid -> sequence id),
     ``seq_tokens`` (rid -> token ids so far) and ``seq_prompt`` (rid -> prompt length) are updated.
     """
     if rid not in rec.seq_ids:
-        toks = list(prompt or [])
+        toks = token_list(prompt)
         rec.seq_tokens[rid] = toks
         rec.seq_prompt[rid] = len(toks)
         rec.seq_ids[rid] = tw.add_sequence(np.asarray(toks, np.int32), prompt_len=len(toks), rid=rid)
     return rec.seq_ids[rid]
+
+
+def token_list(prompt) -> list[int]:
+    """A prompt's token ids as Python ints (writer side): from what the engines hold (SGLang 0.5.23
+    ``Req.origin_input_ids``: an ``array.array``; vLLM ``prompt_token_ids``: a list), a numpy array
+    or a CPU tensor, in one C-level conversion; None -> []."""
+    if prompt is None:
+        return []
+    return np.asarray(prompt, dtype=np.int64).reshape(-1).tolist()
 
 
 def sample_unit(rid: str) -> float:
@@ -160,7 +170,8 @@ def is_kept(rid: str, recorded: dict, writer) -> bool:
 def open_writer(opts, contract: dict, first: list, write, *, handler: str, side: dict):
     """The recorder's lossy writer: a writer process fed through shared memory
     (``SPECDIFF_WRITER=process``, the default), or the in-process thread (``thread``, and when no
-    shared-memory ring can be made). Shared by the SGLang and vLLM recorders.
+    shared-memory ring can be made: the thread writer's ``why`` says which). Shared by the SGLang
+    and vLLM recorders.
 
     Args:
         first: ``(name, tensor, seq, pos)`` appends to make once the trace is open (the d2t map).
@@ -173,16 +184,20 @@ def open_writer(opts, contract: dict, first: list, write, *, handler: str, side:
     from specdiff.tracer.async_writer import AsyncTraceWriter, ProcessTraceWriter
     from specdiff.tracer.store import TraceWriter
 
+    why = "SPECDIFF_WRITER=thread"
     if opts.writer == "process":
         try:
             return ProcessTraceWriter(opts.path, contract=contract, handler=handler, side=side, first=first,
                                       ring_mb=opts.max_queue_mb)
         except OSError as exc:
-            logger.warning("specdiff: no shared-memory ring (%s); rows are built in this process", exc)
+            why = f"no shared-memory ring: {exc}"
+            logger.warning("specdiff: %s; rows are built in this process", why)
     tw = TraceWriter(opts.path, side="serve", contract=contract)
     for name, data, seq, pos in first:
         tw.append(name, data, seq=seq, pos=pos)
-    return AsyncTraceWriter(tw, write, max_items=64, max_bytes=opts.max_queue_mb << 20)
+    w = AsyncTraceWriter(tw, write, max_items=64, max_bytes=opts.max_queue_mb << 20)
+    w.why = why
+    return w
 
 
 def sampling_facts(recorded: dict[str, str], dropped) -> dict:

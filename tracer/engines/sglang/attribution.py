@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from specdiff.tracer.engines.recorder import add_aux
 from specdiff.tracer.engines.requests import sequence_id
 from specdiff.tracer.rows import RowBatch
 
@@ -60,7 +61,7 @@ class IterCapture:
     iter: int
     kind: str  # "prefill" | "decode"
     rids: list[str]
-    prompts: dict[str, list[int]] = field(default_factory=dict)
+    prompts: dict[str, Any] = field(default_factory=dict)  # rid -> prompt ids as SGLang holds them (list)
     prefix_lens: list[int] | None = None
     extend_lens: list[int] | None = None
     t: dict[str, Any] = field(default_factory=dict)
@@ -87,18 +88,6 @@ class IterCapture:
 # Rows come from the server's batch metadata (prefix/extend lengths, accept index, draft tree),
 # not from a [B, T] layout, so only the per-name gathering (tracer.rows.RowBatch) is shared with
 # the training-side row builder; the logits were already reduced on the device in the hot path.
-
-
-def _add_aux(rec: Recorder, out: RowBatch, aux_rows, seq, pos, it) -> None:
-    out.add("target.aux_cat", aux_rows, seq=seq, pos=pos, depth=0, iter=it)
-    H = rec.hidden_size
-    K = rec.num_aux
-    if H and aux_rows.shape[-1] % H == 0:
-        K = aux_rows.shape[-1] // H
-    if not K:
-        return
-    for j, chunk in enumerate(aux_rows.chunk(K, dim=-1)):
-        out.add(f"target.aux.{j}", chunk.contiguous(), seq=seq, pos=pos, depth=0, iter=it)
 
 
 def _add_draft_rows(rec: Recorder, out: RowBatch, df: DraftForward, sel, seq, pos, depth, it,
@@ -177,7 +166,7 @@ def _write_prefill(rec, tw, cap, out, touched) -> None:
         prompt_len = rec.seq_prompt[rid]
         final = p + e >= prompt_len
         if aux is not None:
-            _add_aux(rec, out, aux[rows], sid, pos, -1)
+            add_aux(rec, out, aux[rows], sid, pos, -1)
         last = p + e - 1
         if final and nti is not None:
             tok = int(nti[b])
@@ -250,7 +239,7 @@ def _write_decode(rec, tw, cap, out, touched) -> None:
         # accepted target rows: positions of the accepted nodes
         pos = (vpos.to(torch.int64)[gidx].numpy() if vpos is not None else Lb + np.arange(a))
         if aux is not None and aux.shape[0] == bs * N:
-            _add_aux(rec, out, aux[gidx], sid, pos, it)
+            add_aux(rec, out, aux[gidx], sid, pos, it)
         out.add("target.argmax", predict[gidx], seq=sid, pos=pos, depth=0, iter=it)
         # committed tokens
         toks = rec.seq_tokens[rid]

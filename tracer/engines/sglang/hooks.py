@@ -1,11 +1,12 @@
 """Hook functions and row attribution of the SGLang EAGLE-3 recorder (SGLang 0.5.23, worker v2).
 
-Hot path (in the scheduler's forward): hooks only *clone* tensors (CPU) or copy them with
-``non_blocking=True`` into pinned host memory (CUDA), compute a few small reductions on the
-device (draft logits top-k and logsumexp), and collect them in an ``IterCapture`` for the
-current ``EAGLEWorkerV2.forward_batch_generation`` call. At the end of that call the capture
-(plus a CUDA event) goes to the background writer; ``write_capture`` runs there, after the
-event, and attributes rows to ``(seq, pos, depth, iter)`` (tracer/schema.py).
+Hot path (in the scheduler's forward): hooks only copy tensors (``ServingRecorder.snap``: on CPU
+once, into the writer process's ring; on CUDA with ``non_blocking=True`` into pinned host memory),
+compute a few small reductions on the device (draft logits top-k and logsumexp), and collect them
+in an ``IterCapture`` for the current ``EAGLEWorkerV2.forward_batch_generation`` call; requests
+that are not sampled cost a dict lookup. At the end of that call the capture (plus a CUDA event)
+goes to the writer; ``write_capture`` runs there (the writer process), after the event, and
+attributes rows to ``(seq, pos, depth, iter)`` (tracer/schema.py).
 
 Options come from the environment (``options``), the contract facts from the live
 objects at start-up (``contract``), and the writer thread attributes rows
@@ -15,17 +16,15 @@ objects at start-up (``contract``), and the writer thread attributes rows
 from __future__ import annotations
 
 import logging
-import threading
-from dataclasses import dataclass
 
 import torch
 
 from specdiff.tracer.contract import UNKNOWN, known
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
-from specdiff.tracer.engines.requests import is_kept, open_writer, sampling_facts
+from specdiff.tracer.engines.recorder import ServingRecorder
 from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
-from specdiff.tracer.engines.sglang.attribution import DraftForward, IterCapture, write_capture
+from specdiff.tracer.engines.sglang.attribution import DraftForward, IterCapture
 from specdiff.tracer.engines.sglang.contract import (
     aux_capture_facts,
     contract_from_worker,
@@ -40,72 +39,24 @@ from specdiff.tracer.engines.sglang.prefill import PrefillFacts
 logger = logging.getLogger("specdiff.tracer")
 
 
-# ---- host copies ----------------------------------------------------------------------------
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def snap(t):
-    """A host copy of ``t`` that later device work cannot change: clone on CPU, non-blocking
-    copy into pinned memory on an accelerator (valid once the capture's event completes)."""
-    if t is None:
-        return None
-    t = t.detach()
-    if t.device.type == "cpu":
-        return t.clone()
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    out.copy_(t, non_blocking=True)
-    return out
-
-
 # ---- the recorder ---------------------------------------------------------------------------
-class Recorder:
+class Recorder(ServingRecorder):
     """Process-wide recorder state (one per scheduler process, TP rank 0)."""
 
+    HANDLER = "specdiff.tracer.engines.sglang.attribution:write_capture"
+
     def __init__(self, opts: Options, adapter: SGLangAdapter | None = None):
-        self.opts = opts
-        self.adapter = adapter if adapter is not None else SGLangAdapter.for_running_sglang()
-        self._unobservable_n = 0  # adapter.missing entries already in the trace's contract
-        self._prompt_firsts: list[int] = []  # first token of each recorded prompt (bos_added)
-        self.bos_token_id = None
+        super().__init__(opts, adapter if adapter is not None else SGLangAdapter.for_running_sglang())
         self.in_iteration = False  # inside EAGLEWorkerV2.forward_batch_generation
-        self.phase: tuple[str, dict] | None = None  # (model forward running, its input shapes)
-        self.enabled = True
-        self.cur: IterCapture | None = None
         self.fc_sink: list | None = None
-        self.writer = None  # AsyncTraceWriter
-        self.contract: dict = {}
-        self.hidden_size: int | None = None
-        self.num_aux: int | None = None
         self.topk: int = 1
-        self.sampler = opts.sampler()  # which requests are recorded (tracer/engines/requests.py)
-        self.recorded: dict[str, str] = {}  # rid -> why it is recorded (contract sampled_requests)
-        self._iter = 0
         self._hooked_models: set[int] = set()
-        self.stage_taps = DraftStageTaps(snap=snap, capturing=_capturing, on_error=self.fail)
-        self._failed_once = False
-        self._lock = threading.Lock()
-        self._seen_prompts: set[str] = set()
+        self.stage_taps = DraftStageTaps(snap=self.snap, capturing=_capturing, on_error=self.fail)
         self.prefill = PrefillFacts()  # per-request cached prefix and chunks (contract request_prefill)
-        self.hook_s = 0.0  # wall time spent inside the hooks on the serving thread
-        self.iter_s = 0.0  # wall time of the recorded forward_batch_generation calls
-        # writer-thread state
-        self.seq_ids: dict[str, int] = {}
-        self.seq_tokens: dict[str, list[int]] = {}
-        self.seq_prompt: dict[str, int] = {}
-
-    # -- lifecycle --
-    def fail(self, where: str, exc: BaseException) -> None:
-        self.enabled = False
-        self.cur = None
-        if not self._failed_once:
-            self._failed_once = True
-            logger.error("specdiff: recorder hook %s failed (%s: %s); tracing disabled, the server "
-                         "keeps serving", where, type(exc).__name__, exc)
-
-    @property
-    def active(self) -> bool:
-        return self.enabled and (self.writer is None or self.writer.active)
 
     def start(self, draft_worker) -> None:
         """Build the contract from the live ``EagleDraftWorker`` and open the trace (once).
@@ -122,13 +73,8 @@ class Recorder:
             missing = {} if dmodel is MISSING else self.stage_taps.attach(dmodel)
             self.contract["unrecorded_stages"] = unrecorded_stages(draft_worker, self.adapter, missing,
                                                                    with_graphs=False)
-            self.hidden_size = known(self.contract, "hidden_size")
-            self.num_aux = len(known(self.contract, "aux_hf_indices") or []) or None
+            self.adopt(self.contract)
             self.topk = int(known(self.contract, "spec_topk", 1))
-            self._unobservable_n = len(self.contract["unobservable"])
-            bos = self.contract.pop("bos_token_id", None)
-            self.bos_token_id = None if bos == UNKNOWN else bos
-            self.contract["sampling"] = self.sampler.facts
             # The vocab map as served: d2t = hot_token_id - arange (zeros = identity, no d2t).
             first = []
             hot = hot_token_id(draft_worker, self.adapter)
@@ -142,32 +88,13 @@ class Recorder:
                 from specdiff.tracer.live import register_server
 
                 register_server(port=port, trace=self.opts.path)
-            self.writer = open_writer(self.opts, self.contract, first, self._write,
-                                      handler="specdiff.tracer.engines.sglang.attribution:write_capture",
-                                      side={"hidden_size": self.hidden_size, "num_aux": self.num_aux,
-                                            "topk": self.topk})
+            self.open(self.contract, first,
+                      side={"hidden_size": self.hidden_size, "num_aux": self.num_aux, "topk": self.topk})
             logger.info("specdiff: recording an EAGLE-3 trace to %s (capture %s)", self.opts.path,
                         self.opts.capture)
 
-    def close(self, *, crash: dict | None = None) -> None:
-        """Drain the writer and close the trace; ``crash`` (tracer/crash.py) goes into the contract."""
-        w = self.writer
-        if w is None:
-            return
-        self.enabled = False
-        cost = {"recorder_hook_s": round(self.hook_s, 4), "recorder_iter_s": round(self.iter_s, 4),
-                "recorder_writer_s": round(w.busy_s, 4), "unobservable": self.adapter.unobservable()}
-        if crash is not None:
-            cost["crash"] = crash
-        from specdiff.tracer.contract import bos_added_fact
-
-        cost["bos_added"] = bos_added_fact(self._prompt_firsts, self.bos_token_id)
-        cost.update(sampling_facts(self.recorded, w.dropped_rids))
-        cost.update(self.prefill.contract())
-        if w.close(contract=cost):
-            logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped; hooks %.2f s of "
-                        "%.2f s in recorded forwards, writer thread %.2f s)", self.opts.path, w.written,
-                        w.dropped, self.hook_s, self.iter_s, w.busy_s)
+    def close_facts(self) -> dict:
+        return self.prefill.contract()
 
     def record_crash(self, exc: BaseException, cap: IterCapture | None) -> None:
         """The scheduler raised inside a recorded iteration: write the exception, the forward it
@@ -195,23 +122,6 @@ class Recorder:
         self.close(crash=crash)
 
     # -- capture helpers (hot path) --
-    def keep_rid(self, rid: str) -> bool:
-        """Whether ``rid``'s rows are written: chosen by the sampler (``begin``) and not dropped."""
-        return is_kept(rid, self.recorded, self.writer)
-
-    def _choose(self, reqs, rids: list[str]) -> dict[str, str]:
-        """The recorded requests of this batch that are new (rid -> reason); updates ``recorded``.
-        Unsampled requests cost one dict lookup each (the sampler's cache)."""
-        new = {}
-        dropped = self.writer.dropped_rids
-        for r, rid in zip(reqs, rids, strict=True):
-            if rid in self.recorded or rid in dropped:
-                continue
-            why = self.sampler.decide(rid, lambda r=r: self._custom_params(r))
-            if why is not None:
-                self.recorded[rid] = new[rid] = why
-        return new
-
     def _custom_params(self, req):
         sp = self.adapter.get(req, "Req.sampling_params")
         return None if sp is MISSING or sp is None else self.adapter.get(sp, "SamplingParams.custom_params")
@@ -229,7 +139,7 @@ class Recorder:
         if MISSING in rids:
             return None
         rids = [str(r) for r in rids]
-        new = self._choose(reqs, rids)
+        new = self.choose(rids, lambda i: self._custom_params(reqs[i]))
         if not new and not any(self.keep_rid(r) for r in rids):
             return None
         it = A.get(batch, "ScheduleBatch.forward_iter")
@@ -249,23 +159,19 @@ class Recorder:
             cap.extend_lens = [int(x) for x in extend]
             self.prefill.note(A, reqs, rids, cap.prefix_lens, cap.extend_lens, self.keep_rid)
             for r, rid in zip(reqs, rids, strict=True):
-                if rid not in self._seen_prompts:
-                    prompt = A.get(r, "Req.origin_input_ids")
-                    cap.prompts[rid] = [] if prompt is MISSING else [int(x) for x in prompt]
-                    if cap.prompts[rid]:
-                        self._prompt_firsts.append(cap.prompts[rid][0])
-                    self._seen_prompts.add(rid)
+                self.note_prompt(cap, rid, lambda r=r: A.get(r, "Req.origin_input_ids"))
         seq_lens = A.get(batch, "ScheduleBatch.seq_lens")
         if seq_lens is MISSING:
             return None
-        cap.t["seq_lens"] = snap(seq_lens)
+        self.cur = cap  # snap copies into the writer's ring on the capture's behalf
+        cap.t["seq_lens"] = self.snap(seq_lens)
         return cap
 
     def finish(self, cap: IterCapture, result) -> None:
         if cap.kind == "prefill" and result is not None:
             nti = self.adapter.get(result, "GenerationBatchResult.next_token_ids")
             if nti is not None and nti is not MISSING and "next_token_ids" not in cap.t:
-                cap.t["next_token_ids"] = snap(nti)
+                cap.t["next_token_ids"] = self.snap(nti, cap)
         self.sync_unobservable()
         if torch.cuda.is_available() and any(_on_cuda(v) for v in cap.t.values()):
             ev = torch.cuda.Event()
@@ -276,22 +182,22 @@ class Recorder:
     def capture_draft_forward(self, mode: str, forward_batch, logits_output) -> DraftForward:
         A = self.adapter
         df = DraftForward(mode=mode)
-        df.input_ids = _snap_present(A.get(forward_batch, "ForwardBatch.input_ids"))
-        df.positions = _snap_present(A.get(forward_batch, "ForwardBatch.positions"))
+        df.input_ids = self._snap_present(A.get(forward_batch, "ForwardBatch.input_ids"))
+        df.positions = self._snap_present(A.get(forward_batch, "ForwardBatch.positions"))
         if self.fc_sink:
             df.fc_in, df.fc_out = self.fc_sink[-1]
-        df.hidden = _snap_present(A.get(logits_output, "LogitsProcessorOutput.hidden_states"))
+        df.hidden = self._snap_present(A.get(logits_output, "LogitsProcessorOutput.hidden_states"))
         logits = A.get(logits_output, "LogitsProcessorOutput.next_token_logits")
         if logits is not None and logits is not MISSING and logits.dim() == 2 and logits.shape[0] > 0:
             lf = logits.detach()
             k = min(self.opts.logits_topk, lf.shape[-1])
             vals, ids = torch.topk(lf, k, dim=-1)
-            df.lt_values, df.lt_ids = snap(vals), snap(ids)
-            df.lse = snap(torch.logsumexp(lf.float(), dim=-1))
+            df.lt_values, df.lt_ids = self.snap(vals), self.snap(ids)
+            df.lse = self.snap(torch.logsumexp(lf.float(), dim=-1))
             if mode == "decode":
-                df.topk_ids = snap(torch.topk(lf, min(self.topk, lf.shape[-1]), dim=-1).indices)
+                df.topk_ids = self.snap(torch.topk(lf, min(self.topk, lf.shape[-1]), dim=-1).indices)
             if self.opts.capture == "full":
-                df.logits = snap(lf)
+                df.logits = self.snap(lf)
         return df
 
     def ensure_fc_hook(self, model) -> None:
@@ -315,7 +221,7 @@ class Recorder:
             try:
                 o = out[0] if isinstance(out, tuple) else out
                 # fc's input is the aux concat after SGLang's input_norm / fc_norm (llama_eagle3.py:237-247).
-                sink.append((snap(_inp[0]), snap(o)))
+                sink.append((rec.snap(_inp[0]), rec.snap(o)))
             except Exception as exc:  # noqa: BLE001
                 rec.fail("draft fc", exc)
             return None
@@ -336,40 +242,8 @@ class Recorder:
         self.update_contract(**facts)
         self.sync_unobservable()
 
-    def update_contract(self, **facts) -> None:
-        """Merge facts learned after the trace was opened (written by the writer thread)."""
-        self.contract.update(facts)
-        if self.writer is not None:
-            self.writer.submit(ContractUpdate(dict(facts)))
-
-    def sync_unobservable(self) -> None:
-        """Queue a contract update when SGLang names went missing after the trace was opened
-        (instance attributes first seen in a batch)."""
-        n = len(self.adapter.missing)
-        if n != self._unobservable_n and self.writer is not None:
-            self._unobservable_n = n
-            self.update_contract(unobservable=self.adapter.unobservable())
-
-    # -- writer thread --
-    def _write(self, tw, item) -> None:
-        if isinstance(item, ContractUpdate):
-            tw.set_contract(**item.facts)
-            return
-        write_capture(self, tw, item)
-
-
-@dataclass
-class ContractUpdate:
-    """Contract facts learned after the trace was opened, written by the writer thread."""
-
-    facts: dict
-
-    def nbytes(self) -> int:
-        return 0
-
-
-def _snap_present(v):
-    return None if v is MISSING else snap(v)
+    def _snap_present(self, v):
+        return None if v is MISSING else self.snap(v)
 
 
 def _on_cuda(v) -> bool:

@@ -201,10 +201,7 @@ def _around_iteration(orig, self, batch, *a, **kw):
         result = orig(self, batch, *a, **kw)
     except Exception as exc:
         if rec is not None and rec.writer is not None:
-            try:
-                rec.record_crash(exc, cap)
-            except Exception as exc2:  # noqa: BLE001 - never mask the server's own exception
-                logger.error("specdiff: could not record the crash (%s: %s)", type(exc2).__name__, exc2)
+            rec.crashed(exc, cap)
         raise
     finally:
         if rec is not None:
@@ -213,10 +210,7 @@ def _around_iteration(orig, self, batch, *a, **kw):
             rec_.cur = None
     t2 = time.perf_counter()
     if rec_ is not None and rec_.active:
-        try:
-            rec_.finish(cap, result)
-        except Exception as exc:  # noqa: BLE001
-            rec_.fail("forward_batch_generation (finish)", exc)
+        rec_.finish_or_fail(cap, result, "forward_batch_generation (finish)")
     if rec is not None:
         t3 = time.perf_counter()
         rec.hook_s += (t1 - t0) + (t3 - t2)
@@ -243,16 +237,14 @@ def _after_target_forward(result, self, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.engines.sglang.hooks import snap
-
         A = rec.adapter
         lo = A.get(result, "GenerationBatchResult.logits_output")
         hs = None if lo is None or lo is MISSING else A.get(lo, "LogitsProcessorOutput.hidden_states")
         if hs is not None and hs is not MISSING and "target_aux" not in cap.t:
-            cap.t["target_aux"] = snap(hs)
+            cap.t["target_aux"] = rec.snap(hs)
         nti = A.get(result, "GenerationBatchResult.next_token_ids") if cap.kind == "prefill" else None
         if nti is not None and nti is not MISSING:
-            cap.t["next_token_ids"] = snap(nti)
+            cap.t["next_token_ids"] = rec.snap(nti)
     except Exception as exc:  # noqa: BLE001
         rec.fail("TpModelWorker.forward_batch_generation", exc)
     return None
@@ -326,11 +318,9 @@ def _after_de_prefill(result, self, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.engines.sglang.hooks import snap
-
         topk = rec.adapter.get(result, "EagleDraftInput.topk_index")
         if topk is not MISSING:
-            cap.t["de_topk_index"] = snap(topk)
+            cap.t["de_topk_index"] = rec.snap(topk)
     except Exception as exc:  # noqa: BLE001
         rec.fail("_draft_extend_for_prefill", exc)
     return None
@@ -342,12 +332,10 @@ def _after_de_decode(result, self, batch, batch_result, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.engines.sglang.hooks import snap
-
         topk = read_chain(rec.adapter, batch_result, "GenerationBatchResult.next_draft_input",
                       "EagleDraftInput.topk_index")
         if topk is not MISSING:
-            cap.t["de_topk_index"] = snap(topk)
+            cap.t["de_topk_index"] = rec.snap(topk)
     except Exception as exc:  # noqa: BLE001
         rec.fail("_draft_extend_for_decode", exc)
     return None
@@ -359,11 +347,9 @@ def _after_select_top_k(result, i, topk_p, topk_index, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.engines.sglang.hooks import snap
-
-        cap.select.append((int(i), snap(topk_index)))
+        cap.select.append((int(i), rec.snap(topk_index)))
         if int(i) > 0 and rec.topk > 1:  # tree_info[2]: each row's parent (attribution._branch_order)
-            cap.branch_parents[int(i)] = snap(result[3][2])
+            cap.branch_parents[int(i)] = rec.snap(result[3][2])
     except Exception as exc:  # noqa: BLE001
         rec.fail("select_top_k_tokens", exc)
     return None
@@ -375,8 +361,6 @@ def _after_build_verify(result, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.engines.sglang.hooks import snap
-
         for key, name in (("draft_token", "EagleVerifyInput.draft_token"),
                           ("verify_positions", "EagleVerifyInput.positions"),
                           ("retrieve_index", "EagleVerifyInput.retrieve_index"),
@@ -384,7 +368,7 @@ def _after_build_verify(result, *a, **kw):
                           ("retrieve_next_sibling", "EagleVerifyInput.retrieve_next_sibling")):
             v = rec.adapter.get(result, name)
             if v is not None and v is not MISSING:
-                cap.t[key] = snap(v)
+                cap.t[key] = rec.snap(v)
     except Exception as exc:  # noqa: BLE001
         rec.fail("build_eagle_verify_input", exc)
     return None
@@ -396,12 +380,10 @@ def _after_eagle_sample(result, *a, **kw):
     if cap is None:
         return None
     try:
-        from specdiff.tracer.engines.sglang.hooks import snap
-
         predict, accept_lens, accept_index = result[:3]
-        cap.t["predict"] = snap(predict)
-        cap.t["accept_lens"] = snap(accept_lens)
-        cap.t["accept_index"] = snap(accept_index)
+        cap.t["predict"] = rec.snap(predict)
+        cap.t["accept_lens"] = rec.snap(accept_lens)
+        cap.t["accept_index"] = rec.snap(accept_index)
     except Exception as exc:  # noqa: BLE001
         rec.fail("eagle_sample", exc)
     return None

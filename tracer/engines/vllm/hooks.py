@@ -24,7 +24,6 @@ sampled row. The wrappers (plugin.py) and the draft's module hooks copy tensors 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,23 +31,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdiff.tracer.contract import UNKNOWN, known
+from specdiff.tracer.contract import known
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
-from specdiff.tracer.engines.requests import is_kept, open_writer, sampling_facts, sequence_id
+from specdiff.tracer.engines.recorder import ServingRecorder, add_aux
+from specdiff.tracer.engines.requests import sequence_id
 from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
 from specdiff.tracer.rows import RowBatch
 
 logger = logging.getLogger("specdiff.tracer")
-
-
-def snap(t):
-    """A host copy of ``t`` that later device work cannot change (clone on CPU; a synchronous copy
-    elsewhere: the V1 runner reuses its buffers within the step)."""
-    if t is None:
-        return None
-    t = t.detach()
-    return t.clone() if t.device.type == "cpu" else t.to("cpu")
 
 
 @dataclass
@@ -78,7 +69,7 @@ class IterCapture:
 
     iter: int
     rids: list[str]
-    prompts: dict[str, list[int]] = field(default_factory=dict)
+    prompts: dict[str, Any] = field(default_factory=dict)  # rid -> prompt ids as vLLM holds them (list)
     reasons: dict[str, str] = field(default_factory=dict)  # rids first recorded here -> why (requests.py)
     t: dict[str, Any] = field(default_factory=dict)
     num_draft: list[int] | None = None
@@ -100,61 +91,15 @@ class IterCapture:
         return n
 
 
-@dataclass
-class ContractUpdate:
-    """Contract facts learned after the trace was opened (written by the writer thread)."""
-
-    facts: dict
-
-    def wait(self) -> None:
-        return None
-
-    def nbytes(self) -> int:
-        return 0
-
-
-class Recorder:
+class Recorder(ServingRecorder):
     """Process-wide recorder state (the process that runs the V1 model runner, TP rank 0)."""
 
+    HANDLER = "specdiff.tracer.engines.vllm.hooks:write_capture"
+    ASYNC_D2H = False  # a synchronous copy off a GPU: the V1 runner reuses its buffers within the step
+
     def __init__(self, opts: Options, adapter: VLLMAdapter):
-        self.opts = opts
-        self.adapter = adapter
-        self.enabled = True
-        self.writer = None
-        self.contract: dict = {}
-        self.cur: IterCapture | None = None
-        self.phase: tuple[str, dict] | None = None
-        self.hidden_size = None
-        self.num_aux = None
-        self.bos_token_id = None
-        self.sampler = opts.sampler()  # which requests are recorded (tracer/engines/requests.py)
-        self.recorded: dict[str, str] = {}  # rid -> why it is recorded (contract sampled_requests)
-        self._iter = 0
-        self._lock = threading.Lock()
-        self._failed_once = False
+        super().__init__(opts, adapter)
         self._hooked: set[int] = set()
-        self._seen: set[str] = set()
-        self._prompt_firsts: list[int] = []
-        self._unobservable_n = 0
-        self.hook_s = 0.0
-        self.iter_s = 0.0
-        # writer-thread state
-        self.seq_ids: dict[str, int] = {}
-        self.seq_tokens: dict[str, list[int]] = {}
-        self.seq_prompt: dict[str, int] = {}
-
-    # -- lifecycle --
-    def fail(self, where: str, exc: BaseException) -> None:
-        self.enabled = False
-        self.cur = None
-        if not self._failed_once:
-            self._failed_once = True
-            logger.error("specdiff: recorder hook %s failed (%s: %s); tracing disabled, the server keeps serving",
-                         where, type(exc).__name__, exc)
-
-    @property
-    def active(self) -> bool:
-        return self.enabled and (self.writer is None or self.writer.active)
 
     def start(self, runner) -> None:
         """Read the contract from the live runner, open the trace, hook the draft (once)."""
@@ -170,13 +115,7 @@ class Recorder:
             c = contract_from_runner(runner, self.opts, self.adapter)
             c["unrecorded_stages"] = unrecorded_stages(self.opts, c)
             c["unobservable"] = self.adapter.unobservable()
-            self._unobservable_n = len(c["unobservable"])
-            bos = c.pop("bos_token_id", None)
-            self.bos_token_id = None if bos == UNKNOWN else bos
-            self.contract = c
-            self.hidden_size = known(c, "hidden_size")
-            self.num_aux = len(known(c, "aux_hf_indices") or []) or None
-            c["sampling"] = self.sampler.facts
+            self.adopt(c)
             first = []
             dmodel = read_chain(self.adapter, runner, "GPUModelRunner.drafter", "SpecDecodeBaseProposer.model")
             if hasattr(dmodel, "unwrap"):
@@ -188,29 +127,9 @@ class Recorder:
                 first.append(("draft.d2t", d, -1, np.arange(d.numel())))
             if dmodel is not MISSING:
                 self.hook_draft(dmodel)
-            self.writer = open_writer(self.opts, c, first, self._write,
-                                      handler="specdiff.tracer.engines.vllm.hooks:write_capture",
-                                      side={"hidden_size": self.hidden_size, "num_aux": self.num_aux})
+            self.open(c, first, side={"hidden_size": self.hidden_size, "num_aux": self.num_aux})
             logger.info("specdiff: recording an EAGLE-3 trace to %s (vLLM %s, %s)", self.opts.path,
                         self.adapter.version, c["engine_runner"])
-
-    def close(self, *, crash: dict | None = None) -> None:
-        """Drain the writer and close the trace; ``crash`` (tracer/crash.py) goes into the contract."""
-        w = self.writer
-        if w is None:
-            return
-        self.enabled = False
-        from specdiff.tracer.contract import bos_added_fact
-
-        extra = {"recorder_hook_s": round(self.hook_s, 4), "recorder_iter_s": round(self.iter_s, 4),
-                 "recorder_writer_s": round(w.busy_s, 4), "unobservable": self.adapter.unobservable(),
-                 "bos_added": bos_added_fact(self._prompt_firsts, self.bos_token_id)}
-        extra.update(sampling_facts(self.recorded, w.dropped_rids))
-        if crash is not None:
-            extra["crash"] = crash
-        if w.close(contract=extra):
-            logger.info("specdiff: trace closed: %s (%d iterations written, %d dropped)", self.opts.path,
-                        w.written, w.dropped)
 
     def record_crash(self, exc: BaseException) -> None:
         """vLLM raised inside a recorded iteration: write the crash into the trace and close it."""
@@ -227,10 +146,6 @@ class Recorder:
                      describe_crash(crash), self.opts.path)
         self.close(crash=crash)
 
-    def keep_rid(self, rid: str) -> bool:
-        """Whether ``rid``'s rows are written: chosen by the sampler (``begin``) and not dropped."""
-        return is_kept(rid, self.recorded, self.writer)
-
     # -- hot path --
     def begin(self, runner) -> IterCapture | None:
         A = self.adapter
@@ -239,40 +154,32 @@ class Recorder:
         if rids is MISSING or not rids:
             return None  # warm-up / profile runs schedule no request
         rids = [str(r) for r in rids]
-        new = {}
-        for rid in rids:  # vLLM 0.32 keeps no client field the recorder reads: fraction and rid only
-            if rid not in self.recorded and rid not in self.writer.dropped_rids:
-                why = self.sampler.decide(rid)
-                if why is not None:
-                    self.recorded[rid] = new[rid] = why
+        new = self.choose(rids)  # vLLM 0.32 keeps no client field the recorder reads: fraction and rid only
         if not new and not any(self.keep_rid(r) for r in rids):
             return None
         cap = IterCapture(iter=self._iter, rids=rids, reasons=new)
         self._iter += 1
         reqs = A.get(runner, "GPUModelRunner.requests")
-        for rid in rids:
-            if rid in self._seen or reqs is MISSING or rid not in reqs:
-                continue
-            prompt = A.get(reqs[rid], "CachedRequestState.prompt_token_ids")
-            cap.prompts[rid] = [] if prompt is MISSING or prompt is None else [int(x) for x in prompt]
-            if cap.prompts[rid]:
-                self._prompt_firsts.append(cap.prompts[rid][0])
-            self._seen.add(rid)
+        if reqs is not MISSING:
+            for rid in rids:  # recorded requests only; the writer makes ints of the prompt
+                if rid in reqs:
+                    self.note_prompt(cap, rid, lambda rid=rid: A.get(reqs[rid], "CachedRequestState.prompt_token_ids"))
+        self.cur = cap  # snap copies into the writer's ring on the capture's behalf
         return cap
 
     def on_sample(self, cap: IterCapture, logits, spec_meta, out) -> None:
         A = self.adapter
         sampled = A.get(out, "SamplerOutput.sampled_token_ids")
         if sampled is not MISSING:
-            cap.t["sampled"] = snap(sampled).to(torch.int64)
+            cap.t["sampled"] = self.snap(sampled, dtype=torch.int64)
         if logits is not None:
-            cap.t["target_argmax"] = snap(logits.argmax(dim=-1)).to(torch.int64)
+            cap.t["target_argmax"] = self.snap(logits.argmax(dim=-1), dtype=torch.int64)
         if spec_meta is not None:
             nd = A.get(spec_meta, "SpecDecodeMetadata.num_draft_tokens")
             cap.num_draft = None if nd is MISSING else [int(x) for x in nd]
             dt = A.get(spec_meta, "SpecDecodeMetadata.draft_token_ids")
             if dt is not MISSING:
-                cap.t["verified_drafts"] = snap(dt).to(torch.int64)
+                cap.t["verified_drafts"] = self.snap(dt, dtype=torch.int64)
         else:
             cap.num_draft = [0] * len(cap.rids)
 
@@ -282,16 +189,16 @@ class Recorder:
         qsl = A.get(cad, "CommonAttentionMetadata.query_start_loc_cpu")
         if qsl is MISSING:
             return
-        qsl = snap(qsl).to(torch.int64)
+        qsl = self.snap(qsl, dtype=torch.int64)
         cap.t["qsl"] = qsl
         n = int(qsl[-1])
-        cap.t["aux_cat"] = snap(kw["target_hidden_states"][:n])
-        cap.t["target_ids"] = snap(kw["target_token_ids"][:n]).to(torch.int64)
+        cap.t["aux_cat"] = self.snap(kw["target_hidden_states"][:n])
+        cap.t["target_ids"] = self.snap(kw["target_token_ids"][:n], dtype=torch.int64)
         pos = kw["target_positions"]
-        cap.t["target_pos"] = snap(pos[..., :n] if pos.dim() == 1 else pos[0, :n]).to(torch.int64)
-        cap.t["next_ids"] = snap(kw["next_token_ids"]).to(torch.int64)
+        cap.t["target_pos"] = self.snap(pos[..., :n] if pos.dim() == 1 else pos[0, :n], dtype=torch.int64)
+        cap.t["next_ids"] = self.snap(kw["next_token_ids"], dtype=torch.int64)
         tis = kw.get("token_indices_to_sample")
-        cap.t["sample_rows"] = (qsl[1:] - 1) if tis is None else snap(tis).to(torch.int64)
+        cap.t["sample_rows"] = (qsl[1:] - 1) if tis is None else self.snap(tis, dtype=torch.int64)
 
     def hook_draft(self, dmodel) -> None:
         """Forward hooks on the draft's modules that run eagerly: fc (in combine_hidden_states),
@@ -326,7 +233,7 @@ class Recorder:
                 return
             try:
                 o = out[0] if isinstance(out, tuple) else out
-                cap.fc.append((snap(inp[0]), snap(o)))
+                cap.fc.append((rec.snap(inp[0]), rec.snap(o)))
             except Exception as exc:  # noqa: BLE001
                 rec.fail("draft fc", exc)
 
@@ -339,8 +246,8 @@ class Recorder:
                 got = {k: kwargs.get(k, args[i] if i < len(args) else None) for i, k in enumerate(names)}
                 h, pre = out if isinstance(out, tuple) else (out, None)
                 cap.forwards.append(DraftForward(
-                    input_ids=snap(got["input_ids"]), positions=snap(got["positions"]),
-                    hidden_in=snap(got["hidden_states"]), hidden_out=None if norm_output else snap(pre)))
+                    input_ids=rec.snap(got["input_ids"]), positions=rec.snap(got["positions"]),
+                    hidden_in=rec.snap(got["hidden_states"]), hidden_out=None if norm_output else rec.snap(pre)))
             except Exception as exc:  # noqa: BLE001
                 rec.fail("draft forward", exc)
 
@@ -352,10 +259,10 @@ class Recorder:
                 lf = out.detach()
                 k = min(rec.opts.logits_topk, lf.shape[-1])
                 vals, ids = torch.topk(lf, k, dim=-1)
-                cap.logits.append(DraftLogits(values=snap(vals), ids=snap(ids),
-                                              lse=snap(torch.logsumexp(lf.float(), dim=-1)),
-                                              argmax=snap(lf.argmax(dim=-1)),
-                                              full=snap(lf) if rec.opts.capture == "full" else None))
+                cap.logits.append(DraftLogits(values=rec.snap(vals), ids=rec.snap(ids),
+                                              lse=rec.snap(torch.logsumexp(lf.float(), dim=-1)),
+                                              argmax=rec.snap(lf.argmax(dim=-1)),
+                                              full=rec.snap(lf) if rec.opts.capture == "full" else None))
             except Exception as exc:  # noqa: BLE001
                 rec.fail("draft logits", exc)
 
@@ -367,32 +274,12 @@ class Recorder:
 
     def finish(self, cap: IterCapture, draft_ids) -> None:
         if draft_ids is not None and isinstance(draft_ids, torch.Tensor):
-            cap.t["draft_ids"] = snap(draft_ids).to(torch.int64)
-        n = len(self.adapter.missing)
-        if n != self._unobservable_n:
-            self._unobservable_n = n
-            self.writer.submit(ContractUpdate({"unobservable": self.adapter.unobservable()}))
+            cap.t["draft_ids"] = self.snap(draft_ids, cap, torch.int64)
+        self.sync_unobservable()
         self.writer.submit(cap)
-
-    # -- writer thread --
-    def _write(self, tw, item) -> None:
-        if isinstance(item, ContractUpdate):
-            tw.set_contract(**item.facts)
-            return
-        write_capture(self, tw, item)
 
 
 # ---- attribution (writer thread) ------------------------------------------------------------
-
-
-def _add_aux(rec: Recorder, out: RowBatch, rows, seq, pos, it) -> None:
-    out.add("target.aux_cat", rows, seq=seq, pos=pos, depth=0, iter=it)
-    H = rec.hidden_size
-    K = rows.shape[-1] // H if H and rows.shape[-1] % H == 0 else rec.num_aux
-    if not K:
-        return
-    for j, chunk in enumerate(rows.chunk(K, dim=-1)):
-        out.add(f"target.aux.{j}", chunk.contiguous(), seq=seq, pos=pos, depth=0, iter=it)
 
 
 def _add_forward(out: RowBatch, f: DraftForward, sel, seq, pos, depth, it, *, tokens=True) -> None:
@@ -457,7 +344,7 @@ def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
             it, nvalid = -1, qe - qs
             final = P0 + nvalid >= rec.seq_prompt[rid]
             if aux is not None:
-                _add_aux(rec, out, aux[qs:qe], sid, pos, it)
+                add_aux(rec, out, aux[qs:qe], sid, pos, it)
             last = int(pos[-1])
             if final and len(valid):
                 out.add("target.argmax", valid[:1], seq=sid, pos=last, depth=0, iter=it)
@@ -478,7 +365,7 @@ def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
                 out.add("verify.predict", pred[None], seq=sid, pos=L, depth=0, iter=it)
                 out.add("target.argmax", pred[:nvalid], seq=sid, pos=pos[:nvalid], depth=0, iter=it)
             if aux is not None:
-                _add_aux(rec, out, aux[qs:qs + nvalid], sid, pos[:nvalid], it)
+                add_aux(rec, out, aux[qs:qs + nvalid], sid, pos[:nvalid], it)
             if len(toks) == L + 1:
                 toks.extend(int(x) for x in valid)
                 touched.add(rid)

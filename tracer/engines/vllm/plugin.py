@@ -242,10 +242,7 @@ def _around_execute_model(orig, sig, self, *a, **kw):
     try:
         return orig(self, *a, **kw)
     except Exception as exc:
-        try:
-            rec.record_crash(exc)
-        except Exception as exc2:  # noqa: BLE001 - never mask vLLM's own exception
-            logger.error("specdiff: could not record the crash (%s: %s)", type(exc2).__name__, exc2)
+        rec.crashed(exc)
         raise
     finally:
         rec.iter_s += time.perf_counter() - t0
@@ -270,19 +267,13 @@ def _around_sample_tokens(orig, sig, self, *a, **kw):
         result = orig(self, *a, **kw)
     except Exception as exc:
         if rec.writer is not None:
-            try:
-                rec.record_crash(exc)
-            except Exception as exc2:  # noqa: BLE001 - never mask vLLM's own exception
-                logger.error("specdiff: could not record the crash (%s: %s)", type(exc2).__name__, exc2)
+            rec.crashed(exc)
         raise
     finally:
         rec.cur = None
     t2 = time.perf_counter()
     if cap is not None and rec.active:
-        try:
-            rec.finish(cap, None)
-        except Exception as exc:  # noqa: BLE001
-            rec.fail("sample_tokens (finish)", exc)
+        rec.finish_or_fail(cap, None, "sample_tokens (finish)")
     t3 = time.perf_counter()
     rec.hook_s += (t1 - t0) + (t3 - t2)
     rec.iter_s += t3 - t0
@@ -322,9 +313,9 @@ def _around_propose(orig, sig, self, *a, **kw):
     out = orig(self, *a, **kw)
     if rec.active and rec.cur is cap:
         try:
-            from specdiff.tracer.engines.vllm.hooks import snap
+            import torch
 
-            cap.t["draft_ids"] = snap(out).to("cpu").long()
+            cap.t["draft_ids"] = rec.snap(out, dtype=torch.int64)
         except Exception as exc:  # noqa: BLE001
             rec.fail("SpecDecodeBaseProposer.propose (outputs)", exc)
     rec.phase = ("target sampling / verify", {})

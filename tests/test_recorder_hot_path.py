@@ -1,0 +1,196 @@
+"""The serving recorders' hot path (issue 24): unsampled requests cost no prompt conversion, a
+sampled prompt goes to the writer as the engine holds it, CPU copies go once, straight into the
+writer process's ring (``Ring.stage``), and the trace says which writer ran and with what ring."""
+
+from __future__ import annotations
+
+import array
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from specdiff.tracer.engines.options import Options
+from specdiff.tracer.engines.requests import sample_unit, token_list
+from specdiff.tracer.shm_ring import Ring
+from specdiff.tracer.store import open_trace
+
+
+def _ring(tmp_path, size=64 * 1024):
+    path = str(tmp_path / "ring")
+    prod = Ring(path, size, create=True)
+    cons = Ring(path)
+    os.unlink(path)
+    return prod, cons
+
+
+def _read(cons):
+    got = cons.get()
+    assert got is not None
+    obj, total = got
+    out = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in obj.items()}
+    del obj, got
+    cons.release(total)
+    return out
+
+
+def test_staged_tensors_are_put_without_a_second_copy_and_read_back_bit_exact(tmp_path):
+    prod, cons = _ring(tmp_path)
+    owner = object()
+    h = torch.randn(5, 12).bfloat16()
+    buf = prod.stage(h.numel() * h.element_size(), owner)
+    staged = buf.view(h.dtype).view(h.shape)
+    staged.copy_(h)
+    lo, hi = prod.u8.data_ptr(), prod.u8.data_ptr() + prod.size
+    assert lo <= staged.data_ptr() < hi  # the copy lies in the ring itself
+    ids = torch.arange(7)
+    assert prod.put({"h": staged, "ids": ids, "n": 3}, owner=owner)
+    got = _read(cons)
+    assert torch.equal(got["h"], h) and torch.equal(got["ids"], ids) and got["n"] == 3
+    assert prod.used() == 0 and not prod.staging
+
+
+def test_staging_wraps_and_mixes_with_plain_records_without_losing_a_byte(tmp_path):
+    prod, cons = _ring(tmp_path, 16 * 1024)
+    sent, seen = [], 0
+    for i in range(300):
+        owner = object()
+        a = torch.randn(3, 40 + i % 50)
+        t = prod.stage(a.numel() * 4, owner)
+        if t is not None:
+            t = t.view(torch.float32).view(a.shape)
+            t.copy_(a)
+        else:
+            t = a.clone()  # what snap does when the ring has no room
+        item = {"i": i, "a": t, "b": torch.arange(i % 9)}
+        if prod.put(item, owner=owner):
+            sent.append((i, a))
+        if i % 3 == 0:  # a plain record (a contract update) between staged ones
+            prod.put({"i": -1 - i, "a": torch.zeros(1), "b": torch.zeros(0)})
+        while (got := cons.get()) is not None:
+            obj, total = got
+            if obj["i"] >= 0:
+                want_i, want_a = sent[seen]
+                assert obj["i"] == want_i and torch.equal(obj["a"], want_a)
+                assert torch.equal(obj["b"], torch.arange(want_i % 9))
+                seen += 1
+            del obj, got
+            cons.release(total)
+    assert seen == len(sent) > 250
+
+
+def test_a_capture_whose_staged_bytes_may_be_reused_is_refused(tmp_path):
+    """Staging for another owner (or any other put) ends the staging: the first owner's tensors
+    point into bytes the ring may hand out again, so its put is refused rather than published."""
+    prod, cons = _ring(tmp_path)
+    a, b = object(), object()
+    ta = prod.stage(64, a)
+    ta.fill_(1)
+    tb = prod.stage(64, b)  # b's record starts where a's was
+    tb.fill_(2)
+    assert not prod.put({"t": ta}, owner=a)
+    assert prod.put({"t": tb}, owner=b)
+    assert _read(cons)["t"].tolist() == [2] * 64
+    tc = prod.stage(64, a)
+    assert prod.put({"x": 1})  # a plain put ends the staging
+    assert not prod.put({"t": tc}, owner=a)
+
+
+@pytest.mark.parametrize("prompt", [[5, 6, 7], array.array("q", [5, 6, 7]), np.array([5, 6, 7], np.int32),
+                                    torch.tensor([5, 6, 7]), (5, 6, 7)])
+def test_the_writer_makes_ints_of_a_prompt_as_the_engine_holds_it(prompt):
+    """SGLang 0.5.23 holds ``Req.origin_input_ids`` as an ``array.array`` (it failed the writer's
+    tensor-only conversion: ``'array.array' object has no attribute 'reshape'``)."""
+    got = token_list(prompt)
+    assert got == [5, 6, 7] and all(type(x) is int for x in got)
+    assert token_list(None) == []
+
+
+def _req(rid, prompt):
+    return SimpleNamespace(rid=rid, origin_input_ids=prompt, sampling_params=None)
+
+
+class _Untouchable:
+    """A prompt that fails when anything reads it (an unsampled request's prompt must not be)."""
+
+    def __iter__(self):
+        raise AssertionError("an unsampled request's prompt was read")
+
+    __len__ = __getitem__ = __iter__
+
+
+def test_unsampled_requests_prompts_are_never_read_and_sampled_ones_are_handed_over_as_held(tmp_path):
+    from specdiff.tracer.async_writer import AsyncTraceWriter
+    from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
+    from specdiff.tracer.engines.sglang.hooks import Recorder
+    from specdiff.tracer.store import TraceWriter
+
+    rids = [f"req-{i}" for i in range(40)]
+    kept = [r for r in rids if sample_unit(r) < 0.25]
+    assert 0 < len(kept) < len(rids)
+    path = tmp_path / "s.trace"
+    rec = Recorder(Options(path=str(path), sample=0.25), SGLangAdapter("0.5.23", log=lambda m: None))
+    rec.writer = AsyncTraceWriter(TraceWriter(str(path), side="serve"), rec._write)
+    prompts = {r: (torch.tensor([1, 2, 3 + i]) if r in kept else _Untouchable()) for i, r in enumerate(rids)}
+    batch = SimpleNamespace(reqs=[_req(r, prompts[r]) for r in rids], forward_iter=0,
+                            forward_mode=SimpleNamespace(is_extend=lambda: True), prefix_lens=[0] * len(rids),
+                            extend_lens=[3] * len(rids), seq_lens=torch.full((len(rids),), 3))
+    cap = rec.begin(batch)
+    assert set(cap.prompts) == set(kept) and set(rec.recorded) == set(kept)
+    assert all(cap.prompts[r] is prompts[r] for r in kept)  # no conversion on the serving thread
+    rec.writer.close()
+
+
+def _recorder_writer_fact(tmp_path, monkeypatch, **opts):
+    from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
+    from specdiff.tracer.engines.sglang.hooks import Recorder
+
+    path = tmp_path / "w.trace"
+    rec = Recorder(Options(path=str(path), **opts), SGLangAdapter("0.5.23", log=lambda m: None))
+    rec.open({"hidden_size": 8}, [], side={"hidden_size": 8, "num_aux": 3, "topk": 1})
+    live = rec.writer.facts()
+    rec.close()
+    t = open_trace(str(path))
+    assert t.closed and t.contract["recorder_writer"] == live
+    return live, rec.writer
+
+
+def test_the_contract_says_which_writer_ran_and_its_ring_read_off_the_live_writer(tmp_path, monkeypatch):
+    facts, w = _recorder_writer_fact(tmp_path, monkeypatch, max_queue_mb=3)
+    assert facts == {"kind": "process", "ring_bytes": w.ring.size, "why": None} and w.ring.size == 3 << 20
+
+
+def test_the_contract_says_why_the_thread_writer_ran(tmp_path, monkeypatch):
+    facts, _ = _recorder_writer_fact(tmp_path / "a", monkeypatch, writer="thread")
+    assert facts["kind"] == "thread" and facts["why"] == "SPECDIFF_WRITER=thread" and facts["ring_bytes"] is None
+    import specdiff.tracer.shm_ring as shm_ring
+
+    monkeypatch.setattr(shm_ring, "ring_dir", lambda: str(tmp_path / "no-such-dir"))
+    facts, _ = _recorder_writer_fact(tmp_path / "b", monkeypatch)
+    assert facts["kind"] == "thread" and facts["why"].startswith("no shared-memory ring: ")
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_recorder_copy_is_equal_to_the_tensor_and_independent_of_it(tmp_path, writer):
+    """``snap`` on CPU: one copy (in the ring with the writer process), never a view of the
+    engine's tensor, which the engine may change before the writer reads it."""
+    from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
+    from specdiff.tracer.engines.sglang.hooks import Recorder
+
+    (tmp_path / writer).mkdir()
+    rec = Recorder(Options(path=str(tmp_path / writer / "s.trace"), writer=writer),
+                   SGLangAdapter("0.5.23", log=lambda m: None))
+    rec.open({"hidden_size": 8}, [], side={"hidden_size": 8, "num_aux": 3, "topk": 1})
+    rec.cur = owner = SimpleNamespace(rids=[])
+    x = torch.randn(4, 8)
+    want = x.clone()
+    c = rec.snap(x)
+    assert torch.equal(rec.snap(x, dtype=torch.int64), want.to(torch.int64))
+    x.add_(1)
+    assert torch.equal(c, want)
+    in_ring = writer == "process" and rec.writer.ring.staging_for(owner)
+    assert in_ring == (writer == "process" and not torch.cuda.is_available())
+    rec.cur = None
+    rec.close()
