@@ -65,6 +65,7 @@ class JournalReplay:
         self.recs: dict[str, list[dict]] = defaultdict(list)  # records not yet wholly committed
         self.first_rec: dict[str, dict] = {}  # name -> its first record (dtype, shape, chunk rows)
         self.closed, self.records = False, 0
+        self._keys_cache: dict[str, tuple[int, int, dict[str, np.ndarray]]] = {}  # name -> (done, records, keys)
 
     def feed(self, entries) -> JournalReplay:
         for e in entries:
@@ -105,15 +106,8 @@ class JournalReplay:
             pending = [e for e in self.recs[name] if e["row0"] + e["n"] > done]
             if not pending:
                 continue
-            if (any(c not in e for e in pending for c, _ in KEY_COLUMNS)
-                    or (not payload and any("data" not in e for e in pending))
-                    or (payload == SPILL_PAYLOAD and "chunk_rows" not in first)):
-                raise TraceError(f"{path}: rows of {name} from {done} on are neither committed nor in the "
-                                 "journal; the store is damaged (copy it again)")
+            keys = self._tail_keys(name, first, pending, done)
             dt = STORAGE_DTYPES[first["dtype"]]
-            skip = [max(done - e["row0"], 0) for e in pending]
-            keys = {c: np.concatenate([np.frombuffer(e[c], kd)[k:] for e, k in zip(pending, skip, strict=True)])
-                    for c, kd in KEY_COLUMNS}
             stop, shape, lost_ok = pending[-1]["row0"] + pending[-1]["n"], layout[name][1], zarr_rows is not None
             if payload == SPILL_PAYLOAD:
                 data = chunk_spilled_rows(path, name, chunk_rows=first["chunk_rows"], start=done, stop=stop, dtype=dt,
@@ -125,12 +119,37 @@ class JournalReplay:
                                     lost_ok=lost_ok)
                 keys = {c: v[:len(data)] for c, v in keys.items()}
             else:
-                data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"])[k:]
-                                       for e, k in zip(pending, skip, strict=True)])
+                data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"])[max(done - e["row0"], 0):]
+                                       for e in pending])
             tail[name] = (data, keys)
         return Contents(self.header["format"], self.header["side"], self.contract,
                         [self.seqs[i] for i in sorted(self.seqs)], self.records, self.closed, committed, layout, tail,
                         cut_tail_bytes)
+
+
+    def _tail_keys(self, name: str, first: dict, pending: list[dict], done: int) -> dict[str, np.ndarray]:
+        """The key columns of ``pending`` (records past row ``done``), from row ``done`` on. Kept
+        between calls: a follower's next call decodes only the records added since, until a commit
+        moves ``done``."""
+        cached = self._keys_cache.get(name)
+        if cached is not None and cached[0] == done and cached[1] <= len(pending):
+            start, base = cached[1], cached[2]
+        else:
+            start, base = 0, None
+        new = pending[start:]
+        if (any(c not in e for e in new for c, _ in KEY_COLUMNS)
+                or (not self.payload and any("data" not in e for e in new))
+                or (self.payload == SPILL_PAYLOAD and "chunk_rows" not in first)):
+            raise TraceError(f"{self.path}: rows of {name} from {done} on are neither committed nor in the "
+                             "journal; the store is damaged (copy it again)")
+        straddle = [e for e in new if e["row0"] < done]  # only the first records can start before row done
+        whole = new[len(straddle):]
+        keys = {c: np.concatenate(([base[c]] if base is not None else [])
+                                  + [np.frombuffer(e[c], kd)[done - e["row0"]:] for e in straddle]
+                                  + [np.frombuffer(b"".join([e[c] for e in whole]), kd)])  # one decode, not one a record
+                for c, kd in KEY_COLUMNS}
+        self._keys_cache[name] = (done, len(pending), keys)
+        return {c: v.copy() for c, v in keys.items()}  # the caller's to cut and change
 
 
 def from_journal(path: str, entries: list[dict], *, cut_tail_bytes: int,
