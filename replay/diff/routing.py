@@ -8,18 +8,32 @@ bf16 noise (issue 20: tiny Qwen3-MoE, 4 experts top-2, ``target.aux.1`` rows at 
 GPT-OSS rows up to 0.59), while the layer before it agrees, and the flip is a per-token event:
 isolated positions, a few percent of them.
 
+The target's own attention then carries a flipped row to the *later* rows of its sequence, in
+every layer between the flip and the slot. Measured (issue 20, tiny GPT-OSS, traced chain server
+against ``record train``): one layer-0 near tie (seq 2 pos 13, HF float32 router logits of the 2nd
+and 3rd expert 0.0007 apart) moved that row's ``target.aux.1`` (HF 3) by rel 0.39 and the next 9
+rows by rel 0.05-0.06 (a 10-row run), decaying below the 0.05 limit after them; forcing that one
+expert choice in a float32 transformers replay reproduces every row of the run (row 13 to rel
+0.006). At ``target.aux.2`` (HF 8, after 7 more layers) such a carried perturbation also tips
+neighbouring near ties (seq 1 pos 6-7, layers 6-7, margins 0.001): a flip starts a run of rows
+whose tail decays. A bug at a position range (a wrong window, rope or chunk) moves its rows by a
+similar amount to the end of the run instead.
+
 ``routing_flips`` names that pattern when the target is MoE (a contract fact) and every failing
 row of an aux slot j >= 1 whose inputs agree fits it:
 
 - the previous slot ``target.aux.{j-1}`` agrees at that row (the layer before the flip);
-- the rows are isolated: no run of more than ``ROUTING_MAX_RUN`` consecutive positions of one
-  sequence (a real bug at a position range, a wrong chunk, a wrong layer, fails runs or most
-  rows);
+- each *event* is a flip and what attention carries from it: a run of consecutive failing
+  positions of one sequence. A run of more than ``ROUTING_MAX_RUN`` rows must fade out: its last
+  row at most ``ROUTING_TAIL_SHARE`` of its largest, and the next row of its sequence agrees or
+  differs upstream (the next flip's row). A real bug at a position range (a wrong window, rope,
+  chunk or layer) fails runs that do not decay, or last to the end of the sequence, or most rows;
 - each row still points the same way (cosine > 0, rel error < ``ROUTING_MAX_REL``): other experts
   of the same layer, not another layer or garbage;
-- they are few: at most ``ROUTING_MAX_FRAC`` of the rows whose inputs agree (the target stage's
-  fail fraction on an MoE target; the default bf16 one, 2 %, is below the 2.7-3.9 % measured on
-  the tiny MoE targets of issue 20).
+- they are few: at most ``ROUTING_MAX_FRAC`` events per row whose inputs agree (the target
+  stage's fail fraction on an MoE target; the default bf16 one, 2 %, is below the 2.7-3.9 %
+  measured on the tiny MoE targets of issue 20), and at most ``ROUTING_MAX_ROWS`` of those rows
+  in all: a flip never moves most rows.
 
 Slot 0 is never named: no earlier slot shows that the layer before agreed. Those rows are
 judged by the stage's tolerance as before, and, within it, the rows they feed are inherited.
@@ -36,8 +50,13 @@ from specdiff.tracer.schema import aux_name, aux_slot
 
 #: most rows of an aux slot (of those whose inputs agree) that routing near-ties may explain
 ROUTING_MAX_FRAC = 0.10
-#: longest run of consecutive failing positions of one sequence that is still "isolated"
+#: longest run of consecutive failing positions of one sequence that need not decay
 ROUTING_MAX_RUN = 2
+#: a longer run is a flip and its attention-carried tail: its last row at most this share of its
+#: largest (measured: 0.13-0.27 on tiny GPT-OSS; a bug's run of even rows is near 1)
+ROUTING_TAIL_SHARE = 0.5
+#: most rows (flips and carried tails) of those whose inputs agree that routing may explain
+ROUTING_MAX_ROWS = 0.5
 #: a flipped row is other experts' output of the same layer: related to the right row
 ROUTING_MAX_REL = 1.0
 
@@ -143,9 +162,10 @@ class RoutingFlips:
     Attributes:
         tensor: ``target.aux.{j}``; previous: ``target.aux.{j-1}`` (agrees at every row).
         rows: ``[{"seq", "pos", "rel", "cos"}]`` of every explained row (aligned keys).
-        fraction: explained rows / rows whose inputs agree; bound: ``ROUTING_MAX_FRAC`` used.
+        fraction: events (runs of consecutive positions: a flip and its carried tail) / rows whose
+            inputs agree; bound: ``ROUTING_MAX_FRAC`` used.
         max_rel: the largest relative error among them; longest_run: their longest run of
-            consecutive positions in one sequence.
+            consecutive positions in one sequence; events: the number of runs.
         family: ``TargetFamily.words()``.
     """
 
@@ -157,16 +177,20 @@ class RoutingFlips:
     max_rel: float
     longest_run: int
     family: str
+    events: int = 0
 
     @property
     def cause(self) -> str:
         return "moe_routing_near_tie"
 
     def message(self) -> str:
-        return (f"MoE routing near-tie: {len(self.rows)} {self.tensor} row(s) ({self.fraction:.1%} of the rows whose "
-                f"inputs agree, at most {self.bound:.0%} allowed) differ where {self.previous} agrees, at isolated "
-                f"positions (longest run {self.longest_run}), max_rel {self.max_rel:.3g}: bf16 near-ties in the "
-                f"router send these tokens to other experts on the two sides [{self.family}]")
+        where = (f"at isolated positions (longest run {self.longest_run})" if self.longest_run <= ROUTING_MAX_RUN
+                 else f"in {self.events} events: a flip and the rows after it that the target's attention carries it "
+                      f"to, decaying (longest run {self.longest_run})")
+        return (f"MoE routing near-tie: {len(self.rows)} {self.tensor} row(s) ({self.fraction:.1%} events per row "
+                f"whose inputs agree, at most {self.bound:.0%} allowed) differ where {self.previous} agrees, {where}, "
+                f"max_rel {self.max_rel:.3g}: bf16 near-ties in the router send these tokens to other experts on "
+                f"the two sides [{self.family}]")
 
     def evidence(self, limit: int = 8) -> list[str]:
         lines = [f"seq {r['seq']} pos {r['pos']}: rel {r['rel']:.3g}, cos {r['cos']:.4f}" for r in self.rows[:limit]]
@@ -175,16 +199,37 @@ class RoutingFlips:
         return lines
 
 
-def _longest_run(pair: np.ndarray, pos: np.ndarray) -> int:
-    """Longest run of consecutive positions within one pair, over rows sorted by (pair, pos)."""
+def _runs(pair: np.ndarray, pos: np.ndarray) -> list[np.ndarray]:
+    """Runs of consecutive positions within one pair: index arrays into rows sorted by (pair, pos)."""
     if not len(pair):
-        return 0
+        return []
     step = (np.diff(pair) == 0) & (np.diff(pos) == 1)
-    best = run = 1
-    for s in step:
-        run = run + 1 if s else 1
-        best = max(best, run)
-    return best
+    return np.split(np.arange(len(pair)), np.nonzero(~step)[0] + 1)
+
+
+def _undecayed(runs: list[np.ndarray], rel: np.ndarray, after_agrees: np.ndarray) -> tuple[np.ndarray, str] | None:
+    """The first run longer than ``ROUTING_MAX_RUN`` that does not fade out, and how: its last row
+    above ``ROUTING_TAIL_SHARE`` of its largest (``rel`` per sorted row), or no agreeing row after
+    it in its sequence (``after_agrees`` per sorted row); None when every run fades out."""
+    for r in runs:
+        if len(r) <= ROUTING_MAX_RUN:
+            continue
+        if rel[r[-1]] > ROUTING_TAIL_SHARE * rel[r].max():
+            return r, (f"its last row is at rel {float(rel[r[-1]]):.3g} of a largest {float(rel[r].max()):.3g}, more "
+                       f"than {ROUTING_TAIL_SHARE:g} of it")
+        if not after_agrees[r[-1]]:
+            return r, "no agreeing row of its sequence follows it"
+    return None
+
+
+def _next_agrees(comp, idx: np.ndarray, counted: np.ndarray) -> np.ndarray:
+    """bool per row ``idx``: the row at the next position of its pair was compared and passed, or
+    differs for an upstream reason (not ``counted``: inherited, e.g. the next flip's row)."""
+    m = comp.match
+    ok = (comp.status <= 1) | (~counted & (comp.status != 4))  # compare.MATCH / CLOSE; UNREADABLE
+    keys = (m.pair[ok].astype(np.int64) << 32) | m.pos[ok].astype(np.int64)
+    nxt = (m.pair[idx].astype(np.int64) << 32) | (m.pos[idx].astype(np.int64) + 1)
+    return np.isin(nxt, keys)
 
 
 def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
@@ -201,13 +246,18 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
         return None
     m = comp.match
     idx = np.nonzero(candidates)[0]
+    idx = idx[np.lexsort((m.pos[idx], m.pair[idx]))]  # by (pair, pos): runs are consecutive rows
     readable = int((counted & (comp.status != 4)).sum())  # compare.UNREADABLE
-    frac = len(idx) / readable if readable else 1.0
+    runs = _runs(m.pair[idx], m.pos[idx])
+    frac = len(runs) / readable if readable else 1.0
     if comp.nonfinite[idx].any():
         return "non-finite rows"
     if frac > bound(comp.tolerance):
-        return (f"{len(idx)} rows ({frac:.1%}) whose inputs agree fail, more than the {bound(comp.tolerance):.0%} "
-                "routing near-ties may explain")
+        return (f"{len(idx)} rows in {len(runs)} runs ({frac:.1%} of the rows whose inputs agree) fail, more than "
+                f"the {bound(comp.tolerance):.0%} routing near-ties may explain")
+    if len(idx) > ROUTING_MAX_ROWS * readable:
+        return (f"{len(idx)} of {readable} rows whose inputs agree fail: more than {ROUTING_MAX_ROWS:.0%}, a routing "
+                "flip never moves most rows")
     if (comp.score[idx] >= ROUTING_MAX_REL).any() or (comp.cos[idx] <= 0).any():
         return f"some rows are unrelated to the other side's (rel >= {ROUTING_MAX_REL:g} or cosine <= 0)"
     # the previous slot must have agreed at every one of these rows
@@ -222,15 +272,21 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
         return f"{previous.name} has no row at some of them"
     if (previous.status[order][at] > 1).any():  # DIVERGED or UNREADABLE there
         return f"{previous.name} already differs (or is unreadable) at some of them"
-    run = _longest_run(m.pair[idx], m.pos[idx])
-    if run > ROUTING_MAX_RUN:
-        return f"they form a run of {run} consecutive positions (a near-tie flips single tokens)"
+    run = max(len(r) for r in runs)
+    flat = _undecayed(runs, comp.score[idx], _next_agrees(comp, idx, counted))
+    if flat is not None:
+        r, how = flat
+        i, j = idx[r[0]], idx[r[-1]]
+        return (f"they form a run of {len(r)} consecutive positions (seq {int(m.pair[i])} pos {int(m.pos[i])}-"
+                f"{int(m.pos[j])}) that does not fade out: {how} (a near-tie flips a token, and what the "
+                "target's attention carries from it to the next rows fades)")
     rows = [{"seq": int(m.pair[i]), "pos": int(m.pos[i]), "rel": float(comp.score[i]), "cos": float(comp.cos[i])}
             for i in idx]
     j = aux_slot(comp.name)
     return RoutingFlips(comp.name, aux_name(j - 1), rows, frac, bound(comp.tolerance),
-                        float(comp.score[idx].max()), run, family.words())
+                        float(comp.score[idx].max()), run, family.words(), len(runs))
 
 
 __all__ = ["TargetFamily", "RoutingFlips", "target_family", "routing_flips", "eligible", "bound",
-           "SLOT0_WHY", "MOE_ARCHITECTURES", "DENSE_ARCHITECTURES", "ROUTING_MAX_FRAC", "ROUTING_MAX_RUN", "ROUTING_MAX_REL", "FAMILY_FIELDS"]
+           "SLOT0_WHY", "MOE_ARCHITECTURES", "DENSE_ARCHITECTURES", "ROUTING_MAX_FRAC", "ROUTING_MAX_RUN", "ROUTING_MAX_REL",
+           "ROUTING_TAIL_SHARE", "ROUTING_MAX_ROWS", "FAMILY_FIELDS"]
