@@ -114,3 +114,44 @@ def test_too_few_clean_rows_name_nothing(tmp_path):
                          narrow=False)
     assert report.first is not None and report.first.name == "draft.hidden_out"
     assert "too few to show" in report.comparisons["draft.hidden_out"].stats["context_not_named"]
+
+
+# ---- the margin: rows an earlier flip moved do not set it (context.attributed_rows) ----------------
+def _hidden_out_use(report) -> float:
+    return report.comparisons["draft.hidden_out"].stats["limit_use"]["rel"]
+
+
+def test_passing_rows_moved_by_an_earlier_flip_do_not_set_the_margin(tmp_path):
+    # the later rows of the flipped sequences moved by rel 0.045, under the 0.05 limit (measured on
+    # the tiny DeepSeek-V3 chain pair: 0.049 twenty positions after a flip, 0.026 at most before it):
+    # the margin is the draft's own noise, the moved rows are reported beside it
+    report = diff_traces(*write_pair(tmp_path, flips=FLIPS, context_rel=0.045), narrow=False)
+    assert report.first is None, report.verdict()
+    stats = report.comparisons["draft.hidden_out"].stats
+    assert stats["context_rows"] == (T - 31) + (T - 41)
+    assert 0.04 < stats["context_max_rel"] < 0.05  # passing rows, close to the limit
+    assert _hidden_out_use(report) < 0.2, stats["limit_use"]
+    margin = report.margin()
+    assert margin["tensor"] != "draft.hidden_out" or margin["use"] < 0.2, margin
+    assert "close to a limit" not in report.verdict()
+
+
+def test_the_same_move_without_an_earlier_flip_still_sets_the_margin(tmp_path):
+    # rel 0.045 in two sequences with no flip before it: the attention's own difference, at 90 % of
+    # the limit, and the verdict says how close it came
+    report = diff_traces(*write_pair(tmp_path, flips=FLIPS, context_rel=0.045, attn_bug=(3, 4), bug_rel=0.045),
+                         narrow=False)
+    assert report.first is None, report.verdict()
+    assert _hidden_out_use(report) > 0.8
+    assert report.margin()["tensor"] == "draft.hidden_out"
+    assert "close to a limit: draft.hidden_out" in report.verdict()
+
+
+def test_with_too_few_rows_before_the_flips_the_moved_rows_set_the_margin(tmp_path):
+    # a flip at position 1 of every sequence: nothing shows the attention over agreeing context is
+    # any closer than the moved rows, so they count
+    report = diff_traces(*write_pair(tmp_path, flips=[(s, 1) for s in range(N_SEQ)], context_rel=0.045),
+                         narrow=False)
+    assert report.first is None, report.verdict()
+    assert _hidden_out_use(report) > 0.8
+    assert "context_rows" not in report.comparisons["draft.hidden_out"].stats

@@ -203,7 +203,7 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
                    good_paths: np.ndarray | None, block_rows: int = 1 << 16, match: RowMatch | None = None,
                    watch=None, on_rows=None, on_partial=None, runner=None, counted: np.ndarray | None = None,
                    inheritance: tuple | None = None, judge=None, watch_frac: float | None = None,
-                   row_groups: list | None = None) -> TensorComparison:
+                   row_groups: list | None = None, context_rows: np.ndarray | None = None) -> TensorComparison:
     """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows).
 
     Blocks of ``block_rows`` rows (at most ~16 MiB of float32 a side) are compared on the block
@@ -223,7 +223,9 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     fraction the early watch proves a divergence above (the largest any ``judge`` may explain).
     ``row_groups``: the structural groups of the rows (groups.row_groups; None: not group-judged):
     a float tensor under its fail fraction diverges when its failures concentrate in one of them
-    (groups.concentrated), decided before ``watch`` sees the comparison.
+    (groups.concentrated), decided before ``watch`` sees the comparison. ``context_rows``: bool [n],
+    counted rows after an earlier differing cached row of their sequence (context.attributed_rows):
+    they do not set ``limit_use`` (None: every counted row does).
     """
     spec = spec_for(name)
     m = match if match is not None else tensor_match(traces, alignment, name, good_paths=good_paths)
@@ -290,16 +292,19 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
         usable = (counted if counted is not None else np.ones(n, bool)) & ~unread
         comp.concentration = groups.concentrated(comp, row_groups, own & usable, usable)
         comp.diverged = comp.concentration is not None and comp.concentration.fired
-    stats.update(_inheritance_stats(comp, own, counted_readable, own_frac, spec.kind))
+    stats.update(_inheritance_stats(comp, own, counted_readable, own_frac, spec.kind, context_rows))
     if watch is not None:
         watch.finished(comp)
     return comp
 
 
-def _inheritance_stats(comp: TensorComparison, own: np.ndarray, counted: int, own_frac: float, kind: str) -> dict:
+def _inheritance_stats(comp: TensorComparison, own: np.ndarray, counted: int, own_frac: float, kind: str,
+                       context_rows: np.ndarray | None = None) -> dict:
     """The report's numbers on which rows judged the tensor (replay/diff/inherited.py): rows
     counted (inputs agree), their failing rows, rows inherited and explained, and how close the
-    tensor came to its limits (``limit_use``: 1.0 = at the limit)."""
+    tensor came to its limits (``limit_use``: 1.0 = at the limit), read off the passing counted
+    rows outside ``context_rows`` (bool [n]; replay/diff/context.py ``attributed_rows``: those
+    are reported as ``context_rows`` / ``context_max_rel`` instead)."""
     inh = comp.inherited if comp.inherited is not None else np.zeros(len(own), bool)
     explained = comp.explained if comp.explained is not None else np.zeros(len(own), bool)
     stats = {"counted_rows": counted, "own_fail_rows": int(own.sum()), "own_fail_frac": own_frac,
@@ -312,6 +317,12 @@ def _inheritance_stats(comp: TensorComparison, own: np.ndarray, counted: int, ow
     if kind == "float":
         counted_rows = comp.counted if comp.counted is not None else np.ones(len(own), bool)
         passing = counted_rows & (comp.status <= CLOSE)
+        if context_rows is not None:
+            moved = passing & context_rows
+            stats["context_rows"] = int((counted_rows & context_rows & (comp.status != UNREADABLE)).sum())
+            if moved.any():
+                stats["context_max_rel"] = float(comp.score[moved].max())
+            passing &= ~context_rows
         if passing.any():
             worst_rel = float(comp.score[passing].max())
             use["rel"] = worst_rel / tol.rel if tol.rel else 0.0
@@ -472,7 +483,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         m = tensor_match(traces, alignment, name, good_paths=good, match=matched.get(name))
         inh = upstream.inherited(name, m)
         counted = ~inh[0] & ~inherited.beyond_common_run(name, m, lengths)
-        judge, watch_frac = None, None
+        judge, watch_frac, moved = None, None, None
         if routing.eligible(name, family):
             prev = out.get(aux_name(aux_slot(name) - 1))
             judge = functools.partial(_judge_routing, prev, family, counted)
@@ -481,6 +492,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
             # an earlier cached row differed: the draft attention carries it to later rows (context.py)
             judge = functools.partial(_judge_context, first, counted)
             watch_frac = 1.0
+            moved = context.attributed_rows(name, m, first, counted)
         if name in topk_ties.JUDGED:
             # ids chosen from the draft's logits may swap at rank k on a near tie (topk_ties.py)
             judge = functools.partial(_judge_ties, traces, counted)
@@ -490,7 +502,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                                    on_partial=None if on_partial is None
                                    else lambda c: on_partial({**out, c.name: c}, watch.first),
                                    counted=counted, inheritance=inh, judge=judge, watch_frac=watch_frac,
-                                   row_groups=None if user_frac else grouping.groups(name, m))
+                                   row_groups=None if user_frac else grouping.groups(name, m), context_rows=moved)
         if family.moe and aux_slot(name) == 0 and out[name].diverged:
             out[name].stats["routing_not_named"] = routing.SLOT0_WHY
         upstream.add(out[name], inherited.source_rows(out[name]))

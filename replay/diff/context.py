@@ -28,6 +28,18 @@ failing row fits it:
 
 A failing row with no earlier source in its sequence is never named, and a stage that diverged is
 never a source: a real bug upstream stays the first divergence.
+
+The same earlier row moves the *passing* rows after it too, and those set how close the tensor
+came to its limit (``limit_use``, the report's margin). Measured (issue 20, the same DeepSeek-V3
+chain pair): the closest ``draft.hidden_out`` row, rel 0.0491 against the 0.05 limit (use 0.98),
+was seq 0 pos 50, twenty positions after that sequence's flip at pos 30; every row above rel 0.026
+lay after a flip, the rows before every flip reached 0.026 at most (use 0.52). A margin read off
+those rows says "one prompt set away from a false divergence" about numerics the rule already
+explains when they cross the limit. ``attributed_rows`` names them, under the same conditions as
+``context_rows`` (the rows before every source are at least ``CONTEXT_MIN_CLEAN`` of the counted
+rows), so the margin is the draft's own noise, measured on the rows whose context agrees; the
+attributed rows and their largest rel are reported beside it (compare.py ``_inheritance_stats``).
+Nothing a verdict reads changes: a failing row is still judged by ``context_rows`` (or counted).
 """
 
 from __future__ import annotations
@@ -105,6 +117,33 @@ class ContextRows:
         return lines
 
 
+def after_sources(match, first: dict[int, int]) -> np.ndarray:
+    """bool [n]: rows of ``match`` (RowMatch) at a position after the first context source of
+    their sequence (``first``: :func:`first_sources`)."""
+    inf = np.iinfo(np.int64).max
+    starts = np.array([first.get(int(p), inf) for p in match.pair], np.int64)
+    return match.pos.astype(np.int64) > starts
+
+
+def attributed_rows(name: str, match, first: dict[int, int], counted: np.ndarray | None) -> np.ndarray | None:
+    """bool [n]: the counted rows of tensor ``name`` (a draft tensor after the attention) that lie
+    after an earlier differing cached row of their sequence: whatever they differ by, passing or
+    not, the earlier row's keys and values are part of it (module doc). They do not set the
+    tensor's margin. None when ``name`` does not consume the context, no sequence has a source,
+    or the rows before every source are fewer than ``CONTEXT_MIN_CLEAN`` of the counted rows (then
+    nothing shows that the attention over agreeing context is as close as the margin would say).
+
+    ``counted``: bool [n], the rows whose inputs agree (None: all).
+    """
+    if not consumes_context(name) or not first or not len(match.pair):
+        return None
+    counted = np.ones(len(match.pair), bool) if counted is None else counted
+    after = after_sources(match, first) & counted
+    if not after.any() or int((counted & ~after).sum()) < CONTEXT_MIN_CLEAN * int(counted.sum()):
+        return None
+    return after
+
+
 def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: np.ndarray) -> ContextRows | str | None:
     """The context explanation of ``candidates`` (bool [n]: the failing rows of ``comp``, a draft
     tensor after the attention, whose same-position inputs agree); when any of them does not fit
@@ -116,9 +155,7 @@ def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: n
     if not consumes_context(comp.name) or not first or not candidates.any():
         return None
     m = comp.match
-    inf = np.iinfo(np.int64).max
-    starts = np.array([first.get(int(p), inf) for p in m.pair], np.int64)
-    after = m.pos.astype(np.int64) > starts
+    after = after_sources(m, first)
     idx = np.nonzero(candidates)[0]
     if not after[idx].all():
         k = int((~after[idx]).sum())
@@ -142,5 +179,5 @@ def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: n
                        float(comp.score[idx].max()) if float_kind else 0.0)
 
 
-__all__ = ["ContextRows", "consumes_context", "first_sources", "context_rows", "CONTEXT_STAGE",
-           "CONTEXT_MIN_CLEAN", "CONTEXT_MAX_REL"]
+__all__ = ["ContextRows", "consumes_context", "first_sources", "after_sources", "attributed_rows", "context_rows",
+           "CONTEXT_STAGE", "CONTEXT_MIN_CLEAN", "CONTEXT_MAX_REL"]
