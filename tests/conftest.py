@@ -229,7 +229,7 @@ class SharedServer:
 @pytest.fixture(scope="session")
 def bringup_chain_server(bringup_models):
     """:class:`SharedServer`: untraced SGLang, bring-up target + draft, EAGLE-3 chain (3 steps,
-    topk 1, 4 draft tokens), bfloat16. test_cpu_server.py (speculative vs plain greedy) and
+    topk 1, 4 draft tokens), bfloat16. server/test_cpu_server.py (speculative vs plain greedy) and
     test_sglang_recorder.py (traced vs untraced tokens) both serve this configuration, so it
     starts once per session. Idle, it sleeps (``--sleep-on-idle``) instead of polling a core.
     Stopped by PID at session end, also when a test failed; the teardown checks it is gone."""

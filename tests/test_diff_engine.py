@@ -1,7 +1,7 @@
 """The diff engine on small hand-built traces: alignment, metrics, tolerance edges, NaN/Inf,
 empty and non-overlapping traces, first divergence and the explanations.
 
-Scenario tests on traces recorded by the real recorders live in test_scenarios.py.
+Scenario tests on traces recorded by the real recorders live in tests/server/test_scenarios.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the prefill chunks, tracer/engines/sglang/prefill.py) as the diff reads them, on
 The facts, not the rows, decide: a recorded cached prefix wins over the one the rows suggest, and
 the chunk boundaries come only from the record. A wrong draft input token at exactly the last row
 of each non-final chunk is named ``chunk_boundary_token``; the same number of wrong tokens elsewhere
-is not. (The real server's version of both: tests/test_injected_serving_bugs.py.)
+is not. (The real server's version of both: tests/server/test_injected_serving_bugs.py.)
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ default filled in is printed and stored (``defaults_used``). Issue 11, case 4.
 
 The end-to-end case (a draft trained on HF [6, 0, 3] served by a real SGLang server, which
 concatenates ascending) is ``test_aux_concat_order_permutation_is_found_at_the_aux_stage`` in
-test_scenarios.py.
+tests/server/test_scenarios.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Loaded the way specdiff's own recorder is (tracer/engines/sglang/plugin.py): thr
 ``sglang.srt.plugins`` entry-point group, which ``load_plugins()`` calls in every process it
 starts (srt/plugins/__init__.py). Nothing is installed: the test writes a ``*.dist-info`` folder
 naming ``specdiff_bug_plugins:load`` and puts it and this folder on the server's ``PYTHONPATH``
-(tests/test_injected_serving_bugs.py ``entry_point_dir``). ``SPECDIFF_TEST_BUG=<kind>`` picks the bug; unset, the plugin does nothing.
+(tests/server/test_injected_serving_bugs.py ``entry_point_dir``). ``SPECDIFF_TEST_BUG=<kind>`` picks the bug; unset, the plugin does nothing.
 
 Kinds (each on SGLang 0.5.23's own code path; lines of that release):
 

@@ -11,7 +11,7 @@ buffer short and fail the first request on this target). Re-serving the draft wi
 explanation gives must then agree with training.
 
 Builds the DeepSeek-V3 pair on first use (3-13 min on 2 cores; cached in pytest's cache), then
-two server runs. Run with ``pytest -m server tests/test_family_seed.py``.
+two server runs. Run with ``pytest -m server tests/server/test_family_seed.py``.
 """
 
 from __future__ import annotations

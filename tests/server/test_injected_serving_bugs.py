@@ -2,7 +2,7 @@
 the server traced (``SPECDIFF_TRACE``), ``record train --replay``, ``diff`` (issue 22 "Must show"); and a
 rope mistake in the served draft config only (``partial_rotary_factor``), no plugin needed.
 
-The plugin (tests/bug_plugins/specdiff_bug_plugins.py) is loaded through SGLang's own plugin entry
+The plugin (tests/server/bug_plugins/specdiff_bug_plugins.py) is loaded through SGLang's own plugin entry
 point, like specdiff's recorder, and ``SPECDIFF_TEST_BUG`` picks one bug per server: draft
 positions one too far at depth >= 1, the draft KV of a radix-cached prefix missing, stale draft KV
 after verify, one wrong draft input token at each chunked-prefill boundary. Every server, the
