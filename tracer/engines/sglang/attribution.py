@@ -1,4 +1,4 @@
-"""Row attribution of the SGLang EAGLE-3 recorder (writer thread): one ``IterCapture`` -> trace rows.
+"""Row attribution of the SGLang EAGLE-3 recorder (in the writer process, or thread): one ``IterCapture`` -> trace rows.
 
 Attribution (EAGLE-3 pairing: the draft row at t consumes (h_t, x_{t+1}) at depth 0, and its
 own feedback with token x_{t+1+k} at depth k):
@@ -84,7 +84,7 @@ class IterCapture:
         return n
 
 
-# ---- attribution (writer thread) ------------------------------------------------------------
+# ---- attribution (the writer) --------------------------------------------------------------
 # Rows come from the server's batch metadata (prefix/extend lengths, accept index, draft tree),
 # not from a [B, T] layout, so only the per-name gathering (tracer.rows.RowBatch) is shared with
 # the training-side row builder; the logits were already reduced on the device in the hot path.
@@ -133,7 +133,7 @@ def _parents(next_token: np.ndarray, next_sibling: np.ndarray) -> np.ndarray:
 
 
 def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
-    """Attribute one iteration's captured tensors and append them (writer thread)."""
+    """Attribute one iteration's captured tensors and append them (in the writer)."""
     out = RowBatch()
     touched: set[str] = set()
     if cap.kind == "prefill":

@@ -9,7 +9,7 @@ goes to the writer; ``write_capture`` runs there (the writer process), after the
 attributes rows to ``(seq, pos, depth, iter)`` (tracer/schema.py).
 
 Options come from the environment (``options``), the contract facts from the live
-objects at start-up (``contract``), and the writer thread attributes rows
+objects at start-up (``contract``), and the writer (process, or thread) attributes rows
 (``attribution``).
 """
 

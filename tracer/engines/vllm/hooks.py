@@ -5,7 +5,7 @@ One recorded iteration is one ``GPUModelRunner.sample_tokens`` call (v1/worker/g
 ``propose_draft_token_ids`` builds the aux concat and calls ``SpecDecodeBaseProposer.propose``,
 which runs the draft's first pass over every target row and K-1 more steps from each request's
 sampled row. The wrappers (plugin.py) and the draft's module hooks copy tensors into an
-``IterCapture``; the writer thread attributes rows (EAGLE-3 pairing, tracer/schema.py):
+``IterCapture``; the writer (process, or thread) attributes rows (EAGLE-3 pairing, tracer/schema.py):
 
 - target rows of request b span ``query_start_loc[b]:query_start_loc[b+1]`` at ``target_positions``.
   Prefill (no drafts verified): every row, iter -1. Verify (K drafts): the root (previous bonus)
@@ -279,7 +279,7 @@ class Recorder(ServingRecorder):
         self.writer.submit(cap)
 
 
-# ---- attribution (writer thread) ------------------------------------------------------------
+# ---- attribution (the writer) --------------------------------------------------------------
 
 
 def _add_forward(out: RowBatch, f: DraftForward, sel, seq, pos, depth, it, *, tokens=True) -> None:
