@@ -44,6 +44,13 @@ def test_crash_requests_keep_the_ids_read_and_say_unknown_otherwise(fc_crash):
     c = crash_record(fc_crash(), forward="draft extend (prefill)", rids=["a"], prompts={"a": [1, 2]})
     assert c["requests"] == [{"rid": "a", "input_ids": [1, 2]}]
     assert c["engine_where"] is None  # raised by torch alone: no engine frame to name
+    # prompts as the engines hold them (SGLang 0.5.23 Req.origin_input_ids: array.array), or a tensor
+    # (a truth test of a tensor of several ids raises)
+    import array
+
+    held = {"a": array.array("i", [5, 6]), "b": torch.tensor([7, 8, 9]), "c": np.array([], np.int64)}
+    assert crash_requests(["a", "b", "c"], held) == [{"rid": "a", "input_ids": [5, 6]}, {"rid": "b", "input_ids": [7, 8, 9]},
+                                                     {"rid": "c", "input_ids": UNKNOWN_IDS}]
 
 
 def test_replay_takes_a_crashing_prompt_from_the_crash_record_when_no_sequence_was_written(tmp_path, fc_crash):

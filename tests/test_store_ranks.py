@@ -88,3 +88,18 @@ def test_info_lists_the_ranks_of_a_dp_trace(tmp_path):
     assert any(line.split()[:1] == ["dp0"] and str(parent / "dp0") in line and "3 sequences" in line for line in lines)
     assert any(line.split()[:1] == ["dp1"] and "2 sequences" in line and "closed cleanly" in line for line in lines)
     assert "sequences  5" in lines
+
+
+def test_ranks_whose_writers_differ_open_and_say_which_writer_each_ran(tmp_path):
+    # one rank's ring could not be made (its writer fell back to the thread): still one server's ranks
+    process = {"kind": "process", "ring_bytes": 1 << 28, "why": None}
+    thread = {"kind": "thread", "ring_bytes": None, "why": "no shared-memory ring: [Errno 28] No space left on device"}
+    parent = tmp_path / "serve.trace"
+    _write(parent / "dp0", SEQS[:3], side="serve", contract={"recorder_writer": process, "recorder_writer_cpu_s": 1.5})
+    _write(parent / "dp1", SEQS[3:], side="serve", contract={"recorder_writer": thread, "recorder_writer_cpu_s": 0.0})
+    trace = open_trace(str(parent))
+    assert trace.contract["recorder_writer"] == {"per_rank": {"dp0": process, "dp1": thread}}
+    same = tmp_path / "same.trace"
+    _write(same / "dp0", SEQS[:3], side="serve", contract={"recorder_writer": process, "recorder_writer_cpu_s": 1.5})
+    _write(same / "dp1", SEQS[3:], side="serve", contract={"recorder_writer": process, "recorder_writer_cpu_s": 2.5})
+    assert open_trace(str(same)).contract["recorder_writer"] == process

@@ -98,9 +98,11 @@ def crash_requests(rids, prompts: dict | None) -> list[dict]:
     Returns:
         ``input_ids`` a list of ints, or ``UNKNOWN_IDS`` where none were read.
     """
+    from specdiff.tracer.engines.requests import token_list
+
     prompts = prompts or {}
-    return [{"rid": str(r), "input_ids": [int(t) for t in prompts[r]] if prompts.get(r) else UNKNOWN_IDS}
-            for r in rids]
+    ids = {r: token_list(prompts.get(r)) for r in rids}  # a list, array.array, numpy array or tensor
+    return [{"rid": str(r), "input_ids": ids[r] or UNKNOWN_IDS} for r in rids]
 
 
 def _engine_where(frames) -> str | None:

@@ -30,7 +30,7 @@ RANK_DIR = re.compile(r"^dp(\d+)$")
 #: contract facts that belong to one rank (what it saw or spent), merged rather than compared;
 #: every other fact says which model and settings ran and must be the same on every rank.
 PER_RANK_FACTS = ("dropped_records", "crash", "recorder_hook_s", "recorder_iter_s", "recorder_writer_s",
-                  "bos_added", "unobservable", "findings")
+                  "recorder_writer_cpu_s", "recorder_writer", "bos_added", "unobservable", "findings")
 
 
 def rank_stores(path: str) -> list[tuple[str, str]]:
@@ -59,6 +59,9 @@ def _merged_contract(path: str, labels: list[str], contracts: list[dict]) -> dic
             merged[key] = UNKNOWN if UNKNOWN in values else sum(v or 0 for v in values)
         elif key == "crash":
             merged[key] = next((v for v in values if v is not None), None)
+        elif key == "recorder_writer":  # each rank's own writer; one may have fallen back to the thread
+            same = all(v == values[0] for v in values)
+            merged[key] = values[0] if same else {"per_rank": dict(zip(labels, values, strict=True))}
         elif key == "bos_added":
             known = {repr(v): v for v in values if v not in (None, UNKNOWN)}
             if len(known) > 1:
