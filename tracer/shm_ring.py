@@ -135,6 +135,7 @@ class Ring:
         self.cap = size - HEADER
         self.u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
         self._stage: list | None = None  # [owner, stream position of its record, bytes staged]
+        self._staged_ever = False
 
     # -- header --
     def _get(self, i: int) -> int:
@@ -182,8 +183,11 @@ class Ring:
             # near the end the record starts at 0 (the wrap marker is written when it is put)
             s0 = w if self.cap - pos >= self.cap // 4 else w + self.cap - pos
             st = self._stage = [owner, s0, 0]
+        self._staged_ever = True
         off = st[2]
         end = ALIGN + off + nbytes
+        if off == 0 and st[1] % self.cap and st[1] % self.cap + end > self.cap:
+            st[1] += self.cap - st[1] % self.cap  # a first tensor that fits only from 0 starts the record there
         if st[1] % self.cap + end > self.cap or st[1] + end > self._get(1) + self.cap:
             return None
         st[2] = _up(off + nbytes)
@@ -196,6 +200,8 @@ class Ring:
         st = self._stage if owner is not None and self.staging_for(owner) else None
         if st is not None:  # whatever comes of this put, the staged bytes are the owner's no more
             self._stage = None
+            if st[2] == 0:  # nothing was staged after all: an ordinary put, which may wrap
+                st = None
         w, r = self._get(0), self._get(1)
         base = self.u8.data_ptr()
         s0, used = (st[1], st[2]) if st is not None else (w, 0)
@@ -209,8 +215,15 @@ class Ring:
         meta = buf.getbuffer()
         moff = ALIGN + _up(tensors[-1][0] + tensors[-1][1] if tensors else used)
         total = _up(moff + len(meta))
-        if st is None and w % self.cap + total > self.cap:  # wrap: the tail is skipped
-            s0 = w + self.cap - w % self.cap
+        if s0 % self.cap and s0 % self.cap + total > self.cap:  # wrap: the tail is skipped
+            wrapped = s0 + self.cap - s0 % self.cap
+            if st is not None and used:
+                if wrapped + total > r + self.cap:
+                    return False  # no room from 0 either (and the bytes there are not free to move into)
+                # the staged bytes sit in a tail too short for the whole record: they move with it to 0
+                src = HEADER + s0 % self.cap + ALIGN
+                self.u8[HEADER + ALIGN:HEADER + ALIGN + used].copy_(self.u8[src:src + used].clone())
+            s0 = wrapped
         pos = s0 % self.cap
         if pos + total > self.cap or s0 + total > r + self.cap:
             return False
@@ -259,8 +272,13 @@ class Ring:
         self._set(4, 1)
 
     def close(self) -> None:
+        """Unmap the ring, unless a producer staged into it: its captures may still hold tensors
+        viewing the ring (``stage``), and torch views do not keep an mmap from closing (reading one
+        after ``munmap`` kills the process); that mapping goes with the process."""
+        if self._staged_ever:
+            return
         try:
             del self.u8
             self.mm.close()
-        except (BufferError, AttributeError):  # a view still alive: the mapping goes with the process
+        except (BufferError, AttributeError):  # a memoryview still alive: the mapping goes with the process
             pass
