@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgpack
 import numpy as np
+import pytest
 import torch
 
 from specdiff.tracer.store import TraceFollower, TraceWriter, open_trace
@@ -106,3 +107,39 @@ def test_a_journal_damaged_while_followed_is_opened_in_full_and_the_damage_named
     full = open_trace(str(path))
     assert [(d.key, d.problem) for d in damaged.damage] == [(d.key, d.problem) for d in full.damage]
     assert damaged.damage[0].key == JOURNAL_NAME and "not a specdiff record" in damaged.damage[0].problem
+
+
+@pytest.mark.parametrize("new_seqs", [1, 40], ids=["shorter", "longer"])
+def test_a_trace_recorded_again_at_the_same_path_is_opened_in_full(tmp_path, new_seqs):
+    # (review) deleted and recorded again at the same path, the journal can come back with the same
+    # inode; the follower read on from its old offset and kept returning the old trace. Rewritten in
+    # place here, so the inode is the same for certain.
+    import shutil
+    import time
+
+    old, new = tmp_path / "serve.trace", tmp_path / "again.trace"
+    w = _writer(old)
+    for i in range(20):
+        w.add_sequence([i, i + 1], rid=f"old{i}")
+    w.flush()
+    follow = TraceFollower(str(old))
+    assert len(follow.poll().sequences) == 20
+    w.close()
+    time.sleep(0.01)  # the header's creation time tells the two journals apart
+    w2 = _writer(new)
+    for i in range(new_seqs):
+        w2.add_sequence([i, i + 2], rid=f"new{i}")
+    w2.flush()
+    inode = (old / JOURNAL_NAME).stat().st_ino
+    for entry in old.iterdir():
+        if entry.name != JOURNAL_NAME:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    shutil.copytree(new, old, dirs_exist_ok=True, ignore=shutil.ignore_patterns(JOURNAL_NAME))
+    with open(old / JOURNAL_NAME, "r+b") as fh:
+        fh.truncate(0)
+        fh.write((new / JOURNAL_NAME).read_bytes())
+    assert (old / JOURNAL_NAME).stat().st_ino == inode
+    again = follow.poll()
+    assert [s.rid for s in again.sequences] == [f"new{i}" for i in range(new_seqs)]
+    assert follow.full_opens == 2
+    w2.close()

@@ -211,15 +211,32 @@ class JournalScan:
         return bool(self.entries) and self.entries[0].get("t") == "header"
 
 
+def _decode(unpacker, out: list[dict], consumed: int) -> tuple[int, str | None]:
+    """Decode the complete entries in ``unpacker`` into ``out``: (bytes of the stream they end at,
+    counting from the unpacker's start; what is wrong, or None). msgpack's own ``tell()`` also
+    counts the bytes of a cut last entry, so the end of the last whole entry is kept here."""
+    try:
+        for entry in unpacker:
+            if not isinstance(entry, dict) or "t" not in entry:
+                return consumed, "an entry that is not a specdiff record"
+            out.append(entry)
+            consumed = unpacker.tell()
+    except (msgpack.UnpackException, ValueError) as exc:
+        return consumed, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return consumed, None
+
+
 class JournalFollower:
     """Decodes a growing journal a piece at a time: each ``read_new`` reads only the bytes appended
     since the previous call and returns the entries they complete (a cut last entry waits for its
     remaining bytes). ``problem`` is set, and nothing more is returned, once a decoded entry is not
     a specdiff record or the bytes do not decode; ``read_journal`` then says what is wrong.
 
-    Only a local file is followed (its inode tells whether the writer replaced it: a closing
-    writer compacts the journal into a new file, ``compact_journal``); ``read_new`` raises
-    FileNotFoundError when the file is gone and sets ``replaced`` when it is another file now.
+    Only a local file is followed. ``replaced`` is set when the path holds another journal now: a
+    closing writer compacts the journal into a new file (``compact_journal``), and a trace deleted
+    and recorded again at the same path can get the same inode back, so a new inode, a file shorter
+    than what was read, or other first bytes (the header entry, which holds its creation time) all
+    count. ``read_new`` raises FileNotFoundError when the file is gone.
     """
 
     def __init__(self, path: str):
@@ -228,7 +245,8 @@ class JournalFollower:
         self.problem: str | None = None
         self.replaced = False
         self._inode: int | None = None
-        self._consumed = 0  # bytes of the entries decoded (msgpack's tell() also counts a partial one)
+        self._head = b""  # the header entry's bytes
+        self._consumed = 0  # bytes of the entries decoded
         self._unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
 
     @property
@@ -240,26 +258,28 @@ class JournalFollower:
         if self.problem is not None or self.replaced:
             return []
         with open(self.path, "rb") as fh:
-            inode = os.fstat(fh.fileno()).st_ino
-            if self._inode is not None and inode != self._inode:
+            st = os.fstat(fh.fileno())
+            if self._inode is not None and (st.st_ino != self._inode or st.st_size < self.offset
+                                            or (self._head and fh.read(len(self._head)) != self._head)):
                 self.replaced = True
                 return []
-            self._inode = inode
+            self._inode = st.st_ino
             fh.seek(self.offset)
             raw = fh.read()
         self.offset += len(raw)
         self._unpacker.feed(raw)
-        out = []
-        try:
-            for entry in self._unpacker:
-                if not isinstance(entry, dict) or "t" not in entry:
-                    self.problem = "an entry that is not a specdiff record"
-                    break
-                out.append(entry)
-                self._consumed = self._unpacker.tell()
-        except (msgpack.UnpackException, ValueError) as exc:
-            self.problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        out: list[dict] = []
+        self._consumed, self.problem = _decode(self._unpacker, out, self._consumed)
+        if not self._head and out:
+            self._head = raw[:self._first_entry_end(raw)]
         return out
+
+    @staticmethod
+    def _first_entry_end(raw: bytes) -> int:
+        u = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
+        u.feed(raw)
+        u.skip()
+        return u.tell()
 
 
 def read_journal(url: str) -> JournalScan:
@@ -281,16 +301,8 @@ def read_journal(url: str) -> JournalScan:
     scan.size = len(raw)
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
     unpacker.feed(raw)
-    consumed = 0
-    try:
-        for entry in unpacker:
-            if not isinstance(entry, dict) or "t" not in entry:
-                scan.problem = f"is corrupt at byte {consumed} (an entry that is not a specdiff record)"
-                break
-            scan.entries.append(entry)
-            consumed = unpacker.tell()
-    except (msgpack.UnpackException, ValueError) as exc:
-        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    consumed, why = _decode(unpacker, scan.entries, 0)
+    if why is not None:
         scan.problem = f"is corrupt at byte {consumed} ({why})"
     if scan.problem is None:
         scan.cut_tail_bytes = len(raw) - consumed
