@@ -241,7 +241,7 @@ def test_speculative_greedy_equals_plain_greedy_up_to_the_first_near_tie(family_
     plain_run, spec_run = family_servers(family, "plain"), family_servers(family, mode)
     compared = 0
     for prompt, plain, spec in zip(plain_run.prompt_ids, plain_run.outputs, spec_run.outputs, strict=True):
-        # SGLang's own top-2 margin, placed at the top logit's magnitude (tests/test_cpu_server.py)
+        # SGLang's own top-2 margin, placed at the top logit's magnitude (tests/server/test_cpu_server.py)
         margins = [t[0][0] - t[1][0] for t in plain["meta_info"]["output_top_logprobs"]]
         top1 = _teacher_forced_logits(plain_run.target, prompt, plain["output_ids"]).max(dim=-1).values.tolist()
         tie = first_near_tie([(a, a - m) for a, m in zip(top1, margins, strict=True)], dtype="bfloat16")

@@ -90,6 +90,11 @@ def test_a_plugin_that_fails_to_load_is_named_and_the_untraced_server_stopped():
     assert stopped == [1]
     assert w.reason == "specdiff's plugin failed to load in the server (NameError: name 'ServingRecorder' is not defined)"
     assert "specdiff installed" in w.action
+    # an exception whose name the traceback pattern does not know: the next log line ends it
+    odd = UntracedWatch()
+    for line in PLUGIN_FAILED_TAIL[:6] + ["StopIteration", "[2026-12-01 21:44:43] Init parallel begin."]:
+        odd.feed(line)
+    assert odd.reason == "specdiff's plugin failed to load in the server (its traceback is in the server log above)"
     refused = UntracedWatch()
     refused.feed("[2026-12-01 10:00:00] specdiff: tracing refused: SPECDIFF_MAX_QUEUE_MB='x' is not valid; "
                  "the server runs untraced")

@@ -99,6 +99,7 @@ def test_ranks_whose_writers_differ_open_and_say_which_writer_each_ran(tmp_path)
     _write(parent / "dp1", SEQS[3:], side="serve", contract={"recorder_writer": thread, "recorder_writer_cpu_s": 0.0})
     trace = open_trace(str(parent))
     assert trace.contract["recorder_writer"] == {"per_rank": {"dp0": process, "dp1": thread}}
+    assert trace.contract["recorder_writer_cpu_s"] == 1.5  # the writers' CPU seconds, all ranks
     same = tmp_path / "same.trace"
     _write(same / "dp0", SEQS[:3], side="serve", contract={"recorder_writer": process, "recorder_writer_cpu_s": 1.5})
     _write(same / "dp1", SEQS[3:], side="serve", contract={"recorder_writer": process, "recorder_writer_cpu_s": 2.5})

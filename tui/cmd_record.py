@@ -191,8 +191,10 @@ class UntracedWatch:
                         "fix what it names and run record serve again")
         elif _PLUGIN_FAILED in text:
             self._failed = True
-        elif self._failed and _EXCEPTION_LINE.match(text):
-            self._found(f"specdiff's plugin failed to load in the server ({text[:300]})",
+        elif self._failed and (_EXCEPTION_LINE.match(text) or text != line.strip()):
+            # the traceback's last line, else the next timestamped log line (the traceback is over)
+            what = text[:300] if _EXCEPTION_LINE.match(text) else "its traceback is in the server log above"
+            self._found(f"specdiff's plugin failed to load in the server ({what})",
                         "check that the server's Python has this specdiff installed (pip install -e . in its "
                         "environment) and that `python -c 'import specdiff.tracer.engines'` runs there")
 

@@ -59,6 +59,8 @@ def _merged_contract(path: str, labels: list[str], contracts: list[dict]) -> dic
             merged[key] = UNKNOWN if UNKNOWN in values else sum(v or 0 for v in values)
         elif key == "crash":
             merged[key] = next((v for v in values if v is not None), None)
+        elif key == "recorder_writer_cpu_s":  # every rank's writer process ran on its own
+            merged[key] = UNKNOWN if UNKNOWN in values else sum(v or 0 for v in values)
         elif key == "recorder_writer":  # each rank's own writer; one may have fallen back to the thread
             same = all(v == values[0] for v in values)
             merged[key] = values[0] if same else {"per_rank": dict(zip(labels, values, strict=True))}

@@ -313,8 +313,7 @@ class TraceFollower:
         self._journal = self._replay = None
         trace = open_trace(self.path)
         self.full_opens += 1
-        if ("://" in self.path or not isinstance(trace, Trace) or trace.closed or trace.damage
-                or trace.cut_tail_bytes < 0):
+        if "://" in self.path or not isinstance(trace, Trace) or trace.closed or trace.damage:
             return trace
         journal = JournalFollower(_join(self.path, JOURNAL_NAME))
         entries = journal.read_new()

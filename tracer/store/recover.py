@@ -63,7 +63,7 @@ class JournalReplay:
         self.committed: dict[str, int] = {}
         self.spills: dict[str, tuple[int, int]] = {}  # name -> (spill generation, its first row)
         self.recs: dict[str, list[dict]] = defaultdict(list)  # records not yet wholly committed
-        self.first_rec: dict[str, dict] = {}  # name -> its first record (dtype, shape, chunk rows)
+        self.first_rec: dict[str, dict] = {}  # name -> its first record's dtype, shape, chunk rows
         self.closed, self.records = False, 0
         self._keys_cache: dict[str, tuple[int, int, dict[str, np.ndarray]]] = {}  # name -> (done, records, keys)
 
@@ -72,7 +72,8 @@ class JournalReplay:
             t = e.get("t")
             if t == "rec":
                 self.recs[e["name"]].append(e)
-                self.first_rec.setdefault(e["name"], e)
+                if e["name"] not in self.first_rec:  # what every record of a tensor states alike
+                    self.first_rec[e["name"]] = {k: e[k] for k in ("dtype", "shape", "chunk_rows") if k in e}
                 self.records += 1
             elif t == "commit":
                 name, rows = e["name"], e["rows"]

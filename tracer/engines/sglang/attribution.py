@@ -61,7 +61,7 @@ class IterCapture:
     iter: int
     kind: str  # "prefill" | "decode"
     rids: list[str]
-    prompts: dict[str, Any] = field(default_factory=dict)  # rid -> prompt ids as SGLang holds them (list)
+    prompts: dict[str, Any] = field(default_factory=dict)  # rid -> prompt ids as SGLang 0.5.23 holds them (Req.origin_input_ids: array.array)
     prefix_lens: list[int] | None = None
     extend_lens: list[int] | None = None
     t: dict[str, Any] = field(default_factory=dict)
