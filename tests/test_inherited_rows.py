@@ -199,7 +199,10 @@ def test_a_run_of_failing_rows_is_not_a_routing_near_tie(tmp_path, small_blocks)
     w = report.first.first_where
     assert (w["pair"], w["pos"]) == (2, 20)
     assert "run of 12 consecutive positions" in report.first.stats["routing_not_named"]
-    assert "not MoE routing near-ties: they form a run of 12" in " ".join(render_text(report).split())  # unwrapped
+    text = " ".join(render_text(report).split())  # unwrapped
+    assert "not MoE routing near-ties: they form a run of 12" in text
+    fam = report.first.stats["routing_family"]
+    assert "experts" in fam and f"MoE target ({fam}): not MoE routing near-ties" in text
 
 
 def test_more_flips_than_routing_explains_are_a_divergence(tmp_path, small_blocks):

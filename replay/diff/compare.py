@@ -505,6 +505,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                                    row_groups=None if user_frac else grouping.groups(name, m), context_rows=moved)
         if family.moe and aux_slot(name) == 0 and out[name].diverged:
             out[name].stats["routing_not_named"] = routing.SLOT0_WHY
+            out[name].stats["routing_family"] = family.words()
         upstream.add(out[name], inherited.source_rows(out[name]))
         if on_partial is not None:
             on_partial(dict(out), watch.first)
@@ -552,6 +553,7 @@ def _judge_routing(previous, family, counted, comp, candidates):
     got = routing.routing_flips(comp, previous, family, candidates, counted)
     if isinstance(got, str):
         comp.stats["routing_not_named"] = got
+        comp.stats["routing_family"] = family.words()  # the report names the family without reading contracts
         return None
     return got
 

@@ -15,7 +15,6 @@ from specdiff.replay.diff.compare import TensorComparison
 from specdiff.replay.diff.contract_check import ContractMismatch
 from specdiff.replay.diff.crash import crash_text
 from specdiff.replay.diff.result import DiffReport
-from specdiff.replay.diff.routing import target_family
 
 
 def _fmt(v) -> str:
@@ -104,8 +103,8 @@ def _first_rows(report: DiffReport) -> list[str]:
                                                     "fail_frac", "nonfinite_rows") if k in s)
     out = [f"  {f.name}: {s['fail_rows']}/{s['rows']} rows fail ({nums})"]
     if s.get("routing_not_named"):
-        fam = target_family(report.traces, report.labels).words()
-        out.append(f"  MoE target ({fam}): not MoE routing near-ties: {s['routing_not_named']}")
+        out.append(f"  MoE target ({s.get('routing_family', 'unknown family')}): not MoE routing near-ties: "
+                   f"{s['routing_not_named']}")
     if s.get("inherited_rows") or s.get("explained_rows"):
         out.append(f"  judged on {s['counted_rows']} rows whose inputs agree: {s['own_fail_rows']} fail "
                    f"({s['own_fail_frac']:.3g}){_inherited_note(f)}")
