@@ -70,20 +70,20 @@ def test_each_poll_holds_what_a_full_open_holds_and_decodes_only_new_bytes(tmp_p
     _same(closed, open_trace(str(path)))
 
 
-def _followed(path) -> TraceFollower:
-    """A live trace of one request ``a`` (3 rows), followed and polled once."""
+def _followed(path) -> tuple[TraceWriter, TraceFollower]:
+    """A live trace of one request ``a`` (3 rows), its writer left open, followed and polled once."""
     w = _writer(path)
     w.add_sequence([5, 6], rid="a")
     _append(w, 0)
     w.flush()
     follow = TraceFollower(str(path))
     assert len(follow.poll().sequences) == 1
-    return follow
+    return w, follow
 
 
 def test_an_entry_cut_between_two_polls_is_read_once_its_bytes_arrive(tmp_path):
     path = tmp_path / "cut.trace"
-    follow = _followed(path)
+    _w, follow = _followed(path)
     entry = msgpack.packb({"t": "seq", "id": 1, "tokens": np.arange(4, dtype=np.int32).tobytes(),
                            "prompt_len": 2, "rid": "b"}, use_bin_type=True)
     with open(path / JOURNAL_NAME, "ab") as fh:  # a writer caught mid-write: half an entry
@@ -100,7 +100,7 @@ def test_an_entry_cut_between_two_polls_is_read_once_its_bytes_arrive(tmp_path):
 
 def test_a_journal_damaged_while_followed_is_opened_in_full_and_the_damage_named(tmp_path):
     path = tmp_path / "damaged.trace"
-    follow = _followed(path)
+    _w, follow = _followed(path)
     with open(path / JOURNAL_NAME, "ab") as fh:
         fh.write(msgpack.packb([1, 2, 3]))  # decodes, but is not a specdiff record
     damaged = follow.poll()
