@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specdiff.tracer.engines.options import Options
-from specdiff.tracer.engines.requests import sample_unit, token_list
+from specdiff.tracer.engines.requests import sample_unit
+from specdiff.tracer.rows import token_list
 from specdiff.tracer.shm_ring import Ring
 from specdiff.tracer.store import open_trace
 

@@ -309,3 +309,11 @@ def ttt_rows(batch: RowBatch, layout: RowLayout, out, *, level: str = "default",
         if on_depth is not None:
             on_depth(d, idx, outs, chain)
 
+
+def token_list(prompt) -> list[int]:
+    """A prompt's token ids as Python ints (writer side): from what the engines hold (SGLang 0.5.23
+    ``Req.origin_input_ids``: an ``array.array``; vLLM ``prompt_token_ids``: a list), a numpy array
+    or a CPU tensor, in one C-level conversion; None -> []."""
+    if prompt is None:
+        return []
+    return np.asarray(prompt, dtype=np.int64).reshape(-1).tolist()

@@ -5,7 +5,7 @@ the writer-side helpers of their attribution (``ContractUpdate``, ``add_aux``).
 The serving thread's share of the work is kept to copies and dict lookups: a request that is not
 sampled costs one sampler lookup per iteration (``choose``); a sampled one's prompt is handed over
 as the engine holds it (a list, array or tensor) and turned into ints by the writer
-(tracer/engines/requests.py ``token_list``); on CPU a tensor is copied once,
+(tracer/rows.py ``token_list``); on CPU a tensor is copied once,
 straight into the writer process's shared-memory ring (``snap``, tracer/shm_ring.py staging).
 """
 
@@ -188,7 +188,7 @@ class ServingRecorder:
     def note_prompt(self, cap, rid: str, prompt_of) -> None:
         """Hand a recorded request's prompt (``prompt_of()``, called only for a recorded request
         not handed over yet) to ``cap`` once, as the engine holds it: the writer makes ints of it
-        (``requests.token_list``); MISSING / None is recorded as an empty prompt. Only its first token is read
+        (``tracer.rows.token_list``); MISSING / None is recorded as an empty prompt. Only its first token is read
         here (the ``bos_added`` fact). A request that is not recorded costs two set lookups."""
         if rid in self._prompted or not self.keep_rid(rid):
             return

@@ -9,6 +9,8 @@ import re
 
 import numpy as np
 
+from specdiff.tracer.rows import token_list
+
 logger = logging.getLogger("specdiff.tracer")
 
 #: The key a client sets in a request's ``custom_params`` (SGLang: ``sampling_params.custom_params``,
@@ -36,15 +38,6 @@ def sequence_id(rec, tw, rid: str, prompt=None) -> int:
         rec.seq_prompt[rid] = len(toks)
         rec.seq_ids[rid] = tw.add_sequence(np.asarray(toks, np.int32), prompt_len=len(toks), rid=rid)
     return rec.seq_ids[rid]
-
-
-def token_list(prompt) -> list[int]:
-    """A prompt's token ids as Python ints (writer side): from what the engines hold (SGLang 0.5.23
-    ``Req.origin_input_ids``: an ``array.array``; vLLM ``prompt_token_ids``: a list), a numpy array
-    or a CPU tensor, in one C-level conversion; None -> []."""
-    if prompt is None:
-        return []
-    return np.asarray(prompt, dtype=np.int64).reshape(-1).tolist()
 
 
 def sample_unit(rid: str) -> float:
