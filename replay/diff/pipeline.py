@@ -105,8 +105,8 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     contract = check_contracts(traces)
     accepted = acceptance(traces, alignment)
     findings = relevant_findings(traces, labels, first, crash, contract)  # and the crash's cause
-    report = DiffReport(
-        paths=traces.map(lambda t: t.path), labels=labels, traces=traces,
+    report = _report(
+        traces, labels,
         alignment=alignment, alignment_error=alignment_error,
         comparisons=comparisons,
         first=first,
@@ -135,13 +135,11 @@ def crash_only(traces: Pair, labels: Pair, crash: dict) -> DiffReport:
     """The report when a side crashed before recording any sequence: nothing to align or compare;
     the crash is the divergence, explained by the contract and the pre-flight findings."""
     nothing = Alignment((), Pair((), ()))
-    none = Acceptance(None, None, {}, 0)
     _, crash = crash_divergence(traces, labels, nothing, {}, None, crash)
     contract, findings = check_contracts(traces), crash_findings(traces, crash)
     crash["cause"] = crash_cause(traces, labels, crash, findings, contract)
-    return DiffReport(paths=traces.map(lambda t: t.path), labels=labels, traces=traces, alignment=nothing,
-                      comparisons={}, first=None, explanations=crash_explanations(crash, None), contract=contract,
-                      acceptance=Pair(none, none), findings=findings, crash=crash)
+    return _report(traces, labels, alignment=nothing, comparisons={}, first=None,
+                   explanations=crash_explanations(crash, None), contract=contract, findings=findings, crash=crash)
 
 
 def align(traces: Pair, structure: list) -> tuple[Alignment, str | None]:
@@ -186,13 +184,18 @@ def narrowing(report: DiffReport):
 
 def partial_report(traces: Pair, labels: Pair, alignment: Alignment, comps: dict, early) -> DiffReport:
     """A report of the comparisons so far; ``first`` only once proven (``early``, replay/diff/early.py)."""
-    none = Acceptance(None, None, {}, 0)
     first = comps.get(early.name) if early is not None else None
     if first is not None and first.kind != early.kind:
         first = None
-    return DiffReport(paths=traces.map(lambda t: t.path), labels=labels, traces=traces, alignment=alignment,
-                      comparisons={n: comps[n] for n in ordered(comps)}, first=first, explanations=[],
-                      contract=[], acceptance=Pair(none, none))
+    return _report(traces, labels, alignment=alignment, comparisons={n: comps[n] for n in ordered(comps)},
+                   first=first, explanations=[], contract=[])
+
+
+def _report(traces: Pair, labels: Pair, **fields) -> DiffReport:
+    """``DiffReport`` of ``traces`` (paths and side labels filled in); acceptance unknown on both
+    sides unless ``fields`` gives it."""
+    fields.setdefault("acceptance", Pair(Acceptance(None, None, {}, 0), Acceptance(None, None, {}, 0)))
+    return DiffReport(paths=traces.map(lambda t: t.path), labels=labels, traces=traces, **fields)
 
 
 class _LazyDecode:
