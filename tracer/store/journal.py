@@ -255,6 +255,12 @@ class JournalFollower:
         return self.offset - self._consumed
 
     def read_new(self) -> list[dict]:
+        """The entries completed by the bytes appended since the last call, in order ([] once
+        ``problem`` or ``replaced`` is set).
+
+        Raises:
+            FileNotFoundError: the journal is gone. OSError: it cannot be read.
+        """
         if self.problem is not None or self.replaced:
             return []
         with open(self.path, "rb") as fh:

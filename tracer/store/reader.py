@@ -303,6 +303,7 @@ class TraceFollower:
         self.full_opens = 0  # polls that opened the trace in full
 
     def poll(self) -> Trace:
+        """The trace as it stands now (see the class docstring for when this is a full open)."""
         if self._replay is not None:
             trace = self._follow()
             if trace is not None:

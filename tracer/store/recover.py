@@ -68,6 +68,7 @@ class JournalReplay:
         self._keys_cache: dict[str, tuple[int, int, dict[str, np.ndarray]]] = {}  # name -> (done, records, keys)
 
     def feed(self, entries) -> JournalReplay:
+        """Take journal entries (after the header), in journal order, each once; returns self."""
         for e in entries:
             t = e.get("t")
             if t == "rec":
