@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import os
 
-from specdiff.tracer.rows import token_list
-
 #: ForwardMode name -> the forward's name in a crash record (SGLang 0.5.23 forward_batch_info.py:198).
 TARGET_FORWARDS = {"EXTEND": "target prefill", "TARGET_VERIFY": "target verify", "DECODE": "target decode"}
 DRAFT_FORWARDS = {"EXTEND": "draft extend (prefill)", "DRAFT_EXTEND_V2": "draft extend (decode)",
@@ -100,6 +98,9 @@ def crash_requests(rids, prompts: dict | None) -> list[dict]:
     Returns:
         ``input_ids`` a list of ints, or ``UNKNOWN_IDS`` where none were read.
     """
+    # lazily: tracer.rows imports torch, which `specdiff diff` never loads
+    from specdiff.tracer.rows import token_list
+
     prompts = prompts or {}
     ids = {r: token_list(prompts.get(r)) for r in rids}  # a list, array.array, numpy array or tensor
     return [{"rid": str(r), "input_ids": ids[r] or UNKNOWN_IDS} for r in rids]
