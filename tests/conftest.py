@@ -446,3 +446,20 @@ def early_first_divergence_equals_the_full_one(monkeypatch):
         return comps
 
     monkeypatch.setattr(pipeline, "compare_all", checked)
+
+
+@pytest.fixture(scope="session")
+def scaled_copy():
+    """``copy(src, dst, key, factor) -> dst``: a copy of checkpoint directory ``src`` at ``dst``
+    with safetensors weight ``key`` multiplied by ``factor`` (a fine-tuned or mis-built model)."""
+    from safetensors.torch import load_file, save_file
+
+    def copy(src, dst, key: str, factor: float):
+        shutil.copytree(src, dst)
+        f = next(Path(dst).glob("*.safetensors"))
+        w = load_file(str(f))
+        w[key] = w[key] * factor
+        save_file(w, str(f), metadata={"format": "pt"})
+        return dst
+
+    return copy

@@ -12,7 +12,6 @@ import json
 import shutil
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
@@ -23,15 +22,6 @@ pytestmark = pytest.mark.slow
 
 if not (REPO_MODELS / "draft" / "config.json").exists():
     pytest.skip("the demo models are not built", allow_module_level=True)
-
-
-def scaled_copy(src, dst, key: str, factor: float):
-    shutil.copytree(src, dst)
-    f = next(dst.glob("*.safetensors"))
-    w = load_file(str(f))
-    w[key] = w[key] * factor
-    save_file(w, str(f), metadata={"format": "pt"})
-    return dst
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +35,7 @@ def training_trace(tmp_path_factory):
     return root, out
 
 
-def test_a_changed_draft_mlp_is_narrowed_to_the_draft_itself(training_trace):
+def test_a_changed_draft_mlp_is_narrowed_to_the_draft_itself(training_trace, scaled_copy):
     root, train = training_trace
     draft = scaled_copy(REPO_MODELS / "draft", root / "draft-other", "midlayer.mlp.down_proj.weight", 1.5)
     serve = root / "draft-other.trace"
@@ -64,7 +54,7 @@ def test_a_changed_draft_mlp_is_narrowed_to_the_draft_itself(training_trace):
     assert "explanation: no known cause" in text and "-> no serving input reproduces serving" in text
 
 
-def test_a_fine_tuned_target_is_narrowed_to_the_aux_hidden_states(training_trace):
+def test_a_fine_tuned_target_is_narrowed_to_the_aux_hidden_states(training_trace, scaled_copy):
     root, train = training_trace
     target = scaled_copy(REPO_MODELS / "target", root / "target-ft", "model.layers.2.mlp.down_proj.weight", 4.0)
     serve = root / "target-ft.trace"
@@ -79,7 +69,7 @@ def test_a_fine_tuned_target_is_narrowed_to_the_aux_hidden_states(training_trace
     assert "REPRODUCES serving" in render_text(report)
 
 
-def test_without_the_draft_checkpoint_the_report_says_why_it_did_not_narrow(training_trace, tmp_path):
+def test_without_the_draft_checkpoint_the_report_says_why_it_did_not_narrow(training_trace, tmp_path, scaled_copy):
     root, train = training_trace
     draft = scaled_copy(REPO_MODELS / "draft", tmp_path / "gone", "midlayer.mlp.down_proj.weight", 1.5)
     trained = scaled_copy(REPO_MODELS / "draft", tmp_path / "trained", "midlayer.mlp.up_proj.weight", 1.0)

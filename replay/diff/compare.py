@@ -436,7 +436,7 @@ def comparable_names(traces: Pair) -> list[str]:
 def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                 overrides: dict | None = None, progress=None,
                 structure: list | None = None, on_first=None, on_rows=None,
-                on_partial=None, runner=None) -> dict[str, TensorComparison]:
+                on_partial=None, runner=None, prove_context=None) -> dict[str, TensorComparison]:
     """Compare every comparable tensor, in dataflow order; ``progress(name, i, total)`` is called
     before each, ``on_rows(done, total)`` after each block (rows compared so far; ``total`` bounds
     them from above: side A's rows of every compared tensor).
@@ -448,6 +448,9 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     ``on_partial(comps, early)``: the comparisons so far, after each tensor and when the first
     divergence is proven mid-tensor (that tensor's rows read so far), with the proven first
     divergence (``early.EarlyFirst``) or None, for views that fill in as the diff runs.
+
+    ``prove_context(comp, idx)``: the re-run ``context.context_rows`` asks for when too few rows
+    precede every differing cached row (replay/diff/context_proof.py ``ContextProver``); None: none.
 
     ``structure`` (replay.structure.structure_mismatches) lists tensors whose layouts differ: each
     becomes a ``structure`` finding instead of a row comparison (aux slots are not compared slot by
@@ -490,7 +493,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
             watch_frac = routing.bound(tol)
         elif context.consumes_context(name) and (first := context.first_sources(upstream)):
             # an earlier cached row differed: the draft attention carries it to later rows (context.py)
-            judge = functools.partial(_judge_context, first, counted)
+            judge = functools.partial(_judge_context, first, counted, prove_context)
             watch_frac = 1.0
             moved = context.attributed_rows(name, m, first, counted)
         if name in topk_ties.JUDGED:
@@ -569,10 +572,10 @@ def _judge_ties(traces, counted, comp, candidates):
     return got
 
 
-def _judge_context(first, counted, comp, candidates):
+def _judge_context(first, counted, prove, comp, candidates):
     """``context.context_rows`` as a ``compare_tensor`` judge; why the rows were not named, when
     not, goes to the tensor's ``stats["context_not_named"]``."""
-    got = context.context_rows(comp, first, candidates, counted)
+    got = context.context_rows(comp, first, candidates, counted, prove)
     if isinstance(got, str):
         comp.stats["context_not_named"] = got
         return None

@@ -44,7 +44,7 @@ Nothing a verdict reads changes: a failing row is still judged by ``context_rows
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -89,6 +89,8 @@ class ContextRows:
         sources: ``[{"seq", "pos"}]``: the first context source of each sequence they lie in.
         fraction: explained rows / counted rows; clean_rows: counted rows before every source.
         max_rel: the largest relative error among them (0 for id tensors).
+        proof: None when the ``clean_rows`` show the attention agrees; else the re-run that shows
+            it (replay/diff/context_proof.py ``ReplayProof`` as a dict, with its ``message``).
     """
 
     tensor: str
@@ -97,6 +99,7 @@ class ContextRows:
     fraction: float
     clean_rows: int
     max_rel: float
+    proof: dict | None = None
 
     @property
     def cause(self) -> str:
@@ -105,10 +108,11 @@ class ContextRows:
     def message(self) -> str:
         at = ", ".join(f"seq {s['seq']} pos {s['pos']}" for s in self.sources[:3])
         more = f" and {len(self.sources) - 3} more" if len(self.sources) > 3 else ""
+        why = (f"the {self.clean_rows} rows before it agree" if self.proof is None
+               else f"only {self.clean_rows} rows precede it, but {self.proof['message']}")
         return (f"draft attention context: {len(self.rows)} {self.tensor} row(s) ({self.fraction:.1%} of the rows whose "
                 f"inputs agree) differ only after an earlier position of their sequence differed upstream ({at}{more}); "
-                f"the draft attends to that position's cached keys and values, and the {self.clean_rows} rows before "
-                f"it agree (max_rel {self.max_rel:.3g})")
+                f"the draft attends to that position's cached keys and values, and {why} (max_rel {self.max_rel:.3g})")
 
     def evidence(self, limit: int = 8) -> list[str]:
         lines = [f"seq {r['seq']} pos {r['pos']} depth {r['depth']}: rel {r['rel']:.3g}" for r in self.rows[:limit]]
@@ -144,13 +148,17 @@ def attributed_rows(name: str, match, first: dict[int, int], counted: np.ndarray
     return after
 
 
-def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: np.ndarray) -> ContextRows | str | None:
+def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: np.ndarray,
+                 prove=None) -> ContextRows | str | None:
     """The context explanation of ``candidates`` (bool [n]: the failing rows of ``comp``, a draft
     tensor after the attention, whose same-position inputs agree); when any of them does not fit
     (module doc) nothing is explained and the answer is why, in words; None when the tensor does
     not consume the context, no sequence has a source, or nothing fails.
 
     ``first``: :func:`first_sources`; ``counted``: bool [n], the rows whose inputs agree.
+    ``prove(comp, idx)``: when too few rows precede every source, the re-run that shows the draft
+    computes the same from the same inputs (replay/diff/context_proof.py ``ContextProver``:
+    a ``ReplayProof`` or why not, in words); None: no re-run, the rows are not named.
     """
     if not consumes_context(comp.name) or not first or not candidates.any():
         return None
@@ -163,20 +171,25 @@ def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: n
     readable = counted & (comp.status != 4)  # compare.UNREADABLE
     clean = int((readable & ~after).sum())
     total = int(readable.sum())
-    if clean < CONTEXT_MIN_CLEAN * total:
-        return (f"only {clean} of {total} rows lie before every differing cached row, too few to show that the "
-                "attention itself agrees")
     float_kind = spec_for(comp.name).kind == "float"
     if comp.nonfinite[idx].any():
         return "non-finite rows"
     if float_kind and ((comp.score[idx] >= CONTEXT_MAX_REL).any() or (comp.cos[idx] <= 0).any()):
         return f"some rows are unrelated to the other side's (rel >= {CONTEXT_MAX_REL:g} or cosine <= 0)"
+    proof = None
+    if clean < CONTEXT_MIN_CLEAN * total:
+        few = (f"only {clean} of {total} rows lie before every differing cached row, too few to show that the "
+               "attention itself agrees")
+        proof = prove(comp, idx) if prove is not None else "the draft re-run is off (--no-narrow)"
+        if isinstance(proof, str):
+            return f"{few}; {proof}"
+        proof = {"message": proof.message(), **asdict(proof)}
     rows = [{"seq": int(m.pair[i]), "pos": int(m.pos[i]), "depth": int(m.depth[i]),
              "rel": float(comp.score[i]) if float_kind else 0.0, "cos": float(comp.cos[i])} for i in idx]
     seqs = sorted({r["seq"] for r in rows})
     return ContextRows(comp.name, rows, [{"seq": s, "pos": int(first[s])} for s in seqs],
                        len(idx) / total if total else 1.0, clean,
-                       float(comp.score[idx].max()) if float_kind else 0.0)
+                       float(comp.score[idx].max()) if float_kind else 0.0, proof)
 
 
 __all__ = ["ContextRows", "consumes_context", "first_sources", "after_sources", "attributed_rows", "context_rows",

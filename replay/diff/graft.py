@@ -30,7 +30,7 @@ import numpy as np
 
 from specdiff.eagle3.acceptance import AcceptTally, chain_accept
 from specdiff.eagle3.norms import NORM_FLAGS as _NORMS
-from specdiff.replay.diff.rerun import RerunError, prepare, sides, with_norm_flags
+from specdiff.replay.diff.rerun import RerunError, batch_inputs, prepare, sides, with_norm_flags
 from specdiff.tracer.contract import known
 
 __all__ = ["GraftError", "GraftResult", "graft", "NORM_FLAGS"]
@@ -99,14 +99,12 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
     from specdiff.eagle3.vocab_map import hot_token_ids
     from specdiff.replay.model.draft_model import ttt_labels
     from specdiff.tracer.rows import draft_top_ids
-    from specdiff.tracer.store.arrays import to_torch
 
     tr, _ = sides(report)
     if "target.argmax" not in getattr(report.traces, tr).names:
         raise GraftError(f"{getattr(report.traces, tr).path}: no target.argmax rows (the acceptance labels)")
     run = prepare(report, draft_path=draft_path, target_path=target_path, error=GraftError)
-    traces, ttrace, model, cfg, plan = report.traces, run.ttrace, run.model, run.cfg, run.plan
-    tr, sv, dtype, d2t, flags = run.tr, run.sv, run.dtype, run.d2t, run.flags
+    ttrace, model, plan, d2t, flags = run.ttrace, run.model, run.plan, run.d2t, run.flags
     steps = int(steps or known(ttrace.contract, "spec_steps") or 3)
 
     variants = {"baseline": ("serve", "serve", "serve"), "target.aux_cat": ("train", "serve", "serve"),
@@ -115,30 +113,22 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
         variants["norm flags"] = ("serve", "serve", "train")
     variants["training"] = ("train", "train", "train")
     tallies = {k: AcceptTally(steps) for k in variants}
-    side_attr = {"train": tr, "serve": sv}
 
     am_keys = ttrace.keys("target.argmax")
     am_vals = ttrace.read("target.argmax").reshape(-1)
     dev = next(model.parameters()).device
     for b0 in range(0, len(plan), BATCH):
-        batch = plan[b0:b0 + BATCH]
-        B, T = len(batch), max(s.n for s in batch)
-        ids = torch.zeros(B, T, dtype=torch.int64)
+        seqs = plan[b0:b0 + BATCH]
+        batch = batch_inputs(report, run, seqs)  # training's tokens: the acceptance labels are training's
+        ids, aux, lengths = batch.ids["train"], batch.aux, batch.lengths
+        B, T = ids.shape
         argmax = torch.full((B, T), -100, dtype=torch.int64)
-        lengths = torch.tensor([s.n for s in batch], dtype=torch.int64)
         gen = torch.zeros(B, T, dtype=torch.bool)
-        aux = {k: torch.zeros(B, T, cfg.aux_width, dtype=dtype) for k in ("train", "serve")}
-        for r, s in enumerate(batch):
-            toks = ttrace.sequence(s.seq_train).tokens[s.start: s.start + s.n]
-            ids[r, : s.n] = torch.as_tensor(np.asarray(toks, np.int64))
+        for r, s in enumerate(seqs):
             pos = am_keys["pos"].astype(np.int64) - s.start
             sel = (am_keys["seq"] == s.seq_train) & (am_keys["depth"] == 0) & (pos >= 0) & (pos < s.n)
             argmax[r, torch.as_tensor(pos[sel])] = torch.as_tensor(am_vals[sel])
             gen[r, max(s.prompt_len - 1, 0): s.n] = True
-            for k, attr in side_attr.items():
-                t = getattr(traces, attr)
-                rows = s.rows[attr]
-                aux[k][r, : s.n] = to_torch(t.take("target.aux_cat", rows), t.info("target.aux_cat").dtype).to(dtype)
         labels = ttt_labels(argmax, steps, lengths)
         cache = {}
         for name, (a, d, f) in variants.items():

@@ -26,7 +26,14 @@ import numpy as np
 
 from specdiff.replay.diff import metrics
 from specdiff.replay.diff.align import match_rows
-from specdiff.replay.diff.rerun import RerunError, prepare, sides, with_norm_flags
+from specdiff.replay.diff.rerun import (
+    RerunError,
+    batch_inputs,
+    computed_rows,
+    prepare,
+    sides,
+    with_norm_flags,
+)
 from specdiff.tracer.errors import SpecdiffError
 
 #: draft stages a depth-0 re-run computes, in dataflow order (ids compared on the top-1 id)
@@ -85,20 +92,6 @@ class Narrowing:
     contract_fields: list[str] = field(default_factory=list)
 
 
-def _outputs(out, d2t, depth: int = 0) -> dict:
-    """Tensors [B,T,...] of one ttt_forward at draft depth ``depth``, by stage name (fc stages have
-    no depth: their depth-0 rows)."""
-
-    from specdiff.eagle3.vocab_map import hot_token_ids
-    from specdiff.tracer.rows import draft_top_ids
-
-    top1 = draft_top_ids(out.logits[depth].float(), 1)  # the recorders' tie rule
-    hot = hot_token_ids(d2t)
-    return {"draft.fc_in": out.fc_in, "draft.fc_out": out.fc_out, "draft.hidden_in": out.hidden_in[depth],
-            "draft.attn_in": out.attn_in[depth], "draft.hidden_out": out.hidden_out[depth],
-            "draft.logits_topk.ids": top1, "draft.topk": top1, "draft.topk_target": hot[top1]}
-
-
 def failing_rows(first) -> tuple[int, set]:
     """(depth, {(pair, pos)}) of the first divergence's failing rows at its divergence depth: the
     rows the narrowing must re-run (all of them; none of another depth)."""
@@ -121,8 +114,6 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
         raise NarrowError(f"{strace.path}: serving recorded no draft stage to compare a re-run with")
     import torch
 
-    from specdiff.tracer.store.arrays import to_torch
-
     first = report.first
     if first is None or first.kind != "values":
         raise NarrowError("no value divergence to narrow")
@@ -135,7 +126,7 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     if not failing:
         raise NarrowError(f"{first.name} has no failing row at depth {depth} to re-run")
     run = prepare(report, draft_path=draft_path, target_path=target_path, error=NarrowError)
-    traces, model, cfg, dtype, d2t, flags = report.traces, run.model, run.cfg, run.dtype, run.d2t, run.flags
+    traces, model, d2t, flags = report.traces, run.model, run.d2t, run.flags
     first_pair = (first.first_where or {}).get("pair", 0)
     pair_idx = {getattr(p.seq, tr): p.index for p in report.alignment.seq_pairs}
     bad_pairs = {p for p, _ in failing}
@@ -146,20 +137,8 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
                           f"sides of its sequence (pairs {sorted(bad_pairs)[:4]}): nothing to re-run there")
     plan = sorted(holding, key=lambda s: (s.seq_train != _seq_of(report, first_pair, tr)))[:MAX_SEQS]
 
-    B, T = len(plan), max(s.n for s in plan)
-    side = {"train": tr, "serve": sv}
-    ids = {k: torch.zeros(B, T, dtype=torch.int64) for k in side}
-    aux = {k: torch.zeros(B, T, cfg.aux_width, dtype=dtype) for k in side}
-    lengths = torch.tensor([s.n for s in plan], dtype=torch.int64)
-    pair_of = {getattr(p.seq, tr): p for p in report.alignment.seq_pairs}
-    for r, s in enumerate(plan):
-        p = pair_of[s.seq_train]
-        for k, attr in side.items():
-            t = getattr(traces, attr)
-            aux[k][r, : s.n] = to_torch(t.take("target.aux_cat", s.rows[attr]), t.info("target.aux_cat").dtype).to(dtype)
-            start = getattr(p.start, attr)
-            seq = t.sequence(getattr(p.seq, attr)).tokens[start: start + s.n]
-            ids[k][r, : len(seq)] = torch.as_tensor(np.asarray(seq, np.int64))
+    batch = batch_inputs(report, run, plan)
+    ids, aux, lengths = batch.ids, batch.aux, batch.lengths
     tokens_differ = not torch.equal(ids["train"], ids["serve"])
 
     variants = {"training inputs": ("train", "train", "train", "train"),
@@ -172,7 +151,7 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
         variants["serving's norm flags"] = ("train", "train", "train", "serve")
     variants["every serving input"] = ("serve", "serve", "serve", "serve")
 
-    # Serving's recorded rows of each stage at the failing rows, at (plan row, position): by-depth
+    # Serving's recorded rows of each stage at the failing rows, at (batch row, position): by-depth
     # stages at the divergence depth, fc stages (no depth) at depth 0.
     recorded = {}
     from specdiff.replay.diff.align import pack_keys
@@ -181,21 +160,15 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     want = np.array(sorted(pack_keys(np.array([p]), np.array([t]), np.zeros(1, np.int64))[0] for p, t in failing))
     for name in stages:
         m = match_rows(traces, report.alignment, name)
-        keep = m.depth == (depth if spec_for(name).by_depth else 0)
+        by_depth = spec_for(name).by_depth
+        keep = m.depth == (depth if by_depth else 0)
         keep &= np.isin(pack_keys(m.pair, m.pos, np.zeros_like(m.depth)), want)
-        rows_b, rows_t, picks = [], [], []
-        for r, s in enumerate(plan):
-            # row t at depth k > 0 reads x_{t+1+k}: only positions whose token the re-run holds
-            reach = s.n if depth == 0 or not spec_for(name).by_depth else s.n - 1 - depth
-            sel = keep & (m.pair == pair_of[s.seq_train].index) & (m.pos < reach)
-            rows_b += [r] * int(sel.sum())
-            rows_t += m.pos[sel].tolist()
-            picks.append(np.nonzero(sel)[0])
-        idx = np.concatenate(picks) if picks else np.zeros(0, np.int64)
+        b, ok = batch.coords(m.pair, m.pos, np.full(len(m.pair), depth), by_depth)
+        idx = np.nonzero(keep & ok)[0]
         if not len(idx):
             continue
-        ys = strace.take_float(name, m.rows.y[idx] if sv == "y" else m.rows.x[idx])
-        recorded[name] = (np.asarray(rows_b), np.asarray(rows_t), ys)
+        ys = strace.take_float(name, getattr(m.rows, sv)[idx])
+        recorded[name] = (b[idx], m.pos[idx].astype(np.int64), ys)
     stages = tuple(s for s in stages if s in recorded)
     if first.name in STAGES:
         if first.name not in stages:
@@ -212,11 +185,10 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     for name, (a, tk, d, f) in variants.items():
         with with_norm_flags(model, flags[f]), torch.no_grad():
             out = model.ttt_forward(aux[a].to(dev), ids[tk].to(dev), depth + 1, lengths=lengths)
-        got = _outputs(out, d2t[d], depth)
         scores, matches = {}, {}
         for st in stages:
             rb, rt, ys = recorded[st]
-            xs = got[st][torch.as_tensor(rb), torch.as_tensor(rt)].detach().float().cpu().numpy()
+            xs = computed_rows(out, d2t[d], st, rb, rt, np.full(len(rb), depth))
             if st in ("draft.logits_topk.ids", "draft.topk", "draft.topk_target"):
                 disagree = float((xs.reshape(len(xs), -1)[:, 0] != ys.reshape(len(ys), -1)[:, 0]).mean())
                 scores[st], matches[st] = disagree, disagree <= 1 - ID_AGREE

@@ -16,7 +16,8 @@ each fills, and the module that computes it:
  5    align sequences             alignment        align.align_sequences
  6    compare every tensor        comparisons      compare.compare_all (blocks, metrics, tolerance,
                                                    groups, inherited, routing, context, topk_ties,
-                                                   early)
+                                                   early); context_proof re-runs the draft
+                                                   when context.py asks
  7    first divergence            first            compare.first_divergence; crash.crash_divergence
                                                    (where the crashed side stopped)
  8    explain it                  explanations     explain.explain (contract_causes, history);
@@ -37,6 +38,7 @@ from __future__ import annotations
 from specdiff.replay.diff.acceptance import Acceptance, acceptance
 from specdiff.replay.diff.align import Alignment, AlignmentError, Pair, align_sequences
 from specdiff.replay.diff.compare import compare_all, first_divergence
+from specdiff.replay.diff.context_proof import ContextProver
 from specdiff.replay.diff.contract_check import check_contracts, refuse_different_targets
 from specdiff.replay.diff.crash import crash_cause, crash_divergence, crash_explanations
 from specdiff.replay.diff.explain import explain, side_names
@@ -72,7 +74,9 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     first divergence, with the finding that explains it.
 
     ``narrow``: when no explanation fits a value divergence, re-run the training draft with each
-    serving input grafted in (replay.narrow; loads torch and the draft checkpoint when at hand).
+    serving input grafted in (replay.narrow; loads torch and the draft checkpoint when at hand);
+    and when too few rows show the draft attention agrees over agreeing context, re-run it on both
+    sides' inputs instead (replay/diff/context_proof.py). False: no re-run at all.
 
     ``on_first(replay.diff.early.EarlyFirst)``: called once, as soon as the rows read so far prove
     the first divergence (the same the report's ``first`` names), before the totals, the
@@ -94,8 +98,12 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
         return crash_only(traces, labels, crash)
     structure = structure_mismatches(traces, labels)
     alignment, alignment_error = align(traces, structure)
+    # the draft re-run a context judgement asks for when too few rows show the attention agrees
+    prove = ContextProver(_report(traces, labels, alignment=alignment, comparisons={}, first=None, explanations=[],
+                                  contract=[])) if narrow else None
     comparisons = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
                               structure=structure, on_first=on_first, on_rows=on_rows, runner=runner,
+                              prove_context=prove,
                               on_partial=None if on_partial is None else lambda comps, early:
                               on_partial(partial_report(traces, labels, alignment, comps, early)))
     first = first_divergence(comparisons)

@@ -197,3 +197,85 @@ def prepare(report, *, draft_path: str | None, target_path: str | None, error: t
     own = {f: bool(getattr(cfg, f)) for f in NORM_FLAGS}
     flags = {"train": norm_flags_of(ttrace.contract, own), "serve": norm_flags_of(strace.contract, own)}
     return Rerun(tr, sv, ttrace, strace, dtype, model, cfg, plan, d2t, flags)
+
+
+@dataclass
+class Batch:
+    """The inputs of one re-run over ``seqs`` (ReplaySeq), from both sides.
+
+    Attributes:
+        seqs: the sequences, one batch row each.
+        ids: "train" / "serve" -> int64 [B, T], each side's tokens x_0..x_{n-1}, right-padded.
+        aux: "train" / "serve" -> [B, T, aux_width] ``target.aux_cat`` rows in the run's dtype.
+        lengths: int64 [B], each row's ``n``.
+        row_of: alignment pair index -> batch row.
+    """
+
+    seqs: list
+    ids: dict
+    aux: dict
+    lengths: object
+    row_of: dict
+
+    def coords(self, pair: np.ndarray, pos: np.ndarray, depth: np.ndarray, by_depth: bool) -> tuple:
+        """``(b, ok)``: the batch row of each recorded row (int64 [n]) and whether the re-run
+        computes it (bool [n]): its pair is in the batch and, for a by-depth stage at depth k > 0,
+        row t reads x_{t+1+k}, so only t < n - 1 - k is computed (fc stages: t < n)."""
+        b = np.array([self.row_of.get(int(p), -1) for p in pair], np.int64)
+        n = np.array([self.seqs[r].n if r >= 0 else 0 for r in b], np.int64)
+        d = depth.astype(np.int64) if by_depth else np.zeros(len(pair), np.int64)
+        reach = np.where(d > 0, n - 1 - d, n)
+        return b, (b >= 0) & (pos.astype(np.int64) < reach)
+
+
+def batch_inputs(report, run: Rerun, seqs: list) -> Batch:
+    """Both sides' tokens and aux rows of ``seqs`` (ReplaySeq of ``run.plan``) as one batch."""
+    import torch
+
+    from specdiff.tracer.store.arrays import to_torch
+
+    traces, cfg = report.traces, run.cfg
+    B, T = len(seqs), max(s.n for s in seqs)
+    side = {"train": run.tr, "serve": run.sv}
+    ids = {k: torch.zeros(B, T, dtype=torch.int64) for k in side}
+    aux = {k: torch.zeros(B, T, cfg.aux_width, dtype=run.dtype) for k in side}
+    pair_of = {getattr(p.seq, run.tr): p for p in report.alignment.seq_pairs}
+    for r, s in enumerate(seqs):
+        p = pair_of[s.seq_train]
+        for k, attr in side.items():
+            t = getattr(traces, attr)
+            aux[k][r, : s.n] = to_torch(t.take("target.aux_cat", s.rows[attr]), t.info("target.aux_cat").dtype).to(run.dtype)
+            start = getattr(p.start, attr)
+            seq = t.sequence(getattr(p.seq, attr)).tokens[start: start + s.n]
+            ids[k][r, : len(seq)] = torch.as_tensor(np.asarray(seq, np.int64))
+    return Batch(seqs, ids, aux, torch.tensor([s.n for s in seqs], dtype=torch.int64),
+                 {pair_of[s.seq_train].index: r for r, s in enumerate(seqs)})
+
+
+def stage_outputs(out, d2t, depth: int = 0) -> dict:
+    """Tensors [B, T, ...] of one ``ttt_forward`` at draft depth ``depth``, by stage name (fc stages
+    have no depth: their depth-0 rows); ids as the recorders pick them (their top-1 tie rule)."""
+    from specdiff.eagle3.vocab_map import hot_token_ids
+    from specdiff.tracer.rows import draft_top_ids
+
+    top1 = draft_top_ids(out.logits[depth].float(), 1)
+    hot = hot_token_ids(d2t)
+    return {"draft.fc_in": out.fc_in, "draft.fc_out": out.fc_out, "draft.hidden_in": out.hidden_in[depth],
+            "draft.attn_in": out.attn_in[depth], "draft.hidden_out": out.hidden_out[depth],
+            "draft.logits_topk.ids": top1, "draft.topk": top1, "draft.topk_target": hot[top1]}
+
+
+def computed_rows(out, d2t, name: str, b: np.ndarray, t: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """The re-run's value of stage ``name`` at each (batch row ``b``, position ``t``, depth), as
+    float32 [n, ...] in the order given (rows of several depths gathered depth by depth)."""
+    import torch
+
+    vals = None
+    for d in sorted(set(depth.tolist())):
+        sel = np.nonzero(depth == d)[0]
+        got = stage_outputs(out, d2t, int(d))[name][torch.as_tensor(b[sel]), torch.as_tensor(t[sel])]
+        got = got.detach().float().cpu().numpy()
+        if vals is None:
+            vals = np.zeros((len(b),) + got.shape[1:], np.float32)
+        vals[sel] = got
+    return vals if vals is not None else np.zeros((0,), np.float32)

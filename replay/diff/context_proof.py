@@ -1,0 +1,149 @@
+"""Prove draft attention context by re-running the draft: when too few rows precede every
+differing cached row to show the draft attention agrees (replay/diff/context.py), re-run it.
+
+The context rule reads the rows before every context source as evidence that the draft's
+attention over agreeing context agrees on both sides. When the sources come at the first positions
+of every sequence (issue 20, GPT-OSS: router near ties at seq 0 pos 1, seq 1 pos 5, seq 2 pos 7
+left 8 of 128 draft rows before every source), that evidence is missing. A re-run supplies it
+directly: the draft as trained (``replay.rerun.prepare``: the training contract's draft_name,
+training's vocab map and norm flags) is re-run, teacher-forced, on every sequence that holds a
+failing row, once on training's recorded inputs (``target.aux_cat`` and tokens) and once on
+serving's. When the first re-run reproduces training's rows and the second serving's, on the
+failing rows, the draft maps the same inputs to the same outputs on both sides: the rows differ
+only because their inputs (the cached rows of earlier positions included, recomputed from each
+side's ``target.aux_cat``) differ, and those differences the upstream stages already judged as
+noise or explained.
+
+What it cannot hide: a serving draft that computes differently (its attention's rope, mask, scale,
+its KV cache) is not reproduced by the training draft re-run on serving's inputs, so the rows stay
+failing and counted; a different draft checkpoint on the training side is not reproduced on
+training's inputs. Each re-run must match its side on the failing rows within the tensor's own
+tolerance (``rel``, and at most ``max_fail_frac`` of those rows above it), every failing row must be
+one the re-run computes, and only float stages the re-run computes are proven.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdiff.replay.diff import metrics
+from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.schema import spec_for
+
+#: stages a re-run can prove (float stages after the draft attention that ``rerun.stage_outputs`` gives)
+PROVABLE = ("draft.hidden_out",)
+BATCH = 8  # sequences per re-run
+
+
+@dataclass(frozen=True)
+class ReplayProof:
+    """A re-run that reproduced both sides on a tensor's failing rows (JSON-safe).
+
+    Attributes:
+        rows: failing rows checked (all of them); sequences: sequences re-run.
+        training_rel: largest relative error, re-run on training's inputs vs training's rows.
+        serving_rel: largest relative error, re-run on serving's inputs vs serving's rows.
+        sides_rel: largest relative error between the two sides' recorded rows there.
+    """
+
+    rows: int
+    sequences: int
+    training_rel: float
+    serving_rel: float
+    sides_rel: float
+
+    def message(self) -> str:
+        return (f"re-running the training draft reproduces each side on all {self.rows} rows (on training's inputs: "
+                f"max_rel {self.training_rel:.3g} to training's rows; on serving's: {self.serving_rel:.3g} to serving's; "
+                f"the sides differ by up to {self.sides_rel:.3g}): the draft computes the same from the same inputs")
+
+
+class ContextProver:
+    """``prove(comp, idx)`` for ``context.context_rows``; loads the draft once, on first use.
+
+    ``report``: a DiffReport with ``traces``, ``labels`` and ``alignment`` (the comparisons are
+    not read: the prover runs while they are computed). ``draft_path`` / ``target_path``: as
+    ``replay.rerun.prepare``.
+    """
+
+    def __init__(self, report, *, draft_path: str | None = None, target_path: str | None = None):
+        self.report, self.draft_path, self.target_path = report, draft_path, target_path
+        self.run, self.error = None, None
+
+    def _prepared(self):
+        if self.run is None and self.error is None:
+            from specdiff.replay.diff.rerun import RerunError, prepare
+            try:
+                self.run = prepare(self.report, draft_path=self.draft_path, target_path=self.target_path,
+                                   error=RerunError)
+            except SpecdiffError as exc:
+                self.error = f"the draft re-run cannot run: {exc}"
+        return self.run
+
+    def __call__(self, comp, idx: np.ndarray) -> ReplayProof | str:
+        """Re-run the draft on the sequences holding rows ``idx`` (indices into ``comp.match``, the
+        failing rows of tensor comparison ``comp``); the proof, or why there is none, in words."""
+        if comp.name not in PROVABLE:
+            return f"a re-run proves only {', '.join(PROVABLE)}"
+        run = self._prepared()
+        if run is None:
+            return self.error
+        return prove(self.report, run, comp, idx)
+
+
+def prove(report, run, comp, idx: np.ndarray) -> ReplayProof | str:
+    """Re-run ``run`` (replay.rerun.Rerun) on both sides' inputs; the module doc's proof for rows
+    ``idx`` of ``comp`` (replay.diff.compare.TensorComparison), or why it does not hold."""
+    import torch
+
+    from specdiff.replay.diff.rerun import batch_inputs, computed_rows, with_norm_flags
+
+    m, tol = comp.match, comp.tolerance
+    pairs = set(m.pair[idx].tolist())
+    seqs = [s for s in run.plan if _pair(report, run, s) in pairs]
+    steps = int(m.depth[idx].max()) + 1
+    rel = {"train": np.full(len(idx), np.inf), "serve": np.full(len(idx), np.inf)}
+    reached = np.zeros(len(idx), bool)
+    recorded = {k: getattr(report.traces, getattr(run, a)).take_float(comp.name, getattr(m.rows, getattr(run, a))[idx])
+                for k, a in (("train", "tr"), ("serve", "sv"))}
+    dev = next(run.model.parameters()).device
+    for b0 in range(0, len(seqs), BATCH):
+        batch = batch_inputs(report, run, seqs[b0:b0 + BATCH])
+        b, ok = batch.coords(m.pair[idx], m.pos[idx], m.depth[idx], spec_for(comp.name).by_depth)
+        sel = np.nonzero(ok)[0]
+        if not len(sel):
+            continue
+        reached[sel] = True
+        for side in ("train", "serve"):
+            with with_norm_flags(run.model, run.flags["train"]), torch.no_grad():
+                out = run.model.ttt_forward(batch.aux[side].to(dev), batch.ids[side].to(dev), steps,
+                                            lengths=batch.lengths)
+            xs = computed_rows(out, run.d2t["train"], comp.name, b[sel], m.pos[idx][sel].astype(np.int64),
+                               m.depth[idx][sel].astype(np.int64))
+            rel[side][sel] = metrics.relative_error(xs, recorded[side][sel])
+    if not reached.all():
+        return (f"the re-run does not compute {int((~reached).sum())} of the {len(idx)} failing rows (no aux rows "
+                "on both sides there, or a depth past the sequence's end)")
+    for side, words in (("train", "training's"), ("serve", "serving's")):
+        over = float((rel[side] > tol.rel).mean())
+        if over > tol.max_fail_frac:
+            return (f"re-run on {words} inputs, the training draft does not reproduce {words} rows ({over:.0%} of the "
+                    f"{len(idx)} failing rows above rel {tol.rel:g}, max {float(rel[side].max()):.3g})"
+                    + (": the serving draft computes differently from the same inputs" if side == "serve" else
+                       ": the re-run is not the draft training recorded"))
+    sides_rel = metrics.relative_error(recorded["train"], recorded["serve"])
+    return ReplayProof(len(idx), len(seqs), float(rel["train"].max()), float(rel["serve"].max()),
+                       float(sides_rel.max()))
+
+
+def _pair(report, run, s) -> int:
+    """The alignment pair index of ReplaySeq ``s``."""
+    for p in report.alignment.seq_pairs:
+        if getattr(p.seq, run.tr) == s.seq_train:
+            return p.index
+    return -1
+
+
+__all__ = ["ContextProver", "ReplayProof", "prove", "PROVABLE"]

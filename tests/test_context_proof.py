@@ -1,0 +1,94 @@
+"""The draft re-run that stands in for clean rows (replay/diff/context_proof.py): it must reproduce
+each side on its own inputs, and must refuse when serving's draft (or training's checkpoint) is not
+the draft re-run.
+
+Real parts: the committed demo target and draft, ``record_train`` on both sides. "Serving" replays
+training's sequences on a fine-tuned target (every aux row differs, so every draft row differs
+too, only through its inputs), optionally with a draft whose attention output projection changed
+(a serving draft that computes differently from the same inputs).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from specdiff.replay.diff.context_proof import ContextProver, ReplayProof
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.record.record_train import record_train
+from specdiff.tui.demo import REPO_MODELS, demo_prompts
+
+pytestmark = pytest.mark.slow
+
+if not (REPO_MODELS / "draft" / "config.json").exists():
+    pytest.skip("the demo models are not built", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory, scaled_copy):
+    """training trace, then serving traces: fine-tuned target; same + a changed draft attention."""
+    root = tmp_path_factory.mktemp("proof")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in demo_prompts(REPO_MODELS, 2)))
+    train = root / "train.trace"
+    record_train(REPO_MODELS / "target", REPO_MODELS / "draft", str(train), prompts=prompts, max_new_tokens=12,
+                 probe_positions=0)
+    target = scaled_copy(REPO_MODELS / "target", root / "target-ft", "model.layers.2.mlp.down_proj.weight", 1.3)
+    attn = scaled_copy(REPO_MODELS / "draft", root / "draft-attn", "midlayer.self_attn.o_proj.weight", 1.5)
+    out = {}
+    for name, draft in (("inputs", REPO_MODELS / "draft"), ("attention", attn)):
+        serve = root / f"{name}.trace"
+        record_train(target, draft, str(serve), replay=str(train), probe_positions=0)
+        out[name] = serve
+    return train, out
+
+
+def _failing(report):
+    """The draft.hidden_out comparison and every row whose sides differ beyond its tolerance."""
+    comp = report.comparisons["draft.hidden_out"]
+    idx = np.nonzero(comp.score > comp.tolerance.rel)[0]
+    assert len(idx) > 4, "the fine-tuned target must move the draft's rows"
+    return comp, idx
+
+
+def test_a_draft_that_differs_only_through_its_inputs_is_reproduced_on_both_sides(pairs):
+    train, serve = pairs
+    report = diff_traces(str(train), str(serve["inputs"]), narrow=False)
+    comp, idx = _failing(report)
+    proof = ContextProver(report)(comp, idx)
+    assert isinstance(proof, ReplayProof), proof
+    assert proof.rows == len(idx) and proof.sequences == 2
+    assert proof.training_rel <= comp.tolerance.rel and proof.serving_rel <= comp.tolerance.rel
+    assert proof.sides_rel > comp.tolerance.rel  # the sides do differ there: their inputs do
+    assert "reproduces each side" in proof.message()
+
+
+def test_a_serving_draft_that_computes_differently_is_not_proven(pairs):
+    train, serve = pairs
+    report = diff_traces(str(train), str(serve["attention"]), narrow=False)
+    comp, idx = _failing(report)
+    got = ContextProver(report)(comp, idx)
+    assert isinstance(got, str) and "does not reproduce serving's rows" in got, got
+    assert "serving draft computes differently" in got
+
+
+def test_another_draft_on_the_training_side_is_not_proven(pairs, tmp_path, scaled_copy):
+    """The re-run is of the checkpoint given: when it is not the draft training recorded, it
+    reproduces neither side, and the training side is named first."""
+    train, serve = pairs
+    report = diff_traces(str(train), str(serve["inputs"]), narrow=False)
+    comp, idx = _failing(report)
+    other = scaled_copy(REPO_MODELS / "draft", tmp_path / "other", "midlayer.mlp.down_proj.weight", 1.5)
+    got = ContextProver(report, draft_path=str(other))(comp, idx)
+    assert isinstance(got, str) and "not the draft training recorded" in got, got
+
+
+def test_without_the_checkpoint_it_says_why(pairs, tmp_path):
+    train, serve = pairs
+    report = diff_traces(str(train), str(serve["inputs"]), narrow=False)
+    comp, idx = _failing(report)
+    got = ContextProver(report, draft_path=str(tmp_path / "nowhere"))(comp, idx)
+    assert isinstance(got, str) and got.startswith("the draft re-run cannot run") and "not found" in got, got
+    assert ContextProver(report)(report.comparisons["draft.fc_out"], idx).startswith("a re-run proves only")
