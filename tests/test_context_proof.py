@@ -28,7 +28,8 @@ if not (REPO_MODELS / "draft" / "config.json").exists():
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory, scaled_copy):
-    """training trace, then serving traces: fine-tuned target; same + a changed draft attention."""
+    """training trace, then serving traces: fine-tuned target; same + a changed draft attention;
+    same + a negated draft lm_head."""
     root = tmp_path_factory.mktemp("proof")
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in demo_prompts(REPO_MODELS, 2)))
@@ -37,8 +38,9 @@ def pairs(tmp_path_factory, scaled_copy):
                  probe_positions=0)
     target = scaled_copy(REPO_MODELS / "target", root / "target-ft", "model.layers.2.mlp.down_proj.weight", 1.3)
     attn = scaled_copy(REPO_MODELS / "draft", root / "draft-attn", "midlayer.self_attn.o_proj.weight", 1.5)
+    head = scaled_copy(REPO_MODELS / "draft", root / "draft-head", "lm_head.weight", -1.0)  # top-1 -> bottom-1
     out = {}
-    for name, draft in (("inputs", REPO_MODELS / "draft"), ("attention", attn)):
+    for name, draft in (("inputs", REPO_MODELS / "draft"), ("attention", attn), ("lm_head", head)):
         serve = root / f"{name}.trace"
         record_train(target, draft, str(serve), replay=str(train), probe_positions=0)
         out[name] = serve
@@ -70,8 +72,19 @@ def test_a_serving_draft_that_computes_differently_is_not_proven(pairs):
     report = diff_traces(str(train), str(serve["attention"]), narrow=False)
     comp, idx = _failing(report)
     got = ContextProver(report)(comp, idx)
-    assert isinstance(got, str) and "does not reproduce serving's rows" in got, got
+    assert isinstance(got, str) and "does not reproduce serving's draft.hidden_out rows" in got, got
     assert "serving draft computes differently" in got
+
+
+def test_a_serving_lm_head_that_differs_is_not_proven(pairs):
+    """Later stages inherit the proven rows, so the draft's ids there are checked too: a serving
+    draft whose lm_head differs (hidden states reproduced, ids not) is not proven."""
+    train, serve = pairs
+    report = diff_traces(str(train), str(serve["lm_head"]), narrow=False)
+    comp, idx = _failing(report)
+    got = ContextProver(report)(comp, idx)
+    assert isinstance(got, str) and "does not reproduce serving's draft.logits_topk.ids rows" in got, got
+    assert "top-1 id differs" in got
 
 
 def test_another_draft_on_the_training_side_is_not_proven(pairs, tmp_path, scaled_copy):

@@ -40,7 +40,8 @@ one server is alive at any time, 10 starts in all. On those runs:
   (``test_gpt_oss_aux_runs_are_named_routing_near_ties``). One gap is pinned rather than hidden:
   those flips come so early (seq 0 pos 1) that under 7 % of the draft's rows precede every
   differing cached row, too few for replay/diff/context.py to show the draft attention itself
-  agrees, so ``draft.hidden_out`` is still called diverged (``GPT_OSS_CONTEXT``, strict xfail).
+  agrees from them; a re-run of the training draft on each side's inputs shows it instead
+  (replay/diff/context_proof.py), and the draft's later rows are named draft attention context.
 
 Random drafts are rarely right (accept length near 1): this checks each family's kernels, capture
 and replay, not draft quality. Run with ``pytest -m server tests/test_family_servers.py``.
@@ -344,21 +345,6 @@ def _correct_pair(family_servers, family: str, mode: str):
     return _PAIRS[family, mode]
 
 
-#: GPT-OSS's correct pair (SGLang 0.5.23, CPU recipe, bf16, vs transformers 5.19 bf16): the aux
-#: slots differ in runs of positions (chain: aux.1 15 / 184 rows in 6 events, max_rel 0.39; aux.2 41
-#: rows in 14 events) from router near ties carried by the target's attention, now named
-#: moe_routing_near_tie (replay/diff/routing.py). Not an engine or stand-in difference: on one 70-token
-#: prefill through the served path, every layer's attention (sliding window 32 and sinks included,
-#: positions 1-69) and router input agree with float32 transformers within transformers' own bf16
-#: noise (rel <= 0.004 at layer 0); the MoE output differs only at positions whose top-2 flips on a
-#: bf16 tie (pos 50, layer 0: fp32 logits 0.2134 / 0.2125, both 0.2129 in bf16). What remains: the
-#: first flip of every prompt is so early (seq 0 pos 1, seq 1 pos 5, seq 2 pos 7) that 8 of 128 draft
-#: rows precede every differing cached row, too few for the draft attention context rule
-#: (replay/diff/context.py CONTEXT_MIN_CLEAN) to show the draft attention agrees: draft.hidden_out
-#: 87 / 128 counted rows fail, and the narrowing finds serving's target.aux_cat reproduces serving.
-GPT_OSS_CONTEXT = pytest.mark.xfail(strict=True, reason="GPT-OSS: router near-ties at the first positions of every "
-                                    "prompt leave too few clean rows for the draft attention context rule (issue 20)")
-PAIR_FAMILIES = [pytest.param(f, marks=GPT_OSS_CONTEXT) if f == "gpt_oss" else f for f in FAMILIES]
 
 
 #: the draft stages before its attention output: the re-ranked-node KV bug cannot reach them
@@ -377,7 +363,7 @@ def _sglang_tree_rerank_bug(report: dict, mode: str) -> bool:
 
 
 @pytest.mark.parametrize("mode", SPEC_MODES)
-@pytest.mark.parametrize("family", PAIR_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_correct_pair_has_no_divergence(family_servers, family, mode):
     """The same draft on both sides, the family-correct ids: ``diff`` finds no divergence, no
     tensor up to the draft's logits diverged, every aux slot and the draft's stages were compared
@@ -423,6 +409,10 @@ def test_correct_pair_has_no_divergence(family_servers, family, mode):
             assert e["cause"] == "draft_attention_context", (where, e["cause"])
             assert e["tensor"] not in ("draft.fc_out", "draft.attn_in") and e["sources"], (where, e)
             assert e["clean_rows"] > 0 and e["max_rel"] < 1.0, (where, e)
+            if e["proof"] is not None:  # too few clean rows: a re-run reproduced each side on its inputs
+                limit = tensors[e["tensor"]]["tolerance"]["rel"]
+                assert e["proof"]["rows"] >= len(e["rows"]), (where, e["proof"])
+                assert e["proof"]["serving_rel"] < e["proof"]["sides_rel"] or e["proof"]["serving_rel"] <= limit, e
     if family not in MOE_FAMILIES:  # a dense target has no router to flip
         assert "moe_routing_near_tie" not in causes, (where, causes)
     # inherited rows come from an earlier stage of the same rows, never from the tensor itself
@@ -434,8 +424,9 @@ def test_correct_pair_has_no_divergence(family_servers, family, mode):
 def test_gpt_oss_aux_runs_are_named_routing_near_ties(family_servers, mode):
     """GPT-OSS's aux slots: every failing row whose inputs agree is a router near-tie or the
     decaying run of later rows the target's attention carries it to (replay/diff/routing.py), so
-    no aux slot diverges and the first divergence, if any, is a draft stage after its attention
-    that the context rule could not clear for want of clean rows (``GPT_OSS_CONTEXT``)."""
+    no aux slot diverges; the flips come at the first positions of every prompt, so the draft's
+    later rows are named draft attention context on the strength of a draft re-run
+    (replay/diff/context_proof.py), not of the few rows before every flip."""
     diff, report, _ = _correct_pair(family_servers, "gpt_oss", mode)
     tensors = report["tensors"]
     named = {e["tensor"]: e for e in report["explained_differences"] if e["cause"] == "moe_routing_near_tie"}
@@ -448,13 +439,13 @@ def test_gpt_oss_aux_runs_are_named_routing_near_ties(family_servers, mode):
             assert 0 < e["fraction"] <= e["bound"] and e["max_rel"] < 1.0, e
     assert "target.aux.0" not in named
     first = report["first_divergence"]
-    if first is not None:
-        assert first["tensor"] not in ("tokens", "target.aux_cat", "draft.fc_in", "draft.fc_out", "draft.attn_in"), first
-        if first["tensor"] == "draft.hidden_out":
-            assert "rows lie before every differing cached row" in tensors["draft.hidden_out"]["context_not_named"]
+    assert first is None, first
+    context = [e for e in report["explained_differences"] if e["cause"] == "draft_attention_context"]
+    assert context and context[0]["tensor"] == "draft.hidden_out", report["explained_differences"]
+    assert context[0]["proof"] is not None and "reproduces each side" in context[0]["message"], context[0]
     print(f"gpt_oss {mode}: " + "; ".join(f"{n}: {len(e['rows'])} rows, {e.get('events')} events, longest run "
                                           f"{e['longest_run']}, max_rel {e['max_rel']:.3f}" for n, e in named.items())
-          + f"; first divergence {first and first['tensor']}")
+          + f"; draft.hidden_out: {context[0]['message']}")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

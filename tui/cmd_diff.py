@@ -29,7 +29,9 @@ from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
               help="With --graft: the target, when the draft shares its embedding "
                    "(default: the training contract's model_name).")
 @click.option("--no-narrow", is_flag=True,
-              help="When no explanation fits, do not re-run the training draft with serving's inputs grafted in.")
+              help="Never re-run the training draft: not to narrow a divergence no explanation fits (serving's "
+                   "inputs grafted in), nor to show that later draft rows only carry an earlier differing "
+                   "cached row when too few rows precede it (those rows then count).")
 @click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
               help="Compute the per-chunk metrics on a local Dask cluster of N worker processes "
                    "(the same report; needs dask.distributed).")

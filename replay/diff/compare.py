@@ -69,6 +69,9 @@ class TensorComparison:
         concentration: the structural group its counted failing rows concentrate in most
             (replay/diff/groups.py ``Concentration``; ``fired``: the tensor diverges because of it,
             though under its fail fraction over all rows), or None.
+        carried: bool [n], counted rows after an earlier differing cached row that a draft re-run
+            showed are what the draft computes from each side's inputs (replay/diff/context_proof.py),
+            passing or not: later stages inherit them (inherited.source_rows); None = none.
     """
 
     name: str
@@ -90,6 +93,7 @@ class TensorComparison:
     explained: np.ndarray | None = None
     explanation: object = None
     concentration: object = None
+    carried: np.ndarray | None = None
 
     @property
     def own_fail(self) -> np.ndarray:
@@ -579,6 +583,8 @@ def _judge_context(first, counted, prove, comp, candidates):
     if isinstance(got, str):
         comp.stats["context_not_named"] = got
         return None
+    if got is not None and got.proof is not None:  # the re-run covered every row after a source
+        comp.carried = context.after_sources(comp.match, first) & counted
     return got
 
 

@@ -157,8 +157,10 @@ def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: n
 
     ``first``: :func:`first_sources`; ``counted``: bool [n], the rows whose inputs agree.
     ``prove(comp, idx)``: when too few rows precede every source, the re-run that shows the draft
-    computes the same from the same inputs (replay/diff/context_proof.py ``ContextProver``:
-    a ``ReplayProof`` or why not, in words); None: no re-run, the rows are not named.
+    computes the same from the same inputs on every counted row after a source, passing or not
+    (replay/diff/context_proof.py ``ContextProver``: a ``ReplayProof`` or why not, in words);
+    None: no re-run, the rows are not named. With a proof, compare.py marks those rows
+    ``carried``: later stages inherit them.
     """
     if not consumes_context(comp.name) or not first or not candidates.any():
         return None
@@ -180,7 +182,9 @@ def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: n
     if clean < CONTEXT_MIN_CLEAN * total:
         few = (f"only {clean} of {total} rows lie before every differing cached row, too few to show that the "
                "attention itself agrees")
-        proof = prove(comp, idx) if prove is not None else "the draft re-run is off (--no-narrow)"
+        # every row after a source, passing ones too: the proof then covers what later stages inherit
+        moved = np.nonzero(readable & after)[0]
+        proof = prove(comp, moved) if prove is not None else "the draft re-run is off (--no-narrow)"
         if isinstance(proof, str):
             return f"{few}; {proof}"
         proof = {"message": proof.message(), **asdict(proof)}

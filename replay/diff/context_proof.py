@@ -8,17 +8,20 @@ left 8 of 128 draft rows before every source), that evidence is missing. A re-ru
 directly: the draft as trained (``replay.rerun.prepare``: the training contract's draft_name,
 training's vocab map and norm flags) is re-run, teacher-forced, on every sequence that holds a
 failing row, once on training's recorded inputs (``target.aux_cat`` and tokens) and once on
-serving's. When the first re-run reproduces training's rows and the second serving's, on the
-failing rows, the draft maps the same inputs to the same outputs on both sides: the rows differ
-only because their inputs (the cached rows of earlier positions included, recomputed from each
-side's ``target.aux_cat``) differ, and those differences the upstream stages already judged as
-noise or explained.
+serving's. When the first re-run reproduces training's rows and the second serving's, on every
+row after a differing cached row (failing or not), the draft maps the same inputs to the same
+outputs on both sides: the rows differ only because their inputs (the cached rows of earlier
+positions included, recomputed from each side's ``target.aux_cat``) differ, and those differences
+the upstream stages already judged as noise or explained. Passing rows are checked too because
+later stages inherit them (compare.py ``carried``): the draft's logits at a row moved just under
+``draft.hidden_out``'s tolerance may swap a top-k id (measured, issue 20, GPT-OSS chain: 16 such
+rows at rel 0.033-0.048).
 
 What it cannot hide: a serving draft that computes differently (its attention's rope, mask, scale,
 its KV cache) is not reproduced by the training draft re-run on serving's inputs, so the rows stay
 failing and counted; a different draft checkpoint on the training side is not reproduced on
-training's inputs. Each re-run must match its side on the failing rows within the tensor's own
-tolerance (``rel``, and at most ``max_fail_frac`` of those rows above it), every failing row must be
+training's inputs. Each re-run must match its side on those rows within the tensor's own
+tolerance (``rel``, and at most ``max_fail_frac`` of those rows above it), every one of them must be
 one the re-run computes, and only float stages the re-run computes are proven.
 """
 
@@ -29,20 +32,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdiff.replay.diff import metrics
+from specdiff.replay.diff.align import match_rows
+from specdiff.replay.diff.narrow import ID_AGREE
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.schema import spec_for
 
 #: stages a re-run can prove (float stages after the draft attention that ``rerun.stage_outputs`` gives)
 PROVABLE = ("draft.hidden_out",)
+#: the draft's chosen ids, checked at the same rows (later stages inherit the proven rows)
+IDS = "draft.logits_topk.ids"
 BATCH = 8  # sequences per re-run
 
 
 @dataclass(frozen=True)
 class ReplayProof:
-    """A re-run that reproduced both sides on a tensor's failing rows (JSON-safe).
+    """A re-run that reproduced both sides on a tensor's rows after a differing cached row (JSON-safe).
 
     Attributes:
-        rows: failing rows checked (all of them); sequences: sequences re-run.
+        rows: rows checked (every counted row after a source); sequences: sequences re-run.
         training_rel: largest relative error, re-run on training's inputs vs training's rows.
         serving_rel: largest relative error, re-run on serving's inputs vs serving's rows.
         sides_rel: largest relative error between the two sides' recorded rows there.
@@ -83,8 +90,8 @@ class ContextProver:
         return self.run
 
     def __call__(self, comp, idx: np.ndarray) -> ReplayProof | str:
-        """Re-run the draft on the sequences holding rows ``idx`` (indices into ``comp.match``, the
-        failing rows of tensor comparison ``comp``); the proof, or why there is none, in words."""
+        """Re-run the draft on the sequences holding rows ``idx`` (indices into ``comp.match``, rows
+        of tensor comparison ``comp``); the proof, or why there is none, in words."""
         if comp.name not in PROVABLE:
             return f"a re-run proves only {', '.join(PROVABLE)}"
         run = self._prepared()
@@ -95,7 +102,8 @@ class ContextProver:
 
 def prove(report, run, comp, idx: np.ndarray) -> ReplayProof | str:
     """Re-run ``run`` (replay.rerun.Rerun) on both sides' inputs; the module doc's proof for rows
-    ``idx`` of ``comp`` (replay.diff.compare.TensorComparison), or why it does not hold."""
+    ``idx`` of ``comp`` (replay.diff.compare.TensorComparison), or why it does not hold. The
+    draft's top-1 id (``IDS``) at the same rows is checked too: later stages inherit the rows."""
     import torch
 
     from specdiff.replay.diff.rerun import batch_inputs, computed_rows, with_norm_flags
@@ -104,38 +112,81 @@ def prove(report, run, comp, idx: np.ndarray) -> ReplayProof | str:
     pairs = set(m.pair[idx].tolist())
     seqs = [s for s in run.plan if _pair(report, run, s) in pairs]
     steps = int(m.depth[idx].max()) + 1
-    rel = {"train": np.full(len(idx), np.inf), "serve": np.full(len(idx), np.inf)}
-    reached = np.zeros(len(idx), bool)
-    recorded = {k: getattr(report.traces, getattr(run, a)).take_float(comp.name, getattr(m.rows, getattr(run, a))[idx])
-                for k, a in (("train", "tr"), ("serve", "sv"))}
+    checks = [_Check(report, run, comp.name, m, idx)]
+    if all(IDS in t.names for t in (run.ttrace, run.strace)):
+        checks.append(_Check(report, run, IDS, match_rows(report.traces, report.alignment, IDS), idx, among=m))
     dev = next(run.model.parameters()).device
     for b0 in range(0, len(seqs), BATCH):
         batch = batch_inputs(report, run, seqs[b0:b0 + BATCH])
-        b, ok = batch.coords(m.pair[idx], m.pos[idx], m.depth[idx], spec_for(comp.name).by_depth)
-        sel = np.nonzero(ok)[0]
-        if not len(sel):
-            continue
-        reached[sel] = True
+        outs = {}
         for side in ("train", "serve"):
             with with_norm_flags(run.model, run.flags["train"]), torch.no_grad():
-                out = run.model.ttt_forward(batch.aux[side].to(dev), batch.ids[side].to(dev), steps,
-                                            lengths=batch.lengths)
-            xs = computed_rows(out, run.d2t["train"], comp.name, b[sel], m.pos[idx][sel].astype(np.int64),
-                               m.depth[idx][sel].astype(np.int64))
-            rel[side][sel] = metrics.relative_error(xs, recorded[side][sel])
-    if not reached.all():
-        return (f"the re-run does not compute {int((~reached).sum())} of the {len(idx)} failing rows (no aux rows "
+                outs[side] = run.model.ttt_forward(batch.aux[side].to(dev), batch.ids[side].to(dev), steps,
+                                                   lengths=batch.lengths)
+        for c in checks:
+            c.score(batch, outs, run.d2t["train"], computed_rows)
+    main = checks[0]
+    if not main.reached.all():
+        return (f"the re-run does not compute {int((~main.reached).sum())} of the {len(idx)} rows (no aux rows "
                 "on both sides there, or a depth past the sequence's end)")
-    for side, words in (("train", "training's"), ("serve", "serving's")):
-        over = float((rel[side] > tol.rel).mean())
-        if over > tol.max_fail_frac:
-            return (f"re-run on {words} inputs, the training draft does not reproduce {words} rows ({over:.0%} of the "
-                    f"{len(idx)} failing rows above rel {tol.rel:g}, max {float(rel[side].max()):.3g})"
-                    + (": the serving draft computes differently from the same inputs" if side == "serve" else
-                       ": the re-run is not the draft training recorded"))
-    sides_rel = metrics.relative_error(recorded["train"], recorded["serve"])
-    return ReplayProof(len(idx), len(seqs), float(rel["train"].max()), float(rel["serve"].max()),
+    for c in checks:
+        for side, words in (("train", "training's"), ("serve", "serving's")):
+            if (why := c.fails(side, tol)) is not None:
+                return (f"re-run on {words} inputs, the training draft does not reproduce {words} {c.name} rows ({why})"
+                        + (": the serving draft computes differently from the same inputs" if side == "serve" else
+                           ": the re-run is not the draft training recorded"))
+    sides_rel = metrics.relative_error(main.recorded["train"], main.recorded["serve"])
+    return ReplayProof(len(idx), len(seqs), float(main.err["train"].max()), float(main.err["serve"].max()),
                        float(sides_rel.max()))
+
+
+class _Check:
+    """One stage the proof compares: its rows at the proven rows' (pair, pos, depth), both sides'
+    recorded values, and the re-run's error on each (float: relative error; ids: top-1 differs)."""
+
+    def __init__(self, report, run, name: str, match, idx: np.ndarray, among=None):
+        from specdiff.replay.diff.align import pack_keys
+
+        self.name, self.match, self.ids = name, match, spec_for(name).kind != "float"
+        if among is None:
+            rows = idx
+        else:  # this stage's rows at the same (pair, pos, depth) as rows idx of ``among``
+            want = pack_keys(among.pair[idx], among.pos[idx], among.depth[idx])
+            rows = np.nonzero(np.isin(pack_keys(match.pair, match.pos, match.depth), want))[0]
+        self.rows = rows
+        take = "take" if self.ids else "take_float"
+        self.recorded = {k: getattr(getattr(report.traces, getattr(run, a)), take)(name, getattr(match.rows, getattr(run, a))[rows])
+                         for k, a in (("train", "tr"), ("serve", "sv"))}
+        if self.ids:  # the recorders' top-k lists lead with the top-1 id
+            self.recorded = {k: np.asarray(v).reshape(len(rows), -1)[:, 0] for k, v in self.recorded.items()}
+        self.err = {k: np.full(len(rows), np.inf) for k in ("train", "serve")}
+        self.reached = np.zeros(len(rows), bool)
+
+    def score(self, batch, outs: dict, d2t, computed_rows) -> None:
+        m, r = self.match, self.rows
+        b, ok = batch.coords(m.pair[r], m.pos[r], m.depth[r], spec_for(self.name).by_depth)
+        sel = np.nonzero(ok)[0]
+        if not len(sel):
+            return
+        self.reached[sel] = True
+        for side, out in outs.items():
+            xs = computed_rows(out, d2t, self.name, b[sel], m.pos[r][sel].astype(np.int64),
+                               m.depth[r][sel].astype(np.int64))
+            ys = self.recorded[side][sel]
+            self.err[side][sel] = (xs.reshape(len(sel), -1)[:, 0] != ys) if self.ids else metrics.relative_error(xs, ys)
+
+    def fails(self, side: str, tol) -> str | None:
+        """Why the re-run does not reproduce ``side`` on the rows it reached, or None."""
+        err = self.err[side][self.reached]
+        if not len(err):
+            return None
+        if self.ids:
+            off = float(err.mean())
+            return f"top-1 id differs on {off:.0%} of {len(err)} rows" if off > 1 - ID_AGREE else None
+        over = float((err > tol.rel).mean())
+        if over > tol.max_fail_frac:
+            return f"{over:.0%} of the {len(err)} rows above rel {tol.rel:g}, max {float(err.max()):.3g}"
+        return None
 
 
 def _pair(report, run, s) -> int:

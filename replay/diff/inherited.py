@@ -133,13 +133,19 @@ class Inheritance:
 
 def source_rows(comp) -> np.ndarray:
     """bool [n]: the failing rows of ``comp`` that its own verdict treats as noise (module doc):
-    not counted by it, or at a depth shallower than the depth it diverges at."""
+    not counted by it, or at a depth shallower than the depth it diverges at; and, of a tensor
+    that did not diverge, its ``carried`` rows (compare.TensorComparison): a re-run showed the
+    draft computes them from each side's differing earlier cached rows, so a later stage's row
+    there does not have agreeing inputs even where this one passed its tolerance."""
     fail = comp.status == 2  # compare.DIVERGED (compare imports this module)
     counted = comp.counted if comp.counted is not None else np.ones(len(fail), bool)
     explained = comp.explained if comp.explained is not None else np.zeros(len(fail), bool)
     noise = ~counted | explained
     if not comp.diverged or comp.kind != "values":
-        return fail if comp.kind == "values" else np.zeros(len(fail), bool)
+        if comp.kind != "values":
+            return np.zeros(len(fail), bool)
+        # rows a re-run showed are moved by earlier cached rows: passing ones move later stages too
+        return fail | comp.carried if comp.carried is not None else fail
     d = comp.divergence_depth or 0
     return fail & (noise | (comp.match.depth < d))
 

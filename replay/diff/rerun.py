@@ -129,19 +129,67 @@ class ReplaySeq:
 
 
 def replay_plan(report, tr: str, sv: str) -> list[ReplaySeq]:
-    """Every aligned sequence with at least 2 leading positions that have aux rows on both sides."""
+    """Every aligned sequence with at least 2 leading positions that have aux rows on both sides.
+
+    A serving request whose prefix hit the radix cache has no aux rows at the cached positions:
+    its draft attended there over keys and values the request that first computed the prefix
+    wrote (SGLang 0.5.23 shares the draft's KV cache through the same radix tree). Those positions
+    are taken from that request's serving rows (``_cached_prefix``), training's own rows on the
+    training side; a request whose prefix no recorded request computed is left out as before.
+    """
     m = match_rows(report.traces, report.alignment, "target.aux_cat")
     out = []
     of_pair = rows_by_value(m.pair)
+    prefix = _CachedPrefix(report, tr, sv)
     for p in report.alignment.seq_pairs:
         sel = of_pair.get(p.index, np.zeros(0, np.int64))
         pos = m.pos[sel]
+        rows = {"x": m.rows.x[sel], "y": m.rows.y[sel]}
+        head = int(pos[0]) if len(pos) else 0
+        if head > 0 and (filled := prefix.rows(p, head)) is not None:
+            pos = np.r_[np.arange(head), pos]
+            rows = {k: np.r_[filled[k], rows[k]] for k in rows}
         n = int(np.argmax(pos != np.arange(len(pos)))) if (pos != np.arange(len(pos))).any() else len(pos)
         if n < 2:
             continue
-        rows = {"x": m.rows.x[sel][:n], "y": m.rows.y[sel][:n]}
-        out.append(ReplaySeq(getattr(p.seq, tr), getattr(p.start, tr), n, p.prompt_len, rows))
+        out.append(ReplaySeq(getattr(p.seq, tr), getattr(p.start, tr), n, p.prompt_len, {k: v[:n] for k, v in rows.items()}))
     return out
+
+
+class _CachedPrefix:
+    """Both sides' ``target.aux_cat`` rows of a serving request's radix-cached prefix (replay_plan)."""
+
+    def __init__(self, report, tr: str, sv: str):
+        self.traces, self.tr, self.sv, self.index = report.traces, tr, sv, {}
+
+    def _rows(self, attr: str) -> dict:
+        """seq -> {pos: row} of the side's depth-0 ``target.aux_cat`` rows (read once)."""
+        if attr not in self.index:
+            k = getattr(self.traces, attr).keys("target.aux_cat", columns=("seq", "pos", "depth"))
+            d0 = np.nonzero(k["depth"] == 0)[0]
+            by: dict = {}
+            for r, sq, ps in zip(d0.tolist(), k["seq"][d0].tolist(), k["pos"][d0].tolist(), strict=True):
+                by.setdefault(sq, {})[ps] = r
+            self.index[attr] = by
+        return self.index[attr]
+
+    def rows(self, pair, head: int) -> dict | None:
+        """``{"x": rows, "y": rows}`` (int64 [head]) of positions 0..head-1 of ``pair``, or None:
+        training's own rows, and serving's from the earliest other serving sequence with the same
+        first ``head`` tokens and rows at all of them (the request that computed the prefix)."""
+        tr_seq, sv_seq = getattr(pair.seq, self.tr), getattr(pair.seq, self.sv)
+        if getattr(pair.start, self.tr) or getattr(pair.start, self.sv):
+            return None  # content-paired at an offset: the cached positions are not this pair's
+        own = self._rows(self.tr).get(tr_seq, {})
+        if any(t not in own for t in range(head)):
+            return None
+        strace = getattr(self.traces, self.sv)
+        want = list(strace.sequence(sv_seq).tokens[:head])
+        for seq, at in sorted(self._rows(self.sv).items()):
+            if seq != sv_seq and all(t in at for t in range(head)) and list(strace.sequence(seq).tokens[:head]) == want:
+                return {self.tr: np.array([own[t] for t in range(head)], np.int64),
+                        self.sv: np.array([at[t] for t in range(head)], np.int64)}
+        return None
 
 
 @dataclass
@@ -209,6 +257,9 @@ class Batch:
         aux: "train" / "serve" -> [B, T, aux_width] ``target.aux_cat`` rows in the run's dtype.
         lengths: int64 [B], each row's ``n``.
         row_of: alignment pair index -> batch row.
+        tokens: tokens held per row, on both sides: ``n``, or ``n + 1`` when the sequence has
+            x_n (the last aux row's depth-0 draft row reads it: a served sequence's last token
+            has no aux row, it was never verified).
     """
 
     seqs: list
@@ -216,16 +267,20 @@ class Batch:
     aux: dict
     lengths: object
     row_of: dict
+    tokens: list
 
     def coords(self, pair: np.ndarray, pos: np.ndarray, depth: np.ndarray, by_depth: bool) -> tuple:
         """``(b, ok)``: the batch row of each recorded row (int64 [n]) and whether the re-run
-        computes it (bool [n]): its pair is in the batch and, for a by-depth stage at depth k > 0,
-        row t reads x_{t+1+k}, so only t < n - 1 - k is computed (fc stages: t < n)."""
+        computes it (bool [n]): its pair is in the batch, t < n (an aux row), and, for a by-depth
+        stage at depth k, the token x_{t+1+k} it reads is in the batch (``tokens``)."""
         b = np.array([self.row_of.get(int(p), -1) for p in pair], np.int64)
         n = np.array([self.seqs[r].n if r >= 0 else 0 for r in b], np.int64)
-        d = depth.astype(np.int64) if by_depth else np.zeros(len(pair), np.int64)
-        reach = np.where(d > 0, n - 1 - d, n)
-        return b, (b >= 0) & (pos.astype(np.int64) < reach)
+        ntok = np.array([self.tokens[r] if r >= 0 else 0 for r in b], np.int64)
+        t = pos.astype(np.int64)
+        ok = (b >= 0) & (t < n)
+        if by_depth:
+            ok &= t + 1 + depth.astype(np.int64) < ntok
+        return b, ok
 
 
 def batch_inputs(report, run: Rerun, seqs: list) -> Batch:
@@ -235,21 +290,25 @@ def batch_inputs(report, run: Rerun, seqs: list) -> Batch:
     from specdiff.tracer.store.arrays import to_torch
 
     traces, cfg = report.traces, run.cfg
-    B, T = len(seqs), max(s.n for s in seqs)
     side = {"train": run.tr, "serve": run.sv}
+    pair_of = {getattr(p.seq, run.tr): p for p in report.alignment.seq_pairs}
+    toks = []
+    for s in seqs:  # x_0..x_n where both sides hold x_n within the pair's common run
+        p = pair_of[s.seq_train]
+        got = {k: np.asarray(getattr(traces, a).sequence(getattr(p.seq, a)).tokens[
+            getattr(p.start, a): getattr(p.start, a) + min(s.n + 1, p.length)], np.int64) for k, a in side.items()}
+        toks.append(got)
+    B, T = len(seqs), max(max(len(g["train"]), len(g["serve"]), s.n) for g, s in zip(toks, seqs, strict=True))
     ids = {k: torch.zeros(B, T, dtype=torch.int64) for k in side}
     aux = {k: torch.zeros(B, T, cfg.aux_width, dtype=run.dtype) for k in side}
-    pair_of = {getattr(p.seq, run.tr): p for p in report.alignment.seq_pairs}
     for r, s in enumerate(seqs):
-        p = pair_of[s.seq_train]
         for k, attr in side.items():
             t = getattr(traces, attr)
             aux[k][r, : s.n] = to_torch(t.take("target.aux_cat", s.rows[attr]), t.info("target.aux_cat").dtype).to(run.dtype)
-            start = getattr(p.start, attr)
-            seq = t.sequence(getattr(p.seq, attr)).tokens[start: start + s.n]
-            ids[k][r, : len(seq)] = torch.as_tensor(np.asarray(seq, np.int64))
+            ids[k][r, : len(toks[r][k])] = torch.as_tensor(toks[r][k])
     return Batch(seqs, ids, aux, torch.tensor([s.n for s in seqs], dtype=torch.int64),
-                 {pair_of[s.seq_train].index: r for r, s in enumerate(seqs)})
+                 {pair_of[s.seq_train].index: r for r, s in enumerate(seqs)},
+                 [min(len(g["train"]), len(g["serve"])) for g in toks])
 
 
 def stage_outputs(out, d2t, depth: int = 0) -> dict:
