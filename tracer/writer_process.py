@@ -28,6 +28,13 @@ logger = logging.getLogger("specdiff.tracer")
 
 #: at most this often the journal gets the sampled and dropped requests' lists (a contract entry)
 LIST_EVERY_S = 5.0
+#: this process's niceness: the server's threads win a contended core, the writer takes what they
+#: leave (idle moments between forwards and requests) and catches up there. Measured on the 2-core
+#: CPU server (benchmarks/recorder_overhead.py): at the server's priority the writer's CPU came out
+#: of the scheduler's intra-op threads (default capture 0.69x untraced with it, 0.80x with it
+#: paused); a writer that still falls behind fills the ring, and whole requests are dropped and
+#: counted as before (tracer/async_writer.py).
+NICE = 19
 _cpu0 = 0.0
 
 
@@ -45,6 +52,10 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the server decides when this ends
         signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="specdiff writer: %(message)s")
+    try:
+        os.nice(NICE)  # before any thread starts (zarr's I/O threads inherit it)
+    except OSError:  # not allowed here: the writer runs at the server's priority
+        pass
     spec = pickle.loads(sys.stdin.buffer.read())
     from specdiff.tracer.shm_ring import Ring
 
