@@ -247,3 +247,37 @@ def test_a_recorder_copy_is_equal_to_the_tensor_and_independent_of_it(tmp_path, 
     assert in_ring == (writer == "process" and not torch.cuda.is_available())
     rec.cur = None
     rec.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU hot path (a GPU reduces on the device)")
+@pytest.mark.parametrize("capture", ["default", "full"])
+def test_cpu_draft_logits_are_copied_on_the_serving_thread_and_reduced_by_the_writer(tmp_path, capture):
+    """On a CPU server torch's small reductions ran on its intra-op threads (logsumexp of [4, 1024]:
+    0.5-2 ms on the 2-core server): the hot path only copies the logits into the ring, and the
+    writer computes exactly what the hot path used to (top-k values/ids, float logsumexp, the spec
+    top-k ids taken with k = topk, the full logits with capture full)."""
+    from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
+    from specdiff.tracer.engines.sglang.attribution import IterCapture, reduce_staged
+    from specdiff.tracer.engines.sglang.hooks import Recorder
+
+    rec = Recorder(Options(path=str(tmp_path / "s.trace"), capture=capture, logits_topk=4),
+                   SGLangAdapter("0.5.23", log=lambda m: None))
+    rec.open({"hidden_size": 8}, [], side={"hidden_size": 8, "num_aux": 3, "topk": 2})
+    rec.topk = 2
+    rec.cur = cap = IterCapture(iter=0, kind="decode", rids=[])
+    logits = torch.randn(3, 64)
+    logits[:, 5] = logits[:, 9] = 10.0  # a tie: the spec top-k ids depend on k (test_rows tie test)
+    fb = SimpleNamespace(input_ids=torch.arange(3), positions=torch.arange(3), forward_mode=None)
+    lo = SimpleNamespace(hidden_states=torch.randn(3, 8), next_token_logits=logits)
+    df = rec.capture_draft_forward("decode", fb, lo)
+    assert df.lt_values is None and df.lse is None and df.topk_ids is None and df.logits is None
+    assert torch.equal(df.raw_logits, logits) and rec.writer.ring.staging_for(cap)  # copied into the ring
+    cap.draft.append(df)
+    reduce_staged(cap)
+    vals, ids = torch.topk(logits, 4, dim=-1)
+    assert torch.equal(df.lt_values, vals) and torch.equal(df.lt_ids, ids) and df.raw_logits is None
+    assert torch.equal(df.lse, torch.logsumexp(logits, dim=-1))
+    assert torch.equal(df.topk_ids, torch.topk(logits, 2, dim=-1).indices)
+    assert (df.logits is not None and torch.equal(df.logits, logits)) == (capture == "full")
+    rec.cur = None
+    rec.close()

@@ -2,7 +2,8 @@
 
 Hot path (in the scheduler's forward): hooks only copy tensors (``ServingRecorder.snap``: on CPU
 once, into the writer process's ring; on CUDA with ``non_blocking=True`` into pinned host memory),
-compute a few small reductions on the device (draft logits top-k and logsumexp), and collect them
+reduce the draft logits (top-k, logsumexp) on the device on a GPU (on a CPU the logits are staged
+and the writer reduces them: ``attribution.reduce_logits``), and collect them
 in an ``IterCapture`` for the current ``EAGLEWorkerV2.forward_batch_generation`` call; requests
 that are not sampled cost a dict lookup. At the end of that call the capture (plus a CUDA event)
 goes to the writer; ``write_capture`` runs there (the writer process), after the event, and
@@ -24,7 +25,7 @@ from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.recorder import ServingRecorder
 from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
-from specdiff.tracer.engines.sglang.attribution import DraftForward, IterCapture
+from specdiff.tracer.engines.sglang.attribution import DraftForward, IterCapture, reduce_logits
 from specdiff.tracer.engines.sglang.contract import (
     aux_capture_facts,
     contract_from_worker,
@@ -190,14 +191,13 @@ class Recorder(ServingRecorder):
         logits = A.get(logits_output, "LogitsProcessorOutput.next_token_logits")
         if logits is not None and logits is not MISSING and logits.dim() == 2 and logits.shape[0] > 0:
             lf = logits.detach()
-            k = min(self.opts.logits_topk, lf.shape[-1])
-            vals, ids = torch.topk(lf, k, dim=-1)
-            df.lt_values, df.lt_ids = self.snap(vals), self.snap(ids)
-            df.lse = self.snap(torch.logsumexp(lf.float(), dim=-1))
-            if mode == "decode":
-                df.topk_ids = self.snap(torch.topk(lf, min(self.topk, lf.shape[-1]), dim=-1).indices)
-            if self.opts.capture == "full":
-                df.logits = self.snap(lf)
+            how = (self.opts.logits_topk, self.topk if mode == "decode" else None, self.opts.capture == "full")
+            if lf.device.type == "cpu":  # one copy; the writer reduces (reduce_logits says why)
+                df.raw_logits, df.reduce = self.snap(lf), how
+            else:  # reduced on the device, the small results copied
+                reduce_logits(df, lf, *how)
+                for name in ("lt_values", "lt_ids", "lse", "topk_ids", "logits"):
+                    setattr(df, name, self.snap(getattr(df, name)))
         return df
 
     def ensure_fc_hook(self, model) -> None:
