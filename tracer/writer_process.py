@@ -48,14 +48,29 @@ def _say(line: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor is the flush at exit
 
 
+def _lower_priority() -> None:
+    """Run at ``NICE``, before any thread starts (zarr's I/O threads inherit it). With Linux's
+    autogroup scheduling (on by default; on this VM) CPU is shared between sessions first and a
+    task's nice counts only inside its session, and this process has a session of its own
+    (``ProcessTraceWriter`` starts it so: the server's process-group signals must not reach it):
+    so its session's nice is set too (/proc/self/autogroup), else it competes with the whole
+    server as an equal. Either refused (another OS): it runs at the server's priority."""
+    try:
+        os.nice(NICE)
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(NICE))
+    except OSError:
+        pass
+
+
 def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the server decides when this ends
         signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="specdiff writer: %(message)s")
-    try:
-        os.nice(NICE)  # before any thread starts (zarr's I/O threads inherit it)
-    except OSError:  # not allowed here: the writer runs at the server's priority
-        pass
+    _lower_priority()
     spec = pickle.loads(sys.stdin.buffer.read())
     from specdiff.tracer.shm_ring import Ring
 
