@@ -105,3 +105,36 @@ def test_without_the_checkpoint_it_says_why(pairs, tmp_path):
     got = ContextProver(report, draft_path=str(tmp_path / "nowhere"))(comp, idx)
     assert isinstance(got, str) and got.startswith("the draft re-run cannot run") and "not found" in got, got
     assert ContextProver(report)(report.comparisons["draft.fc_out"], idx).startswith("a re-run proves only")
+
+
+def test_a_served_sequences_last_aux_row_is_re_run_with_its_next_token():
+    """Serving records no aux row for a sequence's last token (it was never verified), so the last
+    aux row's depth-0 draft row reads x_n, one token past the aux rows: the re-run batch holds it
+    and computes training's recorded row there (it used to feed a pad token: rel 0.33 on GPT-OSS)."""
+    import torch
+
+    from specdiff.replay.diff.align import match_rows
+    from specdiff.replay.diff.rerun import RerunError, batch_inputs, computed_rows, prepare, with_norm_flags
+
+    seed = REPO_MODELS.parent / "examples" / "seed"
+    if not (seed / "serve.trace").exists():
+        pytest.skip("the shipped example pair is absent")
+    report = diff_traces(str(seed / "train.trace"), str(seed / "serve.trace"), narrow=False)
+    run = prepare(report, draft_path=str(REPO_MODELS / "draft"), target_path=None, error=RerunError)
+    s = run.plan[0]
+    pair = next(p for p in report.alignment.seq_pairs if p.seq.x == s.seq_train)
+    assert s.n == pair.length - 1  # the served sequence's last token has no aux row
+    batch = batch_inputs(report, run, [s])
+    tokens = report.traces.x.sequence(s.seq_train).tokens
+    assert batch.tokens == [s.n + 1] and int(batch.ids["train"][0, s.n]) == int(tokens[s.n])
+    b, ok = batch.coords(np.array([pair.index] * 3), np.array([s.n - 1, s.n - 1, s.n]), np.array([0, 1, 0]), True)
+    assert ok.tolist() == [True, False, False]  # depth 1 would read x_{n+1}; row n has no aux row
+
+    m = match_rows(report.traces, report.alignment, "draft.hidden_out")
+    i = int(np.nonzero((m.pair == pair.index) & (m.pos == s.n - 1) & (m.depth == 0))[0][0])
+    with with_norm_flags(run.model, run.flags["train"]), torch.no_grad():
+        out = run.model.ttt_forward(batch.aux["train"], batch.ids["train"], 1, lengths=batch.lengths)
+    got = computed_rows(out, run.d2t["train"], "draft.hidden_out", b[:1], np.array([s.n - 1]), np.array([0]))
+    want = report.traces.x.take_float("draft.hidden_out", m.rows.x[[i]])
+    from specdiff.replay.diff.metrics import relative_error
+    assert float(relative_error(got, want)[0]) < 0.01

@@ -134,7 +134,7 @@ def replay_plan(report, tr: str, sv: str) -> list[ReplaySeq]:
     A serving request whose prefix hit the radix cache has no aux rows at the cached positions:
     its draft attended there over keys and values the request that first computed the prefix
     wrote (SGLang 0.5.23 shares the draft's KV cache through the same radix tree). Those positions
-    are taken from that request's serving rows (``_cached_prefix``), training's own rows on the
+    are taken from that request's serving rows (``_CachedPrefix``), training's own rows on the
     training side; a request whose prefix no recorded request computed is left out as before.
     """
     m = match_rows(report.traces, report.alignment, "target.aux_cat")

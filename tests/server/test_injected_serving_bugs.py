@@ -114,6 +114,23 @@ def test_control_chunked_prefill_and_radix_repeats_without_a_bug_are_clean(tmp_p
         n = len(ids)
         assert first == {"cached_prefix": 0, "chunks": [[p, min(CHUNK, n - p)] for p in range(0, n, CHUNK)]}, first
         assert repeat == {"cached_prefix": hit, "chunks": [[hit, n - hit]]}, repeat
+    # the draft re-run (narrow, graft, the context proof) covers the repeats too: their cached prefix
+    # holds no aux row, so it is taken from the serving rows of the request that computed it
+    from specdiff.replay.diff.pipeline import diff_traces
+    from specdiff.replay.diff.rerun import replay_plan, sides
+
+    rep = diff_traces(str(train), str(serve), narrow=False)
+    tr, sv = sides(rep)
+    plan = {s.seq_train: s for s in replay_plan(rep, tr, sv)}
+    assert len(plan) == len(rep.alignment.seq_pairs), (len(plan), len(rep.alignment.seq_pairs))
+    keys = trace.keys("target.aux_cat")
+    for p in rep.alignment.seq_pairs:
+        s, seq = plan[getattr(p.seq, tr)], getattr(p.seq, sv)
+        hit = facts[seq]["cached_prefix"]  # a repeat follows the first request of its prompt
+        if hit:
+            assert s.n > hit and set(keys["seq"][s.rows[sv][:hit]].tolist()) == {seq - 1}, (seq, hit)
+        assert set(keys["seq"][s.rows[sv][hit:]].tolist()) == {seq}
+        assert keys["pos"][s.rows[sv]].tolist() == list(range(s.n))
 
 
 
