@@ -56,8 +56,11 @@ def sampled_server(bringup_models, tmp_path_factory, server_env):
 
     path = tmp_path_factory.mktemp("sample") / "sampled.trace"
     pause = path.parent / "writer.pause"
+    # the writer at the server's priority: phase 1 needs it to keep up within a 1 MiB ring while
+    # the server is busy, which a nice writer on a loaded machine does not (it catches up between
+    # requests, with the default ring); phase 2 pauses it
     env = server_env(SPECDIFF_TRACE=str(path), SPECDIFF_SAMPLE=str(FRACTION), SPECDIFF_MAX_QUEUE_MB="1",
-                     SPECDIFF_WRITER_TEST_PAUSE_FILE=str(pause))
+                     SPECDIFF_WRITER_TEST_PAUSE_FILE=str(pause), SPECDIFF_WRITER_NICE="0")
     srv = ServerProcess(bringup_models.target, draft_model_path=bringup_models.draft,
                         spec=SpecSettings(num_steps=3, topk=1, num_draft_tokens=4), env=env)
     srv.start()

@@ -10,7 +10,8 @@ records are ``("item", item, dropped rids)`` or ``("close", contract facts, drop
 When the parent dies (kill -9: the wake-up pipe reads EOF) it writes what the ring holds and exits
 without closing the trace: the trace is what a killed server leaves, journaled up to its last
 record. Tests make the writer fall behind with ``SPECDIFF_WRITER_TEST_DELAY_S`` (sleep that long
-before each item) or ``SPECDIFF_WRITER_TEST_PAUSE_FILE`` (handle no item while that file exists).
+before each item) or ``SPECDIFF_WRITER_TEST_PAUSE_FILE`` (handle no item while that file exists);
+``SPECDIFF_WRITER_NICE`` sets this process's niceness (default ``NICE``).
 """
 
 from __future__ import annotations
@@ -49,19 +50,22 @@ def _say(line: str) -> None:
 
 
 def _lower_priority() -> None:
-    """Run at ``NICE``, before any thread starts (zarr's I/O threads inherit it). With Linux's
+    """Run at ``NICE`` (``SPECDIFF_WRITER_NICE`` overrides it: 0 keeps the server's priority), before any thread starts (zarr's I/O threads inherit it). With Linux's
     autogroup scheduling (on by default; on this VM) CPU is shared between sessions first and a
     task's nice counts only inside its session, and this process has a session of its own
     (``ProcessTraceWriter`` starts it so: the server's process-group signals must not reach it):
     so its session's nice is set too (/proc/self/autogroup), else it competes with the whole
     server as an equal. Either refused (another OS): it runs at the server's priority."""
+    nice = int(os.environ.get("SPECDIFF_WRITER_NICE") or NICE)
+    if nice <= 0:
+        return
     try:
-        os.nice(NICE)
+        os.nice(nice)
     except OSError:
         pass
     try:
         with open("/proc/self/autogroup", "w") as f:
-            f.write(str(NICE))
+            f.write(str(nice))
     except OSError:
         pass
 
