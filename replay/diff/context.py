@@ -29,6 +29,12 @@ failing row fits it:
 A failing row with no earlier source in its sequence is never named, and a stage that diverged is
 never a source: a real bug upstream stays the first divergence.
 
+When the sources come so early that the rows before them are too few (issue 20, GPT-OSS: router
+near ties at positions 1-7 of every prompt left 8 of 128 rows), a re-run of the draft stands in for
+them (replay/diff/context_proof.py, asked through ``context_rows(prove=...)``): the training draft
+re-run on each side's inputs reproduces that side on every row after a source. Those rows are then
+``carried`` (compare.py): later stages inherit them, passing or not.
+
 The same earlier row moves the *passing* rows after it too, and those set how close the tensor
 came to its limit (``limit_use``, the report's margin). Measured (issue 20, the same DeepSeek-V3
 chain pair): the closest ``draft.hidden_out`` row, rel 0.0491 against the 0.05 limit (use 0.98),
