@@ -204,20 +204,46 @@ def _recorder_writer_fact(tmp_path, monkeypatch, **opts):
     rec = Recorder(Options(path=str(path), **opts), SGLangAdapter("0.5.23", log=lambda m: None))
     rec.open({"hidden_size": 8}, [], side={"hidden_size": 8, "num_aux": 3, "topk": 1})
     live = rec.writer.facts()
+    pid = getattr(getattr(rec.writer, "proc", None), "pid", None)
+    if pid is not None:  # the writer process's priority, read from outside it while it runs
+        assert live["nice"] == os.getpriority(os.PRIO_PROCESS, pid)
+        group = _autogroup_nice(pid)
+        assert live["autogroup_nice"] == group
     rec.close()
     t = open_trace(str(path))
     assert t.closed and t.contract["recorder_writer"] == live
     return live, rec.writer
 
 
+def _autogroup_nice(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return int(f.read().split()[-1])  # "/autogroup-N nice K"
+    except OSError:
+        return None
+
+
 def test_the_contract_says_which_writer_ran_and_its_ring_read_off_the_live_writer(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECDIFF_WRITER_NICE", raising=False)
     facts, w = _recorder_writer_fact(tmp_path, monkeypatch, max_queue_mb=3)
-    assert facts == {"kind": "process", "ring_bytes": w.ring.size, "why": None} and w.ring.size == 3 << 20
+    assert {k: facts[k] for k in ("kind", "ring_bytes", "why")} == {"kind": "process", "ring_bytes": w.ring.size,
+                                                                   "why": None} and w.ring.size == 3 << 20
+    # the priority it really ran at: nice 19, its own session's too where Linux has autogroups
+    assert facts["nice"] == 19 and facts["nice_why"] is None
+    assert facts["autogroup_nice"] == (19 if os.path.exists("/proc/self/autogroup") else None)
+
+
+def test_the_contract_says_the_writer_kept_the_servers_priority_when_told_to(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDIFF_WRITER_NICE", "0")
+    facts, _ = _recorder_writer_fact(tmp_path, monkeypatch)
+    assert facts["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
+    assert facts["nice_why"] == "SPECDIFF_WRITER_NICE=0: the server's priority"
 
 
 def test_the_contract_says_why_the_thread_writer_ran(tmp_path, monkeypatch):
     facts, _ = _recorder_writer_fact(tmp_path / "a", monkeypatch, writer="thread")
     assert facts["kind"] == "thread" and facts["why"] == "SPECDIFF_WRITER=thread" and facts["ring_bytes"] is None
+    assert facts["nice"] == os.getpriority(os.PRIO_PROCESS, 0) and facts["nice_why"].startswith("a thread of")
     import specdiff.tracer.shm_ring as shm_ring
 
     monkeypatch.setattr(shm_ring, "ring_dir", lambda: str(tmp_path / "no-such-dir"))

@@ -90,9 +90,13 @@ class AsyncTraceWriter:
 
     def facts(self) -> dict:
         """Which writer runs (the contract's ``recorder_writer``), read off this object: the
-        thread, why (``why``), and its bound on queued bytes (lossy) where a ring would be."""
+        thread, why (``why``), its bound on queued bytes (lossy) where a ring would be, and its
+        priority read back (``writer_process.priority``; it is the server's)."""
+        from specdiff.tracer.writer_process import priority
+
         return {"kind": "thread", "ring_bytes": None, "queue_bytes": None if self.lossless else self.max_bytes,
-                "why": self.why}
+                "why": self.why, **priority(self._thread.native_id or 0),
+                "nice_why": "a thread of the server's process: the server's priority"}
 
     def _raise(self) -> None:
         if self.error is not None:
@@ -272,10 +276,14 @@ class ProcessTraceWriter:
         self.proc.stdin.write(pickle.dumps(spec, protocol=5))
         self.proc.stdin.close()
         line = self._reply(start_timeout_s)
-        if line != "ready":
+        if line.split(" ", 1)[0] != "ready":
             self._abandon()
             raise TraceError(line[len("error "):] if line.startswith("error ") else
                              f"{path}: the trace writer process did not start ({line or 'no answer'})")
+        import json
+
+        #: the writer process's priority as it read it back (writer_process.priority, nice_why)
+        self.priority = json.loads(line[len("ready "):] or "{}")
 
     def _reply(self, timeout_s: float | None) -> str:
         import select
@@ -322,8 +330,13 @@ class ProcessTraceWriter:
         return self._alive
 
     def facts(self) -> dict:
-        """Which writer runs (the contract's ``recorder_writer``), read off this object."""
-        return {"kind": "process", "ring_bytes": int(self.ring.size), "why": None}
+        """Which writer runs (the contract's ``recorder_writer``), read off this object: its ring's
+        size and the priority the writer process read back after lowering it (``nice``,
+        ``autogroup_nice``: None where unreadable; ``nice_why``: why it is not
+        ``writer_process.NICE``, None when it was set)."""
+        return {"kind": "process", "ring_bytes": int(self.ring.size), "why": None,
+                "nice": self.priority.get("nice"), "autogroup_nice": self.priority.get("autogroup_nice"),
+                "nice_why": self.priority.get("nice_why")}
 
     # read from the ring while it is mapped, from its last header after close (a second close, e.g.
     # SIGTERM's then atexit's, still asks for them)

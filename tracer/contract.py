@@ -104,7 +104,10 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                                  "'process' (rows built in a writer process fed through a shared-memory ring) or "
                                  "'thread' (in the server's process), 'ring_bytes' (the ring's size; None for the "
                                  "thread), 'why' (why the thread ran: 'SPECDIFF_WRITER=thread' or 'no shared-memory "
-                                 "ring: <error>'; None for the process), 'queue_bytes' (the thread's queue bound; None for the process or a lossless queue)} (tracer/async_writer.py facts())"),
+                                 "ring: <error>'; None for the process), 'queue_bytes' (the thread's queue bound; None for the process or a lossless queue), "
+                                 "'nice' and 'autogroup_nice' (the writer's niceness and its session's, read back "
+                                 "after setting: None where unreadable or no autogroup), 'nice_why' (why it is not "
+                                 "the writer process's nice 19, None when it is)} (tracer/async_writer.py facts())"),
     "sampling": ((dict,), "how requests were chosen for recording: {'fraction', 'marker', 'rids'} "
                           "(tracer/engines/requests.py RequestSampler)"),
     "sampled_requests": ((dict,), "rid -> why it was recorded: 'all', 'fraction' (blake2b draw < fraction) "

@@ -3,8 +3,8 @@ captures from the shared-memory ring (tracer/shm_ring.py), attributes them to ro
 trace, off the server's process (tracer/async_writer.py ``ProcessTraceWriter`` starts it).
 
 Protocol: the parent pickles a spec to stdin (ring path, wake-up pipe fd, trace path, contract,
-handler, ``WriterSide`` arguments, first appends); this process answers ``ready`` or
-``error <message>`` on stdout once the trace is open, and ``closed`` after the close record. Ring
+handler, ``WriterSide`` arguments, first appends); this process answers ``ready <priority JSON>`` (its
+priority read back: ``priority``, and ``nice_why``) or ``error <message>`` on stdout once the trace is open, and ``closed`` after the close record. Ring
 records are ``("item", item, dropped rids)`` or ``("close", contract facts, dropped rids)``.
 
 When the parent dies (kill -9: the wake-up pipe reads EOF) it writes what the ring holds and exits
@@ -17,9 +17,11 @@ before each item) or ``SPECDIFF_WRITER_TEST_PAUSE_FILE`` (handle no item while t
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import pickle
+import re
 import select
 import signal
 import sys
@@ -49,32 +51,57 @@ def _say(line: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor is the flush at exit
 
 
-def _lower_priority() -> None:
-    """Run at ``NICE`` (``SPECDIFF_WRITER_NICE`` overrides it: 0 keeps the server's priority), before any thread starts (zarr's I/O threads inherit it). With Linux's
-    autogroup scheduling (on by default; on this VM) CPU is shared between sessions first and a
-    task's nice counts only inside its session, and this process has a session of its own
-    (``ProcessTraceWriter`` starts it so: the server's process-group signals must not reach it):
-    so its session's nice is set too (/proc/self/autogroup), else it competes with the whole
-    server as an equal. Either refused (another OS): it runs at the server's priority."""
+def _lower_priority() -> str | None:
+    """Run at ``NICE`` (``SPECDIFF_WRITER_NICE`` overrides it: 0 keeps the server's priority),
+    before any thread starts (zarr's I/O threads inherit it). With Linux's autogroup scheduling (on
+    by default; on this VM) CPU is shared between sessions first and a task's nice counts only
+    inside its session, and this process has a session of its own (``ProcessTraceWriter`` starts it
+    so: the server's process-group signals must not reach it): so its session's nice is set too
+    (/proc/self/autogroup), else it competes with the whole server as an equal. Either refused
+    (another OS): it runs at the server's priority.
+
+    Returns why the priority is not ``NICE`` as asked (the contract's ``recorder_writer``
+    ``nice_why``; ``priority`` reads back what it is), or None."""
     nice = int(os.environ.get("SPECDIFF_WRITER_NICE") or NICE)
     if nice <= 0:
-        return
+        return f"SPECDIFF_WRITER_NICE={nice}: the server's priority"
+    why = []
     try:
         os.nice(nice)
-    except OSError:
-        pass
+    except OSError as exc:
+        why.append(f"os.nice refused: {exc}")
     try:
         with open("/proc/self/autogroup", "w") as f:
             f.write(str(nice))
+    except OSError as exc:
+        why.append(f"/proc/self/autogroup refused: {exc}")
+    return "; ".join(why) or None
+
+
+def priority(tid: int = 0) -> dict:
+    """The priority a writer runs at, read back (not what was asked): ``nice`` (``os.getpriority``
+    of thread/process ``tid``, 0 = this process; Linux keeps a nice per thread) and
+    ``autogroup_nice`` (this process's session's nice, /proc/self/autogroup "/autogroup-N nice K";
+    None where there is none: no autogroup scheduling, or not Linux). ``nice`` None when it could
+    not be read."""
+    try:
+        nice = os.getpriority(os.PRIO_PROCESS, tid)
+    except (OSError, AttributeError):
+        nice = None
+    try:
+        with open("/proc/self/autogroup") as f:
+            m = re.search(r"\bnice\s+(-?\d+)", f.read())
+        group = int(m.group(1)) if m else None
     except OSError:
-        pass
+        group = None
+    return {"nice": nice, "autogroup_nice": group}
 
 
 def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the server decides when this ends
         signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="specdiff writer: %(message)s")
-    _lower_priority()
+    nice_why = _lower_priority()
     spec = pickle.loads(sys.stdin.buffer.read())
     from specdiff.tracer.shm_ring import Ring
 
@@ -96,7 +123,7 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
         _say(f"error {exc}" if type(exc).__name__ == "TraceError" else f"error {type(exc).__name__}: {exc}")
         return 2
-    _say("ready")
+    _say("ready " + json.dumps({**priority(), "nice_why": nice_why}))
     global _cpu0
     _cpu0 = time.process_time()  # start-up (imports, opening the trace) is not writing
     delay = float(os.environ.get("SPECDIFF_WRITER_TEST_DELAY_S") or 0.0)
