@@ -32,12 +32,12 @@ def _off(x: np.ndarray, rng, rel: float) -> np.ndarray:
     return (x + rel * np.linalg.norm(x) * d / np.linalg.norm(d)).astype(np.float32)
 
 
-def write_pair(root, *, flips=(), context_rel=0.0, attn_bug=(), bug_rel=0.08) -> tuple[str, str]:
+def write_pair(root, *, flips=(), context_rel=0.0, attn_bug=(), bug_rel=0.08, moe=True) -> tuple[str, str]:
     rng = np.random.default_rng(0)
     paths = (str(root / "train.trace"), str(root / "serve.trace"))
     base = {"hidden_size": H, "num_layers": 8, "aux_hf_indices": [1, 4, 7], "dtype": "bfloat16"}
     writers = [TraceWriter(paths[0], side="train", contract=base, overwrite=True),
-               TraceWriter(paths[1], side="serve", contract={**base, **MOE}, overwrite=True)]
+               TraceWriter(paths[1], side="serve", contract={**base, **(MOE if moe else {})}, overwrite=True)]
     flip_at = dict(flips)  # seq -> flipped position
     for s in range(N_SEQ):
         toks = rng.integers(0, 1000, T + 1)
@@ -114,6 +114,70 @@ def test_too_few_clean_rows_name_nothing(tmp_path):
                          narrow=False)
     assert report.first is not None and report.first.name == "draft.hidden_out"
     assert "too few to show" in report.comparisons["draft.hidden_out"].stats["context_not_named"]
+
+
+# ---- too few clean rows: a draft re-run may stand in for them (replay/diff/context_proof.py) -------
+EARLY = [(s, 1) for s in range(N_SEQ)]  # a flip at position 1 of every sequence
+
+
+def _compare(paths, prove):
+    """``compare_all`` of a written pair with ``prove`` as the context prover (the real one re-runs
+    a draft checkpoint: tests/test_context_proof.py; here its answer is given)."""
+    from specdiff.replay.diff.align import Pair, align_sequences
+    from specdiff.replay.diff.compare import compare_all
+    from specdiff.tracer.store import open_trace
+
+    traces = Pair(*(open_trace(p) for p in paths))
+    return compare_all(traces, align_sequences(traces), prove_context=prove)
+
+
+class _Prover:
+    """Records what it was asked; answers ``answer`` (a ReplayProof, or why not)."""
+
+    def __init__(self, answer):
+        self.answer, self.asked = answer, []
+
+    def __call__(self, comp, idx):
+        self.asked.append((comp.name, np.asarray(idx)))
+        return self.answer
+
+
+def test_a_re_run_proof_names_the_rows_and_later_stages_inherit_the_proven_ones(tmp_path):
+    from specdiff.replay.diff.context_proof import ReplayProof
+    from specdiff.replay.diff.inherited import source_rows
+
+    prover = _Prover(ReplayProof(rows=0, sequences=N_SEQ, ids_rows=0, training_rel=0.0, serving_rel=0.004,
+                                 sides_rel=0.3))
+    comps = _compare(write_pair(tmp_path, flips=EARLY, context_rel=0.08), prover)
+    out = comps["draft.hidden_out"]
+    assert not out.diverged and out.explanation is not None and out.explanation.proof is not None
+    assert "re-running the training draft reproduces each side" in out.explanation.message()
+    # asked once, for every counted row after a flip (passing rows too), and those are carried
+    (name, idx), = prover.asked
+    after = (out.match.pos > 1) & out.counted
+    assert name == "draft.hidden_out" and set(idx.tolist()) == set(np.nonzero(after)[0].tolist())
+    assert (out.carried == after).all()
+    assert source_rows(out)[after].all()  # later stages inherit them, failing or not
+
+
+def test_a_refused_re_run_leaves_the_rows_counted(tmp_path):
+    why = "re-run on serving's inputs, the training draft does not reproduce serving's draft.hidden_out rows (3 of 282)"
+    comps = _compare(write_pair(tmp_path, flips=EARLY, context_rel=0.08), _Prover(why))
+    out = comps["draft.hidden_out"]
+    assert out.diverged and out.explanation is None and out.carried is None
+    assert "too few to show" in out.stats["context_not_named"] and why in out.stats["context_not_named"]
+
+
+def test_sources_only_within_a_fail_fraction_are_never_re_run(tmp_path):
+    # a dense target: the early aux differences are not named routing near ties, only within the
+    # aux stages' fail fraction (5 of 288 rows); a real bug at a few early positions looks the same,
+    # and serving's draft consumed it too, so a re-run would reproduce it: it is not asked
+    prover = _Prover("must not be asked")
+    comps = _compare(write_pair(tmp_path, flips=EARLY[:5], context_rel=0.08, moe=False), prover)
+    out = comps["draft.hidden_out"]
+    assert not comps["target.aux.1"].diverged and comps["target.aux.1"].explanation is None
+    assert prover.asked == [] and out.diverged
+    assert "not one a named cause explains" in out.stats["context_not_named"]
 
 
 # ---- the margin: rows an earlier flip moved do not set it (context.attributed_rows) ----------------

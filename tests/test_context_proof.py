@@ -61,10 +61,33 @@ def test_a_draft_that_differs_only_through_its_inputs_is_reproduced_on_both_side
     comp, idx = _failing(report)
     proof = ContextProver(report)(comp, idx)
     assert isinstance(proof, ReplayProof), proof
-    assert proof.rows == len(idx) and proof.sequences == 2
+    assert proof.rows == len(idx) and proof.sequences == 2 and proof.ids_rows > 0
     assert proof.training_rel <= comp.tolerance.rel and proof.serving_rel <= comp.tolerance.rel
     assert proof.sides_rel > comp.tolerance.rel  # the sides do differ there: their inputs do
     assert "reproduces each side" in proof.message()
+
+
+@pytest.mark.parametrize("wrong", ["one row off by 10 %", "one row non-finite"])
+def test_serving_rows_the_re_run_does_not_reproduce_on_one_row_are_not_proven(pairs, wrong):
+    """No fail fraction inside the proof: a serving draft bug on a single row (issue 22's kind: 4
+    depth-2 rows of 1000) would hide in one. The serving trace's value of one row is read back
+    changed (a non-finite row: a re-run compared with NaN is a miss, never a match)."""
+    train, serve = pairs
+    report = diff_traces(str(train), str(serve["inputs"]), narrow=False)
+    comp, idx = _failing(report)
+    strace, row = report.traces.y, int(comp.match.rows.y[idx[len(idx) // 2]])
+    real = strace.take_float
+
+    def take_float(name, rows, real=real):
+        out = real(name, rows)
+        if name == "draft.hidden_out":
+            hit = np.asarray(rows) == row
+            out[hit] = out[hit] * 1.1 if wrong.endswith("10 %") else np.nan
+        return out
+
+    strace.take_float = take_float
+    got = ContextProver(report)(comp, idx)
+    assert isinstance(got, str) and "1 of the" in got and "serving's draft.hidden_out" in got, got
 
 
 def test_a_serving_draft_that_computes_differently_is_not_proven(pairs):

@@ -497,7 +497,8 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
             watch_frac = routing.bound(tol)
         elif context.consumes_context(name) and (first := context.first_sources(upstream)):
             # an earlier cached row differed: the draft attention carries it to later rows (context.py)
-            judge = functools.partial(_judge_context, first, counted, prove_context)
+            judge = functools.partial(_judge_context, first, counted, prove_context,
+                                      lambda pair, first=first: upstream.explained_at(pair, first[pair], context.CONTEXT_STAGE))
             watch_frac = 1.0
             moved = context.attributed_rows(name, m, first, counted)
         if name in topk_ties.JUDGED:
@@ -576,15 +577,15 @@ def _judge_ties(traces, counted, comp, candidates):
     return got
 
 
-def _judge_context(first, counted, prove, comp, candidates):
+def _judge_context(first, counted, prove, explained_first, comp, candidates):
     """``context.context_rows`` as a ``compare_tensor`` judge; why the rows were not named, when
     not, goes to the tensor's ``stats["context_not_named"]``."""
-    got = context.context_rows(comp, first, candidates, counted, prove)
+    got = context.context_rows(comp, first, candidates, counted, prove, explained_first)
     if isinstance(got, str):
         comp.stats["context_not_named"] = got
         return None
-    if got is not None and got.proof is not None:  # the re-run covered every row after a source
-        comp.carried = context.after_sources(comp.match, first) & counted
+    if got is not None and got.proof is not None:  # the re-run covered every readable row after a source
+        comp.carried = context.after_sources(comp.match, first) & counted & (comp.status != UNREADABLE)
     return got
 
 

@@ -155,7 +155,7 @@ def attributed_rows(name: str, match, first: dict[int, int], counted: np.ndarray
 
 
 def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: np.ndarray,
-                 prove=None) -> ContextRows | str | None:
+                 prove=None, explained_first=None) -> ContextRows | str | None:
     """The context explanation of ``candidates`` (bool [n]: the failing rows of ``comp``, a draft
     tensor after the attention, whose same-position inputs agree); when any of them does not fit
     (module doc) nothing is explained and the answer is why, in words; None when the tensor does
@@ -166,7 +166,10 @@ def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: n
     computes the same from the same inputs on every counted row after a source, passing or not
     (replay/diff/context_proof.py ``ContextProver``: a ``ReplayProof`` or why not, in words);
     None: no re-run, the rows are not named. With a proof, compare.py marks those rows
-    ``carried``: later stages inherit them.
+    ``carried``: later stages inherit them. ``explained_first(pair) -> bool``: whether the first
+    source of sequence ``pair`` is a row a named cause explains; the re-run is asked only when
+    every sequence's is (a source merely within its stage's fail fraction may be a real bug at a
+    few early positions, which serving's draft consumed too, so a re-run would reproduce it).
     """
     if not consumes_context(comp.name) or not first or not candidates.any():
         return None
@@ -190,7 +193,15 @@ def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: n
                "attention itself agrees")
         # every row after a source, passing ones too: the proof then covers what later stages inherit
         moved = np.nonzero(readable & after)[0]
-        proof = prove(comp, moved) if prove is not None else "the draft re-run is off (--no-narrow)"
+        unexplained = sorted(p for p in {int(m.pair[i]) for i in moved}
+                             if explained_first is None or not explained_first(p))
+        if prove is None:
+            proof = "no draft re-run was asked for (diff --no-narrow)"
+        elif unexplained:
+            proof = (f"no re-run either: the first differing cached row of sequence(s) {unexplained[:4]} is not one a "
+                     "named cause explains (only within its stage's fail fraction)")
+        else:
+            proof = prove(comp, moved)
         if isinstance(proof, str):
             return f"{few}; {proof}"
         proof = {"message": proof.message(), **asdict(proof)}

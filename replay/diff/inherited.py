@@ -86,6 +86,7 @@ class _Source:
     name: str
     keys: np.ndarray
     depth: np.ndarray
+    explained: np.ndarray | None = None  # bool per key: a named cause explains that row
 
 
 @dataclass
@@ -105,10 +106,24 @@ class Inheritance:
         m = comp.match
         depth = m.depth[rows] if spec_for(comp.name).by_depth else np.zeros(int(rows.sum()), np.int64)
         keys = _pos_key(m.pair[rows], m.pos[rows])
+        named = (comp.explained[rows] if comp.explained is not None else np.zeros(len(keys), bool))
         order = np.lexsort((depth, keys))
-        keys, depth = keys[order], depth[order]
+        keys, depth, named = keys[order], depth[order], named[order]
         first = np.r_[True, keys[1:] != keys[:-1]]  # the shallowest depth of each key
-        self.sources.append(_Source(comp.name, keys[first], depth[first].astype(np.int64)))
+        self.sources.append(_Source(comp.name, keys[first], depth[first].astype(np.int64), named[first]))
+
+    def explained_at(self, pair: int, pos: int, into: str) -> bool:
+        """Whether a source row at (``pair``, ``pos``) of a tensor feeding ``into`` is one a named
+        legitimate cause explains (e.g. an MoE routing near tie), not only one within its
+        tensor's fail fraction."""
+        key = int(_pos_key(np.array([pair]), np.array([pos]))[0])
+        for s in self.sources:
+            if s.explained is None or not (s.name == into or feeds(s.name, into)):
+                continue
+            at = int(np.searchsorted(s.keys, key))
+            if at < len(s.keys) and s.keys[at] == key and s.explained[at]:
+                return True
+        return False
 
     def inherited(self, name: str, match) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(bool [n] inherited rows of ``match`` (RowMatch of tensor ``name``), int [n] index into

@@ -163,12 +163,13 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
         by_depth = spec_for(name).by_depth
         keep = m.depth == (depth if by_depth else 0)
         keep &= np.isin(pack_keys(m.pair, m.pos, np.zeros_like(m.depth)), want)
-        b, ok = batch.coords(m.pair, m.pos, np.full(len(m.pair), depth), by_depth)
-        idx = np.nonzero(keep & ok)[0]
+        idx = np.nonzero(keep)[0]
+        b, ok = batch.coords(m.pair[idx], m.pos[idx], np.full(len(idx), depth), by_depth)
+        idx, b = idx[ok], b[ok]
         if not len(idx):
             continue
         ys = strace.take_float(name, getattr(m.rows, sv)[idx])
-        recorded[name] = (b[idx], m.pos[idx].astype(np.int64), ys)
+        recorded[name] = (b, m.pos[idx].astype(np.int64), ys)
     stages = tuple(s for s in stages if s in recorded)
     if first.name in STAGES:
         if first.name not in stages:

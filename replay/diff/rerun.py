@@ -169,9 +169,16 @@ class _CachedPrefix:
             d0 = np.nonzero(k["depth"] == 0)[0]
             by: dict = {}
             for r, sq, ps in zip(d0.tolist(), k["seq"][d0].tolist(), k["pos"][d0].tolist(), strict=True):
-                by.setdefault(sq, {})[ps] = r
+                by.setdefault(sq, {}).setdefault(ps, r)  # the first row, as match_rows keeps
             self.index[attr] = by
         return self.index[attr]
+
+    def _tokens(self, seq: int) -> list:
+        """Serving sequence ``seq``'s tokens (read once)."""
+        key = ("tokens", seq)
+        if key not in self.index:
+            self.index[key] = list(getattr(self.traces, self.sv).sequence(seq).tokens)
+        return self.index[key]
 
     def rows(self, pair, head: int) -> dict | None:
         """``{"x": rows, "y": rows}`` (int64 [head]) of positions 0..head-1 of ``pair``, or None:
@@ -183,10 +190,9 @@ class _CachedPrefix:
         own = self._rows(self.tr).get(tr_seq, {})
         if any(t not in own for t in range(head)):
             return None
-        strace = getattr(self.traces, self.sv)
-        want = list(strace.sequence(sv_seq).tokens[:head])
+        want = self._tokens(sv_seq)[:head]
         for seq, at in sorted(self._rows(self.sv).items()):
-            if seq != sv_seq and all(t in at for t in range(head)) and list(strace.sequence(seq).tokens[:head]) == want:
+            if seq != sv_seq and all(t in at for t in range(head)) and self._tokens(seq)[:head] == want:
                 return {self.tr: np.array([own[t] for t in range(head)], np.int64),
                         self.sv: np.array([at[t] for t in range(head)], np.int64)}
         return None
@@ -253,7 +259,8 @@ class Batch:
 
     Attributes:
         seqs: the sequences, one batch row each.
-        ids: "train" / "serve" -> int64 [B, T], each side's tokens x_0..x_{n-1}, right-padded.
+        ids: "train" / "serve" -> int64 [B, T], each side's tokens x_0..x_{n-1} (and x_n, see
+            ``tokens``), right-padded.
         aux: "train" / "serve" -> [B, T, aux_width] ``target.aux_cat`` rows in the run's dtype.
         lengths: int64 [B], each row's ``n``.
         row_of: alignment pair index -> batch row.
@@ -311,17 +318,23 @@ def batch_inputs(report, run: Rerun, seqs: list) -> Batch:
                  [min(len(g["train"]), len(g["serve"])) for g in toks])
 
 
-def stage_outputs(out, d2t, depth: int = 0) -> dict:
+def stage_outputs(out, d2t, depth: int = 0, name: str | None = None) -> dict:
     """Tensors [B, T, ...] of one ``ttt_forward`` at draft depth ``depth``, by stage name (fc stages
-    have no depth: their depth-0 rows); ids as the recorders pick them (their top-1 tie rule)."""
+    have no depth: their depth-0 rows); ids as the recorders pick them (their top-1 tie rule).
+    ``name``: only that stage (the ids' top-1 over the [B, T, Vd] logits is taken only for them)."""
     from specdiff.eagle3.vocab_map import hot_token_ids
     from specdiff.tracer.rows import draft_top_ids
 
+    floats = {"draft.fc_in": lambda: out.fc_in, "draft.fc_out": lambda: out.fc_out,
+              "draft.hidden_in": lambda: out.hidden_in[depth], "draft.attn_in": lambda: out.attn_in[depth],
+              "draft.hidden_out": lambda: out.hidden_out[depth]}
+    if name in floats:
+        return {name: floats[name]()}
     top1 = draft_top_ids(out.logits[depth].float(), 1)
-    hot = hot_token_ids(d2t)
-    return {"draft.fc_in": out.fc_in, "draft.fc_out": out.fc_out, "draft.hidden_in": out.hidden_in[depth],
-            "draft.attn_in": out.attn_in[depth], "draft.hidden_out": out.hidden_out[depth],
-            "draft.logits_topk.ids": top1, "draft.topk": top1, "draft.topk_target": hot[top1]}
+    ids = {"draft.logits_topk.ids": top1, "draft.topk": top1, "draft.topk_target": hot_token_ids(d2t)[top1]}
+    if name in ids:
+        return {name: ids[name]}
+    return {**{k: f() for k, f in floats.items()}, **ids}
 
 
 def computed_rows(out, d2t, name: str, b: np.ndarray, t: np.ndarray, depth: np.ndarray) -> np.ndarray:
@@ -332,9 +345,9 @@ def computed_rows(out, d2t, name: str, b: np.ndarray, t: np.ndarray, depth: np.n
     vals = None
     for d in sorted(set(depth.tolist())):
         sel = np.nonzero(depth == d)[0]
-        got = stage_outputs(out, d2t, int(d))[name][torch.as_tensor(b[sel]), torch.as_tensor(t[sel])]
+        got = stage_outputs(out, d2t, int(d), name)[name][torch.as_tensor(b[sel]), torch.as_tensor(t[sel])]
         got = got.detach().float().cpu().numpy()
         if vals is None:
             vals = np.zeros((len(b),) + got.shape[1:], np.float32)
         vals[sel] = got
-    return vals if vals is not None else np.zeros((0,), np.float32)
+    return vals if vals is not None else np.zeros((0,), np.float32)  # no rows: shape (0,)
