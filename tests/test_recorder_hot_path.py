@@ -53,6 +53,26 @@ def test_staged_tensors_are_put_without_a_second_copy_and_read_back_bit_exact(tm
     assert prod.used() == 0 and not prod.staging
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int64, torch.int32, torch.bool])
+def test_typed_staging_is_one_contiguous_tensor_in_the_ring_read_back_bit_exact(tmp_path, dtype):
+    """``stage(n, owner, dtype, shape)`` (the serving thread's one ``as_strided``) after a record of
+    odd size; a non-contiguous view of a staged tensor is copied into the record, not refused."""
+    prod, cons = _ring(tmp_path)
+    assert prod.put({"odd": torch.arange(3, dtype=torch.uint8)})
+    _read(cons)
+    owner = object()
+    src = (torch.randn(6, 10) * 100).to(dtype)
+    t = prod.stage(src.numel() * src.element_size(), owner, dtype, src.shape)
+    t.copy_(src)
+    lo = prod.u8.data_ptr()
+    assert t.dtype == dtype and t.shape == src.shape and t.is_contiguous() and lo <= t.data_ptr() < lo + prod.size
+    scalar = prod.stage(src.element_size(), owner, dtype, ())
+    scalar.copy_(src[1, 2])
+    assert prod.put({"t": t, "s": scalar, "col": t[:, 3]}, owner=owner)
+    got = _read(cons)
+    assert torch.equal(got["t"], src) and torch.equal(got["s"], src[1, 2]) and torch.equal(got["col"], src[:, 3])
+
+
 def test_staging_wraps_and_mixes_with_plain_records_without_losing_a_byte(tmp_path):
     prod, cons = _ring(tmp_path, 16 * 1024)
     sent, seen = [], 0

@@ -373,10 +373,9 @@ class ProcessTraceWriter:
         if not self._stage_ok or self._publisher is not None or self._closed:
             return None
         n = t.numel() * dtype.itemsize
-        buf = self.ring.stage(n, owner) if n else None
-        if buf is None:
+        out = self.ring.stage(n, owner, dtype, t.shape) if n else None
+        if out is None:
             return None
-        out = buf.view(dtype).view(t.shape)
         out.copy_(t)
         return out
 
