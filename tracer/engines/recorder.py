@@ -212,9 +212,10 @@ class ServingRecorder:
         copy belongs to (default ``cur``; None: not staged)."""
         if t is None:
             return None
-        t = t.detach()
+        if t.requires_grad:  # (a served tensor does not: inference mode)
+            t = t.detach()
         dtype = t.dtype if dtype is None else dtype
-        if t.device.type == "cpu":
+        if t.is_cpu:  # (``is_cpu``, not ``device.type``: ~50 copies an iteration, each attribute counts)
             stage = getattr(self.writer, "stage", None)
             owner = self.cur if owner is None else owner
             got = None if stage is None or owner is None else stage(t, owner, dtype)

@@ -40,8 +40,14 @@ from specdiff.tracer.engines.sglang.prefill import PrefillFacts
 logger = logging.getLogger("specdiff.tracer")
 
 
+#: read once: ``torch.cuda.is_available()`` reads the environment on every call, and every hook
+#: asks ``_capturing`` (0.8 % of the CPU server's serving thread, profiled); a process does not
+#: gain or lose its CUDA devices while it serves
+_CUDA = torch.cuda.is_available()
+
+
 def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return _CUDA and torch.cuda.is_current_stream_capturing()
 
 
 # ---- the recorder ---------------------------------------------------------------------------
@@ -174,7 +180,7 @@ class Recorder(ServingRecorder):
             if nti is not None and nti is not MISSING and "next_token_ids" not in cap.t:
                 cap.t["next_token_ids"] = self.snap(nti, cap)
         self.sync_unobservable()
-        if torch.cuda.is_available() and any(_on_cuda(v) for v in cap.t.values()):
+        if _CUDA and any(_on_cuda(v) for v in cap.t.values()):
             ev = torch.cuda.Event()
             ev.record()
             cap.event = ev
