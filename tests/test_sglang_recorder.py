@@ -243,12 +243,40 @@ def tree(models, tmp_path_factory, server_env):
         deadline = time.monotonic() + 120
         while open_trace(str(path)).rows("verify.accept_length") < rows_before + 3 and time.monotonic() < deadline:
             time.sleep(0.2)
+        writers = _writer_processes(srv.pid)
         os.killpg(srv.pid, signal.SIGKILL)  # the whole server: no atexit, no SIGTERM handler
         srv.proc.wait(30)
         th.join(30)
+        # the writer process (a session of its own, nice 19) writes what the ring holds, then exits:
+        # on a loaded machine that comes well after the kill, so the trace is read once it is gone
+        deadline = time.monotonic() + 180
+        while any(os.path.exists(f"/proc/{w}") for w in writers) and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         srv.stop()
     return {"out": out, "path": path, "closed_before_kill": closed_before, "rows_before": rows_before}
+
+
+def _writer_processes(root: int) -> list[int]:
+    """Pids of the trace writer processes (tracer/writer_process.py) under process ``root``."""
+    kids: dict[int, list[int]] = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        kids.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        todo += kids.get(pid, [])
+        try:
+            if b"specdiff.tracer.writer_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            pass
+    assert out, f"no trace writer process under the server (pid {root})"
+    return out
 
 
 #: Loaded by the server's Python at start-up (a ``sitecustomize`` on PYTHONPATH): after SGLang
