@@ -47,18 +47,19 @@ def pairs(tmp_path_factory, scaled_copy):
     return train, out
 
 
-def _failing(report):
-    """The draft.hidden_out comparison and every row whose sides differ beyond its tolerance."""
+def _failing(pairs, serving: str):
+    """(report, the draft.hidden_out comparison, every row whose sides differ beyond its tolerance)
+    of training against serving trace ``serving`` of ``pairs``."""
+    train, serve = pairs
+    report = diff_traces(str(train), str(serve[serving]), narrow=False)
     comp = report.comparisons["draft.hidden_out"]
     idx = np.nonzero(comp.score > comp.tolerance.rel)[0]
     assert len(idx) > 4, "the fine-tuned target must move the draft's rows"
-    return comp, idx
+    return report, comp, idx
 
 
 def test_a_draft_that_differs_only_through_its_inputs_is_reproduced_on_both_sides(pairs):
-    train, serve = pairs
-    report = diff_traces(str(train), str(serve["inputs"]), narrow=False)
-    comp, idx = _failing(report)
+    report, comp, idx = _failing(pairs, "inputs")
     proof = ContextProver(report)(comp, idx)
     assert isinstance(proof, ReplayProof), proof
     assert proof.rows == len(idx) and proof.sequences == 2 and proof.ids_rows > 0
@@ -72,9 +73,7 @@ def test_serving_rows_the_re_run_does_not_reproduce_on_one_row_are_not_proven(pa
     """No fail fraction inside the proof: a serving draft bug on a single row (issue 22's kind: 4
     depth-2 rows of 1000) would hide in one. The serving trace's value of one row is read back
     changed (a non-finite row: a re-run compared with NaN is a miss, never a match)."""
-    train, serve = pairs
-    report = diff_traces(str(train), str(serve["inputs"]), narrow=False)
-    comp, idx = _failing(report)
+    report, comp, idx = _failing(pairs, "inputs")
     strace, row = report.traces.y, int(comp.match.rows.y[idx[len(idx) // 2]])
     real = strace.take_float
 
@@ -91,9 +90,7 @@ def test_serving_rows_the_re_run_does_not_reproduce_on_one_row_are_not_proven(pa
 
 
 def test_a_serving_draft_that_computes_differently_is_not_proven(pairs):
-    train, serve = pairs
-    report = diff_traces(str(train), str(serve["attention"]), narrow=False)
-    comp, idx = _failing(report)
+    report, comp, idx = _failing(pairs, "attention")
     got = ContextProver(report)(comp, idx)
     assert isinstance(got, str) and "does not reproduce serving's draft.hidden_out rows" in got, got
     assert "serving draft computes differently" in got
@@ -102,9 +99,7 @@ def test_a_serving_draft_that_computes_differently_is_not_proven(pairs):
 def test_a_serving_lm_head_that_differs_is_not_proven(pairs):
     """Later stages inherit the proven rows, so the draft's ids there are checked too: a serving
     draft whose lm_head differs (hidden states reproduced, ids not) is not proven."""
-    train, serve = pairs
-    report = diff_traces(str(train), str(serve["lm_head"]), narrow=False)
-    comp, idx = _failing(report)
+    report, comp, idx = _failing(pairs, "lm_head")
     got = ContextProver(report)(comp, idx)
     assert isinstance(got, str) and "does not reproduce serving's draft.logits_topk.ids rows" in got, got
     assert "top-1 id differs" in got
@@ -113,18 +108,14 @@ def test_a_serving_lm_head_that_differs_is_not_proven(pairs):
 def test_another_draft_on_the_training_side_is_not_proven(pairs, tmp_path, scaled_copy):
     """The re-run is of the checkpoint given: when it is not the draft training recorded, it
     reproduces neither side, and the training side is named first."""
-    train, serve = pairs
-    report = diff_traces(str(train), str(serve["inputs"]), narrow=False)
-    comp, idx = _failing(report)
+    report, comp, idx = _failing(pairs, "inputs")
     other = scaled_copy(REPO_MODELS / "draft", tmp_path / "other", "midlayer.mlp.down_proj.weight", 1.5)
     got = ContextProver(report, draft_path=str(other))(comp, idx)
     assert isinstance(got, str) and "not the draft training recorded" in got, got
 
 
 def test_without_the_checkpoint_it_says_why(pairs, tmp_path):
-    train, serve = pairs
-    report = diff_traces(str(train), str(serve["inputs"]), narrow=False)
-    comp, idx = _failing(report)
+    report, comp, idx = _failing(pairs, "inputs")
     got = ContextProver(report, draft_path=str(tmp_path / "nowhere"))(comp, idx)
     assert isinstance(got, str) and got.startswith("the draft re-run cannot run") and "not found" in got, got
     assert ContextProver(report)(report.comparisons["draft.fc_out"], idx).startswith("a re-run proves only")
