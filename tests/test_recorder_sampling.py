@@ -187,6 +187,19 @@ def test_a_bad_sample_fraction_is_one_error_naming_it(value):
     assert (o.sample, o.writer) == (0.25, "thread") and o.sampler().facts["fraction"] == 0.25
 
 
+@pytest.mark.parametrize("value", ["lots", "-1", "20"])
+def test_a_bad_writer_niceness_is_one_error_naming_it(value):
+    """The writer process reads SPECDIFF_WRITER_NICE itself; a value it could not use is refused
+    with the options, before any writer starts (it used to fail the writer's start-up)."""
+    from specdiff.tracer.engines.options import OptionError, Options
+
+    with pytest.raises(OptionError) as e:
+        Options.from_env({"SPECDIFF_TRACE": "t.trace", "SPECDIFF_WRITER_NICE": value})
+    assert str(e.value) == (f"SPECDIFF_WRITER_NICE={value!r} is not valid; accepted values: an integer from 0 to 19 "
+                            "(default 19)")
+    assert Options.from_env({"SPECDIFF_TRACE": "t.trace", "SPECDIFF_WRITER_NICE": "0"}).writer_nice == 0
+
+
 def test_record_serve_passes_the_sample_fraction(tmp_path):
     from specdiff.tui.cmd_record import trace_env
 

@@ -25,6 +25,7 @@ class Options:
     max_queue_mb: int = 256  # the bound on host memory of captures in flight (the ring size)
     sample: float | None = None  # record this fraction of requests (tracer/engines/requests.py)
     writer: str = "process"  # "process": rows built in a writer process; "thread": in this one
+    writer_nice: int = 19  # the writer process's niceness (tracer/writer_process.py NICE; 0: the server's)
 
     @classmethod
     def from_env(cls, env) -> Options | None:
@@ -44,7 +45,9 @@ class Options:
                    rids=_env_regex(env, "SPECDIFF_RIDS"),
                    eager_draft=_env_flag(env, "SPECDIFF_EAGER_DRAFT"),
                    sample=_env_fraction(env, "SPECDIFF_SAMPLE"),
-                   writer=_env_choice(env, "SPECDIFF_WRITER", ("process", "thread"), default="process"))
+                   writer=_env_choice(env, "SPECDIFF_WRITER", ("process", "thread"), default="process"),
+                   # read again by the writer process itself; checked here so a bad value is one refusal
+                   writer_nice=_env_int(env, "SPECDIFF_WRITER_NICE", 19, minimum=0, maximum=19))
 
     def sampler(self):
         """The ``RequestSampler`` these options ask for (``SPECDIFF_SAMPLE``, ``SPECDIFF_RIDS``)."""
@@ -75,7 +78,7 @@ def _env_choice(env, name: str, choices: tuple[str, ...], *, default: str) -> st
     return raw.strip().lower()
 
 
-def _env_int(env, name: str, default: int, *, minimum: int = 1) -> int:
+def _env_int(env, name: str, default: int, *, minimum: int = 1, maximum: int | None = None) -> int:
     raw = _given(env, name)
     if raw is None:
         return default
@@ -83,8 +86,9 @@ def _env_int(env, name: str, default: int, *, minimum: int = 1) -> int:
         v = int(raw.strip())
     except ValueError:
         v = None
-    if v is None or v < minimum:
-        raise OptionError(name, raw, f"an integer >= {minimum} (default {default})")
+    if v is None or v < minimum or (maximum is not None and v > maximum):
+        span = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise OptionError(name, raw, f"an integer {span} (default {default})")
     return v
 
 
