@@ -287,3 +287,37 @@ def test_chain_acceptance_stops_at_the_first_rejected_depth():
     t.add(1, cum1, np.array([True, True, False]))  # the third row has no depth-1 row
     assert t.per_depth() == (2 / 3, 0.5, 0.0) and t.mean_accept_length() == 1 + 2 / 3 + 0.5
     assert t.stats().samples == 3
+
+
+def test_row_batch_keys_mix_scalars_and_arrays_and_land_in_the_store(tmp_path):
+    """RowBatch keeps each piece's keys as given (int, [n] or [1]) and builds one column per name at
+    flush: the rows a real TraceWriter stores carry exactly those keys, in the order added."""
+    out = RowBatch()
+    out.add("target.argmax", torch.tensor([5, 6, 7]), seq=1, pos=np.arange(3), depth=0, iter=4)
+    out.add("target.argmax", torch.tensor([8]), seq=np.array([2]), pos=9, depth=np.int16(0), iter=np.array([5]))
+    out.add("target.argmax", torch.tensor([9, 10]), seq=torch.tensor([3, 3]), pos=[1, 2], depth=0, iter=-1)
+    tw = TraceWriter(str(tmp_path / "t.trace"), side="serve", contract={})
+    out.flush(tw)
+    assert out.parts == {}
+    tw.close()
+    t = open_trace(str(tmp_path / "t.trace"))
+    k = t.keys("target.argmax")
+    assert k["seq"].tolist() == [1, 1, 1, 2, 3, 3]
+    assert k["pos"].tolist() == [0, 1, 2, 9, 1, 2]
+    assert k["iter"].tolist() == [4, 4, 4, 5, -1, -1]
+    assert t.read("target.argmax").tolist() == [5, 6, 7, 8, 9, 10]
+
+
+def test_row_batch_refuses_a_key_of_another_length():
+    with pytest.raises(ValueError, match="for 3 rows"):
+        RowBatch().add("target.argmax", torch.tensor([5, 6, 7]), seq=0, pos=np.arange(2))
+
+
+def test_trace_writer_owns_its_key_columns(tmp_path):
+    """A caller's key array changed after append does not change the rows' keys."""
+    tw = TraceWriter(str(tmp_path / "t.trace"), side="serve", contract={})
+    pos = np.arange(3)
+    tw.append("target.argmax", torch.tensor([1, 2, 3]), seq=0, pos=pos)
+    pos[:] = 7
+    tw.close()
+    assert open_trace(str(tmp_path / "t.trace")).keys("target.argmax")["pos"].tolist() == [0, 1, 2]

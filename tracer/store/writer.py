@@ -94,6 +94,17 @@ class _Pending:
         self.rows = rest
 
 
+def _key_column(v, dtype, n: int) -> np.ndarray:
+    """Row key ``v`` (a scalar, or [n] / [1] values) as a new ``dtype`` array [n] the writer owns
+    (the caller may change its own afterwards)."""
+    a = np.asarray(v, dtype=dtype)
+    if a.shape == (n,):
+        return a.copy()
+    out = np.empty(n, dtype)
+    out[:] = a  # a scalar or [1]; any other shape raises (as broadcasting would)
+    return out
+
+
 class TraceWriter:
     """Write a trace. Not thread-safe: one thread appends (the SGLang plugin's writer thread).
 
@@ -210,8 +221,7 @@ class TraceWriter:
         known = self._layout.setdefault(name, layout)
         if known != layout:
             raise TraceError(f"{name}: rows of {layout} after rows of {known}; a tensor keeps one dtype and shape")
-        keys = {k: np.broadcast_to(np.asarray(v, dtype=kd), (n,)).copy()
-                for (k, kd), v in zip(KEY_COLUMNS, (seq, pos, depth, iter), strict=True)}
+        keys = {k: _key_column(v, kd, n) for (k, kd), v in zip(KEY_COLUMNS, (seq, pos, depth, iter), strict=True)}
         row0 = self._rows[name]
         arr = np.ascontiguousarray(arr)
         if name not in self._arrays:
