@@ -61,47 +61,12 @@ def spill_key(name: str, gen: int) -> str:
     return f"{SPILL_DIR}/{name}.{gen}"
 
 
-class _RawFile:
-    """A local file opened unbuffered: each ``write`` is written to the OS at once (``flush`` has
-    nothing left to do). The journal and spill files are written ~30 times per recorded iteration,
-    and through fsspec's ``LocalFileOpener`` each write was a buffered write plus a flush, a tenth
-    of the writer process's CPU (py-spy, CPU server)."""
-
-    def __init__(self, path: str, mode: str):
-        self._f = open(path, mode, buffering=0)  # noqa: SIM115 - closed by close()
-
-    def write(self, data) -> None:
-        view = memoryview(data).cast("B")
-        while view.nbytes:  # a regular file takes it whole unless the disk is full (then OSError)
-            n = self._f.write(view)
-            view = view[n:]
-
-    def flush(self) -> None:
-        return None
-
-    def fileno(self) -> int:
-        return self._f.fileno()
-
-    def close(self) -> None:
-        self._f.close()
-
-
-def _open_for_write(url: str, mode: str):
-    """``url`` opened for writing (``"wb"`` or ``"ab"``): a local file unbuffered (``_RawFile``), any
-    other fsspec URL (e.g. ``memory://``) through fsspec, flushed by the caller."""
-    fs, path = fsspec.core.url_to_fs(url)
-    if isinstance(fs, LocalFileSystem):
-        return _RawFile(path, mode)
-    return fs.open(path, mode)
-
-
 class JournalWriter:
-    """Appends entries to ``<store>/journal.msgpack`` (a local file, or any fsspec URL such as
-    ``memory://``)."""
+    """Appends entries to ``<store>/journal.msgpack`` through fsspec (local or ``memory://``)."""
 
     def __init__(self, url: str):
         self.url = url
-        self._fh = _open_for_write(url, "ab")
+        self._fh = fsspec.open(url, "ab").open()
         self._packer = msgpack.Packer(use_bin_type=True)
 
     def write(self, entry: dict) -> None:
@@ -126,7 +91,7 @@ class SpillWriter:
         self.url = url
         self._fs, self._path = fsspec.core.url_to_fs(url)
         self._fs.makedirs(self._fs._parent(self._path), exist_ok=True)
-        self._fh = _open_for_write(url, "wb")
+        self._fh = self._fs.open(self._path, "wb")
         self.crc = 0 if checksum else None
 
     def write(self, data) -> None:
