@@ -8,16 +8,26 @@
 Starts one SGLang server per mode, all up at once (``specdiff.tracer.engines.sglang.cpu.launch.ServerProcess``;
 on a GPU, ``--device cuda``: SGLang's own ``launch_server`` with CUDA graphs on, the recorder
 loaded through SGLang's plugin entry point as users run it, on your ``--target``/``--draft``
-checkpoints; give each of the four servers a share of the GPU with ``--mem-fraction-static``):
-tracing off, ``SPECDIFF_CAPTURE=default``, ``SPECDIFF_CAPTURE=full`` and default capture with
-``SPECDIFF_SAMPLE=0.1``. After one warm-up request each, every round sends the same greedy prompt
-set (batches of ``--batch`` concurrent requests, fresh rids) to every server, the order rotating
-by round; it prints each mode's median tokens/s, the median of its per-round ratio to the untraced
-server, and the recorder's cost: the hooks' time on the serving thread, the writer process's CPU
-seconds and both per MB recorded. Goals (issue 24, CPU server): default >= 0.9x, 10 % sampling
->= 0.97x, full >= 0.5x. Uses the demo pair in traces/models when it is built, else the throwaway
-bring-up models (specdiff.demo_models.bringup) — throughput depends on shapes and accept lengths,
-so the demo pair is the fairer measurement.
+checkpoints; give each server a share of the GPU with ``--mem-fraction-static``):
+tracing off, a second untraced server (``twin``: its ratio to the first is the run's noise floor),
+``SPECDIFF_CAPTURE=default``, ``SPECDIFF_CAPTURE=full`` and default capture with
+``SPECDIFF_SAMPLE=0.1``. Each server gets one warm-up request, marked for recording, and the
+writers are let finish it: a trace's one-off set-up (creating its arrays) is not in the rounds.
+Every round sends the same greedy prompt set in batches of ``--batch`` concurrent requests (fresh
+rids); each batch goes to every server back to back, in a seeded random order, since this VM's speed
+swings by +-14 % from one batch to the next (one server alone, the same batch 30 times). It
+prints each mode's median tokens/s, the median of its per-round ratio to the untraced server, and
+the recorder's cost over the rounds: the hooks' time on the serving thread, the scheduler
+process's CPU per token, the writer process's CPU seconds, and CPU seconds per MB recorded.
+Goals (issue 24, CPU server): default >= 0.9x, 10 % sampling >= 0.97x, full >= 0.5x. Uses the
+demo pair in traces/models when it is built, else the throwaway bring-up models
+(specdiff.demo_models.bringup) — throughput depends on shapes and accept lengths, so the demo
+pair is the fairer measurement. ``--threads N`` sets every server's OMP_NUM_THREADS.
+
+What the writer process costs a CPU server is not only its CPU: on this VM the demo pair's
+forward runs out of the shared L3 cache, and a nice-19 process streaming through memory on the
+other core slowed it by 13 % (a busy loop that touches no memory: no change), so the writer's
+cost follows the bytes it moves, whatever its priority.
 
 ``--engine vllm``: a CPU vLLM 0.32 server from the repository's vLLM venv (``make vllm-venv``;
 ``specdiff.tracer.engines.vllm.cpu.VLLMServerProcess``), untraced and traced at default capture,
@@ -33,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -71,70 +82,122 @@ def recorded_mb(trace) -> float:
     return total / 1e6
 
 
-#: The SGLang modes compared side by side: the recorder's environment of each.
-MODES = {"off": {}, "default": {"SPECDIFF_CAPTURE": "default"}, "full": {"SPECDIFF_CAPTURE": "full"},
+#: The SGLang modes compared side by side: the recorder's environment of each ("twin": a second
+#: untraced server, the run's noise floor: its ratio to "off" is what the machine alone moves).
+MODES = {"off": {}, "twin": {}, "default": {"SPECDIFF_CAPTURE": "default"}, "full": {"SPECDIFF_CAPTURE": "full"},
          "sample10": {"SPECDIFF_CAPTURE": "default", "SPECDIFF_SAMPLE": "0.1"}}
 GOALS = {"default": 0.9, "full": 0.5, "sample10": 0.97}  # issue 24, CPU server
 
 
+def process_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the server ``pid`` and every process under it, by
+    role: ``scheduler`` (SGLang's scheduler: the serving thread and torch's), ``writer`` (specdiff's
+    writer process), ``other`` (HTTP server, tokenizer, detokenizer)."""
+    import psutil  # comes with distributed (a specdiff dependency)
+
+    out = {"scheduler": 0.0, "writer": 0.0, "other": 0.0}
+    root = psutil.Process(pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            role = ("writer" if "specdiff.tracer.writer_process" in " ".join(p.cmdline())
+                    else "scheduler" if p.name().startswith("sglang::scheduler") else "other")
+        except psutil.Error:  # exited meanwhile
+            continue
+        out[role] += t.user + t.system
+    return out
+
+
+def settle_writers(servers: dict, timeout_s: float = 60.0) -> None:
+    """Wait until no writer process has used CPU for a second (the warm-up's rows are written and
+    the trace's arrays exist), so the rounds measure steady recording, not a trace's one-off set-up."""
+    last, quiet_since, t_end = None, time.monotonic(), time.monotonic() + timeout_s
+    while time.monotonic() < t_end:
+        now = tuple(process_cpu(srv.pid)["writer"] for srv in servers.values())
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= 1.0:
+            return
+        time.sleep(0.25)
+
+
 def run_sglang(target, draft, args, workdir: Path) -> dict:
-    """One SGLang server per mode (``MODES``), all up at once; each round sends the prompt set to
-    every server, the order rotating by round, so a neighbour's load hits every mode alike. Per
-    mode: the rounds' tokens/s, the median of each round's ratio to the untraced server, and the
-    trace's cost facts (hooks on the serving thread, the writer process's CPU, the MB recorded)."""
+    """One SGLang server per mode (``MODES``), all up at once. Every batch of every round goes to
+    each server back to back, the order rotating by batch and round, so each mode's batch and the
+    untraced one's run seconds apart and the machine's swings hit them alike. Per mode: each round's
+    tokens/s, the median of the rounds' ratios to the untraced server, and the recorder's cost
+    over the rounds (CPU of the scheduler and the writer process; hooks and MB from the trace)."""
+    from specdiff.tracer.engines.requests import MARK_KEY
     from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
     from specdiff.tracer.store import open_trace
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
+    if args.threads:
+        base["OMP_NUM_THREADS"] = str(args.threads)
     spec = SpecSettings(num_steps=3, topk=args.topk, num_draft_tokens=4 if args.topk == 1 else 6)
     extra = list(args.server_arg)
     if args.device == "cpu":
         extra.append("--sleep-on-idle")  # idle servers must not poll the cores the measured one uses
     modes = [m for m in MODES if m in args.modes]
-    traces = {m: workdir / f"{m}.trace" for m in modes if m != "off"}
+    traces = {m: workdir / f"{m}.trace" for m in modes if MODES[m]}
     servers = {m: ServerProcess(target, draft_model_path=draft, spec=spec, device=args.device, extra_args=extra,
                                 env={**base, **MODES[m], **({"SPECDIFF_TRACE": str(traces[m])} if m in traces else {})})
                for m in modes}
     prompts = [PROMPT_SEEDS[i % len(PROMPT_SEEDS)] + " " * (i // len(PROMPT_SEEDS)) for i in range(args.prompts)]
     tok_s: dict[str, list[float]] = {m: [] for m in modes}
     accept: dict[str, list[float]] = {m: [] for m in modes}
+    tokens = {m: 0 for m in modes}
     try:
         for srv in servers.values():
             srv.start(wait=False)
         for srv in servers.values():
             srv.wait_ready()
-            srv.generate("x = 1\n", max_new_tokens=8)  # warm-up (first-request setup)
+            # warm-up: first-request set-up, and a recorded request (the client's mark) so each
+            # trace creates its arrays now, not inside the measured rounds
+            srv.generate("x = 1\n", max_new_tokens=8, custom_params={MARK_KEY: True})
+        settle_writers(servers)
+        cpu0 = {m: process_cpu(srv.pid) for m, srv in servers.items()}
+        batches = list(range(0, len(prompts), args.batch))
         for r in range(args.rounds):
-            for m in modes[r % len(modes):] + modes[:r % len(modes)]:
-                # rids unique per round: the 10 % sample is a different tenth each round
-                rids = [f"bench-{r}-{i}" for i in range(len(prompts))]
-                t0, tokens, verify = time.perf_counter(), 0, 0
-                for i in range(0, len(prompts), args.batch):
+            # rids unique per round: the 10 % sample is a different tenth each round
+            rids = [f"bench-{r}-{i}" for i in range(len(prompts))]
+            secs, toks, verify = ({m: 0 for m in modes} for _ in range(3))
+            for b, i in enumerate(batches):
+                # a seeded shuffle, not a rotation: a writer still finishing its server's batch
+                # slows whichever server runs next, so no mode may always follow the same one
+                for m in random.Random(r * len(batches) + b).sample(modes, len(modes)):
+                    t0 = time.perf_counter()
                     outs = servers[m].generate(prompts[i:i + args.batch], max_new_tokens=args.new,
                                                request={"rid": rids[i:i + args.batch]})
+                    secs[m] += time.perf_counter() - t0
                     outs = outs if isinstance(outs, list) else [outs]
-                    tokens += sum(o["meta_info"]["completion_tokens"] for o in outs)
-                    verify += sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs)
-                tok_s[m].append(tokens / (time.perf_counter() - t0))
-                accept[m].append(tokens / max(verify, 1))
+                    toks[m] += sum(o["meta_info"]["completion_tokens"] for o in outs)
+                    verify[m] += sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs)
+            for m in modes:
+                tok_s[m].append(toks[m] / secs[m])
+                accept[m].append(toks[m] / max(verify[m], 1))
+                tokens[m] += toks[m]
+        settle_writers(servers)  # the rounds' rows written: their CPU is counted
+        cpu1 = {m: process_cpu(srv.pid) for m, srv in servers.items()}
     finally:
         for srv in servers.values():
             srv.stop()
     out = {}
     for m in modes:
-        ratios = [v / o for v, o in zip(tok_s[m], tok_s["off"], strict=True)] if "off" in tok_s else []
+        ratios = [v / o for v, o in zip(tok_s[m], tok_s["off"], strict=True)]
+        cpu = {k: cpu1[m][k] - cpu0[m][k] for k in cpu0[m]}
         res = {"mode": m, "tok_s": statistics.median(tok_s[m]), "rounds": tok_s[m],
-               "ratio": statistics.median(ratios) if ratios else float("nan"), "accept": statistics.median(accept[m])}
+               "ratio": statistics.median(ratios), "accept": statistics.median(accept[m]),
+               "sched_ms_tok": 1000 * cpu["scheduler"] / max(tokens[m], 1), "writer_cpu_s": cpu["writer"]}
         if m in traces:
             t = open_trace(str(traces[m]))
             c = t.contract
             mb = recorded_mb(t)
-            cpu = c.get("recorder_hook_s", 0.0) + c.get("recorder_writer_cpu_s", c.get("recorder_writer_s", 0.0))
             res.update(records=t.records, dropped=c.get("dropped_records"), mb=mb, closed=t.closed,
                        sampled=len(c.get("sampled_requests") or {}), dropped_requests=len(c.get("dropped_requests") or []),
                        hook_share=c.get("recorder_hook_s", 0.0) / max(c.get("recorder_iter_s", 0.0), 1e-9),
-                       hook_s=c.get("recorder_hook_s", 0.0), writer_cpu_s=c.get("recorder_writer_cpu_s"),
-                       cpu_s_per_mb=cpu / mb if mb else float("nan"))
+                       hook_s=c.get("recorder_hook_s", 0.0),
+                       cpu_s_per_mb=(c.get("recorder_hook_s", 0.0) + cpu["writer"]) / mb if mb else float("nan"))
         out[m] = res
     return out
 
@@ -245,6 +308,8 @@ def main():
                     help="sglang: one server per mode side by side; vllm: a CPU vLLM untraced and traced side "
                          "by side (.venv-vllm)")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (median taken)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="OMP_NUM_THREADS of every SGLang server (default: torch's own, one per core)")
     ap.add_argument("--modes", default=",".join(MODES), type=lambda v: v.split(","),
                     help=f"SGLang modes to compare, comma-separated (of {', '.join(MODES)}); 'off' is the baseline")
     args = ap.parse_args()
@@ -266,21 +331,24 @@ def main():
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"{'mode':9s} {'tok/s':>8s} {'ratio':>6s} {'accept':>6s} {'records':>8s} {'sampled':>7s} {'dropped':>9s} "
-          f"{'MB':>7s} {'hooks%':>7s} {'hook_s':>7s} {'wr_cpu_s':>8s} {'cpu_s/MB':>8s}  rounds (tok/s)")
+          f"{'MB':>7s} {'hooks%':>7s} {'hook_s':>7s} {'sched':>7s} {'wr_cpu_s':>8s} {'cpu_s/MB':>8s}  rounds (tok/s)")
     for m, r in res.items():
         print(f"{m:9s} {r['tok_s']:8.1f} {r['ratio']:6.3f} {r['accept']:6.2f} {r.get('records', 0):8d} "
               f"{r.get('sampled', 0):7d} {r.get('dropped', 0) or 0:4d}/{r.get('dropped_requests', 0):<4d} "
               f"{r.get('mb', 0.0):7.2f} {100 * r.get('hook_share', 0.0):7.2f} {r.get('hook_s', 0.0):7.2f} "
-              f"{r.get('writer_cpu_s') or 0.0:8.2f} {r.get('cpu_s_per_mb', 0.0):8.3f}  "
+              f"{r['sched_ms_tok']:7.2f} {r['writer_cpu_s']:8.2f} {r.get('cpu_s_per_mb', 0.0):8.3f}  "
               + " ".join(f"{v:.1f}" for v in r["rounds"]))
-    print("ratio = median over rounds of (mode tok/s / untraced tok/s in the same round); dropped = "
-          "iterations/requests; hooks% = the hooks' wall time / the recorded forwards' (serving thread); "
-          "wr_cpu_s = the writer process's CPU; MB = rows recorded; cpu_s/MB = (hook_s + wr_cpu_s) / MB")
+    print("ratio = median over rounds of (mode tok/s / untraced tok/s in the same round; each batch sent to every "
+          "server back to back, in random order); dropped = iterations/requests; hooks% = the hooks' wall time / the recorded "
+          "forwards' (serving thread); sched = the scheduler process's CPU ms per token and wr_cpu_s = the writer "
+          "process's CPU s, both over the rounds; MB = rows recorded; cpu_s/MB = (hook_s + wr_cpu_s) / MB")
+    twin = res.get("twin", {}).get("ratio")
+    noise = f"; the untraced twin measured {twin:.1%} (this run's noise floor)" if twin is not None else ""
     for m, goal in GOALS.items():
         if m in res:
             r = res[m]["ratio"]
-            print(f"{m}: keeps {r:.1%} of untraced throughput (goal >= {goal:.0%}): {'met' if r >= goal else 'NOT met'}")
-
+            print(f"{m}: keeps {r:.1%} of untraced throughput (goal >= {goal:.0%}): {'met' if r >= goal else 'NOT met'}"
+                  + noise)
 
 if __name__ == "__main__":
     main()
