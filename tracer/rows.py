@@ -134,7 +134,7 @@ class RowLayout:
         return flat.index_select(0, torch.as_tensor(idx, device=flat.device)).cpu()
 
 
-def _key_column(parts: list[tuple], i: int, total: int) -> np.ndarray:
+def _concat_keys(parts: list[tuple], i: int, total: int) -> np.ndarray:
     """Key ``i`` (1..4: seq, pos, depth, iter) of every piece of one name as int64 [total]: one
     array filled in place, a scalar key by slice assignment. The writer process adds ~40 pieces a
     request an iteration; a per-piece ``np.full`` / ``np.broadcast_to`` and then a concatenate were
@@ -179,7 +179,7 @@ class RowBatch:
     def _name(self, parts: list[tuple]) -> tuple:
         """(values, seq, pos, depth, iter) of one name, its pieces concatenated."""
         data = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-        return (data, *(_key_column(parts, i, data.shape[0]) for i in range(1, 5)))
+        return (data, *(_concat_keys(parts, i, data.shape[0]) for i in range(1, 5)))
 
     def flush(self, writer) -> None:
         """Append every gathered name to ``writer`` (a TraceWriter) and forget them."""
