@@ -107,6 +107,11 @@ class FinishedRequests:
                                           reasons.get(rid) if rid is not None else None, rid in dropped))
         return trace, done
 
+    def forget(self, seq_id: int) -> None:
+        """Request ``seq_id`` is done with (diffed or skipped): the follower's row index drops its
+        rows (``TraceFollower.forget``), so the watch's memory does not grow with the trace."""
+        self._trace.forget([seq_id])
+
     def pending(self) -> int:
         """Requests seen but not yet finished."""
         return len(set(self._seen) - self._given)

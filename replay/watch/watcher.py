@@ -6,15 +6,16 @@ since, and are not in the watch state yet, are replayed together on the training
 segment of the watch folder, ``state``), flushed, and diffed one by one: the training trace and
 the serving trace, each restricted to that request's sequence, go through ``diff_opened`` (align,
 compare, first divergence, explanation, acceptance) exactly as ``specdiff diff`` would diff a pair
-holding only that request. Each request gives a ``request`` event with its acceptance and the
-rolling acceptance; the first request whose diff proves a divergence of a given (tensor, cause)
-also gives an ``alert`` event, with the slice of both traces that shows it when an ``export``
-callback is given (``specdiff watch`` passes the app's minimal-repro export, tui/export.py).
+holding only that request (``tracer.store.selection``): each side reads only that request's rows,
+which the followers index as they decode the journals and forget once the request is done. Each
+request gives a ``request`` event with its acceptance and the rolling acceptance; the first
+request whose diff proves a divergence of a given (tensor, cause) also gives an ``alert`` event,
+with the slice of both traces that shows it when an ``export`` callback is given (``specdiff
+watch`` passes the app's minimal-repro export, tui/export.py).
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import threading
 import time
@@ -29,6 +30,7 @@ from specdiff.replay.watch.rolling import SIDES, RollingAcceptance, acceptance_r
 from specdiff.replay.watch.state import WatchState
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import TraceFollower
+from specdiff.tracer.store.selection import select_sequences
 
 
 @dataclass
@@ -41,27 +43,21 @@ class WatchEvent:
     data: dict = field(default_factory=dict)
 
 
-def only_sequences(trace, seq_ids) -> object:
-    """A shallow copy of an opened trace that lists only the sequences ``seq_ids``: the diff aligns
-    and compares only their rows (row matching is keyed by the aligned sequences,
-    replay/diff/align.py ``match_rows``); the rows themselves are shared, not read again."""
-    keep = {int(s) for s in seq_ids}
-    view = copy.copy(trace)
-    view.sequences = [s for s in trace.sequences if int(s.id) in keep]
-    return view
-
-
 def diff_request(train, serve, train_seq: int, serve_seq: int, *, preset: str = "default"):
-    """``DiffReport`` of one request: ``train`` and ``serve`` (opened traces) restricted to the
-    given sequences, diffed as ``specdiff diff`` does without narrowing (which re-runs the draft).
+    """``DiffReport`` of one request: ``train`` and ``serve`` (opened traces) each seen as if it held
+    only the given sequence (``tracer.store.selection.select_sequences``: that sequence's rows and
+    the trace-wide ones, read from the chunks that hold them), diffed as ``specdiff diff`` does
+    without narrowing (which re-runs the draft). Traces polled by a ``TraceFollower`` know which
+    rows each sequence holds, so the diff costs the request's rows, not the traces'.
 
     Raises:
         AlignmentError: the two sequences share no tokens (not the same request).
         DifferentTargetsError: the traces were recorded on different targets.
+        KeyError: a sequence the trace does not list (or its follower forgot).
     """
     from specdiff.replay.diff.pipeline import diff_opened
 
-    return diff_opened(Pair(only_sequences(train, [train_seq]), only_sequences(serve, [serve_seq])),
+    return diff_opened(Pair(select_sequences(train, [train_seq]), select_sequences(serve, [serve_seq])),
                        preset=preset, narrow=False)
 
 
@@ -114,10 +110,12 @@ class Watcher:
         for req in finished:
             if self.state.done(req.key):
                 self._skipped_resumed.add(req.key)
+                self.follow.forget(req.seq_id)
             elif len(req.tokens) < 2 or req.dropped:
                 why = ("dropped by the recorder (its writer fell behind): rows missing" if req.dropped
                        else "fewer than 2 tokens: no draft row")
                 self.state.mark(req.key, {"seq": req.seq_id, "rid": req.rid, "skipped": why})
+                self.follow.forget(req.seq_id)
                 self.on_event(WatchEvent("skipped", {"event": "skipped", "key": req.key, "seq": req.seq_id,
                                                      "why": why}))
             else:
@@ -145,6 +143,9 @@ class Watcher:
         replay_s = (time.perf_counter() - t0) / len(reqs)
         for req, sid in zip(reqs, ids, strict=True):
             self._diff_one(train, serve_trace, req, sid, replay_s)
+            # diffed: no later selection reads these rows, so the row indexes need not keep them
+            self.follow.forget(req.seq_id)
+            self._segment_trace.forget([sid])
 
     def _diff_one(self, train, serve_trace, req: ServedRequest, train_seq: int, replay_s: float) -> None:
         t0 = time.perf_counter()

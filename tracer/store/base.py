@@ -38,6 +38,9 @@ class TraceReader:
 
     _layout: dict[str, tuple[str, tuple[int, ...]]]
     sequences: list[Sequence]
+    #: which rows each sequence holds (``tracer.store.selection.SequenceRows``), when known: kept
+    #: by ``TraceFollower`` from the journal; ``selection.select_sequences`` builds it otherwise
+    row_index = None
 
     def rows(self, name: str) -> int:
         raise NotImplementedError
@@ -97,11 +100,17 @@ class TraceReader:
         return to_torch(self._read(name, "data", start, stop), self._layout[name][0])
 
     def sequence(self, seq_id: int) -> Sequence:
-        """The sequence whose ``seq`` key is ``seq_id``. Raises KeyError if absent."""
-        for s in self.sequences:
-            if s.id == seq_id:
-                return s
-        raise KeyError(seq_id)
+        """The sequence whose ``seq`` key is ``seq_id``. Raises KeyError if absent.
+
+        A lookup in a table built at the first call (and again when ``sequences`` is replaced or
+        grows): the watch looks up one request at a time in a trace of thousands."""
+        table = self.__dict__.get("_sequence_table")
+        if table is None or table[0] is not self.sequences or table[1] != len(self.sequences):
+            by_id: dict[int, Sequence] = {}
+            for s in self.sequences:
+                by_id.setdefault(int(s.id), s)  # the first one, as the scan this replaced found
+            table = self._sequence_table = (self.sequences, len(self.sequences), by_id)
+        return table[2][int(seq_id)]
 
 
 __all__ = ["TensorInfo", "TraceReader"]

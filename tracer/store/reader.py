@@ -27,6 +27,7 @@ from specdiff.tracer.store.layout import (
     open_store,
 )
 from specdiff.tracer.store.recover import Contents, JournalReplay, from_journal, from_zarr, zarr_tensors
+from specdiff.tracer.store.selection import SequenceRows
 
 
 class Trace(TraceReader):
@@ -291,6 +292,11 @@ class TraceFollower:
     compacts its journal into a new file), on an fsspec URL or a data-parallel parent, is a full
     ``open_trace``: following covers only the healthy, growing, local case.
 
+    A followed poll's trace carries ``row_index`` (``tracer.store.selection.SequenceRows``, kept
+    from every ``rec`` entry the follower decodes, committed or not), so selecting one request's
+    rows from it (``select_sequences``) costs that request's rows; ``forget`` drops the rows of
+    sequences no one will select again (the index grows with the trace otherwise).
+
     Raises (``poll``):
         TraceError: as ``open_trace``.
     """
@@ -300,6 +306,9 @@ class TraceFollower:
         self._journal: JournalFollower | None = None
         self._replay: JournalReplay | None = None
         self._store = None
+        self._index: SequenceRows | None = None
+        self._forgotten: set[int] = set()  # of the trace whose journal header is ``_header``
+        self._header: dict | None = None
         self.full_opens = 0  # polls that opened the trace in full
 
     def poll(self) -> Trace:
@@ -310,8 +319,15 @@ class TraceFollower:
                 return trace
         return self._open()
 
+    def forget(self, seq_ids) -> None:
+        """Rows of ``seq_ids`` will not be selected again: the row index drops them (and rows
+        journalled for them later); selecting them from a later poll's trace raises KeyError."""
+        self._forgotten |= {int(s) for s in seq_ids}
+        if self._index is not None:
+            self._index.forget(seq_ids)
+
     def _open(self) -> Trace:
-        self._journal = self._replay = None
+        self._journal = self._replay = self._index = None
         trace = open_trace(self.path)
         self.full_opens += 1
         if "://" in self.path or not isinstance(trace, Trace) or trace.closed or trace.damage:
@@ -321,15 +337,23 @@ class TraceFollower:
         if journal.problem is None and entries and entries[0].get("t") == "header":
             self._journal, self._store = journal, trace.open_store
             self._replay = JournalReplay(self.path, entries[0]).feed(entries[1:])
+            if entries[0] != self._header:  # another trace at this path (its header holds its creation time)
+                self._header, self._forgotten = entries[0], set()
+            self._index = SequenceRows()
+            self._index.forget(self._forgotten)
+            # rows the journal holds past the trace opened above are cut by each selection's ``stop``
+            trace.row_index = self._index.feed(entries[1:])
         return trace
 
     def _follow(self) -> Trace | None:
         """The trace from the journal's new entries; None when a full open must decide."""
         for _ in range(3):
             try:
-                self._replay.feed(self._journal.read_new())
+                entries = self._journal.read_new()
+                self._replay.feed(entries)
             except (OSError, TraceError):
                 return None
+            self._index.feed(entries)
             if self._journal.problem or self._journal.replaced or self._replay.closed:
                 return None
             try:
@@ -338,5 +362,7 @@ class TraceFollower:
                 # a commit between our journal read and a spill file read removed the file (its
                 # rows are in zarr now and the commit is journalled): read the new entries again
                 continue
-            return Trace(self.path, self._store, contents, [])
+            trace = Trace(self.path, self._store, contents, [])
+            trace.row_index = self._index
+            return trace
         return None
