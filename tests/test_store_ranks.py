@@ -104,3 +104,21 @@ def test_ranks_whose_writers_differ_open_and_say_which_writer_each_ran(tmp_path)
     _write(same / "dp0", SEQS[:3], side="serve", contract={"recorder_writer": process, "recorder_writer_cpu_s": 1.5})
     _write(same / "dp1", SEQS[3:], side="serve", contract={"recorder_writer": process, "recorder_writer_cpu_s": 2.5})
     assert open_trace(str(same)).contract["recorder_writer"] == process
+
+
+def test_unclosed_ranks_are_caught_up_as_far_as_the_slowest_writer(tmp_path):
+    """Each rank's writer journals its own progress (``recorder_caught_up_at``); the merged trace
+    says the earliest, the moment every rank had written what it was handed; a rank whose writer
+    is done (None) holds no one back."""
+    parent = tmp_path / "serve.trace"
+    writers = [TraceWriter(str(parent / f"dp{r}"), side="serve", contract=CONTRACT) for r in range(2)]
+    for w, (rid, toks) in zip(writers, SEQS, strict=False):
+        w.add_sequence(toks, prompt_len=3, rid=rid)
+    writers[0].journal_progress(105.0)
+    writers[1].journal_progress(102.5)
+    assert open_trace(str(parent)).contract["recorder_caught_up_at"] == 102.5
+    writers[1].journal_progress(None)
+    assert open_trace(str(parent)).contract["recorder_caught_up_at"] == 105.0
+    for w in writers:
+        w.close()
+    assert "recorder_caught_up_at" not in open_trace(str(parent)).contract

@@ -10,6 +10,18 @@ pause between two decode steps of a running request (a request the scheduler ret
 and resumes later than that is replayed at the length it had; its later tokens are then not
 watched).
 
+"Not grown for ``settle_s``" is counted on the writer's clock when the trace says how far its writer
+has got (``recorder_caught_up_at``: the writer process journals, about once a second while its ring
+is empty, a moment it had written every capture handed to it before: tracer/writer_process.py):
+the request is finished once the writer had caught up ``settle_s`` after the poll that first saw its
+current tokens. A writer that falls behind (nice 19 on a loaded machine: 45 s behind 34 iterations,
+seen in a test) then holds requests back instead of letting the watch replay a request whose rows
+are not written yet (a false alert: "serving fed 0 aux slots"). Without that fact (the in-process
+thread writer, or a writer that wrote all it will: the server is gone) the watcher's own clock
+counts. A writer killed with its server by SIGKILL to its own session leaves its last mark: its
+requests then count as finished only when the trace is closed, which it never will be: stop the
+watch and diff the trace.
+
 A trace that lists why each request was recorded (contract ``sampled_requests``, rid -> reason,
 ``tracer.engines.requests.sampling_facts``) gives each request its reason; a trace holds only the
 requests it recorded either way, so every sequence in it is watched. A request listed in
@@ -69,13 +81,23 @@ class FinishedRequests:
         clock: monotonic seconds (tests may pass their own).
     """
 
-    def __init__(self, path: str, *, settle_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, path: str, *, settle_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time):
         self.path = str(path)
         self.settle_s = float(settle_s)
-        self.clock = clock
+        self.clock, self.wall = clock, wall
         self._trace = TraceFollower(self.path)  # each poll decodes only what the server wrote since
-        self._seen: dict[int, tuple[int, float]] = {}  # seq id -> (token count, when it last changed)
+        #: seq id -> (token count, when it last changed: ``clock``, ``wall``)
+        self._seen: dict[int, tuple[int, float, float]] = {}
         self._given: set[int] = set()
+
+    @property
+    def wait_s(self) -> float:
+        """How long to wait between two polls for a request seen in the first to count as finished
+        in the second (``settle_s``, plus the writer's mark interval: PROGRESS_EVERY_S)."""
+        from specdiff.tracer.writer_process import PROGRESS_EVERY_S
+
+        return self.settle_s + PROGRESS_EVERY_S + 0.5
 
     def poll(self) -> tuple[Trace, list[ServedRequest]]:
         """Open the trace as it is now and return it with the requests that finished since the
@@ -87,7 +109,8 @@ class FinishedRequests:
         trace = self._trace.poll()
         if trace.side != "serve":
             raise TraceError(f"{self.path}: a {trace.side} trace; --serve takes the trace a traced server writes")
-        now = self.clock()
+        now, wall = self.clock(), self.wall()
+        caught = trace.contract.get("recorder_caught_up_at")  # Unix s; absent / None: the writer is not behind
         reasons = sampled_reasons(trace.contract)
         dropped = {str(r) for r in trace.contract.get("dropped_requests") or []}
         done = []
@@ -97,8 +120,9 @@ class FinishedRequests:
                 continue
             last = self._seen.get(sid)
             if last is None or last[0] != n:
-                self._seen[sid] = last = (n, now)
-            settled = now - last[1] >= self.settle_s and n > int(s.prompt_len)
+                self._seen[sid] = last = (n, now, wall)
+            quiet = caught - last[2] if isinstance(caught, (int, float)) else now - last[1]
+            settled = quiet >= self.settle_s and n > int(s.prompt_len)
             if trace.closed or settled:
                 self._given.add(sid)
                 rid = None if s.rid is None else str(s.rid)

@@ -189,8 +189,8 @@ class Watcher:
         """Watch until the serving trace is closed and done, ``stop`` is set, or (``once``) the
         requests finished now are done; returns how many requests of this run diverged.
 
-        ``once``: two polls ``settle_s`` apart (a request must be seen unchanged to count as
-        finished, ``follow``), then stop.
+        ``once``: two polls ``follow.wait_s`` apart (a request must be seen unchanged for
+        ``settle_s`` to count as finished, ``follow``), then stop.
 
         Raises:
             TraceError: the serving trace cannot be opened (``once``: also when it does not exist
@@ -202,7 +202,7 @@ class Watcher:
         try:
             if once:
                 if not self.step():
-                    stop.wait(self.follow.settle_s)
+                    stop.wait(self.follow.wait_s)
                     self.step()
             else:
                 failures: list = []

@@ -30,7 +30,8 @@ RANK_DIR = re.compile(r"^dp(\d+)$")
 #: contract facts that belong to one rank (what it saw or spent), merged rather than compared;
 #: every other fact says which model and settings ran and must be the same on every rank.
 PER_RANK_FACTS = ("dropped_records", "crash", "recorder_hook_s", "recorder_iter_s", "recorder_writer_s",
-                  "recorder_writer_cpu_s", "recorder_writer", "bos_added", "unobservable", "findings")
+                  "recorder_writer_cpu_s", "recorder_writer", "recorder_caught_up_at", "bos_added", "unobservable",
+                  "findings")
 
 
 def rank_stores(path: str) -> list[tuple[str, str]]:
@@ -64,6 +65,9 @@ def _merged_contract(path: str, labels: list[str], contracts: list[dict]) -> dic
         elif key == "recorder_writer":  # each rank's own writer; one may have fallen back to the thread
             same = all(v == values[0] for v in values)
             merged[key] = values[0] if same else {"per_rank": dict(zip(labels, values, strict=True))}
+        elif key == "recorder_caught_up_at":  # every rank has written all it was handed before the earliest
+            marks = [v for v in values if isinstance(v, (int, float))]  # None: that rank's writer is done
+            merged[key] = min(marks) if marks else None
         elif key == "bos_added":
             known = {repr(v): v for v in values if v not in (None, UNKNOWN)}
             if len(known) > 1:

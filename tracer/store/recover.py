@@ -65,6 +65,7 @@ class JournalReplay:
         self.recs: dict[str, list[dict]] = defaultdict(list)  # records not yet wholly committed
         self.first_rec: dict[str, dict] = {}  # name -> its first record's dtype, shape, chunk rows
         self.closed, self.records = False, 0
+        self.progress: dict = {}  # the writer's last "progress" entry, as a contract fact (unclosed only)
         self._keys_cache: dict[str, tuple[int, int, dict[str, np.ndarray]]] = {}  # name -> (done, records, keys)
 
     def feed(self, entries) -> JournalReplay:
@@ -88,6 +89,8 @@ class JournalReplay:
                 self.contract = validate_contract(e["contract"], where=self.path)
             elif t == "close":
                 self.closed = True
+            elif t == "progress":
+                self.progress = {"recorder_caught_up_at": e.get("caught_up_at")}
         return self
 
     def contents(self, *, cut_tail_bytes: int,
@@ -124,7 +127,8 @@ class JournalReplay:
                 data = np.concatenate([np.frombuffer(e["data"], dt).reshape(e["shape"])[max(done - e["row0"], 0):]
                                        for e in pending])
             tail[name] = (data, keys)
-        return Contents(self.header["format"], self.header["side"], self.contract,
+        contract = {**self.contract, **self.progress} if self.progress and not self.closed else self.contract
+        return Contents(self.header["format"], self.header["side"], contract,
                         [self.seqs[i] for i in sorted(self.seqs)], self.records, self.closed, committed, layout, tail,
                         cut_tail_bytes)
 

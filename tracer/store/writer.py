@@ -168,6 +168,14 @@ class TraceWriter:
         self._contract = merged
         self._journal.write({"t": "contract", "contract": merged})
 
+    def journal_progress(self, caught_up_at: float | None) -> None:
+        """Journal how far a serving writer has got: ``caught_up_at`` (Unix seconds) is a moment it
+        had written every capture the server handed it before then; None: it has written all it
+        will (the server is gone). A reader of the unclosed trace sees the latest as the contract
+        fact ``recorder_caught_up_at`` (``recover.JournalReplay``); a closed trace does not list
+        it. Small entries, not ``set_contract`` (which journals the whole contract)."""
+        self._journal.write({"t": "progress", "caught_up_at": caught_up_at})
+
     def add_sequence(self, tokens, *, prompt_len: int | None = None, rid: str | None = None,
                      seq_id: int | None = None) -> int:
         """Register (or replace, with ``seq_id``) a token sequence; returns its ``seq`` id.

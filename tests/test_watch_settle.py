@@ -1,0 +1,101 @@
+"""When a watched request counts as finished: on the writer's clock when the serving trace says
+how far its writer process has got (``recorder_caught_up_at``), else on the watcher's.
+
+The failing input (found with a real server on a loaded machine): the writer process, at nice 19,
+ran 45 s behind 34 iterations; the prefill's sequence entry (prompt + first token) was journaled,
+its target rows were not yet, the tokens stayed unchanged for longer than ``--settle 2`` of the
+watcher's time, and the watch replayed the request: "serving fed 0 aux slots", a false alert.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from specdiff.replay.watch.follow import FinishedRequests
+from specdiff.tracer.store import TraceWriter, open_trace
+
+
+class Clocks:
+    """The watcher's monotonic and wall clocks, moved by hand."""
+
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def mono(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return self.t + 1.7e9
+
+
+def _serving(tmp_path):
+    tw = TraceWriter(str(tmp_path / "s.trace"), side="serve", contract={})
+    tw.add_sequence(np.array([5, 6, 7, 8]), prompt_len=3, rid="r0")  # prompt + the first token
+    return tw
+
+
+def test_a_request_waits_while_the_writer_is_behind_whatever_the_watchers_clock_says(tmp_path):
+    tw, c = _serving(tmp_path), Clocks()
+    tw.journal_progress(c.wall() - 0.5)  # the writer last caught up before the watcher saw the request
+    follow = FinishedRequests(tw.path, settle_s=2.0, clock=c.mono, wall=c.wall)
+    seen_at = c.wall()
+    assert follow.poll()[1] == []
+    c.t += 30.0  # 30 s of the watcher's time: the old rule finished it here
+    tw.journal_progress(seen_at + 1.0)  # caught up, but only 1 s after the tokens were seen
+    assert follow.poll()[1] == [] and follow.pending() == 1
+    tw.add_sequence(np.array([5, 6, 7, 8, 9]), prompt_len=3, rid="r0", seq_id=0)  # the lagging rows land
+    c.t += 1.0
+    grown_at = c.wall()
+    tw.journal_progress(grown_at + 1.9)
+    assert follow.poll()[1] == []
+    tw.journal_progress(grown_at + 2.0)  # caught up settle_s after the last growth: finished, whole
+    (req,) = follow.poll()[1]
+    assert req.rid == "r0" and req.tokens.tolist() == [5, 6, 7, 8, 9]
+    tw.close()
+
+
+def test_without_a_writer_mark_or_once_the_writer_is_done_the_watchers_clock_counts(tmp_path):
+    for done in (False, True):
+        tw, c = _serving(tmp_path / str(done)), Clocks()
+        if done:
+            tw.journal_progress(c.wall() - 100.0)
+            tw.journal_progress(None)  # the server is gone and the writer wrote all it had
+        follow = FinishedRequests(tw.path, settle_s=2.0, clock=c.mono, wall=c.wall)
+        assert follow.poll()[1] == []
+        c.t += 2.0
+        assert [r.rid for r in follow.poll()[1]] == ["r0"], done
+        tw.close()
+
+
+def test_the_mark_is_a_fact_of_the_unclosed_trace_only(tmp_path):
+    tw = _serving(tmp_path)
+    tw.journal_progress(123.25)
+    assert open_trace(tw.path).contract["recorder_caught_up_at"] == 123.25
+    tw.close()
+    t = open_trace(tw.path)
+    assert t.closed and "recorder_caught_up_at" not in t.contract
+
+
+def test_the_writer_process_marks_when_it_has_caught_up(tmp_path):
+    """A real writer process, idle after start: it journals a mark about once a second, a moment
+    before which it had written all it was handed; at close the trace no longer lists it."""
+    from specdiff.tracer.async_writer import ProcessTraceWriter
+
+    t0 = time.time()
+    w = ProcessTraceWriter(str(tmp_path / "t.trace"), contract={"hidden_size": 8},
+                           handler="specdiff.tracer.engines.sglang.attribution:write_capture",
+                           side={"hidden_size": 8, "num_aux": 3, "topk": 1})
+    try:
+        deadline, marks = time.monotonic() + 30.0, []
+        while time.monotonic() < deadline and len(set(marks)) < 2:
+            time.sleep(0.3)
+            mark = open_trace(str(tmp_path / "t.trace")).contract.get("recorder_caught_up_at")
+            if mark is not None:
+                marks.append(mark)
+        assert len(set(marks)) >= 2, marks  # it keeps marking while idle
+        assert t0 - 1e-3 <= marks[0] <= marks[-1] <= time.time()
+    finally:
+        assert w.close() is True
+    assert "recorder_caught_up_at" not in open_trace(str(tmp_path / "t.trace")).contract
