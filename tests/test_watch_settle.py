@@ -76,6 +76,10 @@ def test_the_mark_is_a_fact_of_the_unclosed_trace_only(tmp_path):
     tw.close()
     t = open_trace(tw.path)
     assert t.closed and "recorder_caught_up_at" not in t.contract
+    from specdiff.tracer.store.journal import read_journal
+
+    kinds = [e.get("t") for e in read_journal(f"{tw.path}/journal.msgpack").entries]
+    assert "close" in kinds and "progress" not in kinds  # compacted away at close
 
 
 def test_the_writer_process_marks_when_it_has_caught_up(tmp_path):

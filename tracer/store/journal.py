@@ -172,7 +172,7 @@ def read_spill(url: str) -> bytes | None:
 
 def compact_journal(url: str) -> None:
     """Drop the row keys (and, in journals before spill files, the tensor payloads) of ``rec``
-    entries once every row is committed to zarr.
+    entries once every row is committed to zarr, and the ``progress`` entries.
 
     Called by a writer that closed cleanly: they are a crash copy only. The new journal is written beside the old one and moved over
     it, so a crash here leaves one of the two, both valid.
@@ -182,6 +182,8 @@ def compact_journal(url: str) -> None:
     packer = msgpack.Packer(use_bin_type=True)
     with fs.open(path, "rb") as src, fs.open(tmp, "wb") as dst:
         for entry in msgpack.Unpacker(src, raw=False, strict_map_key=False, max_buffer_size=0):
+            if entry.get("t") == "progress":  # a live writer's progress (~1 a second): nothing left to follow
+                continue
             if entry.get("t") == "rec":
                 entry = {k: v for k, v in entry.items() if k not in ("data", "seq", "pos", "depth", "iter")}
             dst.write(packer.pack(entry))
