@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import array
 import os
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -51,6 +52,23 @@ def test_staged_tensors_are_put_without_a_second_copy_and_read_back_bit_exact(tm
     got = _read(cons)
     assert torch.equal(got["h"], h) and torch.equal(got["ids"], ids) and got["n"] == 3
     assert prod.used() == 0 and not prod.staging
+
+
+def test_each_record_says_when_it_was_put_in_the_order_put(tmp_path):
+    """The writer process marks its progress with the put time of the record it has just written
+    (tracer/writer_process.py): each record carries the producer's clock, after a wrap too."""
+    prod, cons = _ring(tmp_path, size=8 * 1024)
+    times = []
+    for i in range(40):  # ~2.5 KiB each: wraps the 8 KiB ring several times
+        t0 = time.time()
+        assert prod.put({"i": i, "x": torch.zeros(600)})
+        t1 = time.time()
+        got = cons.get()
+        assert got is not None and got[0]["i"] == i
+        assert t0 <= cons.put_at <= t1
+        times.append(cons.put_at)
+        cons.release(got[1])
+    assert times == sorted(times)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int64, torch.int32, torch.bool])

@@ -119,6 +119,10 @@ def test_unclosed_ranks_are_caught_up_as_far_as_the_slowest_writer(tmp_path):
     assert open_trace(str(parent)).contract["recorder_caught_up_at"] == 102.5
     writers[1].journal_progress(None)
     assert open_trace(str(parent)).contract["recorder_caught_up_at"] == 105.0
+    w2 = TraceWriter(str(parent / "dp2"), side="serve", contract=CONTRACT)  # a rank that does not mark
+    w2.add_sequence(SEQS[2][1], prompt_len=3, rid=SEQS[2][0])
+    assert "recorder_caught_up_at" not in open_trace(str(parent)).contract
+    writers.append(w2)
     for w in writers:
         w.close()
     assert "recorder_caught_up_at" not in open_trace(str(parent)).contract

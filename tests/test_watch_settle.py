@@ -17,17 +17,14 @@ from specdiff.replay.watch.follow import FinishedRequests
 from specdiff.tracer.store import TraceWriter, open_trace
 
 
-class Clocks:
-    """The watcher's monotonic and wall clocks, moved by hand."""
+class Clock:
+    """The watcher's monotonic clock, moved by hand."""
 
     def __init__(self, t: float = 1000.0):
         self.t = t
 
-    def mono(self) -> float:
+    def __call__(self) -> float:
         return self.t
-
-    def wall(self) -> float:
-        return self.t + 1.7e9
 
 
 def _serving(tmp_path):
@@ -37,34 +34,39 @@ def _serving(tmp_path):
 
 
 def test_a_request_waits_while_the_writer_is_behind_whatever_the_watchers_clock_says(tmp_path):
-    tw, c = _serving(tmp_path), Clocks()
-    tw.journal_progress(c.wall() - 0.5)  # the writer last caught up before the watcher saw the request
-    follow = FinishedRequests(tw.path, settle_s=2.0, clock=c.mono, wall=c.wall)
-    seen_at = c.wall()
+    tw, c = _serving(tmp_path), Clock()
+    tw.journal_progress(100.0)  # the writer's last mark before the watcher saw the request
+    follow = FinishedRequests(tw.path, settle_s=2.0, clock=c)
     assert follow.poll()[1] == []
-    c.t += 30.0  # 30 s of the watcher's time: the old rule finished it here
-    tw.journal_progress(seen_at + 1.0)  # caught up, but only 1 s after the tokens were seen
+    c.t += 30.0  # 30 s of the watcher's time and no mark: the writer is stuck (the old rule finished it here)
     assert follow.poll()[1] == [] and follow.pending() == 1
-    tw.add_sequence(np.array([5, 6, 7, 8, 9]), prompt_len=3, rid="r0", seq_id=0)  # the lagging rows land
-    c.t += 1.0
-    grown_at = c.wall()
-    tw.journal_progress(grown_at + 1.9)
+    tw.journal_progress(101.0)  # written after the tokens were: the anchor, on the writer's clock
     assert follow.poll()[1] == []
-    tw.journal_progress(grown_at + 2.0)  # caught up settle_s after the last growth: finished, whole
+    tw.journal_progress(102.9)  # 1.9 s past the anchor
+    c.t += 30.0
+    assert follow.poll()[1] == []
+    tw.add_sequence(np.array([5, 6, 7, 8, 9]), prompt_len=3, rid="r0", seq_id=0)  # the lagging rows land
+    assert follow.poll()[1] == []
+    tw.journal_progress(103.5)  # the new anchor
+    assert follow.poll()[1] == []
+    tw.journal_progress(105.5)  # settle_s past it, the tokens unchanged: finished, whole
     (req,) = follow.poll()[1]
     assert req.rid == "r0" and req.tokens.tolist() == [5, 6, 7, 8, 9]
+    assert follow.pending() == 0
     tw.close()
 
 
 def test_without_a_writer_mark_or_once_the_writer_is_done_the_watchers_clock_counts(tmp_path):
     for done in (False, True):
-        tw, c = _serving(tmp_path / str(done)), Clocks()
+        tw, c = _serving(tmp_path / str(done)), Clock()
         if done:
-            tw.journal_progress(c.wall() - 100.0)
+            tw.journal_progress(90.0)
             tw.journal_progress(None)  # the server is gone and the writer wrote all it had
-        follow = FinishedRequests(tw.path, settle_s=2.0, clock=c.mono, wall=c.wall)
+        follow = FinishedRequests(tw.path, settle_s=2.0, clock=c)
         assert follow.poll()[1] == []
-        c.t += 2.0
+        c.t += 1.9
+        assert follow.poll()[1] == []
+        c.t += 0.1
         assert [r.rid for r in follow.poll()[1]] == ["r0"], done
         tw.close()
 

@@ -100,6 +100,10 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "recorder_writer_s": (_num, "seconds the background writer (thread, or process: tracer/writer_process.py) "
                                 "spent writing the store"),
     "recorder_writer_cpu_s": (_num, "CPU seconds the recorder's writer process spent after start-up (off the server's process)"),
+    "recorder_caught_up_at": (_num + (type(None),), "unclosed traces only: a moment (the writer's Unix seconds) before "
+                                                    "which the writer process had written every capture handed to it, "
+                                                    "from its last journal 'progress' entry; None: it has written all "
+                                                    "it will (replay/watch/follow.py settles requests on it)"),
     "recorder_writer": ((dict,), "which writer the serving recorder ran, read off the live writer: {'kind': "
                                  "'process' (rows built in a writer process fed through a shared-memory ring) or "
                                  "'thread' (in the server's process), 'ring_bytes' (the ring's size; None for the "

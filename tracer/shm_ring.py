@@ -4,7 +4,8 @@ tensors travel as raw bytes (the serving process's recorder -> its writer proces
 Layout: a 64-byte header (``write_pos``, ``read_pos``: byte counters that only grow; ``written``:
 items the consumer handled; ``busy_ns``: its time handling them; ``failed``: 1 once the consumer
 stopped on an error), then the data area. A record is 64-byte aligned: a 64-byte head (u32 total
-length, u32 metadata length, u32 the metadata's offset in the record), each tensor's bytes at a
+length, u32 metadata length, u32 the metadata's offset in the record, f64 the producer's
+``time.time()`` at the put), each tensor's bytes at a
 64-byte aligned offset, then the pickled metadata (tensors replaced by (offset, dtype, shape) ids).
 A record that would straddle the end leaves a wrap marker (length 0xFFFFFFFF) and starts at offset
 0. The producer publishes a record by advancing ``write_pos`` after its bytes are in place (x86
@@ -30,6 +31,7 @@ import mmap
 import os
 import pickle
 import struct
+import time
 
 import torch
 
@@ -37,7 +39,9 @@ HEADER = 64
 ALIGN = 64
 _WRAP = 0xFFFFFFFF
 _POS = struct.Struct("<QQQQQ")  # write_pos, read_pos, written, busy_ns, failed
-_REC = struct.Struct("<III")  # total, metadata length, metadata offset (in the record's 64-byte head)
+#: total, metadata length, metadata offset, the producer's ``time.time()`` at the put (in the
+#: record's 64-byte head)
+_REC = struct.Struct("<IIId")
 
 
 def _up(n: int) -> int:
@@ -142,6 +146,7 @@ class Ring:
         self._stage: list | None = None  # [owner, stream position of its record, bytes staged]
         self._typed: dict[torch.dtype, torch.Tensor] = {}  # the ring viewed as each dtype staged
         self._staged_ever = False
+        self.put_at = 0.0  # consumer: when the record ``get`` returned last was put
 
     # -- header --
     def _get(self, i: int) -> int:
@@ -255,9 +260,9 @@ class Ring:
         if pos + total > self.cap or s0 + total > r + self.cap:
             return False
         if s0 != w:
-            _REC.pack_into(self.mm, HEADER + w % self.cap, _WRAP, 0, 0)
+            _REC.pack_into(self.mm, HEADER + w % self.cap, _WRAP, 0, 0, 0.0)
         at = HEADER + pos
-        _REC.pack_into(self.mm, at, total, len(meta), moff)
+        _REC.pack_into(self.mm, at, total, len(meta), moff, time.time())
         self.mm[at + moff:at + moff + len(meta)] = meta
         for off, n, t in tensors:
             if n:
@@ -269,13 +274,14 @@ class Ring:
     # -- consumer --
     def get(self):
         """The next record as (object, its length), or None when the ring is empty. The object's
-        tensors are views of the ring: valid until ``release(length)``."""
+        tensors are views of the ring: valid until ``release(length)``. ``put_at`` is then the
+        producer's ``time.time()`` when it put that record (records come in the order put)."""
         while True:
             w, r = self._get(0), self._get(1)
             if r == w:
                 return None
             pos = r % self.cap
-            total, mlen, moff = _REC.unpack_from(self.mm, HEADER + pos)
+            total, mlen, moff, put_at = _REC.unpack_from(self.mm, HEADER + pos)
             if total == _WRAP:
                 self._set(1, r + self.cap - pos)
                 continue
@@ -287,6 +293,7 @@ class Ring:
                 obj = pickle.loads(meta)
             finally:
                 _reading = None
+            self.put_at = put_at
             return obj, total
 
     def release(self, total: int, busy_ns: int = 0) -> None:

@@ -38,13 +38,14 @@ LIST_EVERY_S = 5.0
 #: paused); a writer that still falls behind fills the ring, and whole requests are dropped and
 #: counted as before (tracer/async_writer.py).
 NICE = 19
-#: while the ring is empty, at most this often the journal gets a "progress" entry (the moment the
-#: writer had written everything handed to it: ``TraceWriter.journal_progress``), for this long
-#: after the last record it handled (an idle server's journal stops growing after that). A watcher
-#: must not take a request whose tokens stopped growing for finished while this writer is behind:
-#: at nice 19 on a loaded machine it has lagged 45 s behind 34 iterations (replay/watch/follow.py).
+#: at most this often the journal gets a "progress" entry: a moment before which the writer had
+#: written every capture handed to it (``TraceWriter.journal_progress``): the put time of the record
+#: it has just written (records come in the order put), or, with the ring empty, when it looked. A
+#: watcher must not take a request whose tokens stopped growing for finished while this writer is
+#: behind: at nice 19 on a loaded machine it has lagged 45 s behind 34 iterations
+#: (replay/watch/follow.py). Written busy or idle, for as long as the writer runs (~35 bytes a
+#: second; dropped from the journal at close).
 PROGRESS_EVERY_S = 1.0
-PROGRESS_IDLE_S = 600.0
 _cpu0 = 0.0
 
 
@@ -138,25 +139,28 @@ def main() -> int:
     wake = spec["wake_fd"]
     parent_gone = failed = False
     listed = marked = 0.0
-    handled = time.monotonic()
+
+    def mark(at: float | None) -> None:
+        nonlocal failed, marked
+        marked = time.monotonic()
+        try:
+            tw.journal_progress(at if at is None else int(at * 1000) / 1000)  # ms, rounded down
+        except Exception as exc:  # noqa: BLE001 - the store failed: as a failed item
+            failed = True
+            ring.mark_failed()
+            logger.error("trace writer failed (%s: %s); tracing disabled", type(exc).__name__, exc)
+
     while True:
         looked = time.time()  # before the look: a capture put after it is not covered by a mark
         got = ring.get()
         if got is None:
             if parent_gone:
                 if not failed:
-                    tw.journal_progress(None)  # all written: a watcher may settle requests by its clock
+                    mark(None)  # all written: a watcher may settle requests by its own clock
                 logger.info("the server is gone: %s left unclosed, journaled up to its last record", tw.path)
                 return 0
-            now = time.monotonic()
-            if not failed and now - marked >= PROGRESS_EVERY_S and now - handled <= PROGRESS_IDLE_S:
-                try:
-                    tw.journal_progress(int(looked * 1000) / 1000)  # rounded down
-                except Exception as exc:  # noqa: BLE001 - the store failed: as a failed item
-                    failed = True
-                    ring.mark_failed()
-                    logger.error("trace writer failed (%s: %s); tracing disabled", type(exc).__name__, exc)
-                marked = now
+            if not failed and time.monotonic() - marked >= PROGRESS_EVERY_S:
+                mark(looked)
             ready, _, _ = select.select([wake], [], [], PROGRESS_EVERY_S)
             if ready and os.read(wake, 1 << 16) == b"":
                 parent_gone = True
@@ -200,7 +204,8 @@ def main() -> int:
                 logger.error("trace writer failed (%s: %s); tracing disabled", type(exc).__name__, exc)
             listed = time.monotonic()
         ring.release(total, time.perf_counter_ns() - t0)
-        handled = time.monotonic()
+        if not failed and time.monotonic() - marked >= PROGRESS_EVERY_S:
+            mark(ring.put_at)  # busy too: a writer that is always a record behind still says how far it got
 
 
 def _close(tw, side, facts: dict, failed: bool) -> bool:

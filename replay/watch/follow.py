@@ -11,16 +11,18 @@ and resumes later than that is replayed at the length it had; its later tokens a
 watched).
 
 "Not grown for ``settle_s``" is counted on the writer's clock when the trace says how far its writer
-has got (``recorder_caught_up_at``: the writer process journals, about once a second while its ring
-is empty, a moment it had written every capture handed to it before: tracer/writer_process.py):
-the request is finished once the writer had caught up ``settle_s`` after the poll that first saw its
-current tokens. A writer that falls behind (nice 19 on a loaded machine: 45 s behind 34 iterations,
-seen in a test) then holds requests back instead of letting the watch replay a request whose rows
-are not written yet (a false alert: "serving fed 0 aux slots"). Without that fact (the in-process
-thread writer, or a writer that wrote all it will: the server is gone) the watcher's own clock
-counts. A writer killed with its server by SIGKILL to its own session leaves its last mark: its
-requests then count as finished only when the trace is closed, which it never will be: stop the
-watch and diff the trace.
+has got (``recorder_caught_up_at``: the writer process journals, about once a second, a moment before
+which it had written every capture handed to it: tracer/writer_process.py). The first mark newer
+than the one a poll saw with the request's current tokens was written after those tokens, so it is
+no earlier than their growth on the server; the request is finished once a mark ``settle_s`` past
+that anchor arrives with the tokens unchanged. Only the writer's clock is used, so a watcher on
+another host (an fsspec URL) is not misled by clock skew. A writer that falls behind (nice 19 on a
+loaded machine: 45 s behind 34 iterations, seen with a real server) holds requests back instead of
+letting the watch replay a request whose rows are not written yet (a false alert: "serving fed 0
+aux slots"). Without that fact (the in-process thread writer, a trace of specdiff before it, or a
+writer that wrote all it will: the server is gone) the watcher's own clock counts. A writer that
+failed, or was killed by SIGKILL to its own session, stops marking: its requests wait for a close
+that will not come (the watch's ``pending`` count grows); stop the watch and diff the trace.
 
 A trace that lists why each request was recorded (contract ``sampled_requests``, rid -> reason,
 ``tracer.engines.requests.sampling_facts``) gives each request its reason; a trace holds only the
@@ -81,23 +83,23 @@ class FinishedRequests:
         clock: monotonic seconds (tests may pass their own).
     """
 
-    def __init__(self, path: str, *, settle_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time):
+    def __init__(self, path: str, *, settle_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
         self.path = str(path)
         self.settle_s = float(settle_s)
-        self.clock, self.wall = clock, wall
+        self.clock = clock
         self._trace = TraceFollower(self.path)  # each poll decodes only what the server wrote since
-        #: seq id -> (token count, when it last changed: ``clock``, ``wall``)
-        self._seen: dict[int, tuple[int, float, float]] = {}
+        #: seq id -> [token count, when it last changed (``clock``), the writer's mark then, the
+        #: first newer mark (the anchor on the writer's clock; None until seen)]
+        self._seen: dict[int, list] = {}
         self._given: set[int] = set()
 
     @property
     def wait_s(self) -> float:
-        """How long to wait between two polls for a request seen in the first to count as finished
-        in the second (``settle_s``, plus the writer's mark interval: PROGRESS_EVERY_S)."""
+        """The longest a request seen unchanged can take to count as finished: ``settle_s``, plus two
+        of the writer's mark intervals (one for the anchor, one for the mark past it), plus a poll."""
         from specdiff.tracer.writer_process import PROGRESS_EVERY_S
 
-        return self.settle_s + PROGRESS_EVERY_S + 0.5
+        return self.settle_s + 2 * PROGRESS_EVERY_S + 1.0
 
     def poll(self) -> tuple[Trace, list[ServedRequest]]:
         """Open the trace as it is now and return it with the requests that finished since the
@@ -109,8 +111,8 @@ class FinishedRequests:
         trace = self._trace.poll()
         if trace.side != "serve":
             raise TraceError(f"{self.path}: a {trace.side} trace; --serve takes the trace a traced server writes")
-        now, wall = self.clock(), self.wall()
-        caught = trace.contract.get("recorder_caught_up_at")  # Unix s; absent / None: the writer is not behind
+        now = self.clock()
+        caught = trace.contract.get("recorder_caught_up_at")  # the writer's clock; absent / None: not behind
         reasons = sampled_reasons(trace.contract)
         dropped = {str(r) for r in trace.contract.get("dropped_requests") or []}
         done = []
@@ -120,8 +122,13 @@ class FinishedRequests:
                 continue
             last = self._seen.get(sid)
             if last is None or last[0] != n:
-                self._seen[sid] = last = (n, now, wall)
-            quiet = caught - last[2] if isinstance(caught, (int, float)) else now - last[1]
+                self._seen[sid] = last = [n, now, caught, None]
+            elif last[3] is None and caught != last[2] and isinstance(caught, (int, float)):
+                last[3] = caught  # written after the tokens seen: no earlier than their growth
+            if isinstance(caught, (int, float)):
+                quiet = -1.0 if last[3] is None else caught - last[3]
+            else:
+                quiet = now - last[1]
             settled = quiet >= self.settle_s and n > int(s.prompt_len)
             if trace.closed or settled:
                 self._given.add(sid)

@@ -189,8 +189,8 @@ class Watcher:
         """Watch until the serving trace is closed and done, ``stop`` is set, or (``once``) the
         requests finished now are done; returns how many requests of this run diverged.
 
-        ``once``: two polls ``follow.wait_s`` apart (a request must be seen unchanged for
-        ``settle_s`` to count as finished, ``follow``), then stop.
+        ``once``: poll every ``poll_s`` until no request is pending, for at most ``follow.wait_s``
+        (a request must be seen unchanged for ``settle_s`` to count as finished, ``follow``), then stop.
 
         Raises:
             TraceError: the serving trace cannot be opened (``once``: also when it does not exist
@@ -201,9 +201,11 @@ class Watcher:
                                           "resumed": self.state.resumed, "rolling": self.rolling_summary()}))
         try:
             if once:
-                if not self.step():
-                    stop.wait(self.follow.wait_s)
-                    self.step()
+                deadline = time.monotonic() + self.follow.wait_s
+                while not self.step() and self.follow.pending() and time.monotonic() < deadline:
+                    stop.wait(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+                    if stop.is_set():
+                        break
             else:
                 failures: list = []
                 while not stop.is_set():

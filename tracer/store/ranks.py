@@ -66,8 +66,11 @@ def _merged_contract(path: str, labels: list[str], contracts: list[dict]) -> dic
             same = all(v == values[0] for v in values)
             merged[key] = values[0] if same else {"per_rank": dict(zip(labels, values, strict=True))}
         elif key == "recorder_caught_up_at":  # every rank has written all it was handed before the earliest
-            marks = [v for v in values if isinstance(v, (int, float))]  # None: that rank's writer is done
-            merged[key] = min(marks) if marks else None
+            if any(key not in c for c in contracts):
+                merged.pop(key, None)  # a rank that does not mark (thread writer): the watcher's clock counts
+            else:
+                marks = [v for v in values if isinstance(v, (int, float))]  # None: that rank's writer is done
+                merged[key] = min(marks) if marks else None
         elif key == "bos_added":
             known = {repr(v): v for v in values if v not in (None, UNKNOWN)}
             if len(known) > 1:
