@@ -143,3 +143,26 @@ def test_a_trace_recorded_again_at_the_same_path_is_opened_in_full(tmp_path, new
     assert [s.rid for s in again.sequences] == [f"new{i}" for i in range(new_seqs)]
     assert follow.full_opens == 2
     w2.close()
+
+
+def test_a_trace_closed_while_it_is_first_opened_gets_no_row_index_from_its_compacted_journal(tmp_path, monkeypatch):
+    """open_trace saw the trace unclosed, then the writer closed it (compact_journal drops the rec
+    entries' row keys) before the follower read the journal: an index fed from that journal would
+    hold no rows, and a selection of any request would read 0 rows (a false divergence). The
+    follower attaches none; the selection builds its index from the trace's keys."""
+    from specdiff.tracer.store.selection import select_sequences
+
+    w = _writer(tmp_path / "t.trace")
+    sid = w.add_sequence(np.arange(40), prompt_len=3, rid="r0")
+    for i in range(0, 30, 3):
+        _append(w, i)
+    w.flush()
+    unclosed = open_trace(str(tmp_path / "t.trace"))
+    assert not unclosed.closed
+    w.close()
+    monkeypatch.setattr(reader_module, "open_trace", lambda path: unclosed)
+    trace = TraceFollower(str(tmp_path / "t.trace")).poll()
+    assert trace.row_index is None
+    view = select_sequences(trace, [sid])
+    assert view.rows("draft.hidden_out") == 30
+    assert view.keys("draft.hidden_out")["pos"].tolist() == list(range(30))

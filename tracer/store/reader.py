@@ -335,8 +335,10 @@ class TraceFollower:
         journal = JournalFollower(_join(self.path, JOURNAL_NAME))
         entries = journal.read_new()
         if journal.problem is None and entries and entries[0].get("t") == "header":
-            self._journal, self._store = journal, trace.open_store
-            self._replay = JournalReplay(self.path, entries[0]).feed(entries[1:])
+            replay = JournalReplay(self.path, entries[0]).feed(entries[1:])
+            if replay.closed:  # closed since open_trace: compacted, its rec entries lack the row keys
+                return trace  # no row index (selections build theirs from the keys); the next poll opens it
+            self._journal, self._store, self._replay = journal, trace.open_store, replay
             if entries[0] != self._header:  # another trace at this path (its header holds its creation time)
                 self._header, self._forgotten = entries[0], set()
             self._index = SequenceRows()
