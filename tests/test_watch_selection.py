@@ -245,3 +245,22 @@ def test_a_trace_recorded_again_at_the_same_path_does_not_inherit_what_was_forgo
     assert len(sel.keys("tokens")["seq"]) == STEPS and sel.rows("draft.d2t") == 8
     for w in writers:
         w.close()
+
+
+def test_an_alert_slice_names_rows_of_the_trace_on_disk_not_of_the_request_view(tmp_path):
+    """The export's metrics.json ``cell.rows`` (tui/export.py) name rows of the traces it lists; a
+    watch diff compares a Selection whose row 0 is some later row of the trace."""
+    import torch
+
+    from specdiff.tracer.store import TraceWriter, open_trace
+    from specdiff.tracer.store.selection import select_sequences
+    from specdiff.tui.export import _trace_row
+
+    with TraceWriter(str(tmp_path / "t.trace"), side="serve", contract={}) as w:
+        for rid in ("a", "b"):
+            sid = w.add_sequence(np.arange(5), prompt_len=2, rid=rid)
+            w.append("target.argmax", torch.arange(5), seq=sid, pos=np.arange(5))
+    trace = open_trace(str(tmp_path / "t.trace"))
+    view = select_sequences(trace, [1])
+    assert [_trace_row(view, "target.argmax", i) for i in range(5)] == [5, 6, 7, 8, 9]
+    assert _trace_row(trace, "target.argmax", 3) == 3  # a whole trace: its own rows

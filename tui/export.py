@@ -46,7 +46,8 @@ def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".") -> Path:
     Path(root).mkdir(parents=True, exist_ok=True)
     out = _new_folder(Path(root), f"specdiff-export-{sel.name}-seq{sel.pair}-pos{sel.pos}-depth{sel.depth}")
     for trace, sid, fname in ((r.traces.x, pair.seq.x, "a.trace"), (r.traces.y, pair.seq.y, "b.trace")):
-        contract = {k: v for k, v in trace.contract.items() if k != "side"}
+        # recorder_caught_up_at: the live writer's progress, not a fact of the closed slice (FORMAT.md)
+        contract = {k: v for k, v in trace.contract.items() if k not in ("side", "recorder_caught_up_at")}
         with TraceWriter(str(out / fname), side=trace.side, contract=contract) as w:
             seq = trace.sequence(sid)
             new = w.add_sequence(seq.tokens[: pair.length], prompt_len=min(seq.prompt_len, pair.length),
@@ -63,7 +64,8 @@ def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".") -> Path:
     cell = {"status": CELLS[code][2]}
     if comp is not None and i >= 0:
         cell.update(score=float(comp.score[i]), cos=float(comp.cos[i]), nonfinite=bool(comp.nonfinite[i]),
-                    rows=[int(comp.match.rows.x[i]), int(comp.match.rows.y[i])])
+                    rows=[_trace_row(r.traces.x, sel.name, int(comp.match.rows.x[i])),
+                          _trace_row(r.traces.y, sel.name, int(comp.match.rows.y[i]))])
     metrics = {
         "tensor": sel.name, "seq": sel.pair, "pos": sel.pos, "depth": sel.depth,
         "sequence_ids": [pair.seq.x, pair.seq.y], "labels": [r.labels.x, r.labels.y],
@@ -75,3 +77,10 @@ def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".") -> Path:
     }
     (out / "metrics.json").write_text(json.dumps(json_safe(metrics), indent=2))
     return out
+
+
+def _trace_row(trace, name: str, row: int) -> int:
+    """``row`` of ``name`` as a row of the trace on disk: a watch diff reads one request's rows
+    through a ``tracer.store.selection.Selection`` (its own row numbers; ``base_rows`` maps them)."""
+    base_rows = getattr(trace, "base_rows", None)
+    return int(base_rows[name][row]) if base_rows is not None and name in base_rows else row
