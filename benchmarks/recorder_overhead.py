@@ -109,22 +109,24 @@ def process_cpu(pid: int) -> dict[str, float]:
 
 
 def settle_writers(servers: dict, timeout_s: float = 60.0) -> None:
-    """Wait until no writer process has used CPU for a second (the warm-up's rows are written and
-    the trace's arrays exist), so the rounds measure steady recording, not a trace's one-off set-up."""
-    last, quiet_since, t_end = None, time.monotonic(), time.monotonic() + timeout_s
+    """Wait until every writer process is idle (under 20 ms of CPU in a second: an idle writer still
+    journals its progress once a second), so the rounds measure steady recording, not a trace's
+    one-off set-up (the warm-up's rows, creating its arrays); says so when it gives up."""
+    t_end = time.monotonic() + timeout_s
+    last = tuple(process_cpu(srv.pid)["writer"] for srv in servers.values())
     while time.monotonic() < t_end:
+        time.sleep(1.0)
         now = tuple(process_cpu(srv.pid)["writer"] for srv in servers.values())
-        if now != last:
-            last, quiet_since = now, time.monotonic()
-        elif time.monotonic() - quiet_since >= 1.0:
+        if all(b - a < 0.02 for a, b in zip(last, now, strict=True)):
             return
-        time.sleep(0.25)
+        last = now
+    print(f"warning: the writer processes were still busy after {timeout_s:.0f} s; measuring anyway", flush=True)
 
 
 def run_sglang(target, draft, args, workdir: Path) -> dict:
     """One SGLang server per mode (``MODES``), all up at once. Every batch of every round goes to
-    each server back to back, the order rotating by batch and round, so each mode's batch and the
-    untraced one's run seconds apart and the machine's swings hit them alike. Per mode: each round's
+    each server back to back, in a seeded random order, so each mode's batch and the untraced one's
+    run seconds apart and the machine's swings hit them alike. Per mode: each round's
     tokens/s, the median of the rounds' ratios to the untraced server, and the recorder's cost
     over the rounds (CPU of the scheduler and the writer process; hooks and MB from the trace)."""
     from specdiff.tracer.engines.requests import MARK_KEY
@@ -197,7 +199,9 @@ def run_sglang(target, draft, args, workdir: Path) -> dict:
                        sampled=len(c.get("sampled_requests") or {}), dropped_requests=len(c.get("dropped_requests") or []),
                        hook_share=c.get("recorder_hook_s", 0.0) / max(c.get("recorder_iter_s", 0.0), 1e-9),
                        hook_s=c.get("recorder_hook_s", 0.0),
-                       cpu_s_per_mb=(c.get("recorder_hook_s", 0.0) + cpu["writer"]) / mb if mb else float("nan"))
+                       # both over the whole trace (warm-up included), as the MB are
+                       cpu_s_per_mb=((c.get("recorder_hook_s", 0.0) + c.get("recorder_writer_cpu_s", cpu["writer"])) / mb
+                                     if mb else float("nan")))
         out[m] = res
     return out
 
@@ -341,7 +345,8 @@ def main():
     print("ratio = median over rounds of (mode tok/s / untraced tok/s in the same round; each batch sent to every "
           "server back to back, in random order); dropped = iterations/requests; hooks% = the hooks' wall time / the recorded "
           "forwards' (serving thread); sched = the scheduler process's CPU ms per token and wr_cpu_s = the writer "
-          "process's CPU s, both over the rounds; MB = rows recorded; cpu_s/MB = (hook_s + wr_cpu_s) / MB")
+          "process's CPU s, both over the rounds; MB = rows recorded; cpu_s/MB = (hooks + writer CPU) / MB, all over "
+          "the whole trace (warm-up included)")
     twin = res.get("twin", {}).get("ratio")
     noise = f"; the untraced twin measured {twin:.1%} (this run's noise floor)" if twin is not None else ""
     for m, goal in GOALS.items():

@@ -26,6 +26,7 @@ import argparse
 import copy
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 
@@ -135,13 +136,19 @@ def main(argv=None) -> int:
         for s in sizes:
             print(f"{s.requests} requests: {s.rows} rows of {aux_name(0)} on both sides, written in {s.write_s:.1f} s")
         times = {(s.requests, w): [] for s in sizes for w in ways}
-        verdicts = {}
+        verdicts, per_way = {}, {}
         for r in range(args.rounds):
             order = [(s, w) for s in sizes for w in ways]
             for s, w in order if r % 2 == 0 else order[::-1]:
                 t, v = s.time(w)
                 times[(s.requests, w)].append(t)
                 verdicts.setdefault(s.requests, set()).update(v)
+                per_way[(s.requests, w)] = v  # each request's verdict, in the pairs' order
+        for s in sizes:  # the two ways must agree request by request
+            got = {w: per_way[(s.requests, w)] for w in ways}
+            if len({tuple(v) for v in got.values()}) > 1:
+                print(f"error: at {s.requests} requests the ways' verdicts differ: {got}", file=sys.stderr)
+                return 1
         print(f"{'way':>7} {'requests':>9} {'median s/request':>17} {'min':>8}")
         med = {k: statistics.median(v) for k, v in times.items()}
         for (n, w), v in times.items():

@@ -95,11 +95,11 @@ class _Pending:
 
 
 def _key_column(v, dtype, n: int) -> np.ndarray:
-    """Row key ``v`` (a scalar, or [n] / [1] values) as a new ``dtype`` array [n] the writer owns
-    (the caller may change its own afterwards)."""
+    """Row key ``v`` (a scalar, or [n] / [1] values) as a ``dtype`` array [n]; it may be ``v``
+    itself: ``append`` journals its bytes and ``_Pending.add`` copies it at once, keeping no view."""
     a = np.asarray(v, dtype=dtype)
     if a.shape == (n,):
-        return a.copy()
+        return a
     out = np.empty(n, dtype)
     out[:] = a  # a scalar or [1]; any other shape raises (as broadcasting would)
     return out
