@@ -140,15 +140,21 @@ def main() -> int:
     parent_gone = failed = False
     listed = marked = 0.0
 
-    def mark(at: float | None) -> None:
-        nonlocal failed, marked
-        marked = time.monotonic()
+    def journal(write) -> None:
+        """``write()`` a journal-only entry (progress, listing); a store that fails then stops
+        tracing, as a failed item does (the server keeps serving)."""
+        nonlocal failed
         try:
-            tw.journal_progress(at if at is None else int(at * 1000) / 1000)  # ms, rounded down
+            write()
         except Exception as exc:  # noqa: BLE001 - the store failed: as a failed item
             failed = True
             ring.mark_failed()
             logger.error("trace writer failed (%s: %s); tracing disabled", type(exc).__name__, exc)
+
+    def mark(at: float | None) -> None:
+        nonlocal marked
+        marked = time.monotonic()
+        journal(lambda: tw.journal_progress(at if at is None else int(at * 1000) / 1000))  # ms, rounded down
 
     while True:
         looked = time.time()  # before the look: a capture put after it is not covered by a mark
@@ -196,12 +202,7 @@ def main() -> int:
         if side.changed and not failed and time.monotonic() - listed > LIST_EVERY_S:
             # which requests the trace holds, journaled while serving: a watcher and a killed
             # server's trace see it before the close (which writes the serving side's final list)
-            try:
-                tw.set_contract(**side.listing())
-            except Exception as exc:  # noqa: BLE001 - the store failed: as a failed item
-                failed = True
-                ring.mark_failed()
-                logger.error("trace writer failed (%s: %s); tracing disabled", type(exc).__name__, exc)
+            journal(lambda: tw.set_contract(**side.listing()))
             listed = time.monotonic()
         ring.release(total, time.perf_counter_ns() - t0)
         if not failed and time.monotonic() - marked >= PROGRESS_EVERY_S:
