@@ -18,40 +18,29 @@ Serving equals training up to bf16-sized noise, then:
 from __future__ import annotations
 
 import numpy as np
+from builders import TracePair
+from builders import moved as _off
 
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tracer.schema import aux_name
-from specdiff.tracer.store import TraceWriter
 
 H, N_SEQ, T = 32, 6, 48
 MOE = {"target_architecture": "DeepseekV3ForCausalLM", "target_num_experts": 4, "target_experts_per_token": 2}
 
 
-def _off(x: np.ndarray, rng, rel: float) -> np.ndarray:
-    d = rng.standard_normal(x.shape).astype(np.float32)
-    return (x + rel * np.linalg.norm(x) * d / np.linalg.norm(d)).astype(np.float32)
-
-
 def write_pair(root, *, flips=(), context_rel=0.0, attn_bug=(), bug_rel=0.08, moe=True) -> tuple[str, str]:
-    rng = np.random.default_rng(0)
-    paths = (str(root / "train.trace"), str(root / "serve.trace"))
     base = {"hidden_size": H, "num_layers": 8, "aux_hf_indices": [1, 4, 7], "dtype": "bfloat16"}
-    writers = [TraceWriter(paths[0], side="train", contract=base, overwrite=True),
-               TraceWriter(paths[1], side="serve", contract={**base, **(MOE if moe else {})}, overwrite=True)]
+    pair = TracePair(root, contract=base, serve=MOE if moe else None)
+    rng = pair.rng
     flip_at = dict(flips)  # seq -> flipped position
     for s in range(N_SEQ):
         toks = rng.integers(0, 1000, T + 1)
         aux = rng.standard_normal((3, T, H)).astype(np.float32)
         fc, attn, out = (rng.standard_normal((T, H)).astype(np.float32) for _ in range(3))
-        for side, w in enumerate(writers):
-            sid = w.add_sequence(toks, prompt_len=4, rid=f"{w.side}-{s}")
-            noise = np.random.default_rng(100 + s + 1000 * side)
-
-            def jitter(x, noise=noise, side=side):
-                return (x * (1 + 2e-3 * side * noise.standard_normal(x.shape))).astype(np.float32)
-
-            a, f, at, ho = jitter(aux), jitter(fc), jitter(attn), jitter(out)
-            if side:
+        for w in pair.sides(s, toks, prompt_len=4):
+            noise = w.noise
+            a, f, at, ho = w.jitter(aux), w.jitter(fc), w.jitter(attn), w.jitter(out)
+            if w.serving:
                 for t in range(T):
                     if flip_at.get(s) == t:
                         for j in (1, 2):
@@ -62,15 +51,13 @@ def write_pair(root, *, flips=(), context_rel=0.0, attn_bug=(), bug_rel=0.08, mo
                     if s in attn_bug:
                         ho[t] = _off(ho[t], noise, bug_rel)
             pos = np.arange(T)
-            w.append("tokens", toks[1:T + 1].astype(np.int64), seq=sid, pos=pos)
+            w.append("tokens", toks[1:T + 1].astype(np.int64), pos=pos)
             for j in range(3):
-                w.append(aux_name(j), a[j], seq=sid, pos=pos)
-            w.append("draft.fc_out", f, seq=sid, pos=pos)
-            w.append("draft.attn_in", at, seq=sid, pos=pos, depth=0)
-            w.append("draft.hidden_out", ho, seq=sid, pos=pos, depth=0)
-    for w in writers:
-        w.close()
-    return paths
+                w.append(aux_name(j), a[j], pos=pos)
+            w.append("draft.fc_out", f, pos=pos)
+            w.append("draft.attn_in", at, pos=pos, depth=0)
+            w.append("draft.hidden_out", ho, pos=pos, depth=0)
+    return pair.close()
 
 
 FLIPS = [(0, 30), (2, 40)]  # late in 2 of 6 sequences: most rows see only agreeing context

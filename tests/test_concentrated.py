@@ -12,20 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from builders import TracePair
+from builders import moved as _off
 
 from specdiff.replay.diff import blocks
 from specdiff.replay.diff.groups import GROUP_ALPHA, hypergeom_tail
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
-from specdiff.tracer.store import TraceWriter
 
 H, N_SEQ, T, PROMPT, ROUND, DRAFT_EVERY, DEPTHS = 16, 8, 100, 60, 4, 6, 3
-
-
-def _off(x: np.ndarray, rng, rel: float) -> np.ndarray:
-    """``x`` moved by ``rel`` of its norm in a random direction."""
-    d = rng.standard_normal(x.shape).astype(np.float32)
-    return (x + rel * np.linalg.norm(x) * d / np.linalg.norm(d)).astype(np.float32)
 
 
 def _iter(t: int) -> int:
@@ -41,20 +36,16 @@ def write_pair(root, *, bad_out=(), pos_shift: int = 0, bad_rel=(0.11, 0.19), se
     cached prefix length p (serving records no row of that sequence before p, as a radix-cache hit);
     ``depth2_noise``: serving's relative noise on depth-2 ``draft.hidden_out`` rows; ``pos_drift``:
     serving's ``draft.positions`` at depth k are training's + k x this."""
-    rng = np.random.default_rng(0)
-    paths = (str(root / "train.trace"), str(root / "serve.trace"))
-    base = {"hidden_size": H, "dtype": "bfloat16"}
-    writers = [TraceWriter(paths[0], side="train", contract=base, overwrite=True),
-               TraceWriter(paths[1], side="serve", contract={**base, **(serve_contract or {})}, overwrite=True)]
+    pair = TracePair(root, contract={"hidden_size": H, "dtype": "bfloat16"}, serve=serve_contract)
+    rng = pair.rng
     bad = {tuple(b) for b in bad_out}
     skip = skip_serve_prefix or {}
     for s in range(N_SEQ):
         toks = rng.integers(0, 1000, T + 1 + DEPTHS)
         attn = rng.standard_normal((DEPTHS, T, 2 * H)).astype(np.float32)
         out = rng.standard_normal((DEPTHS, T, H)).astype(np.float32)
-        for side, w in enumerate(writers):
-            sid = w.add_sequence(toks, prompt_len=PROMPT, rid=f"{w.side}-{s}")
-            noise = np.random.default_rng(100 + s + 1000 * side)
+        for w in pair.sides(s, toks, prompt_len=PROMPT):
+            noise, side = w.noise, w.index
             first = skip.get(s, 0) if side else 0
             for k in range(DEPTHS):
                 ts = [t for t in range(first, T) if (k == 0 or t % DRAFT_EVERY == 0) and t + 1 + k < T + DEPTHS]
@@ -66,13 +57,11 @@ def write_pair(root, *, bad_out=(), pos_shift: int = 0, bad_rel=(0.11, 0.19), se
                     if side and (s, t, k) in bad:
                         o[r] = _off(o[r], noise, noise.uniform(*bad_rel))
                 positions = p + k + (pos_shift if side and k >= 1 else 0) + (pos_drift * k if side else 0)
-                w.append("tokens", toks[1 + k + p].astype(np.int64), seq=sid, pos=p, depth=k, iter=it)
-                w.append("draft.positions", positions, seq=sid, pos=p, depth=k, iter=it)
-                w.append("draft.attn_in", a.astype(np.float32), seq=sid, pos=p, depth=k, iter=it)
-                w.append("draft.hidden_out", o.astype(np.float32), seq=sid, pos=p, depth=k, iter=it)
-    for w in writers:
-        w.close()
-    return paths
+                w.append("tokens", toks[1 + k + p].astype(np.int64), pos=p, depth=k, iter=it)
+                w.append("draft.positions", positions, pos=p, depth=k, iter=it)
+                w.append("draft.attn_in", a.astype(np.float32), pos=p, depth=k, iter=it)
+                w.append("draft.hidden_out", o.astype(np.float32), pos=p, depth=k, iter=it)
+    return pair.close()
 
 
 @pytest.fixture(autouse=True)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from builders import TracePair
 
 from specdiff.replay.diff import blocks
 from specdiff.replay.diff.early import EarlyFirst
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tracer.schema import aux_name
-from specdiff.tracer.store import TraceWriter
 
 H, N_SEQ, SEQ_LEN = 64, 16, 256
 EXAMPLE = Path(__file__).resolve().parents[1] / "traces" / "examples" / "seed"
@@ -25,27 +25,22 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "traces" / "examples" / "seed"
 def write_pair(root: Path, *, bad_seqs=(), scale=0.5) -> tuple[str, str]:
     """Training and serving traces of three aux slots; in ``bad_seqs`` serving's slot 0 is off by
     ``scale`` (relative), elsewhere equal to training up to bf16-sized noise."""
-    rng = np.random.default_rng(0)
-    paths = (str(root / "train.trace"), str(root / "serve.trace"))
-    contract = {"hidden_size": H, "dtype": "float32"}
-    writers = [TraceWriter(p, side=side, contract=contract, overwrite=True)
-               for p, side in zip(paths, ("train", "serve"))]
+    pair = TracePair(root, contract={"hidden_size": H, "dtype": "float32"})
+    rng = pair.rng
     for s in range(N_SEQ):
         toks = rng.integers(0, 1000, SEQ_LEN + 1)
         layers = rng.standard_normal((3, SEQ_LEN, H)).astype(np.float32)
-        for k, w in enumerate(writers):
-            sid = w.add_sequence(toks, prompt_len=8, rid=f"{w.side}-{s}")
+        for w in pair.sides(s, toks, prompt_len=8):
+            k = w.index
             pos = np.arange(SEQ_LEN)
             for j in range(3):
                 x = layers[j] * (1 + 1e-6 * rng.standard_normal((1, H))).astype(np.float32) if k else layers[j]
                 if k and j == 0 and s in bad_seqs:
                     x = x * (1 + scale)
                     x[:, 0] += scale * 10
-                w.append(aux_name(j), x, seq=sid, pos=pos)
-            w.append("tokens", toks[1:].astype(np.int64), seq=sid, pos=pos)
-    for w in writers:
-        w.close()
-    return paths
+                w.append(aux_name(j), x, pos=pos)
+            w.append("tokens", toks[1:].astype(np.int64), pos=pos)
+    return pair.close()
 
 
 def diff_watching(a: str, b: str) -> tuple:
@@ -136,26 +131,20 @@ def test_inherited_rows_neither_prove_nor_place_the_early_first_divergence(tmp_p
     # The rows inherited from slot 0 do not count: the first divergence is target.aux.2 at the
     # earliest row (position, then sequence) whose inputs agree: seq 1 pos 0, not seq 0 pos 0;
     # said early, and the full data's.
-    rng = np.random.default_rng(1)
-    paths = (str(tmp_path / "train.trace"), str(tmp_path / "serve.trace"))
-    writers = [TraceWriter(p, side=side, contract={"hidden_size": H, "dtype": "float32"}, overwrite=True)
-               for p, side in zip(paths, ("train", "serve"))]
+    pair = TracePair(tmp_path, contract={"hidden_size": H, "dtype": "float32"}, seed=1)
     for s in range(N_SEQ):
-        toks = rng.integers(0, 1000, SEQ_LEN + 1)
-        layers = rng.standard_normal((3, SEQ_LEN, H)).astype(np.float32)
-        for k, w in enumerate(writers):
-            sid = w.add_sequence(toks, prompt_len=8, rid=f"{w.side}-{s}")
+        toks = pair.rng.integers(0, 1000, SEQ_LEN + 1)
+        layers = pair.rng.standard_normal((3, SEQ_LEN, H)).astype(np.float32)
+        for w in pair.sides(s, toks, prompt_len=8):
             x = layers.copy()
-            if k:
+            if w.serving:
                 x[2] *= 1.5
                 if s == 0:
                     x[:, :2] += 1.0
             for j in range(3):
-                w.append(aux_name(j), x[j], seq=sid, pos=np.arange(SEQ_LEN))
-            w.append("tokens", toks[1:].astype(np.int64), seq=sid, pos=np.arange(SEQ_LEN))
-    for w in writers:
-        w.close()
-    report, seen = diff_watching(*paths)
+                w.append(aux_name(j), x[j], pos=np.arange(SEQ_LEN))
+            w.append("tokens", toks[1:].astype(np.int64), pos=np.arange(SEQ_LEN))
+    report, seen = diff_watching(*pair.close())
     assert report.first.name == "target.aux.2" and report.first.stats["inherited_rows"] == 2
     assert seen["early"] == EarlyFirst("target.aux.2", "values", {"pair": 1, "pos": 0, "depth": 0}), seen
     assert report.comparisons["target.aux.1"].stats["inherited_from"] == {"target.aux.0": 2}

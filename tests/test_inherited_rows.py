@@ -23,13 +23,14 @@ import sys
 
 import numpy as np
 import pytest
+from builders import TracePair
+from builders import moved as _off
 
 from specdiff.replay.diff import blocks
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
 from specdiff.replay.diff.routing import ROUTING_MAX_FRAC
 from specdiff.tracer.schema import aux_name
-from specdiff.tracer.store import TraceWriter
 
 H, N_SEQ, T, DEPTHS = 32, 8, 64, 3
 ROWS = N_SEQ * T  # depth-0 rows of a depthless tensor
@@ -42,39 +43,26 @@ def spread(n: int, *, first: int = 3) -> list[tuple[int, int]]:
     return [(i % N_SEQ, first + 7 * (i // N_SEQ) + (i % 3)) for i in range(n)]
 
 
-def _off(x: np.ndarray, rng, rel: float) -> np.ndarray:
-    """``x`` [H] moved by about ``rel`` of its norm, in a random direction (cosine stays > 0.9)."""
-    d = rng.standard_normal(x.shape).astype(np.float32)
-    return (x + rel * np.linalg.norm(x) * d / np.linalg.norm(d)).astype(np.float32)
-
-
 def write_pair(root, *, family: dict | None, flips=(), bug_fc=(), bug_tokens=(), draft_until: int = T,
                flip_rel: float = 0.2, flip_slot: int = 1) -> tuple[str, str]:
     """Training and serving traces (module doc); ``family``: target facts in serving's contract
     (None: none recorded); draft rows only at positions < ``draft_until`` (serving's coverage);
     ``flip_slot``: the aux slot where flips start (the slots after it follow)."""
-    rng = np.random.default_rng(0)
-    paths = (str(root / "train.trace"), str(root / "serve.trace"))
     flips, bug_fc, bug_tokens = set(flips), set(bug_fc), set(bug_tokens)
     base = {"hidden_size": H, "num_layers": 8, "aux_hf_indices": [1, 4, 7], "dtype": "bfloat16"}
-    writers = [TraceWriter(paths[0], side="train", contract=base, overwrite=True),
-               TraceWriter(paths[1], side="serve", contract={**base, **(family or {})}, overwrite=True)]
+    pair = TracePair(root, contract=base, serve=family)
+    rng = pair.rng
     for s in range(N_SEQ):
         toks = rng.integers(0, 1000, T + 1 + DEPTHS)
         aux = rng.standard_normal((3, T, H)).astype(np.float32)
         fc = rng.standard_normal((T, H)).astype(np.float32)
         hid = rng.standard_normal((DEPTHS, T, H)).astype(np.float32)  # hidden_in at depth k
         out = rng.standard_normal((DEPTHS, T, H)).astype(np.float32)  # hidden_out at depth k
-        for side, w in enumerate(writers):
-            sid = w.add_sequence(toks, prompt_len=4, rid=f"{w.side}-{s}")
-            noise = np.random.default_rng(100 + s + 1000 * side)
-
-            def jitter(x, noise=noise, side=side):  # bf16-sized difference on serving
-                return (x * (1 + 2e-3 * side * noise.standard_normal(x.shape))).astype(np.float32)
-
-            a, f, hi, ho = jitter(aux), jitter(fc), jitter(hid), jitter(out)
+        for w in pair.sides(s, toks, prompt_len=4):
+            noise = w.noise
+            a, f, hi, ho = w.jitter(aux), w.jitter(fc), w.jitter(hid), w.jitter(out)  # bf16-sized on serving
             toks_in = [toks[1 + k:1 + k + T].astype(np.int64).copy() for k in range(DEPTHS)]
-            if side:
+            if w.serving:
                 for t in range(T):
                     if (s, t) in flips:
                         for j in range(flip_slot, 3):
@@ -90,20 +78,18 @@ def write_pair(root, *, family: dict | None, flips=(), bug_fc=(), bug_tokens=(),
                     if (s, t) in bug_tokens:
                         toks_in[0][t] += 1
             pos = np.arange(T)
-            w.append("tokens", toks_in[0], seq=sid, pos=pos)
+            w.append("tokens", toks_in[0], pos=pos)
             for j in range(3):
-                w.append(aux_name(j), a[j], seq=sid, pos=pos)
-            w.append("target.aux_cat", np.concatenate(list(a), axis=1), seq=sid, pos=pos)
-            w.append("draft.fc_out", f, seq=sid, pos=pos)
+                w.append(aux_name(j), a[j], pos=pos)
+            w.append("target.aux_cat", np.concatenate(list(a), axis=1), pos=pos)
+            w.append("draft.fc_out", f, pos=pos)
             for k in range(DEPTHS):
                 p = np.arange(min(draft_until, T - 1 - k))  # row t at depth k needs x_{t+1+k}
                 if k:
-                    w.append("tokens", toks_in[k][p], seq=sid, pos=p, depth=k)
-                w.append("draft.hidden_in", hi[k, p], seq=sid, pos=p, depth=k)
-                w.append("draft.hidden_out", ho[k, p], seq=sid, pos=p, depth=k)
-    for w in writers:
-        w.close()
-    return paths
+                    w.append("tokens", toks_in[k][p], pos=p, depth=k)
+                w.append("draft.hidden_in", hi[k, p], pos=p, depth=k)
+                w.append("draft.hidden_out", ho[k, p], pos=p, depth=k)
+    return pair.close()
 
 
 @pytest.fixture

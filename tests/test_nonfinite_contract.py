@@ -17,12 +17,12 @@ import sys
 
 import numpy as np
 import pytest
+from builders import TracePair
 
 from specdiff.replay.diff.contract_causes import STAGE_CAUSES
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
 from specdiff.tracer.schema import STAGE_ORDER, aux_name
-from specdiff.tracer.store import TraceWriter
 
 H, N_SEQ, T, DEPTHS = 16, 4, 24, 2
 BASE = {"hidden_size": H, "draft_hidden_size": H, "num_layers": 8, "aux_hf_indices": [1, 4, 7],
@@ -33,10 +33,8 @@ BASE = {"hidden_size": H, "draft_hidden_size": H, "num_layers": 8, "aux_hf_indic
 def write_pair(root, *, serve_facts: dict, train_facts: dict | None = None, overflow=False, rope_bug=False,
                logits_bug=False, nan_any=False) -> tuple[str, str]:
     """Training and serving traces (module doc); ``*_facts`` are merged into each side's contract."""
-    rng = np.random.default_rng(0)
-    paths = (str(root / "train.trace"), str(root / "serve.trace"))
-    writers = [TraceWriter(paths[0], side="train", contract={**BASE, **(train_facts or {})}, overwrite=True),
-               TraceWriter(paths[1], side="serve", contract={**BASE, **serve_facts}, overwrite=True)]
+    pair = TracePair(root, contract=BASE, train=train_facts, serve=serve_facts)
+    rng = pair.rng
     for s in range(N_SEQ):
         toks = rng.integers(0, 1000, T + 1 + DEPTHS)
         aux = rng.standard_normal((3, T, H)).astype(np.float32)
@@ -45,14 +43,9 @@ def write_pair(root, *, serve_facts: dict, train_facts: dict | None = None, over
         logits = rng.standard_normal((DEPTHS, T, 8)).astype(np.float32)
         if overflow:
             out *= 4e4  # |values| of a few rows per position pass float16's 65504 in training
-        for side, w in enumerate(writers):
-            sid = w.add_sequence(toks, prompt_len=4, rid=f"{w.side}-{s}")
-            noise = np.random.default_rng(100 + s + 1000 * side)
-
-            def jitter(x, noise=noise, side=side):
-                return (x * (1 + 1e-3 * side * noise.standard_normal(x.shape))).astype(np.float32)
-
-            a, at, o, lg = jitter(aux), jitter(attn), jitter(out), jitter(logits)
+        for w in pair.sides(s, toks, prompt_len=4):
+            noise, side = w.noise, w.serving
+            a, at, o, lg = (w.jitter(x, 1e-3) for x in (aux, attn, out, logits))
             if side and overflow:
                 big = np.abs(o).max(-1) > 65504
                 o[big] = np.inf
@@ -64,19 +57,17 @@ def write_pair(root, *, serve_facts: dict, train_facts: dict | None = None, over
             if side and logits_bug:
                 lg = lg + 0.5 * noise.standard_normal(lg.shape).astype(np.float32)
             pos = np.arange(T)
-            w.append("tokens", toks[1:1 + T].astype(np.int64), seq=sid, pos=pos)
+            w.append("tokens", toks[1:1 + T].astype(np.int64), pos=pos)
             for j in range(3):
-                w.append(aux_name(j), a[j], seq=sid, pos=pos)
+                w.append(aux_name(j), a[j], pos=pos)
             for k in range(DEPTHS):
                 p = np.arange(T - 1 - k)
                 if k:
-                    w.append("tokens", toks[1 + k:1 + k + len(p)].astype(np.int64), seq=sid, pos=p, depth=k)
-                w.append("draft.attn_in", at[k, p], seq=sid, pos=p, depth=k)
-                w.append("draft.hidden_out", o[k, p], seq=sid, pos=p, depth=k)
-                w.append("draft.logits", lg[k, p], seq=sid, pos=p, depth=k)
-    for w in writers:
-        w.close()
-    return paths
+                    w.append("tokens", toks[1 + k:1 + k + len(p)].astype(np.int64), pos=p, depth=k)
+                w.append("draft.attn_in", at[k, p], pos=p, depth=k)
+                w.append("draft.hidden_out", o[k, p], pos=p, depth=k)
+                w.append("draft.logits", lg[k, p], pos=p, depth=k)
+    return pair.close()
 
 
 FP16 = {"dtype": "float16", "embed_sha256": "1" * 64, "lm_head_sha256": "2" * 64}

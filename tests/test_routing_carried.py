@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from builders import TracePair
+from builders import moved as _off
 
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.routing import ROUTING_MAX_RUN
 from specdiff.tracer.schema import aux_name
-from specdiff.tracer.store import TraceWriter
 
 H, N_SEQ, T = 64, 6, 64
 MOE = {"target_architecture": "GptOssForCausalLM", "target_num_experts": 4, "target_experts_per_token": 2}
@@ -24,37 +25,25 @@ MOE = {"target_architecture": "GptOssForCausalLM", "target_num_experts": 4, "tar
 MEASURED = [0.389, 0.060, 0.064, 0.057, 0.057, 0.056, 0.059, 0.054, 0.055, 0.052, 0.047]
 
 
-def _off(x, rng, rel):
-    d = rng.standard_normal(x.shape).astype(np.float32)
-    return (x + rel * np.linalg.norm(x) * d / np.linalg.norm(d)).astype(np.float32)
-
-
 def write_pair(root, moved: dict) -> tuple[str, str]:
     """Training and serving traces with ``tokens`` and three aux slots; serving is bf16-sized noise
     off training, and ``moved[(seq, pos)] = rel`` moves serving's ``target.aux.1`` row there by
     ``rel`` (``target.aux.2`` follows it, ``target.aux.0`` agrees)."""
-    rng = np.random.default_rng(0)
-    paths = (str(root / "train.trace"), str(root / "serve.trace"))
     base = {"hidden_size": H, "num_layers": 8, "aux_hf_indices": [0, 3, 8], "dtype": "bfloat16"}
-    ws = [TraceWriter(paths[0], side="train", contract=base, overwrite=True),
-          TraceWriter(paths[1], side="serve", contract={**base, **MOE}, overwrite=True)]
-    for s in range(N_SEQ):
-        toks = rng.integers(0, 1000, T + 1)
-        aux = rng.standard_normal((3, T, H)).astype(np.float32)
-        for side, w in enumerate(ws):
-            sid = w.add_sequence(toks, prompt_len=4, rid=f"{w.side}-{s}")
-            noise = np.random.default_rng(100 + s + 1000 * side)
-            a = (aux * (1 + 2e-3 * side * noise.standard_normal(aux.shape))).astype(np.float32)
-            for (ms, t), rel in moved.items():
-                if side and ms == s:
-                    a[1, t], a[2, t] = _off(a[1, t], noise, rel), _off(a[2, t], noise, rel)
-            pos = np.arange(T)
-            w.append("tokens", toks[1:T + 1].astype(np.int64), seq=sid, pos=pos)
-            for j in range(3):
-                w.append(aux_name(j), a[j], seq=sid, pos=pos)
-    for w in ws:
-        w.close()
-    return paths
+    with TracePair(root, contract=base, serve=MOE) as pair:
+        for s in range(N_SEQ):
+            toks = pair.rng.integers(0, 1000, T + 1)
+            aux = pair.rng.standard_normal((3, T, H)).astype(np.float32)
+            for w in pair.sides(s, toks, prompt_len=4):
+                a = w.jitter(aux)
+                for (ms, t), rel in moved.items():
+                    if w.serving and ms == s:
+                        a[1, t], a[2, t] = _off(a[1, t], w.noise, rel), _off(a[2, t], w.noise, rel)
+                pos = np.arange(T)
+                w.append("tokens", toks[1:T + 1].astype(np.int64), pos=pos)
+                for j in range(3):
+                    w.append(aux_name(j), a[j], pos=pos)
+    return pair.paths
 
 
 def _measured(seq=2, first=13) -> dict:

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from builders import TracePair
 
 from specdiff.replay.diff.align import Pair
 from specdiff.replay.diff.pipeline import diff_opened
 from specdiff.replay.watch.watcher import diff_request
 from specdiff.tracer.schema import aux_name
-from specdiff.tracer.store import TraceFollower, TraceWriter, open_trace
+from specdiff.tracer.store import TraceFollower, open_trace
 from specdiff.tracer.store import reader as reader_module
 from specdiff.tracer.store.chunks import ArrayReader
 from specdiff.tracer.store.selection import SequenceRows, select_sequences
@@ -42,9 +43,8 @@ def write_pair(root, *, requests: int = 20, bad: int | None = None, close: bool 
     ``draft.d2t`` row set keyed seq -1 comes first. Training (the watch's replay): per finished
     batch, each request's rows in one append per tensor. Request ``bad`` is served with
     ``target.aux.0`` off by 50 % from its third decode step on."""
-    serve, train = str(root / "serve.trace"), str(root / "train.trace")
-    ws = TraceWriter(serve, side="serve", contract=CONTRACT, chunk_bytes=4096, overwrite=True)
-    wt = TraceWriter(train, side="train", contract=CONTRACT, chunk_bytes=4096, overwrite=True)
+    pair = TracePair(root, contract=CONTRACT, chunk_bytes=4096)
+    (train, serve), (wt, ws) = pair.paths, pair.writers
     for w in (ws, wt):
         w.append("draft.d2t", np.arange(8, dtype=np.int64), seq=-1, pos=np.arange(8))
     for start in range(0, requests, BATCH):

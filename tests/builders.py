@@ -1,0 +1,90 @@
+"""Synthetic trace pairs for the diff's unit tests: one builder instead of a ``write_pair`` per file.
+
+A test describes its pair (which rows serving moves, which facts each contract holds) and
+:class:`TracePair` does the rest the tests shared: a training and a serving
+:class:`~specdiff.tracer.store.TraceWriter` under one folder, the same token sequence added on both
+sides, serving's bf16-sized jitter from a per-(sequence, side) noise generator, and closing.
+
+Data are reproducible by construction: ``TracePair.rng`` (seed 0 unless told) draws what both sides
+share, and each side of sequence ``s`` draws its noise from ``default_rng(100 + s + 1000 * side)``
+(side 0 training, 1 serving), so a test's numbers do not move when another test changes.
+Imported by test modules as ``from builders import TracePair`` (pytest's ``pythonpath`` holds tests/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specdiff.tracer.store import TraceWriter
+
+
+def moved(x: np.ndarray, rng: np.random.Generator, rel: float) -> np.ndarray:
+    """``x`` (float32, any shape) moved by ``rel`` of its L2 norm in a random direction drawn from
+    ``rng`` (rel 0.2 keeps a row's cosine to the original above 0.97)."""
+    d = rng.standard_normal(x.shape).astype(np.float32)
+    return (x + rel * np.linalg.norm(x) * d / np.linalg.norm(d)).astype(np.float32)
+
+
+@dataclass
+class PairSide:
+    """One side of one sequence of a :class:`TracePair`: where its rows go and its own noise."""
+
+    index: int  # 0 training, 1 serving
+    writer: TraceWriter
+    seq: int  # the sequence id this side's writer gave the sequence
+    noise: np.random.Generator
+
+    @property
+    def serving(self) -> bool:
+        return self.index == 1
+
+    def jitter(self, x: np.ndarray, rel: float = 2e-3) -> np.ndarray:
+        """``x`` as this side recorded it: float32, times ``1 + rel * N(0, 1)`` per element on serving
+        (bf16 rounds at ~4e-3 relative), unchanged on training. Both sides draw the noise, so the
+        draws after it stay in step."""
+        return (x * (1 + rel * self.index * self.noise.standard_normal(x.shape))).astype(np.float32)
+
+    def append(self, name: str, values: np.ndarray, **keys) -> None:
+        """Rows of ``name`` for this sequence; ``keys``: ``pos`` and optional ``depth`` / ``iter`` arrays."""
+        self.writer.append(name, values, seq=self.seq, **keys)
+
+
+class TracePair:
+    """A training trace and a serving trace over the same sequences, ``root/train.trace`` and
+    ``root/serve.trace``.
+
+    ``contract``: facts both sides record; ``train`` / ``serve``: facts merged into one side's
+    contract only (a family's MoE facts, a dtype, a weight hash). ``writer_options`` go to both
+    :class:`TraceWriter` s (e.g. ``chunk_bytes``). Use as a context manager, or call :meth:`close`;
+    either way :attr:`paths` is (training path, serving path).
+    """
+
+    def __init__(self, root: Path | str, *, contract: dict, train: dict | None = None, serve: dict | None = None,
+                 seed: int = 0, **writer_options):
+        root = Path(root)
+        self.paths = (str(root / "train.trace"), str(root / "serve.trace"))
+        self.rng = np.random.default_rng(seed)
+        self.writers = tuple(
+            TraceWriter(path, side=side, contract={**contract, **(facts or {})}, overwrite=True, **writer_options)
+            for path, side, facts in zip(self.paths, ("train", "serve"), (train, serve)))
+
+    def sides(self, s: int, tokens: np.ndarray, *, prompt_len: int) -> Iterator[PairSide]:
+        """Add sequence ``s`` (``tokens`` [n] int) to both traces, training first; yield each side."""
+        for index, writer in enumerate(self.writers):
+            seq = writer.add_sequence(tokens, prompt_len=prompt_len, rid=f"{writer.side}-{s}")
+            yield PairSide(index, writer, seq, np.random.default_rng(100 + s + 1000 * index))
+
+    def close(self) -> tuple[str, str]:
+        for writer in self.writers:
+            writer.close()
+        return self.paths
+
+    def __enter__(self) -> TracePair:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
