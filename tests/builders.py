@@ -16,10 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specdiff.tracer.store import TraceWriter
+
+if TYPE_CHECKING:
+    import torch
 
 
 def moved(x: np.ndarray, rng: np.random.Generator, rel: float) -> np.ndarray:
@@ -88,3 +92,35 @@ class TracePair:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def random_specforge_draft(out: Path, *, aux_ids: list[int], hidden: int = 64, vocab: int = 256,
+                           draft_vocab: int = 128, seed: int = 0) -> torch.Tensor:
+    """A random EAGLE-3 draft in SpecForge's format (``LlamaForCausalLMEagle3``, ``midlayer.*``) saved
+    to ``out``, for pre-flight tests that need a real checkpoint but no trained weights.
+
+    ``aux_ids``: the config's ``eagle_aux_hidden_state_layer_ids`` in SGLang's numbering. Norm flags
+    off, 4 heads (2 KV), MLP 128, rope theta 1e4. The draft vocabulary is token ids 0 and 1 plus
+    ``draft_vocab - 2`` others drawn with ``torch.manual_seed(seed)``; d2t holds offsets (SGLang's
+    ``hot_token_id = d2t + arange``), t2d marks them. Returns the hot ids, int64 [draft_vocab], sorted.
+    """
+    import torch
+
+    from specdiff.eagle3.norms import NORMS_OFF
+    from specdiff.replay.model.checkpoint import save_draft
+    from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
+
+    cfg = Eagle3DraftConfig(hidden_size=hidden, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=hidden // 4, vocab_size=vocab, draft_vocab_size=draft_vocab, num_aux=3,
+                            target_hidden_size=hidden, max_position_embeddings=512, rope_theta=10000.0,
+                            rope_scaling=None, rms_norm_eps=1e-6, **NORMS_OFF,
+                            eagle_aux_hidden_state_layer_ids=list(aux_ids), aux_convention="sglang")
+    torch.manual_seed(seed)
+    model = Eagle3Draft(cfg)
+    hot = torch.sort(torch.cat([torch.tensor([0, 1]), torch.randperm(vocab - 2)[:draft_vocab - 2] + 2])).values
+    with torch.no_grad():
+        model.d2t.copy_(hot - torch.arange(draft_vocab))
+        model.t2d.zero_()
+        model.t2d[hot] = True
+    save_draft(model, out, "specforge")
+    return hot

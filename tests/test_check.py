@@ -13,11 +13,10 @@ import shutil
 
 import pytest
 import torch
+from builders import random_specforge_draft
 from safetensors.torch import load_file, save_file
 
-from specdiff.eagle3.norms import NORMS_OFF
 from specdiff.replay.model.checkpoint import load_draft, save_draft
-from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
 from specdiff.replay.preflight.check import PreflightError, findings_as_facts, run_preflight
 from specdiff.replay.preflight.report import Finding
 from specdiff.replay.preflight.rules import check_vocab
@@ -34,20 +33,8 @@ def pair_src(tmp_path_factory):
     LlamaConfig(num_hidden_layers=L, hidden_size=H, intermediate_size=128, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=V, max_position_embeddings=512, rope_theta=10000.0,
                 eos_token_id=1, bos_token_id=0).save_pretrained(target)
-    cfg = Eagle3DraftConfig(hidden_size=H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=H // 4, vocab_size=V, draft_vocab_size=VD, num_aux=3, target_hidden_size=H,
-                            max_position_embeddings=512, rope_theta=10000.0, rope_scaling=None, rms_norm_eps=1e-6,
-                            **NORMS_OFF,
-                            eagle_aux_hidden_state_layer_ids=[-1, 3, 6], aux_convention="sglang")
-    torch.manual_seed(0)
-    model = Eagle3Draft(cfg)
-    hot = torch.sort(torch.cat([torch.tensor([0, 1]), torch.randperm(V - 2)[:VD - 2] + 2])).values
-    with torch.no_grad():
-        model.d2t.copy_(hot - torch.arange(VD))
-        model.t2d.zero_()
-        model.t2d[hot] = True
     draft = root / "draft"
-    save_draft(model, draft, "specforge")
+    hot = random_specforge_draft(draft, aux_ids=[-1, 3, 6], hidden=H, vocab=V, draft_vocab=VD)
     _edit_config(draft, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 4, 7]))
     return target, draft, hot
 

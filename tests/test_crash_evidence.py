@@ -249,7 +249,6 @@ def _raise_fc():
 
 def test_the_app_opens_a_crashed_serve_trace_on_the_crash(tmp_path, tui, fc_crash):
     import asyncio
-    import time
 
     from specdiff.tui.app import SpecdiffApp
 
@@ -260,10 +259,7 @@ def test_the_app_opens_a_crashed_serve_trace_on_the_crash(tmp_path, tui, fc_cras
 
     async def run():
         async with app.run_test(size=(120, 40)) as pilot:
-            deadline = time.monotonic() + 60
-            while app.report is None and time.monotonic() < deadline:
-                await pilot.pause(0.05)
-            await pilot.pause()
+            await tui.wait_for(pilot, lambda: app.report is not None, timeout=60)
             verdict = tui.static_text(app, "#verdict")
             await pilot.press("q")
             return verdict

@@ -149,7 +149,6 @@ def test_the_crash_leads_at_the_stage_serving_stopped_with_the_dropped_id_as_cau
 
 def test_the_app_shows_the_crash_its_cause_and_fix(tmp_path, tui, fc_crash):
     import asyncio
-    import time
 
     from specdiff.tui.app import SpecdiffApp
 
@@ -159,10 +158,7 @@ def test_the_app_shows_the_crash_its_cause_and_fix(tmp_path, tui, fc_crash):
 
     async def run():
         async with app.run_test(size=(160, 50)) as pilot:
-            deadline = time.monotonic() + 60
-            while app.report is None and time.monotonic() < deadline:
-                await pilot.pause(0.05)
-            await pilot.pause()
+            await tui.wait_for(pilot, lambda: app.report is not None, timeout=60)
             # the fix is in the header's fix line where the app has one, else in the Explain pane
             got = [tui.static_text(app, sel) if app.query(sel) else "" for sel in ("#verdict", "#fix", "#explain-body")]
             await pilot.press("q")

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
+from builders import random_specforge_draft
 
 from specdiff.eagle3.aux_layers import (
     SGLANG_FAMILIES,
@@ -32,9 +32,6 @@ from specdiff.eagle3.aux_layers import (
     sglang_family_rule,
     target_architecture,
 )
-from specdiff.eagle3.norms import NORMS_OFF
-from specdiff.replay.model.checkpoint import save_draft
-from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
 from specdiff.replay.preflight.check import run_preflight
 
 L, H, V, VD = 8, 64, 256, 128
@@ -80,19 +77,8 @@ TABLE = [
 
 @pytest.fixture(scope="module")
 def draft_src(tmp_path_factory):
-    cfg = Eagle3DraftConfig(hidden_size=H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=H // 4, vocab_size=V, draft_vocab_size=VD, num_aux=3, target_hidden_size=H,
-                            max_position_embeddings=512, rope_theta=10000.0, rope_scaling=None, rms_norm_eps=1e-6,
-                            **NORMS_OFF, eagle_aux_hidden_state_layer_ids=[-1, 2, 5], aux_convention="sglang")
-    torch.manual_seed(0)
-    model = Eagle3Draft(cfg)
-    hot = torch.sort(torch.cat([torch.tensor([0, 1]), torch.randperm(V - 2)[:VD - 2] + 2])).values
-    with torch.no_grad():
-        model.d2t.copy_(hot - torch.arange(VD))
-        model.t2d.zero_()
-        model.t2d[hot] = True
     out = tmp_path_factory.mktemp("draft") / "draft"
-    save_draft(model, out, "specforge")
+    random_specforge_draft(out, aux_ids=[-1, 2, 5], hidden=H, vocab=V, draft_vocab=VD)
     return out
 
 
