@@ -25,8 +25,8 @@ from pathlib import Path
 
 import click
 
-from specdiff.demo.scenarios import describe, scenario_for, scenario_ids, write_served_draft
-from specdiff.tracer.engines import engine_spec
+from specdiff.demo.scenarios import DEMO_FAMILIES, describe, scenario_for, scenario_ids, write_served_draft
+from specdiff.tracer.engines import engine_names, engine_spec
 from specdiff.tracer.errors import SpecdiffError
 
 REPO_MODELS = Path(__file__).resolve().parent.parent / "traces" / "models"
@@ -56,8 +56,6 @@ def _check_family(family: str) -> str:
     Raises:
         DemoError: an unknown family.
     """
-    from specdiff.demo.scenarios import DEMO_FAMILIES
-
     if family not in DEMO_FAMILIES:
         raise DemoError(f"unknown target family {family!r}; known: {', '.join(DEMO_FAMILIES)}")
     return DEMO_FAMILIES[family]
@@ -119,8 +117,6 @@ def check_engine(engine: str, family: str) -> str | None:
         DemoError: an engine no recorder is registered for, a family the engine's demo does not
             serve, or no vLLM venv (one line naming ``make vllm-venv``).
     """
-    from specdiff.tracer.engines import engine_names
-
     if engine not in engine_names():
         raise DemoError(f"unknown engine {engine!r}; specdiff records: {', '.join(engine_names())}")
     if engine == "sglang":
