@@ -30,10 +30,10 @@ def _models(tmp: Path, draft_dtype: torch.dtype):
     from specdiff.eagle3.norms import NORMS_OFF
     from specdiff.replay.model.checkpoint import load_draft, save_draft
     from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig
+    from specdiff.replay.model.loading import quiet_transformers
     from specdiff.replay.model.target_capture import load_target, target_embedding, target_lm_head
-    from specdiff.replay.record.record_train import _quiet_transformers
 
-    _quiet_transformers()
+    quiet_transformers()
     demo = ROOT / "traces" / "models"
     tdir, ddir = demo / "target", demo / "draft"
     if not ((tdir / "model.safetensors").is_file() and (ddir / "config.json").is_file()):
@@ -73,7 +73,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from specdiff.replay.record.record_train import DTYPES, TrainReplayer, TrainSequence, resolve_train_aux
+    from specdiff.replay.model.loading import DTYPES
+    from specdiff.replay.record.record_train import TrainReplayer, TrainSequence, resolve_train_aux
     from specdiff.tracer.async_writer import AsyncTraceWriter
     from specdiff.tracer.store import TraceWriter
 

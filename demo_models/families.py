@@ -39,8 +39,8 @@ from pathlib import Path
 
 import torch
 
+from specdiff.demo.scenarios import DEMO_FAMILIES as ARCHITECTURES  # the demo's one list
 from specdiff.demo_models.tiny_models import TARGET_DIMS, VOCAB_SIZE
-from specdiff.tui.scenarios import DEMO_FAMILIES as ARCHITECTURES  # the demo's one list
 
 FAMILIES = tuple(ARCHITECTURES)
 
@@ -141,7 +141,7 @@ def init_family_model(family: str, seed: int | None = None):
 
 def demo_tokenizer_dir() -> Path | None:
     """``traces/models/target`` when it holds the demo tokenizer, else None."""
-    from specdiff.tui.demo import REPO_MODELS
+    from specdiff.demo.run import REPO_MODELS
 
     d = REPO_MODELS / "target"
     return d if (d / "tokenizer.json").is_file() else None
@@ -337,7 +337,7 @@ def build_family_pair(family: str, out_dir: str | Path, *, log=print) -> dict:
 
     Writes ``target/`` (:func:`build_family_target`), ``data/`` (:func:`tiny_models.build_data`:
     ``DATA_TRAIN_SEQS`` + ``DATA_HELDOUT_SEQS`` greedy continuations in bf16), ``draft/``
-    (:func:`train_draft.build_draft`: trained on HF ``tui.scenarios.TRAINED_HF`` = [0, 3, 6] for
+    (:func:`train_draft.build_draft`: trained on HF ``demo.scenarios.TRAINED_HF`` = [0, 3, 6] for
     ``DRAFT_STEPS`` steps, saved with the SGLang ids that capture those indices on this family,
     :func:`sglang_serve_ids`) and ``manifest.json`` (recipe, timings, per-depth training accuracy).
 
@@ -349,10 +349,10 @@ def build_family_pair(family: str, out_dir: str | Path, *, log=print) -> dict:
     """
     import time
 
+    from specdiff.demo.data import DATA_FILE
+    from specdiff.demo.scenarios import TRAINED_HF
     from specdiff.demo_models import train_draft
     from specdiff.demo_models.tiny_models import build_data, encode_files, load_tokenizer
-    from specdiff.tui.demo_data import DATA_FILE
-    from specdiff.tui.scenarios import TRAINED_HF
 
     _check_family(family)
     out = Path(out_dir)

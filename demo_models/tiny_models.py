@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdiff.demo.data import DATA_FILE, load_prompt_lens, load_sequences  # noqa: F401
 from specdiff.replay.model.target_capture import greedy_generate  # noqa: F401  (re-exported for the demo build)
-from specdiff.tui.demo_data import DATA_FILE, load_prompt_lens, load_sequences  # noqa: F401
 
 # ---- recipe constants (DESIGN.md "Demo models (measured recipe)") ---------------------------
 VOCAB_SIZE = 4096

@@ -33,13 +33,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specdiff.demo.scenarios import CORRECT_SGLANG_IDS, SEED_WRONG_IDS, TRAINED_HF
 from specdiff.demo_models.tiny_models import TARGET_DIMS
 from specdiff.eagle3.aux_layers import default_hf_indices, resolve_aux_ids
 from specdiff.eagle3.norms import NORMS_OFF
 from specdiff.replay.model.checkpoint import save_draft
 from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig, ttt_labels
 from specdiff.replay.model.target_capture import capture_target, load_target, target_embedding, target_lm_head
-from specdiff.tui.scenarios import CORRECT_SGLANG_IDS, SEED_WRONG_IDS, TRAINED_HF
 
 # ---- recipe ---------------------------------------------------------------------------------
 # The layers are defined once, in the demo's scenarios; the rest follows from the SGLang rule.

@@ -86,7 +86,7 @@ def run_cli():
 @pytest.fixture(scope="session")
 def repo_models() -> Path:
     """``traces/models`` (``target/``, ``draft/``, ``data/``); skips when it is not built."""
-    from specdiff.tui.demo import REPO_MODELS
+    from specdiff.demo.run import REPO_MODELS
 
     if not (REPO_MODELS / "draft" / "config.json").is_file():
         pytest.skip("the demo models are not built (python -m specdiff.demo_models.tiny_models --out traces/models)")

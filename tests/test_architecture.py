@@ -1,8 +1,9 @@
 """The package layout holds: imports go one way, and the redesign did not change what diff says.
 
 Layers, bottom to top: eagle3 (the EAGLE-3 rules) <- tracer (recorders, trace store) <- replay
-(reference model, training recorder, pre-flight check, diff engine) <- tui (CLI and app).
-demo_models builds the demo's tiny models and is not product code: no product module imports it.
+(reference model, training recorder, pre-flight check, diff engine) <- demo (the end-to-end demo,
+its scenarios and data) <- tui (CLI and app). demo_models builds the demo's tiny models and is not
+product code: no product module imports it, and it imports no tui.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("eagle3", "tracer", "replay", "tui", "demo_models")
+PACKAGES = ("eagle3", "tracer", "replay", "demo", "tui", "demo_models")
 # package -> the specdiff packages it must never import (lazily inside a function included)
 FORBIDDEN = {
-    "eagle3": {"tracer", "replay", "tui", "demo_models"},
-    "tracer": {"replay", "tui", "demo_models"},
-    "replay": {"tui", "demo_models"},
+    "eagle3": {"tracer", "replay", "demo", "tui", "demo_models"},
+    "tracer": {"replay", "demo", "tui", "demo_models"},
+    "replay": {"demo", "tui", "demo_models"},
+    "demo": {"tui", "demo_models"},
     "tui": {"demo_models"},
+    "demo_models": {"tui"},
 }
 EXAMPLE = ROOT / "traces" / "examples" / "seed"
 

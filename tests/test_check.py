@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from specdiff.replay.model.checkpoint import load_draft, save_draft
 from specdiff.replay.preflight.check import PreflightError, findings_as_facts, run_preflight
 from specdiff.replay.preflight.report import Finding
-from specdiff.replay.preflight.rules import check_vocab
+from specdiff.replay.preflight.rules.vocab import check_vocab
 
 L, H, V, VD = 8, 64, 256, 128
 TRAIN_HF = "0,4,7"
@@ -454,7 +454,7 @@ def test_sglang_rules_match_sglangs_own_functions():
     from sglang.srt.utils.hf_transformers.common import get_context_length
     from transformers import LlamaConfig
 
-    from specdiff.replay.preflight.rules import sglang_context_length, sglang_served_dtype
+    from specdiff.replay.preflight.engines import sglang_context_length, sglang_served_dtype
 
     for kw in ({"max_position_embeddings": 64}, {"max_position_embeddings": 100,
                                                  "rope_scaling": {"rope_type": "linear", "factor": 2.0}},

@@ -15,10 +15,10 @@ import json
 import numpy as np
 import pytest
 
+from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.replay.diff.context_proof import ContextProver, ReplayProof
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.record.record_train import record_train
-from specdiff.tui.demo import REPO_MODELS, demo_prompts
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ PAST_LAST = [-1, 2, 8]  # SGLang ids; 8 -> capture index 9 on an 8-layer target:
 def _draft(root: Path, ids: list[int]) -> Path:
     from dataclasses import replace
 
-    from specdiff.tui.scenarios import scenario_ids, write_served_draft
+    from specdiff.demo.scenarios import scenario_ids, write_served_draft
 
     # the 'correct' scenario writes its ids as given: here ids no training used
     return write_served_draft("correct", MODELS / "draft", root / "draft-past-last",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from specdiff.demo.scenarios import SCENARIOS
 from specdiff.replay.diff.pipeline import diff_traces
-from specdiff.tui.scenarios import SCENARIOS
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "traces" / "examples" / "seed"
 

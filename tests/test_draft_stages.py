@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
+from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tracer.engines.sglang.attribution import IterCapture, _branch_order
 from specdiff.tracer.store import TraceWriter, open_trace
-from specdiff.tui.demo import REPO_MODELS, demo_prompts
 
 STAGES = ("draft.hidden_in", "draft.positions", "draft.attn_in", "draft.hidden_out")
 STEPS = 3

@@ -145,7 +145,7 @@ def test_aux_id_rule_is_sglangs(family):
     cases = [[-1, 2, 5], [0, 3, 6], [1, 3, 4], [1, 4, 7], [0, 3, 8], [2, 5, 6], [3, 6, 8]]
     for ids in cases:
         assert list(rule.capture_indices(ids, 8)) == _sglang_capture(family, ids), (family, ids)
-    from specdiff.tui.scenarios import TRAINED_HF
+    from specdiff.demo.scenarios import TRAINED_HF
 
     ids = F.sglang_serve_ids(family, TRAINED_HF)
     assert _sglang_capture(family, ids) == list(TRAINED_HF)
@@ -188,7 +188,7 @@ MIN_DISTINCT_EACH = 4
 def test_trained_target_continuations_are_not_a_loop(family, family_models):
     import numpy as np
 
-    from specdiff.tui.demo_data import load_prompt_lens, load_sequences
+    from specdiff.demo.data import load_prompt_lens, load_sequences
 
     pair = family_models[family]
     seqs, lens = load_sequences(pair.data, "heldout"), load_prompt_lens(pair.data, "heldout")
@@ -204,12 +204,12 @@ def test_trained_target_continuations_are_not_a_loop(family, family_models):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", PAIR_FAMILIES)
 def test_trained_draft_predicts_its_target(family, family_models):
+    from specdiff.demo.data import load_prompt_lens, load_sequences
+    from specdiff.demo.scenarios import TRAINED_HF
     from specdiff.demo_models.train_draft import capture_features, evaluate
     from specdiff.eagle3.aux_layers import engine_capture
     from specdiff.replay.model.checkpoint import load_draft
     from specdiff.replay.model.target_capture import load_target, target_embedding
-    from specdiff.tui.demo_data import load_prompt_lens, load_sequences
-    from specdiff.tui.scenarios import TRAINED_HF
 
     pair = family_models[family]
     man = pair.manifest

@@ -35,7 +35,7 @@ def target(repo_models):
 
 @pytest.fixture(scope="module")
 def prompts(repo_models) -> list[list[int]]:
-    from specdiff.tui.demo import demo_prompts
+    from specdiff.demo.run import demo_prompts
 
     return demo_prompts(repo_models, 3)
 

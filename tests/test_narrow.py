@@ -13,10 +13,10 @@ import shutil
 
 import pytest
 
+from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
 from specdiff.replay.record.record_train import record_train
-from specdiff.tui.demo import REPO_MODELS, demo_prompts
 
 pytestmark = pytest.mark.slow
 

@@ -12,11 +12,11 @@ import json
 import numpy as np
 import pytest
 
+from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
 from specdiff.replay.record.record_train import record_train
 from specdiff.tracer.store import TraceWriter, open_trace
-from specdiff.tui.demo import REPO_MODELS, demo_prompts
 
 pytestmark = pytest.mark.slow
 

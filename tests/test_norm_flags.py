@@ -75,7 +75,7 @@ def test_a_specforge_config_never_says_norm_output_false():
 def test_the_check_describes_a_norm_flag_as_the_contract_does(tmp_path, flag):
     from specdiff.replay.model.checkpoint import save_draft
     from specdiff.replay.preflight.files import read_draft
-    from specdiff.replay.preflight.rules import check_norms
+    from specdiff.replay.preflight.rules.norms import check_norms
 
     save_draft(_random_model(**{flag: True}), tmp_path, "specforge")
     found = [f for f in check_norms(read_draft(tmp_path), engines=("sglang",)) if f.kind == "norm.flags"]

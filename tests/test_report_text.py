@@ -116,7 +116,7 @@ def test_capture_is_described_one_way_and_record_train_shows_its_defaults_throug
 
 
 def test_demo_help_explains_every_scenario_it_lists(run_cli):
-    from specdiff.tui.scenarios import SCENARIOS, describe
+    from specdiff.demo.scenarios import SCENARIOS, describe
 
     text = run_cli("demo", "--help").stdout
     section = " ".join(text.split("Scenarios", 1)[1].split())

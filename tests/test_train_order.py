@@ -19,6 +19,7 @@ import torch
 pytest.importorskip("transformers")
 
 
+from specdiff.demo.scenarios import TRAINED_HF, reorder_fc_blocks, write_served_draft  # noqa: E402
 from specdiff.eagle3.aux_layers import ConventionError, resolve_aux_ids  # noqa: E402
 from specdiff.replay.diff.align import Pair  # noqa: E402
 from specdiff.replay.diff.contract_check import check_contracts  # noqa: E402
@@ -26,7 +27,6 @@ from specdiff.replay.model.target_capture import TargetError, capture_target, lo
 from specdiff.replay.preflight.check import run_preflight  # noqa: E402
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, DEFAULTS_USED, aux_slot_layers  # noqa: E402
 from specdiff.tracer.store import TraceWriter, open_trace  # noqa: E402
-from specdiff.tui.scenarios import TRAINED_HF, reorder_fc_blocks, write_served_draft  # noqa: E402
 
 torch.set_num_threads(2)
 MODELS = Path(__file__).resolve().parents[1] / "traces" / "models"

@@ -16,8 +16,9 @@ import pytest
 
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tracer.store import open_trace
-from specdiff.tui.app import ErrorScreen, SpecdiffApp
+from specdiff.tui.app import SpecdiffApp
 from specdiff.tui.grid import PipelineGrid
+from specdiff.tui.screens import ErrorScreen
 from specdiff.tui.view import Sel
 
 SIZE = (120, 40)

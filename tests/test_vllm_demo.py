@@ -19,9 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdiff.eagle3.aux_layers import KEY_NESTED, KEY_TOP, engine_capture
-from specdiff.tracer.engines import engine_spec
-from specdiff.tui.scenarios import (
+from specdiff.demo.scenarios import (
     SCENARIOS,
     TRAINED_HF,
     describe,
@@ -29,6 +27,8 @@ from specdiff.tui.scenarios import (
     scenario_ids,
     write_served_draft,
 )
+from specdiff.eagle3.aux_layers import KEY_NESTED, KEY_TOP, engine_capture
+from specdiff.tracer.engines import engine_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_VLLM = (ROOT / ".venv-vllm" / "bin" / "python").exists()
@@ -139,7 +139,7 @@ def test_no_line_of_a_vllm_traces_report_names_sglang_wrongly(seed_demo):
     ("vllm", "qwen3", "--engine vllm serves the llama demo pair only"),
 ])
 def test_demo_refuses_an_engine_or_family_it_cannot_run_in_one_line(engine, family, says):
-    from specdiff.tui.demo import DemoError, check_engine
+    from specdiff.demo.run import DemoError, check_engine
 
     with pytest.raises(DemoError, match=re.escape(says)):
         check_engine(engine, family)

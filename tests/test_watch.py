@@ -6,7 +6,7 @@ always replays the draft as trained:
 - served with the correct ids: a live watch (subprocess, ``--json``, Prometheus on) replays each
   request as it finishes, without an alert; it is SIGKILLed, more requests are served, and a
   ``--once`` run resumes: it replays only the new requests. No alert over all of them.
-- served with the seed's mistake (``tui/scenarios.py`` scenario ``seed``): a live watch prints one
+- served with the seed's mistake (``demo/scenarios.py`` scenario ``seed``): a live watch prints one
   ALERT line naming ``target.aux.*`` after the first request, before a second one is sent; a
   ``--once --json`` run over every request exits 1 with the alert and its minimal-repro slice.
 
@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.tracer.store import TraceWriter, open_trace
-from specdiff.tui.demo import REPO_MODELS, demo_prompts
 
 MAX_NEW = 24
 SETTLE = "2"
@@ -135,7 +135,7 @@ def test_a_watch_folder_of_another_serving_trace_is_refused_in_one_line(tmp_path
 
 # ---- real servers ---------------------------------------------------------------------------------
 def _served(tmp_path: Path, scenario: str) -> Path:
-    from specdiff.tui.scenarios import write_served_draft
+    from specdiff.demo.scenarios import write_served_draft
 
     return write_served_draft(scenario, REPO_MODELS / "draft", tmp_path / f"served-{scenario}")
 

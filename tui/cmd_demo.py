@@ -1,4 +1,5 @@
-"""``specdiff demo``: the end-to-end demo on the built-in tiny models and a real CPU SGLang server."""
+"""``specdiff demo``: the end-to-end demo on the built-in tiny models and a real CPU SGLang server
+(the command; the demo itself is ``specdiff.demo``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 
 import click
 
+from specdiff.demo.run import run_demo
+from specdiff.demo.scenarios import SCENARIOS, describe
 from specdiff.tui.cli import cli
-from specdiff.tui.demo import run_demo
-from specdiff.tui.scenarios import SCENARIOS, describe
 
 
 def _scenarios_epilog(width: int = 78) -> str:
@@ -58,4 +59,12 @@ def demo(scenario, no_tui, workdir, family, models, engine, prompts, max_new_tok
     sub = scenario if family == "llama" else f"{family}-{scenario}"
     sub = sub if engine == "sglang" else f"{engine}-{sub}"
     sys.exit(run_demo(scenario=scenario, workdir=workdir / sub, models=models, prompts=prompts,
-                      max_new_tokens=max_new_tokens, tui=tui, family=family, engine=engine))
+                      max_new_tokens=max_new_tokens, view=_open_app if tui else None, family=family,
+                      engine=engine))
+
+
+def _open_app(trace_a: str, trace_b: str) -> None:
+    """The app on the demo's pair (imported here: the CLI starts without Textual's app)."""
+    from specdiff.tui.app import run_app
+
+    run_app(trace_a, trace_b)

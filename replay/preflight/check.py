@@ -3,7 +3,7 @@
 ``run_preflight(target, draft)`` reads the target's config.json (never its weights; its
 architecture picks SGLang's aux-id rule), the draft's
 config.json, safetensors headers and ``d2t`` / ``t2d`` (``files``), resolves what each engine
-captures (``engines``), applies the rule families (``rules``) and returns the
+captures (``engines``), runs every rule family that applies (``rules.RULES``) and returns the
 ``PreflightReport`` (``report``) with findings ordered error, warn, info. This module is the
 driver only; the EAGLE-3 facts come from ``specdiff.eagle3``.
 """
@@ -15,19 +15,7 @@ from specdiff.replay.model.checkpoint import canonical_name
 from specdiff.replay.preflight.engines import ENGINES, EngineCapture, fc_slots, resolve_engine_capture
 from specdiff.replay.preflight.files import PreflightError, read_draft, read_target
 from specdiff.replay.preflight.report import SEVERITIES, Finding, PreflightReport, findings_as_facts
-from specdiff.replay.preflight.rules import (
-    check_algorithm,
-    check_aux,
-    check_norms,
-    check_rope,
-    check_served_dtype,
-    check_tied,
-    check_tokenizer,
-    check_training,
-    check_vllm_ids,
-    check_vocab,
-    check_weights,
-)
+from specdiff.replay.preflight.rules import RULES, RuleInputs
 
 __all__ = ["run_preflight", "ENGINES", "PreflightError", "PreflightReport", "findings_as_facts"]
 
@@ -61,9 +49,8 @@ def run_preflight(target, draft, *, engines=ENGINES, training_layers=None, train
     t = read_target(target)
     d = read_draft(draft)
     train_hf = _training_hf(training_layers, training_convention, t.num_layers, t.architecture)
-    findings: list[Finding] = []
     captures: dict[str, EngineCapture] = {}
-    findings += check_algorithm(d, speculative_algorithm, target_hidden=t.hidden_size)
+    k_weights = None
     if d.format is not None:
         cfg = d.config
         fc_shape = next((shape for n, (shape, _) in d.tensors.items() if canonical_name(n) == "fc.weight"), None)
@@ -74,20 +61,10 @@ def run_preflight(target, draft, *, engines=ENGINES, training_layers=None, train
             captures[e] = resolve_engine_capture(e, raw=d.raw, fmt=d.format, num_layers=t.num_layers, k_fc=k,
                                                  aux_width=t.hidden_size, draft_hidden=cfg.hidden_size,
                                                  architecture=t.architecture)
-        findings += check_aux(captures, raw=d.raw, num_layers=t.num_layers, aux_width=t.hidden_size,
-                              training_hf=train_hf, architecture=t.architecture)
-        if "vllm" in captures:
-            findings += check_vllm_ids(captures["vllm"], raw=d.raw, num_layers=t.num_layers, k_weights=k_weights,
-                                       training_hf=train_hf, architecture=t.architecture)
-        findings += check_training(captures, train_hf, num_layers=t.num_layers, architecture=t.architecture)
-        findings += check_weights(d, t, engines=engines)
-        findings += check_vocab(d.d2t, d.t2d, draft_vocab_size=cfg.draft_vocab_size, vocab_size=t.vocab_size,
-                                eos_token_ids=t.eos_token_ids)
-        findings += check_norms(d, engines=engines)
-        findings += check_rope(d, t, context_length=context_length)
-        findings += check_tied(d, t)
-        findings += check_served_dtype(d, dtype=served_dtype)
-    findings += check_tokenizer(d, t)
+    inputs = RuleInputs(target=t, draft=d, engines=engines, captures=captures, training_hf=train_hf,
+                        k_weights=k_weights, algorithm=speculative_algorithm, served_dtype=served_dtype,
+                        context_length=context_length)
+    findings: list[Finding] = [f for rule in RULES if rule.applies(inputs) for f in rule.check(inputs)]
     findings = [f for f in findings if f.engine == "all" or f.engine in engines]
     order = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])

@@ -1,10 +1,13 @@
-"""What each engine will capture from the target and feed the draft's fc, from its config alone.
+"""What each engine makes of a draft from its config alone: what it will capture from the target
+and feed the draft's fc, and the context length and dtype SGLang serves it with.
 
 Owns: how many fc slots each engine builds and the outcome (ok / crash / fc skipped / unsupported
-format). Where each engine reads the aux ids is ``specdiff.eagle3.aux_layers.config_aux_ids``
-(``EngineSpec.read_aux_ids``; SGLang: ``eagle_config`` only; vLLM V1: top level, else
-``eagle_config``, else ``dflash_config``; vLLM V2 never reads ``eagle_config``'s ids) and what an
-id captures is ``engine_capture``; this module only applies them to a draft config.
+format); SGLang's derived context length and served dtype (``sglang_context_length``,
+``sglang_served_dtype``). Where each engine reads the aux ids is
+``specdiff.eagle3.aux_layers.config_aux_ids`` (``EngineSpec.read_aux_ids``; SGLang:
+``eagle_config`` only; vLLM V1: top level, else ``eagle_config``, else ``dflash_config``; vLLM V2
+never reads ``eagle_config``'s ids) and what an id captures is ``engine_capture``; this module only
+applies them to a draft config.
 
 - SGLang 0.5.23 reads aux ids only from ``eagle_config.eagle_aux_hidden_state_layer_ids``
   (spec_aux_hidden_state.py:185-196; a list, even empty, is used as given, no key = default).
@@ -36,7 +39,7 @@ from specdiff.eagle3.aux_layers import (
 from specdiff.replay.preflight.files import PreflightError
 
 __all__ = ["ENGINES", "ENGINE_NAME", "EngineCapture", "resolve_engine_capture", "fc_slots",
-           "read_config_ids", "hf_label", "fmt_hf"]
+           "read_config_ids", "hf_label", "fmt_hf", "sglang_context_length", "sglang_served_dtype"]
 
 ENGINES = ("sglang", "vllm")
 ENGINE_NAME = {"sglang": "SGLang", "vllm": "vLLM", "all": "all engines"}
@@ -167,3 +170,30 @@ def resolve_engine_capture(engine: str, *, raw: dict, fmt: str, num_layers: int,
         outcome = "crash"
     return EngineCapture(engine, source, ids, engine, plan.hf_indices, plan.dropped, k_fc, outcome,
                          plan.prenorm, **extra)
+
+
+def sglang_context_length(config: dict) -> int:
+    """The context length SGLang 0.5.23 derives from a config dict (srt/utils/hf_transformers/common.py:
+    668-695 ``get_context_length``): the first of max_sequence_length, seq_length, max_seq_len,
+    model_max_length, max_position_embeddings, times rope_scaling's ``factor`` unless the scaling
+    names original_max_position_embeddings or is llama3; 2048 when none is set."""
+    rs = config.get("rope_scaling") or None
+    factor = 1
+    if isinstance(rs, dict) and "original_max_position_embeddings" not in rs and rs.get("rope_type") != "llama3":
+        factor = rs.get("factor", 1)
+    for key in ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings"):
+        if config.get(key) is not None:
+            return int(factor * config[key])
+    return 2048
+
+
+def sglang_served_dtype(config: dict, dtype: str = "auto") -> str:
+    """The dtype SGLang 0.5.23 runs a model in for ``--dtype dtype`` (srt/configs/model_config.py:
+    2284-2325 ``_get_and_verify_dtype``): ``auto`` takes the config's ``dtype`` / ``torch_dtype``, but
+    a float32 or absent one becomes float16 (bfloat16 for Gemma models)."""
+    if dtype != "auto":
+        return {"half": "float16", "float": "float32", "bf16": "bfloat16"}.get(dtype, dtype)
+    cdt = config.get("dtype") or config.get("torch_dtype") or "float32"
+    if str(cdt).replace("torch.", "") in ("float32", "float"):
+        return "bfloat16" if str(config.get("model_type", "")).startswith("gemma") else "float16"
+    return str(cdt).replace("torch.", "")

@@ -3,7 +3,9 @@
 Owns the ``record train`` run: options and their defaults, loading the models, the contract
 facts, and driving the batches through the background writer. The pieces live beside it:
 ``sequences`` (what is replayed, batching), ``train_aux`` (the training aux layers),
-``replayer`` (the forward and its rows, built by ``tracer.rows``), ``errors``.
+``replayer`` (the forward and its rows, built by ``tracer.rows``), ``train_facts`` (the contract
+facts that come from outside the rows), ``errors``; model loading's dtypes and quiet output are
+``replay.model.loading``.
 
 ``record_train`` loads the target with transformers (in the serving dtype, bf16 by default, so
 tolerances against a serving trace stay tight), loads the draft checkpoint in either format
@@ -57,6 +59,7 @@ import torch
 
 from specdiff.eagle3.aux_layers import CONVENTIONS, AuxResolution, target_architecture
 from specdiff.replay.model.checkpoint import LoadedDraft, load_draft
+from specdiff.replay.model.loading import DTYPES, quiet_transformers
 from specdiff.replay.model.target_capture import (
     load_target,
     target_embedding,
@@ -73,32 +76,25 @@ from specdiff.replay.record.sequences import (
     sequences_from_trace,
 )
 from specdiff.replay.record.train_aux import resolve_train_aux
+from specdiff.replay.record.train_facts import draft_computation_facts, preflight_facts, prenorm_notes
 from specdiff.replay.record.train_options import (
     AUX_CONVENTION_DEFAULT,
     CAPTURE_LEVELS,
-    DTYPE_NAMES,
     fill_defaults,
 )
 from specdiff.tracer.async_writer import AsyncTraceWriter
 from specdiff.tracer.contract import (
     DEFAULTS_USED,
-    bos_added_fact,
     known,
-    rope_scaling_fact,
     target_identity_facts,
-    tokenizer_hashes,
     validate_contract,
-    weight_sha256,
 )
-from specdiff.tracer.errors import SpecdiffError, TraceError
+from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import TraceWriter
 
-__all__ = ["RecordTrainError", "TrainSequence", "RecordTrainResult", "DTYPES", "CAPTURE_LEVELS",
+__all__ = ["RecordTrainError", "TrainSequence", "RecordTrainResult", "CAPTURE_LEVELS",
            "LOGITS_TOPK", "sequences_from_trace", "sequences_from_prompts", "resolve_train_aux",
            "TrainReplayer", "TrainSide", "check_train_options", "load_train_side", "record_train"]
-
-DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
-
 
 @dataclass
 class RecordTrainResult:
@@ -141,40 +137,6 @@ def _version() -> str:
         return version("specdiff")
     except Exception:
         return "unknown"
-
-
-def _quiet_transformers() -> None:
-    """No weight-loading progress bars or info logs: the CLI's output stays one line per fact."""
-    try:
-        from transformers.utils import logging as tlog
-        tlog.disable_progress_bar()
-        tlog.set_verbosity_error()
-    except Exception:
-        pass
-
-
-def draft_computation_facts(draft, config, *, vocab: int, seqs, bos_token_id, tokenizer_dir) -> dict:
-    """The contract fields that decide the draft's computation, from the training side's live
-    draft module and sequences (the same field names and hashing as the SGLang recorder,
-    tracer/contract.py): algorithm, embedding / lm_head sha256, rope as the reference attention
-    applies it (rotate_half = neox), BOS and chat template. The aux layers and their concat
-    order come from ``AuxResolution.as_facts``.
-    """
-    scaling = config.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
-    params = {k: scaling.get(k) for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                          "original_max_position_embeddings") if scaling.get(k) is not None}
-    return {
-        "spec_algorithm": "EAGLE3",  # the reference forward is EAGLE-3's (fc over the aux concat)
-        "embed_sha256": weight_sha256(draft.embed_tokens.weight, rows=vocab),
-        "lm_head_sha256": weight_sha256(draft.lm_head.weight, rows=config.draft_vocab_size),
-        "rope_theta": float(config.rope_theta),
-        "rope_scaling": rope_scaling_fact(kind, **params),
-        "rope_style": "neox" if config.rope_is_neox_style else "gptj",  # as draft_model.apply_rope rotates
-        "partial_rotary_factor": float(config.partial_rotary_factor),
-        "bos_added": bos_added_fact([int(s.tokens[0]) for s in seqs if len(s.tokens)], bos_token_id),
-        "chat_template_sha256": tokenizer_hashes(tokenizer_dir)[1],
-    }
 
 
 def _parse_dtype(name: str, what: str) -> torch.dtype:
@@ -302,12 +264,12 @@ class TrainSide:
                                              tokenizer_dir=self.target_dir))
         # HF indices cannot say "pre-norm": with such a slot the check runs without training layers (no false
         # mismatch against HF L); the slot itself is in the contract (aux_prenorm_indices)
-        facts["findings"] = _preflight_facts(self.target_dir, self.draft_dir, None if aux.prenorm else aux.hf_indices)
+        facts["findings"] = preflight_facts(self.target_dir, self.draft_dir, None if aux.prenorm else aux.hf_indices)
         if replay is not None:
             facts["replay_of"] = str(replay)
             if known(served, "aux_hf_indices") is not None:
                 facts["served_aux_hf_indices"] = list(served["aux_hf_indices"])
-            notes.extend(_prenorm_notes(served, aux, L))
+            notes.extend(prenorm_notes(served, aux, L))
         try:
             validate_contract(facts, where=str(out))
         except TraceError as e:
@@ -384,7 +346,7 @@ def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: di
     ddtype = _parse_dtype(opts["dtype"], "--dtype")
     tdtype = _parse_dtype(opts["target_dtype"], "--target-dtype")
 
-    _quiet_transformers()
+    quiet_transformers()
     target = load_target(target_dir, dtype=tdtype).to(opts["device"])
     L = target_num_layers(target)
     loaded = load_draft(draft_dir, dtype=ddtype, target_embedding=target_embedding(target).float(),
@@ -481,34 +443,3 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     result.accept_rate, result.accept_cum_rate, result.mean_accept_length = acc, acc_cum, mean
     result.seconds = time.perf_counter() - t0
     return result
-
-
-def _prenorm_notes(served: dict, aux, num_layers: int) -> list[str]:
-    """A note when serving's slot L is the last layer's pre-norm output (its contract's
-    ``aux_prenorm_indices``) but training's slot L is HF hidden_states[L] (after the norm), or the
-    reverse: the replay keeps what the caller's ids say, and ``diff`` compares the two."""
-    served_pre = known(served, "aux_prenorm_indices") or []
-    train_pre = list(getattr(aux, "prenorm", ()))
-    L = num_layers
-    if L in served_pre and L in aux.hf_indices and L not in train_pre:
-        return [f"serving's slot L{L} is the last layer's output before the final norm (aux_prenorm_indices "
-                f"{list(served_pre)}); training's HF {L} is after the norm, as the {aux.convention} ids say. If "
-                f"training fed the pre-norm output, give the ids in the convention that names it (e.g. the draft's "
-                f"SGLang ids with --aux-convention sglang)"]
-    if train_pre and known(served, "aux_prenorm_indices") is not None and L not in served_pre:
-        return [f"training's slot L{L} is the last layer's output before the final norm; serving captured no "
-                f"pre-norm slot (aux_prenorm_indices {served.get('aux_prenorm_indices')})"]
-    return []
-
-
-def _preflight_facts(target_dir, draft_dir, training_hf) -> list[dict]:
-    """``specdiff check`` on the pair as recorded (error/warn only), for the contract ``findings``;
-    ``training_hf`` None: without the training-layers comparison."""
-    from specdiff.replay.preflight.check import findings_as_facts, run_preflight
-
-    try:
-        report = run_preflight(target_dir, draft_dir, training_convention="hf",
-                               training_layers=None if training_hf is None else list(training_hf))
-    except SpecdiffError:
-        return []
-    return [f for f in findings_as_facts(report.findings) if f["severity"] in ("error", "warn")]

@@ -88,7 +88,7 @@ def test_the_llama_rule_fix_would_fail_the_first_request_on_deepseek():
 def test_re_serving_with_the_explained_fix_gives_no_divergence(seed_demo, tmp_path, server_env):
     """The ids the explanation names, written into the served draft and served again (traced),
     replayed by ``record train`` and diffed: no divergence."""
-    from specdiff.tui.demo import demo_prompts, serve_and_trace
+    from specdiff.demo.run import demo_prompts, serve_and_trace
 
     _, summary, workdir, models = seed_demo
     fix = summary["report"]["explanations"][0]["fix"]

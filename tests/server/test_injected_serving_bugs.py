@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from specdiff.demo.run import REPO_MODELS, demo_prompts
+from specdiff.demo.scenarios import write_served_draft
 from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
-from specdiff.tui.demo import REPO_MODELS, demo_prompts
-from specdiff.tui.scenarios import write_served_draft
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from specdiff.demo.run import REPO_MODELS
 from specdiff.replay.diff.pipeline import diff_traces
-from specdiff.tui.demo import REPO_MODELS
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -4,7 +4,7 @@ committed tiny models (``traces/models``) on a real CPU SGLang server (~2-3 min 
     .venv/bin/python traces/examples/regenerate.py            # rewrites traces/examples/seed/
     .venv/bin/python traces/examples/regenerate.py --out DIR  # elsewhere (tests/test_example_pair.py)
 
-It runs what ``specdiff demo --scenario seed --prompts 3 --no-tui`` runs (tui/demo.py: the seed's
+It runs what ``specdiff demo --scenario seed --prompts 3 --no-tui`` runs (demo/run.py: the seed's
 served draft, the traced server, ``record train`` replaying the served sequences) from the repo
 root with repo-relative paths, so the contracts name ``traces/models/target``, the served draft
 and the serving trace as a fresh clone has them, not as the recording machine did. The served
@@ -30,12 +30,12 @@ SCENARIO, PROMPTS, MAX_NEW_TOKENS = "seed", 3, 96
 
 
 def served_draft(out: Path, ids) -> Path:
-    """``out`` = the trained draft with the seed's ids (tui/scenarios.py write_served_draft), its
+    """``out`` = the trained draft with the seed's ids (demo/scenarios.py write_served_draft), its
     weights -- the same tensors, saved again -- replaced by a relative symlink to the trained draft's."""
     import torch
     from safetensors.torch import load_file
 
-    from specdiff.tui.scenarios import write_served_draft
+    from specdiff.demo.scenarios import write_served_draft
 
     write_served_draft(SCENARIO, MODELS / "draft", out, ids=ids)
     for f in (MODELS / "draft").glob("*.safetensors"):
@@ -53,14 +53,14 @@ def regenerate(out: Path) -> tuple[Path, Path]:
 
     Raises:
         SystemExit: the committed models are absent (one line saying how to build them).
-        DemoError, ServerError: the server or ``record train`` failed (tui/demo.py).
+        DemoError, ServerError: the server or ``record train`` failed (demo/run.py).
     """
     import json
 
     from specdiff.eagle3.aux_layers import target_architecture
     from specdiff.tracer.store.upgrade import upgrade
-    from specdiff.tui.demo import demo_prompts, record_train, serve_and_trace
-    from specdiff.tui.scenarios import scenario_for, scenario_ids
+    from specdiff.demo.run import demo_prompts, record_train, serve_and_trace
+    from specdiff.demo.scenarios import scenario_for, scenario_ids
 
     if not (MODELS / "draft" / "config.json").is_file():
         sys.exit(f"regenerate: {MODELS} is not built (python -m specdiff.demo_models.tiny_models --out {MODELS})")

