@@ -100,7 +100,7 @@ def process_cpu(pid: int) -> dict[str, float]:
     for p in [root, *root.children(recursive=True)]:
         try:
             t = p.cpu_times()
-            role = ("writer" if "specdiff.tracer.writer_process" in " ".join(p.cmdline())
+            role = ("writer" if "specdiff.tracer.engines.writer.child" in " ".join(p.cmdline())
                     else "scheduler" if p.name().startswith("sglang::scheduler") else "other")
         except psutil.Error:  # exited meanwhile
             continue

@@ -97,7 +97,7 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "recorder_hook_s": (_num, "seconds the serving recorder's hooks ran inside the engine's iterations "
                               "(its cost on the serving path; benchmarks/recorder_overhead.py)"),
     "recorder_iter_s": (_num, "seconds the recorded iterations took, hooks included"),
-    "recorder_writer_s": (_num, "seconds the background writer (thread, or process: tracer/writer_process.py) "
+    "recorder_writer_s": (_num, "seconds the background writer (thread, or process: tracer/engines/writer/child.py) "
                                 "spent writing the store"),
     "recorder_writer_cpu_s": (_num, "CPU seconds the recorder's writer process spent after start-up (off the server's process)"),
     "recorder_caught_up_at": (_num + (type(None),), "unclosed traces only: a moment (the writer's Unix seconds) before "
@@ -111,7 +111,7 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                                  "ring: <error>'; None for the process), 'queue_bytes' (the thread's queue bound; None for the process or a lossless queue), "
                                  "'nice' and 'autogroup_nice' (the writer's niceness and its session's, read back "
                                  "after setting: None where unreadable or no autogroup), 'nice_why' (why it is not "
-                                 "the writer process's nice 19, None when it is)} (tracer/async_writer.py facts())"),
+                                 "the writer process's nice 19, None when it is)} (tracer/engines/writer/thread.py facts())"),
     "sampling": ((dict,), "how requests were chosen for recording: {'fraction', 'marker', 'rids'} "
                           "(tracer/engines/requests.py RequestSampler)"),
     "sampled_requests": ((dict,), "rid -> why it was recorded: 'all', 'fraction' (blake2b draw < fraction) "

@@ -79,7 +79,6 @@ from specdiff.replay.record.train_options import (
     DTYPE_NAMES,
     fill_defaults,
 )
-from specdiff.tracer.async_writer import AsyncTraceWriter
 from specdiff.tracer.contract import (
     DEFAULTS_USED,
     bos_added_fact,
@@ -90,6 +89,7 @@ from specdiff.tracer.contract import (
     validate_contract,
     weight_sha256,
 )
+from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
 from specdiff.tracer.errors import SpecdiffError, TraceError
 from specdiff.tracer.store import TraceWriter
 
