@@ -143,14 +143,35 @@ def test_offline_code_reaches_an_engine_only_through_the_engine_boundary():
     assert _engine_module_imports("replay") == []
 
 
-def test_the_engine_registry_agrees_with_the_sglang_recorder():
-    from specdiff.tracer.engines import engine_spec
-    from specdiff.tracer.engines.sglang.adapter import TESTED_RANGE
+def test_the_engine_registry_is_the_one_source_of_each_engines_identity():
+    # eagle3.engines names every engine once: the adapters, pre-flight, the CLI's choices, the
+    # check's labels and the entry points SGLang / vLLM load all read it.
+    import click
 
-    spec = engine_spec("sglang")
-    assert spec.tested_range == TESTED_RANGE
+    from specdiff.eagle3 import aux_layers, config_keys
+    from specdiff.eagle3.engines import ENGINES, REGISTRY, engine_spec
+    from specdiff.replay.preflight.engines import ENGINE_NAME
+    from specdiff.tracer import crash
+    from specdiff.tracer.engines.base import CPU_LAUNCHERS
+    from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
+    from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
+    from specdiff.tui import cmd_check, cmd_demo, cmd_record
+
+    assert ENGINES == tuple(sorted(REGISTRY)) == ("sglang", "vllm")
+    adapters = {a.spec.name: a("0") for a in (SGLangAdapter, VLLMAdapter)}
     toml = (ROOT / "pyproject.toml").read_text()
-    assert f'specdiff = "{spec.plugin}"' in toml  # the entry point SGLang loads is the one registered
+    for name, spec in REGISTRY.items():
+        a = adapters[name]
+        assert (a.engine, a.title, a.tested_range) == (spec.name, spec.title, spec.tested_range)
+        assert ENGINE_NAME[name] == spec.title and cmd_check._LABEL[name] == spec.label
+        assert f'[project.entry-points."{spec.plugin_group}"]\nspecdiff = "{spec.plugin}"' in toml
+        assert name in CPU_LAUNCHERS and name in aux_layers.RULES
+        assert {r for e, r in config_keys.ENGINE_ID_KEYS if e == name} == set(spec.runners or (None,))
+    assert crash._ENGINE_PACKAGES == ENGINES
+    for command, option, extra in ((cmd_record.serve, "engine", []), (cmd_demo.demo, "engine", []),
+                                   (cmd_check.check, "engine", ["all"])):
+        opt = next(p for p in command.params if p.name == option)
+        assert isinstance(opt.type, click.Choice) and list(opt.type.choices) == [*ENGINES, *extra], command.name
     with pytest.raises(ValueError, match="unknown serving engine 'tgi'"):
         engine_spec("tgi")
 

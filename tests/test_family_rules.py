@@ -22,16 +22,13 @@ import pytest
 import torch
 
 from specdiff.eagle3.aux_layers import (
-    SGLANG_FAMILIES,
-    SGLANG_OPAQUE,
-    SGLANG_WRAPPERS,
     ConventionError,
     engine_capture,
     native_aux_ids,
     resolve_aux_ids,
-    sglang_family_rule,
     target_architecture,
 )
+from specdiff.eagle3.families import SGLANG_FAMILIES, SGLANG_OPAQUE, SGLANG_WRAPPERS, sglang_family_rule
 from specdiff.eagle3.norms import NORMS_OFF
 from specdiff.replay.model.checkpoint import save_draft
 from specdiff.replay.model.draft_model import Eagle3Draft, Eagle3DraftConfig

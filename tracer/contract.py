@@ -18,6 +18,7 @@ import hashlib
 import numpy as np
 
 from specdiff.eagle3.aux_layers import AUX_CONCAT_ORDER
+from specdiff.eagle3.families import DENSE_RECORDED, EXPERTS, moe_keys
 from specdiff.eagle3.norms import meaning as norm_meaning
 from specdiff.tracer.errors import TraceError
 
@@ -323,17 +324,11 @@ def weights_fingerprint(embedding, vocab_size: int, *, rows: int = FINGERPRINT_R
 
 
 #: HF architecture -> (config attribute of the routed-expert count, of experts per token), None for
-#: a dense architecture. Both sides read MoE routing through it (moe_routing_facts); SGLang 0.5.23
-#: builds these models from the same attributes (deepseek_v2.py MoEGate, qwen2_moe.py / qwen3_moe.py
-#: SparseMoeBlock, gpt_oss.py GptOssSparseMoeBlock).
+#: a dense architecture. Both sides read MoE routing through it (moe_routing_facts); derived from
+#: the target-family table (``specdiff.eagle3.families``: ``moe_keys``, ``DENSE_RECORDED``).
 MOE_CONFIG_KEYS: dict[str, tuple[str, str] | None] = {
-    "LlamaForCausalLM": None, "Qwen2ForCausalLM": None, "Qwen3ForCausalLM": None,
-    "Qwen3VLForConditionalGeneration": None,
-    "Qwen2MoeForCausalLM": ("num_experts", "num_experts_per_tok"),
-    "Qwen3MoeForCausalLM": ("num_experts", "num_experts_per_tok"),
-    "DeepseekV2ForCausalLM": ("n_routed_experts", "num_experts_per_tok"),
-    "DeepseekV3ForCausalLM": ("n_routed_experts", "num_experts_per_tok"),
-    "GptOssForCausalLM": ("num_local_experts", "num_experts_per_tok"),
+    **{a: None for a in sorted(DENSE_RECORDED)},
+    **{a: moe_keys(a) for a in EXPERTS if moe_keys(a) is not None},
 }
 
 

@@ -115,7 +115,7 @@ def check_engine(engine: str, family: str) -> str | None:
         DemoError: an engine no recorder is registered for, a family the engine's demo does not
             serve, or no vLLM venv (one line naming ``make vllm-venv``).
     """
-    from specdiff.tracer.engines import engine_names
+    from specdiff.eagle3.engines import engine_names
 
     if engine not in engine_names():
         raise DemoError(f"unknown engine {engine!r}; specdiff records: {', '.join(engine_names())}")
@@ -224,9 +224,10 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
             no mistake on this target.
     """
     from specdiff.eagle3.aux_layers import target_architecture
+    from specdiff.eagle3.config_ids import config_aux_ids
+    from specdiff.eagle3.engines import engine_spec
     from specdiff.replay.diff.pipeline import diff_traces
     from specdiff.replay.diff.report import render_text
-    from specdiff.tracer.engines import engine_spec
 
     vllm_py = check_engine(engine, family)  # first: its one-line error for an unknown engine
     sc = scenario_for(scenario, engine)
@@ -277,7 +278,7 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
     if served_mean is not None:
         click.echo(f"    accept length: served {served_mean:.2f}, training-side estimate "
                    f"{est:.2f}" if est is not None else f"    accept length: served {served_mean:.2f}")
-    read = spec.read_aux_ids(json.loads((served / "config.json").read_text()))
+    read = config_aux_ids(spec.name, json.loads((served / "config.json").read_text()))
     summary = {"scenario": scenario, "family": family, "engine": engine,
                "served_ids": None if read.ids is None else list(read.ids), "served_ids_key": read.key,
                "served_accept_length": per_prompt, "served_mean": served_mean,

@@ -13,20 +13,15 @@ import json
 import torch
 
 from specdiff.eagle3.aux_layers import (
-    ENGINE_ID_KEYS,
-    KEY_NESTED,
-    KEY_TOP,
-    PLUS_ONE_KEYS,
     ConventionError,
-    FamilyRule,
-    config_aux_ids,
     default_hf_indices,
     engine_capture,
     native_aux_ids,
     resolve_aux_ids,
-    sglang_family_rule,
-    vllm_family_note,
 )
+from specdiff.eagle3.config_ids import config_aux_ids
+from specdiff.eagle3.config_keys import ENGINE_ID_KEYS, KEY_NESTED, KEY_TOP, PLUS_ONE_KEYS
+from specdiff.eagle3.families import FamilyRule, sglang_family_rule, vllm_family_note
 from specdiff.eagle3.norms import NORM_FLAGS, SPECFORGE_NORM_OUTPUT
 from specdiff.eagle3.vocab_map import read_d2t, t2d_from_d2t
 from specdiff.replay.model.checkpoint import (
@@ -263,7 +258,7 @@ def _runner_keys(read) -> str:
 def check_vllm_ids(cap: EngineCapture, *, raw: dict, num_layers: int, k_weights: int,
                    training_hf: tuple[int, ...] | None = None, architecture: str | None = None) -> list[Finding]:
     """vLLM 0.32.0's own aux-id findings (engine 'vllm'), from the one key-precedence rule
-    (``eagle3.aux_layers.config_aux_ids``, ``EngineSpec.read_aux_ids``):
+    (``eagle3.config_ids.config_aux_ids``):
 
     - ``aux.source`` (info): the key the V1 runner read, its precedence and the numbering (id k = HF k);
     - ``aux.sglang_ids``: ``eagle_config`` ids written in SGLang's numbering that vLLM reads

@@ -19,8 +19,9 @@ missing rows or a contract fact filled in from elsewhere. So:
 The machinery (``EngineName``, ``EngineAdapter``, ``MISSING``) is engine-independent and lives in
 tracer/engines/names.py; this module holds SGLang's table and target layouts.
 
-Sources are paths under ``site-packages/sglang/`` of SGLang 0.5.23. ``TESTED_RANGE`` is the
-inclusive range of SGLang versions this table was verified on; outside it the plugin warns once.
+Sources are paths under ``site-packages/sglang/`` of SGLang 0.5.23. ``SGLANG.tested_range``
+(``specdiff.eagle3.engines``) is the inclusive range of SGLang versions this table was verified on;
+outside it the plugin warns once.
 """
 
 from __future__ import annotations
@@ -30,14 +31,11 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specdiff.eagle3.engines import SGLANG
 from specdiff.tracer.engines.names import EngineAdapter, EngineName
 
 logger = logging.getLogger("specdiff.tracer")
 
-#: SGLang versions (inclusive) whose names this table was verified against: 0.5.19, 0.5.20 and
-#: 0.5.23 ran the recorder tests on a CPU server; 0.5.21 / 0.5.22 were checked statically only
-#: (README "SGLang compatibility" has the table, and what breaks before 0.5.19).
-TESTED_RANGE: tuple[str, str] = ("0.5.19", "0.5.23")
 
 _P = "sglang.srt."
 _EW2 = _P + "speculative.eagle_worker_v2"
@@ -516,23 +514,10 @@ class SGLangAdapter(EngineAdapter):
         log: where the one-line warnings go (default the ``specdiff.tracer`` logger's warning).
     """
 
-    engine = "sglang"
-    title = "SGLang"
-    tested_range = TESTED_RANGE
+    spec = SGLANG
 
     def __init__(self, version: str, *, names=NAMES, log: Callable[[str], None] | None = None):
         super().__init__(version, names=names, log=log)
-
-    @classmethod
-    def for_running_sglang(cls, **kw) -> SGLangAdapter:
-        """Adapter with the installed SGLang's ``__version__`` ("?" when sglang has none)."""
-        try:
-            import sglang
-
-            version = str(sglang.__version__)
-        except Exception:  # noqa: BLE001 - an SGLang without a version is still checked name by name
-            version = "?"
-        return cls(version, **kw)
 
     def check_static(self, *, resolve: Callable[[str], object] = pkgutil.resolve_name,
                      eager_draft: bool = False) -> list[EngineName]:
@@ -542,5 +527,5 @@ class SGLangAdapter(EngineAdapter):
         return self.check_names(lambda n: eager_draft or not n.optional, resolve=resolve)
 
 
-__all__ = ["ASSUMED_LAYOUT", "BY_KEY", "NAMES", "TARGET_LAYOUTS", "TARGET_WRAPPERS", "TESTED_RANGE",
+__all__ = ["ASSUMED_LAYOUT", "BY_KEY", "NAMES", "TARGET_LAYOUTS", "TARGET_WRAPPERS",
            "SGLangAdapter", "TargetLayout", "hook_table"]
