@@ -74,6 +74,43 @@ def test_the_import_check_catches_a_recorder_that_imports_the_diff_engine(tmp_pa
         bad.unlink()
 
 
+#: layers inside tracer/, bottom to top: the format modules (tracer/*.py: schema, rows, contract, ...)
+#: <- the store (tracer/store/) <- the recorders and their writers (tracer/engines/)
+TRACER_LAYERS = (("tracer", ("tracer.store", "tracer.engines")), ("tracer/store", ("tracer.engines",)))
+
+
+def _module_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in ``path`` (lazy ones included)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            out.append((node.lineno, node.module or ""))
+    return out
+
+
+def _tracer_layer_violations() -> list[str]:
+    out = []
+    for folder, above in TRACER_LAYERS:
+        for path in sorted((ROOT / folder).glob("*.py")):
+            for line, mod in _module_imports(path):
+                if any(mod == f"specdiff.{a}" or mod.startswith(f"specdiff.{a}.") for a in above):
+                    out.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    return out
+
+
+def test_tracer_layers_go_one_way_format_then_store_then_engines():
+    assert _tracer_layer_violations() == []
+    probe = ROOT / "tracer" / "store" / "_zz_layer_probe.py"  # the check itself must be able to fail
+    probe.write_text("def f():\n    from specdiff.tracer.engines.writer import open_writer  # noqa: F401\n")
+    try:
+        assert _tracer_layer_violations() == [
+            "tracer/store/_zz_layer_probe.py:2 imports specdiff.tracer.engines.writer"]
+    finally:
+        probe.unlink()
+
+
 DIFF = ROOT / "replay" / "diff"
 
 

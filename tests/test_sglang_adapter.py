@@ -339,8 +339,8 @@ def test_every_declared_family_rule_is_the_set_eagle3_layers_to_capture_the_inst
     pytest.importorskip("sglang")
     import pkgutil
 
-    from specdiff.tracer.engines.sglang.adapter import TARGET_LAYOUTS, TARGET_WRAPPERS
     from specdiff.tracer.engines.sglang.contract import capture_rule
+    from specdiff.tracer.engines.sglang.layouts import TARGET_LAYOUTS, TARGET_WRAPPERS
 
     for name, lay in TARGET_LAYOUTS.items():
         cls = pkgutil.resolve_name(lay.outer.rsplit(".", 1)[0] + "." + name)

@@ -63,7 +63,7 @@ class ScenarioIds:
             numbering (SGLang: ``TRAINED_HF`` as HF / vLLM ids; vLLM: SGLang's ids, as an
             SGLang-format draft ships them); ``literal_hf``: what the engine captures from them.
         rule: the rule in words with its source.
-        engine: the serving engine ('sglang', 'vllm'; ``tracer.engines.engine_spec``).
+        engine: the serving engine ('sglang', 'vllm'; ``eagle3.engines.engine_spec``).
         key: the draft-config key the engine reads first (``EngineSpec.aux_ids_key``): correct,
             seed and reordered ids go there.
         literal_key: the key the off-by-one ids are written in (SGLang's nested key for both:
