@@ -100,7 +100,7 @@ def process_cpu(pid: int) -> dict[str, float]:
     for p in [root, *root.children(recursive=True)]:
         try:
             t = p.cpu_times()
-            role = ("writer" if "specdiff.tracer.writer_process" in " ".join(p.cmdline())
+            role = ("writer" if "specdiff.tracer.engines.writer.child" in " ".join(p.cmdline())
                     else "scheduler" if p.name().startswith("sglang::scheduler") else "other")
         except psutil.Error:  # exited meanwhile
             continue
@@ -297,6 +297,8 @@ def main_vllm(args, target: Path, draft: Path) -> None:
 
 
 def main():
+    from specdiff.eagle3.engines import ENGINES
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new", type=int, default=64)
@@ -308,7 +310,7 @@ def main():
     ap.add_argument("--draft", help="EAGLE-3 draft checkpoint (with --target)")
     ap.add_argument("--server-arg", action="append", default=[],
                     help="one more SGLang flag, e.g. --server-arg=--tp-size=2 (repeatable)")
-    ap.add_argument("--engine", choices=["sglang", "vllm"], default="sglang",
+    ap.add_argument("--engine", choices=list(ENGINES), default="sglang",
                     help="sglang: one server per mode side by side; vllm: a CPU vLLM untraced and traced side "
                          "by side (.venv-vllm)")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (median taken)")

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from specdiff.replay.model.loading import DTYPES
     from specdiff.replay.record.record_train import TrainReplayer, TrainSequence, resolve_train_aux
-    from specdiff.tracer.async_writer import AsyncTraceWriter
+    from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
     from specdiff.tracer.store import TraceWriter
 
     tmp = Path(tempfile.mkdtemp(prefix="specdiff-bench-"))

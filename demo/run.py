@@ -5,7 +5,7 @@ with ``--engine vllm`` a real vLLM 0.32.0, server on the CPU with tracing on, th
 served draft, the demo prompts) -> record train (replay the served sequences through the
 reference EAGLE-3 forward with the draft as trained) -> diff -> the app (the caller's ``view``, or
 the text report with ``--no-tui``). Each engine's server is reached through its registered CPU
-launcher (``EngineSpec.cpu_launcher``).
+launcher (``tracer.engines.base.cpu_launcher``).
 
 vLLM pins another torch than SGLang, so it serves from its own venv (``.venv-vllm``, ``make
 vllm-venv``) with specdiff installed there (its recorder loads through ``vllm.general_plugins``);
@@ -14,7 +14,6 @@ everything else runs in this process's environment.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -26,7 +25,8 @@ from pathlib import Path
 import click
 
 from specdiff.demo.scenarios import DEMO_FAMILIES, describe, scenario_for, scenario_ids, write_served_draft
-from specdiff.tracer.engines import engine_names, engine_spec
+from specdiff.eagle3.engines import engine_names, engine_spec
+from specdiff.tracer.engines.base import cpu_launcher
 from specdiff.tracer.errors import SpecdiffError
 
 REPO_MODELS = Path(__file__).resolve().parent.parent / "traces" / "models"
@@ -124,7 +124,7 @@ def check_engine(engine: str, family: str) -> str | None:
     if family != "llama":
         raise DemoError(f"--engine {engine} serves the llama demo pair only (the tiny {family} target was verified "
                         "on SGLang only): leave out --family")
-    launcher = importlib.import_module(engine_spec(engine).cpu_launcher)
+    launcher = cpu_launcher(engine)
     py = launcher.vllm_python()
     if not Path(py).exists():
         raise DemoError(f"no vLLM environment at {Path(py).parent.parent} (vLLM needs its own torch): build it with "
@@ -139,7 +139,7 @@ def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: l
     ``env``: the server's environment (default: this process's, with ``SPECDIFF_TRACE`` = ``trace``).
     Returns per prompt: output_ids and meta_info. The trace is closed when the server stops.
     """
-    launch = importlib.import_module(engine_spec("sglang").cpu_launcher)
+    launch = cpu_launcher("sglang")
     env = dict(os.environ, SPECDIFF_TRACE=str(trace)) if env is None else env
     results = []
     with launch.ServerProcess(models / "target", draft_model_path=served_draft, spec=launch.SpecSettings(),
@@ -169,7 +169,7 @@ def serve_and_trace_vllm(*, models: Path, served_draft: Path, trace: Path, promp
     """
     from specdiff.tracer.engines.server import ServerError
 
-    launcher = importlib.import_module(engine_spec("vllm").cpu_launcher)
+    launcher = cpu_launcher("vllm")
     env = dict(os.environ, SPECDIFF_TRACE=str(trace))
     results: list[dict] = []
     with launcher.VLLMServerProcess(models / "target", draft_model_path=served_draft, python=python, env=env,
@@ -223,6 +223,7 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
             no mistake on this target.
     """
     from specdiff.eagle3.aux_layers import target_architecture
+    from specdiff.eagle3.config_ids import config_aux_ids
     from specdiff.replay.diff.pipeline import diff_traces
     from specdiff.replay.diff.report import render_text
 
@@ -275,7 +276,7 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
     if served_mean is not None:
         click.echo(f"    accept length: served {served_mean:.2f}, training-side estimate "
                    f"{est:.2f}" if est is not None else f"    accept length: served {served_mean:.2f}")
-    read = spec.read_aux_ids(json.loads((served / "config.json").read_text()))
+    read = config_aux_ids(spec.name, json.loads((served / "config.json").read_text()))
     summary = {"scenario": scenario, "family": family, "engine": engine,
                "served_ids": None if read.ids is None else list(read.ids), "served_ids_key": read.key,
                "served_accept_length": per_prompt, "served_mean": served_mean,

@@ -3,7 +3,7 @@
 Each scenario writes the *served* copy of the demo draft (what the user shipped to SGLang);
 the training side always replays with the draft as it was trained. The demo draft was trained
 on HF hidden_states [0, 3, 6] (embedding output, outputs of layers 2 and 5). Which SGLang ids
-capture those depends on the target's model file (``eagle3.aux_layers.sglang_family_rule``): on
+capture those depends on the target's model file (``eagle3.families.sglang_family_rule``): on
 the Llama demo target id k captures HF k+1 (-1 = embeddings), ids [-1, 2, 5]; on a DeepSeek-V3 /
 Kimi-K2 target (deepseek_v2.py:3458) the ids are HF indices, [0, 3, 6]. ``scenario_ids`` gives
 each scenario's ids from the target's own rule, so every scenario means the same mistake on
@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdiff.eagle3.aux_layers import KEY_NESTED, native_aux_ids, set_config_value
+from specdiff.eagle3.aux_layers import native_aux_ids
+from specdiff.eagle3.config_keys import KEY_NESTED, set_config_value
+from specdiff.eagle3.engines import engine_spec
 from specdiff.eagle3.vocab_map import hot_token_ids
-from specdiff.tracer.engines import engine_spec
 
 #: the demo's target families -> HF architecture of each tiny target (``config.json`` ``architectures[0]``);
 #: ``specdiff.demo_models.families`` builds them, the demo (``--family``) checks a built target against it
@@ -62,7 +63,7 @@ class ScenarioIds:
             numbering (SGLang: ``TRAINED_HF`` as HF / vLLM ids; vLLM: SGLang's ids, as an
             SGLang-format draft ships them); ``literal_hf``: what the engine captures from them.
         rule: the rule in words with its source.
-        engine: the serving engine ('sglang', 'vllm'; ``tracer.engines.engine_spec``).
+        engine: the serving engine ('sglang', 'vllm'; ``eagle3.engines.engine_spec``).
         key: the draft-config key the engine reads first (``EngineSpec.aux_ids_key``): correct,
             seed and reordered ids go there.
         literal_key: the key the off-by-one ids are written in (SGLang's nested key for both:
@@ -95,7 +96,8 @@ def scenario_ids(architecture: str | None = None, num_layers: int = 8, engine: s
         ConventionError: the rule has no ids for ``TRAINED_HF`` or ``SEED_SERVED_HF`` on this target.
         UnknownEngineError: an engine no recorder is registered for.
     """
-    from specdiff.eagle3.aux_layers import RULES, engine_capture, sglang_family_rule
+    from specdiff.eagle3.aux_layers import RULES, engine_capture
+    from specdiff.eagle3.families import sglang_family_rule
 
     spec = engine_spec(engine)
 

@@ -297,13 +297,13 @@ def train_family_target(family: str, *, log=print):
 
 # ---- SGLang aux ids per family: the rules are eagle3/aux_layers.py's ------------------------------
 def sglang_rule(family: str):
-    """SGLang 0.5.23's aux-id rule for ``family``'s target (``eagle3.aux_layers.sglang_family_rule``
+    """SGLang 0.5.23's aux-id rule for ``family``'s target (``eagle3.families.sglang_family_rule``
     of its architecture: how ``set_eagle3_layers_to_capture`` reads the draft's ids, with sources).
 
     Raises:
         ValueError: unknown ``family``.
     """
-    from specdiff.eagle3.aux_layers import sglang_family_rule
+    from specdiff.eagle3.families import sglang_family_rule
 
     _check_family(family)
     return sglang_family_rule(ARCHITECTURES[family])

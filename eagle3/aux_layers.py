@@ -2,8 +2,10 @@
 
 This module owns what a list of aux-layer ids means: native ids -> HF ``hidden_states`` indices
 (``resolve_aux_ids``), HF indices -> native ids (``native_aux_ids``), and what an engine really
-captures from a config (``engine_capture``). Every other module imports these rules; the source
+captures from a list of ids (``engine_capture``). Every other module imports these rules; the source
 each rule was read from is in ``RULES`` (``IdRule.sources``), pinned by tests/test_conventions.py.
+SGLang's per-family rules are in ``families``; where each engine reads the ids in a draft config is
+in ``config_keys`` / ``config_ids``.
 
 HF ``output_hidden_states[i]``: i = 0 is the embedding output, i in 1..L-1 the output of decoder
 layer i-1 (the residual stream entering layer i), i = L is *after* the final norm (transformers
@@ -15,7 +17,7 @@ to HF L.
 - ``hf``: the ids already are HF indices, 0..L.
 - ``sglang`` (SGLang 0.5.23): the rule depends on the target's model file (``FamilyRule``,
   ``sglang_family_rule(architecture)``, table ``SGLANG_FAMILIES`` read from all 29 files that
-  define ``set_eagle3_layers_to_capture``). ``RULES['sglang']`` and ``architecture=None`` are the
+  define ``set_eagle3_layers_to_capture``, in ``families``). ``RULES['sglang']`` and ``architecture=None`` are the
   Llama rule (plus-one, 21 of the 29 files): id k captures HF k+1, id -1 the embeddings (HF 0);
   id L-1 names capture index L, which the layer loop never reaches: the slot is silently dropped.
   DeepSeek-V2/V3 (Kimi-K2, Kimi-K2.5 through its inner DeepseekV3ForCausalLM) read the ids
@@ -51,12 +53,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from specdiff.eagle3.engines import ENGINES
+from specdiff.eagle3.families import FamilyRule, sglang_family_rule, vllm_family_note
+
 #: contract field: HF index of each aux slot in fc-input concat order (slot j = fc_in[:, j*H:(j+1)*H])
 AUX_CONCAT_ORDER = "aux_concat_order"
 
 CONVENTIONS = ("hf", "sglang", "vllm", "speculators", "specforge")
-#: engines whose capture ``engine_capture`` models (the convention each reads its ids in)
-ENGINES = ("sglang", "vllm")
 #: how the captured slots are ordered in the fc input (see the module docstring)
 CONCAT_RULES = ("ascending", "listed")
 
@@ -210,233 +213,6 @@ def default_hf_indices(num_layers: int) -> tuple[int, ...]:
     return (2, num_layers // 2, num_layers - 3)
 
 
-# ---- SGLang 0.5.23: the id rule depends on the target's model file ----------------------------
-#: HF ``output_hidden_states`` index c is the input of decoder layer c; every SGLang model file read
-#: below captures capture index c (``layers_to_capture``) in 0..L-1 as that same input.
-_SG = "srt/models/"
-
-
-@dataclass(frozen=True)
-class FamilyRule:
-    """How SGLang 0.5.23 turns ``eagle_config`` aux ids into capture indices for one target
-    architecture (HF ``architectures[0]``), and what its forward captures at each index.
-
-    SGLang numbers aux ids per model file: ``<Arch>.set_eagle3_layers_to_capture(ids)`` turns the
-    ids into ``layers_to_capture``, and the model's forward captures capture index c in 0..L-1 as
-    the input of decoder layer c (the residual stream = HF ``hidden_states[c]``; c = 0 is the
-    embedding output). With no ids every file captures [2, L//2, L-3] (+ ``default_offset``).
-
-    Attributes:
-        name: how ids become capture indices: ``plus-one`` (always id + 1), ``deepseek`` (id + 1
-            only when ids[0] == 1, else the ids literally), ``gpt-oss`` (literally when
-            max(ids) == L, else id + 1).
-        architecture: the architecture looked up (None: none was given).
-        description: the rule in words.
-        sources: SGLang 0.5.23 ``srt/models/<file>.py:<lines>`` the rule and its capture were read from.
-        known: False when the architecture is not in the table and the plus-one rule was assumed.
-        capture: ``loop`` (the layer loop tests ``i in layers_to_capture``: an index no layer has
-            matches nothing) or ``flag`` (``setattr(self.layers[c], ...)`` when the server starts:
-            c >= L raises IndexError there, c < 0 flags ``layers[c + L]`` by Python indexing).
-        final: capture index L is captured after the last layer, before the final norm (the last
-            layer's pre-norm output: no HF index holds it).
-        packed: captures go to an ``AuxHiddenStatePacker`` sized by the id count, so fewer captures
-            than ids raise RuntimeError in the target forward (the first request).
-        default_offset: added to the default capture [2, L//2, L-3].
-        semantics_read: True when the forward's capture was read here; False: the layer-input
-            capture of the other files is assumed.
-        note: why the rule was assumed, or what else the user must know.
-    """
-
-    name: str
-    architecture: str | None
-    description: str
-    sources: tuple[str, ...]
-    known: bool = True
-    capture: str = "loop"
-    final: bool = False
-    packed: bool = False
-    default_offset: int = 0
-    semantics_read: bool = True
-    note: str = ""
-
-    def capture_indices(self, ids, num_layers: int) -> tuple[int, ...]:
-        """SGLang's ``layers_to_capture`` for ``ids`` (None: the default), in the ids' order."""
-        L = num_layers
-        if ids is None:
-            return tuple(i + self.default_offset for i in (2, L // 2, L - 3))
-        ids = [int(i) for i in ids]
-        literal = ((self.name == "deepseek" and not (ids and ids[0] == 1))
-                   or (self.name == "gpt-oss" and bool(ids) and max(ids) == L))
-        return tuple(ids) if literal else tuple(i + 1 for i in ids)
-
-    def outcome(self, c: int, num_layers: int) -> tuple[str, int | None]:
-        """What capture index ``c`` gives: ('hf', HF index), ('prenorm', None) for the last
-        layer's pre-norm output, ('start-crash', None) for an IndexError at server start, or
-        ('dropped', None) for nothing captured."""
-        L = num_layers
-        if 0 <= c < L:
-            return "hf", c
-        if c == L and self.final:
-            return "prenorm", None
-        if self.capture == "flag":
-            return ("hf", c + L) if -L <= c < 0 else ("start-crash", None)
-        return "dropped", None
-
-    def id_meaning(self) -> str:
-        """One line: what an id means under this rule (for fix texts)."""
-        return {"plus-one": "id k = HF k+1, -1 = embeddings",
-                "deepseek": "ids are HF indices (0 = embeddings) unless the first id is 1, then every id + 1",
-                "gpt-oss": "id k = HF k+1 (-1 = embeddings) unless max(id) = L, then the ids literally"}[self.name]
-
-
-def _plus_one(*sources, capture="loop", final=False, read=True, offset=0, note="") -> dict:
-    return dict(name="plus-one", sources=sources, capture=capture, final=final, semantics_read=read,
-                default_offset=offset, note=note,
-                description="capture index = id + 1 (id k = HF k+1, id -1 = the embeddings)")
-
-
-_DEEPSEEK = dict(
-    name="deepseek", packed=True,
-    description="ids + 1 only when the first id is 1, else the ids literally (id k = HF k, 0 = the embeddings); "
-                "a capture index no layer has leaves the packed aux buffer short: RuntimeError on the first request",
-    sources=(f"{_SG}deepseek_v2.py:3458-3473 set_eagle3_layers_to_capture: [val + 1 ...] if layer_ids[0] == 1 "
-             "else list(layer_ids)",
-             f"{_SG}deepseek_v2.py:3175-3198 DeepseekV2Model.forward: AuxHiddenStatePacker(len(layers_to_capture)); "
-             "layer i captures its input (layers/layer_boundary/stage.py:461-480 capture_gathered = stream.residual)",
-             f"{_SG}deepseek_v2.py:3245 finalize(); layers/aux_hidden_states.py:86-89 'captured n of K aux hidden "
-             "states' RuntimeError"))
-_DEEPSEEK_LITE = dict(_DEEPSEEK, packed=False, description=(
-    "ids + 1 only when the first id is 1, else the ids literally (id k = HF k, 0 = the embeddings)"), sources=(
-    f"{_SG}glm4_moe_lite.py:805-820 set_eagle3_layers_to_capture: [val + 1 ...] if layer_ids[0] == 1 else "
-    "list(layer_ids)",
-    f"{_SG}glm4_moe_lite.py:655-659 forward: layer i captures its input (capture_output)"))
-_GPT_OSS = dict(
-    name="gpt-oss", final=True,
-    description="the ids literally when max(id) = L (id L = the last layer's output before the final norm), "
-                "else id + 1",
-    sources=(f"{_SG}gpt_oss.py:1337-1352 set_eagle3_layers_to_capture: list(layer_ids) if max(layer_ids) == "
-             "num_layers else [val + 1 ...]",
-             f"{_SG}gpt_oss.py:709-721 forward: boundary 0 = embeddings, layer i captures its input",
-             f"{_SG}gpt_oss.py:726-738 capture index L = final_norm(capture=...): the updated residual before the "
-             "norm (layers/layer_boundary/residual/access.py:51-53)"))
-_LLAMA = _plus_one(f"{_SG}llama.py:929-941 set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
-                   f"{_SG}llama.py:486-494 LlamaModel.forward: layer i captures its input; index L never reached")
-_QWEN2 = _plus_one(f"{_SG}qwen2.py:781-794 set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
-                   f"{_SG}qwen2.py:456-464 Qwen2Model.forward: layer i captures its input")
-_QWEN3 = _plus_one(f"{_SG}qwen3.py:778-791 set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
-                   f"{_SG}qwen3.py:524-531 Qwen3Model.forward: layer i captures its input")
-_MOE_FLAG = (f"{_SG}qwen2_moe.py:1153-1156 Qwen2MoeModel.set_eagle3_layers_to_capture: setattr(self.layers[id], "
-             "'_is_layer_to_capture', True) at start (index L: IndexError)",
-             f"{_SG}qwen2_moe.py:1188-1202 forward: a flagged layer captures its input")
-_QWEN2_MOE = _plus_one(f"{_SG}qwen2_moe.py:1418-1433 set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
-                       *_MOE_FLAG, capture="flag")
-_QWEN3_MOE = _plus_one(f"{_SG}qwen3_moe.py:1128-1143 set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
-                       f"{_SG}qwen3_moe.py:970 Qwen3MoeModel(Qwen2MoeModel)", *_MOE_FLAG, capture="flag")
-_QWEN3_NEXT = _plus_one(f"{_SG}qwen3_next.py:1286-1301 set_eagle3_layers_to_capture: [val + 1 ...]",
-                        f"{_SG}qwen3_next.py:954-957 setattr(self.layers[id], ...) at start", capture="flag", read=False)
-_QWEN3_5 = _plus_one(f"{_SG}qwen3_5_text.py:150-159 set_eagle3_layers_to_capture: [val + 1 ...]",
-                     f"{_SG}qwen3_5.py:1894-1897 setattr(self.layers[id], ...) at start", capture="flag", read=False)
-_QWEN3_VL = _plus_one(f"{_SG}qwen3_vl.py:1777-1795 set_eagle3_layers_to_capture: [val + 1 ...]", read=False)
-_GEMMA_NOTE = ("gemma3_causal.py:636-672 appends the layer loop's hidden_states (the residual is carried "
-               "separately), not verified against HF hidden_states")
-_MINIMAX_M3 = _plus_one(f"{_SG}minimax_m3.py:2056-2075 set_eagle3_layers_to_capture: [val + 1 ...], flags "
-                        "0 <= id < L only", f"{_SG}minimax_m3.py:1952-1962 capture index L = final_norm(capture=...)",
-                        final=True, read=False)
-
-
-def _entries(rule: dict, *archs: str) -> dict[str, dict]:
-    return {a: rule for a in archs}
-
-
-#: SGLang 0.5.23: HF architecture -> its rule. Read from all 29 files that define
-#: set_eagle3_layers_to_capture; an architecture is mapped through its model file's EntryClass and
-#: class inheritance (e.g. MistralForCausalLM(LlamaForCausalLM)); pinned by tests/test_family_rules.py.
-SGLANG_FAMILIES: dict[str, dict] = {
-    **_entries(_LLAMA, "LlamaForCausalLM", "Phi3ForCausalLM", "InternLM3ForCausalLM", "IQuestCoderForCausalLM",
-               "Llama4ForCausalLM", "LlamaForCausalLMEagle", "LlamaForCausalLMEagle3", "Ministral3ForCausalLM",
-               "MistralForCausalLM", "MistralForCausalLMEagle", "TeleFLMForCausalLM"),
-    **_entries(_QWEN2, "Qwen2ForCausalLM", "Qwen2ForCausalLMEagle"),
-    "Qwen2MoeForCausalLM": _QWEN2_MOE,
-    "Qwen3ForCausalLM": _QWEN3,
-    **_entries(_QWEN3_MOE, "Qwen3MoeForCausalLM", "Qwen3MoeForCausalLMMTP", "MellumForCausalLM"),
-    **_entries(_QWEN3_NEXT, "Qwen3NextForCausalLM", "Qwen3NextForCausalLMMTP"),
-    **_entries(_QWEN3_5, "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"),
-    **_entries(_QWEN3_VL, "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-               "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-               "Qwen4ExpForConditionalGeneration", "Cosmos3ForConditionalGeneration",
-               "InternS1ProForConditionalGeneration", "InternS2MobiusForConditionalGeneration",
-               "InternS2PreviewForConditionalGeneration"),
-    "Qwen2_5_VLForConditionalGeneration": _plus_one(f"{_SG}qwen2_5_vl.py:990-1001 [val + 1 ...]", read=False),
-    **_entries(_plus_one(f"{_SG}glm4_moe.py:1269-1281 [val + 1 ...]", f"{_SG}glm4_moe.py:955-959 forward: layer i "
-                         "captures its input"), "Glm4MoeForCausalLM", "Glm4MoeForCausalLMNextN"),
-    "Glm5NextForConditionalGeneration": _plus_one(f"{_SG}glm5_next.py:1533-1543 [val + 1 ...]", read=False),
-    "ApertusForCausalLM": _plus_one(f"{_SG}apertus.py:675-687 [val + 1 ...]", read=False),
-    **_entries(_plus_one(f"{_SG}bailing_moe.py:1098-1109 [val + 1 ...]", read=False), "BailingMoEForCausalLM",
-               "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM", "SarvamMoEForCausalLM"),
-    **_entries(_plus_one(f"{_SG}exaone_moe.py:866-879 [val + 1 ...]", read=False), "ExaoneMoEForCausalLM",
-               "ExaoneMoeForCausalLM", "ExaoneMoEForCausalLMMTP"),
-    **_entries(_plus_one(f"{_SG}gemma3_causal.py:917-926 [val + 1 ...]", f"{_SG}gemma3_causal.py:669-672 capture "
-                         "index L after the loop", final=True, read=False, note=_GEMMA_NOTE),
-               "Gemma3ForCausalLM", "EmbeddingGemmaModel"),
-    **_entries(_plus_one(f"{_SG}gemma4_causal.py:1495-1504 [val + 1 ...]", f"{_SG}gemma4_causal.py:1091-1094 capture "
-                         "index L after the loop", final=True, read=False),
-               "Gemma4ForCausalLM", "Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM"),
-    **_entries(_plus_one(f"{_SG}gemma4_mm.py:1155-1168 [val + 1 ...] on language_model", read=False),
-               "Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration"),
-    **_entries(_plus_one(f"{_SG}longcat_flash.py:1112-1119 [val + 1 ...]", read=False), "LongcatFlashForCausalLM",
-               "LongcatFlashForCausalLMNextN"),
-    "MiniMaxM2ForCausalLM": _plus_one(f"{_SG}minimax_m2.py:1067-1080 [val + 1 ...]", read=False),
-    "MiniMaxM3SparseForCausalLM": _MINIMAX_M3,
-    "MiniMaxM3SparseForConditionalGeneration": dict(_MINIMAX_M3, default_offset=1, sources=(
-        f"{_SG}minimax_m3_vl.py:246-270 set_eagle3_layers_to_capture: [val + 1 ...] on both paths, the default "
-        "too (3, L//2 + 1, L - 2)",) + _MINIMAX_M3["sources"][1:]),
-    **_entries(_DEEPSEEK, "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
-               "DeepseekV3ForCausalLMNextN", "GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLMNextN",
-               "Glm5NextForConditionalGenerationNextN", "MistralLarge3ForCausalLM", "MistralLarge3ForCausalLMEagle"),
-    **_entries(_DEEPSEEK_LITE, "Glm4MoeLiteForCausalLM", "Glm4MoeLiteForCausalLMNextN"),
-    "GptOssForCausalLM": _GPT_OSS,
-}
-
-#: wrappers whose set_eagle3_layers_to_capture hands the ids to an inner language model of a fixed class
-SGLANG_WRAPPERS: dict[str, tuple[str, str]] = {
-    "KimiK25ForConditionalGeneration": (
-        "DeepseekV3ForCausalLM", f"{_SG}kimi_k25.py:928-939 delegates to language_model = DeepseekV3ForCausalLM "
-                                 "(kimi_k25.py:693)"),
-    "Gemma3ForConditionalGeneration": (
-        "Gemma3ForCausalLM", f"{_SG}gemma3_mm.py:543-545 delegates to language_model = Gemma3ForCausalLM "
-                             "(gemma3_mm.py:195)"),
-    "Llama4ForConditionalGeneration": (
-        "Llama4ForCausalLM", f"{_SG}mllama4.py:971-973 delegates to language_model = Llama4ForCausalLM "
-                             "(mllama4.py:496, a LlamaForCausalLM)"),
-}
-#: wrappers whose inner model specdiff cannot name from the architecture alone
-SGLANG_OPAQUE = {"MindSporeForCausalLM": f"{_SG}mindspore.py:359-360 delegates to the MindSpore backend's model"}
-
-
-def sglang_family_rule(architecture: str | None) -> FamilyRule:
-    """The SGLang 0.5.23 aux-id rule for a target architecture (HF ``architectures[0]``).
-
-    Wrappers (Kimi-K2.5, Gemma-3 multimodal, Llama-4 multimodal) resolve through the inner
-    language model their file builds. An architecture not in ``SGLANG_FAMILIES`` (or None) gets
-    the plus-one rule with ``known=False`` and a ``note`` that says so: it is the rule of 21 of
-    the 29 files, never a silent guess.
-    """
-    if architecture in SGLANG_FAMILIES:
-        return FamilyRule(architecture=architecture, **SGLANG_FAMILIES[architecture])
-    if architecture in SGLANG_WRAPPERS:
-        inner, src = SGLANG_WRAPPERS[architecture]
-        r = SGLANG_FAMILIES[inner]
-        return FamilyRule(architecture=architecture, **{**r, "sources": (src,) + tuple(r["sources"]),
-                                                        "note": f"the rule of its inner {inner}"})
-    why = (f"{SGLANG_OPAQUE[architecture]}, whose rule depends on that model" if architecture in SGLANG_OPAQUE
-           else "no architecture given" if architecture is None
-           else f"{architecture} is not among the SGLang 0.5.23 models that define set_eagle3_layers_to_capture "
-                "(specdiff's table)")
-    return FamilyRule(architecture=architecture, known=False, semantics_read=False, **{
-        k: v for k, v in _LLAMA.items() if k not in ("semantics_read", "note")},
-        note=f"SGLang rule assumed: plus-one (id k = HF k+1), the rule of llama.py and 20 other model files; {why}")
-
-
 def target_architecture(config: dict) -> str | None:
     """The architecture SGLang picks the model class by: ``architectures[0]`` of a target's
     config.json, else that of its nested ``text_config`` (None when neither names one)."""
@@ -444,20 +220,6 @@ def target_architecture(config: dict) -> str | None:
         if isinstance(c, dict) and isinstance(c.get("architectures"), list) and c["architectures"]:
             return str(c["architectures"][0])
     return None
-
-
-#: vLLM 0.32 models that capture without the SupportsEagle3 mixin (not installed here: from
-#: shared/research/anchors-3.md section 2, not verified against the wheel)
-VLLM_DEEPSEEK_NOTE = ("vLLM 0.32 deepseek_v2.py:1561,1586 captures before layer idx plus an explicit end_layer slot, "
-                      "without the SupportsEagle3 mixin (from research note anchors-3.md, not verified against the "
-                      "wheel): specdiff assumes the mixin numbering, id k = HF k, id L = the last layer before the "
-                      "final norm")
-
-
-def vllm_family_note(architecture: str | None) -> str:
-    """A note when vLLM 0.32's capture for this architecture is not the mixin's (else '')."""
-    r = SGLANG_FAMILIES.get(SGLANG_WRAPPERS.get(architecture, (architecture,))[0] if architecture else None)
-    return VLLM_DEEPSEEK_NOTE if r is not None and r["name"] == "deepseek" else ""
 
 
 def resolve_aux_ids(ids, *, convention: str, num_layers: int, concat: str = "ascending",
@@ -731,175 +493,3 @@ def _refuse_repeats(hf, what: str) -> None:
         seen.add(i)
 
 
-# ---- where each engine reads the aux ids in a draft config.json --------------------------------
-#: Every draft-config key some engine or runner reads aux ids from, as explanations name it
-#: ('top-level X' = config.json's own key X; 'a.b' = key b of the nested dict a).
-KEY_TOP = "top-level eagle_aux_hidden_state_layer_ids"
-KEY_NESTED = "eagle_config.eagle_aux_hidden_state_layer_ids"
-KEY_DFLASH = "dflash_config.target_layer_ids"
-KEY_DSPARK = "top-level dspark_target_layer_ids"
-KEY_TARGET_IDS = "top-level target_layer_ids"
-KEY_DFLASH_LAYERS = "dflash_config.layer_ids"
-KEY_EAGLE_LAYERS = "eagle_config.layer_ids"
-ID_KEYS = (KEY_TOP, KEY_NESTED, KEY_DFLASH, KEY_DSPARK, KEY_TARGET_IDS, KEY_DFLASH_LAYERS, KEY_EAGLE_LAYERS)
-#: keys whose ids the engine shifts by +1 before use (DFlash / DSpark number "capture after layer i")
-PLUS_ONE_KEYS = (KEY_DFLASH, KEY_DSPARK, KEY_TARGET_IDS)
-
-#: engine -> its model runners whose key precedence differs, the one specdiff's recorder was verified on
-#: first (vLLM 0.32.0: V1 on the CPU build, which has no Triton; V2 is the GPU default,
-#: config/vllm.py:722-738 ``use_v2_model_runner``)
-ENGINE_RUNNERS: dict[str, tuple[str | None, ...]] = {"sglang": (None,), "vllm": ("v1", "v2")}
-
-#: (engine, runner) -> the keys it reads aux ids from, in precedence (first holding ids wins), and the
-#: source of the rule. Nothing holding ids -> the engine's default layers (``default_hf_indices``).
-ENGINE_ID_KEYS: dict[tuple[str, str | None], tuple[str, ...]] = {
-    # srt/model_executor/model_runner_components/spec_aux_hidden_state.py:188-196:
-    # eagle_config["eagle_aux_hidden_state_layer_ids"] as given (even []); any exception -> None (default)
-    ("sglang", None): (KEY_NESTED,),
-    # vllm/v1/worker/gpu_model_runner.py:5268-5283 _get_eagle3_aux_layers_from_config: the top-level key when
-    # non-empty; else dflash_config.target_layer_ids (+1), replaced by eagle_config's ids whenever
-    # eagle_config is a non-empty dict (even one without them: then no ids, the default)
-    ("vllm", "v1"): (KEY_TOP, KEY_NESTED, KEY_DFLASH),
-    # vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:100-137 get_eagle3_aux_layers_from_config: never
-    # reads eagle_config.eagle_aux_hidden_state_layer_ids; logs its fallback at info level (:25-30)
-    ("vllm", "v2"): (KEY_TOP, KEY_DFLASH, KEY_DSPARK, KEY_TARGET_IDS, KEY_DFLASH_LAYERS, KEY_EAGLE_LAYERS),
-}
-ENGINE_ID_SOURCES = {
-    ("sglang", None): "SGLang 0.5.23 srt/model_executor/model_runner_components/spec_aux_hidden_state.py:188-196",
-    ("vllm", "v1"): "vLLM 0.32.0 v1/worker/gpu_model_runner.py:5268-5283 (V1 runner)",
-    ("vllm", "v2"): "vLLM 0.32.0 v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:100-137 (V2 runner)",
-}
-#: what each engine does when no key it reads holds ids (sources in ``RULES``)
-ENGINE_FALLBACK = {
-    ("sglang", None): "SGLang captures its default (set_eagle3_layers_to_capture(None), srt/models/llama.py:929-941)",
-    ("vllm", "v1"): ("vLLM V1 falls back to get_eagle3_default_aux_hidden_state_layers (interfaces.py:1712-1733) "
-                     "and logs nothing (gpu_model_runner.py:5241-5247)"),
-    ("vllm", "v2"): ("vLLM V2 falls back to get_eagle3_default_aux_hidden_state_layers (interfaces.py:1712-1733), "
-                     "logged at info level only (eagle3_utils.py:25-30)"),
-}
-
-
-def config_value(raw: dict, key: str):
-    """The value of one of ``ID_KEYS`` in a draft config.json dict (None when absent)."""
-    path = key.removeprefix("top-level ").split(".")
-    v = raw
-    for p in path:
-        if not isinstance(v, dict):
-            return None
-        v = v.get(p)
-    return v
-
-
-def set_config_value(raw: dict, key: str, value) -> None:
-    """Write ``value`` at one of ``ID_KEYS`` in a draft config.json dict (nested dicts made as
-    needed); ``value`` None removes the key."""
-    *parents, last = key.removeprefix("top-level ").split(".")
-    d = raw
-    for p in parents:
-        if not isinstance(d.get(p), dict):
-            if value is None:
-                return
-            d[p] = {}
-        d = d[p]
-    if value is None:
-        d.pop(last, None)
-    else:
-        d[last] = value
-
-
-@dataclass(frozen=True)
-class ConfigIds:
-    """The aux ids one engine (and model runner) takes from a draft config.json, and from where.
-
-    Attributes:
-        engine: 'sglang' or 'vllm'.
-        runner: the model runner whose precedence was applied ('v1', 'v2'; None for SGLang).
-        ids: the ids the engine uses, in its own numbering (DFlash's +1 applied); None: no key it
-            reads held ids, so it captures its default layers.
-        key: the ``ID_KEYS`` entry they came from; None for the default fallback.
-        unread: (key, ids as written) for every other ``ID_KEYS`` key holding ids: ignored by this
-            runner or shadowed by a key it reads first.
-        sources: where the precedence was read (``ENGINE_ID_SOURCES``).
-    """
-
-    engine: str
-    runner: str | None
-    ids: tuple[int, ...] | None
-    key: str | None
-    unread: tuple[tuple[str, tuple], ...] = ()
-    sources: str = ""
-
-    @property
-    def who(self) -> str:
-        """'SGLang', 'vLLM V1', 'vLLM V2'."""
-        title = {"sglang": "SGLang", "vllm": "vLLM"}[self.engine]
-        return f"{title} {self.runner.upper()}" if self.runner else title
-
-    @property
-    def fallback(self) -> str:
-        """What this engine does without ids, in words with its source."""
-        return ENGINE_FALLBACK[(self.engine, self.runner)]
-
-    def read_by(self, key: str) -> bool:
-        """Whether this engine/runner reads ``key`` at all."""
-        return key in ENGINE_ID_KEYS[(self.engine, self.runner)]
-
-
-def _id_list(key: str, v) -> tuple | None:
-    """``v`` as a tuple of ints when it is a non-empty list; None when absent or empty.
-
-    Raises:
-        ConventionError: a list holding anything but ints.
-    """
-    if v is None:
-        return None
-    if not isinstance(v, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
-        raise ConventionError(f"draft config: {key} {v!r} is not a list of ints")
-    return tuple(v)
-
-
-def config_aux_ids(engine: str, raw: dict, *, runner: str | None = None) -> ConfigIds:
-    """Which aux ids ``engine`` takes from the draft's config.json ``raw`` (``ENGINE_ID_KEYS``).
-
-    Args:
-        engine: one of ``ENGINES``.
-        raw: the draft's config.json as a dict.
-        runner: vLLM's model runner, 'v1' or 'v2' (None: the first of ``ENGINE_RUNNERS``, the one
-            specdiff's recorder runs on); must be None for SGLang.
-
-    Returns:
-        ConfigIds. SGLang uses ``eagle_config.eagle_aux_hidden_state_layer_ids`` as given, an empty
-        list included (it then captures nothing); vLLM treats an empty list as no ids.
-
-    Raises:
-        ConventionError: unknown engine or runner, or ids that are not a list of ints.
-    """
-    if engine not in ENGINE_RUNNERS:
-        raise ConventionError(f"unknown engine {engine!r}; use one of: {', '.join(ENGINES)}")
-    runner = ENGINE_RUNNERS[engine][0] if runner is None else runner
-    if runner not in ENGINE_RUNNERS[engine]:
-        raise ConventionError(f"{engine} has no model runner {runner!r}; use one of: "
-                              f"{', '.join(str(r) for r in ENGINE_RUNNERS[engine])}")
-    vals = {k: _id_list(k, config_value(raw, k)) for k in ID_KEYS}
-    ids, key = None, None
-    if engine == "sglang":
-        eagle = raw.get("eagle_config")
-        if isinstance(eagle, dict) and vals[KEY_NESTED] is not None:
-            ids, key = vals[KEY_NESTED], KEY_NESTED
-    elif vals[KEY_TOP]:
-        ids, key = vals[KEY_TOP], KEY_TOP
-    elif runner == "v1":
-        if isinstance(raw.get("dflash_config"), dict) and raw["dflash_config"] and vals[KEY_DFLASH]:
-            ids, key = tuple(i + 1 for i in vals[KEY_DFLASH]), KEY_DFLASH
-        if isinstance(raw.get("eagle_config"), dict) and raw["eagle_config"]:
-            # gpu_model_runner.py:5279-5280: a non-empty eagle_config replaces whatever dflash gave
-            ids, key = (vals[KEY_NESTED], KEY_NESTED) if vals[KEY_NESTED] else (None, None)
-    else:
-        for k in (KEY_DFLASH, KEY_DSPARK, KEY_TARGET_IDS, KEY_DFLASH_LAYERS, KEY_EAGLE_LAYERS):
-            if vals[k]:
-                # eagle3_utils.py:115-122: DeepSeek v4.1 reads its dspark ids as they are
-                literal = k == KEY_DSPARK and raw.get("model_type") == "deepseek_v41"
-                ids, key = (vals[k] if k not in PLUS_ONE_KEYS or literal else tuple(i + 1 for i in vals[k])), k
-                break
-    unread = tuple((k, v) for k, v in vals.items() if v and k != key)
-    return ConfigIds(engine, runner, ids, key, unread, ENGINE_ID_SOURCES[(engine, runner)])

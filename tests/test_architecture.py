@@ -77,6 +77,43 @@ def test_the_import_check_catches_a_recorder_that_imports_the_diff_engine(tmp_pa
         bad.unlink()
 
 
+#: layers inside tracer/, bottom to top: the format modules (tracer/*.py: schema, rows, contract, ...)
+#: <- the store (tracer/store/) <- the recorders and their writers (tracer/engines/)
+TRACER_LAYERS = (("tracer", ("tracer.store", "tracer.engines")), ("tracer/store", ("tracer.engines",)))
+
+
+def _module_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in ``path`` (lazy ones included)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            out.append((node.lineno, node.module or ""))
+    return out
+
+
+def _tracer_layer_violations() -> list[str]:
+    out = []
+    for folder, above in TRACER_LAYERS:
+        for path in sorted((ROOT / folder).glob("*.py")):
+            for line, mod in _module_imports(path):
+                if any(mod == f"specdiff.{a}" or mod.startswith(f"specdiff.{a}.") for a in above):
+                    out.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    return out
+
+
+def test_tracer_layers_go_one_way_format_then_store_then_engines():
+    assert _tracer_layer_violations() == []
+    probe = ROOT / "tracer" / "store" / "_zz_layer_probe.py"  # the check itself must be able to fail
+    probe.write_text("def f():\n    from specdiff.tracer.engines.writer import open_writer  # noqa: F401\n")
+    try:
+        assert _tracer_layer_violations() == [
+            "tracer/store/_zz_layer_probe.py:2 imports specdiff.tracer.engines.writer"]
+    finally:
+        probe.unlink()
+
+
 DIFF = ROOT / "replay" / "diff"
 
 
@@ -122,6 +159,10 @@ def test_the_render_check_catches_a_stage_imported_into_the_report(tmp_path):
     assert _computes(bad) == ["specdiff.replay.diff.explain.explain", "specdiff.replay.diff.pipeline.diff_opened"]
 
 
+#: modules of tracer/engines no single engine owns: the boundary and the trace writers (record train's too)
+SHARED = ("base", "writer")
+
+
 def _engine_module_imports(pkg: str) -> list[str]:
     """``path:line module`` of every import of an engine's own modules (``specdiff.tracer.engines.<e>``)."""
     out = []
@@ -131,25 +172,46 @@ def _engine_module_imports(pkg: str) -> list[str]:
                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for mod in mods:
                 parts = mod.split(".")
-                if parts[:3] == ["specdiff", "tracer", "engines"] and len(parts) > 3 and parts[3] != "base":
+                if parts[:3] == ["specdiff", "tracer", "engines"] and len(parts) > 3 and parts[3] not in SHARED:
                     out.append(f"{path.relative_to(ROOT)}:{node.lineno} {mod}")
     return out
 
 
 def test_offline_code_reaches_an_engine_only_through_the_engine_boundary():
-    # replay/ runs without any engine installed: it may use tracer.engines (the registry) and
-    # tracer.engines.base, never an engine's recorder modules.
+    # replay/ runs without any engine installed: it may use tracer.engines (the registry),
+    # tracer.engines.base and the trace writers, never an engine's recorder modules.
     assert _engine_module_imports("replay") == []
 
 
-def test_the_engine_registry_agrees_with_the_sglang_recorder():
-    from specdiff.tracer.engines import engine_spec
-    from specdiff.tracer.engines.sglang.adapter import TESTED_RANGE
+def test_the_engine_registry_is_the_one_source_of_each_engines_identity():
+    # eagle3.engines names every engine once: the adapters, pre-flight, the CLI's choices, the
+    # check's labels and the entry points SGLang / vLLM load all read it.
+    import click
 
-    spec = engine_spec("sglang")
-    assert spec.tested_range == TESTED_RANGE
+    from specdiff.eagle3 import aux_layers, config_keys
+    from specdiff.eagle3.engines import ENGINES, REGISTRY, engine_spec
+    from specdiff.replay.preflight.engines import ENGINE_NAME
+    from specdiff.tracer import crash
+    from specdiff.tracer.engines.base import CPU_LAUNCHERS
+    from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
+    from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
+    from specdiff.tui import cmd_check, cmd_demo, cmd_record
+
+    assert ENGINES == tuple(sorted(REGISTRY)) == ("sglang", "vllm")
+    adapters = {a.spec.name: a("0") for a in (SGLangAdapter, VLLMAdapter)}
     toml = (ROOT / "pyproject.toml").read_text()
-    assert f'specdiff = "{spec.plugin}"' in toml  # the entry point SGLang loads is the one registered
+    for name, spec in REGISTRY.items():
+        a = adapters[name]
+        assert (a.engine, a.title, a.tested_range) == (spec.name, spec.title, spec.tested_range)
+        assert ENGINE_NAME[name] == spec.title and cmd_check._LABEL[name] == spec.label
+        assert f'[project.entry-points."{spec.plugin_group}"]\nspecdiff = "{spec.plugin}"' in toml
+        assert name in CPU_LAUNCHERS and name in aux_layers.RULES
+        assert {r for e, r in config_keys.ENGINE_ID_KEYS if e == name} == set(spec.runners or (None,))
+    assert crash._ENGINE_PACKAGES == ENGINES
+    for command, option, extra in ((cmd_record.serve, "engine", []), (cmd_demo.demo, "engine", []),
+                                   (cmd_check.check, "engine", ["all"])):
+        opt = next(p for p in command.params if p.name == option)
+        assert isinstance(opt.type, click.Choice) and list(opt.type.choices) == [*ENGINES, *extra], command.name
     with pytest.raises(ValueError, match="unknown serving engine 'tgi'"):
         engine_spec("tgi")
 

@@ -559,7 +559,7 @@ def test_key_precedence_matches_vllms_own_functions():
     import subprocess
     from pathlib import Path
 
-    from specdiff.eagle3.aux_layers import config_aux_ids
+    from specdiff.eagle3.config_ids import config_aux_ids
 
     py = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
     if not py.exists():

@@ -204,11 +204,11 @@ def test_an_exception_in_an_iteration_is_written_with_its_forward_and_the_trace_
         tmp_path, monkeypatch, where, forward):
     from types import SimpleNamespace
 
-    from specdiff.tracer.async_writer import AsyncTraceWriter
     from specdiff.tracer.engines.options import Options
     from specdiff.tracer.engines.sglang import plugin as sglang_plugin
     from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
     from specdiff.tracer.engines.sglang.hooks import Recorder
+    from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
 
     path = tmp_path / "s.trace"
     rec = Recorder(Options(path=str(path)), SGLangAdapter("0.5.23", log=lambda m: None))

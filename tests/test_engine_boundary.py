@@ -68,7 +68,7 @@ def test_the_default_fallback_source_is_spelled_as_the_contract_declares():
 
 
 def test_every_engines_id_keys_are_registered_and_read_first_is_the_fix_key():
-    from specdiff.tracer.engines import engine_names, engine_spec
+    from specdiff.eagle3.engines import engine_names, engine_spec
 
     for name in engine_names():
         spec = engine_spec(name)

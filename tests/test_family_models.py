@@ -4,7 +4,7 @@
   -> other bytes), with the architecture's defining parts (MLA + grouped routing + shared
   expert, sliding/full + sinks, experts), and runs a bf16 forward with L + 1 hidden states;
 - the brief language-model training is deterministic;
-- the SGLang aux-id rule used for each family's draft (``eagle3.aux_layers``) is the one SGLang
+- the SGLang aux-id rule used for each family's draft (``eagle3.families``) is the one SGLang
   0.5.23's own ``set_eagle3_layers_to_capture`` applies (called on a stand-in ``self``);
 - the trained draft (``family_models`` fixture, built once and cached) predicts the target
   far above chance, measured again here from the saved bf16 files.

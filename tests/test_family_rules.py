@@ -22,16 +22,13 @@ import pytest
 from builders import random_specforge_draft
 
 from specdiff.eagle3.aux_layers import (
-    SGLANG_FAMILIES,
-    SGLANG_OPAQUE,
-    SGLANG_WRAPPERS,
     ConventionError,
     engine_capture,
     native_aux_ids,
     resolve_aux_ids,
-    sglang_family_rule,
     target_architecture,
 )
+from specdiff.eagle3.families import SGLANG_FAMILIES, SGLANG_OPAQUE, SGLANG_WRAPPERS, sglang_family_rule
 from specdiff.replay.preflight.check import run_preflight
 
 L, H, V, VD = 8, 64, 256, 128

@@ -15,8 +15,8 @@ import torch
 
 from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.requests import sample_unit
+from specdiff.tracer.engines.writer.ring import Ring
 from specdiff.tracer.rows import token_list
-from specdiff.tracer.shm_ring import Ring
 from specdiff.tracer.store import open_trace
 
 
@@ -56,7 +56,7 @@ def test_staged_tensors_are_put_without_a_second_copy_and_read_back_bit_exact(tm
 
 def test_each_record_says_when_it_was_put_in_the_order_put(tmp_path):
     """The writer process marks its progress with the put time of the record it has just written
-    (tracer/writer_process.py): each record carries the producer's clock, after a wrap too."""
+    (tracer/engines/writer/child.py): each record carries the producer's clock, after a wrap too."""
     prod, cons = _ring(tmp_path, size=8 * 1024)
     times = []
     for i in range(40):  # ~2.5 KiB each: wraps the 8 KiB ring several times
@@ -213,9 +213,9 @@ class _Untouchable:
 
 
 def test_unsampled_requests_prompts_are_never_read_and_sampled_ones_are_handed_over_as_held(tmp_path):
-    from specdiff.tracer.async_writer import AsyncTraceWriter
     from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
     from specdiff.tracer.engines.sglang.hooks import Recorder
+    from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
     from specdiff.tracer.store import TraceWriter
 
     rids = [f"req-{i}" for i in range(40)]
@@ -282,9 +282,9 @@ def test_the_contract_says_why_the_thread_writer_ran(tmp_path, monkeypatch):
     facts, _ = _recorder_writer_fact(tmp_path / "a", monkeypatch, writer="thread")
     assert facts["kind"] == "thread" and facts["why"] == "SPECDIFF_WRITER=thread" and facts["ring_bytes"] is None
     assert facts["nice"] == os.getpriority(os.PRIO_PROCESS, 0) and facts["nice_why"].startswith("a thread of")
-    import specdiff.tracer.shm_ring as shm_ring
+    import specdiff.tracer.engines.writer.ring as ring
 
-    monkeypatch.setattr(shm_ring, "ring_dir", lambda: str(tmp_path / "no-such-dir"))
+    monkeypatch.setattr(ring, "ring_dir", lambda: str(tmp_path / "no-such-dir"))
     facts, _ = _recorder_writer_fact(tmp_path / "b", monkeypatch)
     assert facts["kind"] == "thread" and facts["why"].startswith("no shared-memory ring: ")
 

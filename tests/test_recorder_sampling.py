@@ -173,7 +173,7 @@ def test_the_ring_refuses_what_does_not_fit_and_wraps_without_losing_a_byte(tmp_
 
     import torch
 
-    from specdiff.tracer.shm_ring import Ring
+    from specdiff.tracer.engines.writer.ring import Ring
 
     path = str(tmp_path / "ring")
     prod = Ring(path, 64 * 1024, create=True)
@@ -235,7 +235,7 @@ def test_record_serve_passes_the_sample_fraction(tmp_path):
 def test_a_second_close_of_the_writer_process_reads_its_last_counts(tmp_path):
     """SIGTERM's close then atexit's: the second close and the counts it reports must not touch
     the unmapped ring (it raised ``ValueError: mmap closed or invalid`` at server exit)."""
-    from specdiff.tracer.async_writer import ProcessTraceWriter
+    from specdiff.tracer.engines.writer.process import ProcessTraceWriter
 
     w = ProcessTraceWriter(str(tmp_path / "t.trace"), contract={"hidden_size": 8},
                            handler="specdiff.tracer.engines.sglang.attribution:write_capture",

@@ -1,5 +1,5 @@
 """The one row builder (tracer/rows.py), the acceptance rules (eagle3/acceptance.py) and the
-background writer (tracer/async_writer.py), through the paths the recorders really run:
+background writer (tracer/engines/writer/thread.py), through the paths the recorders really run:
 ``specdiff record train`` and the training hooks."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("transformers")
 
 from specdiff.eagle3.acceptance import AcceptTally, chain_accept, from_accept_lengths  # noqa: E402
-from specdiff.tracer.async_writer import AsyncTraceWriter  # noqa: E402
+from specdiff.tracer.engines.writer.thread import AsyncTraceWriter  # noqa: E402
 from specdiff.tracer.rows import RowBatch, RowLayout, ttt_rows  # noqa: E402
 from specdiff.tracer.store import TraceWriter, open_trace  # noqa: E402
 

@@ -17,9 +17,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from specdiff.eagle3.engines import SGLANG
 from specdiff.tracer.contract import UNKNOWN, sha256_array, tokenizer_hashes, unknown_fields, weight_sha256
 from specdiff.tracer.engines.names import MISSING, EngineName, version_in_range
-from specdiff.tracer.engines.sglang.adapter import NAMES, TESTED_RANGE, SGLangAdapter
+from specdiff.tracer.engines.sglang.adapter import NAMES, SGLangAdapter
 
 MODELS = Path(__file__).resolve().parents[1] / "traces" / "models"
 
@@ -96,7 +97,7 @@ def test_instance_attributes_are_checked_where_first_seen_and_read_as_missing_no
 
 def test_every_declared_name_resolves_in_the_installed_sglang():
     pytest.importorskip("sglang")
-    a, lines = _adapter(version=SGLangAdapter.for_running_sglang().version)
+    a, lines = _adapter(version=SGLangAdapter.for_running().version)
     assert a.check_version() and not lines, "the installed SGLang is inside the tested range: quiet"
     assert a.check_static(eager_draft=True) == [] and lines == []
     keys = [n.key for n in NAMES]
@@ -121,13 +122,13 @@ def test_a_renamed_private_method_of_the_installed_sglang_is_one_warning(monkeyp
 
 
 def test_version_outside_the_tested_range_warns_once_with_the_range():
-    r = TESTED_RANGE
+    r = SGLANG.tested_range
     assert version_in_range("0.5.23", r) and version_in_range("0.5.23.post1", r) and version_in_range("0.5.19", r)
     assert version_in_range("0.5.18", r) is False and version_in_range("0.6.0", r) is False
     assert version_in_range("not a version", r) is None
     a, lines = _adapter(version="0.5.18")
     assert a.check_version() is False
-    assert lines == [f"specdiff: SGLang 0.5.18 is outside the tested range {TESTED_RANGE[0]}..{TESTED_RANGE[1]}; "
+    assert lines == [f"specdiff: SGLang 0.5.18 is outside the tested range {r[0]}..{r[1]}; "
                      "every SGLang name the recorder uses is checked, and what it cannot read is recorded as unknown"]
 
 
@@ -338,8 +339,8 @@ def test_every_declared_family_rule_is_the_set_eagle3_layers_to_capture_the_inst
     pytest.importorskip("sglang")
     import pkgutil
 
-    from specdiff.tracer.engines.sglang.adapter import TARGET_LAYOUTS, TARGET_WRAPPERS
     from specdiff.tracer.engines.sglang.contract import capture_rule
+    from specdiff.tracer.engines.sglang.layouts import TARGET_LAYOUTS, TARGET_WRAPPERS
 
     for name, lay in TARGET_LAYOUTS.items():
         cls = pkgutil.resolve_name(lay.outer.rsplit(".", 1)[0] + "." + name)

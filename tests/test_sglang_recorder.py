@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from specdiff.tracer.async_writer import AsyncTraceWriter
 from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.sglang.attribution import _parents
+from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
 from specdiff.tracer.store import TraceWriter, open_trace
 
 PROMPTS = ["def main():\n    return", "import os\nimport sys\n\nclass "]
@@ -258,7 +258,7 @@ def tree(models, tmp_path_factory, server_env):
 
 
 def _writer_processes(root: int) -> list[int]:
-    """Pids of the trace writer processes (tracer/writer_process.py) under process ``root``."""
+    """Pids of the trace writer processes (tracer/engines/writer/child.py) under process ``root``."""
     kids: dict[int, list[int]] = {}
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -271,7 +271,7 @@ def _writer_processes(root: int) -> list[int]:
         pid = todo.pop()
         todo += kids.get(pid, [])
         try:
-            if b"specdiff.tracer.writer_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"specdiff.tracer.engines.writer.child" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.append(pid)
         except OSError:
             pass

@@ -27,8 +27,10 @@ from specdiff.demo.scenarios import (
     scenario_ids,
     write_served_draft,
 )
-from specdiff.eagle3.aux_layers import KEY_NESTED, KEY_TOP, engine_capture
-from specdiff.tracer.engines import engine_spec
+from specdiff.eagle3.aux_layers import engine_capture
+from specdiff.eagle3.config_ids import config_aux_ids
+from specdiff.eagle3.config_keys import KEY_NESTED, KEY_TOP
+from specdiff.eagle3.engines import engine_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_VLLM = (ROOT / ".venv-vllm" / "bin" / "python").exists()
@@ -42,7 +44,7 @@ def test_every_scenario_is_written_in_vllms_key_and_numbering(repo_models, tmp_p
         text = describe(name, ids)
         assert "SGLang reads" not in text and "SGLang concatenates" not in text, (name, text)
         served = write_served_draft(name, repo_models / "draft", tmp_path / name, ids=ids)
-        read = spec.read_aux_ids(json.loads((served / "config.json").read_text()))
+        read = config_aux_ids(spec.name, json.loads((served / "config.json").read_text()))
         hf = engine_capture("vllm", read.ids, num_layers=8).hf_indices
         if name == "off-by-one":  # an SGLang-format draft as shipped: vLLM reads eagle_config literally
             assert read.key == KEY_NESTED and list(read.ids) == [-1, 2, 5] and hf == (2, 5)

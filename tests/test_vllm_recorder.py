@@ -113,11 +113,12 @@ def test_every_declared_vllm_name_is_on_its_cited_line_of_the_installed_wheel():
 
 
 def test_the_engine_registry_agrees_with_the_vllm_adapter():
-    from specdiff.tracer.engines import engine_spec
-    from specdiff.tracer.engines.vllm.adapter import TESTED_RANGE
+    from specdiff.eagle3.engines import engine_spec
+    from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
 
     spec = engine_spec("vllm")
-    assert spec.tested_range == TESTED_RANGE and spec.aux_convention == "vllm"
+    assert VLLMAdapter.spec is spec and VLLMAdapter("0.32.0").tested_range == spec.tested_range
+    assert spec.aux_convention == "vllm"
     assert spec.plugin == "specdiff.tracer.engines.vllm.plugin:load"
 
 

@@ -87,7 +87,7 @@ def test_the_mark_is_a_fact_of_the_unclosed_trace_only(tmp_path):
 def test_the_writer_process_marks_when_it_has_caught_up(tmp_path):
     """A real writer process, idle after start: it journals a mark about once a second, a moment
     before which it had written all it was handed; at close the trace no longer lists it."""
-    from specdiff.tracer.async_writer import ProcessTraceWriter
+    from specdiff.tracer.engines.writer.process import ProcessTraceWriter
 
     t0 = time.time()
     w = ProcessTraceWriter(str(tmp_path / "t.trace"), contract={"hidden_size": 8},

@@ -18,6 +18,7 @@ import hashlib
 import numpy as np
 
 from specdiff.eagle3.aux_layers import AUX_CONCAT_ORDER
+from specdiff.eagle3.families import DENSE_RECORDED, EXPERTS, moe_keys
 from specdiff.eagle3.norms import meaning as norm_meaning
 from specdiff.tracer.errors import TraceError
 
@@ -97,7 +98,7 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "recorder_hook_s": (_num, "seconds the serving recorder's hooks ran inside the engine's iterations "
                               "(its cost on the serving path; benchmarks/recorder_overhead.py)"),
     "recorder_iter_s": (_num, "seconds the recorded iterations took, hooks included"),
-    "recorder_writer_s": (_num, "seconds the background writer (thread, or process: tracer/writer_process.py) "
+    "recorder_writer_s": (_num, "seconds the background writer (thread, or process: tracer/engines/writer/child.py) "
                                 "spent writing the store"),
     "recorder_writer_cpu_s": (_num, "CPU seconds the recorder's writer process spent after start-up (off the server's process)"),
     "recorder_caught_up_at": (_num + (type(None),), "unclosed traces only: a moment (the writer's Unix seconds) before "
@@ -111,7 +112,7 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                                  "ring: <error>'; None for the process), 'queue_bytes' (the thread's queue bound; None for the process or a lossless queue), "
                                  "'nice' and 'autogroup_nice' (the writer's niceness and its session's, read back "
                                  "after setting: None where unreadable or no autogroup), 'nice_why' (why it is not "
-                                 "the writer process's nice 19, None when it is)} (tracer/async_writer.py facts())"),
+                                 "the writer process's nice 19, None when it is)} (tracer/engines/writer/thread.py facts())"),
     "sampling": ((dict,), "how requests were chosen for recording: {'fraction', 'marker', 'rids'} "
                           "(tracer/engines/requests.py RequestSampler)"),
     "sampled_requests": ((dict,), "rid -> why it was recorded: 'all', 'fraction' (blake2b draw < fraction) "
@@ -323,17 +324,11 @@ def weights_fingerprint(embedding, vocab_size: int, *, rows: int = FINGERPRINT_R
 
 
 #: HF architecture -> (config attribute of the routed-expert count, of experts per token), None for
-#: a dense architecture. Both sides read MoE routing through it (moe_routing_facts); SGLang 0.5.23
-#: builds these models from the same attributes (deepseek_v2.py MoEGate, qwen2_moe.py / qwen3_moe.py
-#: SparseMoeBlock, gpt_oss.py GptOssSparseMoeBlock).
+#: a dense architecture. Both sides read MoE routing through it (moe_routing_facts); derived from
+#: the target-family table (``specdiff.eagle3.families``: ``moe_keys``, ``DENSE_RECORDED``).
 MOE_CONFIG_KEYS: dict[str, tuple[str, str] | None] = {
-    "LlamaForCausalLM": None, "Qwen2ForCausalLM": None, "Qwen3ForCausalLM": None,
-    "Qwen3VLForConditionalGeneration": None,
-    "Qwen2MoeForCausalLM": ("num_experts", "num_experts_per_tok"),
-    "Qwen3MoeForCausalLM": ("num_experts", "num_experts_per_tok"),
-    "DeepseekV2ForCausalLM": ("n_routed_experts", "num_experts_per_tok"),
-    "DeepseekV3ForCausalLM": ("n_routed_experts", "num_experts_per_tok"),
-    "GptOssForCausalLM": ("num_local_experts", "num_experts_per_tok"),
+    **{a: None for a in sorted(DENSE_RECORDED)},
+    **{a: moe_keys(a) for a in EXPERTS if moe_keys(a) is not None},
 }
 
 

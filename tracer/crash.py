@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import os
 
+from specdiff.eagle3.engines import ENGINES
+
 #: ForwardMode name -> the forward's name in a crash record (SGLang 0.5.23 forward_batch_info.py:198).
 TARGET_FORWARDS = {"EXTEND": "target prefill", "TARGET_VERIFY": "target verify", "DECODE": "target decode"}
 DRAFT_FORWARDS = {"EXTEND": "draft extend (prefill)", "DRAFT_EXTEND_V2": "draft extend (decode)",
@@ -81,8 +83,9 @@ def _frame_shapes(frames) -> dict[str, list[int]]:
     return dict(list(shapes.items())[:_MAX_SHAPES])
 
 
-#: engine packages whose frames ``engine_where`` names (path shown from the package folder on)
-_ENGINE_PACKAGES = ("sglang", "vllm")
+#: engine packages whose frames ``engine_where`` names (path shown from the package folder on): an
+#: engine's name is its Python package's
+_ENGINE_PACKAGES = ENGINES
 #: ``requests[i]["input_ids"]`` when the iteration that raised read no ids for that request
 UNKNOWN_IDS = "unknown"
 

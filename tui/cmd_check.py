@@ -13,10 +13,13 @@ import textwrap
 
 import click
 
-from specdiff.replay.preflight.check import ENGINES, PreflightError, PreflightReport, run_preflight
+from specdiff.eagle3.aux_layers import CONVENTIONS
+from specdiff.eagle3.engines import ENGINES, REGISTRY, SGLANG, VLLM
+from specdiff.replay.preflight.check import PreflightError, PreflightReport, run_preflight
 from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
 
-_LABEL = {"sglang": "SGLang 0.5.23", "vllm": "vLLM"}
+#: engine -> how the capture table names it: the engine with the version whose rules apply
+_LABEL = {name: spec.label for name, spec in REGISTRY.items()}
 
 
 def _layers(value: str | None):
@@ -80,16 +83,16 @@ def render_text(report: PreflightReport, *, width: int = 110) -> str:
 @cli.command()
 @click.option("--target", "target", required=True, help="target model directory (config.json; weights not loaded)")
 @click.option("--draft", "draft", required=True, help="EAGLE-3 draft checkpoint directory")
-@click.option("--engine", type=click.Choice(["sglang", "vllm", "all"]), default="all", show_default=True,
-              help="engine(s) whose loading rules to apply. sglang: SGLang 0.5.23 reads the aux ids only from "
+@click.option("--engine", type=click.Choice([*ENGINES, "all"]), default="all", show_default=True,
+              help=f"engine(s) whose loading rules to apply. sglang: {SGLANG.label} reads the aux ids only from "
                    "eagle_config.eagle_aux_hidden_state_layer_ids, id k captures HF k+1 (-1 = embeddings; the rule "
-                   "depends on the target's model file). vllm: vLLM 0.32.0's V1 runner reads the top-level "
+                   f"depends on the target's model file). vllm: {VLLM.label}'s V1 runner reads the top-level "
                    "eagle_aux_hidden_state_layer_ids first, else eagle_config's, else dflash_config's, else its "
                    "default layers [2, L//2, L-3] (silently); id k = HF k, ascending; what the V2 runner (the GPU "
                    "default, which never reads eagle_config's ids) would take differently is a finding too.")
 @click.option("--training-layers", default=None,
               help="layers the draft was trained on, comma-separated (HF indices unless --training-convention)")
-@click.option("--training-convention", type=click.Choice(["hf", "sglang", "vllm", "speculators", "specforge"]),
+@click.option("--training-convention", type=click.Choice(list(CONVENTIONS)),
               default="hf", show_default=True, help="convention of --training-layers")
 @click.option("--speculative-algorithm", default="EAGLE3", show_default=True,
               help="the algorithm you will serve with (EAGLE3, EAGLE, ...)")

@@ -11,6 +11,7 @@ import click
 
 from specdiff.demo.run import run_demo
 from specdiff.demo.scenarios import SCENARIOS, describe
+from specdiff.eagle3.engines import ENGINES, VLLM
 from specdiff.tui.cli import cli
 
 
@@ -37,8 +38,8 @@ def _scenarios_epilog(width: int = 78) -> str:
 @click.option("--models", type=click.Path(path_type=Path), default=None,
               help="The tiny target/draft pair (built there on first use if missing) [default: traces/models "
                    "for llama, traces/families/FAMILY otherwise].")
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True,
-              help="The serving engine. vllm: vLLM 0.32.0 on the CPU from the vLLM venv (make vllm-venv), the llama "
+@click.option("--engine", type=click.Choice(list(ENGINES)), default="sglang", show_default=True,
+              help=f"The serving engine. vllm: {VLLM.label} on the CPU from the vLLM venv (make vllm-venv), the llama "
                    "pair only; each scenario in vLLM's key and numbering (top-level eagle_aux_hidden_state_layer_ids, "
                    "id k = HF k); off-by-one is an SGLang-format draft, which crashes vLLM at the first request.")
 @click.option("--prompts", type=click.IntRange(1, 64), default=8, show_default=True)

@@ -57,23 +57,21 @@ def trace_env(path: str, capture: str, logits_topk: int, rids: str | None, eager
 
 def serve_command(engine: str, serve_args, *, cpu: bool, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """argv and env of the ``engine`` server ``record serve`` starts: the ``record_serve_command`` of
-    the engine's launcher module (``EngineSpec.cpu_launcher``).
+    the engine's launcher module (``tracer.engines.base.cpu_launcher``).
 
     Raises:
         UnknownEngineError: no recorder is registered for ``engine``.
     """
-    import importlib
+    from specdiff.tracer.engines.base import cpu_launcher
 
-    from specdiff.tracer.engines import engine_spec
-
-    launcher = importlib.import_module(engine_spec(engine).cpu_launcher)
+    launcher = cpu_launcher(engine)
     return launcher.record_serve_command(list(serve_args), cpu=cpu, env=env)
 
 
 def _engine_names() -> list[str]:
-    from specdiff.tracer.engines import engine_names
+    from specdiff.eagle3.engines import ENGINES
 
-    return list(engine_names())
+    return list(ENGINES)
 
 
 @record.command("serve", context_settings={"ignore_unknown_options": True})
@@ -103,7 +101,7 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, samp
       specdiff record serve --engine vllm --cpu --trace run.trace -- T \\
           --speculative-config '{"model": "D", "method": "eagle3", "num_speculative_tokens": 3}'
     """
-    from specdiff.tracer.engines import engine_spec
+    from specdiff.eagle3.engines import engine_spec
 
     spec = engine_spec(engine)
     if not sglang_args:
@@ -347,11 +345,9 @@ def vllm_completion(url: str, prompt: dict, *, model: str, max_new_tokens: int, 
 
 def _vllm_counters(url: str) -> dict[str, float]:
     """vLLM's Prometheus counters (``/metrics``), parsed by the vLLM launcher's ``parse_metrics``."""
-    import importlib
+    from specdiff.tracer.engines.base import cpu_launcher
 
-    from specdiff.tracer.engines import engine_spec
-
-    launcher = importlib.import_module(engine_spec("vllm").cpu_launcher)
+    launcher = cpu_launcher("vllm")
     try:
         return launcher.parse_metrics(requests.get(url.rstrip("/") + "/metrics", timeout=30).text)
     except requests.RequestException:
@@ -360,11 +356,9 @@ def _vllm_counters(url: str) -> dict[str, float]:
 
 def _vllm_spec_stats(before: dict, after: dict) -> dict:
     """Acceptance of the requests run between two ``/metrics`` reads (the counters' difference)."""
-    import importlib
+    from specdiff.tracer.engines.base import cpu_launcher
 
-    from specdiff.tracer.engines import engine_spec
-
-    launcher = importlib.import_module(engine_spec("vllm").cpu_launcher)
+    launcher = cpu_launcher("vllm")
     return launcher.spec_decode_stats({k: v - before.get(k, 0.0) for k, v in after.items()})
 
 

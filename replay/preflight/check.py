@@ -11,8 +11,9 @@ driver only; the EAGLE-3 facts come from ``specdiff.eagle3``.
 from __future__ import annotations
 
 from specdiff.eagle3.aux_layers import CONVENTIONS, ConventionError, resolve_aux_ids
+from specdiff.eagle3.engines import ENGINES
 from specdiff.replay.model.checkpoint import canonical_name
-from specdiff.replay.preflight.engines import ENGINES, EngineCapture, fc_slots, resolve_engine_capture
+from specdiff.replay.preflight.engines import EngineCapture, fc_slots, resolve_engine_capture
 from specdiff.replay.preflight.files import PreflightError, read_draft, read_target
 from specdiff.replay.preflight.report import SEVERITIES, Finding, PreflightReport, findings_as_facts
 from specdiff.replay.preflight.rules import RULES, RuleInputs

@@ -4,10 +4,9 @@ and feed the draft's fc, and the context length and dtype SGLang serves it with.
 Owns: how many fc slots each engine builds and the outcome (ok / crash / fc skipped / unsupported
 format); SGLang's derived context length and served dtype (``sglang_context_length``,
 ``sglang_served_dtype``). Where each engine reads the aux ids is
-``specdiff.eagle3.aux_layers.config_aux_ids`` (``EngineSpec.read_aux_ids``; SGLang:
-``eagle_config`` only; vLLM V1: top level, else ``eagle_config``, else ``dflash_config``; vLLM V2
-never reads ``eagle_config``'s ids) and what an id captures is ``engine_capture``; this module only
-applies them to a draft config.
+``specdiff.eagle3.config_ids.config_aux_ids`` (SGLang: ``eagle_config`` only; vLLM V1: top level,
+else ``eagle_config``, else ``dflash_config``; vLLM V2 never reads ``eagle_config``'s ids) and what
+an id captures is ``engine_capture``; this module only applies them to a draft config.
 
 - SGLang 0.5.23 reads aux ids only from ``eagle_config.eagle_aux_hidden_state_layer_ids``
   (spec_aux_hidden_state.py:185-196; a list, even empty, is used as given, no key = default).
@@ -15,7 +14,7 @@ applies them to a draft config.
   (llama_eagle3.py:156-161) and is *skipped* when the aux width equals the draft hidden
   (llama_eagle3.py:238). There is no model class for the speculators format.
 - What SGLang captures from the ids depends on the target's architecture (per model file:
-  plus-one, deepseek, gpt-oss; ``specdiff.eagle3.aux_layers.sglang_family_rule``).
+  plus-one, deepseek, gpt-oss; ``specdiff.eagle3.families.sglang_family_rule``).
 - vLLM 0.32.0's V1 runner reads the top-level ``eagle_aux_hidden_state_layer_ids`` and, when that
   is absent or empty, ``eagle_config``'s (v1/worker/gpu_model_runner.py:5268-5283). fc is built
   for K = ``num_aux_hidden_states`` / len(eagle_config ids) / 3 (llama_eagle3.py:209-216): the
@@ -28,21 +27,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from specdiff.eagle3.aux_layers import (
-    KEY_NESTED,
-    KEY_TOP,
-    ConfigIds,
-    ConventionError,
-    config_aux_ids,
-    engine_capture,
-)
+from specdiff.eagle3.aux_layers import ConventionError, engine_capture
+from specdiff.eagle3.config_ids import ConfigIds, config_aux_ids
+from specdiff.eagle3.config_keys import KEY_NESTED, KEY_TOP
+from specdiff.eagle3.engines import REGISTRY
 from specdiff.replay.preflight.files import PreflightError
 
-__all__ = ["ENGINES", "ENGINE_NAME", "EngineCapture", "resolve_engine_capture", "fc_slots",
+__all__ = ["ENGINE_NAME", "EngineCapture", "resolve_engine_capture", "fc_slots",
            "read_config_ids", "hf_label", "fmt_hf", "sglang_context_length", "sglang_served_dtype"]
 
-ENGINES = ("sglang", "vllm")
-ENGINE_NAME = {"sglang": "SGLang", "vllm": "vLLM", "all": "all engines"}
+#: engine name (a finding's ``engine``, 'all' for every engine) -> how a report names it
+ENGINE_NAME = {**{name: spec.title for name, spec in REGISTRY.items()}, "all": "all engines"}
 
 
 @dataclass(frozen=True)
@@ -118,7 +113,7 @@ SHORT_SOURCE = {KEY_TOP: "top-level", KEY_NESTED: "eagle_config", None: "default
 
 
 def read_config_ids(engine: str, raw: dict, runner: str | None = None) -> ConfigIds:
-    """``eagle3.aux_layers.config_aux_ids`` with a bad id list as a ``PreflightError`` (one line)."""
+    """``eagle3.config_ids.config_aux_ids`` with a bad id list as a ``PreflightError`` (one line)."""
     try:
         return config_aux_ids(engine, raw, runner=runner)
     except ConventionError as e:

@@ -37,7 +37,7 @@ class TargetInfo:
     """What the target's config.json and tokenizer files say (dims, rope, eos ids, sha256s).
 
     ``architecture``: HF ``architectures[0]`` (else the nested ``text_config``'s; None when
-    neither names one): SGLang's aux-id rule depends on it (``eagle3.aux_layers.sglang_family_rule``).
+    neither names one): SGLang's aux-id rule depends on it (``eagle3.families.sglang_family_rule``).
     """
 
     path: str

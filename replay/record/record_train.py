@@ -82,13 +82,13 @@ from specdiff.replay.record.train_options import (
     CAPTURE_LEVELS,
     fill_defaults,
 )
-from specdiff.tracer.async_writer import AsyncTraceWriter
 from specdiff.tracer.contract import (
     DEFAULTS_USED,
     known,
     target_identity_facts,
     validate_contract,
 )
+from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import TraceWriter
 

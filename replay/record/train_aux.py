@@ -15,13 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdiff.eagle3.aux_layers import (
-    AuxResolution,
-    ConventionError,
-    engine_capture,
-    resolve_aux_ids,
-    sglang_family_rule,
-)
+from specdiff.eagle3.aux_layers import AuxResolution, ConventionError, engine_capture, resolve_aux_ids
+from specdiff.eagle3.families import sglang_family_rule
 from specdiff.replay.model.checkpoint import LoadedDraft
 from specdiff.replay.record.errors import RecordTrainError
 from specdiff.replay.record.train_options import AUX_CONVENTION_DEFAULT
@@ -98,7 +93,7 @@ def resolve_train_aux(loaded: LoadedDraft, num_layers: int, aux_layers=None,
     convention and order (tool default when it has none).
 
     ``architecture`` is the target's HF ``architectures[0]``: SGLang ids are read by that
-    family's rule (``eagle3.aux_layers.sglang_family_rule``: DeepSeek-V3 reads [0, 3, 6] as
+    family's rule (``eagle3.families.sglang_family_rule``: DeepSeek-V3 reads [0, 3, 6] as
     HF [0, 3, 6], Llama as HF [1, 4, 7]); None or an unknown one assumes the plus-one rule, and
     the returned ``notes`` say which rule was used. An id that names the last layer's pre-norm
     output under the target family's SGLang rule (GPT-OSS: ids whose max is L, or id L-1 read +1)

@@ -12,7 +12,7 @@ watched).
 
 "Not grown for ``settle_s``" is counted on the writer's clock when the trace says how far its writer
 has got (``recorder_caught_up_at``: the writer process journals, about once a second, a moment before
-which it had written every capture handed to it: tracer/writer_process.py). The first mark newer
+which it had written every capture handed to it: tracer/engines/writer/child.py). The first mark newer
 than the one a poll saw with the request's current tokens was written after those tokens, so it is
 no earlier than their growth on the server; the request is finished once a mark ``settle_s`` past
 that anchor arrives with the tokens unchanged. Only the writer's clock is used, so a watcher on
@@ -28,7 +28,7 @@ A trace that lists why each request was recorded (contract ``sampled_requests``,
 ``tracer.engines.requests.sampling_facts``) gives each request its reason; a trace holds only the
 requests it recorded either way, so every sequence in it is watched. A request listed in
 ``dropped_requests`` lost its later rows when the recorder's writer fell behind
-(tracer/async_writer.py): it is reported as dropped, not replayed (its missing rows would read as
+(tracer/engines/writer/): it is reported as dropped, not replayed (its missing rows would read as
 a difference of the sides).
 """
 
@@ -42,6 +42,7 @@ import numpy as np
 
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import Trace, TraceFollower
+from specdiff.tracer.store.journal import PROGRESS_EVERY_S
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,6 @@ class FinishedRequests:
     def wait_s(self) -> float:
         """The longest a request seen unchanged can take to count as finished: ``settle_s``, plus two
         of the writer's mark intervals (one for the anchor, one for the mark past it), plus a poll."""
-        from specdiff.tracer.writer_process import PROGRESS_EVERY_S
-
         return self.settle_s + 2 * PROGRESS_EVERY_S + 1.0
 
     def poll(self) -> tuple[Trace, list[ServedRequest]]:

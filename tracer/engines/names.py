@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from specdiff.eagle3.engines import EngineSpec
 from specdiff.tracer.contract import UNKNOWN
 
 logger = logging.getLogger("specdiff.tracer")
@@ -144,8 +145,9 @@ def resolve_static(name: EngineName, resolve: Callable[[str], object]) -> str | 
 class EngineAdapter:
     """The recorder's view of a running engine: name checks, accessors, what became unobservable.
 
-    Subclasses set ``engine`` (the ``engine`` contract fact), ``title`` (how messages name it) and
-    ``tested_range``, and pass their table as ``names``. One per engine process that records.
+    Subclasses set ``spec`` (their engine's ``specdiff.eagle3.engines.EngineSpec``: ``engine`` is its
+    name, the ``engine`` contract fact, ``title`` how messages name it, ``tested_range`` its verified
+    versions) and pass their table as ``names``. One per engine process that records.
     Thread-safe (the writer thread may read ``unobservable``).
 
     Args:
@@ -154,9 +156,31 @@ class EngineAdapter:
         log: where the one-line warnings go (default the ``specdiff.tracer`` logger's warning).
     """
 
-    engine: str = "?"
-    title: str = "the engine"
-    tested_range: tuple[str, str] = ("0", "0")
+    spec: EngineSpec | None = None
+
+    @property
+    def engine(self) -> str:
+        return self.spec.name if self.spec else "?"
+
+    @property
+    def title(self) -> str:
+        return self.spec.title if self.spec else "the engine"
+
+    @property
+    def tested_range(self) -> tuple[str, str]:
+        return self.spec.tested_range if self.spec else ("0", "0")
+
+    @classmethod
+    def for_running(cls, **kw):
+        """Adapter with the installed engine's ``__version__`` (the module named ``spec.name``; "?"
+        when it has none or is unreadable: the names are still checked one by one)."""
+        import importlib
+
+        try:
+            version = str(importlib.import_module(cls.spec.name).__version__)
+        except Exception:  # noqa: BLE001 - an engine without a version is still checked name by name
+            version = "?"
+        return cls(version, **kw)
 
     def __init__(self, version: str, *, names: Iterable[EngineName], log: Callable[[str], None] | None = None):
         self.version = str(version)

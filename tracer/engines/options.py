@@ -25,7 +25,7 @@ class Options:
     max_queue_mb: int = 256  # the bound on host memory of captures in flight (the ring size)
     sample: float | None = None  # record this fraction of requests (tracer/engines/requests.py)
     writer: str = "process"  # "process": rows built in a writer process; "thread": in this one
-    writer_nice: int = 19  # the writer process's niceness (tracer/writer_process.py NICE; 0: the server's)
+    writer_nice: int = 19  # the writer process's niceness (tracer/engines/writer/child.py NICE; 0: the server's)
 
     @classmethod
     def from_env(cls, env) -> Options | None:

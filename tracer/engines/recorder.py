@@ -6,7 +6,7 @@ The serving thread's share of the work is kept to copies and dict lookups: a req
 sampled costs one sampler lookup per iteration (``choose``); a sampled one's prompt is handed over
 as the engine holds it (a list, array or tensor) and turned into ints by the writer
 (tracer/rows.py ``token_list``); on CPU a tensor is copied once,
-straight into the writer process's shared-memory ring (``snap``, tracer/shm_ring.py staging).
+straight into the writer process's shared-memory ring (``snap``, tracer/engines/writer/ring.py staging).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdiff.tracer.engines.requests import is_kept, open_writer, sampling_facts
+from specdiff.tracer.engines.requests import is_kept, sampling_facts
+from specdiff.tracer.engines.writer import open_writer
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -25,7 +26,7 @@ logger = logging.getLogger("specdiff.tracer")
 @dataclass
 class ContractUpdate:
     """Contract facts learned after the trace was opened (written by the writer, in order with the
-    captures; never dropped by the writer process, tracer/async_writer.py)."""
+    captures; never dropped by the writer process, tracer/engines/writer/thread.py)."""
 
     facts: dict
 
@@ -53,7 +54,7 @@ class ServingRecorder:
     """The state and steps both serving recorders share (one per serving process, TP rank 0).
 
     Subclasses set ``HANDLER``, their attribution as ``"module:function"`` of
-    ``function(recorder or requests.WriterSide, trace writer, capture)`` (the writer process and the
+    ``function(recorder or writer.child.WriterSide, trace writer, capture)`` (the writer process and the
     in-process thread writer both run it), and add their hot path. ``cur`` is the capture of the
     iteration running now (None outside recorded ones).
     """
@@ -84,7 +85,7 @@ class ServingRecorder:
         self._prompt_firsts: list[int] = []  # first token of each recorded prompt (bos_added)
         self.hook_s = 0.0  # wall time of the hooks on the serving thread
         self.iter_s = 0.0  # wall time of the recorded iterations
-        # thread-writer state (the writer process keeps its own: requests.WriterSide)
+        # thread-writer state (the writer process keeps its own: writer.child.WriterSide)
         self.seq_ids: dict[str, int] = {}
         self.seq_tokens: dict[str, list[int]] = {}
         self.seq_prompt: dict[str, int] = {}
@@ -118,7 +119,7 @@ class ServingRecorder:
         contract["sampling"] = self.sampler.facts
 
     def open(self, contract: dict, first: list, *, side: dict) -> None:
-        """Open the trace's writer (``requests.open_writer``; ``side``: the writer process's
+        """Open the trace's writer (``writer.open_writer``; ``side``: the writer process's
         ``WriterSide`` arguments) and record which writer runs: the contract's ``recorder_writer``,
         read off the writer object (``facts()``)."""
         self.writer = open_writer(self.opts, contract, first, self._write, handler=self.HANDLER, side=side)

@@ -1,5 +1,6 @@
 """Engine requests -> trace sequences, and which requests are recorded; shared by every serving
-recorder (the SGLang and vLLM hooks, and the writer process that attributes their rows)."""
+recorder (the SGLang and vLLM hooks, and the writer process that attributes their rows:
+``writer.child.WriterSide``)."""
 
 from __future__ import annotations
 
@@ -104,93 +105,10 @@ class RequestSampler:
         return REASON_FRACTION if sample_unit(rid) < self.fraction else None
 
 
-class WriterSide:
-    """What the attribution code (``write_capture`` of either engine) reads from a recorder, as the
-    writer *process* holds it: the sequence dicts ``sequence_id`` keeps, the shapes the contract
-    gave, and which requests are kept (recorded reasons in, dropped requests out).
-
-    Args:
-        hidden_size, num_aux, topk: the recorder's contract facts of the same names (None when
-            unknown).
-    """
-
-    def __init__(self, *, hidden_size=None, num_aux=None, topk: int = 1):
-        self.hidden_size = hidden_size
-        self.num_aux = num_aux
-        self.topk = topk
-        self.seq_ids: dict[str, int] = {}
-        self.seq_tokens: dict[str, list[int]] = {}
-        self.seq_prompt: dict[str, int] = {}
-        self.kept: dict[str, str] = {}  # rid -> why it is recorded
-        self.dropped: set[str] = set()
-        self.changed = False  # kept or dropped grew since ``listing()`` was last taken
-
-    def keep_rid(self, rid: str) -> bool:
-        """Whether ``rid``'s rows are written (the writer process's side of ``is_kept``)."""
-        return rid in self.kept and rid not in self.dropped
-
-    def absorb(self, item) -> None:
-        """Take the recording reasons an item carries (``item.reasons``: rid -> reason)."""
-        reasons = getattr(item, "reasons", None)
-        if reasons:
-            self.kept.update(reasons)
-            self.changed = True
-
-    def drop(self, rids) -> None:
-        """Requests the serving side dropped (their later rows are skipped)."""
-        if rids:
-            self.dropped.update(rids)
-            self.changed = True
-
-    def listing(self) -> dict:
-        """The contract facts ``sampled_requests`` and ``dropped_requests`` as known here."""
-        self.changed = False
-        return sampling_facts(self.kept, self.dropped)
-
-    def contract_update(self, facts: dict) -> None:
-        """Follow contract facts learned after start-up (the aux layer count)."""
-        aux = facts.get("aux_hf_indices")
-        if isinstance(aux, list | tuple) and aux:
-            self.num_aux = len(aux)
-
-
 def is_kept(rid: str, recorded: dict, writer) -> bool:
     """Whether ``rid``'s rows are written by a serving recorder: chosen by the sampler (``recorded``)
     and not dropped by ``writer`` (None before the recorder opened it, e.g. rows attributed by hand)."""
     return rid in recorded and (writer is None or rid not in writer.dropped_rids)
-
-
-def open_writer(opts, contract: dict, first: list, write, *, handler: str, side: dict):
-    """The recorder's lossy writer: a writer process fed through shared memory
-    (``SPECDIFF_WRITER=process``, the default), or the in-process thread (``thread``, and when no
-    shared-memory ring can be made: the thread writer's ``why`` says which). Shared by the SGLang
-    and vLLM recorders.
-
-    Args:
-        first: ``(name, tensor, seq, pos)`` appends to make once the trace is open (the d2t map).
-        write: the thread writer's handler ``write(tw, item)``; ``handler``/``side``: the writer
-            process's (``ProcessTraceWriter``).
-
-    Raises:
-        TraceError: the trace cannot be opened (e.g. the path exists).
-    """
-    from specdiff.tracer.async_writer import AsyncTraceWriter, ProcessTraceWriter
-    from specdiff.tracer.store import TraceWriter
-
-    why = "SPECDIFF_WRITER=thread"
-    if opts.writer == "process":
-        try:
-            return ProcessTraceWriter(opts.path, contract=contract, handler=handler, side=side, first=first,
-                                      ring_mb=opts.max_queue_mb)
-        except OSError as exc:
-            why = f"no shared-memory ring: {exc}"
-            logger.warning("specdiff: %s; rows are built in this process", why)
-    tw = TraceWriter(opts.path, side="serve", contract=contract)
-    for name, data, seq, pos in first:
-        tw.append(name, data, seq=seq, pos=pos)
-    w = AsyncTraceWriter(tw, write, max_items=64, max_bytes=opts.max_queue_mb << 20)
-    w.why = why
-    return w
 
 
 def sampling_facts(recorded: dict[str, str], dropped) -> dict:

@@ -1,5 +1,6 @@
 """An engine's HTTP server as a child process: start it in its own session, wait for ``/health``,
-POST JSON to it, stop its whole process group. Engine-independent: each engine's launcher
+POST JSON to it, stop its whole process group; and the offline part of a CPU server's environment
+(``offline_env``). Engine-independent: each engine's launcher
 (tracer/engines/sglang/cpu/launch.py ``ServerProcess``, tracer/engines/vllm/cpu.py
 ``VLLMServerProcess``) subclasses ``EngineServer`` with its command line and its generate call.
 """
@@ -24,6 +25,18 @@ from specdiff.tracer.errors import SpecdiffError
 
 class ServerError(SpecdiffError):
     """An engine server (SGLang, vLLM) did not start, died, or answered with an error."""
+
+
+#: what a CPU server's environment holds unless the caller set it: no Hugging Face hub traffic (the
+#: models are local folders) and no tokenizers thread pool
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def offline_env(env: dict[str, str]) -> dict[str, str]:
+    """Add ``OFFLINE_ENV`` to ``env`` where it does not set those keys; returns ``env``."""
+    for key, value in OFFLINE_ENV.items():
+        env.setdefault(key, value)
+    return env
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -54,6 +54,15 @@ SPILL_DIR = "journal.spill"
 SPILL_PAYLOAD = "chunks"
 #: the ``payload`` of journals written before: one spill file per commit, from its first row on
 COMMIT_SPILL_PAYLOAD = "spill"
+#: at most this often a live serving trace's journal gets a ``progress`` entry
+#: (``TraceWriter.journal_progress``): a moment before which the writer process
+#: (tracer/engines/writer/child.py) had written every capture handed to it: the put time of the
+#: record it has just written (records come in the order put), or, with the ring empty, when it
+#: looked. A watcher must not take a request whose tokens stopped growing for finished while that
+#: writer is behind: at nice 19 on a loaded machine it has lagged 45 s behind 34 iterations
+#: (replay/watch/follow.py waits this long twice). Written busy or idle, for as long as the writer
+#: runs (~35 bytes a second; dropped from the journal at close).
+PROGRESS_EVERY_S = 1.0
 
 
 def spill_key(name: str, gen: int) -> str:

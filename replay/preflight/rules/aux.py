@@ -7,14 +7,8 @@ functions of what ``files`` read and ``engines`` resolved; the id rules come fro
 
 from __future__ import annotations
 
-from specdiff.eagle3.aux_layers import (
-    ConventionError,
-    default_hf_indices,
-    native_aux_ids,
-    resolve_aux_ids,
-    sglang_family_rule,
-    vllm_family_note,
-)
+from specdiff.eagle3.aux_layers import ConventionError, default_hf_indices, native_aux_ids, resolve_aux_ids
+from specdiff.eagle3.families import sglang_family_rule, vllm_family_note
 from specdiff.replay.model.checkpoint import SPECFORGE_ARCH
 from specdiff.replay.preflight.engines import ENGINE_NAME, EngineCapture, fmt_hf, hf_label
 from specdiff.replay.preflight.report import Finding

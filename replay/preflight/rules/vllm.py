@@ -1,22 +1,14 @@
 """vLLM 0.32.0's own aux-id rules: which key its V1 runner reads the ids from and in what
 numbering (id k = HF k), SGLang-numbered ids it reads literally, keys it never reads or reads
 second, what the V2 runner (the GPU default) would take instead, and an fc built for another
-slot count than fc.weight holds. The key precedence is ``eagle3.aux_layers.config_aux_ids``.
+slot count than fc.weight holds. The key precedence is ``eagle3.config_ids.config_aux_ids``.
 """
 
 from __future__ import annotations
 
-from specdiff.eagle3.aux_layers import (
-    ENGINE_ID_KEYS,
-    KEY_NESTED,
-    KEY_TOP,
-    PLUS_ONE_KEYS,
-    ConfigIds,
-    ConventionError,
-    config_aux_ids,
-    engine_capture,
-    resolve_aux_ids,
-)
+from specdiff.eagle3.aux_layers import ConventionError, engine_capture, resolve_aux_ids
+from specdiff.eagle3.config_ids import ConfigIds, config_aux_ids
+from specdiff.eagle3.config_keys import ENGINE_ID_KEYS, KEY_NESTED, KEY_TOP, PLUS_ONE_KEYS
 from specdiff.replay.preflight.engines import EngineCapture, fc_slots, fmt_hf, read_config_ids
 from specdiff.replay.preflight.report import Finding
 from specdiff.replay.preflight.rules.wording import sglang_rule_words, slots_text
@@ -144,7 +136,7 @@ def _fc_width(raw: dict, k_weights: int) -> list[Finding]:
 def check_vllm_ids(cap: EngineCapture, *, raw: dict, num_layers: int, k_weights: int,
                    training_hf: tuple[int, ...] | None = None, architecture: str | None = None) -> list[Finding]:
     """vLLM 0.32.0's own aux-id findings (engine 'vllm'), from the one key-precedence rule
-    (``eagle3.aux_layers.config_aux_ids``, ``EngineSpec.read_aux_ids``):
+    (``eagle3.config_ids.config_aux_ids``, ``EngineSpec.read_aux_ids``):
 
     - ``aux.source`` (info): the key the V1 runner read, its precedence and the numbering (id k = HF k);
     - ``aux.sglang_ids``: ``eagle_config`` ids written in SGLang's numbering that vLLM reads

@@ -5,7 +5,8 @@ HF indices (the fix text). Shared by the aux, training and vLLM rules.
 
 from __future__ import annotations
 
-from specdiff.eagle3.aux_layers import ConventionError, FamilyRule, native_aux_ids, sglang_family_rule
+from specdiff.eagle3.aux_layers import ConventionError, native_aux_ids
+from specdiff.eagle3.families import FamilyRule, sglang_family_rule
 from specdiff.replay.preflight.engines import EngineCapture, fmt_hf
 
 __all__ = ["slots_text", "rule_text", "sglang_rule_words", "sglang_ids_fix"]

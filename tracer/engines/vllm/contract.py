@@ -24,7 +24,9 @@ import logging
 
 import torch
 
-from specdiff.eagle3.aux_layers import KEY_DFLASH, KEY_NESTED, KEY_TOP, ConventionError, config_aux_ids
+from specdiff.eagle3.aux_layers import ConventionError
+from specdiff.eagle3.config_ids import config_aux_ids
+from specdiff.eagle3.config_keys import KEY_DFLASH, KEY_NESTED, KEY_TOP
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, AUX_IDS_DEFAULT_PREFIX, UNKNOWN, sha256_array
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
@@ -57,7 +59,7 @@ def read_chain(adapter: VLLMAdapter, obj, *keys: str):
 def aux_ids_source(draft_hf_config, ids) -> str:
     """Which key of the draft config the V1 runner's ids came from, given ``ids``, what
     ``_get_eagle3_aux_layers_from_config()`` returned (None -> the default fallback). The key is
-    found by specdiff's one reading of the runner's precedence (``eagle3.aux_layers.config_aux_ids``,
+    found by specdiff's one reading of the runner's precedence (``eagle3.config_ids.config_aux_ids``,
     v1/worker/gpu_model_runner.py:5268-5283), the rule ``specdiff check --engine vllm`` applies;
     ``unknown`` when that rule finds no key for ids the runner did return."""
     if not ids:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specdiff.tracer.engines.server import EngineServer, ServerError, free_port
+from specdiff.tracer.engines.server import EngineServer, ServerError, free_port, offline_env
 
 #: The repository's vLLM venv (Makefile ``vllm-venv``), relative to the repository root.
 VLLM_VENV = ".venv-vllm"
@@ -47,9 +47,7 @@ def cpu_env(base: Mapping[str, str] | None = None, *, cache_root: str | None = N
     env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
     if cache_root:
         env["VLLM_CACHE_ROOT"] = str(cache_root)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    offline_env(env)
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     if extra:
         env.update(extra)

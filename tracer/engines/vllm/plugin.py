@@ -71,7 +71,7 @@ def load(env=None) -> bool:
         return True
     from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
 
-    _adapter = VLLMAdapter.for_running_vllm()
+    _adapter = VLLMAdapter.for_running()
     _Finder.opts = opts
     for mod in (_V1_RUNNER, _V1_PROPOSER, _V2_RUNNER):
         if mod in sys.modules:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specdiff.tracer.engines.server import EngineServer, ServerError, free_port
+from specdiff.tracer.engines.server import EngineServer, ServerError, free_port, offline_env
 from specdiff.tracer.engines.sglang.cpu import STANDIN_PATH
 
 SERVE_SCRIPT = os.path.join(STANDIN_PATH, "serve.py")
@@ -67,7 +67,8 @@ def cpu_server_env(
     ``PYTHONPATH`` gets :data:`STANDIN_PATH` first (so the stand-in ``sgl_kernel`` shadows
     the CUDA-only wheel's package of the same name), ``SGLANG_USE_CPU_ENGINE=1``, and by
     default ``TORCHDYNAMO_DISABLE=1`` (removes an ~11 s compile of the first speculative
-    request; outputs were byte-identical). ``base`` defaults to ``os.environ``.
+    request; outputs were byte-identical), offline (``server.offline_env``). ``base`` defaults to
+    ``os.environ``.
     """
     env = dict(os.environ if base is None else base)
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != STANDIN_PATH]
@@ -75,9 +76,7 @@ def cpu_server_env(
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     if dynamo_disable:
         env["TORCHDYNAMO_DISABLE"] = "1"
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    offline_env(env)
     if extra:
         env.update(extra)
     return env

@@ -1,6 +1,7 @@
-"""The serving recorders' writer process (``python -m specdiff.tracer.writer_process``): reads
-captures from the shared-memory ring (tracer/shm_ring.py), attributes them to rows and writes the
-trace, off the server's process (tracer/async_writer.py ``ProcessTraceWriter`` starts it).
+"""The serving recorders' writer process (``python -m specdiff.tracer.engines.writer.child``): reads
+captures from the shared-memory ring (``ring``), attributes them to rows and writes the trace, off
+the server's process (``process.ProcessTraceWriter`` starts it). ``WriterSide`` is the recorder's
+state as this process holds it.
 
 Protocol: the parent pickles a spec to stdin (ring path, wake-up pipe fd, trace path, contract,
 handler, ``WriterSide`` arguments, first appends); this process answers ``ready <priority JSON>`` (its
@@ -36,17 +37,62 @@ LIST_EVERY_S = 5.0
 #: CPU server (benchmarks/recorder_overhead.py): at the server's priority the writer's CPU came out
 #: of the scheduler's intra-op threads (default capture 0.69x untraced with it, 0.80x with it
 #: paused); a writer that still falls behind fills the ring, and whole requests are dropped and
-#: counted as before (tracer/async_writer.py).
+#: counted as before (``thread``, ``process``).
 NICE = 19
-#: at most this often the journal gets a "progress" entry: a moment before which the writer had
-#: written every capture handed to it (``TraceWriter.journal_progress``): the put time of the record
-#: it has just written (records come in the order put), or, with the ring empty, when it looked. A
-#: watcher must not take a request whose tokens stopped growing for finished while this writer is
-#: behind: at nice 19 on a loaded machine it has lagged 45 s behind 34 iterations
-#: (replay/watch/follow.py). Written busy or idle, for as long as the writer runs (~35 bytes a
-#: second; dropped from the journal at close).
-PROGRESS_EVERY_S = 1.0
 _cpu0 = 0.0
+
+
+class WriterSide:
+    """What the attribution code (``write_capture`` of either engine) reads from a recorder, as the
+    writer *process* holds it: the sequence dicts ``sequence_id`` keeps, the shapes the contract
+    gave, and which requests are kept (recorded reasons in, dropped requests out).
+
+    Args:
+        hidden_size, num_aux, topk: the recorder's contract facts of the same names (None when
+            unknown).
+    """
+
+    def __init__(self, *, hidden_size=None, num_aux=None, topk: int = 1):
+        self.hidden_size = hidden_size
+        self.num_aux = num_aux
+        self.topk = topk
+        self.seq_ids: dict[str, int] = {}
+        self.seq_tokens: dict[str, list[int]] = {}
+        self.seq_prompt: dict[str, int] = {}
+        self.kept: dict[str, str] = {}  # rid -> why it is recorded
+        self.dropped: set[str] = set()
+        self.changed = False  # kept or dropped grew since ``listing()`` was last taken
+
+    def keep_rid(self, rid: str) -> bool:
+        """Whether ``rid``'s rows are written (the writer process's side of ``is_kept``)."""
+        return rid in self.kept and rid not in self.dropped
+
+    def absorb(self, item) -> None:
+        """Take the recording reasons an item carries (``item.reasons``: rid -> reason)."""
+        reasons = getattr(item, "reasons", None)
+        if reasons:
+            self.kept.update(reasons)
+            self.changed = True
+
+    def drop(self, rids) -> None:
+        """Requests the serving side dropped (their later rows are skipped)."""
+        if rids:
+            self.dropped.update(rids)
+            self.changed = True
+
+    def listing(self) -> dict:
+        """The contract facts ``sampled_requests`` and ``dropped_requests`` as known here."""
+        self.changed = False
+        from specdiff.tracer.engines.requests import sampling_facts  # after the priority is lowered (main)
+
+        return sampling_facts(self.kept, self.dropped)
+
+    def contract_update(self, facts: dict) -> None:
+        """Follow contract facts learned after start-up (the aux layer count)."""
+        aux = facts.get("aux_hf_indices")
+        if isinstance(aux, list | tuple) and aux:
+            self.num_aux = len(aux)
+
 
 
 def _say(line: str) -> None:
@@ -111,7 +157,7 @@ def main() -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="specdiff writer: %(message)s")
     nice_why = _lower_priority()
     spec = pickle.loads(sys.stdin.buffer.read())
-    from specdiff.tracer.shm_ring import Ring
+    from specdiff.tracer.engines.writer.ring import Ring
 
     ring = Ring(spec["ring"])
     os.unlink(spec["ring"])  # both sides have it mapped: nothing is left behind whoever dies
@@ -119,8 +165,8 @@ def main() -> int:
         import torch
 
         torch.set_num_threads(1)  # the server's cores are the server's
-        from specdiff.tracer.engines.requests import WriterSide
         from specdiff.tracer.store import TraceWriter
+        from specdiff.tracer.store.journal import PROGRESS_EVERY_S
 
         tw = TraceWriter(spec["trace"], side="serve", contract=spec["contract"])
         for name, data, seq, pos in spec["first"]:
