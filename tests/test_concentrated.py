@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdiff.replay.diff import blocks
-from specdiff.replay.diff.groups import GROUP_ALPHA, hypergeom_tail
+from specdiff.replay.diff.compare import blocks
+from specdiff.replay.diff.judge.groups import GROUP_ALPHA, hypergeom_tail
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
 from specdiff.tracer.store import TraceWriter

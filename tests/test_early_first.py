@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdiff.replay.diff import blocks
-from specdiff.replay.diff.early import EarlyFirst
+from specdiff.replay.diff.compare import blocks
+from specdiff.replay.diff.compare.early import EarlyFirst
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tracer.schema import aux_name
 from specdiff.tracer.store import TraceWriter

@@ -24,10 +24,10 @@ import sys
 import numpy as np
 import pytest
 
-from specdiff.replay.diff import blocks
+from specdiff.replay.diff.compare import blocks
+from specdiff.replay.diff.judge.routing import ROUTING_MAX_FRAC
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
-from specdiff.replay.diff.routing import ROUTING_MAX_FRAC
 from specdiff.tracer.schema import aux_name
 from specdiff.tracer.store import TraceWriter
 
@@ -273,7 +273,7 @@ def test_flips_at_slot_0_are_not_named_routing_near_ties(tmp_path, small_blocks)
     ("draft.hidden_out", "tokens", False),
 ])
 def test_which_tensor_feeds_which(source, target, expected):
-    from specdiff.replay.diff.inherited import feeds
+    from specdiff.replay.diff.judge.inherited import feeds
 
     assert feeds(source, target) is expected
 
@@ -288,8 +288,8 @@ def test_which_tensor_feeds_which(source, target, expected):
     ({}, None),
 ])
 def test_the_target_family_is_read_from_the_contract(tmp_path, facts, moe):
-    from specdiff.replay.diff.align import Pair
-    from specdiff.replay.diff.routing import target_family
+    from specdiff.replay.diff.judge.routing import target_family
+    from specdiff.replay.diff.types import Pair
     from specdiff.tracer.store import open_trace
 
     a, b = write_pair(tmp_path, family=facts)

@@ -80,9 +80,9 @@ class DiffReady(Message):
 
 @dataclass
 class DiffEarly(Message):
-    """The first divergence, proven before the full statistics (replay/diff/early.py)."""
+    """The first divergence, proven before the full statistics (replay/diff/compare/early.py)."""
 
-    early: object  # replay.diff.early.EarlyFirst
+    early: object  # replay.diff.compare.early.EarlyFirst
 
 
 @dataclass
@@ -223,7 +223,7 @@ class SpecdiffApp(App):
         self.filter_text = ""
         self.error: str | None = None
         self.exported: Path | None = None
-        self.early = None  # replay.diff.early.EarlyFirst once proven, before the full report
+        self.early = None  # replay.diff.compare.early.EarlyFirst once proven, before the full report
         self.partial: ViewModel | None = None  # the grid's model while the diff runs
 
     # ---- layout -----------------------------------------------------------------------------
@@ -267,8 +267,8 @@ class SpecdiffApp(App):
     def run_diff(self, preset: str) -> None:
         """Open (once), diff, and index the report for drawing; posts DiffReady or DiffFailed."""
         try:
-            from specdiff.replay.diff.align import Pair
             from specdiff.replay.diff.pipeline import diff_opened
+            from specdiff.replay.diff.types import Pair
             from specdiff.tracer.store import open_trace
 
             if self.traces is None:

@@ -30,21 +30,24 @@ each fills, and the module that computes it:
 ====  ==========================  ===============  ===================================================
 
 Rendering is elsewhere: replay/diff/report.py (text, JSON) and tui/ (the app) only read the report.
-``specdiff diff --graft`` adds ``grafts`` afterwards (tui/cmd_diff.py, replay/diff/graft.py).
+``specdiff diff --graft`` adds ``grafts`` afterwards (tui/cmd_diff.py, replay/diff/rerun/graft.py).
 """
 
 from __future__ import annotations
 
-from specdiff.replay.diff.acceptance import Acceptance, acceptance
-from specdiff.replay.diff.align import Alignment, AlignmentError, Pair, align_sequences
-from specdiff.replay.diff.compare import compare_all, first_divergence
-from specdiff.replay.diff.context_proof import ContextProver
-from specdiff.replay.diff.contract_check import check_contracts, refuse_different_targets
-from specdiff.replay.diff.crash import crash_cause, crash_divergence, crash_explanations
-from specdiff.replay.diff.explain import explain, side_names
-from specdiff.replay.diff.findings import crash_findings, matching_findings
+from specdiff.replay.diff.align.align import AlignmentError, align_sequences
+from specdiff.replay.diff.align.structure import structure_mismatches
+from specdiff.replay.diff.align.token_format import decoder, load_tokenizer
+from specdiff.replay.diff.compare.acceptance import Acceptance, acceptance
+from specdiff.replay.diff.compare.compare import compare_all, first_divergence
+from specdiff.replay.diff.explain import explain
+from specdiff.replay.diff.explain.contract_check import check_contracts, refuse_different_targets
+from specdiff.replay.diff.explain.crash import crash_cause, crash_divergence, crash_explanations
+from specdiff.replay.diff.explain.findings import crash_findings, matching_findings
+from specdiff.replay.diff.judge.context_proof import ContextProver
+from specdiff.replay.diff.rerun.narrow import narrow_or_reason
 from specdiff.replay.diff.result import DiffReport
-from specdiff.replay.diff.structure import structure_mismatches
+from specdiff.replay.diff.types import Alignment, Pair, side_names
 from specdiff.tracer.schema import ordered
 from specdiff.tracer.store import open_trace
 
@@ -76,15 +79,15 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     ``narrow``: when no explanation fits a value divergence, re-run the training draft with each
     serving input grafted in (replay.narrow; loads torch and the draft checkpoint when at hand);
     and when too few rows show the draft attention agrees over agreeing context, re-run it on both
-    sides' inputs instead (replay/diff/context_proof.py). False: no re-run at all.
+    sides' inputs instead (replay/diff/judge/context_proof.py). False: no re-run at all.
 
-    ``on_first(replay.diff.early.EarlyFirst)``: called once, as soon as the rows read so far prove
+    ``on_first(replay.diff.compare.early.EarlyFirst)``: called once, as soon as the rows read so far prove
     the first divergence (the same the report's ``first`` names), before the totals, the
     explanation and the narrowing are computed; not called when nothing diverges.
     ``on_rows(done, total)``: rows compared so far (see ``compare.compare_all``).
     ``on_partial(DiffReport)``: the report as it stands while tensors are compared (comparisons so
     far, ``first`` once proven; no explanation, contract or acceptance yet), for the app's grid.
-    ``runner``: where the per-block metrics are computed (``replay.diff.blocks.LocalBlocks``, the
+    ``runner``: where the per-block metrics are computed (``replay.diff.compare.blocks.LocalBlocks``, the
     default, or ``ExecutorBlocks`` on Dask workers); the report is the same either way.
 
     Raises:
@@ -185,13 +188,12 @@ def narrowing(report: DiffReport):
     first = report.first
     if first is None or first.kind != "values" or report.explanations:
         return None
-    from specdiff.replay.diff.narrow import narrow_or_reason
 
     return narrow_or_reason(report)
 
 
 def partial_report(traces: Pair, labels: Pair, alignment: Alignment, comps: dict, early) -> DiffReport:
-    """A report of the comparisons so far; ``first`` only once proven (``early``, replay/diff/early.py)."""
+    """A report of the comparisons so far; ``first`` only once proven (``early``, replay/diff/compare/early.py)."""
     first = comps.get(early.name) if early is not None else None
     if first is not None and first.kind != early.kind:
         first = None
@@ -214,7 +216,6 @@ class _LazyDecode:
 
     def __call__(self, ids):
         if not self.loaded:
-            from specdiff.replay.diff.token_format import decoder, load_tokenizer
 
             self.fn, self.loaded = decoder(load_tokenizer(self.traces)), True
         return self.fn(ids) if self.fn else None

@@ -12,7 +12,7 @@ depth k-1), which side holds them, and what that side did differently:
 - its draft checkpoint holds NaN/inf weights (an uninitialised or corrupt tensor): read from the
   served draft directory the serving contract names (``draft_name``), when it is at hand.
 
-``explain_nonfinite`` turns that into an ``Explanation`` (replay/diff/explain.py calls it).
+``explain_nonfinite`` turns that into an ``Explanation`` (replay/diff/explain/ calls it).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdiff.replay.diff.align import Pair
-from specdiff.replay.diff.contract_check import weights_dtype
+from specdiff.replay.diff.explain.contract_check import weights_dtype
+from specdiff.replay.diff.types import Explanation, Pair
 from specdiff.tracer.contract import known
 from specdiff.tracer.schema import sort_key
 
@@ -134,7 +134,6 @@ def explain_nonfinite(traces: Pair, comps: dict, first, labels: Pair):
     ``first`` is the report's first divergence; when the non-finite values appear at another
     tensor the message says so (they are then downstream evidence, not the first divergence).
     """
-    from specdiff.replay.diff.explain import Explanation
 
     nf = first_nonfinite(traces, comps)
     if nf is None:

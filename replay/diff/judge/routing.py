@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdiff.replay.diff.types import serve_side
 from specdiff.tracer.contract import known
 from specdiff.tracer.schema import aux_name, aux_slot
 
@@ -123,7 +124,7 @@ def target_family(traces, labels) -> TargetFamily:
     """The target family from the contracts (``traces``/``labels``: ``Pair``): the serving side's
     facts first (the live contract reads the loaded model), then the training side's."""
     order = [(traces.y, labels.y), (traces.x, labels.x)]
-    if traces.x.side == "serve" and traces.y.side != "serve":
+    if serve_side(traces) == "x":
         order.reverse()
     for trace, label in order:
         c = trace.contract
@@ -183,6 +184,7 @@ class RoutingFlips:
     def cause(self) -> str:
         return "moe_routing_near_tie"
 
+    @property
     def message(self) -> str:
         where = (f"at isolated positions (longest run {self.longest_run})" if self.longest_run <= ROUTING_MAX_RUN
                  else f"in {self.events} events: a flip and the rows after it that the target's attention carries it "

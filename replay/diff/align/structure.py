@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdiff.replay.diff.align import Pair
+from specdiff.replay.diff.types import Pair
 from specdiff.tracer.schema import aux_name, aux_slot, ordered, probe_index, sort_key, spec_for
 
 #: storage dtype -> dtype family (a float side against an int side cannot be compared at all;

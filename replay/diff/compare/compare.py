@@ -3,178 +3,44 @@
 Rows at draft depth k > 0 are compared only where both sides fed the draft the same input tokens
 at depths 0..k of that position: serving drafts from its own guesses, training is
 teacher-forced, so elsewhere the inputs differ by design and a difference proves nothing.
-Tensors are compared in dataflow order, rows in order, in blocks on every core (replay/diff/blocks.py);
+Tensors are compared in dataflow order, rows in order, in blocks on every core (replay/diff/compare/blocks.py);
 memory stays bounded by the blocks in flight (``blocks.in_flight``, ~16 MiB of float32 a side each)
 plus small per-row results. The first divergence is said as soon as the rows read prove it
-(replay/diff/early.py), before the totals.
+(replay/diff/compare/early.py), before the totals.
 
 A tensor is judged on the rows whose inputs agree: a row whose inputs already differ at an
 earlier stage of the same position (beyond that stage's noise) is inherited, not a new
-divergence (replay/diff/inherited.py), and failing aux rows an MoE target's routing near-ties
-explain are named, not counted (replay/diff/routing.py).
+divergence (replay/diff/judge/inherited.py), and failing aux rows an MoE target's routing near-ties
+explain are named, not counted (replay/diff/judge/routing.py).
 """
 
 from __future__ import annotations
 
 import functools
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
-from specdiff.replay.diff import blocks, context, groups, inherited, metrics, routing, topk_ties
-from specdiff.replay.diff.align import Alignment, Pair, RowMatch, match_rows, pack_keys
-from specdiff.replay.diff.contract_check import side_labels
-from specdiff.replay.diff.early import FirstDivergenceWatch, divergence_key
-from specdiff.replay.diff.tolerance import Tolerance, apply_overrides, default_tolerance, looser_dtype
+from specdiff.replay.diff.align.align import match_rows, pack_keys
+from specdiff.replay.diff.compare import blocks, metrics
+from specdiff.replay.diff.compare.early import FirstDivergenceWatch, divergence_key
+from specdiff.replay.diff.compare.tolerance import Tolerance, apply_overrides, default_tolerance, looser_dtype
+from specdiff.replay.diff.judge import context, groups, inherited, routing, topk_ties
+from specdiff.replay.diff.types import (
+    CLOSE,
+    DIVERGED,
+    MATCH,
+    UNREADABLE,
+    Alignment,
+    Pair,
+    RowMatch,
+    TensorComparison,
+    serve_side,
+    side_labels,
+)
 from specdiff.tracer.contract import known
 from specdiff.tracer.schema import aux_name, aux_slot, ordered, probe_index, spec_for
-
-MATCH, CLOSE, DIVERGED = 0, 1, 2
-#: a row in a damaged chunk on either side (tracer.store.damage): not compared, never counted as a match
-UNREADABLE = 4
-STATUS_NAMES = {MATCH: "match", CLOSE: "within tolerance", DIVERGED: "diverged", UNREADABLE: "unreadable"}
-
-
-@dataclass
-class TensorComparison:
-    """One tensor compared over its aligned rows.
-
-    Attributes:
-        name: canonical tensor name.
-        tolerance: the tolerance used.
-        match: which rows paired (``pair``/``pos``/``depth`` [n]).
-        status: int8 [n] per row: MATCH (bit-identical), CLOSE (within tolerance), DIVERGED, or
-            UNREADABLE (the row lies in a damaged chunk on either side; excluded from every stat).
-        score: float32 [n] per row: relative error (float) or 1 - overlap (ids).
-        cos: float32 [n] per-row cosine (float tensors; 1 for ids).
-        nonfinite: bool [n] rows holding NaN/Inf on either side.
-        stats: summary numbers (max_abs, max_rel, mean_rel, min_cos, match_rate, argmax_agree,
-            topk_overlap, kl_mean, nonfinite_rows, rows, fail_rows, coverage, unreadable_rows);
-            fractions are over the readable rows.
-        worst: the worst row: its index, pair, pos, depth, element index and both values.
-        diverged: fail fraction above tolerance, or any non-finite row; always True for a
-            ``structure`` finding.
-        kind: ``values`` (rows compared), ``structure`` (the layouts differ: no row compared,
-            ``structure`` holds the replay.structure.StructureMismatch) or ``tokens`` (the token
-            sequences pair only by content: ``alignment.token_formats`` say how they differ).
-        structure: the StructureMismatch of a ``structure`` finding, else None.
-        counted: bool [n], the rows that judge the tensor: their inputs agree (replay/diff/
-            inherited.py); None = every row. ``diverged``, ``divergence_depth`` and
-            ``first_failing_row`` are decided on the counted failing rows (``own_fail``).
-        inherited: bool [n], rows whose inputs already differ upstream; ``inherited_src`` int
-            [n] indexes ``inherited_names`` (the tensor each came from), -1 elsewhere.
-        explained: bool [n], counted failing rows a named legitimate cause explains
-            (``explanation``, e.g. routing.RoutingFlips); None = none.
-        concentration: the structural group its counted failing rows concentrate in most
-            (replay/diff/groups.py ``Concentration``; ``fired``: the tensor diverges because of it,
-            though under its fail fraction over all rows), or None.
-        carried: bool [n], counted rows after an earlier differing cached row that a draft re-run
-            showed are what the draft computes from each side's inputs (replay/diff/context_proof.py),
-            passing or not: later stages inherit them (inherited.source_rows); None = none.
-    """
-
-    name: str
-    tolerance: Tolerance
-    match: RowMatch
-    status: np.ndarray
-    score: np.ndarray
-    cos: np.ndarray
-    nonfinite: np.ndarray
-    stats: dict = field(default_factory=dict)
-    worst: dict | None = None
-    diverged: bool = False
-    kind: str = "values"
-    structure: object = None
-    counted: np.ndarray | None = None
-    inherited: np.ndarray | None = None
-    inherited_src: np.ndarray | None = None
-    inherited_names: list = field(default_factory=list)
-    explained: np.ndarray | None = None
-    explanation: object = None
-    concentration: object = None
-    carried: np.ndarray | None = None
-
-    @property
-    def own_fail(self) -> np.ndarray:
-        """bool [n]: failing rows that count against this tensor: counted (inputs agree) and not
-        explained; a non-finite row always counts."""
-        fail = self.status == DIVERGED
-        if self.counted is not None:
-            fail = fail & (self.counted | self.nonfinite)
-        if self.explained is not None:
-            fail = fail & ~self.explained
-        return fail
-
-    @property
-    def judged_fail(self) -> np.ndarray:
-        """bool [n]: the failing rows the verdict rests on: ``own_fail``, or only the fired group's
-        failing rows when the tensor diverges because of a concentration (groups.py), not over all rows."""
-        own = self.own_fail
-        group = self._group_only(own)
-        return own if group is None else own & group
-
-    def _group_only(self, own: np.ndarray) -> np.ndarray | None:
-        """The fired group's failing rows when the tensor diverges only because of them, else None."""
-        c = self.concentration
-        if c is None or not c.fired or self._diverged_overall(own):
-            return None
-        return c.mask
-
-    def _diverged_overall(self, own: np.ndarray) -> bool:
-        counted = self.counted if self.counted is not None else np.ones(len(own), bool)
-        n = int((counted & (self.status != UNREADABLE)).sum())
-        return bool(self.nonfinite.any()) or (n > 0 and own.sum() / n > self.tolerance.max_fail_frac)
-
-    @property
-    def first_where(self) -> dict | None:
-        """Where the divergence first shows: ``{"pair", "pos", "depth"}`` (aligned keys), or None
-        (a ``structure`` finding has no row). A ``tokens`` finding points at the first pair whose
-        token formats differ, at the first differing token."""
-        if self.kind == "structure":
-            return None
-        if self.kind == "tokens" and self.worst is not None:
-            return {k: self.worst[k] for k in ("pair", "pos", "depth")}
-        i = self.first_failing_row
-        if i is None:
-            return None
-        return {"pair": int(self.match.pair[i]), "pos": int(self.match.pos[i]), "depth": int(self.match.depth[i])}
-
-    @property
-    def divergence_depth(self) -> int | None:
-        """The shallowest draft depth whose rows diverge by the tensor's rule (fail fraction above
-        ``max_fail_frac`` or a non-finite row); 0 for tensors without depths; None if not diverged.
-
-        Depth k of the draft runs after every stage of depth k-1 (its hidden_in is depth k-1's
-        hidden_out), so this orders the first divergence (``first_divergence``).
-        """
-        if not self.diverged:
-            return None
-        depth = self.match.depth
-        fail = self.own_fail
-        group = self._group_only(fail)
-        if group is not None:  # diverged only in a structural group: where that group's rows fail
-            return int(depth[fail & group].min())
-        counted = self.counted if self.counted is not None else np.ones(len(depth), bool)
-        for d in np.unique(depth):
-            sel = depth == d
-            n = int(counted[sel].sum())
-            if self.nonfinite[sel].any() or (n and fail[sel].sum() / n > self.tolerance.max_fail_frac):
-                return int(d)
-        return int(depth[fail].min()) if fail.any() else 0
-
-    @property
-    def first_failing_row(self) -> int | None:
-        """Index (into the aligned rows) of the failing row at the earliest position, then pair,
-        among the rows at ``divergence_depth`` when that depth has failing rows."""
-        bad = np.nonzero(self.judged_fail if self.diverged else self.own_fail)[0]
-        if not len(bad):
-            return None
-        d = self.divergence_depth
-        at_depth = bad[self.match.depth[bad] == d] if d is not None else bad
-        bad = at_depth if len(at_depth) else bad
-        order = np.lexsort((self.match.depth[bad], self.match.pair[bad], self.match.pos[bad]))
-        return int(bad[order[0]])
 
 
 def _token_path_keys(traces: Pair, m: RowMatch) -> np.ndarray:
@@ -211,7 +77,7 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows).
 
     Blocks of ``block_rows`` rows (at most ~16 MiB of float32 a side) are compared on the block
-    pool (replay/diff/blocks.py), a few in flight at once, and consumed in row order: ``watch``
+    pool (replay/diff/compare/blocks.py), a few in flight at once, and consumed in row order: ``watch``
     (early.FirstDivergenceWatch) sees each block's failing rows as they arrive, ``on_rows(n)``
     counts the rows done. ``match``: the aligned rows, when the caller already has them.
     ``on_partial(TensorComparison)``: called once when ``watch`` proves the first divergence while
@@ -219,7 +85,7 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     ``runner``: where blocks are compared (``blocks.LocalBlocks``, the default, or
     ``blocks.ExecutorBlocks`` for Dask workers); the results are the same either way.
 
-    ``counted``: bool [n], the rows whose inputs agree (replay/diff/inherited.py), the only ones
+    ``counted``: bool [n], the rows whose inputs agree (replay/diff/judge/inherited.py), the only ones
     that judge the tensor (None: all); ``inheritance``: ``Inheritance.inherited``'s (mask, source
     index, names), kept for the report. ``judge(comp, candidates)``: a named legitimate cause
     for the counted failing rows ``candidates`` (bool [n]), e.g. ``routing.routing_flips``, or
@@ -304,10 +170,10 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
 
 def _inheritance_stats(comp: TensorComparison, own: np.ndarray, counted: int, own_frac: float, kind: str,
                        context_rows: np.ndarray | None = None) -> dict:
-    """The report's numbers on which rows judged the tensor (replay/diff/inherited.py): rows
+    """The report's numbers on which rows judged the tensor (replay/diff/judge/inherited.py): rows
     counted (inputs agree), their failing rows, rows inherited and explained, and how close the
     tensor came to its limits (``limit_use``: 1.0 = at the limit), read off the passing counted
-    rows outside ``context_rows`` (bool [n]; replay/diff/context.py ``attributed_rows``: those
+    rows outside ``context_rows`` (bool [n]; replay/diff/judge/context.py ``attributed_rows``: those
     are reported as ``context_rows`` / ``context_max_rel`` instead)."""
     inh = comp.inherited if comp.inherited is not None else np.zeros(len(own), bool)
     explained = comp.explained if comp.explained is not None else np.zeros(len(own), bool)
@@ -446,7 +312,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     them from above: side A's rows of every compared tensor).
 
     ``on_first(early.EarlyFirst)`` is called once, as soon as the first divergence is proven by
-    the rows read so far (replay/diff/early.py: it equals the full data's ``first_divergence``),
+    the rows read so far (replay/diff/compare/early.py: it equals the full data's ``first_divergence``),
     or at the end when only the full data proves it; never when nothing diverges.
 
     ``on_partial(comps, early)``: the comparisons so far, after each tensor and when the first
@@ -454,7 +320,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     divergence (``early.EarlyFirst``) or None, for views that fill in as the diff runs.
 
     ``prove_context(comp, idx)``: the re-run ``context.context_rows`` asks for when too few rows
-    precede every differing cached row (replay/diff/context_proof.py ``ContextProver``); None: none.
+    precede every differing cached row (replay/diff/judge/context_proof.py ``ContextProver``); None: none.
 
     ``structure`` (replay.structure.structure_mismatches) lists tensors whose layouts differ: each
     becomes a ``structure`` finding instead of a row comparison (aux slots are not compared slot by
@@ -527,12 +393,11 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
 class _Grouping:
     """The structural row groups of each tensor (groups.row_groups), from serving's row keys:
     its decode iteration per row (``iter``; -1 = prefill) and the requests whose prefix hit the
-    radix cache (groups.cached_prefixes), read once per diff. Serving is side B unless only side A
-    is a serving trace."""
+    radix cache (groups.cached_prefixes), read once per diff (the serving side: ``types.serve_side``)."""
 
     def __init__(self, traces: Pair, alignment: Alignment):
         self.traces = traces
-        self.sv = "x" if traces.x.side == "serve" and traces.y.side != "serve" else "y"
+        self.sv = serve_side(traces)
         self.prompt = {p.index: p.prompt_len for p in alignment.seq_pairs}
         self.cached = groups.cached_prefixes(traces, alignment, self.sv)
 
@@ -675,5 +540,4 @@ def first_divergence(comps: dict[str, TensorComparison]) -> TensorComparison | N
     return min(diverged, key=key)
 
 
-__all__ = ["TensorComparison", "compare_all", "compare_tensor", "first_divergence", "comparable_names",
-           "MATCH", "CLOSE", "DIVERGED", "UNREADABLE", "STATUS_NAMES", "aux_slot"]
+__all__ = ["compare_all", "compare_tensor", "first_divergence", "comparable_names", "aux_slot"]

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdiff.replay.diff import metrics
-from specdiff.replay.diff.align import match_rows
-from specdiff.replay.diff.rerun import (
+from specdiff.replay.diff.align.align import match_rows, pack_keys
+from specdiff.replay.diff.compare import metrics
+from specdiff.replay.diff.rerun.rerun import (
     RerunError,
     batch_inputs,
     computed_rows,
@@ -154,7 +154,6 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     # Serving's recorded rows of each stage at the failing rows, at (batch row, position): by-depth
     # stages at the divergence depth, fc stages (no depth) at depth 0.
     recorded = {}
-    from specdiff.replay.diff.align import pack_keys
     from specdiff.tracer.schema import spec_for
 
     want = np.array(sorted(pack_keys(np.array([p]), np.array([t]), np.zeros(1, np.int64))[0] for p, t in failing))

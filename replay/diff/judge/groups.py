@@ -107,6 +107,12 @@ class Concentration:
     evidence_rows: list
     mask: np.ndarray
 
+    @property
+    def cause(self) -> str:
+        """The explanation's name in reports (explain/history.py ``explain_group``)."""
+        return "concentrated_rows"
+
+    @property
     def message(self) -> str:
         """One line: where the failures concentrate, against the rest of the tensor."""
         rest = self.rest_fail_rows / self.rest_rows if self.rest_rows else 0.0

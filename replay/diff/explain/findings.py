@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdiff.replay.diff.align import Pair
+from specdiff.replay.diff.types import Pair
 from specdiff.tracer.contract import aux_slot_layers, known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.schema import spec_for

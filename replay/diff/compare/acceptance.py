@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdiff.eagle3.acceptance import AcceptTally, from_accept_lengths
-from specdiff.replay.diff.align import Alignment, Pair, rows_by_value
+from specdiff.replay.diff.align.align import rows_by_value
+from specdiff.replay.diff.types import Alignment, Pair
 from specdiff.tracer.contract import known
 
 

@@ -14,7 +14,7 @@ agree is 0.026 (DeepSeek-V3 ``draft.hidden_out``, 52 % of 0.05), 0.017 on Qwen3-
 ``draft.hidden_out`` rows whose inputs agree to 0.004, p99 of the tensor 0.016, the draft's own
 bf16 tail). The 0.98 this bound once showed on DeepSeek-V3 was not noise it under-estimates: it
 was a row twenty positions after an MoE routing flip, moved by the flipped position's cached K/V,
-which replay/diff/context.py now attributes to that flip and keeps out of the margin. The bound is
+which replay/diff/judge/context.py now attributes to that flip and keeps out of the margin. The bound is
 left as it is; the Llama tail is the closest honest call measured.
 """
 

@@ -27,15 +27,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdiff.replay.diff.align import pack_keys
-from specdiff.replay.diff.context import CONTEXT_STAGE, consumes_context
+from specdiff.replay.diff.align.align import pack_keys
+from specdiff.replay.diff.judge.context import CONTEXT_STAGE, consumes_context
+from specdiff.replay.diff.judge.groups import cached_prefixes, chunk_ends
+from specdiff.replay.diff.types import CLOSE, Explanation, serve_side, side_names
 from specdiff.tracer.contract import known
-
-CLOSE = 1  # compare.CLOSE (compare imports explain's dependencies)
-
-
-def _serve_attr(traces) -> str:
-    return "x" if traces.x.side == "serve" and traces.y.side != "serve" else "y"
 
 
 def _attn_status(comps: dict, first, idx) -> np.ndarray | None:
@@ -96,8 +92,6 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
     """``explain.Explanation`` of a draft divergence after the attention whose attention input
     agrees on every failing row (module doc): ``stale_draft_kv``, ``cached_prefix_draft_kv`` or
     ``tree_rerank_kv``; empty when none fits (or attn_in was not compared there)."""
-    from specdiff.replay.diff.explain import Explanation
-    from specdiff.replay.diff.groups import cached_prefixes
 
     if first is None or first.kind != "values":
         return []
@@ -110,7 +104,7 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
         return []
     m = first.match
     order = bad[np.lexsort((m.depth[bad], m.pair[bad], m.pos[bad]))]
-    sv = _serve_attr(traces)
+    sv = serve_side(traces)
     trace = getattr(traces, sv)
     iters = np.asarray(trace.keys(first.name, columns=("iter",))["iter"], np.int64)[getattr(m.rows, sv)]
     counted = first.counted if first.counted is not None else np.ones(len(m.pair), bool)
@@ -176,13 +170,11 @@ def explain_chunk_boundary(traces, alignment, first) -> list:
     row that is the first prompt token of the next chunk, which the chunk itself does not hold
     (SGLang 0.5.23 srt/speculative/eagle_utils.py:81 ``_eagle_prefill_tail_tokens``, fixed by PR
     #26329; before it the target's sampled token of the partial prompt was fed). Empty otherwise."""
-    from specdiff.replay.diff.explain import Explanation
-    from specdiff.replay.diff.groups import chunk_ends
 
     bad = np.nonzero(first.judged_fail)[0]
     if not len(bad):
         return []
-    ends = chunk_ends(traces, alignment, _serve_attr(traces))
+    ends = chunk_ends(traces, alignment, serve_side(traces))
     if not ends:
         return []
     m = first.match
@@ -198,7 +190,6 @@ def explain_chunk_boundary(traces, alignment, first) -> list:
         shown = order[:8]
         tx = np.asarray(traces.x.take("tokens", m.rows.x[shown])).reshape(-1)
         ty = np.asarray(traces.y.take("tokens", m.rows.y[shown])).reshape(-1)
-        from specdiff.replay.diff.explain import side_names  # explain imports this module
 
         label = side_names(traces)
         rows = [f"seq {int(m.pair[i])} pos {int(m.pos[i])}: {label.x} {int(a)} vs {label.y} {int(b)}"
@@ -220,14 +211,13 @@ __all__ = ["explain_history", "explain_chunk_boundary", "attn_in_agrees"]
 def explain_group(first) -> list:
     """``concentrated_rows``: the structural group a divergence was called in though its fail
     fraction over all rows is under the allowance (groups.py), with its failing rows; empty otherwise."""
-    from specdiff.replay.diff.explain import Explanation
 
     c = getattr(first, "concentration", None) if first is not None else None
     if c is None or not c.fired:
         return []
     rows = [f"seq {r['seq']} pos {r['pos']} depth {r['depth']}: rel {r['rel']:.3g}" for r in c.evidence_rows[:8]]
     detail = [f"{k}: {v}" for k, v in (c.detail or {}).items()]
-    return [Explanation("concentrated_rows", c.message(), (*rows, *detail),
+    return [Explanation(c.cause, c.message, (*rows, *detail),
                         "the failing rows share this structure: look at what the engine does differently there")]
 
 

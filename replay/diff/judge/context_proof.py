@@ -1,5 +1,5 @@
 """Prove draft attention context by re-running the draft: when too few rows precede every
-differing cached row to show the draft attention agrees (replay/diff/context.py), re-run it.
+differing cached row to show the draft attention agrees (replay/diff/judge/context.py), re-run it.
 
 The context rule reads the rows before every context source as evidence that the draft's
 attention over agreeing context agrees on both sides. When the sources come at the first positions
@@ -35,9 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdiff.replay.diff import metrics
-from specdiff.replay.diff.align import match_rows
-from specdiff.replay.diff.tolerance import is_near_tie
+from specdiff.replay.diff.align.align import match_rows, pack_keys
+from specdiff.replay.diff.compare import metrics
+from specdiff.replay.diff.compare.tolerance import is_near_tie
+from specdiff.replay.diff.rerun.rerun import RerunError, batch_inputs, computed_rows, prepare, with_norm_flags
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.schema import spec_for
 
@@ -89,7 +90,6 @@ class ContextProver:
 
     def _prepared(self):
         if self.run is None and self.error is None:
-            from specdiff.replay.diff.rerun import RerunError, prepare
             try:
                 self.run = prepare(self.report, draft_path=self.draft_path, target_path=self.target_path,
                                    error=RerunError)
@@ -113,11 +113,10 @@ class ContextProver:
 
 def prove(report, run, comp, idx: np.ndarray) -> ReplayProof | str:
     """Re-run ``run`` (replay.rerun.Rerun) on both sides' inputs; the module doc's proof for rows
-    ``idx`` of ``comp`` (replay.diff.compare.TensorComparison), or why it does not hold. The
+    ``idx`` of ``comp`` (replay.diff.compare.compare.TensorComparison), or why it does not hold. The
     draft's top-1 id (``IDS``) at the same rows is checked too: later stages inherit the rows."""
     import torch
 
-    from specdiff.replay.diff.rerun import batch_inputs, computed_rows, with_norm_flags
 
     m, tol = comp.match, comp.tolerance
     if not len(idx):
@@ -161,7 +160,6 @@ class _Check:
     beyond a near tie in the re-run's logits)."""
 
     def __init__(self, report, run, name: str, match, idx: np.ndarray, among=None):
-        from specdiff.replay.diff.align import pack_keys
 
         self.name, self.match, self.ids = name, match, spec_for(name).kind != "float"
         self.dtype = str(run.dtype).removeprefix("torch.")

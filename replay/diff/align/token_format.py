@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specdiff.replay.diff.align import Pair, SeqPair
+from specdiff.replay.diff.types import Pair, SeqPair
 
 
 def tokenizer_dir(traces) -> Path | None:

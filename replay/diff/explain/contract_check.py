@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdiff.replay.diff.align import Pair
+from specdiff.replay.diff.types import Pair, side_names
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known, unknown_fields, unobservable_engine
 from specdiff.tracer.engines.base import UnknownEngineError, engine_spec
 from specdiff.tracer.errors import SpecdiffError
@@ -252,14 +252,6 @@ def bearing_on(mismatches: list[ContractMismatch], stage: str) -> list[ContractM
     return [m for m in mismatches if m.bears_on(stage)]
 
 
-def side_labels(traces: Pair) -> Pair[str]:
-    """'training' / 'serving' from each trace's side; 'A' / 'B' when both are the same side."""
-    sides = traces.map(lambda t: t.side)
-    if sides.x == sides.y:
-        return Pair("A", "B")
-    return sides.map(lambda s: "training" if s == "train" else "serving")
-
-
 def _short(v) -> str:
     return "none" if v is None else (str(v)[:10] if isinstance(v, str) else str(v))
 
@@ -395,7 +387,6 @@ def refuse_different_targets(traces: Pair) -> None:
     diffs = target_differences(traces)
     if not diffs:
         return
-    from specdiff.replay.diff.explain import side_names  # explain imports this module
 
     labels = side_names(traces)
     parts = "; ".join(f"{f} {_short_value(f, x)} ({labels.x}) vs {_short_value(f, y)} ({labels.y})"
@@ -465,7 +456,6 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
     (``TARGET_IDENTITY``) is refused earlier when it differs (``refuse_different_targets``); here
     only an identity that cannot be compared is said, once per side.
     """
-    from specdiff.replay.diff.explain import side_names  # explain imports this module
 
     cx, cy = traces.x.contract, traces.y.contract
     labels = side_names(traces)

@@ -11,14 +11,14 @@ first divergence) and ``draft.hidden_out``; a rope difference with ``draft.logit
 
 Not here: the compute ``dtype``. A dtype difference changes every stage a little and the
 tolerances take the looser dtype (contract_check); it is a cause only where values go non-finite
-(replay/diff/nonfinite.py). Weight hashes that differ only by a cast are ``info`` mismatches
+(replay/diff/explain/nonfinite.py). Weight hashes that differ only by a cast are ``info`` mismatches
 (contract_check ``WEIGHT_HASHES``) and never a cause here: only ``warn``/``error`` mismatches are.
 """
 
 from __future__ import annotations
 
-from specdiff.replay.diff.align import Pair
-from specdiff.replay.diff.contract_check import ContractMismatch, check_contracts
+from specdiff.replay.diff.explain.contract_check import ContractMismatch, check_contracts
+from specdiff.replay.diff.types import Explanation, Pair
 from specdiff.tracer.contract import AUX_CONCAT_ORDER
 from specdiff.tracer.schema import spec_for
 
@@ -27,7 +27,7 @@ _ROPE = ("rope_style", "rope_theta", "rope_scaling", "partial_rotary_factor")
 
 #: first diverging stage -> contract facts whose difference can make it the first (module doc).
 #: ``draft_weights_sha256`` is in no row: a whole-checkpoint hash says "another draft", not which
-#: part; the narrowing (replay/diff/narrow.py, run when nothing explains the divergence) re-runs the
+#: part; the narrowing (replay/diff/rerun/narrow.py, run when nothing explains the divergence) re-runs the
 #: training draft on serving's inputs and says whether the draft itself is why.
 STAGE_CAUSES: dict[str, tuple[str, ...]] = {
     "tokens": ("tokenizer_sha256", "bos_added", "chat_template_sha256"),
@@ -66,7 +66,6 @@ def explain_contract(traces: Pair, comps: dict, first):
     """``explain.Explanation`` per contract difference that can cause ``first`` (``STAGE_CAUSES``),
     cause ``contract.<field>``, with the difference, the upstream stage that agrees and its fix;
     empty when ``first`` is None or a layout (structure) finding."""
-    from specdiff.replay.diff.explain import Explanation
 
     if first is None or first.kind != "values":
         return []

@@ -22,8 +22,9 @@ crashing prompts. The diff then has rows up to the point where the crashed side 
 from __future__ import annotations
 
 from specdiff.eagle3.aux_layers import sglang_family_rule
-from specdiff.replay.diff.align import Alignment, Pair
-from specdiff.replay.diff.contract_check import dropped_words
+from specdiff.replay.diff.explain.contract import causes_at
+from specdiff.replay.diff.explain.contract_check import dropped_words
+from specdiff.replay.diff.types import Alignment, Explanation, Pair
 from specdiff.tracer.contract import known
 from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.schema import STAGE_ORDER, spec_for
@@ -150,7 +151,6 @@ def crash_cause(traces: Pair, labels: Pair, crash: dict, findings: list[dict], m
         findings: pre-flight findings for the crash (findings.crash_findings), likeliest first.
         mismatches: the contract mismatches (contract_check.check_contracts).
     """
-    from specdiff.replay.diff.contract_causes import causes_at
 
     side, other, on_y = _crashed(traces, labels, crash)
     cause = _dropped_cause(side.contract, other.contract, crash, findings, labels, on_y)
@@ -213,7 +213,6 @@ def crash_text(crash: dict) -> list[str]:
 def crash_explanations(crash: dict | None, first) -> list:
     """The crash's cause as the report's explanation (``explain.Explanation``, cause = the cause's
     kind) when the crash is the first divergence; empty otherwise (``first`` keeps its own)."""
-    from specdiff.replay.diff.explain import Explanation
 
     cause = None if crash is None or first is not None else crash.get("cause")
     if not cause:

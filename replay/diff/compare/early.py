@@ -21,7 +21,7 @@ first divergence the moment the full-data answer can no longer change. The rule:
    tensors) with its stage and name.
 
 Rows that do not judge the tensor (``counted`` False: their inputs already differ upstream,
-replay/diff/inherited.py) are left out of both fractions and of the failing rows, as the full
+replay/diff/judge/inherited.py) are left out of both fractions and of the failing rows, as the full
 verdict leaves them out; every unread row at depth d, counted or not, still bounds the position
 (a non-finite row always counts). A tensor whose failing rows a named cause may still explain
 in full (routing.py, decided once all its rows are read) is proven only above the largest

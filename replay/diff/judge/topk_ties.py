@@ -14,7 +14,7 @@ has, on its own side, a logit within a near tie of the *other* side's k-th logit
 or out is a rounding decision at the boundary. A wrong lm_head, hidden state or vocab map moves
 ids by far more than a tie at some rank, so any such row is left to the tolerance and the
 tensor's verdict. ``draft.topk_target`` (the same ids mapped to target ids) inherits the named
-rows from ``draft.topk`` (replay/diff/inherited.py: explained rows are a source).
+rows from ``draft.topk`` (replay/diff/judge/inherited.py: explained rows are a source).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdiff.replay.diff.tolerance import is_near_tie
+from specdiff.replay.diff.compare.tolerance import is_near_tie
 
 #: the id tensors chosen from the draft's logits, judged against ``VALUES`` / ``IDS``
 JUDGED = ("draft.logits_topk.ids", "draft.topk")
@@ -51,6 +51,7 @@ class TopkBoundaryTies:
         """The explanation's name in reports."""
         return "topk_boundary_near_tie"
 
+    @property
     def message(self) -> str:
         """One sentence: how many rows, and that each swap is a tie at rank k."""
         gap = max((r["gap"] for r in self.rows), default=0.0)

@@ -30,7 +30,7 @@ import numpy as np
 
 from specdiff.eagle3.acceptance import AcceptTally, chain_accept
 from specdiff.eagle3.norms import NORM_FLAGS as _NORMS
-from specdiff.replay.diff.rerun import RerunError, batch_inputs, prepare, sides, with_norm_flags
+from specdiff.replay.diff.rerun.rerun import RerunError, batch_inputs, prepare, sides, with_norm_flags
 from specdiff.tracer.contract import known
 
 __all__ = ["GraftError", "GraftResult", "graft", "NORM_FLAGS"]

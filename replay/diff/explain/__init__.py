@@ -5,7 +5,7 @@ the mistake only when the transformed tensors agree with the other side within t
 a transform that does not close the gap is never reported as the cause.
 
 Checks (DESIGN.md "Comparing"):
-- structure (a layout difference, replay/diff/structure.py): nothing to transform; the likely causes are
+- structure (a layout difference, replay/diff/align/structure.py): nothing to transform; the likely causes are
   named from the widths and the contract (another speculative algorithm, another number of aux
   layers, draft vocab, top-k, dtype family);
 - token format (sequences paired only by content): how the formats differ, decoded;
@@ -23,7 +23,6 @@ Checks (DESIGN.md "Comparing"):
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,40 +34,29 @@ from specdiff.eagle3.aux_layers import (
     sglang_family_rule,
     target_architecture,
 )
-from specdiff.replay.diff import metrics
-from specdiff.replay.diff.align import Alignment, Pair, match_rows
-from specdiff.replay.diff.compare import TensorComparison
-from specdiff.replay.diff.contract_causes import explain_contract
-from specdiff.replay.diff.contract_check import side_labels
-from specdiff.replay.diff.history import explain_group, explain_history
-from specdiff.replay.diff.nonfinite import explain_nonfinite
-from specdiff.replay.diff.structure import contract_value
+from specdiff.replay.diff.align.align import match_rows
+from specdiff.replay.diff.align.structure import contract_value
+from specdiff.replay.diff.align.token_format import decoder, describe, load_tokenizer, special_ids
+from specdiff.replay.diff.compare import metrics
+from specdiff.replay.diff.compare.acceptance import acceptance
+from specdiff.replay.diff.explain.contract import explain_contract
+from specdiff.replay.diff.explain.history import explain_group, explain_history
+from specdiff.replay.diff.explain.nonfinite import explain_nonfinite
+from specdiff.replay.diff.types import (
+    Alignment,
+    Explanation,
+    Pair,
+    TensorComparison,
+    serve_side,
+    side_names,
+    trace_engine,
+)
 from specdiff.tracer.contract import AUX_IDS_DEFAULT_PREFIX, aux_slot_layers, known
 from specdiff.tracer.engines import engine_names, engine_spec
-from specdiff.tracer.engines.base import EngineSpec, UnknownEngineError
 from specdiff.tracer.schema import aux_name, aux_slot, probe_index
 
 MAX_ROWS = 2048
 SAMPLE_WINDOWS = 8
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """A known mistake whose transform closes the gap, with its evidence.
-
-    Attributes:
-        cause: short id, e.g. ``"aux_layer_shift"``, ``"d2t_direct_ids"``.
-        message: one plain-words sentence for the header / report.
-        evidence: lines of numbers that show the transform closing the gap.
-        fix: what to change.
-        matrix: for aux checks, ``{"rows": [...], "cols": [...], "rel": [[...]]}`` (rel error).
-    """
-
-    cause: str
-    message: str
-    evidence: tuple[str, ...] = ()
-    fix: str = ""
-    matrix: dict | None = field(default=None, compare=False)
 
 
 class _Memo:
@@ -142,35 +130,6 @@ def _hf_candidates(trace) -> dict[int, str]:
     return out
 
 
-def trace_engine(trace) -> EngineSpec | None:
-    """The registered serving engine that recorded ``trace`` (its ``engine`` contract fact), or
-    None for a training side, an older trace without the fact, or an engine specdiff does not know."""
-    name = known(trace.contract, "engine")
-    try:
-        return engine_spec(str(name)) if name else None
-    except UnknownEngineError:
-        return None
-
-
-def _engine_label(trace) -> str | None:
-    spec = trace_engine(trace)
-    if spec is None:
-        return None
-    version = known(trace.contract, "engine_version")
-    return f"{spec.title} {version}" if version else spec.title
-
-
-def side_names(traces: Pair) -> Pair[str]:
-    """How explanations and the report name the two sides: 'training' / 'serving'; for two serving
-    traces of different engines or engine versions, each by its engine ('SGLang 0.5.23' / 'vLLM
-    0.32.0'); else 'A' / 'B' (``contract_check.side_labels``)."""
-    if traces.x.side == traces.y.side == "serve":
-        names = traces.map(_engine_label)
-        if names.x and names.y and names.x != names.y:
-            return names
-    return side_labels(traces)
-
-
 def _fallback_words(trace) -> str | None:
     """'vLLM V1 read no ids from <keys>: it fell back to its default HF [...]' when the trace's
     contract says the engine took no aux ids from the draft config (``aux_ids_source``), else None."""
@@ -189,7 +148,7 @@ def _culprit_is_y(traces: Pair) -> bool:
     serving sides, the one whose contract shows its engine did not take the configured ids (the
     default fallback, ids dropped), else y."""
     if traces.x.side != traces.y.side:
-        return traces.y.side == "serve"
+        return serve_side(traces) == "y"
 
     def suspect(t):
         return _fallback_words(t) is not None or bool(known(t.contract, "aux_dropped_ids"))
@@ -289,7 +248,6 @@ def _serve_capture_differs(traces: Pair, alignment: Alignment, labels: Pair, evi
     """Two serving traces captured different layers and neither holds the other's: say what each
     engine captured and from which ids, and blame the side that accepts less (the same draft accepts
     less on the layers it was not trained on); without acceptance on both sides, say it cannot tell."""
-    from specdiff.replay.diff.acceptance import acceptance
 
     hf = traces.map(lambda t: list(aux_slot_layers(t.contract) or []))
     msg = (f"the engines captured different aux layers: {labels.x} HF {hf.x}{_ids_words(traces.x)}; "
@@ -647,7 +605,6 @@ def explain_structure(traces: Pair, first: TensorComparison) -> list[Explanation
 
 def explain_token_format(traces: Pair, alignment: Alignment) -> list[Explanation]:
     """The sides tokenized the same text in different formats: say how, decoded side by side."""
-    from specdiff.replay.diff.token_format import decoder, describe, load_tokenizer, special_ids
 
     labels = side_names(traces)
     decode = decoder(load_tokenizer(traces))

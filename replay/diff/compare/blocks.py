@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdiff.replay.diff import metrics
-from specdiff.replay.diff.align import Pair
+from specdiff.replay.diff.compare import metrics
+from specdiff.replay.diff.types import Pair
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import open_trace
 from specdiff.tracer.store.arrays import STORAGE_DTYPES, from_storage

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from specdiff.eagle3.norms import NORM_FLAGS
-from specdiff.replay.diff.align import match_rows, rows_by_value
+from specdiff.replay.diff.align.align import match_rows, rows_by_value
 from specdiff.tracer.contract import known
 from specdiff.tracer.errors import SpecdiffError
 

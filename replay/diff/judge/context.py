@@ -4,7 +4,7 @@ The EAGLE-3 draft attends over its KV cache: the row at (seq, t) of ``draft.hidd
 stage after it reads the keys and values of every earlier position t' < t of the same sequence,
 computed from that position's depth-0 ``draft.attn_in`` (SGLang 0.5.23: the draft KV cache the
 draft extend writes after each verify, srt/speculative/eagle_worker_v2.py:1110
-``_draft_extend_for_decode``; training: the causal TTT mask). ``replay/diff/inherited.py`` inherits a row from a differing input *at the same position*;
+``_draft_extend_for_decode``; training: the causal TTT mask). ``replay/diff/judge/inherited.py`` inherits a row from a differing input *at the same position*;
 an earlier position's differing K/V reaches every later row of the sequence instead, diluted by
 the weight the attention puts on it.
 
@@ -31,7 +31,7 @@ never a source: a real bug upstream stays the first divergence.
 
 When the sources come so early that the rows before them are too few (issue 20, GPT-OSS: router
 near ties at positions 1-7 of every prompt left 8 of 128 rows), a re-run of the draft stands in for
-them (replay/diff/context_proof.py, asked through ``context_rows(prove=...)``): the training draft
+them (replay/diff/judge/context_proof.py, asked through ``context_rows(prove=...)``): the training draft
 re-run on each side's inputs reproduces that side on every row after a source. Those rows are then
 ``carried`` (compare.py): later stages inherit them, passing or not.
 
@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from specdiff.replay.diff.judge.inherited import feeds
 from specdiff.tracer.schema import spec_for
 
 #: the stage whose depth-0 rows the draft's KV cache is computed from
@@ -73,7 +74,6 @@ def consumes_context(name: str) -> bool:
 def first_sources(upstream) -> dict[int, int]:
     """pair -> first position of a context source (module doc) in ``upstream``
     (``inherited.Inheritance``, the source rows of the tensors compared so far)."""
-    from specdiff.replay.diff.inherited import feeds
 
     first: dict[int, int] = {}
     for s in upstream.sources:
@@ -96,7 +96,7 @@ class ContextRows:
         fraction: explained rows / counted rows; clean_rows: counted rows before every source.
         max_rel: the largest relative error among them (0 for id tensors).
         proof: None when the ``clean_rows`` show the attention agrees; else the re-run that shows
-            it (replay/diff/context_proof.py ``ReplayProof`` as a dict, with its ``message``).
+            it (replay/diff/judge/context_proof.py ``ReplayProof`` as a dict, with its ``message``).
     """
 
     tensor: str
@@ -111,6 +111,7 @@ class ContextRows:
     def cause(self) -> str:
         return "draft_attention_context"
 
+    @property
     def message(self) -> str:
         at = ", ".join(f"seq {s['seq']} pos {s['pos']}" for s in self.sources[:3])
         more = f" and {len(self.sources) - 3} more" if len(self.sources) > 3 else ""
@@ -164,7 +165,7 @@ def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: n
     ``first``: :func:`first_sources`; ``counted``: bool [n], the rows whose inputs agree.
     ``prove(comp, idx)``: when too few rows precede every source, the re-run that shows the draft
     computes the same from the same inputs on every counted row after a source, passing or not
-    (replay/diff/context_proof.py ``ContextProver``: a ``ReplayProof`` or why not, in words);
+    (replay/diff/judge/context_proof.py ``ContextProver``: a ``ReplayProof`` or why not, in words);
     None: no re-run, the rows are not named. With a proof, compare.py marks those rows
     ``carried``: later stages inherit them. ``explained_first(pair) -> bool``: whether the first
     source of sequence ``pair`` is a row a named cause explains; the re-run is asked only when

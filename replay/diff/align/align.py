@@ -18,12 +18,12 @@ the overlapping part while ``tokens`` is the first divergence.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from difflib import SequenceMatcher
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
+from specdiff.replay.diff.types import Alignment, Pair, RowMatch, SeqPair, TokenFormat
 from specdiff.tracer.errors import SpecdiffError
 
 T = TypeVar("T")
@@ -31,70 +31,6 @@ T = TypeVar("T")
 
 class AlignmentError(SpecdiffError):
     """The two traces cannot be aligned (no common sequence)."""
-
-
-@dataclass(frozen=True)
-class Pair(Generic[T]):
-    """Something that exists once per side: ``x`` (side A, e.g. training), ``y`` (side B, serving)."""
-
-    x: T
-    y: T
-
-    def map(self, fn) -> Pair:
-        return Pair(fn(self.x), fn(self.y))
-
-
-@dataclass(frozen=True)
-class TokenFormat:
-    """How two content-paired sequences differ (token ids only; the report decodes them).
-
-    Attributes:
-        first_diff: token index where the two sequences first differ (their common prefix length).
-        head: per side, the tokens before the common run (e.g. a BOS, a role marker).
-        tail: per side, up to ``TAIL`` tokens right after the common run (e.g. a template suffix).
-        run: length of the common run.
-    """
-
-    first_diff: int
-    head: Pair[tuple[int, ...]]
-    tail: Pair[tuple[int, ...]]
-    run: int
-
-
-@dataclass(frozen=True)
-class SeqPair:
-    """Two aligned sequences: ids on each side and the common token length.
-
-    ``start`` is the token index where the common part begins on each side (0 for sequences
-    that pair exactly or by prefix); aligned position p is position ``start + p`` of each side.
-    ``format`` is set when the sequences paired only by content.
-    """
-
-    index: int  # position in Alignment.seq_pairs, the "seq" the report shows
-    seq: Pair[int]
-    length: int
-    prompt_len: int
-    start: Pair[int] = Pair(0, 0)
-    format: TokenFormat | None = None
-
-
-@dataclass(frozen=True)
-class Alignment:
-    """Which sequences pair up, and which did not (a plan: printable, no tensors)."""
-
-    seq_pairs: tuple[SeqPair, ...]
-    unmatched: Pair[tuple[int, ...]]
-
-    def summary(self) -> str:
-        by_content = sum(p.format is not None for p in self.seq_pairs)
-        how = f" ({by_content} paired by content: their token formats differ)" if by_content else ""
-        return (f"{len(self.seq_pairs)} aligned sequences{how}; unmatched: {len(self.unmatched.x)} on A, "
-                f"{len(self.unmatched.y)} on B")
-
-    @property
-    def token_formats(self) -> list[SeqPair]:
-        """Pairs whose token formats differ (paired by content), in pair order."""
-        return [p for p in self.seq_pairs if p.format is not None]
 
 
 NGRAM = 4  # content pairing: candidates share the most 4-grams
@@ -214,28 +150,6 @@ def align_sequences(traces: Pair, *, min_common: int = 2, min_run: int = 4, deco
             "sequences (`specdiff record train --replay SERVE_TRACE`) or with the serving token format")
     unmatched_y = tuple(s.id for s in ys if s.id not in used)
     return Alignment(tuple(pairs), Pair(tuple(still), unmatched_y))
-
-
-@dataclass(frozen=True)
-class RowMatch:
-    """Row pairing of one tensor: ``rows.x[i]`` on A pairs with ``rows.y[i]`` on B.
-
-    ``pair``/``pos``/``depth`` [n] int give the aligned key of each pair (``pair`` indexes
-    Alignment.seq_pairs). ``only`` counts rows present on one side only (within common length).
-    """
-
-    rows: Pair[np.ndarray]
-    pair: np.ndarray
-    pos: np.ndarray
-    depth: np.ndarray
-    only: Pair[int]
-
-    @property
-    def coverage(self) -> float:
-        """Fraction of the rows either side holds that found a partner."""
-        n = len(self.pair)
-        total = n + max(self.only.x, self.only.y)
-        return n / total if total else 1.0
 
 
 def _keyed(trace, name: str, seq_to_pair: dict[int, tuple[int, int, int]]):
