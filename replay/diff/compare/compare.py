@@ -16,7 +16,6 @@ explain are named, not counted (replay/diff/judge/routing.py).
 
 from __future__ import annotations
 
-import functools
 from collections import deque
 from dataclasses import replace
 
@@ -25,8 +24,13 @@ import numpy as np
 from specdiff.replay.diff.align.align import match_rows, pack_keys
 from specdiff.replay.diff.compare import blocks, metrics
 from specdiff.replay.diff.compare.early import FirstDivergenceWatch, divergence_key
-from specdiff.replay.diff.compare.tolerance import Tolerance, apply_overrides, default_tolerance, looser_dtype
-from specdiff.replay.diff.judge import context, groups, inherited, routing, topk_ties
+from specdiff.replay.diff.compare.tolerance import (
+    Tolerance,
+    apply_overrides,
+    compute_dtype,
+    default_tolerance,
+)
+from specdiff.replay.diff.judge import Judging, Scene, groups, inherited, judging, routing
 from specdiff.replay.diff.types import (
     CLOSE,
     DIVERGED,
@@ -36,11 +40,9 @@ from specdiff.replay.diff.types import (
     Pair,
     RowMatch,
     TensorComparison,
-    serve_side,
     side_labels,
 )
-from specdiff.tracer.contract import known
-from specdiff.tracer.schema import aux_name, aux_slot, ordered, probe_index, spec_for
+from specdiff.tracer.schema import aux_slot, ordered, probe_index, spec_for
 
 
 def _token_path_keys(traces: Pair, m: RowMatch) -> np.ndarray:
@@ -71,9 +73,8 @@ def _filter_depth(m: RowMatch, good: np.ndarray | None) -> RowMatch:
 
 def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: Tolerance,
                    good_paths: np.ndarray | None, block_rows: int = 1 << 16, match: RowMatch | None = None,
-                   watch=None, on_rows=None, on_partial=None, runner=None, counted: np.ndarray | None = None,
-                   inheritance: tuple | None = None, judge=None, watch_frac: float | None = None,
-                   row_groups: list | None = None, context_rows: np.ndarray | None = None) -> TensorComparison:
+                   watch=None, on_rows=None, on_partial=None, runner=None,
+                   judging: Judging | None = None) -> TensorComparison:
     """Compare tensor ``name`` over its aligned rows (see module doc for depth > 0 rows).
 
     Blocks of ``block_rows`` rows (at most ~16 MiB of float32 a side) are compared on the block
@@ -85,6 +86,7 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     ``runner``: where blocks are compared (``blocks.LocalBlocks``, the default, or
     ``blocks.ExecutorBlocks`` for Dask workers); the results are the same either way.
 
+    ``judging`` (replay/diff/judge/__init__.py ``Judging``; None: every row counts, no judge):
     ``counted``: bool [n], the rows whose inputs agree (replay/diff/judge/inherited.py), the only ones
     that judge the tensor (None: all); ``inheritance``: ``Inheritance.inherited``'s (mask, source
     index, names), kept for the report. ``judge(comp, candidates)``: a named legitimate cause
@@ -98,6 +100,8 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     they do not set ``limit_use`` (None: every counted row does).
     """
     spec = spec_for(name)
+    j = judging or Judging()
+    counted, judge, row_groups = j.counted, j.judge, j.row_groups
     m = match if match is not None else tensor_match(traces, alignment, name, good_paths=good_paths)
     n = len(m.pair)
     score = np.zeros(n, np.float32)
@@ -111,7 +115,7 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     if counted is not None and counted.all():
         counted = None
     if watch is not None:
-        watch.start(name, tolerance, m, counted=counted, max_frac=watch_frac)
+        watch.start(name, tolerance, m, counted=counted, max_frac=j.watch_frac)
     step = blocks.block_rows(traces.x, name, block_rows)
     for r in _blocks_in_order(traces, name, spec.kind, m, step, runner or blocks.LocalBlocks()):
         a, b = r.a, r.b
@@ -148,7 +152,7 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     else:
         stats.update(match_rate=float(exact.sum()) / readable if readable else 1.0,
                      topk_overlap=float((1 - score[~unread]).mean()) if readable else 1.0)
-    inh, src, names = inheritance if inheritance is not None else (None, None, [])
+    inh, src, names = j.inheritance if j.inheritance is not None else (None, None, [])
     comp = TensorComparison(name, tolerance, m, status, score, cos, nonfinite, stats, worst, False,
                             counted=counted, inherited=inh, inherited_src=src, inherited_names=list(names))
     if judge is not None and own.any():
@@ -162,7 +166,7 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
         usable = (counted if counted is not None else np.ones(n, bool)) & ~unread
         comp.concentration = groups.concentrated(comp, row_groups, own & usable, usable)
         comp.diverged = comp.concentration is not None and comp.concentration.fired
-    stats.update(_inheritance_stats(comp, own, counted_readable, own_frac, spec.kind, context_rows))
+    stats.update(_inheritance_stats(comp, own, counted_readable, own_frac, spec.kind, j.context_rows))
     if watch is not None:
         watch.finished(comp)
     return comp
@@ -338,7 +342,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     watch = FirstDivergenceWatch(pending={n: _shallowest_depth(traces.x, n) for n in names}, known=known,
                                  on_first=on_first)
     total, done = sum(traces.x.rows(n) for n in names), 0
-    grouping = _Grouping(traces, alignment)
+    grouping = groups.RowGrouping(traces, alignment)
 
     def rows_done(k: int) -> None:
         nonlocal done
@@ -349,34 +353,21 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         if progress:
             progress(name, i, len(names))
         spec = spec_for(name)
-        tol = default_tolerance(_compute_dtype(traces.x, name), _compute_dtype(traces.y, name),
+        tol = default_tolerance(compute_dtype(traces.x, name), compute_dtype(traces.y, name),
                                 kind=spec.kind, preset=preset)
         user_frac = apply_overrides(tol, name, overrides or {}).max_fail_frac != tol.max_fail_frac
         tol = apply_overrides(exact_inputs(name, tol), name, overrides or {})
         m = tensor_match(traces, alignment, name, good_paths=good, match=matched.get(name))
         inh = upstream.inherited(name, m)
         counted = ~inh[0] & ~inherited.beyond_common_run(name, m, lengths)
-        judge, watch_frac, moved = None, None, None
-        if routing.eligible(name, family):
-            prev = out.get(aux_name(aux_slot(name) - 1))
-            judge = functools.partial(_judge_routing, prev, family, counted)
-            watch_frac = routing.bound(tol)
-        elif context.consumes_context(name) and (first := context.first_sources(upstream)):
-            # an earlier cached row differed: the draft attention carries it to later rows (context.py)
-            judge = functools.partial(_judge_context, first, counted, prove_context,
-                                      lambda pair, first=first: upstream.explained_at(pair, first[pair], context.CONTEXT_STAGE))
-            watch_frac = 1.0
-            moved = context.attributed_rows(name, m, first, counted)
-        if name in topk_ties.JUDGED:
-            # ids chosen from the draft's logits may swap at rank k on a near tie (topk_ties.py)
-            judge = functools.partial(_judge_ties, traces, counted)
-            watch_frac = 1.0
+        scene = Scene(traces, family, upstream, out, counted, prove_context)
+        judged = judging(name, scene, tol, m, inheritance=inh,
+                         row_groups=None if user_frac else grouping.groups(name, m))
         out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, match=m, watch=watch,
                                    on_rows=rows_done if on_rows is not None else None, runner=runner,
                                    on_partial=None if on_partial is None
                                    else lambda c: on_partial({**out, c.name: c}, watch.first),
-                                   counted=counted, inheritance=inh, judge=judge, watch_frac=watch_frac,
-                                   row_groups=None if user_frac else grouping.groups(name, m), context_rows=moved)
+                                   judging=judged)
         if family.moe and aux_slot(name) == 0 and out[name].diverged:
             out[name].stats["routing_not_named"] = routing.SLOT0_WHY
             out[name].stats["routing_family"] = family.words()
@@ -390,26 +381,6 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     return {n: out[n] for n in ordered(out)}
 
 
-class _Grouping:
-    """The structural row groups of each tensor (groups.row_groups), from serving's row keys:
-    its decode iteration per row (``iter``; -1 = prefill) and the requests whose prefix hit the
-    radix cache (groups.cached_prefixes), read once per diff (the serving side: ``types.serve_side``)."""
-
-    def __init__(self, traces: Pair, alignment: Alignment):
-        self.traces = traces
-        self.sv = serve_side(traces)
-        self.prompt = {p.index: p.prompt_len for p in alignment.seq_pairs}
-        self.cached = groups.cached_prefixes(traces, alignment, self.sv)
-
-    def groups(self, name: str, m: RowMatch) -> list | None:
-        if spec_for(name).kind != "float" or not len(m.pair):
-            return None
-        trace = getattr(self.traces, self.sv)
-        it = np.asarray(trace.keys(name, columns=("iter",))["iter"], np.int64)[getattr(m.rows, self.sv)]
-        iters = it if (it >= 0).any() else None
-        return groups.row_groups(m, iters=iters, prompt_lens=self.prompt, cached=self.cached)
-
-
 def exact_inputs(name: str, tol: Tolerance) -> Tolerance:
     """``tokens`` admits no failing row: the draft's input tokens are not numerics. Depth-0 rows
     hold x_{t+1} of the sequence on both sides, deeper rows are compared only where both sides'
@@ -417,41 +388,6 @@ def exact_inputs(name: str, tol: Tolerance) -> Tolerance:
     (inherited.beyond_common_run): a differing counted token is a bug (e.g. one wrong token at a
     chunk boundary), however few rows it touches. Other tensors: ``tol`` unchanged."""
     return replace(tol, max_fail_frac=0.0) if name == "tokens" else tol
-
-
-def _judge_routing(previous, family, counted, comp, candidates):
-    """``routing.routing_flips`` as a ``compare_tensor`` judge (the previous aux slot's comparison
-    and the counted rows bound first); why the rows were not named, when not, goes to the
-    tensor's ``stats["routing_not_named"]``."""
-    got = routing.routing_flips(comp, previous, family, candidates, counted)
-    if isinstance(got, str):
-        comp.stats["routing_not_named"] = got
-        comp.stats["routing_family"] = family.words()  # the report names the family without reading contracts
-        return None
-    return got
-
-
-def _judge_ties(traces, counted, comp, candidates):
-    """``topk_ties.boundary_ties`` as a ``compare_tensor`` judge, in the draft's looser compute
-    dtype; why the rows were not named, when not, goes to the tensor's ``stats["ties_not_named"]``."""
-    dtype = looser_dtype(_compute_dtype(traces.x, comp.name), _compute_dtype(traces.y, comp.name))
-    got = topk_ties.boundary_ties(traces, comp, candidates, counted, dtype=dtype)
-    if isinstance(got, str):
-        comp.stats["ties_not_named"] = got
-        return None
-    return got
-
-
-def _judge_context(first, counted, prove, explained_first, comp, candidates):
-    """``context.context_rows`` as a ``compare_tensor`` judge; why the rows were not named, when
-    not, goes to the tensor's ``stats["context_not_named"]``."""
-    got = context.context_rows(comp, first, candidates, counted, prove, explained_first)
-    if isinstance(got, str):
-        comp.stats["context_not_named"] = got
-        return None
-    if got is not None and got.proof is not None:  # the re-run covered every readable row after a source
-        comp.carried = context.after_sources(comp.match, first) & counted & (comp.status != UNREADABLE)
-    return got
 
 
 def _plan(traces: Pair, alignment: Alignment, structure: list) -> tuple[np.ndarray | None, list[str], dict]:
@@ -510,15 +446,6 @@ def token_format_comparison(traces: Pair, alignment: Alignment, base: TensorComp
         base = _no_rows("tokens", default_tolerance("int64", "int64", kind="int", preset=preset))
     stats = dict(base.stats, token_format_pairs=len(alignment.token_formats))
     return replace(base, stats=stats, worst=worst, diverged=True, kind="tokens")
-
-
-def _compute_dtype(trace, name: str) -> str:
-    """The looser of the stored dtype and the side's compute dtype (contract ``dtype``).
-
-    A float32 logsumexp computed from bf16 logits carries bf16 error, so it gets bf16 tolerance.
-    """
-    compute = str(known(trace.contract, "dtype", "bfloat16")).replace("torch.", "")
-    return looser_dtype(trace.info(name).dtype, compute)
 
 
 def first_divergence(comps: dict[str, TensorComparison]) -> TensorComparison | None:

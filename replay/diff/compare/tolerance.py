@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from specdiff.tracer.contract import known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.schema import STAGE_ORDER, spec_for
 
@@ -168,3 +169,12 @@ def first_near_tie(top2_logits, *, dtype: str, ulps: float = NEAR_TIE_ULPS) -> i
         if is_near_tie(a, b, dtype=dtype, ulps=ulps):
             return i
     return None
+
+
+def compute_dtype(trace, name: str) -> str:
+    """The looser of the stored dtype and the side's compute dtype (contract ``dtype``).
+
+    A float32 logsumexp computed from bf16 logits carries bf16 error, so it gets bf16 tolerance.
+    """
+    compute = str(known(trace.contract, "dtype", "bfloat16")).replace("torch.", "")
+    return looser_dtype(trace.info(name).dtype, compute)

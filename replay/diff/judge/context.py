@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from specdiff.replay.diff.judge.inherited import feeds
+from specdiff.replay.diff.types import UNREADABLE
 from specdiff.tracer.schema import spec_for
 
 #: the stage whose depth-0 rows the draft's KV cache is computed from
@@ -214,5 +215,34 @@ def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: n
                        float(comp.score[idx].max()) if float_kind else 0.0, proof)
 
 
-__all__ = ["ContextRows", "consumes_context", "first_sources", "after_sources", "attributed_rows", "context_rows",
+class ContextJudge:
+    """``context_rows`` as a judge (judge/__init__.py ``JUDGES``): a draft tensor after the attention,
+    once an earlier cached row of a sequence differed; why the rows were not named, when not, goes
+    to the tensor's ``stats["context_not_named"]``. With a re-run's proof, the rows after a source
+    are ``carried`` (later stages inherit them)."""
+
+    def applies(self, name: str, scene) -> bool:
+        return consumes_context(name) and bool(scene.first_sources)
+
+    def watch_frac(self, tolerance) -> float:
+        return 1.0
+
+    def bind(self, name: str, scene):
+        first, counted, prove, upstream = scene.first_sources, scene.counted, scene.prove_context, scene.upstream
+
+        def explained_first(pair):
+            return upstream.explained_at(pair, first[pair], CONTEXT_STAGE)
+
+        def judge(comp, candidates):
+            got = context_rows(comp, first, candidates, counted, prove, explained_first)
+            if isinstance(got, str):
+                comp.stats["context_not_named"] = got
+                return None
+            if got is not None and got.proof is not None:  # the re-run covered every readable row after a source
+                comp.carried = after_sources(comp.match, first) & counted & (comp.status != UNREADABLE)
+            return got
+        return judge
+
+
+__all__ = ["ContextRows", "ContextJudge", "consumes_context", "first_sources", "after_sources", "attributed_rows", "context_rows",
            "CONTEXT_STAGE", "CONTEXT_MIN_CLEAN", "CONTEXT_MAX_REL"]

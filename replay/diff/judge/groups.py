@@ -46,6 +46,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdiff.replay.diff.types import Alignment, Pair, RowMatch, serve_side
+from specdiff.tracer.contract import REQUEST_PREFILL
+from specdiff.tracer.schema import spec_for
+
 GROUP_MIN_ROWS = 3
 GROUP_ALPHA = 0.01
 GROUP_FAR = 2.0
@@ -149,7 +153,6 @@ def recorded_prefill(trace) -> dict[int, dict]:
     tracer/engines/sglang/prefill.py: ``{"cached_prefix": int | "unknown", "chunks": [[start, length],
     ...]}``), matched through each sequence's rid; empty when the trace does not hold them (another
     recorder, an older trace, a server killed before it closed the trace)."""
-    from specdiff.tracer.contract import REQUEST_PREFILL
 
     facts = (trace.contract or {}).get(REQUEST_PREFILL)
     if not isinstance(facts, dict) or not facts:
@@ -251,7 +254,6 @@ def concentrated(comp, groups: list[Group], own: np.ndarray, counted: np.ndarray
     ``own``: bool [n], the counted failing rows (``TensorComparison.own_fail``); ``counted``: bool
     [n], the counted readable rows.
     """
-    from specdiff.tracer.schema import spec_for
 
     if spec_for(comp.name).kind != "float" or not own.any():
         return None
@@ -282,6 +284,26 @@ def concentrated(comp, groups: list[Group], own: np.ndarray, counted: np.ndarray
                          float(rel.max()), bool(p <= GROUP_ALPHA and far), g.detail, ev, bad)
 
 
-__all__ = ["Group", "Concentration", "row_groups", "concentrated", "cached_prefixes", "chunk_ends", "recorded_prefill",
+class RowGrouping:
+    """The structural row groups of each tensor (``row_groups``), from serving's row keys:
+    its decode iteration per row (``iter``; -1 = prefill) and the requests whose prefix hit the
+    radix cache (``cached_prefixes``), read once per diff (the serving side: ``types.serve_side``)."""
+
+    def __init__(self, traces: Pair, alignment: Alignment):
+        self.traces = traces
+        self.sv = serve_side(traces)
+        self.prompt = {p.index: p.prompt_len for p in alignment.seq_pairs}
+        self.cached = cached_prefixes(traces, alignment, self.sv)
+
+    def groups(self, name: str, m: RowMatch) -> list | None:
+        if spec_for(name).kind != "float" or not len(m.pair):
+            return None
+        trace = getattr(self.traces, self.sv)
+        it = np.asarray(trace.keys(name, columns=("iter",))["iter"], np.int64)[getattr(m.rows, self.sv)]
+        iters = it if (it >= 0).any() else None
+        return row_groups(m, iters=iters, prompt_lens=self.prompt, cached=self.cached)
+
+
+__all__ = ["Group", "Concentration", "RowGrouping", "row_groups", "concentrated", "cached_prefixes", "chunk_ends", "recorded_prefill",
            "hypergeom_tail",
            "GROUP_RULE", "GROUP_MIN_ROWS", "GROUP_ALPHA", "GROUP_FAR"]

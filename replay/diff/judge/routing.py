@@ -289,6 +289,31 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
                         float(comp.score[idx].max()), run, family.words(), len(runs))
 
 
-__all__ = ["TargetFamily", "RoutingFlips", "target_family", "routing_flips", "eligible", "bound",
+class RoutingJudge:
+    """``routing_flips`` as a judge (judge/__init__.py ``JUDGES``): at an aux slot j >= 1 of an MoE
+    target, with the previous slot's comparison; why the rows were not named, when not, goes to the
+    tensor's ``stats["routing_not_named"]``."""
+
+    def applies(self, name: str, scene) -> bool:
+        return eligible(name, scene.family)
+
+    def watch_frac(self, tolerance) -> float:
+        return bound(tolerance)
+
+    def bind(self, name: str, scene):
+        previous = scene.comparisons.get(aux_name(aux_slot(name) - 1))
+        family, counted = scene.family, scene.counted
+
+        def judge(comp, candidates):
+            got = routing_flips(comp, previous, family, candidates, counted)
+            if isinstance(got, str):
+                comp.stats["routing_not_named"] = got
+                comp.stats["routing_family"] = family.words()  # the report names the family without reading contracts
+                return None
+            return got
+        return judge
+
+
+__all__ = ["RoutingJudge", "TargetFamily", "RoutingFlips", "target_family", "routing_flips", "eligible", "bound",
            "SLOT0_WHY", "MOE_ARCHITECTURES", "DENSE_ARCHITECTURES", "ROUTING_MAX_FRAC", "ROUTING_MAX_RUN", "ROUTING_MAX_REL",
            "ROUTING_TAIL_SHARE", "ROUTING_MAX_ROWS", "FAMILY_FIELDS"]

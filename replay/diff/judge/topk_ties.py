@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdiff.replay.diff.compare.tolerance import is_near_tie
+from specdiff.replay.diff.compare.tolerance import compute_dtype, is_near_tie, looser_dtype
 
 #: the id tensors chosen from the draft's logits, judged against ``VALUES`` / ``IDS``
 JUDGED = ("draft.logits_topk.ids", "draft.topk")
@@ -126,6 +126,29 @@ def boundary_ties(traces, comp, candidates: np.ndarray, counted: np.ndarray | No
         rows.append({"seq": int(m.pair[i]), "pos": int(m.pos[i]), "depth": int(m.depth[i]), "rank": k, "gap": gap})
     total = int(counted.sum()) if counted is not None else len(m.pair)
     return TopkBoundaryTies(comp.name, rows, len(rows) / total if total else 1.0, dtype)
+
+
+class TiesJudge:
+    """``boundary_ties`` as a judge (judge/__init__.py ``JUDGES``), in the draft's looser compute
+    dtype; why the rows were not named, when not, goes to the tensor's ``stats["ties_not_named"]``."""
+
+    def applies(self, name: str, scene) -> bool:
+        return name in JUDGED
+
+    def watch_frac(self, tolerance) -> float:
+        return 1.0
+
+    def bind(self, name: str, scene):
+        traces, counted = scene.traces, scene.counted
+
+        def judge(comp, candidates):
+            dtype = looser_dtype(compute_dtype(traces.x, comp.name), compute_dtype(traces.y, comp.name))
+            got = boundary_ties(traces, comp, candidates, counted, dtype=dtype)
+            if isinstance(got, str):
+                comp.stats["ties_not_named"] = got
+                return None
+            return got
+        return judge
 
 
 __all__ = ["TopkBoundaryTies", "boundary_ties", "JUDGED"]
