@@ -231,21 +231,21 @@ def test_explanation_samples_read_a_few_runs_of_rows_not_the_whole_trace():
     """The explanation checks read a sample of aligned rows; rows are read chunk by chunk, so the
     sample must be a few runs of neighbouring rows (a few chunks), not rows spread one per chunk over
     the whole trace (which decoded a 1 GiB trace 18 times for one explanation)."""
-    from specdiff.replay.diff.explain import MAX_ROWS, SAMPLE_WINDOWS, _sample
+    from specdiff.replay.diff.explain.sample import MAX_ROWS, SAMPLE_WINDOWS, sample_rows
     from specdiff.replay.diff.types import RowMatch
 
     n = 100_000
     rng = np.random.default_rng(0)
     serve_rows = rng.permutation(n)  # serving interleaves requests: its rows come in another order
     m = RowMatch(Pair(np.arange(n), serve_rows), np.zeros(n, int), np.arange(n), np.zeros(n, int), Pair(0, 0))
-    rx, ry = _sample(m)
+    rx, ry = sample_rows(m)
     assert len(rx) == MAX_ROWS and len(np.unique(rx)) == MAX_ROWS
     runs = 1 + int((np.diff(np.sort(rx)) > 1).sum())
     assert runs <= SAMPLE_WINDOWS
     assert rx.min() < n // SAMPLE_WINDOWS and rx.max() > n - n // SAMPLE_WINDOWS  # spread over the trace
     assert np.array_equal(ry, serve_rows[rx])  # pairs stay pairs
     small = RowMatch(Pair(np.arange(10), np.arange(10)), np.zeros(10, int), np.arange(10), np.zeros(10, int), Pair(0, 0))
-    assert np.array_equal(_sample(small)[0], np.arange(10))  # a small match is read whole
+    assert np.array_equal(sample_rows(small)[0], np.arange(10))  # a small match is read whole
 
 
 @pytest.mark.parametrize("rows_kind", ["all", "with gaps", "reversed", "scattered", "chunk longer than a block"])

@@ -133,6 +133,7 @@ def explain_nonfinite(traces: Pair, comps: dict, first, labels: Pair):
     ``fp16_overflow``, ``nonfinite_weights`` or ``nonfinite`` (nothing recorded explains them).
     ``first`` is the report's first divergence; when the non-finite values appear at another
     tensor the message says so (they are then downstream evidence, not the first divergence).
+    The explanation's ``tensor`` is where they first appear (explain/__init__.py orders by it).
     """
 
     nf = first_nonfinite(traces, comps)
@@ -165,7 +166,8 @@ def explain_nonfinite(traces: Pair, comps: dict, first, labels: Pair):
             return [Explanation("nonfinite_weights", f"{head}: {lab}'s draft checkpoint holds NaN/inf weights "
                                 f"({', '.join(bad[:3])}{more}): an uninitialised or corrupt tensor",
                                 (*ev, f"checked {known(trace.contract, 'draft_name')}"),
-                                "re-export the draft checkpoint from the trained weights (every tensor finite)")]
+                                "re-export the draft checkpoint from the trained weights (every tensor finite)",
+                                tensor=nf.name)]
         if mine == "float16" and other != "float16":
             words = f"{other}, which shares float32's exponent range" if other in WIDE_DTYPES else \
                 "another dtype" if other else "a wider dtype (the other side's dtype is not recorded)"
@@ -175,7 +177,8 @@ def explain_nonfinite(traces: Pair, comps: dict, first, labels: Pair):
                    else "record training in the serving dtype, or serve in bfloat16: --dtype bfloat16")
             return [Explanation("fp16_overflow", f"{head}: {lab} ran in float16 where the other side ran {words}; "
                                 f"activations past float16's {FLOAT16_MAX:g} overflow to inf, and inf turns into "
-                                f"NaN in the next norm or attention{proof}", tuple(ev), fix)]
+                                f"NaN in the next norm or attention{proof}", tuple(ev), fix,
+                                tensor=nf.name)]
     return [Explanation("nonfinite", f"{head}: no recorded dtype or weight explains them", tuple(ev),
                         "find the first op that produces inf/NaN on that side (run it in float32; check the draft "
-                        "checkpoint's tensors are finite)")]
+                        "checkpoint's tensors are finite)", tensor=nf.name)]
