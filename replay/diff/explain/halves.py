@@ -3,6 +3,7 @@ when the draft's hidden states agree but its logits do not."""
 
 from __future__ import annotations
 
+from specdiff.replay.diff.causes import fix_of
 from specdiff.replay.diff.compare import metrics
 from specdiff.replay.diff.explain.sample import (
     at_depth,
@@ -34,17 +35,16 @@ def explain_halves(traces: Pair, comps: dict[str, TensorComparison], first: Tens
                                 "hidden half agrees: the token embedding (or the input_layernorm over it) differs"
                                 + src,
                                 (f"embedding half rel err {emb:.2e}; hidden half rel err {hid:.2e}",),
-                                "serve the draft with the embedding it was trained with (SGLang always shares "
-                                "the target's and ignores a checkpoint embed_tokens)")]
+                                fix_of("embed_source"))]
         if emb <= first.tolerance.rel < hid:
             return [Explanation("hidden_half", "the hidden half of the draft's attention input differs, the "
                                 "embedding half agrees: hidden_norm, or the hidden the midlayer is fed "
                                 "(draft.hidden_in), differs",
                                 (f"embedding half rel err {emb:.2e}; hidden half rel err {hid:.2e}",),
-                                "compare draft.hidden_in and the hidden_norm weight on both sides")]
+                                fix_of("hidden_half"))]
     if first.name.startswith("draft.logits") and "draft.hidden_out" in comps and not comps["draft.hidden_out"].diverged:
         src = f" ({labels.x}: {cx.get('lm_head_source', '?')}, {labels.y}: {cy.get('lm_head_source', '?')})"
         return [Explanation("lm_head_source", "draft hidden states agree but logits do not: the lm_head differs" + src,
                             (f"draft.hidden_out max rel err {comps['draft.hidden_out'].stats.get('max_rel', 0):.2e}",),
-                            "load the draft's trained lm_head (not a random or target one)")]
+                            fix_of("lm_head_source"))]
     return []

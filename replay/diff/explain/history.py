@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdiff.replay.diff.align.align import pack_keys
+from specdiff.replay.diff.causes import fix_of
 from specdiff.replay.diff.judge.context import CONTEXT_STAGE, consumes_context
 from specdiff.replay.diff.judge.groups import cached_prefixes, chunk_ends
 from specdiff.replay.diff.types import CLOSE, Explanation, serve_side, side_names
@@ -129,8 +130,7 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
                 "its own extend never wrote for the cached slots",
                 (f"requests that hit the cache: {reqs}", f"{clean} counted rows of requests without a cache hit agree",
                  *_rows(first, order, iters)),
-                "write the draft's KV for a cached prefix too (or keep the draft's KV in the radix cache with the "
-                "target's): a request whose prefix hits the cache must find the draft KV of those positions"))
+                fix_of("cached_prefix_draft_kv")))
             return out
 
     topk = max(int(known(t.contract, "spec_topk") or 1) for t in (traces.x, traces.y))
@@ -141,8 +141,7 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
             "re-ranking put into another branch's column attends to that column's depth-1 KV, not its parent's "
             "(SGLang's multi-step draft attention indexes KV as prefix + this column's draft slots)",
             (f"{int(((m.depth < 2) & counted).sum())} counted rows at depth 0-1 agree", *_rows(first, order, iters)),
-            "index each tree node's draft KV by its parent path, not its column (upstream SGLang multi-step "
-            "draft attention; serve with --speculative-eagle-topk 1 to avoid it)"))
+            fix_of("tree_rerank_kv")))
         return out
 
     decode = iters >= 0
@@ -156,8 +155,7 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
             "to KV of accepted positions that was not rewritten from the target's hidden states after verify",
             (f"{before} counted rows before iteration {first_iter} (prefill included) agree",
              *_rows(first, order, iters)),
-            "after verify, re-run the draft extend over the accepted tokens with the target's hidden states and "
-            "overwrite their draft KV (SGLang 0.5.23 eagle_worker_v2.py:1110 _draft_extend_for_decode)"))
+            fix_of("stale_draft_kv")))
         return out
 
     return out
@@ -200,9 +198,7 @@ def explain_chunk_boundary(traces, alignment, first) -> list:
         f"non-final prefill chunk ({n_ends} such rows in {len(ends)} requests), where the draft extend must read the "
         "next chunk's first prompt token; serving fed it another token there",
         (f"prefill chunks recorded per request: {reqs}", *rows),
-        "feed the next chunk's first prompt token as the draft's input at the last row of a non-final chunk "
-        "(SGLang 0.5.23 eagle_utils.py:81 _eagle_prefill_tail_tokens, PR #26329), or serve without chunked "
-        "prefill (--chunked-prefill-size larger than the prompts)")]
+        fix_of("chunk_boundary_token"))]
 
 
 __all__ = ["explain_history", "explain_chunk_boundary", "attn_in_agrees"]
@@ -218,7 +214,7 @@ def explain_group(first) -> list:
     rows = [f"seq {r['seq']} pos {r['pos']} depth {r['depth']}: rel {r['rel']:.3g}" for r in c.evidence_rows[:8]]
     detail = [f"{k}: {v}" for k, v in (c.detail or {}).items()]
     return [Explanation(c.cause, c.message, (*rows, *detail),
-                        "the failing rows share this structure: look at what the engine does differently there")]
+                        fix_of("concentrated_rows"))]
 
 
 __all__ += ["explain_group"]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdiff.replay.diff.causes import fix_of
 from specdiff.replay.diff.explain.contract_check import weights_dtype
 from specdiff.replay.diff.types import Explanation, Pair
 from specdiff.tracer.contract import known
@@ -166,7 +167,7 @@ def explain_nonfinite(traces: Pair, comps: dict, first, labels: Pair):
             return [Explanation("nonfinite_weights", f"{head}: {lab}'s draft checkpoint holds NaN/inf weights "
                                 f"({', '.join(bad[:3])}{more}): an uninitialised or corrupt tensor",
                                 (*ev, f"checked {known(trace.contract, 'draft_name')}"),
-                                "re-export the draft checkpoint from the trained weights (every tensor finite)",
+                                fix_of("nonfinite_weights"),
                                 tensor=nf.name)]
         if mine == "float16" and other != "float16":
             words = f"{other}, which shares float32's exponent range" if other in WIDE_DTYPES else \
@@ -180,5 +181,4 @@ def explain_nonfinite(traces: Pair, comps: dict, first, labels: Pair):
                                 f"NaN in the next norm or attention{proof}", tuple(ev), fix,
                                 tensor=nf.name)]
     return [Explanation("nonfinite", f"{head}: no recorded dtype or weight explains them", tuple(ev),
-                        "find the first op that produces inf/NaN on that side (run it in float32; check the draft "
-                        "checkpoint's tensors are finite)", tensor=nf.name)]
+                        fix_of("nonfinite"), tensor=nf.name)]

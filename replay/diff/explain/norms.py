@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdiff.replay.diff.align.align import match_rows
+from specdiff.replay.diff.causes import fix_of
 from specdiff.replay.diff.compare import metrics
 from specdiff.replay.diff.explain.sample import (
     sample_rows,
@@ -48,5 +49,5 @@ def explain_norm_before_fc(traces: Pair, alignment: Alignment, tol: TensorCompar
         return [Explanation("norm_before_fc", f"a norm before fc (norm_before_fc / fc_norm) is applied on {lab} only",
                             (f"per-slot RMS-normalised fc inputs agree (rel err {rel:.2e}); raw fc inputs "
                              f"differ (rel err {direct:.2e})",),
-                            "make norm_before_fc / fc_norm agree between the draft config and the trainer")]
+                            fix_of("norm_before_fc"))]
     return []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdiff.replay.diff.causes import fix_of
 from specdiff.replay.diff.compare import metrics
 from specdiff.replay.diff.explain.sample import (
     MAX_ROWS,
@@ -53,7 +54,7 @@ def explain_position_shift(traces: Pair, alignment: Alignment, comp: TensorCompa
         if closes:
             lab = side_names(traces)
             return [Explanation("position_shift", f"{name}: {lab.x} position t equals {lab.y} position t{shift:+d}",
-                                (ev,), "check the EAGLE-3 position pairing: row t consumes (h_t, x_{t+1})")]
+                                (ev,), fix_of("position_shift"))]
     return []
 
 
@@ -79,8 +80,7 @@ def explain_positions(traces: Pair, first: TensorComparison) -> list[Explanation
         return []
     offs = {d: v[0] for d, v in clean.items()}
     ev = tuple(f"depth {d}: {v[1]:.1%} of {v[2]} rows differ by exactly {v[0]:+d}" for d, v in sorted(clean.items()))
-    fix = ("the draft attends at position t + k (SGLang draft extend: the token's own position; draft step k: "
-           "seq_len + k - 1); check the position offset the draft is given")
+    fix = fix_of("position_offset")
     vals = set(offs.values())
     if vals == {0}:
         return []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from specdiff.replay.diff.align.structure import contract_value
 from specdiff.replay.diff.align.token_format import decoder, describe, load_tokenizer, special_ids
+from specdiff.replay.diff.causes import fix_of
 from specdiff.replay.diff.types import (
     Alignment,
     Explanation,
@@ -57,8 +58,7 @@ def explain_structure(traces: Pair, first: TensorComparison) -> list[Explanation
                    + (f" [{algo_words}]" if algo_words else "")
                    + "; or aux capture was switched off on that side")
             return [Explanation("speculative_algorithm", msg, ev,
-                                "serve the EAGLE-3 draft with --speculative-algorithm EAGLE3 (SGLang then captures "
-                                "the draft config's eagle_aux_hidden_state_layer_ids)")]
+                                fix_of("speculative_algorithm"))]
         kx = wx // hx if wx and hx else None
         ky = wy // hy if wy and hy else None
         if kx and ky and kx != ky:
@@ -66,8 +66,7 @@ def explain_structure(traces: Pair, first: TensorComparison) -> list[Explanation
             msg = (f"a different number of aux layers captured: {labels.x} {kx} (HF {hfx or '?'}), "
                    f"{labels.y} {ky} (HF {hfy or '?'})" + (f" [{algo_words}]" if algo_words else ""))
             return [Explanation("aux_layer_count", msg, ev,
-                                "capture exactly the layers the draft's fc was trained on (fc.weight is "
-                                "[H, K*H]): set eagle_aux_hidden_state_layer_ids to those K ids")]
+                                fix_of("aux_layer_count"))]
     if m.kind == "vocab":
         sizes = Pair(*(v[0] if isinstance(v, tuple) else v for v in (m.x, m.y)))
         v = traces.x.contract.get("vocab_size") or traces.y.contract.get("vocab_size")
@@ -80,18 +79,17 @@ def explain_structure(traces: Pair, first: TensorComparison) -> list[Explanation
             msg = (f"the draft vocab sizes differ ({m.message}): another draft checkpoint, or one side maps "
                    "through the target vocab (no draft_vocab_size / d2t in the served config)")
         return [Explanation("draft_vocab_size", msg, ev,
-                            "serve and replay the same draft checkpoint; keep draft_vocab_size and d2t in its config")]
+                            fix_of("draft_vocab_size"))]
     if m.kind == "topk_width":
         if m.dim == "logits_topk":
             return [Explanation("logits_topk", f"another logits top-k was captured ({m.message})", ev,
-                                "record both sides with the same --logits-topk (record serve) and capture level")]
+                                fix_of("logits_topk"))]
         return [Explanation("spec_topk", f"another draft top-k ({m.message}): --speculative-eagle-topk differs", ev,
-                            "record the training side with the serving trace's topk (record train --replay reads "
-                            "spec_topk from it, or pass --topk)")]
+                            fix_of("spec_topk"))]
     if m.kind == "dtype_family":
         return [Explanation("dtype_family", f"{m.message}: the sides stored this tensor as different kinds of "
                             "values (a trace from another recorder or format version?)", ev,
-                            "record both sides with the same specdiff version")]
+                            fix_of("dtype_family"))]
     why = {"draft_hidden": "the drafts have different hidden sizes (different checkpoints)",
            "attn_in": "the drafts' attention inputs differ in width (different draft hidden sizes)",
            "draft_tokens": "the verify trees differ in size (--speculative-num-draft-tokens)",
@@ -100,7 +98,7 @@ def explain_structure(traces: Pair, first: TensorComparison) -> list[Explanation
            "aux_hidden": "the aux concat widths differ (another number of aux layers, or another target)"}
     return [Explanation("structure", f"{m.message}: {why.get(m.dim, 'the layouts differ')}"
                         + (f" [{algo_words}]" if algo_words else ""), ev,
-                        "make both sides run the same target, draft and speculative settings")]
+                        fix_of("structure"))]
 
 
 def explain_token_format(traces: Pair, alignment: Alignment) -> list[Explanation]:
@@ -116,6 +114,4 @@ def explain_token_format(traces: Pair, alignment: Alignment) -> list[Explanation
     first = pairs[0]
     ev = (f"seq {first.index}: first differing token at position {first.format.first_diff}", *lines)
     return [Explanation("token_format", msg, ev,
-                        "record the training side in the serving token format (the same BOS and chat template: "
-                        "train on what serving sends), or serve with the training format; "
-                        "`specdiff record train --replay SERVE_TRACE` replays exactly what serving saw")]
+                        fix_of("token_format"))]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdiff.replay.diff.causes import fix_of
 from specdiff.replay.diff.types import (
     Alignment,
     Explanation,
@@ -28,12 +29,12 @@ def explain_vocab_map(traces: Pair, alignment: Alignment) -> list[Explanation]:
             ("d2t_direct_ids", np.mean(mine == other + ar),
              f"{lab}'s d2t holds direct target ids (= {olab}'s offsets + arange) but is read as offsets: "
              "target = draft + d2t[draft] lands on wrong ids",
-             "save d2t as offsets (target_id - draft_id), as SpecForge and speculators export it"),
+             fix_of("d2t_direct_ids")),
             ("d2t_missing", np.mean(mine == 0),
              f"{lab} has no usable d2t (all zeros: identity map), so draft id i is served as target id i",
-             "ship the draft's d2t buffer in the checkpoint"),
+             fix_of("d2t_missing")),
             ("d2t_arange", np.mean(mine == ar),
-             f"{lab}'s d2t is arange (draft id i -> target id 2i)", "save d2t as offsets"),
+             f"{lab}'s d2t is arange (draft id i -> target id 2i)", fix_of("d2t_arange")),
         ]
         for cause, frac, msg, fix in checks:
             if frac >= 0.99 and not np.mean(other == mine) >= 0.99:
