@@ -15,12 +15,18 @@ The demo scenarios' expected causes (tui/scenarios.py) must be rows too.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from specdiff.replay.diff.causes import CAUSES, KINDS, cause_row
 from specdiff.replay.diff.explain.contract import STAGE_CAUSES
+from specdiff.replay.diff.judge.context import ContextRows
+from specdiff.replay.diff.judge.groups import Concentration
+from specdiff.replay.diff.judge.routing import RoutingFlips
+from specdiff.replay.diff.judge.topk_ties import TopkBoundaryTies
+from specdiff.replay.diff.types import Explanation
 from specdiff.tracer.schema import STAGE_ORDER
 from specdiff.tui.scenarios import ENGINE_SCENARIOS, SCENARIOS
 
@@ -156,3 +162,12 @@ def test_the_check_fails_on_a_cause_no_row_lists():
     assert unlisted({"contract.no_such_field"}) == {"contract.no_such_field"}
     with pytest.raises(KeyError):
         cause_row("made_up_cause")
+
+
+def test_every_named_cause_has_one_shape():
+    # An explanation and every difference a judge names say a cause id, the tensor and a sentence,
+    # each as a value (a field or a property), never as a method to call.
+    for cls in (Explanation, RoutingFlips, ContextRows, TopkBoundaryTies, Concentration):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for attr in ("cause", "tensor", "message"):
+            assert attr in fields or isinstance(getattr(cls, attr, None), property), (cls.__name__, attr)

@@ -5,29 +5,34 @@ field of the report, and the report is built from them by keyword. The stages, t
 each fills, and the module that computes it:
 
 ====  ==========================  ===============  ===================================================
- #    stage                       report field     module
+ #    stage                       report field     module (under replay/diff/)
 ====  ==========================  ===============  ===================================================
- 1    refuse different targets    (raises)         contract_check.refuse_different_targets
- 2    name the sides              labels           explain.side_names
+ 1    refuse different targets    (raises)         explain/contract_check.refuse_different_targets
+ 2    name the sides              labels           types.side_names
  3    a side's engine crashed     crash            ``crash_record`` (here); a side that crashed before
                                                    recording any sequence ends the pipeline here
                                                    (``crash_only``: contract and findings alone)
- 4    layouts                     (feeds 5, 6)     structure.structure_mismatches
- 5    align sequences             alignment        align.align_sequences
- 6    compare every tensor        comparisons      compare.compare_all (blocks, metrics, tolerance,
-                                                   groups, inherited, routing, context, topk_ties,
-                                                   early); context_proof re-runs the draft
-                                                   when context.py asks
- 7    first divergence            first            compare.first_divergence; crash.crash_divergence
-                                                   (where the crashed side stopped)
- 8    explain it                  explanations     explain.explain (contract_causes, history);
-                                                   crash.crash_explanations when the crash leads
- 9    contract check              contract         contract_check.check_contracts
- 10   acceptance                  acceptance       acceptance.acceptance
- 11   pre-flight findings         findings         findings.matching_findings / crash_findings;
-                                                   crash.crash_cause (the crash's cause)
- 12   narrow an unexplained one   narrowing        narrow.narrow_or_reason (re-runs the draft)
+ 4    layouts                     (feeds 5, 6)     align/structure.structure_mismatches
+ 5    align sequences             alignment        align/align.align_sequences
+ 6    compare every tensor        comparisons      compare/compare.compare_all: rows compared in
+                                                   compare/ (blocks, metrics, tolerance, early), judged
+                                                   in judge/ (inherited, then the first of
+                                                   ``judge.JUDGES``: topk_ties, routing, context, then
+                                                   groups); judge/context_proof re-runs the draft when
+                                                   the context judge asks
+ 7    first divergence            first            compare/compare.first_divergence;
+                                                   explain/crash.crash_divergence (where the crashed
+                                                   side stopped)
+ 8    explain it                  explanations     explain.explain (``explain.CHECKS`` in order);
+                                                   explain/crash.crash_explanations when the crash leads
+ 9    contract check              contract         explain/contract_check.check_contracts
+ 10   acceptance                  acceptance       compare/acceptance.acceptance
+ 11   pre-flight findings         findings         explain/findings.matching_findings / crash_findings;
+                                                   explain/crash.crash_cause (the crash's cause)
+ 12   narrow an unexplained one   narrowing        rerun/narrow.narrow_or_reason (re-runs the draft)
 ====  ==========================  ===============  ===================================================
+
+Every cause an explanation, a judge or a crash can name is a row of causes.py.
 
 Rendering is elsewhere: replay/diff/report.py (text, JSON) and tui/ (the app) only read the report.
 ``specdiff diff --graft`` adds ``grafts`` afterwards (tui/cmd_diff.py, replay/diff/rerun/graft.py).

@@ -13,7 +13,7 @@ import numpy as np
 
 from specdiff.replay.diff.explain.contract_check import ContractMismatch, bearing_on, unknown_facts
 from specdiff.replay.diff.explain.crash import crash_verdict
-from specdiff.replay.diff.types import Alignment, Explanation, Pair, TensorComparison
+from specdiff.replay.diff.types import DIVERGED, Alignment, Explanation, Pair, TensorComparison
 from specdiff.tracer.schema import spec_for
 
 #: a passing tensor this close to a limit (limit_use) is named in the verdict: another prompt
@@ -117,15 +117,16 @@ class DiffReport:
         for name, comp in self.comparisons.items():
             if not comp.diverged:
                 continue
-            bad = [int(i) for i in (comp.status == 2).nonzero()[0]]
+            bad = [int(i) for i in (comp.status == DIVERGED).nonzero()[0]]
             bad.sort(key=lambda i: (int(comp.match.pos[i]), int(comp.match.pair[i]), int(comp.match.depth[i])))
             out += [(name, i) for i in bad]
         return out
 
     @property
     def legitimate(self) -> list:
-        """Named legitimate differences (``routing.RoutingFlips``), in dataflow order: rows that
-        differ beyond tolerance for a reason the target family makes legitimate; not divergences."""
+        """Named legitimate differences (``types.Cause``: judge/routing.py ``RoutingFlips``, judge/context.py
+        ``ContextRows``, judge/topk_ties.py ``TopkBoundaryTies``), in dataflow order: rows that differ
+        beyond tolerance for a reason the engines legitimately have; not divergences."""
         return [c.explanation for c in self.comparisons.values() if c.explanation is not None]
 
     def inherited(self) -> dict:

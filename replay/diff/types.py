@@ -149,7 +149,7 @@ class TensorComparison:
         inherited: bool [n], rows whose inputs already differ upstream; ``inherited_src`` int
             [n] indexes ``inherited_names`` (the tensor each came from), -1 elsewhere.
         explained: bool [n], counted failing rows a named legitimate cause explains
-            (``explanation``, e.g. routing.RoutingFlips); None = none.
+            (``explanation``, a ``Cause`` a judge named, e.g. judge/routing.py ``RoutingFlips``); None = none.
         concentration: the structural group its counted failing rows concentrate in most
             (replay/diff/judge/groups.py ``Concentration``; ``fired``: the tensor diverges because of it,
             though under its fail fraction over all rows), or None.
@@ -175,7 +175,7 @@ class TensorComparison:
     inherited_src: np.ndarray | None = None
     inherited_names: list = field(default_factory=list)
     explained: np.ndarray | None = None
-    explanation: object = None
+    explanation: Cause | None = None
     concentration: object = None
     carried: np.ndarray | None = None
 

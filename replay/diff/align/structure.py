@@ -9,7 +9,7 @@ where it shows (schema.STAGE_ORDER), never raised.
 The check reads only layouts (``Trace.info``: storage dtype, per-row shape, row count), the aux
 slot names and the contract facts; no rows are read. ``structure_mismatches`` returns a plan
 (one ``StructureMismatch`` per tensor, printable, no tensors) that compare.py turns into
-divergences of kind ``structure`` and explain.py turns into causes.
+divergences of kind ``structure`` and explain/structure.py turns into causes.
 """
 
 from __future__ import annotations

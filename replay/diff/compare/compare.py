@@ -10,8 +10,9 @@ plus small per-row results. The first divergence is said as soon as the rows rea
 
 A tensor is judged on the rows whose inputs agree: a row whose inputs already differ at an
 earlier stage of the same position (beyond that stage's noise) is inherited, not a new
-divergence (replay/diff/judge/inherited.py), and failing aux rows an MoE target's routing near-ties
-explain are named, not counted (replay/diff/judge/routing.py).
+divergence (replay/diff/judge/inherited.py), and failing rows a legitimate difference explains
+(e.g. an MoE target's routing near-ties) are named, not counted: the first judge of
+replay/diff/judge/__init__.py ``JUDGES`` that applies to the tensor decides which.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from specdiff.replay.diff.compare.tolerance import (
     compute_dtype,
     default_tolerance,
 )
-from specdiff.replay.diff.judge import Judging, Scene, groups, inherited, judging, routing
+from specdiff.replay.diff.judge import Judging, Scene, groups, inherited, judging_for, routing
 from specdiff.replay.diff.types import (
     CLOSE,
     DIVERGED,
@@ -361,7 +362,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         inh = upstream.inherited(name, m)
         counted = ~inh[0] & ~inherited.beyond_common_run(name, m, lengths)
         scene = Scene(traces, family, upstream, out, counted, prove_context)
-        judged = judging(name, scene, tol, m, inheritance=inh,
+        judged = judging_for(name, scene, tol, m, inheritance=inh,
                          row_groups=None if user_frac else grouping.groups(name, m))
         out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, match=m, watch=watch,
                                    on_rows=rows_done if on_rows is not None else None, runner=runner,

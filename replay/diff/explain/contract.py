@@ -47,7 +47,7 @@ STAGE_CAUSES: dict[str, tuple[str, ...]] = {
 }
 
 
-#: stages whose contract causes are judged by value, not by the contract: explain.py identifies each
+#: stages whose contract causes are judged by value, not by the contract: explain/aux.py identifies each
 #: aux slot's layer in the other side's rows (explain_aux); a layer list that differs where no slot
 #: matches any layer of the other side (another target, other weights) is not claimed as the cause.
 VALUE_JUDGED = frozenset({"target.aux", "target.aux_cat"})
@@ -63,7 +63,7 @@ def causes_at(stage: str, mismatches: list[ContractMismatch]) -> list[ContractMi
 
 
 def explain_contract(traces: Pair, comps: dict, first):
-    """``explain.Explanation`` per contract difference that can cause ``first`` (``STAGE_CAUSES``),
+    """``types.Explanation`` per contract difference that can cause ``first`` (``STAGE_CAUSES``),
     cause ``contract.<field>``, with the difference, the upstream stage that agrees and its fix;
     empty when ``first`` is None or a layout (structure) finding."""
 

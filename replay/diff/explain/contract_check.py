@@ -451,7 +451,7 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
     Fields missing on one side are not reported (an engine may not know them); a field recorded
     as ``"unknown"`` is reported as unknown (with the engine name that hid it), never compared;
     ``aux_dropped_ids`` is reported whenever non-empty, in that engine's words (``dropped_words``).
-    Sides are named by ``explain.side_names`` (two engines: each by its engine and version) and
+    Sides are named by ``types.side_names`` (two engines: each by its engine and version) and
     fixes in the serving engine's own key and numbering (``engine_fix``). Target identity
     (``TARGET_IDENTITY``) is refused earlier when it differs (``refuse_different_targets``); here
     only an identity that cannot be compared is said, once per side.

@@ -16,7 +16,7 @@ crashing prompts. The diff then has rows up to the point where the crashed side 
   with the pre-flight finding's per-family reason and fix when the models are at hand; the engine
   source lines that make a dropped id a crash), else the pre-flight finding ranked first for the
   crash (findings.crash_findings), else a contract difference that can act at the stage
-  (contract_causes.causes_at).
+  (explain/contract.py ``causes_at``).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def crash_text(crash: dict) -> list[str]:
 
 
 def crash_explanations(crash: dict | None, first) -> list:
-    """The crash's cause as the report's explanation (``explain.Explanation``, cause = the cause's
+    """The crash's cause as the report's explanation (``types.Explanation``, cause = the cause's
     kind) when the crash is the first divergence; empty otherwise (``first`` keeps its own)."""
 
     cause = None if crash is None or first is not None else crash.get("cause")

@@ -90,7 +90,7 @@ def _rows(first, idx, iters=None, limit: int = 8) -> list[str]:
 
 
 def explain_history(traces, alignment, comps: dict, first) -> list:
-    """``explain.Explanation`` of a draft divergence after the attention whose attention input
+    """``types.Explanation`` of a draft divergence after the attention whose attention input
     agrees on every failing row (module doc): ``stale_draft_kv``, ``cached_prefix_draft_kv`` or
     ``tree_rerank_kv``; empty when none fits (or attn_in was not compared there)."""
 

@@ -74,7 +74,7 @@ def first_nonfinite(traces: Pair, comps: dict) -> NonFinite | None:
     Args:
         traces: the opened traces (``tracer.store`` readers: ``take_float(name, rows)`` -> float32
             [k, ...]).
-        comps: tensor name -> ``compare.TensorComparison`` (its ``nonfinite`` bool [n] marks rows
+        comps: tensor name -> ``types.TensorComparison`` (its ``nonfinite`` bool [n] marks rows
             non-finite on either side).
 
     Earliest = shallowest depth, then dataflow order (``tracer.schema.sort_key``), then position,
@@ -130,7 +130,7 @@ def explain_nonfinite(traces: Pair, comps: dict, first, labels: Pair):
     """The non-finite values as a cause: where they first appear and, when a side's contract or
     checkpoint explains them, why (float16 overflow; NaN/inf weights), with the fix.
 
-    Returns a list of ``explain.Explanation`` (empty when every compared row is finite): one, cause
+    Returns a list of ``types.Explanation`` (empty when every compared row is finite): one, cause
     ``fp16_overflow``, ``nonfinite_weights`` or ``nonfinite`` (nothing recorded explains them).
     ``first`` is the report's first divergence; when the non-finite values appear at another
     tensor the message says so (they are then downstream evidence, not the first divergence).

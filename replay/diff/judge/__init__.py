@@ -91,7 +91,7 @@ class Judging:
     row_groups: list | None = None
 
 
-def judging(name: str, scene: Scene, tolerance, match, *, inheritance: tuple, row_groups: list | None) -> Judging:
+def judging_for(name: str, scene: Scene, tolerance, match, *, inheritance: tuple, row_groups: list | None) -> Judging:
     """The ``Judging`` of tensor ``name`` (its aligned rows ``match``): the first of ``JUDGES`` that
     applies, bound to the scene, and the rows the context moved."""
     chosen = next((j for j in JUDGES if j.applies(name, scene)), None)
@@ -101,4 +101,4 @@ def judging(name: str, scene: Scene, tolerance, match, *, inheritance: tuple, ro
                    None if chosen is None else chosen.watch_frac(tolerance), moved, row_groups)
 
 
-__all__ = ["JUDGES", "Scene", "Judging", "judging"]
+__all__ = ["JUDGES", "Scene", "Judging", "judging_for"]

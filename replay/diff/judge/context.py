@@ -181,7 +181,7 @@ def context_rows(comp, first: dict[int, int], candidates: np.ndarray, counted: n
     if not after[idx].all():
         k = int((~after[idx]).sum())
         return f"{k} failing rows lie before any differing cached row of their sequence: the attention itself differs"
-    readable = counted & (comp.status != 4)  # compare.UNREADABLE
+    readable = counted & (comp.status != UNREADABLE)
     clean = int((readable & ~after).sum())
     total = int(readable.sum())
     float_kind = spec_for(comp.name).kind == "float"

@@ -113,7 +113,7 @@ class ContextProver:
 
 def prove(report, run, comp, idx: np.ndarray) -> ReplayProof | str:
     """Re-run ``run`` (replay.rerun.Rerun) on both sides' inputs; the module doc's proof for rows
-    ``idx`` of ``comp`` (replay.diff.compare.compare.TensorComparison), or why it does not hold. The
+    ``idx`` of ``comp`` (``types.TensorComparison``), or why it does not hold. The
     draft's top-1 id (``IDS``) at the same rows is checked too: later stages inherit the rows."""
     import torch
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specdiff.replay.diff.types import DIVERGED
 from specdiff.tracer.schema import aux_slot, spec_for
 
 #: Sibling views of one output: none of them is an input of another.
@@ -149,10 +150,10 @@ class Inheritance:
 def source_rows(comp) -> np.ndarray:
     """bool [n]: the failing rows of ``comp`` that its own verdict treats as noise (module doc):
     not counted by it, or at a depth shallower than the depth it diverges at; and, of a tensor
-    that did not diverge, its ``carried`` rows (compare.TensorComparison): a re-run showed the
+    that did not diverge, its ``carried`` rows (``types.TensorComparison``): a re-run showed the
     draft computes them from each side's differing earlier cached rows, so a later stage's row
     there does not have agreeing inputs even where this one passed its tolerance."""
-    fail = comp.status == 2  # compare.DIVERGED (compare imports this module)
+    fail = comp.status == DIVERGED
     counted = comp.counted if comp.counted is not None else np.ones(len(fail), bool)
     explained = comp.explained if comp.explained is not None else np.zeros(len(fail), bool)
     noise = ~counted | explained

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdiff.replay.diff.types import serve_side
+from specdiff.replay.diff.types import CLOSE, UNREADABLE, serve_side
 from specdiff.tracer.contract import known
 from specdiff.tracer.schema import aux_name, aux_slot
 
@@ -228,7 +228,7 @@ def _next_agrees(comp, idx: np.ndarray, counted: np.ndarray) -> np.ndarray:
     """bool per row ``idx``: the row at the next position of its pair was compared and passed, or
     differs for an upstream reason (not ``counted``: inherited, e.g. the next flip's row)."""
     m = comp.match
-    ok = (comp.status <= 1) | (~counted & (comp.status != 4))  # compare.MATCH / CLOSE; UNREADABLE
+    ok = (comp.status <= CLOSE) | (~counted & (comp.status != UNREADABLE))
     keys = (m.pair[ok].astype(np.int64) << 32) | m.pos[ok].astype(np.int64)
     nxt = (m.pair[idx].astype(np.int64) << 32) | (m.pos[idx].astype(np.int64) + 1)
     return np.isin(nxt, keys)
@@ -249,7 +249,7 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
     m = comp.match
     idx = np.nonzero(candidates)[0]
     idx = idx[np.lexsort((m.pos[idx], m.pair[idx]))]  # by (pair, pos): runs are consecutive rows
-    readable = int((counted & (comp.status != 4)).sum())  # compare.UNREADABLE
+    readable = int((counted & (comp.status != UNREADABLE)).sum())
     runs = _runs(m.pair[idx], m.pos[idx])
     frac = len(runs) / readable if readable else 1.0
     if comp.nonfinite[idx].any():
