@@ -17,17 +17,8 @@ from specdiff.eagle3.aux_layers import (
     target_architecture,
 )
 from specdiff.replay.diff.compare.acceptance import acceptance
-from specdiff.replay.diff.explain.sample import (
-    mean_rel,
-)
-from specdiff.replay.diff.types import (
-    Alignment,
-    Explanation,
-    Pair,
-    serve_side,
-    side_names,
-    trace_engine,
-)
+from specdiff.replay.diff.explain.sample import mean_rel
+from specdiff.replay.diff.types import Alignment, Explanation, Pair, serve_side, side_names, trace_engine
 from specdiff.tracer.contract import AUX_IDS_DEFAULT_PREFIX, aux_slot_layers, known
 from specdiff.tracer.engines import engine_names, engine_spec
 from specdiff.tracer.schema import aux_name, aux_slot, probe_index

@@ -5,16 +5,8 @@ from __future__ import annotations
 
 from specdiff.replay.diff.causes import fix_of
 from specdiff.replay.diff.compare import metrics
-from specdiff.replay.diff.explain.sample import (
-    at_depth,
-    sample_rows,
-)
-from specdiff.replay.diff.types import (
-    Explanation,
-    Pair,
-    TensorComparison,
-    side_names,
-)
+from specdiff.replay.diff.explain.sample import at_depth, sample_rows
+from specdiff.replay.diff.types import Explanation, Pair, TensorComparison, side_names
 
 
 def explain_halves(traces: Pair, comps: dict[str, TensorComparison], first: TensorComparison) -> list[Explanation]:

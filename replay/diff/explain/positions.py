@@ -7,18 +7,8 @@ import numpy as np
 
 from specdiff.replay.diff.causes import fix_of
 from specdiff.replay.diff.compare import metrics
-from specdiff.replay.diff.explain.sample import (
-    MAX_ROWS,
-    at_depth,
-    sample_rows,
-)
-from specdiff.replay.diff.types import (
-    Alignment,
-    Explanation,
-    Pair,
-    TensorComparison,
-    side_names,
-)
+from specdiff.replay.diff.explain.sample import MAX_ROWS, at_depth, sample_rows
+from specdiff.replay.diff.types import Alignment, Explanation, Pair, TensorComparison, side_names
 
 
 def explain_position_shift(traces: Pair, alignment: Alignment, comp: TensorComparison) -> list[Explanation]:

@@ -7,14 +7,9 @@ import numpy as np
 
 from specdiff.replay.diff.align.align import match_rows
 from specdiff.replay.diff.compare import metrics
-from specdiff.replay.diff.types import (
-    Alignment,
-    Pair,
-)
+from specdiff.replay.diff.types import Alignment, Pair
 
 MAX_ROWS = 2048
-
-
 SAMPLE_WINDOWS = 8
 
 

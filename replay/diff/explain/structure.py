@@ -6,13 +6,7 @@ from __future__ import annotations
 from specdiff.replay.diff.align.structure import contract_value
 from specdiff.replay.diff.align.token_format import decoder, describe, load_tokenizer, special_ids
 from specdiff.replay.diff.causes import fix_of
-from specdiff.replay.diff.types import (
-    Alignment,
-    Explanation,
-    Pair,
-    TensorComparison,
-    side_names,
-)
+from specdiff.replay.diff.types import Alignment, Explanation, Pair, TensorComparison, side_names
 from specdiff.tracer.schema import aux_slot
 
 

@@ -5,12 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdiff.replay.diff.causes import fix_of
-from specdiff.replay.diff.types import (
-    Alignment,
-    Explanation,
-    Pair,
-    side_names,
-)
+from specdiff.replay.diff.types import Alignment, Explanation, Pair, side_names
 
 
 def explain_vocab_map(traces: Pair, alignment: Alignment) -> list[Explanation]:
