@@ -33,11 +33,12 @@ from specdiff.replay.diff.types import Pair, TensorComparison
 
 #: The judges, in order: the first that applies to a tensor judges it.
 JUDGES = (
-    # Before the context judge, which would apply too: draft.topk and draft.logits_topk.ids are draft
-    # stages after the attention, so they also consume the context. For them the ties judge replaces
-    # the context judge (kept from when the ties judge was added after it): their rows are id sets,
-    # judged by whether each swapped id is a near tie at rank k. The context's rows still do not set
-    # their margin (``Judging.context_rows`` is read from the context whichever judge is bound).
+    # Before the context judge, which applies too: draft.topk and draft.logits_topk.ids are draft stages
+    # after the attention, so they consume the context. For them the ties judge replaces the context
+    # judge: their rows are id sets picked from the draft's logits, and a row is excused only where
+    # every swapped id is a near tie at rank k, whatever moved the logits (the context included),
+    # not for where it lies. The rows the context moved still do not set their margin
+    # (``Judging.context_rows`` is read from the context whichever judge is bound).
     TiesJudge(),
     RoutingJudge(),  # aux slots j >= 1 of an MoE target: never a draft stage, so never with the two others
     ContextJudge(),
