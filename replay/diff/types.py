@@ -46,7 +46,7 @@ class TokenFormat:
     Attributes:
         first_diff: token index where the two sequences first differ (their common prefix length).
         head: per side, the tokens before the common run (e.g. a BOS, a role marker).
-        tail: per side, up to ``TAIL`` tokens right after the common run (e.g. a template suffix).
+        tail: per side, up to ``align.align.TAIL`` tokens right after the common run (e.g. a template suffix).
         run: length of the common run.
     """
 

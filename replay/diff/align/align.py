@@ -19,14 +19,11 @@ from __future__ import annotations
 
 from collections import Counter
 from difflib import SequenceMatcher
-from typing import TypeVar
 
 import numpy as np
 
 from specdiff.replay.diff.types import Alignment, Pair, RowMatch, SeqPair, TokenFormat
 from specdiff.tracer.errors import SpecdiffError
-
-T = TypeVar("T")
 
 
 class AlignmentError(SpecdiffError):
