@@ -91,9 +91,11 @@ CHECKS: tuple[Check, ...] = (
           lambda s: explain_vocab_map(s.traces, s.alignment)),
     Check(lambda n: n in ("draft.fc_in", "draft.fc_out"),
           lambda s: explain_norm_before_fc(s.traces, s.alignment, s.first)),
-    Check(_every, lambda s: explain_halves(s.traces, s.comps, s.first)),  # draft.attn_in, draft.logits*
-    Check(_every, lambda s: explain_positions(s.traces, s.first)),  # draft.positions
-    Check(_every, lambda s: explain_history(s.traces, s.alignment, s.comps, s.first)),  # the draft's KV history
+    Check(lambda n: n == "draft.attn_in" or n.startswith("draft.logits"),
+          lambda s: explain_halves(s.traces, s.comps, s.first)),
+    Check(lambda n: n == "draft.positions", lambda s: explain_positions(s.traces, s.first)),
+    # the draft's KV history after the attention, and a chunk boundary's token at any stage
+    Check(_every, lambda s: explain_history(s.traces, s.alignment, s.comps, s.first)),
     Check(_every, lambda s: explain_position_shift(s.traces, s.alignment, s.first), fallback=True),
     # A contract difference acting inside the first stage explains it when no transform closed the gap
     # (a transform is the sharper proof of the same fact).
