@@ -5,7 +5,7 @@ training slot j+1's layer) of bf16 aux rows with H=4096 (8 KiB a row, 3 slots a 
 ``--size-mib`` per trace, then measures, each in a fresh Python process from its launch:
 
 - the app (headless, Textual ``run_test``): time to first paint; to "first divergence shown" (the
-  verdict line names it, proven by the rows read so far: replay/diff/early.py) and "grid on it"
+  verdict line names it, proven by the rows read so far: replay/diff/compare/early.py) and "grid on it"
   (the partial grid's cursor sits on target.aux.0 pos 0); and to "report ready" (the full
   statistics, explanation and acceptance computed, the cursor on the first divergence);
 - ``specdiff diff --format json`` on the same pair: wall time to the report.

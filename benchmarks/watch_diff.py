@@ -33,8 +33,8 @@ import time
 import numpy as np
 import torch
 
-from specdiff.replay.diff.align import Pair
 from specdiff.replay.diff.pipeline import diff_opened
+from specdiff.replay.diff.types import Pair
 from specdiff.replay.watch.watcher import diff_request
 from specdiff.tracer.schema import aux_name
 from specdiff.tracer.store import TraceFollower, TraceWriter

@@ -190,7 +190,7 @@ SCENARIOS = {
     "norm-before-fc": Scenario("norm-before-fc", "served with norm_before_fc on (an RMSNorm over the aux "
                                "concat) that training never applied", ("draft.fc_in", "draft.fc_out"),
                                "norm_before_fc"),
-    # The permutation explanation (each serving slot = another training slot) is replay/diff/explain.py's:
+    # The permutation explanation (each serving slot = another training slot) is replay/diff/explain/aux.py's:
     # set expected_cause to its name once it exists.
     "aux-order": Scenario("aux-order", "a draft trained on HF [6, 0, 3] concatenated in that order (SpecForge "
                           "concatenates its layer list as listed), served with ids {order} = the same layers; "

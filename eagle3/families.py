@@ -278,7 +278,7 @@ EXPERTS: dict[str, tuple[str, str] | str] = {
 #: ``MOE_CONFIG_KEYS``; another dense row's counts are recorded as unknown)
 DENSE_RECORDED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                             "Qwen3VLForConditionalGeneration"})
-#: the dense rows the diff's routing judge was given (replay/diff/routing.py ``DENSE_ARCHITECTURES``:
+#: the dense rows the diff's routing judge was given (replay/diff/judge/routing.py ``DENSE_ARCHITECTURES``:
 #: Qwen3-VL is not among them, so a Qwen3-VL target reads as "not known" there)
 DENSE_JUDGED = frozenset(a for a, row in EXPERTS.items() if row == DENSE) - {"Qwen3VLForConditionalGeneration"}
 

@@ -20,7 +20,7 @@ nothing here edits the import path and no test module imports another.
 - ``aux_traces``: hand-built trace pairs with aux slots for chosen HF layer indices.
 - ``tui``: helpers for Textual pilot tests (wait without fixed sleeps, read a widget's text).
 - ``early_first_divergence_equals_the_full_one`` (autouse): every in-process diff's early first
-  divergence (replay/diff/early.py) equals the full data's.
+  divergence (replay/diff/compare/early.py) equals the full data's.
 """
 
 from __future__ import annotations
@@ -416,11 +416,12 @@ def tui() -> SimpleNamespace:
 @pytest.fixture(autouse=True)
 def early_first_divergence_equals_the_full_one(monkeypatch):
     """Every ``compare_all`` a test runs (through ``diff_traces`` / ``diff_opened``, the app
-    included) must say its early first divergence (replay/diff/early.py) exactly once when, and
+    included) must say its early first divergence (replay/diff/compare/early.py) exactly once when, and
     only when, the full data has one, and it must be the full data's ``first_divergence``: the
     same tensor, finding kind and aligned (pair, pos, depth). Every scenario pair of the tests
     thus checks the early rule."""
-    from specdiff.replay.diff import compare, pipeline
+    from specdiff.replay.diff import pipeline
+    from specdiff.replay.diff.compare import compare
 
     original = compare.compare_all
 

@@ -1,4 +1,4 @@
-"""Draft attention context (replay/diff/context.py): an earlier cached row that differed moves the
+"""Draft attention context (replay/diff/judge/context.py): an earlier cached row that differed moves the
 later rows of its sequence after the draft attention; that is named, not a divergence, and a bug in
 the attention itself is still one.
 
@@ -103,15 +103,16 @@ def test_too_few_clean_rows_name_nothing(tmp_path):
     assert "too few to show" in report.comparisons["draft.hidden_out"].stats["context_not_named"]
 
 
-# ---- too few clean rows: a draft re-run may stand in for them (replay/diff/context_proof.py) -------
+# ---- too few clean rows: a draft re-run may stand in for them (replay/diff/judge/context_proof.py) -------
 EARLY = [(s, 1) for s in range(N_SEQ)]  # a flip at position 1 of every sequence
 
 
 def _compare(paths, prove):
     """``compare_all`` of a written pair with ``prove`` as the context prover (the real one re-runs
     a draft checkpoint: tests/test_context_proof.py; here its answer is given)."""
-    from specdiff.replay.diff.align import Pair, align_sequences
-    from specdiff.replay.diff.compare import compare_all
+    from specdiff.replay.diff.align.align import align_sequences
+    from specdiff.replay.diff.compare.compare import compare_all
+    from specdiff.replay.diff.types import Pair
     from specdiff.tracer.store import open_trace
 
     traces = Pair(*(open_trace(p) for p in paths))
@@ -130,15 +131,15 @@ class _Prover:
 
 
 def test_a_re_run_proof_names_the_rows_and_later_stages_inherit_the_proven_ones(tmp_path):
-    from specdiff.replay.diff.context_proof import ReplayProof
-    from specdiff.replay.diff.inherited import source_rows
+    from specdiff.replay.diff.judge.context_proof import ReplayProof
+    from specdiff.replay.diff.judge.inherited import source_rows
 
     prover = _Prover(ReplayProof(rows=0, sequences=N_SEQ, ids_rows=0, training_rel=0.0, serving_rel=0.004,
                                  sides_rel=0.3))
     comps = _compare(write_pair(tmp_path, flips=EARLY, context_rel=0.08), prover)
     out = comps["draft.hidden_out"]
     assert not out.diverged and out.explanation is not None and out.explanation.proof is not None
-    assert "re-running the training draft reproduces each side" in out.explanation.message()
+    assert "re-running the training draft reproduces each side" in out.explanation.message
     # asked once, for every counted row after a flip (passing rows too), and those are carried
     (name, idx), = prover.asked
     after = (out.match.pos > 1) & out.counted

@@ -15,8 +15,8 @@ import pytest
 from builders import TracePair
 from builders import moved as _off
 
-from specdiff.replay.diff import blocks
-from specdiff.replay.diff.groups import GROUP_ALPHA, hypergeom_tail
+from specdiff.replay.diff.compare import blocks
+from specdiff.replay.diff.judge.groups import GROUP_ALPHA, hypergeom_tail
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
 

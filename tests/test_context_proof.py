@@ -1,4 +1,4 @@
-"""The draft re-run that stands in for clean rows (replay/diff/context_proof.py): it must reproduce
+"""The draft re-run that stands in for clean rows (replay/diff/judge/context_proof.py): it must reproduce
 each side on its own inputs, and must refuse when serving's draft (or training's checkpoint) is not
 the draft re-run.
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
-from specdiff.replay.diff.context_proof import ContextProver, ReplayProof
+from specdiff.replay.diff.judge.context_proof import ContextProver, ReplayProof
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.record.record_train import record_train
 
@@ -127,8 +127,14 @@ def test_a_served_sequences_last_aux_row_is_re_run_with_its_next_token():
     and computes training's recorded row there (it used to feed a pad token: rel 0.33 on GPT-OSS)."""
     import torch
 
-    from specdiff.replay.diff.align import match_rows
-    from specdiff.replay.diff.rerun import RerunError, batch_inputs, computed_rows, prepare, with_norm_flags
+    from specdiff.replay.diff.align.align import match_rows
+    from specdiff.replay.diff.rerun.rerun import (
+        RerunError,
+        batch_inputs,
+        computed_rows,
+        prepare,
+        with_norm_flags,
+    )
 
     seed = REPO_MODELS.parent / "examples" / "seed"
     if not (seed / "serve.trace").exists():
@@ -150,5 +156,5 @@ def test_a_served_sequences_last_aux_row_is_re_run_with_its_next_token():
         out = run.model.ttt_forward(batch.aux["train"], batch.ids["train"], 1, lengths=batch.lengths)
     got = computed_rows(out, run.d2t["train"], "draft.hidden_out", b[:1], np.array([s.n - 1]), np.array([0]))
     want = report.traces.x.take_float("draft.hidden_out", m.rows.x[[i]])
-    from specdiff.replay.diff.metrics import relative_error
+    from specdiff.replay.diff.compare.metrics import relative_error
     assert float(relative_error(got, want)[0]) < 0.01

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from specdiff.replay.diff.contract_check import _FIELDS, TARGET_IDENTITY
+from specdiff.replay.diff.explain.contract_check import _FIELDS, TARGET_IDENTITY
 from specdiff.tracer.contract import CONTRACT_FIELDS
 from specdiff.tracer.store import TraceWriter
 

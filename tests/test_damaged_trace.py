@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from specdiff.replay.diff.compare import UNREADABLE
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_json
+from specdiff.replay.diff.types import UNREADABLE
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import TraceWriter, open_trace
 from specdiff.tracer.store import layout as store_layout

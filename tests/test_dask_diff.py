@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from specdiff.replay.diff.blocks import ExecutorBlocks
-from specdiff.replay.diff.compare import UNREADABLE
+from specdiff.replay.diff.compare.blocks import ExecutorBlocks
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_json
+from specdiff.replay.diff.types import UNREADABLE
 from specdiff.tracer.store import TraceWriter
 
 distributed = pytest.importorskip("distributed")
@@ -42,7 +42,7 @@ def _on_workers(client) -> ExecutorBlocks:
 
 def _traces_opened_on_workers(client) -> list[int]:
     """Traces each worker process has opened itself (the block task's per-run cache)."""
-    count = lambda: __import__("specdiff.replay.diff.blocks", fromlist=["_opened"])._opened.cache_info().currsize
+    count = lambda: __import__("specdiff.replay.diff.compare.blocks", fromlist=["_opened"])._opened.cache_info().currsize
     return list(client.run(count).values())
 
 

@@ -13,11 +13,12 @@ import sys
 import numpy as np
 import pytest
 
-from specdiff.replay.diff import metrics
-from specdiff.replay.diff.align import AlignmentError, Pair, align_sequences
+from specdiff.replay.diff.align.align import AlignmentError, align_sequences
+from specdiff.replay.diff.compare import metrics
+from specdiff.replay.diff.compare.tolerance import ToleranceError, default_tolerance, parse_overrides
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
-from specdiff.replay.diff.tolerance import ToleranceError, default_tolerance, parse_overrides
+from specdiff.replay.diff.types import Pair
 from specdiff.tracer.store import TraceWriter, open_trace
 
 
@@ -230,21 +231,21 @@ def test_explanation_samples_read_a_few_runs_of_rows_not_the_whole_trace():
     """The explanation checks read a sample of aligned rows; rows are read chunk by chunk, so the
     sample must be a few runs of neighbouring rows (a few chunks), not rows spread one per chunk over
     the whole trace (which decoded a 1 GiB trace 18 times for one explanation)."""
-    from specdiff.replay.diff.align import RowMatch
-    from specdiff.replay.diff.explain import MAX_ROWS, SAMPLE_WINDOWS, _sample
+    from specdiff.replay.diff.explain.sample import MAX_ROWS, SAMPLE_WINDOWS, sample_rows
+    from specdiff.replay.diff.types import RowMatch
 
     n = 100_000
     rng = np.random.default_rng(0)
     serve_rows = rng.permutation(n)  # serving interleaves requests: its rows come in another order
     m = RowMatch(Pair(np.arange(n), serve_rows), np.zeros(n, int), np.arange(n), np.zeros(n, int), Pair(0, 0))
-    rx, ry = _sample(m)
+    rx, ry = sample_rows(m)
     assert len(rx) == MAX_ROWS and len(np.unique(rx)) == MAX_ROWS
     runs = 1 + int((np.diff(np.sort(rx)) > 1).sum())
     assert runs <= SAMPLE_WINDOWS
     assert rx.min() < n // SAMPLE_WINDOWS and rx.max() > n - n // SAMPLE_WINDOWS  # spread over the trace
     assert np.array_equal(ry, serve_rows[rx])  # pairs stay pairs
     small = RowMatch(Pair(np.arange(10), np.arange(10)), np.zeros(10, int), np.arange(10), np.zeros(10, int), Pair(0, 0))
-    assert np.array_equal(_sample(small)[0], np.arange(10))  # a small match is read whole
+    assert np.array_equal(sample_rows(small)[0], np.arange(10))  # a small match is read whole
 
 
 @pytest.mark.parametrize("rows_kind", ["all", "with gaps", "reversed", "scattered", "chunk longer than a block"])
@@ -252,7 +253,7 @@ def test_blocks_are_cut_at_chunk_boundaries_so_no_chunk_is_decoded_twice(tmp_pat
     """Blocks of aligned rows end where side x's chunks end: a block ending mid-chunk made the next
     block decode that chunk again (170-row chunks of H=4096 x 3 slots, 341-row blocks: every third
     chunk decoded twice). Rows that jump between chunks keep plain blocks; no block exceeds its size."""
-    from specdiff.replay.diff.blocks import block_bounds
+    from specdiff.replay.diff.compare.blocks import block_bounds
     from specdiff.tracer.store import TraceWriter, open_trace
 
     chunk = 170
@@ -282,7 +283,7 @@ def test_row_keys_of_many_sequences_map_each_row_to_its_pair_and_aligned_positio
     """Rows are keyed by one sorted lookup over all sequences (a mask per sequence cost rows x
     sequences: 27 s at 20 GiB); the keys must be what a row-by-row reading of the pairs gives:
     the pair, the position minus the pair's start on this side, inside the common length only."""
-    from specdiff.replay.diff.align import _keyed, pack_keys
+    from specdiff.replay.diff.align.align import _keyed, pack_keys
 
     rng = np.random.default_rng(1)
     n = 5000
@@ -308,7 +309,7 @@ def test_row_keys_of_many_sequences_map_each_row_to_its_pair_and_aligned_positio
 def test_rows_grouped_by_value_keep_their_order_and_cover_every_row():
     """Acceptance and the re-run plan take each sequence's rows from one sort, not one mask per
     sequence over all rows (rows x sequences); the groups must be exactly those masks."""
-    from specdiff.replay.diff.align import rows_by_value
+    from specdiff.replay.diff.align.align import rows_by_value
 
     values = np.random.default_rng(2).integers(-3, 50, 4000)
     groups = rows_by_value(values)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from builders import TracePair
 
-from specdiff.replay.diff import blocks
-from specdiff.replay.diff.early import EarlyFirst
+from specdiff.replay.diff.compare import blocks
+from specdiff.replay.diff.compare.early import EarlyFirst
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.tracer.schema import aux_name
 

@@ -359,7 +359,7 @@ def test_record_train_aux_reads_sglang_ids_by_the_targets_rule(tmp_path, draft_s
 def test_explain_fix_uses_the_targets_rule_from_the_contract_or_the_evidence(tmp_path):
     from types import SimpleNamespace as T
 
-    from specdiff.replay.diff.explain import _sglang_fix
+    from specdiff.replay.diff.explain.aux import _sglang_fix
 
     train = T(contract={"num_layers": L})
     want = [0, 3, 6]

@@ -19,7 +19,7 @@ one server is alive at any time, 10 starts in all. On those runs:
 - serving: every request completes with accept lengths reported; every served greedy token is the
   target's own greedy token (transformers, float32, teacher-forced on the served sequence) or a
   bfloat16 near tie of it (``FLOAT32_CHECKED``); speculative greedy output equals the plain output
-  up to the first near tie of the plain run (``replay.diff.tolerance.first_near_tie``);
+  up to the first near tie of the plain run (``replay.diff.compare.tolerance.first_near_tie``);
 - the live contract (written at start-up, before any request) names what the family's SGLang model
   file captures, and every recorded aux slot is nearest the HF hidden state the contract names
   (GPT-OSS's index L is the last layer's output before the final norm, ``aux_prenorm_indices``).
@@ -31,17 +31,17 @@ one server is alive at any time, 10 starts in all. On those runs:
   ``specdiff diff train.trace serve.trace`` exits 0 with no divergence; the report's margin is
   below every limit and any explained difference is an MoE routing near-tie on an MoE target, or
   the draft attention carrying such a row to the later rows of its sequence
-  (replay/diff/context.py), or a random draft's top-k *set* swapping at its k-th rank on bf16
-  near ties (replay/diff/topk_ties.py). GPT-OSS's aux slots differ from transformers in runs of
+  (replay/diff/judge/context.py), or a random draft's top-k *set* swapping at its k-th rank on bf16
+  near ties (replay/diff/judge/topk_ties.py). GPT-OSS's aux slots differ from transformers in runs of
   positions: router near ties, each carried by the target's own attention to the next rows of its
   sequence (measured: one layer-0 flip at float32 logit margin 0.0007 moved ``target.aux.1`` by rel
   0.39 and the next 9 rows by 0.050-0.064; forcing that expert choice in a float32 transformers
   replay reproduces the whole run), which the diff names ``moe_routing_near_tie``
   (``test_gpt_oss_aux_runs_are_named_routing_near_ties``). One gap is pinned rather than hidden:
   those flips come so early (seq 0 pos 1) that under 7 % of the draft's rows precede every
-  differing cached row, too few for replay/diff/context.py to show the draft attention itself
+  differing cached row, too few for replay/diff/judge/context.py to show the draft attention itself
   agrees from them; a re-run of the training draft on each side's inputs shows it instead
-  (replay/diff/context_proof.py), and the draft's later rows are named draft attention context.
+  (replay/diff/judge/context_proof.py), and the draft's later rows are named draft attention context.
 
 Random drafts are rarely right (accept length near 1): this checks each family's kernels, capture
 and replay, not draft quality. Run with ``pytest -m server tests/test_family_servers.py``.
@@ -214,7 +214,7 @@ def test_served_greedy_tokens_are_the_targets_own_greedy_tokens(family_servers, 
     """An independent implementation of each family (transformers, float32) checks the served
     kernels: a wrong MLA latent, yarn scale, routing rule, window or sink changes the argmax at
     most positions; bfloat16 serving may only pick another token inside a near tie."""
-    from specdiff.replay.diff.tolerance import is_near_tie
+    from specdiff.replay.diff.compare.tolerance import is_near_tie
 
     runs = family_servers(family, mode)
     exact = total = 0
@@ -237,7 +237,7 @@ def test_served_greedy_tokens_are_the_targets_own_greedy_tokens(family_servers, 
 @pytest.mark.parametrize("mode", SPEC_MODES)
 @pytest.mark.parametrize("family", PLAIN_FAMILIES)
 def test_speculative_greedy_equals_plain_greedy_up_to_the_first_near_tie(family_servers, family, mode):
-    from specdiff.replay.diff.tolerance import first_near_tie
+    from specdiff.replay.diff.compare.tolerance import first_near_tie
 
     plain_run, spec_run = family_servers(family, "plain"), family_servers(family, mode)
     compared = 0
@@ -369,8 +369,8 @@ def test_correct_pair_has_no_divergence(family_servers, family, mode):
     tensor up to the draft's logits diverged, every aux slot and the draft's stages were compared
     on rows of every served prompt, and the closest call (``margin``) is under its limit. What the
     report explains instead of failing is a named MoE routing near-tie, and only on an MoE target,
-    the draft attention carrying such a row to later rows (replay/diff/context.py), or the random
-    draft's top-k boundary near ties (replay/diff/topk_ties.py)."""
+    the draft attention carrying such a row to later rows (replay/diff/judge/context.py), or the random
+    draft's top-k boundary near ties (replay/diff/judge/topk_ties.py)."""
     diff, report, train = _correct_pair(family_servers, family, mode)
     where = f"{family} {mode}: {report.get('verdict')}"
     rerank = _sglang_tree_rerank_bug(report, mode)
@@ -423,10 +423,10 @@ def test_correct_pair_has_no_divergence(family_servers, family, mode):
 @pytest.mark.parametrize("mode", SPEC_MODES)
 def test_gpt_oss_aux_runs_are_named_routing_near_ties(family_servers, mode):
     """GPT-OSS's aux slots: every failing row whose inputs agree is a router near-tie or the
-    decaying run of later rows the target's attention carries it to (replay/diff/routing.py), so
+    decaying run of later rows the target's attention carries it to (replay/diff/judge/routing.py), so
     no aux slot diverges; the flips come at the first positions of every prompt, so the draft's
     later rows are named draft attention context on the strength of a draft re-run
-    (replay/diff/context_proof.py), not of the few rows before every flip."""
+    (replay/diff/judge/context_proof.py), not of the few rows before every flip."""
     diff, report, _ = _correct_pair(family_servers, "gpt_oss", mode)
     tensors = report["tensors"]
     named = {e["tensor"]: e for e in report["explained_differences"] if e["cause"] == "moe_routing_near_tie"}

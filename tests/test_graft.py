@@ -45,9 +45,9 @@ def pair(tmp_path_factory, run_cli) -> tuple[Path, Path]:
 
 
 def test_aux_substitution_recovers_the_seed_bug_gap(pair):
-    from specdiff.replay.diff.graft import GraftResult, graft
     from specdiff.replay.diff.pipeline import diff_traces
     from specdiff.replay.diff.report import render_text
+    from specdiff.replay.diff.rerun.graft import GraftResult, graft
     report = diff_traces(str(pair[0]), str(pair[1]))
     grafts = graft(report)
     assert [g.name for g in grafts][0] == "target.aux_cat"
@@ -81,8 +81,8 @@ def test_cli_graft_and_missing_draft(pair, tmp_path, run_cli):
 
 
 def test_missing_draft_named_by_the_contract(pair):
-    from specdiff.replay.diff.graft import GraftError, graft
     from specdiff.replay.diff.pipeline import diff_traces
+    from specdiff.replay.diff.rerun.graft import GraftError, graft
     report = diff_traces(str(pair[0]), str(pair[1]))
     tr = report.traces.x
     tr.contract = {**tr.contract, "draft_name": "/nonexistent/draft"}

@@ -26,10 +26,10 @@ import pytest
 from builders import TracePair
 from builders import moved as _off
 
-from specdiff.replay.diff import blocks
+from specdiff.replay.diff.compare import blocks
+from specdiff.replay.diff.judge.routing import ROUTING_MAX_FRAC
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
-from specdiff.replay.diff.routing import ROUTING_MAX_FRAC
 from specdiff.tracer.schema import aux_name
 
 H, N_SEQ, T, DEPTHS = 32, 8, 64, 3
@@ -259,7 +259,7 @@ def test_flips_at_slot_0_are_not_named_routing_near_ties(tmp_path, small_blocks)
     ("draft.hidden_out", "tokens", False),
 ])
 def test_which_tensor_feeds_which(source, target, expected):
-    from specdiff.replay.diff.inherited import feeds
+    from specdiff.replay.diff.judge.inherited import feeds
 
     assert feeds(source, target) is expected
 
@@ -274,8 +274,8 @@ def test_which_tensor_feeds_which(source, target, expected):
     ({}, None),
 ])
 def test_the_target_family_is_read_from_the_contract(tmp_path, facts, moe):
-    from specdiff.replay.diff.align import Pair
-    from specdiff.replay.diff.routing import target_family
+    from specdiff.replay.diff.judge.routing import target_family
+    from specdiff.replay.diff.types import Pair
     from specdiff.tracer.store import open_trace
 
     a, b = write_pair(tmp_path, family=facts)

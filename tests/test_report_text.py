@@ -62,8 +62,8 @@ def test_a_fact_an_older_recorder_left_unknown_is_not_blamed_on_the_sglang_versi
     # fix is a re-record. A fact the engine's unobservable list names keeps the version fix.
     from types import SimpleNamespace
 
-    from specdiff.replay.diff.align import Pair
-    from specdiff.replay.diff.contract_check import check_contracts, unknown_facts
+    from specdiff.replay.diff.explain.contract_check import check_contracts, unknown_facts
+    from specdiff.replay.diff.types import Pair
 
     train = {"side": "train", "aux_hf_indices": [0, 3, 6], "aux_concat_order": [0, 3, 6], "num_layers": 8}
     old_serve = {"side": "serve", "engine": "sglang", "engine_version": "0.5.23", "aux_hf_indices": [3, 6, 7],
@@ -130,8 +130,8 @@ def test_aux_concat_order_is_said_only_when_the_order_differs(train_order, said)
     # training [0, 3, 6] vs serving [3, 6, 7]: the layers differ (aux_hf_indices says so), the order does not
     from types import SimpleNamespace
 
-    from specdiff.replay.diff.align import Pair
-    from specdiff.replay.diff.contract_check import check_contracts
+    from specdiff.replay.diff.explain.contract_check import check_contracts
+    from specdiff.replay.diff.types import Pair
 
     train = {"side": "train", "aux_hf_indices": sorted(train_order), "aux_concat_order": train_order}
     serve = {"side": "serve", "engine": "sglang", "aux_hf_indices": [3, 6, 7], "aux_concat_order": [3, 6, 7]}

@@ -13,9 +13,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from specdiff.replay.diff.align import Pair, align_sequences
-from specdiff.replay.diff.groups import cached_prefixes, chunk_ends, recorded_prefill
+from specdiff.replay.diff.align.align import align_sequences
+from specdiff.replay.diff.judge.groups import cached_prefixes, chunk_ends, recorded_prefill
 from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.types import Pair
 from specdiff.tracer.engines.sglang.prefill import PrefillFacts
 from specdiff.tracer.store import TraceWriter, open_trace
 

@@ -1,7 +1,7 @@
 """MoE routing near-ties carried by the target's own attention (issue 20, GPT-OSS): a flip and the
 decaying run of later rows it moves are one explained event; a run that does not fade out is not.
 
-Measured on the tiny GPT-OSS target served on the CPU recipe (replay/diff/routing.py module doc):
+Measured on the tiny GPT-OSS target served on the CPU recipe (replay/diff/judge/routing.py module doc):
 one layer-0 router near tie (float32 logits 0.0007 apart) moved ``target.aux.1`` at seq 2 pos 13
 by rel 0.39 and the next 9 rows by rel 0.050-0.064 (above the 0.05 limit), the row after them
 0.047; forcing that single expert choice in a float32 transformers replay reproduced the whole run.
@@ -15,8 +15,8 @@ import pytest
 from builders import TracePair
 from builders import moved as _off
 
+from specdiff.replay.diff.judge.routing import ROUTING_MAX_RUN
 from specdiff.replay.diff.pipeline import diff_traces
-from specdiff.replay.diff.routing import ROUTING_MAX_RUN
 from specdiff.tracer.schema import aux_name
 
 H, N_SEQ, T = 64, 6, 64
@@ -61,7 +61,7 @@ def test_a_flip_and_the_decaying_run_its_attention_carries_are_one_explained_eve
     assert flip.cause == "moe_routing_near_tie" and flip.tensor == "target.aux.1"
     assert flip.longest_run == 10 > ROUTING_MAX_RUN and flip.events == 5
     assert sorted(r["pos"] for r in flip.rows if r["seq"] == 2) == list(range(13, 23))
-    assert "the target's attention carries it to" in flip.message()
+    assert "the target's attention carries it to" in flip.message
     # aux.2 moved at the same rows: inherited from aux.1, not a second event
     assert report.inherited()["target.aux.2"]["from"] == {"target.aux.1": 14}
 

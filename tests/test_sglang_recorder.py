@@ -633,8 +633,8 @@ COMPUTATION_FIELDS = ("spec_algorithm", "aux_hf_indices", "aux_concat_order", "e
 
 @server
 def test_serving_and_training_contracts_agree_field_by_field_on_a_correct_pair(traced, models, tmp_path):
-    from specdiff.replay.diff.align import Pair
-    from specdiff.replay.diff.contract_check import check_contracts
+    from specdiff.replay.diff.explain.contract_check import check_contracts
+    from specdiff.replay.diff.types import Pair
     from specdiff.replay.record.record_train import record_train
 
     serve = open_trace(str(traced["path"]))

@@ -145,8 +145,8 @@ def test_a_draft_scoring_the_target_vocab_is_named(tmp_path):
 
     trace_b = open_trace(b)
     trace_b.contract["vocab_size"] = 200  # the target's vocab
-    from specdiff.replay.diff.align import Pair
     from specdiff.replay.diff.pipeline import diff_opened
+    from specdiff.replay.diff.types import Pair
 
     report = diff_opened(Pair(open_trace(a), trace_b))
     assert report.first.name == "draft.logits" and report.explanations[0].cause == "draft_vocab_size"

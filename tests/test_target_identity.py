@@ -242,8 +242,8 @@ def test_gpt_oss_prenorm_slot_is_the_final_norms_input(gpt_oss, run_cli):
 
     # the pre-flight check reads training's layers as HF indices, where slot 2 would be hidden_states[8]: neither
     # the findings stored by record train nor those diff computes on the serving pair may claim a mismatch
-    from specdiff.replay.diff.align import Pair
-    from specdiff.replay.diff.findings import findings_of_kinds
+    from specdiff.replay.diff.explain.findings import findings_of_kinds
+    from specdiff.replay.diff.types import Pair
 
     assert not [f for f in c["findings"] if f["kind"].startswith("training.")], c["findings"]
     pair = Pair(open_trace(str(out)), open_trace(str(root / "serve.trace")))

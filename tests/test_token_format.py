@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from specdiff.demo.run import REPO_MODELS
-from specdiff.replay.diff.align import AlignmentError, Pair, align_sequences
+from specdiff.replay.diff.align.align import AlignmentError, align_sequences
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
+from specdiff.replay.diff.types import Pair
 from specdiff.tracer.schema import aux_name
 from specdiff.tracer.store import TraceWriter, open_trace
 

@@ -1,4 +1,4 @@
-"""Top-k boundary near-ties (replay/diff/topk_ties.py, issue 20) on real pairs of zarr stores.
+"""Top-k boundary near-ties (replay/diff/judge/topk_ties.py, issue 20) on real pairs of zarr stores.
 
 A random draft's logits are nearly flat, so its k-th and (k+1)-th logits tie in bf16 and each
 engine keeps another id at rank k. Those rows are named a legitimate difference; a swap whose

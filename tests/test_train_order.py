@@ -21,8 +21,8 @@ pytest.importorskip("transformers")
 
 from specdiff.demo.scenarios import TRAINED_HF, reorder_fc_blocks, write_served_draft  # noqa: E402
 from specdiff.eagle3.aux_layers import ConventionError, resolve_aux_ids  # noqa: E402
-from specdiff.replay.diff.align import Pair  # noqa: E402
-from specdiff.replay.diff.contract_check import check_contracts  # noqa: E402
+from specdiff.replay.diff.explain.contract_check import check_contracts  # noqa: E402
+from specdiff.replay.diff.types import Pair  # noqa: E402
 from specdiff.replay.model.target_capture import TargetError, capture_target, load_target  # noqa: E402
 from specdiff.replay.preflight.check import run_preflight  # noqa: E402
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, DEFAULTS_USED, aux_slot_layers  # noqa: E402

@@ -216,7 +216,7 @@ def test_app_module_does_not_load_the_diff_engine_before_painting():
     code = "import sys, specdiff.tui.app; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    from specdiff.replay.diff.compare import SKIP
+    from specdiff.replay.diff.compare.compare import SKIP
     from specdiff.tui import view
 
     assert view.SKIP == SKIP

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from builders import TracePair
 
-from specdiff.replay.diff.align import Pair
 from specdiff.replay.diff.pipeline import diff_opened
+from specdiff.replay.diff.types import Pair
 from specdiff.replay.watch.watcher import diff_request
 from specdiff.tracer.schema import aux_name
 from specdiff.tracer.store import TraceFollower, open_trace

@@ -25,7 +25,7 @@ from specdiff.tracer.errors import TraceError
 #: The value of a fact that could not be read from the live engine objects.
 UNKNOWN = "unknown"
 #: serving contract field: rid -> {"cached_prefix": int | UNKNOWN, "chunks": [[start, length], ...]}
-#: (written by tracer/engines/sglang/prefill.py, read by replay/diff/groups.py; traces/FORMAT.md)
+#: (written by tracer/engines/sglang/prefill.py, read by replay/diff/judge/groups.py; traces/FORMAT.md)
 REQUEST_PREFILL = "request_prefill"
 
 _num = (int, float)
@@ -77,7 +77,7 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                                     "head_size of its rotary_emb, srt/models/llama.py:199-200)"),
     "embed_fingerprint": ((str,), "dtype-independent hash of the embedding the draft multiplies by (values rounded "
                                   "through float16 then bfloat16): equal for one checkpoint held in bf16, fp16 or "
-                                  "fp32 (replay/diff/contract_check.py WEIGHT_HASHES)"),
+                                  "fp32 (replay/diff/explain/contract_check.py WEIGHT_HASHES)"),
     "lm_head_fingerprint": ((str,), "dtype-independent hash of the draft's lm_head (as embed_fingerprint)"),
     "bos_added": ((bool, str, type(None)), "every prompt starts with BOS (False: none does; 'mixed'; None: "
                                           "no prompt) - bos_added_fact"),

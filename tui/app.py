@@ -104,7 +104,7 @@ class SpecdiffApp(App):
         self.filter_text = ""
         self.error: str | None = None
         self.exported: Path | None = None
-        self.early = None  # replay.diff.early.EarlyFirst once proven, before the full report
+        self.early = None  # replay.diff.compare.early.EarlyFirst once proven, before the full report
         self.partial: ViewModel | None = None  # the grid's model while the diff runs
 
     # ---- layout -----------------------------------------------------------------------------
@@ -148,8 +148,8 @@ class SpecdiffApp(App):
     def run_diff(self, preset: str) -> None:
         """Open (once), diff, and index the report for drawing; posts DiffReady or DiffFailed."""
         try:
-            from specdiff.replay.diff.align import Pair
             from specdiff.replay.diff.pipeline import diff_opened
+            from specdiff.replay.diff.types import Pair
             from specdiff.tracer.store import open_trace
 
             if self.traces is None:

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 
 import click
 
-from specdiff.replay.diff.tolerance import PRESETS, parse_overrides
+from specdiff.replay.diff.compare.tolerance import PRESETS, parse_overrides
 from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
 
 
@@ -75,14 +75,14 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
         bar.update(done - bar.pos, current_item=tensor)
 
     def on_first(early):
-        # Said at once (proven by the rows read so far, replay/diff/early.py); totals follow.
+        # Said at once (proven by the rows read so far, replay/diff/compare/early.py); totals follow.
         click.echo(("\n" if bar is not None else "") + f"{early.verdict()} (computing the totals...)", err=True)
 
     from specdiff.replay.diff.pipeline import diff_traces  # torch-free CLI start
     from specdiff.replay.diff.report import render_json, render_text
 
     if on_dask:
-        from specdiff.replay.diff.blocks import worker_path
+        from specdiff.replay.diff.compare.blocks import worker_path
         from specdiff.tui.dask_blocks import dask_blocks  # dask is imported only when asked for
 
         for path in (trace_a, trace_b):
@@ -98,7 +98,7 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
     if bar is not None:
         bar.render_finish()
     if graft:
-        from specdiff.replay.diff.graft import graft as run_graft
+        from specdiff.replay.diff.rerun.graft import graft as run_graft
 
         if fmt != "json":
             click.echo("  grafting (re-running the training draft on serving's inputs)...", err=True)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import click
 
-from specdiff.replay.diff.contract_check import unknown_facts
+from specdiff.replay.diff.explain.contract_check import unknown_facts
 from specdiff.replay.diff.report import DEFAULT_WIDTH
 from specdiff.tracer.crash import describe_crash
 from specdiff.tracer.store import open_trace

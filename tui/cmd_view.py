@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from specdiff.replay.diff.tolerance import PRESETS, parse_overrides
+from specdiff.replay.diff.compare.tolerance import PRESETS, parse_overrides
 from specdiff.tui.cli import cli
 
 

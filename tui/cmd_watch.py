@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from specdiff.eagle3.aux_layers import CONVENTIONS
-from specdiff.replay.diff.tolerance import PRESETS
+from specdiff.replay.diff.compare.tolerance import PRESETS
 from specdiff.replay.record.train_options import DEFAULTS, DTYPE_NAMES
 from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
 from specdiff.tui.cmd_record_train import _parse_layers

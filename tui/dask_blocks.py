@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 
-from specdiff.replay.diff.blocks import ExecutorBlocks
+from specdiff.replay.diff.compare.blocks import ExecutorBlocks
 from specdiff.tracer.errors import SpecdiffError
 
 #: seconds to reach a running scheduler before giving up (connecting to a live one takes < 1 s)
@@ -22,7 +22,7 @@ class DaskError(SpecdiffError):
 
 @contextmanager
 def dask_blocks(*, workers: int | None = None, address: str | None = None):
-    """Yield a ``replay.diff.blocks.ExecutorBlocks`` on a Dask cluster; close the client (and the
+    """Yield a ``replay.diff.compare.blocks.ExecutorBlocks`` on a Dask cluster; close the client (and the
     local cluster with its worker processes) on exit, whatever happens inside.
 
     Args:

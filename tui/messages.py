@@ -33,9 +33,9 @@ class DiffReady(Message):
 
 @dataclass
 class DiffEarly(Message):
-    """The first divergence, proven before the full statistics (replay/diff/early.py)."""
+    """The first divergence, proven before the full statistics (replay/diff/compare/early.py)."""
 
-    early: object  # replay.diff.early.EarlyFirst
+    early: object  # replay.diff.compare.early.EarlyFirst
 
 
 @dataclass

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-# replay.compare imports numpy only, so the app still paints before torch loads.
-from specdiff.replay.diff.compare import CLOSE, DIVERGED, MATCH, SKIP, UNREADABLE, is_compared  # noqa: F401  (SKIP re-exported)
+# replay.diff.compare imports numpy only, so the app still paints before torch loads.
+from specdiff.replay.diff.compare.compare import SKIP, is_compared  # noqa: F401  (SKIP re-exported)
+from specdiff.replay.diff.types import CLOSE, DIVERGED, MATCH, UNREADABLE
 from specdiff.tracer.schema import ordered, spec_for
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def basename(path: str) -> str:
 
 def load_tokenizer(report: DiffReport):
     """``tokenizers.Tokenizer`` from a contract's ``model_name`` dir (tokenizer.json), else None."""
-    from specdiff.replay.diff.token_format import load_tokenizer as from_traces
+    from specdiff.replay.diff.align.token_format import load_tokenizer as from_traces
 
     return from_traces(report.traces)
 

@@ -5,46 +5,54 @@ field of the report, and the report is built from them by keyword. The stages, t
 each fills, and the module that computes it:
 
 ====  ==========================  ===============  ===================================================
- #    stage                       report field     module
+ #    stage                       report field     module (under replay/diff/)
 ====  ==========================  ===============  ===================================================
- 1    refuse different targets    (raises)         contract_check.refuse_different_targets
- 2    name the sides              labels           explain.side_names
+ 1    refuse different targets    (raises)         explain/contract_check.refuse_different_targets
+ 2    name the sides              labels           types.side_names
  3    a side's engine crashed     crash            ``crash_record`` (here); a side that crashed before
                                                    recording any sequence ends the pipeline here
                                                    (``crash_only``: contract and findings alone)
- 4    layouts                     (feeds 5, 6)     structure.structure_mismatches
- 5    align sequences             alignment        align.align_sequences
- 6    compare every tensor        comparisons      compare.compare_all (blocks, metrics, tolerance,
-                                                   groups, inherited, routing, context, topk_ties,
-                                                   early); context_proof re-runs the draft
-                                                   when context.py asks
- 7    first divergence            first            compare.first_divergence; crash.crash_divergence
-                                                   (where the crashed side stopped)
- 8    explain it                  explanations     explain.explain (contract_causes, history);
-                                                   crash.crash_explanations when the crash leads
- 9    contract check              contract         contract_check.check_contracts
- 10   acceptance                  acceptance       acceptance.acceptance
- 11   pre-flight findings         findings         findings.matching_findings / crash_findings;
-                                                   crash.crash_cause (the crash's cause)
- 12   narrow an unexplained one   narrowing        narrow.narrow_or_reason (re-runs the draft)
+ 4    layouts                     (feeds 5, 6)     align/structure.structure_mismatches
+ 5    align sequences             alignment        align/align.align_sequences
+ 6    compare every tensor        comparisons      compare/compare.compare_all: rows compared in
+                                                   compare/ (blocks, metrics, tolerance, early), judged
+                                                   in judge/ (inherited, then the first of
+                                                   ``judge.JUDGES``: topk_ties, routing, context, then
+                                                   groups); judge/context_proof re-runs the draft when
+                                                   the context judge asks
+ 7    first divergence            first            compare/compare.first_divergence;
+                                                   explain/crash.crash_divergence (where the crashed
+                                                   side stopped)
+ 8    explain it                  explanations     explain.explain (``explain.CHECKS`` in order);
+                                                   explain/crash.crash_explanations when the crash leads
+ 9    contract check              contract         explain/contract_check.check_contracts
+ 10   acceptance                  acceptance       compare/acceptance.acceptance
+ 11   pre-flight findings         findings         explain/findings.matching_findings / crash_findings;
+                                                   explain/crash.crash_cause (the crash's cause)
+ 12   narrow an unexplained one   narrowing        rerun/narrow.narrow_or_reason (re-runs the draft)
 ====  ==========================  ===============  ===================================================
 
+Every cause an explanation, a judge or a crash can name is a row of causes.py.
+
 Rendering is elsewhere: replay/diff/report.py (text, JSON) and tui/ (the app) only read the report.
-``specdiff diff --graft`` adds ``grafts`` afterwards (tui/cmd_diff.py, replay/diff/graft.py).
+``specdiff diff --graft`` adds ``grafts`` afterwards (tui/cmd_diff.py, replay/diff/rerun/graft.py).
 """
 
 from __future__ import annotations
 
-from specdiff.replay.diff.acceptance import Acceptance, acceptance
-from specdiff.replay.diff.align import Alignment, AlignmentError, Pair, align_sequences
-from specdiff.replay.diff.compare import compare_all, first_divergence
-from specdiff.replay.diff.context_proof import ContextProver
-from specdiff.replay.diff.contract_check import check_contracts, refuse_different_targets
-from specdiff.replay.diff.crash import crash_cause, crash_divergence, crash_explanations
-from specdiff.replay.diff.explain import explain, side_names
-from specdiff.replay.diff.findings import crash_findings, matching_findings
+from specdiff.replay.diff.align.align import AlignmentError, align_sequences
+from specdiff.replay.diff.align.structure import structure_mismatches
+from specdiff.replay.diff.align.token_format import decoder, load_tokenizer
+from specdiff.replay.diff.compare.acceptance import Acceptance, acceptance
+from specdiff.replay.diff.compare.compare import compare_all, first_divergence
+from specdiff.replay.diff.explain import explain
+from specdiff.replay.diff.explain.contract_check import check_contracts, refuse_different_targets
+from specdiff.replay.diff.explain.crash import crash_cause, crash_divergence, crash_explanations
+from specdiff.replay.diff.explain.findings import crash_findings, matching_findings
+from specdiff.replay.diff.judge.context_proof import ContextProver
+from specdiff.replay.diff.rerun.narrow import narrow_or_reason
 from specdiff.replay.diff.result import DiffReport
-from specdiff.replay.diff.structure import structure_mismatches
+from specdiff.replay.diff.types import Alignment, Pair, side_names
 from specdiff.tracer.schema import ordered
 from specdiff.tracer.store import open_trace
 
@@ -76,15 +84,15 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     ``narrow``: when no explanation fits a value divergence, re-run the training draft with each
     serving input grafted in (replay.narrow; loads torch and the draft checkpoint when at hand);
     and when too few rows show the draft attention agrees over agreeing context, re-run it on both
-    sides' inputs instead (replay/diff/context_proof.py). False: no re-run at all.
+    sides' inputs instead (replay/diff/judge/context_proof.py). False: no re-run at all.
 
-    ``on_first(replay.diff.early.EarlyFirst)``: called once, as soon as the rows read so far prove
+    ``on_first(replay.diff.compare.early.EarlyFirst)``: called once, as soon as the rows read so far prove
     the first divergence (the same the report's ``first`` names), before the totals, the
     explanation and the narrowing are computed; not called when nothing diverges.
     ``on_rows(done, total)``: rows compared so far (see ``compare.compare_all``).
     ``on_partial(DiffReport)``: the report as it stands while tensors are compared (comparisons so
     far, ``first`` once proven; no explanation, contract or acceptance yet), for the app's grid.
-    ``runner``: where the per-block metrics are computed (``replay.diff.blocks.LocalBlocks``, the
+    ``runner``: where the per-block metrics are computed (``replay.diff.compare.blocks.LocalBlocks``, the
     default, or ``ExecutorBlocks`` on Dask workers); the report is the same either way.
 
     Raises:
@@ -185,13 +193,12 @@ def narrowing(report: DiffReport):
     first = report.first
     if first is None or first.kind != "values" or report.explanations:
         return None
-    from specdiff.replay.diff.narrow import narrow_or_reason
 
     return narrow_or_reason(report)
 
 
 def partial_report(traces: Pair, labels: Pair, alignment: Alignment, comps: dict, early) -> DiffReport:
-    """A report of the comparisons so far; ``first`` only once proven (``early``, replay/diff/early.py)."""
+    """A report of the comparisons so far; ``first`` only once proven (``early``, replay/diff/compare/early.py)."""
     first = comps.get(early.name) if early is not None else None
     if first is not None and first.kind != early.kind:
         first = None
@@ -214,7 +221,6 @@ class _LazyDecode:
 
     def __call__(self, ids):
         if not self.loaded:
-            from specdiff.replay.diff.token_format import decoder, load_tokenizer
 
             self.fn, self.loaded = decoder(load_tokenizer(self.traces)), True
         return self.fn(ids) if self.fn else None

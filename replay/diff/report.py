@@ -9,12 +9,12 @@ import json
 import shutil
 import textwrap
 
-from specdiff.replay.diff.acceptance import Acceptance
-from specdiff.replay.diff.align import Pair
-from specdiff.replay.diff.compare import TensorComparison
-from specdiff.replay.diff.contract_check import ContractMismatch
-from specdiff.replay.diff.crash import crash_text
+from specdiff.replay.diff.compare.acceptance import Acceptance
+from specdiff.replay.diff.explain.contract_check import ContractMismatch
+from specdiff.replay.diff.explain.crash import crash_text
+from specdiff.replay.diff.judge.groups import GROUP_ALPHA, GROUP_FAR
 from specdiff.replay.diff.result import DiffReport
+from specdiff.replay.diff.types import Pair, TensorComparison
 
 
 def _fmt(v) -> str:
@@ -215,7 +215,7 @@ def _legitimate_rows(report: DiffReport) -> list[str]:
     if report.legitimate:
         out += ["", "explained differences (legitimate for this target family, not divergences)"]
         for e in report.legitimate:
-            out.append(f"  {e.cause}: {e.message()}")
+            out.append(f"  {e.cause}: {e.message}")
             out += [f"    {line}" for line in e.evidence()]
     inh = report.inherited()
     if inh:
@@ -235,7 +235,6 @@ def _legitimate_rows(report: DiffReport) -> list[str]:
         out += ["", f"margin: closest to a limit: {m['tensor']}: {words}"]
     g = report.group_margin()
     if g is not None:
-        from specdiff.replay.diff.groups import GROUP_ALPHA, GROUP_FAR
 
         far = g.min_fail_rel / g.noise_floor if g.noise_floor else float("inf")
         out.append(f"margin: most concentrated failures: {g.tensor} on {g.group}: {g.fail_rows} of {g.rows} rows, "

@@ -11,11 +11,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from specdiff.replay.diff.align import Alignment, Pair
-from specdiff.replay.diff.compare import TensorComparison
-from specdiff.replay.diff.contract_check import ContractMismatch, bearing_on, unknown_facts
-from specdiff.replay.diff.crash import crash_verdict
-from specdiff.replay.diff.explain import Explanation
+from specdiff.replay.diff.explain.contract_check import ContractMismatch, bearing_on, unknown_facts
+from specdiff.replay.diff.explain.crash import crash_verdict
+from specdiff.replay.diff.types import DIVERGED, Alignment, Explanation, Pair, TensorComparison
 from specdiff.tracer.schema import spec_for
 
 #: a passing tensor this close to a limit (limit_use) is named in the verdict: another prompt
@@ -119,20 +117,21 @@ class DiffReport:
         for name, comp in self.comparisons.items():
             if not comp.diverged:
                 continue
-            bad = [int(i) for i in (comp.status == 2).nonzero()[0]]
+            bad = [int(i) for i in (comp.status == DIVERGED).nonzero()[0]]
             bad.sort(key=lambda i: (int(comp.match.pos[i]), int(comp.match.pair[i]), int(comp.match.depth[i])))
             out += [(name, i) for i in bad]
         return out
 
     @property
     def legitimate(self) -> list:
-        """Named legitimate differences (``routing.RoutingFlips``), in dataflow order: rows that
-        differ beyond tolerance for a reason the target family makes legitimate; not divergences."""
+        """Named legitimate differences (``types.Cause``: judge/routing.py ``RoutingFlips``, judge/context.py
+        ``ContextRows``, judge/topk_ties.py ``TopkBoundaryTies``), in dataflow order: rows that differ
+        beyond tolerance for a reason the engines legitimately have; not divergences."""
         return [c.explanation for c in self.comparisons.values() if c.explanation is not None]
 
     def inherited(self) -> dict:
         """tensor -> ``{"rows", "from": {tensor: rows}}`` for every tensor with inherited rows
-        (rows whose inputs already differ upstream; replay/diff/inherited.py)."""
+        (rows whose inputs already differ upstream; replay/diff/judge/inherited.py)."""
         return {n: {"rows": c.stats["inherited_rows"], "from": c.stats.get("inherited_from", {})}
                 for n, c in self.comparisons.items() if c.stats.get("inherited_rows")}
 
@@ -153,7 +152,7 @@ class DiffReport:
         return best
 
     def group_margin(self):
-        """The most concentrated group of a tensor that did not diverge (replay/diff/groups.py
+        """The most concentrated group of a tensor that did not diverge (replay/diff/judge/groups.py
         ``Concentration``, not fired): how close a control came to a group divergence; None when
         no tensor's failing rows reach ``GROUP_MIN_ROWS`` in any group."""
         held = [c.concentration for c in self.comparisons.values()
@@ -175,7 +174,7 @@ class DiffReport:
             if self.incomplete:
                 return (f"no divergence in the rows that could be read, but the traces are damaged "
                         f"({self._damage_summary()}), so equivalence is not shown; see damage")
-            named = "".join(f"; explained: {e.message().split(':')[0]} at {e.tensor} ({len(e.rows)} rows)"
+            named = "".join(f"; explained: {e.message.split(':')[0]} at {e.tensor} ({len(e.rows)} rows)"
                             for e in self.legitimate)
             m = self.margin()
             close = (f"; close to a limit: {m['tensor']} at {m['use']:.0%} of its {m['limit']} limit"
@@ -215,14 +214,14 @@ class DiffReport:
             "labels": [self.labels.x, self.labels.y],
             "traces": [self.paths.x, self.paths.y],
             "first_divergence": first,
-            "explanations": [asdict(e) for e in self.explanations],
+            "explanations": [_explanation_json(e) for e in self.explanations],
             "narrowing": (None if self.narrowing is None else {"not_run": self.narrowing}
                           if isinstance(self.narrowing, str) else asdict(self.narrowing)),
             "contract_mismatches": [asdict(m) for m in self.contract],
             "unknown_facts": {self.labels.x: unknown_facts(self.traces.x.contract),
                               self.labels.y: unknown_facts(self.traces.y.contract)},
             "preflight_findings": self.findings,
-            "explained_differences": [{"cause": e.cause, "message": e.message(), **asdict(e)} for e in self.legitimate],
+            "explained_differences": [{"cause": e.cause, "message": e.message, **asdict(e)} for e in self.legitimate],
             "inherited": self.inherited(),
             "margin": self.margin(),
             "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
@@ -235,3 +234,11 @@ class DiffReport:
             "tensors": {n: {"diverged": c.diverged, "kind": c.kind, **c.stats, "tolerance": asdict(c.tolerance)}
                         for n, c in self.comparisons.items()},
         })
+
+
+def _explanation_json(e: Explanation) -> dict:
+    """An explanation as the report's JSON has always written it: without ``tensor`` (where a cause
+    off the first divergence appears), which its message already names."""
+    out = asdict(e)
+    del out["tensor"]
+    return out

@@ -1,6 +1,6 @@
 """A rolling per-depth acceptance of both sides over the last requests watched.
 
-Each request brings the diff's acceptance of each side (``replay.diff.acceptance.Acceptance``:
+Each request brings the diff's acceptance of each side (``replay.diff.compare.acceptance.Acceptance``:
 serving from ``verify.accept_length``, training from ``draft.accept_cum``, the two rules of
 ``specdiff.eagle3.acceptance``). The window pools the last ``window`` requests, each weighted by
 its ``samples`` (verify steps on serving, generated positions on training), so the pooled rate

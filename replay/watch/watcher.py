@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdiff.replay.diff.align import Pair
+from specdiff.replay.diff.types import Pair
 from specdiff.replay.record.sequences import TrainSequence
 from specdiff.replay.watch.follow import FinishedRequests, ServedRequest
 from specdiff.replay.watch.rolling import SIDES, RollingAcceptance, acceptance_record

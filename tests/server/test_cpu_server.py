@@ -97,7 +97,7 @@ def test_greedy_eagle3_output_equals_non_speculative_output_up_to_the_first_near
     the draft tree vs a 1-token decode), so they agree by design only until the plain run's
     top-2 logit margin is within the dtype's resolution (``replay.tolerance.first_near_tie``);
     past a near tie, which token wins depends on the CPU's matmul kernels."""
-    from specdiff.replay.diff.tolerance import first_near_tie
+    from specdiff.replay.diff.compare.tolerance import first_near_tie
 
     dtype, plain_outputs, plain_top2 = plain_run
     with _speculating(request, model_root, spec, dtype) as srv:
@@ -131,7 +131,7 @@ def _speculating(request, model_root: Path, spec: SpecSettings, dtype: str):
 
 
 def test_near_tie_rule_on_constructed_logits():
-    from specdiff.replay.diff.tolerance import NEAR_TIE_ULPS, first_near_tie, is_near_tie, logit_ulp
+    from specdiff.replay.diff.compare.tolerance import NEAR_TIE_ULPS, first_near_tie, is_near_tie, logit_ulp
 
     # bf16 keeps 8 significant bits: logits in [2, 4) are spaced 2**-6 apart, in [8, 16) 2**-4.
     assert logit_ulp(3.0, dtype="bfloat16") == 2.0 ** -6
@@ -174,7 +174,7 @@ def test_standin_attention_matches_sglang_torch_native_backend_in_fp32(model_roo
     with SGLang's own torch_native attention. Two attention kernels agree up to the first near
     tie (``replay.tolerance.first_near_tie``); in float32 this tiny model has none, so every
     token is compared (in bf16 a random model's near-tied logits flip between implementations)."""
-    from specdiff.replay.diff.tolerance import first_near_tie
+    from specdiff.replay.diff.compare.tolerance import first_near_tie
 
     standin, top2 = plain_runs("float32")  # the stand-ins are the CPU server's default backend
     with ServerProcess(model_root / "target",

@@ -6,7 +6,3 @@
 What an engine is (name, title, tested versions, entry point) is ``specdiff.eagle3.engines``;
 importing this package imports no engine.
 """
-
-from specdiff.eagle3.engines import engine_names, engine_spec
-
-__all__ = ["engine_names", "engine_spec"]

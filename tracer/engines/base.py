@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import importlib
 
-from specdiff.eagle3.engines import EngineSpec, UnknownEngineError, engine_spec
+from specdiff.eagle3.engines import UnknownEngineError, engine_spec
 
 #: engine name -> module of its CPU recipe's launcher (engines without one are not listed). The
 #: module has ``record_serve_command(args, *, cpu, env) -> (argv, env)``: the command
@@ -49,4 +49,4 @@ def cpu_launcher(name: str):
     return importlib.import_module(CPU_LAUNCHERS[spec.name])
 
 
-__all__ = ["CPU_LAUNCHERS", "EngineSpec", "UnknownEngineError", "cpu_launcher", "engine_spec"]
+__all__ = ["CPU_LAUNCHERS", "cpu_launcher"]

@@ -3,7 +3,7 @@
 Serving records target rows only for the positions a prefill extends (attribution.py: a prefill
 with prefix p and extend e writes t = p..p+e-1), so a request whose prefix hit the radix cache has
 no rows before the hit, and a chunked prefill runs the draft extend once per chunk. Both matter
-to the diff (replay/diff/groups.py, history.py: failures only on cache-hit requests, or at chunk
+to the diff (replay/diff/judge/groups.py, explain/history.py: failures only on cache-hit requests, or at chunk
 boundaries), and neither can be told from the rows alone (a chunk's later part has a prefix too).
 So the recorder notes, on the serving thread, per recorded request:
 

@@ -1,0 +1,133 @@
+"""Explain a divergence (pipeline stage 8): try the known EAGLE-3 mistakes at the first divergence and
+keep those that close the gap.
+
+Each transform check changes one side's recorded tensors the way a known mistake would, and reports
+the mistake only when the transformed tensors agree with the other side within tolerance: a
+transform that does not close the gap is never reported as the cause. ``CHECKS`` lists every check
+in the order it runs, with the stages it looks at (DESIGN.md "Comparing"); the modules:
+
+- ``structure``: a layout difference (nothing to transform: the likely causes are named from the
+  widths and the contract) and token formats (sequences paired only by content), decoded;
+- ``aux``: aux slots permuted (concat order), and which HF layer each aux slot holds (layer shift,
+  the engine's default layers, the embedding output), with the fix in the engine's own ids;
+- ``vocab``: the served ids against d2t read as offsets, as direct ids, missing, arange;
+- ``norms``: a norm before fc on one side only; ``halves``: the embedding vs hidden half of the
+  attention input, the lm_head vs hidden_out; ``positions``: rope positions shifted, rows shifted by +-1;
+- ``history``: the draft's KV history (stale, a cached prefix's missing, a re-ranked tree node's) and
+  chunked-prefill boundaries, and a structural group a divergence concentrates in;
+- ``nonfinite``: where NaN/inf first appear and why; ``contract``: a contract difference acting
+  inside the first stage (``contract_check`` compares the contracts);
+- ``crash``: a side whose engine crashed; ``findings``: pre-flight findings that bear on it.
+
+``sample`` reads the rows the checks share. Every cause id is a row of replay/diff/causes.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+from specdiff.replay.diff.explain.aux import explain_aux, explain_aux_permutation
+from specdiff.replay.diff.explain.contract import explain_contract
+from specdiff.replay.diff.explain.halves import explain_halves
+from specdiff.replay.diff.explain.history import explain_group, explain_history
+from specdiff.replay.diff.explain.nonfinite import explain_nonfinite
+from specdiff.replay.diff.explain.norms import explain_norm_before_fc
+from specdiff.replay.diff.explain.positions import explain_position_shift, explain_positions
+from specdiff.replay.diff.explain.sample import Memo
+from specdiff.replay.diff.explain.structure import explain_structure, explain_token_format
+from specdiff.replay.diff.explain.vocab import explain_vocab_map
+from specdiff.replay.diff.types import Alignment, Explanation, Pair, TensorComparison, side_names
+
+
+@dataclass
+class Scene:
+    """What every check reads: the two sides (each read through a ``sample.Memo``), the alignment,
+    every comparison and the first divergence (a ``values`` finding)."""
+
+    traces: Pair
+    alignment: Alignment
+    comps: dict[str, TensorComparison]
+    first: TensorComparison
+
+    @cached_property
+    def nonfinite(self) -> list[Explanation]:
+        """The non-finite values as a cause (nonfinite.py), read once for the two checks that split it."""
+        return explain_nonfinite(self.traces, self.comps, self.first, side_names(self.traces))
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of ``CHECKS``.
+
+    Attributes:
+        stages: whether the check looks at a first divergence at tensor ``name``.
+        run: the check: its explanations (empty when its transform does not close the gap).
+        fallback: run only when no check before it explained anything.
+        lead: its explanations head the list (they are about the first divergence itself).
+    """
+
+    stages: Callable[[str], bool]
+    run: Callable[[Scene], list[Explanation]]
+    fallback: bool = False
+    lead: bool = False
+
+
+def _every(name: str) -> bool:
+    return True
+
+
+def _aux(s: Scene) -> list[Explanation]:
+    """A permutation of the slots first: it says more than which layer each slot holds."""
+    tol = s.first.tolerance.rel
+    return explain_aux_permutation(s.traces, s.alignment, tol) or explain_aux(s.traces, s.alignment, tol)
+
+
+#: The checks of a ``values`` first divergence, in order (``explain``).
+CHECKS: tuple[Check, ...] = (
+    Check(lambda n: n.startswith("target.aux"), _aux),
+    Check(lambda n: n in ("draft.topk_target", "draft.topk", "verify") or n.startswith("draft.logits"),
+          lambda s: explain_vocab_map(s.traces, s.alignment)),
+    Check(lambda n: n in ("draft.fc_in", "draft.fc_out"),
+          lambda s: explain_norm_before_fc(s.traces, s.alignment, s.first)),
+    Check(lambda n: n == "draft.attn_in" or n.startswith("draft.logits"),
+          lambda s: explain_halves(s.traces, s.comps, s.first)),
+    Check(lambda n: n == "draft.positions", lambda s: explain_positions(s.traces, s.first)),
+    # the draft's KV history after the attention, and a chunk boundary's token at any stage
+    Check(_every, lambda s: explain_history(s.traces, s.alignment, s.comps, s.first)),
+    Check(_every, lambda s: explain_position_shift(s.traces, s.alignment, s.first), fallback=True),
+    # A contract difference acting inside the first stage explains it when no transform closed the gap
+    # (a transform is the sharper proof of the same fact).
+    Check(_every, lambda s: explain_contract(s.traces, s.comps, s.first), fallback=True),
+    # Non-finite values lead when they appear at the first divergence itself (the tensor the cause
+    # carries); appearing later, they are evidence after it, listed last.
+    Check(_every, lambda s: [e for e in s.nonfinite if e.tensor == s.first.name], lead=True),
+    # A divergence called in a structural group (judge/groups.py) names the group when nothing sharper did.
+    Check(_every, lambda s: explain_group(s.first), fallback=True),
+    Check(_every, lambda s: [e for e in s.nonfinite if e.tensor != s.first.name]),
+)
+
+
+def explain(traces: Pair, alignment: Alignment, comps: dict[str, TensorComparison],
+            first: TensorComparison | None) -> list[Explanation]:
+    """Every explanation whose transform closes the gap at the first divergence: a layout or token
+    format finding by its own check, a ``values`` one by ``CHECKS`` in order (the ``lead`` ones first)."""
+    if first is None:
+        return []
+    traces = traces.map(Memo)
+    if first.kind == "structure":
+        return explain_structure(traces, first)
+    if first.kind == "tokens":
+        return explain_token_format(traces, alignment)
+    scene = Scene(traces, alignment, comps, first)
+    lead: list[Explanation] = []
+    rest: list[Explanation] = []
+    for check in CHECKS:
+        if not check.stages(first.name) or (check.fallback and (lead or rest)):
+            continue
+        (lead if check.lead else rest).extend(check.run(scene))
+    return lead + rest
+
+
+__all__ = ["explain", "CHECKS", "Check", "Scene"]

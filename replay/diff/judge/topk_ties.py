@@ -1,0 +1,154 @@
+"""Top-k boundary near-ties: a named, legitimate difference in the draft's top-k id sets.
+
+The draft keeps the k largest logits of each row (``draft.logits_topk.ids``, k = the capture's
+``logits_topk``; ``draft.topk``, k = the speculative topk). Two engines compute those logits with
+different bf16 rounding, so when the k-th and (k+1)-th logits are a near tie
+(``tolerance.is_near_tie``) each side keeps another id at rank k: the id *sets* differ while every
+logit agrees within noise. A random or barely trained draft has nearly flat logits, so this is
+common (issue 20, random drafts on tiny Qwen3 / Qwen3-MoE / DeepSeek-V3 targets served by SGLang
+0.5.23: 10-22 of 144 ``draft.logits_topk.ids`` rows, every swap at rank 8 of 8, the two logits
+equal or one bf16 step apart).
+
+``boundary_ties`` names a failing row when every id that one side holds and the other does not
+has, on its own side, a logit within a near tie of the *other* side's k-th logit: swapping it in
+or out is a rounding decision at the boundary. A wrong lm_head, hidden state or vocab map moves
+ids by far more than a tie at some rank, so any such row is left to the tolerance and the
+tensor's verdict. ``draft.topk_target`` (the same ids mapped to target ids) inherits the named
+rows from ``draft.topk`` (replay/diff/judge/inherited.py: explained rows are a source).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdiff.replay.diff.compare.tolerance import compute_dtype, is_near_tie, looser_dtype
+
+#: the id tensors chosen from the draft's logits, judged against ``VALUES`` / ``IDS``
+JUDGED = ("draft.logits_topk.ids", "draft.topk")
+VALUES, IDS = "draft.logits_topk.values", "draft.logits_topk.ids"
+
+
+@dataclass(frozen=True)
+class TopkBoundaryTies:
+    """Rows of one id tensor whose sets differ only by near-tie swaps at rank k (JSON-safe).
+
+    Attributes:
+        tensor: ``draft.logits_topk.ids`` or ``draft.topk``.
+        rows: ``[{"seq", "pos", "depth", "rank", "gap"}]``: the swap's rank (k, 1-based) and the
+            largest logit gap between a swapped id and the other side's k-th logit (logit units).
+        fraction: explained rows / counted rows; dtype: the compute dtype the ties were judged in.
+    """
+
+    tensor: str
+    rows: list
+    fraction: float
+    dtype: str
+
+    @property
+    def cause(self) -> str:
+        """The explanation's name in reports."""
+        return "topk_boundary_near_tie"
+
+    @property
+    def message(self) -> str:
+        """One sentence: how many rows, and that each swap is a tie at rank k."""
+        gap = max((r["gap"] for r in self.rows), default=0.0)
+        return (f"top-k boundary near-ties: {len(self.rows)} {self.tensor} row(s) ({self.fraction:.1%} of the rows "
+                f"whose inputs agree) keep another id at the last rank only; each swapped id's logit is within a "
+                f"{self.dtype} near tie of the other side's k-th logit (largest gap {gap:.3g})")
+
+    def evidence(self, limit: int = 8) -> list[str]:
+        """The first ``limit`` named rows (seq, pos, depth, rank, gap), then how many more."""
+        lines = [f"seq {r['seq']} pos {r['pos']} depth {r['depth']}: swap at rank {r['rank']}, gap {r['gap']:.3g}"
+                 for r in self.rows[:limit]]
+        if len(self.rows) > limit:
+            lines.append(f"... {len(self.rows) - limit} more")
+        return lines
+
+
+def _logit_rows(trace, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ids [n, K], values float32 [n, K]) of ``draft.logits_topk`` at the rows of ``name`` given
+    (matched by seq / pos / depth), or None when some row has no top-k logits on this side."""
+    if VALUES not in trace.names or IDS not in trace.names:
+        return None
+    cols = ("seq", "pos", "depth")
+    want = trace.keys(name, columns=cols)
+    have = trace.keys(VALUES, columns=cols)
+    index = {k: i for i, k in enumerate(zip(*(have[c] for c in cols)))}
+    at = [index.get(k) for k in zip(*(want[c][rows] for c in cols))]
+    if any(i is None for i in at):
+        return None
+    at = np.asarray(at, np.int64)
+    return trace.take(IDS, at), trace.take_float(VALUES, at)
+
+
+def boundary_ties(traces, comp, candidates: np.ndarray, counted: np.ndarray | None, *,
+                  dtype: str) -> TopkBoundaryTies | str | None:
+    """The near-tie explanation of ``candidates`` (bool [n]: the failing rows of ``comp``, an id
+    tensor of ``JUDGED``, whose inputs agree); when any does not fit (module doc) nothing is
+    explained and the answer is why, in words; None when ``comp`` is not judged or nothing fails.
+
+    ``traces``: the diff's Pair of traces; ``counted``: bool [n], the rows whose inputs agree
+    (None: all); ``dtype``: the draft's compute dtype (the looser side's), e.g. ``bfloat16``.
+    """
+    if comp.name not in JUDGED or not candidates.any():
+        return None
+    idx = np.nonzero(candidates)[0]
+    m = comp.match
+    x_ids, y_ids = traces.x.take(comp.name, m.rows.x[idx]), traces.y.take(comp.name, m.rows.y[idx])
+    lx = _logit_rows(traces.x, comp.name, m.rows.x[idx])
+    ly = _logit_rows(traces.y, comp.name, m.rows.y[idx])
+    if lx is None or ly is None:
+        return "a side lacks draft.logits_topk at these rows, so the logits at the boundary cannot be read"
+    k = x_ids.reshape(len(idx), -1).shape[1]
+    if lx[1].shape[1] < k or ly[1].shape[1] < k:
+        return f"fewer top-k logits recorded than {comp.name}'s {k} ids"
+    rows = []
+    for r, i in enumerate(idx):
+        gap = 0.0
+        for own_ids, their_ids, own_logits, other in ((x_ids[r], y_ids[r], lx, ly), (y_ids[r], x_ids[r], ly, lx)):
+            theirs = set(their_ids.reshape(-1).tolist())
+            kth = float(other[1][r][k - 1])
+            for t in own_ids.reshape(-1).tolist():
+                if t in theirs:
+                    continue
+                where = np.nonzero(own_logits[0][r] == t)[0]
+                if not len(where):
+                    return f"id {t} at seq {int(m.pair[i])} pos {int(m.pos[i])} is not among its side's top-k logits"
+                v = float(own_logits[1][r][where[0]])
+                if not is_near_tie(max(v, kth), min(v, kth), dtype=dtype):
+                    return (f"seq {int(m.pair[i])} pos {int(m.pos[i])} depth {int(m.depth[i])}: id {t}'s logit "
+                            f"{v:.4g} is {abs(v - kth):.3g} from the other side's k-th logit {kth:.4g}, more than a "
+                            f"{dtype} near tie")
+                gap = max(gap, abs(v - kth))
+        rows.append({"seq": int(m.pair[i]), "pos": int(m.pos[i]), "depth": int(m.depth[i]), "rank": k, "gap": gap})
+    total = int(counted.sum()) if counted is not None else len(m.pair)
+    return TopkBoundaryTies(comp.name, rows, len(rows) / total if total else 1.0, dtype)
+
+
+class TiesJudge:
+    """``boundary_ties`` as a judge (judge/__init__.py ``JUDGES``), in the draft's looser compute
+    dtype; why the rows were not named, when not, goes to the tensor's ``stats["ties_not_named"]``."""
+
+    def applies(self, name: str, scene) -> bool:
+        return name in JUDGED
+
+    def watch_frac(self, tolerance) -> float:
+        return 1.0
+
+    def bind(self, name: str, scene):
+        traces, counted = scene.traces, scene.counted
+
+        def judge(comp, candidates):
+            dtype = looser_dtype(compute_dtype(traces.x, comp.name), compute_dtype(traces.y, comp.name))
+            got = boundary_ties(traces, comp, candidates, counted, dtype=dtype)
+            if isinstance(got, str):
+                comp.stats["ties_not_named"] = got
+                return None
+            return got
+        return judge
+
+
+__all__ = ["TopkBoundaryTies", "boundary_ties", "JUDGED"]

@@ -1,0 +1,243 @@
+"""Narrow a divergence no explanation fits: which serving input, grafted into the training draft,
+reproduces what serving's draft computed on the rows that fail?
+
+The draft as trained (the training contract's ``draft_name``, as in replay.graft) is re-run,
+teacher-forced through the first divergence's depth, on the aligned sequences that hold its
+failing rows (``TensorComparison.judged_fail``; the first failing one first), once on every
+training input and once per serving input substituted: ``target.aux_cat`` (the target's hidden
+states), ``tokens`` (the draft's input tokens), ``draft.d2t`` (the vocab map) and the norm flags
+(when the contracts differ). Each run's draft stages are compared with the rows serving recorded
+**at the failing rows' positions and depth** (never a sample that misses them: a depth-1 bug
+re-run at depth 0 finds nothing to reproduce). A substitution that makes the training draft
+compute what serving computed there is where the difference enters.
+
+The verdict never contradicts the first divergence: when the training inputs alone already give
+serving's values on the failing rows, or nothing reproduces serving while the contracts agree
+(the difference lies in state the re-run does not take from the trace: the draft's KV history),
+or the first divergence is not a draft stage the re-run computes, it says it cannot decide and
+why. Only when the contracts differ does "inside the draft's own computation" name them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specdiff.replay.diff.align.align import match_rows, pack_keys
+from specdiff.replay.diff.compare import metrics
+from specdiff.replay.diff.rerun.rerun import (
+    RerunError,
+    batch_inputs,
+    computed_rows,
+    prepare,
+    sides,
+    with_norm_flags,
+)
+from specdiff.tracer.errors import SpecdiffError
+
+#: draft stages a depth-0 re-run computes, in dataflow order (ids compared on the top-1 id)
+STAGES = ("draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.attn_in", "draft.hidden_out",
+          "draft.logits_topk.ids", "draft.topk", "draft.topk_target")
+MAX_SEQS = 4
+ID_AGREE = 0.95  # ids: near-tie flips in bf16 allowed in a few rows
+
+
+class NarrowError(RerunError):
+    """The narrowing cannot run (no draft checkpoint, no aux rows): one clear line."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One re-run of the training draft.
+
+    Attributes:
+        name: ``training inputs``, ``serving's target.aux_cat`` ..., ``every serving input``.
+        scores: stage -> mean relative error (float stages) or top-1 disagreement (id stages)
+            against the rows SERVING recorded.
+        matches: stage -> within tolerance of serving's rows.
+        reproduces: every compared stage from the first diverging one on matches serving.
+    """
+
+    name: str
+    scores: dict
+    matches: dict
+    reproduces: bool
+
+
+@dataclass
+class Narrowing:
+    """The narrowing of one divergence (``DiffReport.narrowing``).
+
+    Attributes:
+        stages: the stages compared (recorded by serving, computed by the re-run).
+        from_stage: the first diverging draft stage (reproduction is judged from it on).
+        positions: positions re-run (of the sequences holding the failing rows).
+        depth: the draft depth compared (the first divergence's).
+        rows: failing rows of the first divergence the comparison is made on.
+        decided: False when the conclusion says it cannot decide.
+        variants: training inputs first, then one per substitution, then every serving input.
+        conclusion: one line: the substitution that reproduces serving, or why none does.
+        contract_fields: differing contract fields, the candidates when no input reproduces serving.
+    """
+
+    stages: tuple[str, ...]
+    from_stage: str
+    positions: int
+    variants: list[Variant] = field(default_factory=list)
+    depth: int = 0
+    rows: int = 0
+    decided: bool = True
+    conclusion: str = ""
+    contract_fields: list[str] = field(default_factory=list)
+
+
+def failing_rows(first) -> tuple[int, set]:
+    """(depth, {(pair, pos)}) of the first divergence's failing rows at its divergence depth: the
+    rows the narrowing must re-run (all of them; none of another depth)."""
+    d = first.divergence_depth or 0
+    bad = first.judged_fail & (first.match.depth == d)
+    return d, set(zip(first.match.pair[bad].tolist(), first.match.pos[bad].tolist(), strict=True))
+
+
+def narrow(report, *, draft_path: str | None = None, target_path: str | None = None) -> Narrowing:
+    """Re-run the training draft on the first diverging sequences with each serving input grafted in.
+
+    Raises:
+        NarrowError: no draft checkpoint, no aux rows on both sides, nothing to compare.
+        CheckpointError: the checkpoint cannot be loaded.
+    """
+    tr, sv = sides(report)
+    strace = getattr(report.traces, sv)
+    stages = tuple(s for s in STAGES if s in strace.names)
+    if not stages:
+        raise NarrowError(f"{strace.path}: serving recorded no draft stage to compare a re-run with")
+    import torch
+
+    first = report.first
+    if first is None or first.kind != "values":
+        raise NarrowError("no value divergence to narrow")
+    if first.name not in STAGES and first.name.startswith("draft."):
+        raise NarrowError(f"cannot decide by re-running the draft: the first divergence {first.name} is not a "
+                          "draft stage the re-run computes")
+    # an input's divergence (target.*, tokens) is re-run at its failing positions, judged from the
+    # first draft stage that diverged
+    depth, failing = failing_rows(first)
+    if not failing:
+        raise NarrowError(f"{first.name} has no failing row at depth {depth} to re-run")
+    run = prepare(report, draft_path=draft_path, target_path=target_path, error=NarrowError)
+    traces, model, d2t, flags = report.traces, run.model, run.d2t, run.flags
+    first_pair = (first.first_where or {}).get("pair", 0)
+    pair_idx = {getattr(p.seq, tr): p.index for p in report.alignment.seq_pairs}
+    bad_pairs = {p for p, _ in failing}
+    # every sequence that holds a failing row the re-run reaches (its leading positions with aux rows)
+    holding = [s for s in run.plan if any(pair_idx[s.seq_train] == p and t < s.n for p, t in failing)]
+    if not holding:
+        raise NarrowError(f"no failing row of {first.name} lies in the leading positions with aux rows on both "
+                          f"sides of its sequence (pairs {sorted(bad_pairs)[:4]}): nothing to re-run there")
+    plan = sorted(holding, key=lambda s: (s.seq_train != _seq_of(report, first_pair, tr)))[:MAX_SEQS]
+
+    batch = batch_inputs(report, run, plan)
+    ids, aux, lengths = batch.ids, batch.aux, batch.lengths
+    tokens_differ = not torch.equal(ids["train"], ids["serve"])
+
+    variants = {"training inputs": ("train", "train", "train", "train"),
+                "serving's target.aux_cat": ("serve", "train", "train", "train"),
+                "serving's tokens": ("train", "serve", "train", "train"),
+                "serving's draft.d2t": ("train", "train", "serve", "train")}
+    if not tokens_differ:
+        variants.pop("serving's tokens")
+    if flags["train"] != flags["serve"]:
+        variants["serving's norm flags"] = ("train", "train", "train", "serve")
+    variants["every serving input"] = ("serve", "serve", "serve", "serve")
+
+    # Serving's recorded rows of each stage at the failing rows, at (batch row, position): by-depth
+    # stages at the divergence depth, fc stages (no depth) at depth 0.
+    recorded = {}
+    from specdiff.tracer.schema import spec_for
+
+    want = np.array(sorted(pack_keys(np.array([p]), np.array([t]), np.zeros(1, np.int64))[0] for p, t in failing))
+    for name in stages:
+        m = match_rows(traces, report.alignment, name)
+        by_depth = spec_for(name).by_depth
+        keep = m.depth == (depth if by_depth else 0)
+        keep &= np.isin(pack_keys(m.pair, m.pos, np.zeros_like(m.depth)), want)
+        idx = np.nonzero(keep)[0]
+        b, ok = batch.coords(m.pair[idx], m.pos[idx], np.full(len(idx), depth), by_depth)
+        idx, b = idx[ok], b[ok]
+        if not len(idx):
+            continue
+        ys = strace.take_float(name, getattr(m.rows, sv)[idx])
+        recorded[name] = (b, m.pos[idx].astype(np.int64), ys)
+    stages = tuple(s for s in stages if s in recorded)
+    if first.name in STAGES:
+        if first.name not in stages:
+            raise NarrowError(f"serving recorded no {first.name} row at depth {depth} on the failing positions the "
+                              "re-run reaches")
+        from_stage = first.name
+    else:
+        diverged = [s for s in stages if s in report.comparisons and report.comparisons[s].diverged]
+        from_stage = diverged[0] if diverged else stages[0]
+    judged = stages[stages.index(from_stage):]
+
+    res = Narrowing(stages, from_stage, int(lengths.sum()), depth=depth, rows=len(recorded[from_stage][0]))
+    dev = next(model.parameters()).device
+    for name, (a, tk, d, f) in variants.items():
+        with with_norm_flags(model, flags[f]), torch.no_grad():
+            out = model.ttt_forward(aux[a].to(dev), ids[tk].to(dev), depth + 1, lengths=lengths)
+        scores, matches = {}, {}
+        for st in stages:
+            rb, rt, ys = recorded[st]
+            xs = computed_rows(out, d2t[d], st, rb, rt, np.full(len(rb), depth))
+            if st in ("draft.logits_topk.ids", "draft.topk", "draft.topk_target"):
+                disagree = float((xs.reshape(len(xs), -1)[:, 0] != ys.reshape(len(ys), -1)[:, 0]).mean())
+                scores[st], matches[st] = disagree, disagree <= 1 - ID_AGREE
+            else:
+                rel = float(metrics.relative_error(xs, ys).mean())
+                tol = report.comparisons[st].tolerance.rel if st in report.comparisons else 0.05
+                scores[st], matches[st] = rel, rel <= tol
+        res.variants.append(Variant(name, scores, matches, all(matches[s] for s in judged)))
+    res.contract_fields = [f"{m.field} ({m.x} vs {m.y})" for m in report.contract]
+    hits = [v for v in res.variants[1:-1] if v.reproduces]
+    base, every = res.variants[0], res.variants[-1]
+    where = f"{res.rows} failing row(s) of {from_stage} at depth {depth}"
+    if base.reproduces:
+        res.decided = False
+        res.conclusion = (f"cannot decide: on the {where}, the training draft re-run on training's own inputs "
+                          "computes what serving recorded, not what training recorded: the re-run is not the draft "
+                          "training recorded (another checkpoint than the trace's draft_name?)")
+    elif hits:
+        res.conclusion = (f"substituting {' / '.join(v.name for v in hits)} reproduces serving from {from_stage} on: "
+                          "the difference enters with that input")
+    elif every.reproduces:
+        res.conclusion = ("no single serving input reproduces serving, every serving input together does: "
+                          "the difference is a combination of inputs")
+    elif res.contract_fields:
+        res.conclusion = (f"no serving input reproduces serving on the {where}, not even all together: the "
+                          "difference is inside the draft's own computation; differing contract fields: "
+                          + ", ".join(res.contract_fields))
+    else:
+        res.decided = False
+        res.conclusion = (f"cannot decide: no serving input reproduces serving on the {where}, not even all "
+                          "together, and the recorded contracts agree: the difference lies in state the re-run "
+                          "does not take from the trace (the draft's KV history of earlier positions or rounds, "
+                          "the engine's attention kernel)")
+    return res
+
+
+def _seq_of(report, pair_index: int, attr: str) -> int:
+    for p in report.alignment.seq_pairs:
+        if p.index == pair_index:
+            return getattr(p.seq, attr)
+    return -1
+
+
+def narrow_or_reason(report, **kw) -> Narrowing | str:
+    """``narrow(report)``, or the one-line reason it could not run (never raises SpecdiffError)."""
+    try:
+        return narrow(report, **kw)
+    except SpecdiffError as exc:
+        return str(exc)
+
+
+__all__ = ["Narrowing", "Variant", "NarrowError", "narrow", "narrow_or_reason"]
