@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from specdiff.demo.scenarios import ENGINE_SCENARIOS, SCENARIOS
 from specdiff.replay.diff.causes import CAUSES, KINDS, cause_row
 from specdiff.replay.diff.explain.contract import STAGE_CAUSES
 from specdiff.replay.diff.judge.context import ContextRows
@@ -28,7 +29,6 @@ from specdiff.replay.diff.judge.routing import RoutingFlips
 from specdiff.replay.diff.judge.topk_ties import TopkBoundaryTies
 from specdiff.replay.diff.types import Explanation
 from specdiff.tracer.schema import STAGE_ORDER
-from specdiff.demo.scenarios import ENGINE_SCENARIOS, SCENARIOS
 
 DIFF = Path(__file__).resolve().parents[1] / "replay" / "diff"
 

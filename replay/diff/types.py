@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from specdiff.tracer.contract import known
 from specdiff.eagle3.engines import EngineSpec, UnknownEngineError, engine_spec
+from specdiff.tracer.contract import known
 
 if TYPE_CHECKING:  # a field's annotation only: the tolerance module is a stage's
     from specdiff.replay.diff.compare.tolerance import Tolerance

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdiff.eagle3.engines import UnknownEngineError, engine_spec
 from specdiff.replay.diff.types import Pair, side_names
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known, unknown_fields, unobservable_engine
-from specdiff.eagle3.engines import UnknownEngineError, engine_spec
 from specdiff.tracer.errors import SpecdiffError
 
 #: the facts that name the target model a trace was recorded on (tracer/contract.py; the SGLang recorder
