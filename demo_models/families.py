@@ -10,7 +10,7 @@ Every target has 8 decoder layers, hidden 256 and the demo's byte-level BPE voca
 :func:`specdiff.demo_models.tiny_models.build_tokenizer` when that folder is absent). Expert and
 MLP sizes are small so a CPU trains each in a few minutes. What each family exercises:
 
-- ``llama``: ``LlamaForCausalLM``, the demo target's dimensions (``tiny_models.TARGET_DIMS``).
+- ``llama``: ``LlamaForCausalLM``, the demo target's dimensions (``recipe.TARGET_DIMS``).
 - ``qwen3``: ``Qwen3ForCausalLM`` (per-head q/k RMSNorm, GQA 4:2, head_dim 64).
 - ``qwen3_moe``: ``Qwen3MoeForCausalLM``, 4 experts, top-2, normalised top-k weights (as
   Qwen3-30B-A3B's ``norm_topk_prob``), every layer sparse.
@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from specdiff.demo.scenarios import DEMO_FAMILIES as ARCHITECTURES  # the demo's one list
-from specdiff.demo_models.tiny_models import TARGET_DIMS, VOCAB_SIZE
+from specdiff.demo_models.recipe import TARGET_DIMS, VOCAB_SIZE
 
 FAMILIES = tuple(ARCHITECTURES)
 
@@ -51,7 +51,7 @@ ROPE_THETA = TARGET_DIMS["rope_theta"]
 SLIDING_WINDOW = 32
 SEEDS = {f: 1234 + i for i, f in enumerate(FAMILIES)}  # one fixed seed per family
 
-# the demo tokenizer's ids (tiny_models.SPECIAL_TOKENS)
+# the demo tokenizer's ids (recipe.SPECIAL_TOKENS)
 _IDS = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
 _COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, num_hidden_layers=NUM_LAYERS,
                max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6, tie_word_embeddings=False,

@@ -33,41 +33,28 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdiff.demo.data import DATA_FILE, load_prompt_lens, load_sequences  # noqa: F401
-from specdiff.replay.model.target_capture import greedy_generate  # noqa: F401  (re-exported for the demo build)
-
-# ---- recipe constants (DESIGN.md "Demo models (measured recipe)") ---------------------------
-VOCAB_SIZE = 4096
-BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
-SPECIAL_TOKENS = [BOS, EOS, PAD]  # ids 0, 1, 2
-
-TARGET_DIMS = dict(
-    vocab_size=VOCAB_SIZE,
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=8,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    max_position_embeddings=2048,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    tie_word_embeddings=False,
-    hidden_act="silu",
+from specdiff.demo.data import DATA_FILE
+from specdiff.demo_models import train_draft
+from specdiff.demo_models.recipe import (
+    BOS,
+    CONTINUATION_LEN_RANGE,
+    EOS,
+    N_HELDOUT_SEQS,
+    N_TRAIN_SEQS,
+    NUM_THREADS,
+    PAD,
+    PROMPT_LEN_RANGE,
+    SEED,
+    SPECIAL_TOKENS,
+    TARGET_BATCH,
+    TARGET_DIMS,
+    TARGET_LR,
+    TARGET_SEQ_LEN,
+    TARGET_STEPS,
+    VAL_EVERY_NTH_FILE,
+    VOCAB_SIZE,
 )
-
-SEED = 1234
-TARGET_STEPS = 480          # ~4 minutes on 2 idle CPU cores
-TARGET_BATCH = 8
-TARGET_SEQ_LEN = 128
-TARGET_LR = 3e-3
-VAL_EVERY_NTH_FILE = 20     # files 0, 20, 40, ... of the sorted list are validation text
-
-N_TRAIN_SEQS = 800
-N_HELDOUT_SEQS = 64
-PROMPT_LEN_RANGE = (16, 48)      # prompt tokens after BOS, inclusive
-CONTINUATION_LEN_RANGE = (64, 96)  # greedy tokens kept per sequence, inclusive
-
-NUM_THREADS = 2
+from specdiff.replay.model.target_capture import greedy_generate
 
 
 # ---- corpus ---------------------------------------------------------------------------------
@@ -405,8 +392,6 @@ def build_all(out: str | Path, *, stdlib: str | Path | None = None, force: bool 
         manifest["data"] = build_data(model, train_docs, ddir / DATA_FILE, log=log)
         torch.set_num_threads(NUM_THREADS)
         _write_manifest(man_path, manifest)
-
-    from specdiff.demo_models import train_draft
 
     if force or need_data or not _exists(rdir, "config.json", "model.safetensors"):
         kw = {} if draft_steps is None else {"steps": draft_steps}

@@ -33,8 +33,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specdiff.demo.data import load_prompt_lens, load_sequences
 from specdiff.demo.scenarios import CORRECT_SGLANG_IDS, SEED_WRONG_IDS, TRAINED_HF
-from specdiff.demo_models.tiny_models import TARGET_DIMS
+from specdiff.demo_models.recipe import TARGET_DIMS
 from specdiff.eagle3.aux_layers import default_hf_indices, resolve_aux_ids
 from specdiff.eagle3.norms import NORMS_OFF
 from specdiff.replay.model.checkpoint import save_draft
@@ -314,7 +315,6 @@ def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Pat
     Returns:
         stats dict (vocab coverage, training, held-out evaluations).
     """
-    from specdiff.demo_models.tiny_models import load_prompt_lens, load_sequences
 
     torch.manual_seed(SEED)
     t0 = time.time()

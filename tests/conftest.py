@@ -157,12 +157,12 @@ class FamilyModels:
     and the library versions."""
 
     def __init__(self, request, tmp_path_factory):
-        from specdiff.demo_models import families, tiny_models, train_draft
+        from specdiff.demo_models import families, recipe, tiny_models, train_draft
         from specdiff.replay.model import checkpoint, draft_model, target_capture
 
         self._request, self._tmp = request, tmp_path_factory
         self.families = families.FAMILIES
-        sources = [Path(m.__file__) for m in (families, tiny_models, train_draft, checkpoint, draft_model,
+        sources = [Path(m.__file__) for m in (families, recipe, tiny_models, train_draft, checkpoint, draft_model,
                                               target_capture)]
         tok = families.demo_tokenizer_dir()
         self._key = _build_key(*sources, *([tok / "tokenizer.json"] if tok else []))

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(not (MODELS / "draft" / "config.json").is_file()
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory, run_cli) -> tuple[Path, Path]:
+    from specdiff.demo.data import DATA_FILE, load_prompt_lens, load_sequences
     from specdiff.demo.run import MIN_DISTINCT
-    from specdiff.demo_models.tiny_models import DATA_FILE, load_prompt_lens, load_sequences
     d = tmp_path_factory.mktemp("graft")
     data = MODELS / "data" / DATA_FILE
     # held-out sequences (prompt + continuation) whose continuation is not a loop, like the demo's

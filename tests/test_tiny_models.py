@@ -65,7 +65,7 @@ def test_target_config_and_weights(target):
 
 
 def test_data_file():
-    from specdiff.demo_models.tiny_models import load_prompt_lens, load_sequences
+    from specdiff.demo.data import load_prompt_lens, load_sequences
     train, held = load_sequences(DATA, "train"), load_sequences(DATA, "heldout")
     assert len(train) == 800 and len(held) == 64
     plens = load_prompt_lens(DATA)
@@ -105,7 +105,7 @@ def test_d2t_consistent_with_t2d(draft):
 
 def test_draft_predicts_target_on_heldout(target, draft):
     """Correct aux layers beat the seed's wrong ones on a few held-out sequences."""
-    from specdiff.demo_models.tiny_models import load_prompt_lens, load_sequences
+    from specdiff.demo.data import load_prompt_lens, load_sequences
     from specdiff.demo_models.train_draft import (
         SEED_WRONG_HF_INDICES,
         TRAIN_HF_INDICES,

@@ -14,15 +14,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from specdiff.eagle3.engines import EngineSpec, UnknownEngineError, engine_spec
 from specdiff.tracer.contract import known
-
-if TYPE_CHECKING:  # a field's annotation only: the tolerance module is a stage's
-    from specdiff.replay.diff.compare.tolerance import Tolerance
 
 T = TypeVar("T")
 
@@ -117,6 +114,24 @@ MATCH, CLOSE, DIVERGED = 0, 1, 2
 #: a row in a damaged chunk on either side (tracer.store.damage): not compared, never counted as a match
 UNREADABLE = 4
 STATUS_NAMES = {MATCH: "match", CLOSE: "within tolerance", DIVERGED: "diverged", UNREADABLE: "unreadable"}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """When a row, and then a tensor, counts as diverged.
+
+    Attributes:
+        rel: a float row fails when its relative error ||x-y||/max(||x||,||y||) exceeds this...
+        cos: ...or its cosine similarity is below this.
+        ids: an id row fails when its top-k overlap is below this (1.0 = identical set).
+        max_fail_frac: a tensor diverges when more than this fraction of its aligned rows fail
+            (non-finite rows always count as failing, and any one of them makes it diverge).
+    """
+
+    rel: float
+    cos: float
+    ids: float = 1.0
+    max_fail_frac: float = 0.02
 
 
 @dataclass

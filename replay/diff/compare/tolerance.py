@@ -20,8 +20,9 @@ left as it is; the Llama tail is the closest honest call measured.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from specdiff.replay.diff.types import Tolerance
 from specdiff.tracer.contract import known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.schema import STAGE_ORDER, spec_for
@@ -29,24 +30,6 @@ from specdiff.tracer.schema import STAGE_ORDER, spec_for
 
 class ToleranceError(SpecdiffError):
     """A tolerance override that cannot be parsed."""
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """When a row, and then a tensor, counts as diverged.
-
-    Attributes:
-        rel: a float row fails when its relative error ||x-y||/max(||x||,||y||) exceeds this...
-        cos: ...or its cosine similarity is below this.
-        ids: an id row fails when its top-k overlap is below this (1.0 = identical set).
-        max_fail_frac: a tensor diverges when more than this fraction of its aligned rows fail
-            (non-finite rows always count as failing, and any one of them makes it diverge).
-    """
-
-    rel: float
-    cos: float
-    ids: float = 1.0
-    max_fail_frac: float = 0.02
 
 
 _BY_DTYPE = {

@@ -22,17 +22,22 @@ own feedback with token x_{t+1+k} at depth k):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from specdiff.tracer.engines.recorder import add_aux
+from specdiff.tracer.engines.recorder import ServingRecorder, add_aux
 from specdiff.tracer.engines.requests import sequence_id
 from specdiff.tracer.rows import RowBatch
 
-if TYPE_CHECKING:
-    from specdiff.tracer.engines.sglang.hooks import Recorder
+
+class RecorderState(ServingRecorder):
+    """What attribution reads of the SGLang recorder (``hooks.Recorder``, which sets these): the
+    shared recorder state plus the served draft tree's ``topk``. Declared here, not imported, so
+    that hooks (which imports this module) and attribution do not import each other."""
+
+    topk: int
 
 
 # ---- what the hot path hands over ------------------------------------------------------------
@@ -118,7 +123,7 @@ class IterCapture:
 # are reduced here from the staged logits (CPU, ``reduce_logits``).
 
 
-def _add_draft_rows(rec: Recorder, out: RowBatch, df: DraftForward, sel, seq, pos, depth, it,
+def _add_draft_rows(rec: RecorderState, out: RowBatch, df: DraftForward, sel, seq, pos, depth, it,
                     *, has_logits=True, lsel=None, tokens=True) -> None:
     """Add the draft tensors of rows ``sel`` (inputs, fc, midlayer taps) and ``lsel`` (logits;
     hidden_out too when the final-norm tap did not record it). ``tokens=False`` leaves out the
@@ -168,7 +173,7 @@ def reduce_staged(cap: IterCapture) -> None:
             df.raw_logits = None
 
 
-def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
+def write_capture(rec: RecorderState, tw, cap: IterCapture) -> None:
     """Attribute one iteration's captured tensors and append them (in the writer)."""
     reduce_staged(cap)
     out = RowBatch()
