@@ -74,6 +74,11 @@ CAUSES: tuple[CauseRow, ...] = (
     CauseRow("d2t_arange", "bug", _IDS,
              "d2t is arange: draft id i becomes target id 2i",
              "save d2t as offsets"),
+    CauseRow("d2t_other_map", "bug", _IDS,
+             "both sides read d2t as offsets but hold different vocab maps (another draft's, or one rebuilt "
+             "from other data): the same draft ids become other target tokens",
+             "serve the d2t saved with this draft's checkpoint, the vocab map its lm_head rows were trained "
+             "on; do not rebuild it from another token count"),
     CauseRow("norm_before_fc", "bug", ("draft.fc_in", "draft.fc_out"),
              "a norm before fc (norm_before_fc / fc_norm) on one side only",
              "make norm_before_fc / fc_norm agree between the draft config and the trainer"),

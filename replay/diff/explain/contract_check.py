@@ -28,6 +28,9 @@ TARGET_IDENTITY = ("target_architecture", "target_config_sha256", "target_weight
 class DifferentTargetsError(SpecdiffError):
     """The two traces were recorded on different target models: nothing they hold can be compared."""
 
+#: one fix for every d2t / hot_token_id difference, whatever its kind (direct ids, another map, missing)
+_D2T_FIX = "serve the d2t of the draft checkpoint training used (its vocab map, saved as offsets)"
+
 # Severity: "error" = the two sides cannot agree; "warn" = likely a cause; "info" = worth knowing.
 # Each field: (severity, message template, stages it bears on ("*" = every stage), fix).
 _ALL = ("*",)
@@ -57,10 +60,10 @@ _FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
                             "feed the same state in slot L on both sides: train on the last layer's output before "
                             "the final norm, or choose aux ids without L"),
     "d2t_sha256": ("warn", "the d2t vocab maps differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target", "verify"),
-                   "export d2t as offsets (target id = draft id + d2t[draft id]) from the training vocab map"),
+                   _D2T_FIX),
     "hot_token_id_sha256": ("warn", "the draft->target id maps (hot_token_id) differ ({lx} {xs}, {ly} {ys})",
                             ("draft.topk_target", "verify"),
-                            "export d2t as offsets (target id = draft id + d2t[draft id]) from the training vocab map"),
+                            _D2T_FIX),
     "t2d_sha256": ("info", "the t2d masks differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target",),
                    "the engines map draft ids through d2t only; make d2t and t2d come from the same vocab map"),
     "norm_before_fc": ("warn", "norm before fc: {lx} {x}, {ly} {y}", ("draft.fc_in", "draft.fc_out"),
