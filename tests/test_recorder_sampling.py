@@ -120,7 +120,7 @@ def sampled_server(bringup_models, tmp_path_factory, server_env):
     return res
 
 
-# serial: phase 1 needs the writer to keep up within a 1 MiB ring, which it does not with a second
+# serial: phase 1 needs the writer to keep up within a 1 MiB ring, which it may not with a second
 # test's server taking the other core (make test runs the serial tests alone, after the rest)
 @pytest.mark.server
 @pytest.mark.serial
