@@ -35,15 +35,19 @@ demo: $(STAMP)
 	$(VENV)/bin/specdiff demo $(ARGS)
 
 # what to run first: lint and every test that starts no server and is not marked slow (no
-# .venv-vllm needed), on two pytest-xdist workers; `make test` runs everything serially (its server
-# tests share one server per module), as CI does
+# .venv-vllm needed), on two pytest-xdist workers
 test-fast: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n 2 -m "not server and not slow" $(ARGS)
 
+# everything, as CI does: on two pytest-xdist workers, one test file per worker at a time (its
+# module-scoped servers start once; tests/conftest.py's SHARED_WORKER keeps files that share a server
+# or a build together, and runs the long ones first), then the few timing-sensitive `serial` tests
+# alone. Exit status 5 is pytest's "no test selected" (ARGS chose none of one part).
 test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not serial" $(ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -m serial $(ARGS) || [ $$? -eq 5 ]
 
 # the trained target + draft pairs of every family (3-13 min each to build on 2 cores, cached in
 # .pytest_cache afterwards); `make test` builds only DeepSeek-V3's, the seed's family

@@ -2,25 +2,14 @@
 the Textual pilot helpers. Tests reach specdiff only through its public CLI and public functions;
 nothing here edits the import path and no test module imports another.
 
-- ``run_cli``: ``specdiff ARGS`` in-process through the public entry point
-  ``specdiff.tui.cli.main`` (``click.testing.CliRunner``).
-- ``repo_models``: the committed demo pair (``traces/models``, built by
-  ``python -m specdiff.demo_models.tiny_models --out traces/models``).
-- ``bringup_models``: the throwaway random pair and the always-accepted "oracle" pair of
-  ``specdiff.demo_models.bringup``, built once per session (cached across sessions in pytest's
-  cache, keyed by the builder's source and the library versions).
-- ``family_models``: per target family (Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS) a tiny
-  trained target and an EAGLE-3 draft trained on it (``specdiff.demo_models.families``), each
-  built on first use and cached like ``bringup_models``. Tests that build a family other than
-  DeepSeek-V3 are marked ``family_pair`` and deselected unless ``--family-pairs`` (or ``-m
-  family_pair``) is given (``make test-families``).
-- ``bringup_chain_server``: a real SGLang server on the CPU, shared by the test files that serve
-  the same configuration; stopped by PID at session end, also when a test failed.
-- ``server_env``: the environment for a server a test starts itself (no inherited ``SPECDIFF_*``).
-- ``aux_traces``: hand-built trace pairs with aux slots for chosen HF layer indices.
-- ``tui``: helpers for Textual pilot tests (wait without fixed sleeps, read a widget's text).
-- ``early_first_divergence_equals_the_full_one`` (autouse): every in-process diff's early first
-  divergence (replay/diff/compare/early.py) equals the full data's.
+Fixtures (each says more in its docstring): ``run_cli`` (``specdiff ARGS`` in-process), the models
+``repo_models`` (``traces/models``), ``bringup_models`` and ``family_models`` (built once, cached in
+pytest's cache; families other than DeepSeek-V3 only with ``--family-pairs``: ``make
+test-families``), ``bringup_chain_server`` (an SGLang CPU server several files share, stopped by PID
+at session end) and ``server_env``, the hand-built traces of ``aux_traces``,
+``fc_crash``, ``tui`` (Textual pilot helpers), ``scaled_copy``, ``assert_golden_seed_diff``, and
+the autouse ``early_first_divergence_equals_the_full_one`` (every in-process diff's early first
+divergence, replay/diff/compare/early.py, equals the full data's).
 """
 
 from __future__ import annotations
@@ -46,6 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # is wrapped the same way everywhere; the CLI subprocesses tests start inherit it.
 os.environ["COLUMNS"] = "120"
 
+# On `make test`'s two pytest-xdist workers a trace writer at its default nice 19 (tracer/writer_process.py)
+# starves behind the other worker's server, its trace is cut at the close timeout and a test reading
+# every row fails (test_draft_stages and server/test_injected_serving_bugs did): there writers keep the
+# server's priority; subprocesses inherit it and server_env keeps it. The default is test_recorder_hot_path's.
+WRITER_PRIORITY = {"SPECDIFF_WRITER_NICE": "0"} if os.environ.get("PYTEST_XDIST_WORKER") else {}
+os.environ.update(WRITER_PRIORITY)
+
 
 def pytest_addoption(parser):
     parser.addoption("--family-pairs", action="store_true",
@@ -53,15 +49,37 @@ def pytest_addoption(parser):
                           "family other than DeepSeek-V3: 3-13 min each on 2 cores); `make test-families`")
 
 
+#: test files that share a pytest-xdist worker in ``make test``: a session-scoped server or build
+#: that each worker would otherwise start or build again, or a cache two servers must not write at once
+SHARED_WORKER = {
+    "server/test_cpu_server.py": "bringup-chain", "test_sglang_recorder.py": "bringup-chain",
+    "test_family_models.py": "deepseek-pair", "server/test_family_seed.py": "deepseek-pair",
+    "test_vllm_recorder.py": "vllm", "test_vllm_demo.py": "vllm",  # vLLM's compile cache, .cache/vllm
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # the groups are in place before pytest-xdist reads them
 def pytest_collection_modifyitems(config, items):
     """Deselect ``family_pair`` tests unless ``--family-pairs`` is given or ``-m`` names the
-    marker: ``make test`` builds only the seed family's (DeepSeek-V3) trained pair."""
-    if config.getoption("--family-pairs") or "family_pair" in (config.getoption("markexpr") or ""):
-        return
-    drop = [it for it in items if it.get_closest_marker("family_pair") is not None]
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = [it for it in items if it.get_closest_marker("family_pair") is None]
+    marker: ``make test`` builds only the seed family's (DeepSeek-V3) trained pair.
+
+    ``make test`` runs on two pytest-xdist workers (``--dist loadgroup``): each file is one
+    ``xdist_group`` (``SHARED_WORKER``: a few files together), so its module-scoped servers start
+    once. On a worker the groups with server or slow tests go first, most such tests first and the
+    DeepSeek-V3 pair's build (minutes) before all, so the many quick files fill both workers' ends."""
+    if not (config.getoption("--family-pairs") or "family_pair" in (config.getoption("markexpr") or "")):
+        drop = [it for it in items if it.get_closest_marker("family_pair") is not None]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = [it for it in items if it.get_closest_marker("family_pair") is None]
+    group = {it: SHARED_WORKER.get(n, n) for it in items for n in [it.path.relative_to(ROOT / "tests").as_posix()]}
+    rank: dict[str, list] = {}
+    for i, it in enumerate(items):
+        it.add_marker(pytest.mark.xdist_group(group[it]))
+        r = rank.setdefault(group[it], [group[it] != "deepseek-pair", 0, i])
+        r[1] -= any(it.get_closest_marker(m) for m in ("server", "slow"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda it: rank[group[it]])
 
 
 # ---- the CLI ------------------------------------------------------------------------------------
@@ -193,14 +211,14 @@ def family_models(request, tmp_path_factory) -> FamilyModels:
 # ---- real SGLang servers on the CPU ---------------------------------------------------------------
 def _server_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
-    env.update(extra)
+    env.update(WRITER_PRIORITY, **extra)
     return env
 
 
 @pytest.fixture(scope="session")
 def server_env():
     """``server_env(**extra)`` -> this process's environment without any ``SPECDIFF_*`` variable
-    (a server must trace only where a test asks it to), plus ``extra``."""
+    (a server must trace only where a test asks it to) but ``WRITER_PRIORITY``'s, plus ``extra``."""
     return _server_env
 
 
@@ -321,33 +339,6 @@ class AuxTraces:
 def aux_traces() -> AuxTraces:
     """:class:`AuxTraces`: ``aux_traces.write(path, side=..., hf=[...], ...)``."""
     return AuxTraces()
-
-
-#: Pairs of the main-screen snapshots: (training, serving) arguments of :meth:`AuxTraces.write`.
-SNAPSHOT_SCENARIOS = {
-    "seed_bug": ({"hf": [0, 3, 6], "probes": True}, {"hf": [3, 6, 7]}),
-    "no_divergence": ({"hf": [0, 3, 6], "probes": True}, {"hf": [0, 3, 6], "order": [1, 0], "noise": 2e-4}),
-}
-
-
-@pytest.fixture(scope="session")
-def snapshot_app(aux_traces):
-    """``snapshot_app(scenario)`` -> a ``SpecdiffApp`` on that pair. The traces go to a fixed folder
-    (not a random temp dir) and the app shows only their basenames, so the rendered screen is the
-    same on every machine."""
-    from specdiff.tui.app import SpecdiffApp
-
-    root = Path(tempfile.gettempdir()) / "specdiff-snapshot-traces"
-
-    def build(scenario: str) -> SpecdiffApp:
-        train, serve = SNAPSHOT_SCENARIOS[scenario]
-        where = root / scenario
-        where.mkdir(parents=True, exist_ok=True)
-        a = aux_traces.write(where / "train.trace", side="train", **train)
-        b = aux_traces.write(where / "serve.trace", side="serve", **serve)
-        return SpecdiffApp(a, b, export_root=where)
-
-    return build
 
 
 # ---- Textual pilot helpers ------------------------------------------------------------------------

@@ -11,7 +11,6 @@ meaning strings, the reference forward, the config reader/writer and what SGLang
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -173,7 +172,7 @@ SERVED = {"nbf_out": {"norm_before_fc": True, "norm_output": True}, "fcn": {"fc_
 
 
 @pytest.fixture(scope="module")
-def norm_traces(tmp_path_factory):
+def norm_traces(tmp_path_factory, server_env):
     pytest.importorskip("sglang")
     from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
 
@@ -182,7 +181,7 @@ def norm_traces(tmp_path_factory):
 
     target = root / "target"
     mod.build_target(target)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
+    env = server_env()
     out = {}
     for name, flags in SERVED.items():
         draft = root / f"draft-{name}"

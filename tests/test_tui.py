@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -228,6 +229,31 @@ def test_view_command_is_registered(run_cli):
 
 
 # ---- snapshots ------------------------------------------------------------------------------
+#: Pairs of the main-screen snapshots: (training, serving) arguments of :meth:`AuxTraces.write`.
+SNAPSHOT_SCENARIOS = {
+    "seed_bug": ({"hf": [0, 3, 6], "probes": True}, {"hf": [3, 6, 7]}),
+    "no_divergence": ({"hf": [0, 3, 6], "probes": True}, {"hf": [0, 3, 6], "order": [1, 0], "noise": 2e-4}),
+}
+
+
+@pytest.fixture(scope="module")
+def snapshot_app(aux_traces):
+    """``snapshot_app(scenario)`` -> a ``SpecdiffApp`` on that pair. The traces go to a fixed folder
+    (not a random temp dir) and the app shows only their basenames, so the rendered screen is the
+    same on every machine."""
+    root = Path(tempfile.gettempdir()) / "specdiff-snapshot-traces"
+
+    def build(scenario: str) -> SpecdiffApp:
+        train, serve = SNAPSHOT_SCENARIOS[scenario]
+        where = root / scenario
+        where.mkdir(parents=True, exist_ok=True)
+        a = aux_traces.write(where / "train.trace", side="train", **train)
+        b = aux_traces.write(where / "serve.trace", side="serve", **serve)
+        return SpecdiffApp(a, b, export_root=where)
+
+    return build
+
+
 @pytest.fixture
 def until_ready(tui):
     async def run_before(pilot):

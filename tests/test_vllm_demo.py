@@ -9,7 +9,6 @@ One engine start per scenario run (the demo starts and stops its server, as a us
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -68,7 +67,7 @@ def test_demo_engine_vllm_without_the_vllm_venv_says_make_vllm_venv(run_cli, mon
 
 
 @pytest.fixture(scope="module")
-def seed_demo(tmp_path_factory):
+def seed_demo(tmp_path_factory, server_env):
     """``specdiff demo --engine vllm --scenario seed --no-tui`` as a user runs it (the CLI in a
     subprocess): one real vLLM CPU engine start (50-210 s here) serves the seed's mistake in vLLM's
     numbering (top-level [3, 6, 7], trained on HF [0, 3, 6]), traced; record train and diff follow."""
@@ -79,7 +78,7 @@ def seed_demo(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "specdiff.tui", "demo", "--engine", "vllm", "--scenario", "seed",
                            "--no-tui", "--prompts", "3", "--max-new-tokens", "32", "--workdir", str(work)],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")})
+                          env=server_env())
     return SimpleNamespace(rc=proc.returncode, out=proc.stdout, dir=work / "vllm-seed", seconds=time.monotonic() - t0)
 
 
