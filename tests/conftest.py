@@ -52,9 +52,9 @@ def pytest_addoption(parser):
 #: test files that share a pytest-xdist worker in ``make test``: a session-scoped server or build
 #: that each worker would otherwise start or build again, or a cache two servers must not write at once
 SHARED_WORKER = {
-    "server/test_cpu_server.py": "bringup-chain", "test_sglang_recorder.py": "bringup-chain",
-    "test_family_models.py": "deepseek-pair", "server/test_family_seed.py": "deepseek-pair",
-    "test_vllm_recorder.py": "vllm", "test_vllm_demo.py": "vllm",  # vLLM's compile cache, .cache/vllm
+    "server/test_cpu_server.py": "bringup-chain", "tracer/engines/test_sglang_recorder.py": "bringup-chain",
+    "demo_models/test_family_models.py": "deepseek-pair", "server/test_family_seed.py": "deepseek-pair",
+    "tracer/engines/test_vllm_recorder.py": "vllm", "demo/test_vllm_demo.py": "vllm",  # vLLM's compile cache
 }
 
 
@@ -72,6 +72,9 @@ def pytest_collection_modifyitems(config, items):
         if drop:
             config.hook.pytest_deselected(items=drop)
             items[:] = [it for it in items if it.get_closest_marker("family_pair") is None]
+    moved = [f for f in SHARED_WORKER if not (ROOT / "tests" / f).is_file()]
+    if moved:  # a renamed file would silently lose its shared server or build
+        raise pytest.UsageError(f"tests/conftest.py SHARED_WORKER names test files that do not exist: {moved}")
     group = {it: SHARED_WORKER.get(n, n) for it in items for n in [it.path.relative_to(ROOT / "tests").as_posix()]}
     rank: dict[str, list] = {}
     for i, it in enumerate(items):

@@ -4,11 +4,11 @@ a real CPU SGLang server with the ids that family's rule reads as the training l
 ``specdiff demo --family F --scenario correct``: the draft is accepted well above 1 token per
 step and ``diff`` finds no divergence (exit 0), every compared tensor under its limits.
 
-tests/test_family_models.py checks the pairs offline (the draft predicts its target);
-tests/test_family_servers.py serves random targets with random drafts (kernels, capture, replay);
+tests/demo_models/test_family_models.py checks the pairs offline (the draft predicts its target);
+tests/tracer/engines/test_family_servers.py serves random targets with random drafts (kernels, capture, replay);
 this is the two together. DeepSeek-V3's trained pair is served correctly by
 tests/server/test_family_seed.py (the seed's fix re-served); GPT-OSS's correct pair is still an
-open item of issue 20 (tests/test_family_servers.py's strict xfail), so it is not served here.
+open item of issue 20 (tests/tracer/engines/test_family_servers.py's strict xfail), so it is not served here.
 
 Each family's pair is built on first use (3-13 min on 2 cores, cached in pytest's cache), so
 these are marked ``family_pair``: ``make test-families``.

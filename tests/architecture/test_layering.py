@@ -1,0 +1,168 @@
+"""The house stays easy to see: every package imports only its own layer and those below, no import
+cycle anywhere (imports inside a function count), the diff's stage modules import one another at
+module level, and no product module is over 500 lines.
+
+Layers, bottom to top (a module may import its own layer and the ones below, never one above):
+eagle3 (the EAGLE-3 rules, engine identities, family table) < tracer's format modules (schema, rows,
+contract) < tracer/store < tracer/engines (recorders and their writers) < replay/model <
+replay/preflight < replay/record < replay/diff < replay/watch < demo (the end-to-end demo) < tui (CLI
+and app). demo_models builds the demo's tiny models: it may import every product layer but tui, and
+no product module imports it. Inside replay/diff, types.py and causes.py are the bottom.
+``if TYPE_CHECKING:`` imports count like any other (annotations name the layers they depend on too).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("eagle3", "tracer", "replay", "demo", "tui", "demo_models")
+#: (path prefix, layer): the longest prefix that matches a module's path names its layer
+LAYERS = {
+    "eagle3/": 0, "tracer/": 1, "tracer/store/": 2, "tracer/engines/": 3, "replay/": 4, "replay/model/": 4,
+    "replay/preflight/": 5, "replay/record/": 6, "replay/diff/": 7, "replay/watch/": 8, "demo/": 9, "tui/": 10,
+    "demo_models/": 11,
+}
+#: pairs a lower layer number alone does not forbid
+FORBIDDEN = (("demo_models/", "tui/"),)
+DIFF = "replay/diff/"
+DIFF_BOTTOM = ("replay/diff/types.py", "replay/diff/causes.py")
+MAX_LINES = 500
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(["specdiff", *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def _modules() -> dict[str, Path]:
+    """specdiff module name -> file, for every product module."""
+    return {_name(p): p for pkg in PRODUCT if (ROOT / pkg).is_dir() for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> list[tuple[int, str, bool]]:
+    """(line, specdiff module, inside a function or class) of every import in ``path``, relative ones
+    resolved; ``from pkg import name`` names ``pkg.name`` where that is a module, else ``pkg``."""
+    me = _name(path)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+              for n in ast.walk(f) if n is not f}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - max(node.level - 1, 0)] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            found = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names]
+        else:
+            continue
+        out += [(node.lineno, m, id(node) in nested) for m in found if m in modules and m != me]
+    return out
+
+
+def _layer(path: Path) -> int:
+    rel = path.relative_to(ROOT).as_posix()
+    return LAYERS[max((p for p in LAYERS if rel.startswith(p)), key=len)]
+
+
+def layering_violations() -> list[str]:
+    """``path:line imports module (why)`` for every import that goes up a layer, or that the diff's
+    bottom (types, causes) makes into the rest of the diff."""
+    modules, out = _modules(), []
+    for path in modules.values():
+        rel = path.relative_to(ROOT).as_posix()
+        for line, target, _ in _imports(path, modules):
+            trel = modules[target].relative_to(ROOT).as_posix()
+            if _layer(modules[target]) > _layer(path) or any(rel.startswith(a) and trel.startswith(b)
+                                                             for a, b in FORBIDDEN):
+                out.append(f"{rel}:{line} imports {target} (a layer above)")
+            elif rel in DIFF_BOTTOM and trel.startswith(DIFF) and trel not in DIFF_BOTTOM \
+                    and not trel.endswith("__init__.py"):
+                out.append(f"{rel}:{line} imports {target} (types and causes are the diff's bottom)")
+    return sorted(out)
+
+
+def lazy_diff_imports() -> list[str]:
+    """Imports of one diff module by another inside a function: the import lines at the top of a
+    diff module say everything it depends on."""
+    modules = _modules()
+    return sorted(f"{p.relative_to(ROOT)}:{line} {target}" for p in modules.values()
+                  if p.relative_to(ROOT).as_posix().startswith(DIFF)
+                  for line, target, nested in _imports(p, modules)
+                  if nested and modules[target].relative_to(ROOT).as_posix().startswith(DIFF))
+
+
+def import_cycles() -> list[list[str]]:
+    """The strongly connected components of more than one module in the import graph (Tarjan)."""
+    modules = _modules()
+    graph = {name: sorted({t for _, t, _ in _imports(path, modules)}) for name, path in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    comps: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = [stack.pop()]
+            while comp[-1] != v:
+                comp.append(stack.pop())
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return comps
+
+
+def oversized() -> list[str]:
+    return sorted(f"{p.relative_to(ROOT)}: {n} lines" for p in _modules().values()
+                  if (n := len(p.read_text().splitlines())) > MAX_LINES)
+
+
+def test_each_package_imports_only_its_own_layer_and_below():
+    assert layering_violations() == []
+
+
+def test_no_import_cycle_function_level_imports_included():
+    assert import_cycles() == []
+
+
+def test_diff_modules_import_each_other_at_module_level_only():
+    assert lazy_diff_imports() == []
+
+
+def test_no_product_module_is_over_500_lines():
+    assert oversized() == []
+
+
+def test_the_checks_can_fail():
+    # a store module reaching up into the engines from inside a function, the cycle it closes with an
+    # engines module of 501 lines, and a diff stage importing another lazily: each is reported
+    probe = ROOT / "tracer" / "store" / "_zz_layer_probe.py"
+    back = ROOT / "tracer" / "engines" / "_zz_layer_probe_back.py"
+    lazy = ROOT / "replay" / "diff" / "_zz_lazy_probe.py"
+    probe.write_text("def f():\n    from specdiff.tracer.engines import _zz_layer_probe_back  # noqa: F401\n")
+    back.write_text("from specdiff.tracer.store import _zz_layer_probe  # noqa: F401\n" + "x = 1\n" * 500)
+    lazy.write_text("def f():\n    from specdiff.replay.diff.types import Pair  # noqa: F401\n")
+    try:
+        assert layering_violations() == [
+            "tracer/store/_zz_layer_probe.py:2 imports specdiff.tracer.engines._zz_layer_probe_back (a layer above)"]
+        assert ["specdiff.tracer.engines._zz_layer_probe_back", "specdiff.tracer.store._zz_layer_probe"] \
+            in import_cycles()
+        assert oversized() == ["tracer/engines/_zz_layer_probe_back.py: 501 lines"]
+        assert lazy_diff_imports() == ["replay/diff/_zz_lazy_probe.py:2 specdiff.replay.diff.types"]
+    finally:
+        for p in (probe, back, lazy):
+            p.unlink()

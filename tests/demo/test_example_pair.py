@@ -1,0 +1,107 @@
+"""The shipped example pair (traces/examples/seed) is reproducible: traces/examples/regenerate.py
+makes it from the committed models, its contracts name repo-relative paths that exist on a fresh
+clone, and what the script makes today matches what is shipped (beyond bf16 noise)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdiff.tracer.store import open_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "traces" / "examples" / "seed"
+#: the contract facts that name files, and what each must name in the shipped pair (repo-relative)
+PATH_FACTS = {
+    "serve": {"model_name": "traces/models/target", "draft_name": "traces/examples/seed/served-draft"},
+    "train": {"model_name": "traces/models/target", "draft_name": "traces/models/draft",
+              "replay_of": "traces/examples/seed/serve.trace"},
+}
+#: an absolute path anywhere in a string (a word starting with '/', two components at least)
+ABSOLUTE = re.compile(r"(?:^|[\s'\"(=:,\[])(/[\w.-]+/[\w./-]+)")
+
+pytestmark = pytest.mark.skipif(not (EXAMPLE / "serve.trace").exists(), reason="the shipped example pair is absent")
+
+
+def _strings(value, where: str = ""):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{where}[{i}]")
+    elif isinstance(value, str):
+        yield where, value
+
+
+@pytest.mark.parametrize("side", ["serve", "train"])
+def test_the_shipped_pair_names_repo_relative_paths_that_exist(side):
+    trace = open_trace(str(EXAMPLE / f"{side}.trace"))
+    for fact, want in PATH_FACTS[side].items():
+        assert trace.contract.get(fact) == want, f"{side} {fact}: regenerate with traces/examples/regenerate.py"
+        assert (ROOT / want).exists(), f"{side} {fact} names {want}, absent in this checkout"
+    absolute = [(where, m) for where, s in _strings(trace.contract) for m in ABSOLUTE.findall(s)]
+    assert absolute == [], f"{side}: absolute paths of the recording machine; regenerate the pair"
+
+
+def test_the_served_draft_is_the_trained_one_with_the_seed_ids():
+    served, trained = EXAMPLE / "served-draft", ROOT / "traces" / "models" / "draft"
+    weights = served / "model.safetensors"
+    assert weights.is_symlink() and weights.resolve() == (trained / "model.safetensors").resolve()
+    cfg, base = (json.loads((d / "config.json").read_text()) for d in (served, trained))
+    assert {k for k in cfg if cfg[k] != base.get(k)} | {k for k in base if k not in cfg} == {"eagle_config"}
+
+
+def _by_sequence(value, trace):
+    """A per-request fact keyed by request id (random on every run) re-keyed by sequence order."""
+    order = {s.rid: i for i, s in enumerate(trace.sequences)}
+    if isinstance(value, dict) and value and set(value) <= set(order):
+        return {order[k]: v for k, v in sorted(value.items(), key=lambda kv: order[kv[0]])}
+    return value
+
+
+def _assert_same_pair(made: Path) -> None:
+    for side in ("serve", "train"):
+        a, b = open_trace(str(EXAMPLE / f"{side}.trace")), open_trace(str(made / f"{side}.trace"))
+        assert a.names == b.names, side
+        assert [(s.id, s.tokens.tolist(), s.prompt_len) for s in a.sequences] == \
+            [(s.id, s.tokens.tolist(), s.prompt_len) for s in b.sequences], side
+        for name in a.names:
+            assert a.rows(name) == b.rows(name), f"{side} {name}"
+            for k, v in a.keys(name).items():
+                assert np.array_equal(v, b.keys(name)[k]), f"{side} {name} {k}"
+            x, y = a.read(name), b.read(name)
+            if x.dtype.kind == "f":
+                # bf16 noise: one bf16 ulp (2^-8 relative) on values of a few units, plus reduction
+                # order on another CPU; a wrong stage moves values by far more (the seed's aux: ~1)
+                assert np.allclose(x, y, rtol=2 ** -6, atol=2 ** -6, equal_nan=True), f"{side} {name}"
+            else:
+                assert np.array_equal(x, y), f"{side} {name}"
+        # facts of the recording machine, not of the pair: the ring's size follows free /dev/shm
+        skip = set(PATH_FACTS[side]) | {"recorder_hook_s", "recorder_iter_s", "recorder_writer_s", "created",
+                                         "host", "pid", "started_at", "wall_s", "recorder_writer"}
+        ca = {k: _by_sequence(v, a) for k, v in a.contract.items() if k not in skip and not k.endswith("_s")}
+        cb = {k: _by_sequence(v, b) for k, v in b.contract.items() if k not in skip and not k.endswith("_s")}
+        assert sorted(ca) == sorted(cb), side
+        differ = [k for k in ca if json.dumps(ca[k], sort_keys=True) != json.dumps(cb[k], sort_keys=True)
+                  and not isinstance(ca[k], float)]
+        assert differ == [], f"{side}: contract facts differ from the shipped pair: {differ}"
+
+
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_the_script_makes_the_shipped_pair(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
+    done = subprocess.run([sys.executable, str(ROOT / "traces" / "examples" / "regenerate.py"), "--out",
+                           str(tmp_path / "seed")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=1100)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    _assert_same_pair(tmp_path / "seed")
