@@ -88,13 +88,17 @@ def test_offline_code_reaches_an_engine_only_through_the_engine_boundary(pkg):
     assert _engine_module_imports(pkg) == []
 
 
-def test_the_boundary_check_catches_the_cli_importing_an_engines_own_module():
-    probe = ROOT / "tui" / "_zz_engine_probe.py"  # the check itself must be able to fail
-    probe.write_text("def f():\n    from specdiff.tracer.engines.sglang import hooks  # noqa: F401\n")
-    try:
-        assert _engine_module_imports("tui") == ["tui/_zz_engine_probe.py:2 specdiff.tracer.engines.sglang"]
-    finally:
-        probe.unlink()
+def test_the_boundary_check_catches_the_cli_importing_an_engines_own_module(tmp_path, monkeypatch):
+    # the check itself must be able to fail; the probe goes into a copy of tui/, never into the tree
+    # the other checks read at the same time (pytest-xdist)
+    for src in (ROOT / "tui").rglob("*.py"):
+        dst = tmp_path / src.relative_to(ROOT)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(src.read_bytes())
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    (tmp_path / "tui" / "_zz_engine_probe.py").write_text(
+        "def f():\n    from specdiff.tracer.engines.sglang import hooks  # noqa: F401\n")
+    assert _engine_module_imports("tui") == ["tui/_zz_engine_probe.py:2 specdiff.tracer.engines.sglang"]
 
 
 def test_the_engine_registry_is_the_one_source_of_each_engines_identity():

@@ -147,22 +147,31 @@ def test_no_product_module_is_over_500_lines():
     assert oversized() == []
 
 
-def test_the_checks_can_fail():
+def copy_of_the_product(tmp_path: Path) -> Path:
+    """The product's modules copied under ``tmp_path``: a check shown to fail on probe modules written
+    there never adds them to the tree the other checks read (pytest-xdist runs those at the same time)."""
+    for pkg in PRODUCT:
+        for src in (ROOT / pkg).rglob("*.py"):
+            dst = tmp_path / src.relative_to(ROOT)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(src.read_bytes())
+    return tmp_path
+
+
+def test_the_checks_can_fail(tmp_path, monkeypatch):
     # a store module reaching up into the engines from inside a function, the cycle it closes with an
     # engines module of 501 lines, and a diff stage importing another lazily: each is reported
-    probe = ROOT / "tracer" / "store" / "_zz_layer_probe.py"
-    back = ROOT / "tracer" / "engines" / "_zz_layer_probe_back.py"
-    lazy = ROOT / "replay" / "diff" / "_zz_lazy_probe.py"
-    probe.write_text("def f():\n    from specdiff.tracer.engines import _zz_layer_probe_back  # noqa: F401\n")
-    back.write_text("from specdiff.tracer.store import _zz_layer_probe  # noqa: F401\n" + "x = 1\n" * 500)
-    lazy.write_text("def f():\n    from specdiff.replay.diff.types import Pair  # noqa: F401\n")
-    try:
-        assert layering_violations() == [
-            "tracer/store/_zz_layer_probe.py:2 imports specdiff.tracer.engines._zz_layer_probe_back (a layer above)"]
-        assert ["specdiff.tracer.engines._zz_layer_probe_back", "specdiff.tracer.store._zz_layer_probe"] \
-            in import_cycles()
-        assert oversized() == ["tracer/engines/_zz_layer_probe_back.py: 501 lines"]
-        assert lazy_diff_imports() == ["replay/diff/_zz_lazy_probe.py:2 specdiff.replay.diff.types"]
-    finally:
-        for p in (probe, back, lazy):
-            p.unlink()
+    root = copy_of_the_product(tmp_path)
+    monkeypatch.setitem(globals(), "ROOT", root)
+    (root / "tracer" / "store" / "_zz_layer_probe.py").write_text(
+        "def f():\n    from specdiff.tracer.engines import _zz_layer_probe_back  # noqa: F401\n")
+    (root / "tracer" / "engines" / "_zz_layer_probe_back.py").write_text(
+        "from specdiff.tracer.store import _zz_layer_probe  # noqa: F401\n" + "x = 1\n" * 500)
+    (root / "replay" / "diff" / "_zz_lazy_probe.py").write_text(
+        "def f():\n    from specdiff.replay.diff.types import Pair  # noqa: F401\n")
+    assert layering_violations() == [
+        "tracer/store/_zz_layer_probe.py:2 imports specdiff.tracer.engines._zz_layer_probe_back (a layer above)"]
+    assert ["specdiff.tracer.engines._zz_layer_probe_back", "specdiff.tracer.store._zz_layer_probe"] \
+        in import_cycles()
+    assert oversized() == ["tracer/engines/_zz_layer_probe_back.py: 501 lines"]
+    assert lazy_diff_imports() == ["replay/diff/_zz_lazy_probe.py:2 specdiff.replay.diff.types"]
