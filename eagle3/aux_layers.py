@@ -3,13 +3,13 @@
 This module owns what a list of aux-layer ids means: native ids -> HF ``hidden_states`` indices
 (``resolve_aux_ids``), HF indices -> native ids (``native_aux_ids``), and what an engine really
 captures from a list of ids (``engine_capture``). Every other module imports these rules; the source
-each rule was read from is in ``RULES`` (``IdRule.sources``), pinned by tests/test_conventions.py.
+each rule was read from is in ``RULES`` (``IdRule.sources``), pinned by tests/eagle3/test_conventions.py.
 SGLang's per-family rules are in ``families``; where each engine reads the ids in a draft config is
 in ``config_keys`` / ``config_ids``.
 
 HF ``output_hidden_states[i]``: i = 0 is the embedding output, i in 1..L-1 the output of decoder
 layer i-1 (the residual stream entering layer i), i = L is *after* the final norm (transformers
-5.19 ``LlamaModel``; checked in tests/test_conventions.py). The output of the last decoder layer
+5.19 ``LlamaModel``; checked in tests/eagle3/test_conventions.py). The output of the last decoder layer
 *before* the final norm has no HF index: tools that capture it (vLLM id L, SpecForge id L-1) name a
 tensor specdiff cannot take from ``output_hidden_states``, so those ids are refused, never mapped
 to HF L.

@@ -149,7 +149,7 @@ def _entries(rule: dict, *archs: str) -> dict[str, dict]:
 
 #: SGLang 0.5.23: HF architecture -> its rule. Read from all 29 files that define
 #: set_eagle3_layers_to_capture; an architecture is mapped through its model file's EntryClass and
-#: class inheritance (e.g. MistralForCausalLM(LlamaForCausalLM)); pinned by tests/test_family_rules.py.
+#: class inheritance (e.g. MistralForCausalLM(LlamaForCausalLM)); pinned by tests/eagle3/test_family_rules.py.
 SGLANG_FAMILIES: dict[str, dict] = {
     **_entries(_LLAMA, "LlamaForCausalLM", "Phi3ForCausalLM", "InternLM3ForCausalLM", "IQuestCoderForCausalLM",
                "Llama4ForCausalLM", "LlamaForCausalLMEagle", "LlamaForCausalLMEagle3", "Ministral3ForCausalLM",

@@ -41,7 +41,7 @@ def _fmt(xs) -> str:
 
 
 #: k of the training side's draft.logits_topk.* (tracer/rows.py TOPK_WIDTH, which imports torch: the CLI
-#: starts without it; tests/test_help_texts.py holds the two equal)
+#: starts without it; tests/replay/diff/test_report_text.py holds the two equal)
 TRAIN_TOPK = 8
 
 @record.command("train")

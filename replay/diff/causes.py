@@ -1,6 +1,6 @@
 """Every cause the diff can name, one row each: what kind of cause it is, where it acts, its fix and
 its meaning. The ids are what ``types.Cause.cause`` says (an ``Explanation``'s ``cause``, a
-legitimate difference's ``cause``, a crash cause's ``kind``); tests/test_causes.py holds the code and
+legitimate difference's ``cause``, a crash cause's ``kind``); tests/replay/diff/test_causes.py holds the code and
 the demo scenarios against this table.
 
 Kinds:

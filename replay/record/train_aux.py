@@ -49,7 +49,7 @@ def _resolve_prenorm(ids, conv: str, num_layers: int, architecture: str | None) 
     L = num_layers
     if ids is None or conv != "sglang" or architecture is None:
         # the Llama rule (RULES['sglang']) never reaches the pre-norm output; vLLM / speculators id L and
-        # SpecForge id L-1 keep resolve_aux_ids' refusal (tests/test_train_order.py pins it)
+        # SpecForge id L-1 keep resolve_aux_ids' refusal (tests/replay/record/test_train_order.py pins it)
         return None
     ids = [int(i) for i in ids]
     fam = sglang_family_rule(architecture)

@@ -2,7 +2,7 @@
 committed tiny models (``traces/models``) on a real CPU SGLang server (~2-3 min on 2 cores)::
 
     .venv/bin/python traces/examples/regenerate.py            # rewrites traces/examples/seed/
-    .venv/bin/python traces/examples/regenerate.py --out DIR  # elsewhere (tests/test_example_pair.py)
+    .venv/bin/python traces/examples/regenerate.py --out DIR  # elsewhere (tests/demo/test_example_pair.py)
 
 It runs what ``specdiff demo --scenario seed --prompts 3 --no-tui`` runs (demo/run.py: the seed's
 served draft, the traced server, ``record train`` replaying the served sequences) from the repo

@@ -28,7 +28,7 @@ in full (routing.py, decided once all its rows are read) is proven only above th
 fraction that cause may explain (``max_frac``).
 
 Every step is a bound that the rest of the data can only confirm, so the early answer equals the
-full one by construction (tests/test_early_first.py checks it on every scenario pair). When no
+full one by construction (tests/replay/diff/compare/test_early_first.py checks it on every scenario pair). When no
 candidate is proven before the end, the answer comes with the full data (the watch still says it
 then, once, before explanation and narrowing run).
 """
