@@ -25,7 +25,7 @@ from pathlib import Path
 import click
 
 from specdiff.demo.scenarios import DEMO_FAMILIES, describe, scenario_for, scenario_ids, write_served_draft
-from specdiff.eagle3.engines import engine_names, engine_spec
+from specdiff.eagle3.engines import ENGINES, engine_spec
 from specdiff.tracer.engines.base import cpu_launcher
 from specdiff.tracer.errors import SpecdiffError
 
@@ -117,8 +117,8 @@ def check_engine(engine: str, family: str) -> str | None:
         DemoError: an engine no recorder is registered for, a family the engine's demo does not
             serve, or no vLLM venv (one line naming ``make vllm-venv``).
     """
-    if engine not in engine_names():
-        raise DemoError(f"unknown engine {engine!r}; specdiff records: {', '.join(engine_names())}")
+    if engine not in ENGINES:
+        raise DemoError(f"unknown engine {engine!r}; specdiff records: {', '.join(ENGINES)}")
     if engine == "sglang":
         return None
     if family != "llama":

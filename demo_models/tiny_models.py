@@ -164,11 +164,6 @@ def target_config():
     return LlamaConfig(**TARGET_DIMS, bos_token_id=0, eos_token_id=1, pad_token_id=2)
 
 
-def _windows(stream: np.ndarray, seq_len: int) -> torch.Tensor:
-    n = (len(stream) - 1) // seq_len
-    return torch.from_numpy(stream[: n * seq_len + 1].astype(np.int64))
-
-
 @torch.no_grad()
 def eval_loss(model, stream: np.ndarray, seq_len: int = TARGET_SEQ_LEN, max_windows: int = 32,
               batch: int = 16) -> float:

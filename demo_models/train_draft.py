@@ -315,7 +315,6 @@ def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Pat
     Returns:
         stats dict (vocab coverage, training, held-out evaluations).
     """
-
     torch.manual_seed(SEED)
     t0 = time.time()
     target = load_target(target_dir, dtype=torch.bfloat16)

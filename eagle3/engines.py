@@ -1,4 +1,4 @@
-"""The serving engines specdiff knows: one ``EngineSpec`` each, in one registry (``ENGINES``).
+"""The serving engines specdiff knows: one ``EngineSpec`` each, in one registry (``REGISTRY``; ``ENGINES``: their names, sorted).
 
 Everything that names an engine reads it here: its name as recorded in the ``engine`` contract
 fact, how people write it, the versions its recorder was verified on, its recorder's entry point,
@@ -34,8 +34,6 @@ class EngineSpec:
             (``config_ids.config_aux_ids`` applies it).
         aux_id_words: the engine's aux-id numbering in a few words, for explanations.
         serve_args_hint: what ``record serve --engine <name> -- ...`` needs at least (its error says it).
-        runners: the engine's model runners whose aux-id key precedence differs (vLLM 0.32: 'v1',
-            'v2'), the one specdiff's recorder was verified on first; () when it has one.
     """
 
     name: str
@@ -49,7 +47,6 @@ class EngineSpec:
     aux_ids_read: tuple[str, ...] = ()
     aux_id_words: str = ""
     serve_args_hint: str = ""
-    runners: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -83,7 +80,7 @@ VLLM = EngineSpec(
     # V1 runner, v1/worker/gpu_model_runner.py:5268-5280: the top-level key; if empty, eagle_config's
     # nested ids, else dflash_config's (+1). V2's eagle3_utils reads no nested eagle ids.
     aux_ids_key=KEY_TOP,
-    aux_ids_read=ENGINE_ID_KEYS[("vllm", "v1")], runners=("v1", "v2"),
+    aux_ids_read=ENGINE_ID_KEYS[("vllm", "v1")],
     aux_id_words="vLLM id k = HF k",
     serve_args_hint="the target model first and --speculative-config",
 )
@@ -106,7 +103,3 @@ def engine_spec(name: str) -> EngineSpec:
         raise UnknownEngineError(
             f"unknown serving engine {name!r}; specdiff records: {', '.join(sorted(REGISTRY))}") from None
 
-
-def engine_names() -> tuple[str, ...]:
-    """Names of the registered serving engines, sorted."""
-    return ENGINES

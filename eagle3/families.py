@@ -2,7 +2,7 @@
 SGLang 0.5.23 reads aux ids for it (``SGLANG_FAMILIES``, ``FamilyRule``), whether its decoder
 layers route tokens to experts and which config keys give the expert counts (``EXPERTS``:
 ``is_moe``, ``moe_keys``), and what to know about vLLM 0.32's capture for it (``vllm_family_note``).
-``family(architecture)`` gives the whole row. Adding a target family starts here.
+Adding a target family starts here.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ EXPERTS: dict[str, tuple[str, str] | str] = {
 #: ``MOE_CONFIG_KEYS``; another dense row's counts are recorded as unknown)
 DENSE_RECORDED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                             "Qwen3VLForConditionalGeneration"})
-#: the dense rows the diff's routing judge was given (replay/diff/judge/routing.py ``DENSE_ARCHITECTURES``:
+#: the dense rows the diff's routing judge was given (replay/diff/judge/routing.py ``target_family``:
 #: Qwen3-VL is not among them, so a Qwen3-VL target reads as "not known" there)
 DENSE_JUDGED = frozenset(a for a, row in EXPERTS.items() if row == DENSE) - {"Qwen3VLForConditionalGeneration"}
 
@@ -295,27 +295,3 @@ def moe_keys(architecture: str | None) -> tuple[str, str] | None:
     whose counts specdiff reads; None otherwise (dense, or keys not read: ``is_moe`` tells which)."""
     row = EXPERTS.get(architecture) if architecture else None
     return row if isinstance(row, tuple) else None
-
-
-@dataclass(frozen=True)
-class Family:
-    """Everything specdiff knows about one target architecture (a row of this module's tables).
-
-    Attributes:
-        architecture: HF ``architectures[0]``.
-        sglang: SGLang 0.5.23's aux-id rule for it (``sglang_family_rule``; ``known`` False: assumed).
-        moe: ``is_moe``; expert_keys: ``moe_keys``.
-        vllm_note: ``vllm_family_note`` ('' when vLLM's capture is the mixin's).
-    """
-
-    architecture: str
-    sglang: FamilyRule
-    moe: bool | None
-    expert_keys: tuple[str, str] | None
-    vllm_note: str
-
-
-def family(architecture: str) -> Family:
-    """The row of ``architecture`` across the SGLang rule, expert and vLLM tables."""
-    return Family(architecture, sglang_family_rule(architecture), is_moe(architecture), moe_keys(architecture),
-                  vllm_family_note(architecture))

@@ -289,9 +289,11 @@ class AuxTraces:
         self.D2T = np.array(sorted(rng.choice(200, self.VD, replace=False)), np.int64) - np.arange(self.VD)
 
     def write(self, path, *, side, hf, seqs=None, order=None, noise: float | list = 1e-4, probes=False, d2t=None,
-              topk_fn=None, nan_at=None, shift_pos=0, extra_seq=False, fc_in_norm=None, guess_wrong_at=()) -> str:
+              topk_fn=None, nan_at=None, shift_pos=0, extra_seq=False, fc_in_norm=None, guess_wrong_at=(),
+              facts: dict | None = None) -> str:
         """A trace at ``path`` holding aux slots for HF indices ``hf`` (in that slot order), tokens,
-        draft top-k ids and their mapped target ids at depths 0 and 1; returns the path."""
+        draft top-k ids and their mapped target ids at depths 0 and 1; ``facts``: more contract facts;
+        returns the path."""
         from specdiff.tracer.schema import aux_name, probe_name
         from specdiff.tracer.store import TraceWriter
 
@@ -299,7 +301,7 @@ class AuxTraces:
         d2t = self.D2T if d2t is None else d2t
         L, H, VD, HIDDEN = self.L, self.H, self.VD, self.HIDDEN
         contract = {"num_layers": L, "hidden_size": H, "aux_hf_indices": list(hf), "dtype": "float32",
-                    "draft_vocab_size": VD, "spec_steps": 2}
+                    "draft_vocab_size": VD, "spec_steps": 2, **(facts or {})}
         with TraceWriter(str(path), side=side, contract=contract, overwrite=True) as w:
             order = order or list(range(len(seqs)))
             for s in order:

@@ -83,9 +83,6 @@ def _frame_shapes(frames) -> dict[str, list[int]]:
     return dict(list(shapes.items())[:_MAX_SHAPES])
 
 
-#: engine packages whose frames ``engine_where`` names (path shown from the package folder on): an
-#: engine's name is its Python package's
-_ENGINE_PACKAGES = ENGINES
 #: ``requests[i]["input_ids"]`` when the iteration that raised read no ids for that request
 UNKNOWN_IDS = "unknown"
 
@@ -118,7 +115,7 @@ def _engine_where(frames) -> str | None:
         if path.startswith(_OWN_CODE):
             continue
         parts = path.split(os.sep)
-        for pkg in _ENGINE_PACKAGES:
+        for pkg in ENGINES:  # an engine's name is its Python package's
             if pkg in parts[:-1]:
                 top = max(i for i, p in enumerate(parts[:-1]) if p == pkg)
                 rel = "/".join(parts[top + 1:])

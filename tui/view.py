@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 # replay.diff.compare imports numpy only, so the app still paints before torch loads.
-from specdiff.replay.diff.compare.compare import SKIP, is_compared  # noqa: F401  (SKIP re-exported)
+from specdiff.replay.diff.compare.compare import is_compared
 from specdiff.replay.diff.types import CLOSE, DIVERGED, MATCH, UNREADABLE
 from specdiff.tracer.schema import ordered, spec_for
 

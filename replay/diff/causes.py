@@ -54,6 +54,9 @@ _IDS = ("draft.logits", "draft.topk", "draft.topk_target", "verify")
 #: the draft stages after its attention (judge/context.py ``consumes_context``)
 _AFTER_ATTN = ("draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target")
 _ANY = ("*",)
+#: where the draft's rope positions come from, for both position kinds
+_POSITIONS_FIX = ("the draft attends at position t + k (SGLang draft extend: the token's own position; draft "
+                  "step k: seq_len + k - 1); check the position offset the draft is given")
 
 CAUSES: tuple[CauseRow, ...] = (
     CauseRow("aux_layer_shift", "bug", _AUX,
@@ -74,7 +77,7 @@ CAUSES: tuple[CauseRow, ...] = (
     CauseRow("d2t_arange", "bug", _IDS,
              "d2t is arange: draft id i becomes target id 2i",
              "save d2t as offsets"),
-    CauseRow("d2t_other_map", "bug", _IDS,
+    CauseRow("d2t_other_map", "bug", ("draft.topk_target", "verify"),
              "both sides read d2t as offsets but hold different vocab maps (another draft's, or one rebuilt "
              "from other data): the same draft ids become other target tokens",
              "serve the d2t saved with this draft's checkpoint, the vocab map its lm_head rows were trained "
@@ -94,12 +97,10 @@ CAUSES: tuple[CauseRow, ...] = (
              "load the draft's trained lm_head (not a random or target one)"),
     CauseRow("position_offset", "bug", ("draft.positions",),
              "the draft's rope positions are the other side's plus a constant",
-             ("the draft attends at position t + k (SGLang draft extend: the token's own position; draft "
-              "step k: seq_len + k - 1); check the position offset the draft is given")),
+             _POSITIONS_FIX),
     CauseRow("position_offset_depth", "bug", ("draft.positions",),
              "the draft's rope positions go wrong from a draft depth on, or drift per depth",
-             ("the draft attends at position t + k (SGLang draft extend: the token's own position; draft "
-              "step k: seq_len + k - 1); check the position offset the draft is given")),
+             _POSITIONS_FIX),
     CauseRow("position_shift", "bug", _ANY,
              "rows at position t on one side equal rows at t +- 1 on the other",
              "check the EAGLE-3 position pairing: row t consumes (h_t, x_{t+1})"),

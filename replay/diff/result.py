@@ -41,7 +41,7 @@ class DiffReport:
 
     Attributes:
         paths, labels: per side (``Pair``); labels are 'training' / 'serving', each engine
-            and version for two engines' traces, else 'A' / 'B' (explain.side_names).
+            and version for two engines' traces, else 'A' / 'B' (types.side_names).
         alignment: sequence pairs.
         comparisons: tensor name -> TensorComparison, dataflow order.
         first: the first diverging tensor, or None.

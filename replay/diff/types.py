@@ -113,7 +113,6 @@ class RowMatch:
 MATCH, CLOSE, DIVERGED = 0, 1, 2
 #: a row in a damaged chunk on either side (tracer.store.damage): not compared, never counted as a match
 UNREADABLE = 4
-STATUS_NAMES = {MATCH: "match", CLOSE: "within tolerance", DIVERGED: "diverged", UNREADABLE: "unreadable"}
 
 
 @dataclass(frozen=True)
@@ -154,7 +153,7 @@ class TensorComparison:
         diverged: fail fraction above tolerance, or any non-finite row; always True for a
             ``structure`` finding.
         kind: ``values`` (rows compared), ``structure`` (the layouts differ: no row compared,
-            ``structure`` holds the replay.structure.StructureMismatch) or ``tokens`` (the token
+            ``structure`` holds the replay.diff.align.structure.StructureMismatch) or ``tokens`` (the token
             sequences pair only by content: ``alignment.token_formats`` say how they differ).
         structure: the StructureMismatch of a ``structure`` finding, else None.
         counted: bool [n], the rows that judge the tensor: their inputs agree (replay/diff/
@@ -283,7 +282,7 @@ class Cause(Protocol):
 
     Attributes:
         cause: the cause id, a row of replay/diff/causes.py ``CAUSES`` (``cause_row``).
-        tensor: the tensor it appears at, or None when that is the first divergence itself.
+        tensor: the tensor it appears at (None: not known).
         message: one plain-words sentence for the header / report.
     """
 

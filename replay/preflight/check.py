@@ -18,7 +18,7 @@ from specdiff.replay.preflight.files import PreflightError, read_draft, read_tar
 from specdiff.replay.preflight.report import SEVERITIES, Finding, PreflightReport, findings_as_facts
 from specdiff.replay.preflight.rules import RULES, RuleInputs
 
-__all__ = ["run_preflight", "ENGINES", "PreflightError", "PreflightReport", "findings_as_facts"]
+__all__ = ["run_preflight", "PreflightError", "PreflightReport", "findings_as_facts"]
 
 
 def _training_hf(layers, convention: str, num_layers: int, architecture: str | None) -> tuple[int, ...] | None:

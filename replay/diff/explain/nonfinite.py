@@ -136,7 +136,6 @@ def explain_nonfinite(traces: Pair, comps: dict, first, labels: Pair):
     tensor the message says so (they are then downstream evidence, not the first divergence).
     The explanation's ``tensor`` is where they first appear (explain/__init__.py orders by it).
     """
-
     nf = first_nonfinite(traces, comps)
     if nf is None:
         return []

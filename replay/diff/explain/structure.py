@@ -97,7 +97,6 @@ def explain_structure(traces: Pair, first: TensorComparison) -> list[Explanation
 
 def explain_token_format(traces: Pair, alignment: Alignment) -> list[Explanation]:
     """The sides tokenized the same text in different formats: say how, decoded side by side."""
-
     labels = side_names(traces)
     decode = decoder(load_tokenizer(traces))
     specials = special_ids(traces)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdiff.replay.diff.align.align import match_rows
+from specdiff.replay.diff.align.align import match_rows, pack_keys
 from specdiff.replay.diff.causes import fix_of
 from specdiff.replay.diff.explain.sample import sample_rows
 from specdiff.replay.diff.types import Alignment, Explanation, Pair, side_names
@@ -13,8 +13,14 @@ from specdiff.replay.diff.types import Alignment, Explanation, Pair, side_names
 FITS = 0.99
 
 
-def explain_vocab_map(traces: Pair, alignment: Alignment) -> list[Explanation]:
-    """Test how each side turned draft ids into target ids, using the recorded ``draft.d2t``."""
+#: the stages where the vocab map is applied (draft ids -> target ids): a map can explain only these
+MAPPED = ("draft.topk_target", "verify")
+
+
+def explain_vocab_map(traces: Pair, alignment: Alignment, first: str) -> list[Explanation]:
+    """Test how each side turned draft ids into target ids, using the recorded ``draft.d2t``;
+    ``first``: the first divergence's tensor (another offset map is tested only where the map is
+    applied, ``MAPPED``)."""
     if "draft.d2t" not in traces.x.names or "draft.d2t" not in traces.y.names:
         return []
     labels = side_names(traces)
@@ -39,7 +45,7 @@ def explain_vocab_map(traces: Pair, alignment: Alignment) -> list[Explanation]:
         for cause, frac, msg, fix in checks:
             if frac >= FITS and not np.mean(other == mine) >= FITS:
                 out.append(Explanation(cause, msg, (f"{frac:.1%} of d2t entries fit this reading",), fix))
-    return out or explain_other_map(traces, alignment, d2t)
+    return out or (explain_other_map(traces, alignment, d2t) if first in MAPPED else [])
 
 
 def explain_other_map(traces: Pair, alignment: Alignment, d2t: Pair) -> list[Explanation]:
@@ -57,7 +63,7 @@ def explain_other_map(traces: Pair, alignment: Alignment, d2t: Pair) -> list[Exp
     if not all(n in t.names for n in names for t in (traces.x, traces.y)):
         return []
     ids, mapped = (match_rows(traces, alignment, n) for n in names)
-    key = [(m.pair << 40) | (m.pos << 8) | m.depth for m in (ids, mapped)]
+    key = [pack_keys(m.pair, m.pos, m.depth) for m in (ids, mapped)]
     _, i_ids, i_mapped = np.intersect1d(key[0], key[1], assume_unique=True, return_indices=True)
     if not len(i_ids):
         return []

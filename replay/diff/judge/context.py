@@ -75,7 +75,6 @@ def consumes_context(name: str) -> bool:
 def first_sources(upstream) -> dict[int, int]:
     """pair -> first position of a context source (module doc) in ``upstream``
     (``inherited.Inheritance``, the source rows of the tensors compared so far)."""
-
     first: dict[int, int] = {}
     for s in upstream.sources:
         if s.name != CONTEXT_STAGE and not feeds(s.name, CONTEXT_STAGE):

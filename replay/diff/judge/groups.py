@@ -153,7 +153,6 @@ def recorded_prefill(trace) -> dict[int, dict]:
     tracer/engines/sglang/prefill.py: ``{"cached_prefix": int | "unknown", "chunks": [[start, length],
     ...]}``), matched through each sequence's rid; empty when the trace does not hold them (another
     recorder, an older trace, a server killed before it closed the trace)."""
-
     facts = (trace.contract or {}).get(REQUEST_PREFILL)
     if not isinstance(facts, dict) or not facts:
         return {}
@@ -254,7 +253,6 @@ def concentrated(comp, groups: list[Group], own: np.ndarray, counted: np.ndarray
     ``own``: bool [n], the counted failing rows (``TensorComparison.own_fail``); ``counted``: bool
     [n], the counted readable rows.
     """
-
     if spec_for(comp.name).kind != "float" or not own.any():
         return None
     N, K = int(counted.sum()), int((own & counted).sum())

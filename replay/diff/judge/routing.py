@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdiff.eagle3.families import DENSE_JUDGED, EXPERTS, is_moe
+from specdiff.eagle3.families import DENSE_JUDGED, is_moe
 from specdiff.replay.diff.types import CLOSE, UNREADABLE, serve_side
 from specdiff.tracer.contract import known
 from specdiff.tracer.schema import aux_name, aux_slot
@@ -65,13 +65,6 @@ ROUTING_MAX_REL = 1.0
 #: why slot 0's failing rows are never named routing near-ties (for the report)
 SLOT0_WHY = ("slot 0 has no earlier aux slot to show that the layer before the flip agreed, so its rows are "
              "judged by the stage's tolerance")
-#: HF architectures whose decoder layers route tokens to experts, used when the contract records the
-#: architecture but not the expert counts, and those with dense MLPs only: both read from the one
-#: target-family table (``specdiff.eagle3.families``, which cites SGLang 0.5.23's model files)
-MOE_ARCHITECTURES = frozenset(a for a in EXPERTS if is_moe(a))
-DENSE_ARCHITECTURES = DENSE_JUDGED
-#: contract facts naming the target family (the live contract; the training side as fallback)
-FAMILY_FIELDS = ("target_architecture", "target_num_experts", "target_experts_per_token")
 
 
 @dataclass(frozen=True)
@@ -129,7 +122,9 @@ def target_family(traces, labels) -> TargetFamily:
             moe = False  # recorded as null: the recorder read a dense config (tracer/contract.py moe_routing_facts)
         else:
             a = str(arch)
-            moe = True if a in MOE_ARCHITECTURES or "Moe" in a else False if a in DENSE_ARCHITECTURES else None
+            # the contract names the architecture but not its expert counts: the one target-family
+            # table says (eagle3/families.py, which cites SGLang 0.5.23's model files)
+            moe = True if is_moe(a) or "Moe" in a else False if a in DENSE_JUDGED else None
         return TargetFamily(str(arch) if arch is not None else None, moe, n, k, label)
     return TargetFamily(None, None, None, None, "unknown")
 
@@ -306,5 +301,5 @@ class RoutingJudge:
 
 
 __all__ = ["RoutingJudge", "TargetFamily", "RoutingFlips", "target_family", "routing_flips", "eligible", "bound",
-           "SLOT0_WHY", "MOE_ARCHITECTURES", "DENSE_ARCHITECTURES", "ROUTING_MAX_FRAC", "ROUTING_MAX_RUN", "ROUTING_MAX_REL",
-           "ROUTING_TAIL_SHARE", "ROUTING_MAX_ROWS", "FAMILY_FIELDS"]
+           "SLOT0_WHY", "ROUTING_MAX_FRAC", "ROUTING_MAX_RUN", "ROUTING_MAX_REL",
+           "ROUTING_TAIL_SHARE", "ROUTING_MAX_ROWS"]

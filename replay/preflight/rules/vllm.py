@@ -136,7 +136,7 @@ def _fc_width(raw: dict, k_weights: int) -> list[Finding]:
 def check_vllm_ids(cap: EngineCapture, *, raw: dict, num_layers: int, k_weights: int,
                    training_hf: tuple[int, ...] | None = None, architecture: str | None = None) -> list[Finding]:
     """vLLM 0.32.0's own aux-id findings (engine 'vllm'), from the one key-precedence rule
-    (``eagle3.config_ids.config_aux_ids``, ``EngineSpec.read_aux_ids``):
+    (``eagle3.config_ids.config_aux_ids``):
 
     - ``aux.source`` (info): the key the V1 runner read, its precedence and the numbering (id k = HF k);
     - ``aux.sglang_ids``: ``eagle_config`` ids written in SGLang's numbering that vLLM reads

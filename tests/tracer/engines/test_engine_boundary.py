@@ -68,9 +68,9 @@ def test_the_default_fallback_source_is_spelled_as_the_contract_declares():
 
 
 def test_every_engines_id_keys_are_registered_and_read_first_is_the_fix_key():
-    from specdiff.eagle3.engines import engine_names, engine_spec
+    from specdiff.eagle3.engines import ENGINES, engine_spec
 
-    for name in engine_names():
+    for name in ENGINES:
         spec = engine_spec(name)
         assert spec.aux_ids_key and spec.aux_id_words.startswith(spec.title)
         assert spec.aux_ids_read[0] == spec.aux_ids_key, name  # the fix writes the key the engine reads first

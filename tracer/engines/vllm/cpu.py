@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from specdiff.eagle3.engines import VLLM
 from specdiff.tracer.engines.server import EngineServer, ServerError, free_port, offline_env
 
 #: The repository's vLLM venv (Makefile ``vllm-venv``), relative to the repository root.
@@ -106,7 +107,7 @@ class VLLMServerProcess(EngineServer):
     recorder's atexit / SIGTERM close.
     """
 
-    title: ClassVar[str] = "vLLM"
+    title: ClassVar[str] = VLLM.title
     num_speculative_tokens: int = 3
     cache_root: str | None = None
     startup_timeout_s: float = 600.0

@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from specdiff.replay.diff.causes import cause_row
+from specdiff.replay.diff.explain.vocab import explain_vocab_map
 from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.types import Pair
+from specdiff.tracer.store import open_trace
 
 
 def other_map(aux_traces, seed: int) -> np.ndarray:
@@ -65,3 +68,29 @@ def test_the_json_report_names_the_kind_and_its_fix(tmp_path, aux_traces):
     assert proc.returncode == 1, proc.stderr[-2000:]
     explanations = json.loads(proc.stdout)["explanations"]
     assert [(e["cause"], e["fix"]) for e in explanations] == [("d2t_other_map", cause_row("d2t_other_map").fix)]
+
+
+def test_the_map_is_named_only_where_it_is_applied(tmp_path, aux_traces):
+    # the map turns draft ids into target ids after the logits: a difference first seen at the
+    # logits or the draft ids is never blamed on it, though the maps differ
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], d2t=other_map(aux_traces, 7))
+    traces, alignment = Pair(open_trace(a), open_trace(b)), diff_traces(a, b).alignment
+    assert [e.cause for e in explain_vocab_map(traces, alignment, "draft.topk_target")] == ["d2t_other_map"]
+    for stage in ("draft.logits", "draft.topk"):
+        assert explain_vocab_map(traces, alignment, stage) == []
+    assert cause_row("d2t_other_map").stages == ("draft.topk_target", "verify")
+
+
+def test_recorded_map_hashes_that_differ_stay_a_contract_warning_under_the_named_kind(tmp_path, aux_traces):
+    # both contracts record their d2t's sha256 (as the recorders do): the proven kind is the
+    # explanation, and the contract still lists the differing fact, with a fix that fits every map kind
+    other = other_map(aux_traces, 23)
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6], facts={"d2t_sha256": "a" * 64})
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[0, 3, 6], d2t=other, facts={"d2t_sha256": "b" * 64})
+    report = diff_traces(a, b)
+    assert [e.cause for e in report.explanations] == ["d2t_other_map"]
+    d2t = [m for m in report.contract if m.field == "d2t_sha256"]
+    assert len(d2t) == 1 and d2t[0].severity == "warn"
+    # the fix is the wording a user acts on: serve training's map, not "export d2t as offsets"
+    assert d2t[0].fix.startswith("serve the d2t of the draft checkpoint training used")

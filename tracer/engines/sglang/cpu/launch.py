@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from specdiff.eagle3.engines import SGLANG
 from specdiff.tracer.engines.server import EngineServer, ServerError, free_port, offline_env
 from specdiff.tracer.engines.sglang.cpu import STANDIN_PATH
 
@@ -148,7 +149,7 @@ class ServerProcess(EngineServer):
     dynamo_disable: bool = True
     #: ``"cpu"``: the CPU recipe; ``"cuda"``: SGLang as served on a GPU (``server_command``)
     device: str = "cpu"
-    title: ClassVar[str] = "SGLang"
+    title: ClassVar[str] = SGLANG.title
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         """The ``(argv, env)`` this server runs with (port chosen if not given)."""
