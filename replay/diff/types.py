@@ -319,6 +319,12 @@ class Explanation:
     tensor: str | None = None
 
 
+def row_lines(rows: list[dict], line, limit: int = 8) -> list[str]:
+    """The evidence lines of a legitimate difference's named rows: ``line(row)`` for the first
+    ``limit`` rows (dicts with at least ``seq`` and ``pos``), then how many more."""
+    return [line(r) for r in rows[:limit]] + ([f"... {len(rows) - limit} more"] if len(rows) > limit else [])
+
+
 def serve_side(traces: Pair) -> str:
     """``"x"`` or ``"y"``: the serving side (the one whose row keys hold decode iterations, radix-cache
     hits and prefill chunks). Side B unless only side A is a serving trace."""

@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from specdiff.replay.diff.judge.inherited import feeds
-from specdiff.replay.diff.types import UNREADABLE
+from specdiff.replay.diff.types import UNREADABLE, row_lines
 from specdiff.tracer.schema import spec_for
 
 #: the stage whose depth-0 rows the draft's KV cache is computed from
@@ -122,10 +122,8 @@ class ContextRows:
                 f"the draft attends to that position's cached keys and values, and {why} (max_rel {self.max_rel:.3g})")
 
     def evidence(self, limit: int = 8) -> list[str]:
-        lines = [f"seq {r['seq']} pos {r['pos']} depth {r['depth']}: rel {r['rel']:.3g}" for r in self.rows[:limit]]
-        if len(self.rows) > limit:
-            lines.append(f"... {len(self.rows) - limit} more")
-        return lines
+        return row_lines(self.rows, lambda r: f"seq {r['seq']} pos {r['pos']} depth {r['depth']}: rel {r['rel']:.3g}",
+                         limit)
 
 
 def after_sources(match, first: dict[int, int]) -> np.ndarray:

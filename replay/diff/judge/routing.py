@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdiff.eagle3.families import DENSE_JUDGED, is_moe
-from specdiff.replay.diff.types import CLOSE, UNREADABLE, serve_side
+from specdiff.replay.diff.types import CLOSE, UNREADABLE, row_lines, serve_side
 from specdiff.tracer.contract import known
 from specdiff.tracer.schema import aux_name, aux_slot
 
@@ -181,10 +181,8 @@ class RoutingFlips:
                 f"the two sides [{self.family}]")
 
     def evidence(self, limit: int = 8) -> list[str]:
-        lines = [f"seq {r['seq']} pos {r['pos']}: rel {r['rel']:.3g}, cos {r['cos']:.4f}" for r in self.rows[:limit]]
-        if len(self.rows) > limit:
-            lines.append(f"... {len(self.rows) - limit} more")
-        return lines
+        return row_lines(self.rows, lambda r: f"seq {r['seq']} pos {r['pos']}: rel {r['rel']:.3g}, cos {r['cos']:.4f}",
+                         limit)
 
 
 def _runs(pair: np.ndarray, pos: np.ndarray) -> list[np.ndarray]:

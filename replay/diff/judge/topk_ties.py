@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdiff.replay.diff.compare.tolerance import compute_dtype, is_near_tie, looser_dtype
+from specdiff.replay.diff.types import row_lines
 
 #: the id tensors chosen from the draft's logits, judged against ``VALUES`` / ``IDS``
 JUDGED = ("draft.logits_topk.ids", "draft.topk")
@@ -61,11 +62,8 @@ class TopkBoundaryTies:
 
     def evidence(self, limit: int = 8) -> list[str]:
         """The first ``limit`` named rows (seq, pos, depth, rank, gap), then how many more."""
-        lines = [f"seq {r['seq']} pos {r['pos']} depth {r['depth']}: swap at rank {r['rank']}, gap {r['gap']:.3g}"
-                 for r in self.rows[:limit]]
-        if len(self.rows) > limit:
-            lines.append(f"... {len(self.rows) - limit} more")
-        return lines
+        return row_lines(self.rows, lambda r: (f"seq {r['seq']} pos {r['pos']} depth {r['depth']}: swap at rank "
+                                               f"{r['rank']}, gap {r['gap']:.3g}"), limit)
 
 
 def _logit_rows(trace, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
