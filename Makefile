@@ -50,7 +50,8 @@ test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -m serial $(ARGS) || [ $$? -eq 5 ]
 
 # the trained target + draft pairs of every family (3-13 min each to build on 2 cores, cached in
-# .pytest_cache afterwards); `make test` builds only DeepSeek-V3's, the seed's family
+# .pytest_cache afterwards); `make test` uses the committed DeepSeek-V3 pair (traces/families/deepseek_v3,
+# the seed's family) and builds none (`pytest --family-pairs` builds DeepSeek-V3's afresh too)
 test-families: $(STAMP)
 	$(PY) -m pytest --family-pairs -m family_pair $(ARGS)
 

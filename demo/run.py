@@ -249,6 +249,7 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
             import shutil
 
             shutil.rmtree(p)
+    (workdir / "summary.json").unlink(missing_ok=True)  # an earlier run's: never read as this one's
     if vllm_py is None:
         results = serve_and_trace(models=models, served_draft=served, trace=serve_trace,
                                   prompts=demo_prompts(models, prompts), max_new_tokens=max_new_tokens,

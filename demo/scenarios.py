@@ -22,14 +22,14 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING
 
 from specdiff.eagle3.aux_layers import native_aux_ids
 from specdiff.eagle3.config_keys import KEY_NESTED, set_config_value
 from specdiff.eagle3.engines import engine_spec
-from specdiff.eagle3.vocab_map import hot_token_ids
+
+if TYPE_CHECKING:  # torch and safetensors load in write_served_draft: `specdiff demo --help` lists SCENARIOS
+    import torch
 
 #: the demo's target families -> HF architecture of each tiny target (``config.json`` ``architectures[0]``);
 #: ``specdiff.demo_models.families`` builds them, the demo (``--family``) checks a built target against it
@@ -287,6 +287,11 @@ def write_served_draft(scenario: str, trained_draft: Path, out: Path, *, ids: Sc
         ValueError: a scenario that is no mistake on this target (off-by-one where the trained HF
             indices written as ids are the correct ids, as on DeepSeek-V3).
     """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from specdiff.eagle3.vocab_map import hot_token_ids
+
     if scenario not in SCENARIOS:
         raise KeyError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
     ids = ids or scenario_ids()

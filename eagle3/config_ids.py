@@ -1,6 +1,7 @@
 """Which aux ids an engine (and model runner) takes from a draft config.json, from which key, and
 which keys holding ids it leaves unread: the one rule ``specdiff check``, ``record train`` and the
-diff's explanations share (the keys and their precedence: ``config_keys``).
+diff's explanations share (the keys and their precedence: ``config_keys``); and which engines a
+draft config is written for (``draft_engines``: the keys it carries), whose verdict ``check`` gives.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from specdiff.eagle3.config_keys import (
     PLUS_ONE_KEYS,
     config_value,
 )
-from specdiff.eagle3.engines import ENGINES, engine_spec
+from specdiff.eagle3.engines import ENGINES, REGISTRY, engine_spec
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,55 @@ def config_aux_ids(engine: str, raw: dict, *, runner: str | None = None) -> Conf
                 break
     unread = tuple((k, v) for k, v in vals.items() if v and k != key)
     return ConfigIds(engine, runner, ids, key, unread, ENGINE_ID_SOURCES[(engine, runner)])
+
+
+@dataclass(frozen=True)
+class DraftEngines:
+    """The engines a draft checkpoint is written for, read from its format and the keys its config
+    carries (``draft_engines``).
+
+    Attributes:
+        engines: engine names, in ``ENGINES`` order (never empty).
+        why: one line saying what in the checkpoint says so.
+    """
+
+    engines: tuple[str, ...]
+    why: str
+
+
+def _carries(raw: dict, key: str) -> bool:
+    """Whether ``key`` holds something in the config (a non-empty value of any type: a malformed
+    value still says which engine the author wrote for; ``config_aux_ids`` reports the malformation)."""
+    v = config_value(raw, key)
+    return v is not None and v != [] and v != ()
+
+
+def draft_engines(raw: dict, fmt: str | None) -> DraftEngines:
+    """The engines a draft config.json ``raw`` of checkpoint layout ``fmt`` is written for.
+
+    In order: only the engines with a model class for the layout (``EngineSpec.checkpoint_formats``;
+    a speculators checkpoint is vLLM's); of those, the ones whose own aux-id key
+    (``EngineSpec.aux_ids_key``: SGLang ``eagle_config``'s ids, vLLM the top-level ones) holds ids;
+    else the ones that read some other key holding ids (``dflash_config``'s: vLLM); else every
+    engine that loads it (no ids: each captures its default layers). ``fmt`` None (not an EAGLE-3
+    checkpoint): every engine.
+    """
+    title = {n: s.title for n, s in REGISTRY.items()}
+    if fmt is None:
+        return DraftEngines(ENGINES, "not an EAGLE-3 checkpoint: judged for every engine")
+    loaders = tuple(e for e in ENGINES if fmt in REGISTRY[e].checkpoint_formats)
+    if not loaders:
+        return DraftEngines(ENGINES, f"{fmt} layout: no engine specdiff knows loads it; judged for every engine")
+    only = (f"{fmt} layout, which only {' and '.join(title[e] for e in loaders)} has a model class for"
+            if len(loaders) < len(ENGINES) else "")
+    own = tuple(e for e in loaders if _carries(raw, REGISTRY[e].aux_ids_key))
+    other = [k for k in ID_KEYS if _carries(raw, k)]
+    readers = tuple(e for e in loaders if other and any(
+        other[0] in ENGINE_ID_KEYS[(e, r)] for r in ENGINE_RUNNERS[e]))
+    if own:
+        why = "its aux ids are in " + "; ".join(f"{REGISTRY[e].aux_ids_key}, the key {title[e]} reads" for e in own)
+    elif readers:
+        why = f"its aux ids are in {other[0]}, which only {' and '.join(title[e] for e in readers)} reads"
+    else:
+        why = "" if only else "no aux ids in its config: every engine captures its default layers"
+    return DraftEngines(own or readers or loaders, "; ".join(w for w in (only, why) if w))

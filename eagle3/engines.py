@@ -34,6 +34,8 @@ class EngineSpec:
             (``config_ids.config_aux_ids`` applies it).
         aux_id_words: the engine's aux-id numbering in a few words, for explanations.
         serve_args_hint: what ``record serve --engine <name> -- ...`` needs at least (its error says it).
+        checkpoint_formats: the draft checkpoint layouts it has a model class for ('specforge',
+            'speculators'; ``replay.model.draft_config.detect_format`` names them).
     """
 
     name: str
@@ -47,6 +49,7 @@ class EngineSpec:
     aux_ids_read: tuple[str, ...] = ()
     aux_id_words: str = ""
     serve_args_hint: str = ""
+    checkpoint_formats: tuple[str, ...] = ("specforge",)
 
     @property
     def label(self) -> str:
@@ -70,6 +73,8 @@ SGLANG = EngineSpec(
     aux_ids_read=ENGINE_ID_KEYS[("sglang", None)],
     aux_id_words="SGLang id k captures HF k+1",
     serve_args_hint="at least --model-path and --speculative-draft-model-path",
+    # only LlamaForCausalLMEagle3 (srt/models/llama_eagle3.py): no model class for the speculators layout
+    checkpoint_formats=("specforge",),
 )
 
 VLLM = EngineSpec(
@@ -83,6 +88,8 @@ VLLM = EngineSpec(
     aux_ids_read=ENGINE_ID_KEYS[("vllm", "v1")],
     aux_id_words="vLLM id k = HF k",
     serve_args_hint="the target model first and --speculative-config",
+    # Eagle3LlamaForCausalLM, and the speculators layout through speculators/algos.py (eagle3 -> the same class)
+    checkpoint_formats=("specforge", "speculators"),
 )
 
 #: name -> spec of every engine specdiff records, sorted by name

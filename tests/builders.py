@@ -124,3 +124,42 @@ def random_specforge_draft(out: Path, *, aux_ids: list[int], hidden: int = 64, v
         model.t2d[hot] = True
     save_draft(model, out, "specforge")
     return hot
+
+
+#: the tensors :func:`dataflow_pair` writes, in dataflow order
+DATAFLOW = ("tokens", "target.aux.0", "target.aux.1", "target.aux.2", "draft.attn_in", "draft.hidden_out",
+            "draft.logits")
+
+
+def dataflow_pair(root: Path | str, *, contract: dict, train: dict | None = None, serve: dict | None = None,
+                  moved: str | None = None, nan: bool = False, seqs: int = 3, length: int = 20, hidden: int = 16,
+                  depths: int = 2) -> tuple[str, str]:
+    """A :class:`TracePair` holding the draft's dataflow (``DATAFLOW``: tokens, three aux slots,
+    ``draft.attn_in``, ``draft.hidden_out`` and ``draft.logits`` at depths ``0..depths-1``), the two sides
+    equal up to bf16-sized noise except the tensor ``moved``: serving's rows of it from position 1 on
+    moved by 0.3 of their norm (``nan``: made NaN instead). ``contract`` / ``train`` / ``serve`` as
+    :class:`TracePair`'s. Returns (training path, serving path)."""
+    pair = TracePair(root, contract=contract, train=train, serve=serve)
+    rng = pair.rng
+    width = {"draft.attn_in": 2 * hidden, "draft.logits": 8}
+    for s in range(seqs):
+        toks = rng.integers(0, 1000, length + 1 + depths)
+        base = {n: rng.standard_normal((depths, length, width.get(n, hidden))).astype(np.float32)
+                for n in DATAFLOW[1:]}
+        for w in pair.sides(s, toks, prompt_len=4):
+            for name, values in base.items():
+                v = w.jitter(values, 1e-3)
+                if w.serving and name == moved:
+                    v[:, 1:] = np.nan if nan else np.stack([moved_rows(v[k, 1:], w.noise) for k in range(depths)])
+                for k in range(depths if name.startswith("draft.") else 1):
+                    p = np.arange(length - 1 - k if name.startswith("draft.") else length)
+                    w.append(name, v[k, p], pos=p, depth=k)
+            for k in range(depths):
+                p = np.arange(length - 1 - k) if k else np.arange(length)
+                w.append("tokens", toks[1 + k:1 + k + len(p)].astype(np.int64), pos=p, depth=k)
+    return pair.close()
+
+
+def moved_rows(x: np.ndarray, rng: np.random.Generator, rel: float = 0.3) -> np.ndarray:
+    """Each row of ``x`` [n, d] moved by ``rel`` of its own norm (:func:`moved` per row)."""
+    return np.stack([moved(r, rng, rel) for r in x])

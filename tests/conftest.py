@@ -42,6 +42,14 @@ os.environ["COLUMNS"] = "120"
 WRITER_PRIORITY = {"SPECDIFF_WRITER_NICE": "0"} if os.environ.get("PYTEST_XDIST_WORKER") else {}
 os.environ.update(WRITER_PRIORITY)
 
+# SGLang CPU servers in the tests start their scheduler and detokenizer by fork
+# (tracer/engines/sglang/cpu/serve.py START_METHOD_ENV): a spawned child imports torch and SGLang
+# again, 40-60 s of each of the suite's SGLang starts on 2 busy cores, the largest share of `make test`.
+# tests/tracer/engines/test_sglang_recorder.py's ``traced`` server keeps SGLang's own spawn (what a
+# user runs) and checks its trace says so; subprocesses (the demo's servers) inherit this.
+SERVER_START = {"SPECDIFF_SGLANG_START": "fork"}
+os.environ.update(SERVER_START)
+
 
 def pytest_addoption(parser):
     parser.addoption("--family-pairs", action="store_true",
@@ -56,6 +64,10 @@ SHARED_WORKER = {
     "demo_models/test_family_models.py": "deepseek-pair", "server/test_family_seed.py": "deepseek-pair",
     "tracer/engines/test_vllm_recorder.py": "vllm", "demo/test_vllm_demo.py": "vllm",  # vLLM's compile cache
 }
+
+#: test files whose tests are grouped by the value of one parameter rather than as one file: each
+#: value's module-scoped servers are started where its tests run, and the values spread over the workers
+SPLIT_BY_PARAM = {"tracer/engines/test_family_servers.py": "family"}
 
 
 @pytest.hookimpl(tryfirst=True)  # the groups are in place before pytest-xdist reads them
@@ -72,13 +84,26 @@ def pytest_collection_modifyitems(config, items):
         if drop:
             config.hook.pytest_deselected(items=drop)
             items[:] = [it for it in items if it.get_closest_marker("family_pair") is None]
-    moved = [f for f in SHARED_WORKER if not (ROOT / "tests" / f).is_file()]
+    moved = [f for f in (*SHARED_WORKER, *SPLIT_BY_PARAM) if not (ROOT / "tests" / f).is_file()]
     if moved:  # a renamed file would silently lose its shared server or build
-        raise pytest.UsageError(f"tests/conftest.py SHARED_WORKER names test files that do not exist: {moved}")
+        raise pytest.UsageError(f"tests/conftest.py SHARED_WORKER / SPLIT_BY_PARAM name test files that do not exist: {moved}")
     group = {it: SHARED_WORKER.get(n, n) for it in items for n in [it.path.relative_to(ROOT / "tests").as_posix()]}
     rank: dict[str, list] = {}
+    for it in items:  # a test's own xdist_group mark (tests/server/test_scenarios.py) overrides its file's
+        own = it.get_closest_marker("xdist_group")
+        param = SPLIT_BY_PARAM.get(group[it])
+        if own is not None:
+            group[it] = own.args[0] if own.args else own.kwargs["name"]
+        elif param and param in getattr(getattr(it, "callspec", None), "params", {}):
+            # not "file[value]": pytest-xdist 3.8 reads a group only after the last "]" of the node id
+            # (scheduler/loadgroup.py _split_scope), so such a name made every test its own unit
+            group[it] = f"{group[it]}::{param}={it.callspec.params[param]}"
+    bad = sorted({g for g in group.values() if "]" in g})
+    if bad:  # pytest-xdist would run each of their tests as its own unit, each starting the servers again
+        raise pytest.UsageError(f"tests/conftest.py: xdist group names must not contain ']': {bad}")
     for i, it in enumerate(items):
-        it.add_marker(pytest.mark.xdist_group(group[it]))
+        if it.get_closest_marker("xdist_group") is None:
+            it.add_marker(pytest.mark.xdist_group(group[it]))
         r = rank.setdefault(group[it], [group[it] != "deepseek-pair", 0, i])
         r[1] -= any(it.get_closest_marker(m) for m in ("server", "slow"))
     if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -170,10 +195,18 @@ def bringup_models(request, tmp_path_factory) -> SimpleNamespace:
                            oracle_draft=oracle_draft)
 
 
+#: families whose trained pair is committed in the demo's folder for them (``demo.run.family_models_dir``:
+#: ``traces/families/F``, built by ``python -m specdiff.demo_models.families --pair-dir traces/families/F F``):
+#: ``make test`` uses it as committed (DeepSeek-V3's build is 9-15 min on 2 cores, the suite's longest
+#: item); ``--family-pairs`` (``make test-families``) builds it afresh like every other family's
+COMMITTED_PAIRS = ("deepseek_v3",)
+
+
 class FamilyModels:
     """``family_models[family]`` -> ``SimpleNamespace(target, draft, data, manifest)``: the tiny
     trained target of that family (``specdiff.demo_models.families.FAMILIES``) and the EAGLE-3
-    draft trained on it, built on first use of that family only (a few minutes each) and cached
+    draft trained on it: the committed pair of a family in ``COMMITTED_PAIRS`` unless
+    ``--family-pairs``, else built on first use of that family only (a few minutes each) and cached
     across sessions (:func:`_cached_build`), keyed by the builder sources, the demo tokenizer
     and the library versions."""
 
@@ -197,8 +230,16 @@ class FamilyModels:
         if family not in self.families:
             raise KeyError(f"unknown family {family!r}; known: {self.families}")
         if family not in self._built:
-            root = _cached_build(self._request, self._tmp, "specdiff-families",
-                                 f"{self._key}-{family}", lambda d: build_family_pair(family, d, log=lambda m: None))
+            from specdiff.demo.run import family_models_dir
+
+            committed = family_models_dir(family)
+            if (family in COMMITTED_PAIRS and not self._request.config.getoption("--family-pairs")
+                    and (committed / "manifest.json").is_file()):
+                root = committed
+            else:
+                root = _cached_build(self._request, self._tmp, "specdiff-families",
+                                     f"{self._key}-{family}",
+                                     lambda d: build_family_pair(family, d, log=lambda m: None))
             self._built[family] = SimpleNamespace(
                 family=family, root=root, target=root / "target", draft=root / "draft", data=root / "data",
                 manifest=json.loads((root / "manifest.json").read_text()))
@@ -214,14 +255,15 @@ def family_models(request, tmp_path_factory) -> FamilyModels:
 # ---- real SGLang servers on the CPU ---------------------------------------------------------------
 def _server_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
-    env.update(WRITER_PRIORITY, **extra)
+    env.update({**WRITER_PRIORITY, **SERVER_START, **extra})
     return env
 
 
 @pytest.fixture(scope="session")
 def server_env():
     """``server_env(**extra)`` -> this process's environment without any ``SPECDIFF_*`` variable
-    (a server must trace only where a test asks it to) but ``WRITER_PRIORITY``'s, plus ``extra``."""
+    (a server must trace only where a test asks it to) but ``WRITER_PRIORITY``'s and ``SERVER_START``'s,
+    plus ``extra``."""
     return _server_env
 
 

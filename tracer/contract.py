@@ -105,6 +105,10 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                                                     "which the writer process had written every capture handed to it, "
                                                     "from its last journal 'progress' entry; None: it has written all "
                                                     "it will (replay/watch/follow.py settles requests on it)"),
+    "engine_process_start": ((str,), "how the engine process the recorder ran in was started, read there: "
+                                     "multiprocessing's start method ('spawn': SGLang 0.5.23's own, "
+                                     "srt/entrypoints/engine.py:1995; 'fork': specdiff's CPU launcher with "
+                                     "SPECDIFF_SGLANG_START=fork, tracer/engines/sglang/cpu/serve.py)"),
     "recorder_writer": ((dict,), "which writer the serving recorder ran, read off the live writer: {'kind': "
                                  "'process' (rows built in a writer process fed through a shared-memory ring) or "
                                  "'thread' (in the server's process), 'ring_bytes' (the ring's size; None for the "
@@ -159,6 +163,23 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                                            "checkpoint in bf16 or fp32 gives the same value"),
     "crash": ((dict,), "the exception that stopped the engine: {type, message, forward, shapes, "
                        "traceback} (written before the process died)"),
+    # ---- read whole from the live objects (tracer/config_facts.py, tracer/weight_facts.py): every key ----
+    "draft_config": ((dict,), "every key of the draft's config as the engine or trainer built it (its to_dict(), "
+                              "defaults filled in), JSON-safe"),
+    "target_config": ((dict,), "every key of the target's config as the engine or trainer built it"),
+    "engine_options": ((dict,), "every field of the engine's argument object as resolved (SGLang: ServerArgs."
+                                "resolved_dict(); vLLM: its VllmConfig's configs; record train: its options)"),
+    "engine_options_given": ((dict,), "the options the operator gave: field -> {'value', 'default'} (raw "
+                                      "ServerArgs fields that differ from their defaults)"),
+    "draft_structure": ((dict,), "the draft as built: parameter name -> '<shape> <dtype>' (the engine's names)"),
+    "target_structure": ((dict,), "the target as built, per unit (decoder layer): unit -> '<n> params sha <digest>'"),
+    "draft_weights": ((dict,), "checkpoint tensor name -> tensor_fingerprint of the draft's checkpoint, read on the "
+                               "load path (tracer/weight_facts.py)"),
+    "target_weights": ((dict,), "unit (decoder layer, or module) -> fingerprint of the target checkpoint's tensors "
+                                "in it, read on the load path (weight_facts.unit_fingerprints)"),
+    "draft_unloaded": (_list, "draft parameters the model built that its checkpoint did not provide: their values "
+                              "left as allocated"),
+    "target_unloaded": (_list, "target parameters the model built that its checkpoint did not provide"),
 }
 
 

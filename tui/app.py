@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, NamedTuple
 from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Input, ProgressBar, Sparkline, Static
 
 from specdiff.tracer.errors import SpecdiffError
-from specdiff.tui import panes
+from specdiff.tui import keys, panes
+from specdiff.tui.commands import PRESETS, SpecdiffCommands
 from specdiff.tui.grid import PipelineGrid, legend
 from specdiff.tui.messages import DiffEarly, DiffFailed, DiffPartial, DiffProgress, DiffReady
 from specdiff.tui.screens import ErrorScreen, ExportScreen, HelpScreen
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from specdiff.replay.diff.result import DiffReport
 
 # The diff engine (and torch, which it imports) loads in the worker, not before the first paint.
-PRESET_NAMES = ("strict", "default", "loose")  # replay.tolerance.PRESETS order
+PRESET_NAMES = tuple(PRESETS)  # replay.tolerance.PRESETS order
 
 
 class Paths(NamedTuple):
@@ -58,8 +58,10 @@ class SpecdiffApp(App):
     #progress { height: 1; padding: 0 1; }
     #progress.done { display: none; }
     #top { height: 1fr; min-height: 7; }
-    #seqs { width: 30%; max-width: 44; height: 1fr; border: round $primary-darken-2; }
-    #seqs:focus { border: round $accent; }
+    #seq-box { width: 30%; max-width: 44; height: 1fr; border: round $primary-darken-2; }
+    #seq-box:focus-within { border: round $accent; }
+    #seqs { height: 1fr; }
+    #prompt { height: auto; max-height: 2; color: $text-muted; }
     #grid-box { width: 1fr; border: round $primary-darken-2; }
     #grid-box:focus-within { border: round $accent; }
     #legend { height: 1; }
@@ -71,21 +73,8 @@ class SpecdiffApp(App):
     #spark { height: 2; margin: 0 0 1 0; }
     """
 
-    BINDINGS = [
-        Binding("f", "first", "first"),
-        Binding("n", "tensor(1)", "next tensor"),
-        Binding("N", "tensor(-1)", "prev tensor"),
-        Binding("right_square_bracket", "row(1)", "next row"),
-        Binding("left_square_bracket", "row(-1)", "prev row", show=False),
-        Binding("enter", "drill", "drill in"),
-        Binding("d", "depths", "depths"),
-        Binding("t", "preset", "tolerance"),
-        Binding("slash", "filter", "filter"),
-        Binding("e", "export", "export"),
-        Binding("question_mark", "help", "help"),
-        Binding("escape", "back", "back", show=False),
-        Binding("q", "quit_app", "quit"),
-    ]
+    BINDINGS = keys.BINDINGS  # tui/keys.py: the footer's, and every one on the keys screen (?)
+    COMMANDS = App.COMMANDS | {SpecdiffCommands}  # specdiff's actions in the palette (tui/commands.py)
 
     def __init__(self, trace_a: str, trace_b: str, *, preset: str = "default", overrides: dict | None = None,
                  export_root: str | Path | None = None):
@@ -116,9 +105,10 @@ class SpecdiffApp(App):
         # determinate from the start: an indeterminate bar animates and takes the GIL from the worker
         yield ProgressBar(total=1, id="progress", show_eta=False)
         with Horizontal(id="top"):
-            seqs = DataTable(id="seqs", cursor_type="row", zebra_stripes=False)
-            seqs.border_title = "Sequences"
-            yield seqs
+            with Vertical(id="seq-box") as box:
+                box.border_title = "Sequences"
+                yield DataTable(id="seqs", cursor_type="row", zebra_stripes=False)
+                yield Static("", id="prompt")
             with Vertical(id="grid-box") as box:
                 box.border_title = "Pipeline"
                 yield Input(placeholder="filter tensors (escape clears)", id="filter")
@@ -164,7 +154,8 @@ class SpecdiffApp(App):
             report = diff_opened(self.traces, preset=preset, overrides=self.overrides, progress=progress,
                                  on_first=lambda early: self.post_message(DiffEarly(early)),
                                  on_partial=on_partial if self.report is None else None)
-            vm = ViewModel(report, tokenizer=load_tokenizer(report))
+            tokenizer, why_not = load_tokenizer(report)
+            vm = ViewModel(report, tokenizer=tokenizer, tokenizer_note=why_not)
         except SpecdiffError as exc:
             self.post_message(DiffFailed(str(exc)))
             return
@@ -239,6 +230,18 @@ class SpecdiffApp(App):
             ax, ay = acc.x.per_sequence.get(idx), acc.y.per_sequence.get(idx)
             both = "/".join("-" if a is None else f"{a:.2f}" for a in (ax, ay))
             table.add_row(mark, str(idx), str(p.length), both, vm.prompt_preview(idx, 40), key=str(idx))
+        # the prompts are text where the target's tokenizer loads, else token ids: the title says which
+        self.query_one("#seq-box").border_title = "Sequences" if vm.tokenizer is not None else "Sequences: ids"
+        self._show_prompt()
+
+    def _show_prompt(self) -> None:
+        """Under the list: the selected sequence's prompt, decoded (or its ids and why not decoded)."""
+        if self.vm is None or self.sel is None or self.sel.pair not in self.vm.pairs:
+            return
+        text = Text.assemble(("prompt ", "bold"), self.vm.prompt_preview(self.sel.pair, 200))
+        if self.vm.tokenizer_note:
+            text.append(f"\n({self.vm.tokenizer_note})", style="italic")
+        self.query_one("#prompt", Static).update(text)
 
     # ---- selection --------------------------------------------------------------------------
     def select(self, sel: Sel) -> None:
@@ -258,6 +261,7 @@ class SpecdiffApp(App):
         if table.row_count and table.cursor_row != sel.pair:
             self._syncing = True
             table.move_cursor(row=sel.pair)
+        self._show_prompt()
         self._show_detail()
 
     def _show_detail(self) -> None:
@@ -357,12 +361,23 @@ class SpecdiffApp(App):
                 self.notify(why, title="depths ≥ 1")
 
     def action_preset(self) -> None:
+        """``t``: the next tolerance preset (strict, default, loose, around)."""
+        names = list(PRESET_NAMES)
+        self.action_set_preset(names[(names.index(self.preset) + 1) % len(names)] if self.preset in names
+                               else "default")
+
+    def action_set_preset(self, name: str) -> None:
+        """Re-run the diff with tolerance preset ``name`` (the palette's "Tolerance preset: ...")."""
         if self.report is None:
             return
-        names = list(PRESET_NAMES)
-        nxt = names[(names.index(self.preset) + 1) % len(names)] if self.preset in names else "default"
-        self.query_one("#verdict", Static).update(f"re-running the diff with tolerance preset {nxt}…")
-        self.run_diff(nxt)
+        self.query_one("#verdict", Static).update(f"re-running the diff with tolerance preset {name}…")
+        self.run_diff(name)
+
+    def action_explain(self) -> None:
+        """``x``: focus the Explain pane at its top (the cause, its evidence and the fix)."""
+        pane = self.query_one("#explain", VerticalScroll)
+        pane.scroll_home(animate=False)
+        pane.focus()
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
@@ -412,7 +427,7 @@ class SpecdiffApp(App):
         self.notify(f"exported to {self.exported}", title="export")
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(keys.keys_help([*self.BINDINGS, *PipelineGrid.BINDINGS], self.get_key_display)))
 
     def action_quit_app(self) -> None:
         if self.error is not None:

@@ -1,7 +1,9 @@
 """The ``specdiff`` command line. Subcommands live in small modules and register here.
 
-Exit codes scripts can rely on: 0 ok / equivalent, 1 divergence or findings with errors,
-2 bad input (one line on stderr: ``specdiff: error: <what is wrong and what to do>``).
+Exit codes scripts can rely on (``EXIT_CODES``): 0 ok / equivalent, 1 divergence or findings with
+errors, 2 bad input (one line on stderr: ``specdiff: error: <what is wrong and what to do>``; click's
+usage errors too), 130 interrupted (Ctrl-C: one line, ``specdiff: interrupted: <what was not
+written>``; a command names it with :func:`on_interrupt`).
 """
 
 from __future__ import annotations
@@ -13,16 +15,29 @@ import click
 
 from specdiff.tracer.errors import SpecdiffError
 
-EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130  # 130: 128 + SIGINT, as shells say
+
+#: what each exit code means, for every command (the help's epilog and README's table say the same)
+EXIT_CODES = (
+    (EXIT_OK, "ok: the traces agree within tolerance, no error finding, the command did its work"),
+    (EXIT_DIVERGED, "a divergence (diff, view, watch), an error finding (check), damage (info)"),
+    (EXIT_BAD_INPUT, "bad input, one line 'specdiff: error: ...': a usage error, a bad option value,"),
+    (None, "an unreadable or foreign trace or checkpoint, no terminal for the app (view)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C), one line 'specdiff: interrupted: ...' saying what was"),
+    (None, "not written; no partial output is left looking complete"),
+)
+_INTERRUPT_KEY = "specdiff.interrupted"
 
 
-#: subcommand -> the modules that register it (``record`` is a group: serve/client, then train).
-#: Only the command asked for is imported: ``check`` loads torch (checkpoint reading), which would
-#: add seconds to every ``specdiff diff`` / ``view`` start (click docs, "Lazily Loading Subcommands").
 #: ``--capture`` of ``record serve`` and ``record train``, one wording (k: the command's top-k width)
 CAPTURE_HELP = ("default: the draft logits kept as their top-k ids and values plus the logsumexp (k = {k}); "
                 "full: every draft logit.")
 
+#: subcommand -> the modules that register it (``record`` is a group: serve/client, then train).
+#: A command runs with only its own modules imported (click docs, "Lazily Loading Subcommands");
+#: ``specdiff --help`` imports them all for their one-line help, so they import torch, transformers,
+#: SGLang, zarr and Textual inside the command bodies that use them, never at the top
+#: (tests/tui/test_cli_startup.py; benchmarks/cli_startup.py times it).
 SUBCOMMANDS = {
     "check": ("cmd_check",),
     "demo": ("cmd_demo",),
@@ -35,11 +50,41 @@ SUBCOMMANDS = {
 }
 
 
+def on_interrupt(what: str) -> None:
+    """Say ``what`` (what is not written, what is kept) if Ctrl-C stops the running command now:
+    ``specdiff: interrupted: <what>``, exit 130. A command calls it as it starts, and again when
+    that changes. Outside a command (no click context) it does nothing."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[_INTERRUPT_KEY] = what
+
+
+def _bad_input(exc: click.ClickException, ctx: click.Context | None) -> None:
+    """One ``specdiff: error:`` line for a click usage error (click prints four), exit 2."""
+    msg = " ".join(exc.format_message().split()).rstrip(".")
+    if msg[:1].isupper() and msg[1:2].islower():
+        msg = msg[0].lower() + msg[1:]
+    ctx = getattr(exc, "ctx", None) or ctx
+    where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
+    click.echo(f"specdiff: error: {msg}{where}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
 class _Group(click.Group):
-    """The top-level group: turns a :class:`SpecdiffError` into one ``specdiff: error:`` line
-    (exit 2), and imports a subcommand's module on its first lookup. The modules register their
-    commands on :data:`cli` when imported, and import this module to reach it, so they are
-    imported lazily rather than at the top of this file."""
+    """The top-level group: maps what a command raises to the documented exit codes (``EXIT_CODES``)
+    with one line on stderr: a :class:`SpecdiffError` or click usage error is ``specdiff: error:``
+    (exit 2), Ctrl-C is ``specdiff: interrupted:`` (exit 130, never click's "Aborted!", exit 1).
+    It imports a subcommand's module on its first lookup: the modules register their commands on
+    :data:`cli` when imported, and import this module to reach it, so they are imported lazily
+    rather than at the top of this file."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # `specdiff` alone: the help
+        except click.ClickException as exc:
+            _bad_input(exc, None)
 
     def invoke(self, ctx):
         try:
@@ -47,6 +92,15 @@ class _Group(click.Group):
         except SpecdiffError as exc:
             click.echo(f"specdiff: error: {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # `specdiff record` alone: the group's help
+        except click.ClickException as exc:
+            _bad_input(exc, ctx)
+        except (KeyboardInterrupt, click.Abort):
+            what = ctx.meta.get(_INTERRUPT_KEY, "the command stopped before it finished")
+            # on a terminal the shell left "^C" on the line: the line starts on the next one
+            click.echo(("\n" if sys.stderr.isatty() else "") + f"specdiff: interrupted: {what}", err=True)
+            sys.exit(EXIT_INTERRUPTED)
 
     def get_command(self, ctx, cmd_name):
         _register(SUBCOMMANDS.get(cmd_name, ()))
@@ -56,11 +110,16 @@ class _Group(click.Group):
         return sorted(SUBCOMMANDS)
 
     def main(self, args=None, prog_name=None, **kwargs):
-        # "specdiff" also under `python -m specdiff.tui` and click.testing.CliRunner
-        return super().main(args, prog_name or "specdiff", **kwargs)
+        # "specdiff" also under `python -m specdiff.tui` and click.testing.CliRunner (which passes "cli")
+        return super().main(args, "specdiff", **kwargs)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+def _exit_codes_epilog() -> str:
+    """The help's exit-code table (``EXIT_CODES``); ``\\b`` keeps click from rewrapping it."""
+    return "\n".join(["\b", "Exit codes (every command):"] + [f"  {code if code is not None else '':<4} {what}" for code, what in EXIT_CODES])
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_codes_epilog())
 @click.version_option(package_name="specdiff")
 def cli():
     """specdiff: find where EAGLE-3 training and SGLang serving first disagree, and why.

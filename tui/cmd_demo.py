@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from specdiff.demo.run import run_demo
 from specdiff.demo.scenarios import SCENARIOS, describe
 from specdiff.eagle3.engines import ENGINES, VLLM
-from specdiff.tui.cli import cli
+from specdiff.tracer.errors import SpecdiffError
+from specdiff.tui.cli import cli, on_interrupt
 
 
 def _scenarios_epilog(width: int = 78) -> str:
@@ -54,11 +54,20 @@ def demo(scenario, no_tui, workdir, family, models, engine, prompts, max_new_tok
     Serves the tiny demo draft with the scenario's mistake on a real SGLang 0.5.23 server with
     tracing on, records the training side by replaying the served sequences, and shows the
     first divergence with its explanation. Exit code 0 when the demo found what the scenario
-    seeded (its mistake, or no divergence for 'correct'), 1 when it did not.
+    seeded (its mistake, or no divergence for 'correct'), 1 when it did not, 130 interrupted.
+    The app opens when stdin, stdout and stderr are terminals; otherwise the text report is printed.
     """
-    tui = not no_tui and sys.stdout.isatty()
+    from specdiff.demo.run import run_demo  # torch, the server launcher: only when the demo runs
+    from specdiff.tui.terminal import has_terminal
+
+    tui = not no_tui and sys.stdout.isatty() and has_terminal()
     sub = scenario if family == "llama" else f"{family}-{scenario}"
     sub = sub if engine == "sglang" else f"{engine}-{sub}"
+    on_interrupt(f"the demo did not finish; {workdir / sub} holds what it wrote so far, not a complete run")
+    try:
+        (workdir / sub).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecdiffError(f"--workdir {workdir}: cannot create {workdir / sub} ({e.strerror})") from None
     sys.exit(run_demo(scenario=scenario, workdir=workdir / sub, models=models, prompts=prompts,
                       max_new_tokens=max_new_tokens, view=_open_app if tui else None, family=family,
                       engine=engine))
@@ -66,6 +75,8 @@ def demo(scenario, no_tui, workdir, family, models, engine, prompts, max_new_tok
 
 def _open_app(trace_a: str, trace_b: str) -> None:
     """The app on the demo's pair (imported here: the CLI starts without Textual's app)."""
-    from specdiff.tui.app import run_app
+    from specdiff.tui.app import SpecdiffApp
+    from specdiff.tui.terminal import run_app
 
-    run_app(trace_a, trace_b)
+    on_interrupt("the app was closed; the demo had finished (its traces and summary.json are complete)")
+    run_app(SpecdiffApp(trace_a, trace_b))

@@ -1,4 +1,5 @@
-"""``specdiff diff A B``: the differential report without a terminal UI (or the app on a tty)."""
+"""``specdiff diff A B``: the differential report (text or JSON), on a terminal too; the app is
+``specdiff view A B`` (issue 34: diff opened the app on a terminal, though the README calls it a report)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ from contextlib import nullcontext
 import click
 
 from specdiff.replay.diff.compare.tolerance import PRESETS, parse_overrides
-from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
+from specdiff.tracer.errors import SpecdiffError
+from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli, on_interrupt
 
 
 @cli.command()
 @click.argument("trace_a")
 @click.argument("trace_b")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default=None,
-              help="Report format. Default: the interactive app when stdout is a terminal, else text.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Report format (the interactive app is `specdiff view A B`).")
+@click.option("-o", "--output", "output", default=None, metavar="FILE",
+              help="Write the report to FILE instead of stdout, whole or not at all (an interrupted or failed "
+                   "run leaves FILE as it was).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default="default", show_default=True,
               help="Tolerance preset: strict (x0.2), default (dtype-aware), loose (x5).")
 @click.option("--tol", "tol", multiple=True, metavar="STAGE=rel:X,cos:Y",
@@ -24,9 +29,11 @@ from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
               help="Re-run the training-side draft on serving's inputs, substituting one training input "
                    "at a time, and rank how much of the acceptance gap each recovers (loads torch).")
 @click.option("--draft", "draft_dir", default=None, metavar="DIR",
-              help="With --graft: the draft checkpoint as trained (default: the training contract's draft_name).")
+              help="The draft checkpoint as trained, for every re-run of the training draft: narrowing an "
+                   "unexplained divergence, the attention-context proof and --graft (default: the training "
+                   "contract's draft_name).")
 @click.option("--target", "target_dir", default=None, metavar="DIR",
-              help="With --graft: the target, when the draft shares its embedding "
+              help="The target, when the draft shares its embedding, for the same re-runs "
                    "(default: the training contract's model_name).")
 @click.option("--no-narrow", is_flag=True,
               help="Never re-run the training draft: not to narrow a divergence no explanation fits (serving's "
@@ -38,26 +45,29 @@ from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
               help="Compute the per-chunk metrics on the running Dask scheduler at ADDRESS "
                    "(tcp://host:8786); its workers read the traces at the paths/URLs given.")
-def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_narrow, workers, dask_address):
+def diff(trace_a, trace_b, fmt, output, preset, tol, graft, draft_dir, target_dir, no_narrow, workers,
+         dask_address):
     """Align TRACE_A (usually training) with TRACE_B (usually serving) and report the first divergence.
 
     Leads with the first diverging tensor and its explanation, then the contract mismatches,
     then acceptance on both sides. A damaged chunk costs only its own rows (marked unreadable; each
     damaged part is one line under "damage"). Exit code: 0 equivalent within tolerance, 1 a
-    divergence was found or recorded rows could not be read, 2 bad input.
+    divergence was found or recorded rows could not be read, 2 bad input, 130 interrupted (no
+    report written).
 
-    With --workers or --dask the chunks are compared on Dask workers straight from the stores
-    (the text or JSON report, never the app); only the small per-chunk results come back.
+    The report is printed on a terminal too; `specdiff view A B` opens the app on the same pair.
+    With --workers or --dask the chunks are compared on Dask workers straight from the stores;
+    only the small per-chunk results come back.
     """
+    on_interrupt("no report was written" + (f"; {output} is as it was" if output else ""))
     overrides = parse_overrides(tol)
     if workers is not None and dask_address is not None:
         raise click.UsageError("give --workers N (a local cluster) or --dask ADDRESS (a running one), not both")
     on_dask = workers is not None or dask_address is not None
-    if fmt is None and sys.stdout.isatty() and not on_dask:
-        from specdiff.tui.app import run_app
+    if output is not None:
+        from specdiff.tui.atomic import check_writable
 
-        sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))
-
+        check_writable(output, option="-o")
     # A bar on a terminal's stderr only: stdout is the report, and a log or pipe gets no bar lines.
     show_progress = fmt != "json" and sys.stderr.isatty()
     bar = None
@@ -94,7 +104,8 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
         report = diff_traces(trace_a, trace_b, preset=preset, overrides=overrides, narrow=not no_narrow,
                              on_rows=on_rows if show_progress else None,
                              on_first=on_first if show_progress else None,
-                             progress=on_tensor if show_progress else None, runner=runner)
+                             progress=on_tensor if show_progress else None, runner=runner,
+                             draft_path=draft_dir, target_path=target_dir)
     if bar is not None:
         bar.render_finish()
     if graft:
@@ -103,6 +114,15 @@ def diff(trace_a, trace_b, fmt, preset, tol, graft, draft_dir, target_dir, no_na
         if fmt != "json":
             click.echo("  grafting (re-running the training draft on serving's inputs)...", err=True)
         report.grafts = run_graft(report, draft_path=draft_dir, target_path=target_dir)
-    click.echo(render_json(report) if fmt == "json" else render_text(report))
+    text = render_json(report) if fmt == "json" else render_text(report)
+    if output is None:
+        click.echo(text)
+    else:
+        from specdiff.tui.atomic import write_text_atomic
+
+        try:
+            write_text_atomic(output, text + "\n")
+        except OSError as e:
+            raise SpecdiffError(f"-o {output}: cannot write the report ({e.strerror or e})") from None
     # A damaged trace that lost compared rows is never "equivalent" (the verdict says why).
     sys.exit(EXIT_DIVERGED if report.diverged or report.incomplete else EXIT_OK)

@@ -1,6 +1,8 @@
 """``specdiff info TRACE``: contract facts, sequences, tensors and the trace's completeness.
 
-``--verify`` reads every chunk and lists each damaged one (tracer.store.damage), exit 1 if any.
+Without ``--verify`` damage visible without reading a value is listed (journal, metadata, chunk
+files missing or cut short: ``Trace.check_sizes``); ``--verify`` reads every chunk and lists each
+damaged one (tracer.store.damage). Exit 1 if any.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from collections.abc import Mapping
 
 import click
 
-from specdiff.replay.diff.explain.contract_check import unknown_facts
-from specdiff.replay.diff.report import DEFAULT_WIDTH
 from specdiff.tracer.crash import describe_crash
-from specdiff.tracer.store import open_trace
-from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
+from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli, on_interrupt
 
 KEY_W = 24  # contract fact names are at most this wide (the value column starts after it)
+#: facts read whole from the live objects (tracer/config_facts.py, tracer/weight_facts.py): every key of a
+#: config, every engine option, every tensor; ``info`` says how many, ``diff`` compares them
+WHOLE_FACTS = ("draft_config", "target_config", "engine_options", "draft_structure", "target_structure",
+               "draft_weights", "target_weights")
 
 
 def scalar(v) -> str:
@@ -89,6 +92,9 @@ def describe(trace, *, verified: bool = False, width: int | None = None) -> str:
     """Plain-text summary of an opened trace (what ``specdiff info`` prints); ``verified``: every
     chunk was read (``Trace.verify``) before, so no damage line means none exists. ``width``: lines
     wrap at it (default: the terminal's, or ``DEFAULT_WIDTH`` when not a terminal)."""
+    from specdiff.replay.diff.explain.contract_check import unknown_facts
+    from specdiff.replay.diff.report import DEFAULT_WIDTH
+
     width = width or shutil.get_terminal_size((DEFAULT_WIDTH, 40)).columns
     lines = [f"trace      {trace.path}",
              f"side       {trace.side}   format {trace.format}   records {trace.records}"]
@@ -120,7 +126,11 @@ def describe(trace, *, verified: bool = False, width: int | None = None) -> str:
     for key in sorted(trace.contract):
         if key in ("unobservable", "crash", "side"):  # side: said on the second line
             continue
-        rows += fact_lines(key, trace.contract[key])
+        value = trace.contract[key]
+        if key in WHOLE_FACTS and isinstance(value, Mapping):  # hundreds of keys: counted, not listed
+            rows.append((key, f"{len(value)} entries (each one: open_trace(path).contract[{key!r}])", 2))
+            continue
+        rows += fact_lines(key, value)
     lines += render_rows(rows, width)
     unknown = unknown_facts(trace.contract)
     if unknown:
@@ -150,7 +160,7 @@ def damage_lines(damage: list, *, verified: bool) -> list[str]:
             [f"  {d.message()}" for d in damage]
     if verified:
         return ["damage     none: every chunk was read and checked"]
-    return ["damage     none found at open (`specdiff info --verify` reads every chunk)"]
+    return ["damage     none seen without reading the values (`specdiff info --verify` reads every chunk)"]
 
 
 @cli.command()
@@ -160,12 +170,18 @@ def damage_lines(damage: list, *, verified: bool) -> list[str]:
 def info(trace, verify):
     """Print a trace's contract facts, sequences, tensors and whether it was closed cleanly.
 
-    TRACE is a trace directory or an fsspec URL (s3://..., memory://...). Damage found at open
-    (journal, metadata, missing chunk files) is listed; --verify also reads every chunk.
-    Exit code: 0, or 1 when damage was found.
+    TRACE is a trace directory or an fsspec URL (s3://..., memory://...). Damage seen without
+    reading a value (journal, metadata, chunk files missing or cut short) is listed; --verify also
+    reads every chunk (checksums, decoding).
+    Exit code: 0, 1 when damage was found, 2 bad input (not a trace), 130 interrupted.
     """
+    on_interrupt("no summary was printed (info writes nothing)")
+    from specdiff.tracer.store import open_trace  # zarr: when a trace is read, not for --help
+
     opened = open_trace(trace)
     if verify:
         opened.verify()
+    else:
+        opened.check_sizes()
     click.echo(describe(opened, verified=verify))
     sys.exit(EXIT_DIVERGED if opened.damage else EXIT_OK)

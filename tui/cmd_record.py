@@ -22,12 +22,22 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import click
-import requests
 
 from specdiff.eagle3.engines import ENGINES
 from specdiff.tracer.errors import SpecdiffError
-from specdiff.tracer.jsonl import iter_jsonl
-from specdiff.tui.cli import CAPTURE_HELP, cli
+from specdiff.tui.cli import CAPTURE_HELP, cli, on_interrupt
+from specdiff.tui.serve_http import (
+    ServerGoneError,
+    chat_completion,
+    died_message,
+    generate,
+    read_prompts,
+    server_alive,
+    server_engine,
+    vllm_completion,
+    vllm_counters,
+    vllm_spec_stats,
+)
 
 
 @cli.group()
@@ -78,7 +88,7 @@ def serve_command(engine: str, serve_args, *, cpu: bool, env: dict[str, str]) ->
               help="Trace store to create (default: traces/serve-<time>.trace).")
 @click.option("--capture", type=click.Choice(["default", "full"]), default="default", show_default=True,
               help=CAPTURE_HELP.format(k="--logits-topk"))
-@click.option("--logits-topk", default=8, show_default=True, help="k of draft.logits_topk.*")
+@click.option("--logits-topk", type=click.IntRange(min=1), default=8, show_default=True, help="k of draft.logits_topk.*")
 @click.option("--rids", default=None, metavar="REGEX", help="Record only requests whose rid matches.")
 @click.option("--eager-draft", is_flag=True, help="Run the draft without CUDA graphs so every stage is seen.")
 @click.option("--sample", type=click.FloatRange(0.0, 1.0, min_open=True), default=None, metavar="FRACTION",
@@ -87,6 +97,9 @@ def serve_command(engine: str, serve_args, *, cpu: bool, env: dict[str, str]) ->
 @click.argument("sglang_args", nargs=-1, type=click.UNPROCESSED)
 def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, sample, sglang_args):
     """Start an SGLang or vLLM server with tracing on and wait (Ctrl-C stops it and closes the trace).
+
+    Exit code: 0 once the server stopped (Ctrl-C here is how to stop it: the trace is closed whole),
+    2 bad input, or a server that exited on its own before it wrote a trace (its error line).
 
     \b
     Examples:
@@ -114,7 +127,10 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, samp
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stderr=subprocess.PIPE)
     tail: collections.deque[str] = collections.deque(maxlen=400)
 
+    stopped = []  # a signal was forwarded: the server was told to stop
+
     def _forward(signum=None, _frame=None):
+        stopped.append(signum)
         try:
             os.killpg(proc.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
@@ -136,8 +152,9 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, samp
         raise SpecdiffError(f"the {spec.title} server ran untraced, so it was stopped: {untraced.reason}; "
                             f"{untraced.action}")
     error = engine_error_line(tail)
-    if error and not os.path.exists(path):
-        raise SpecdiffError(f"the {spec.title} server exited ({rc}) before it served: {error}; no trace was "
+    if not os.path.exists(path) and (error or (rc != 0 and not stopped)):
+        said = error or next((ln.strip() for ln in reversed(tail) if ln.strip()), "no log line")
+        raise SpecdiffError(f"the {spec.title} server exited ({rc}) before it served: {said}; no trace was "
                             f"written (fix what {spec.title} says, then run again)")
     click.echo(f"specdiff: server exited ({rc}); {_trace_state(path, error)}")
 
@@ -229,182 +246,16 @@ def _trace_state(path: str, error: str | None = None) -> str:
         return f"trace {path} does not open: {exc}"
 
 
-def read_prompts(path: str) -> list[dict]:
-    """Prompts from a JSONL file: each line ``{"text"|"prompt": str}``, ``{"input_ids": [...]}``
-    or a JSON string; optional ``"max_new_tokens"`` per line."""
-    out = []
-    for n, obj in iter_jsonl(path):
-        if isinstance(obj, str):
-            obj = {"text": obj}
-        if not isinstance(obj, dict) or not any(k in obj for k in ("text", "prompt", "input_ids")):
-            raise SpecdiffError(f"{path}:{n}: expected a JSON string or an object with 'text', "
-                                f"'prompt' or 'input_ids'")
-        out.append(obj)
-    if not out:
-        raise SpecdiffError(f"{path}: no prompts")
-    return out
-
-
-def _post(url: str, path: str, payload: dict, timeout_s: float) -> dict:
-    """POST ``payload`` as JSON; the decoded JSON answer. An HTTP error status or a body that is not
-    JSON is a :class:`SpecdiffError`; no answer at all (refused, reset, timed out) a
-    :class:`ServerGoneError`."""
-    try:
-        r = requests.post(url.rstrip("/") + path, json=payload, timeout=timeout_s)
-    except requests.RequestException as exc:
-        reason = request_failure(exc)
-        raise ServerGoneError(f"{url}{path} failed: {reason}; is the server running?", reason=reason) from None
-    if not r.ok:
-        raise SpecdiffError(f"{url}{path} answered HTTP {r.status_code}: {r.text[:300]}")
-    try:
-        return r.json()
-    except ValueError:
-        raise SpecdiffError(f"{url}{path} answered HTTP {r.status_code} with a body that is not JSON: "
-                            f"{r.text[:300]!r}") from None
-
-
-def request_failure(exc: BaseException) -> str:
-    """The innermost cause of a failed request, in a few words: ``Connection refused``, ``Remote end
-    closed connection without response``, ``Read timed out. (read timeout=5)``. requests wraps
-    urllib3's errors, which wrap the socket's; their own messages repeat the whole chain."""
-    while True:
-        inner = getattr(exc, "reason", None)
-        if not isinstance(inner, BaseException):
-            inner = next((a for a in exc.args if isinstance(a, BaseException)), None)
-        inner = inner or exc.__cause__
-        if inner is None or inner is exc:
-            break
-        exc = inner
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc)
-
-
-def generate(url: str, prompt: dict, *, max_new_tokens: int, temperature: float, ignore_eos: bool,
-             timeout_s: float = 600.0) -> dict:
-    params = {"max_new_tokens": int(prompt.get("max_new_tokens", max_new_tokens)),
-              "temperature": temperature, "ignore_eos": ignore_eos}
-    payload: dict = {"sampling_params": params}
-    if "input_ids" in prompt:
-        payload["input_ids"] = prompt["input_ids"]
-    else:
-        payload["text"] = prompt.get("text", prompt.get("prompt"))
-    return _post(url, "/generate", payload, timeout_s)
-
-
-def chat_completion(url: str, prompt: dict, *, max_new_tokens: int, temperature: float, ignore_eos: bool,
-         timeout_s: float = 600.0) -> dict:
-    """One request through SGLang's OpenAI-compatible ``/v1/chat/completions`` (the server applies
-    its chat template). A prompt's ``messages`` are sent as given, ``text``/``prompt`` as one user
-    message; token ids cannot go through a chat template. Returns ``{"meta_info": ...}`` like
-    ``generate`` (SGLang 0.5.23 reports no speculative stats here: they read n/a)."""
-    if "messages" in prompt:
-        messages = prompt["messages"]
-    elif "input_ids" in prompt:
-        raise SpecdiffError("--chat sends text through the server's chat template; this prompt has only "
-                            "input_ids (give 'text' or 'messages')")
-    else:
-        messages = [{"role": "user", "content": prompt.get("text", prompt.get("prompt"))}]
-    payload = {"messages": messages, "max_tokens": int(prompt.get("max_new_tokens", max_new_tokens)),
-               "temperature": temperature, "ignore_eos": ignore_eos}
-    out = _post(url, "/v1/chat/completions", payload, timeout_s)
-    usage = out.get("usage") or {}
-    return {"meta_info": {"id": out.get("id", "?"), "completion_tokens": usage.get("completion_tokens", 0)},
-            "output_ids": []}
-
-
-def server_engine(url: str, *, timeout_s: float = 10.0) -> tuple[str, str | None]:
-    """``(engine, model)`` of the OpenAI-compatible server at ``url``: ``('vllm', id)`` when its
-    ``/v1/models`` says the model is owned by vLLM (vLLM 0.32 entrypoints/openai/models: owned_by
-    'vllm'), else ``('sglang', id or None)``."""
-    try:
-        data = requests.get(url.rstrip("/") + "/v1/models", timeout=timeout_s).json().get("data") or []
-    except (requests.RequestException, ValueError, AttributeError):
-        return "sglang", None
-    first = data[0] if data and isinstance(data[0], dict) else {}
-    return ("vllm" if first.get("owned_by") == "vllm" else "sglang"), first.get("id")
-
-
-def vllm_completion(url: str, prompt: dict, *, model: str, max_new_tokens: int, temperature: float,
-                    ignore_eos: bool, timeout_s: float = 600.0) -> dict:
-    """One request through vLLM's ``/v1/completions`` (text, or token ids as the prompt). Returns
-    ``{"meta_info": {id, completion_tokens}, "output_ids": []}`` like ``generate``."""
-    body = prompt["input_ids"] if "input_ids" in prompt else prompt.get("text", prompt.get("prompt"))
-    payload = {"model": model, "prompt": body, "max_tokens": int(prompt.get("max_new_tokens", max_new_tokens)),
-               "temperature": temperature, "ignore_eos": ignore_eos}
-    out = _post(url, "/v1/completions", payload, timeout_s)
-    usage = out.get("usage") or {}
-    return {"meta_info": {"id": out.get("id", "?"), "completion_tokens": usage.get("completion_tokens", 0)},
-            "output_ids": []}
-
-
-def _vllm_counters(url: str) -> dict[str, float]:
-    """vLLM's Prometheus counters (``/metrics``), parsed by the vLLM launcher's ``parse_metrics``."""
-    from specdiff.tracer.engines.base import cpu_launcher
-
-    launcher = cpu_launcher("vllm")
-    try:
-        return launcher.parse_metrics(requests.get(url.rstrip("/") + "/metrics", timeout=30).text)
-    except requests.RequestException:
-        return {}
-
-
-def _vllm_spec_stats(before: dict, after: dict) -> dict:
-    """Acceptance of the requests run between two ``/metrics`` reads (the counters' difference)."""
-    from specdiff.tracer.engines.base import cpu_launcher
-
-    launcher = cpu_launcher("vllm")
-    return launcher.spec_decode_stats({k: v - before.get(k, 0.0) for k, v in after.items()})
-
-
-class ServerGoneError(SpecdiffError):
-    """The server did not answer a request (connection refused, closed or reset)."""
-
-    def __init__(self, message: str, *, reason: str):
-        super().__init__(message)
-        self.reason = reason
-
-
-def server_alive(url: str, *, timeout_s: float = 5.0) -> bool:
-    """True when ``/health`` answers (any HTTP status): the process is still serving."""
-    try:
-        requests.get(url.rstrip("/") + "/health", timeout=timeout_s)
-    except requests.RequestException:
-        return False
-    return True
-
-
-def died_message(url: str, *, request: int, reason: str, trace: str | None) -> str:
-    """The one line ``record client`` prints when the server died under request ``request``."""
-    from specdiff.tracer.live import trace_of_server
-
-    trace = trace or trace_of_server(url)
-    head = f"the server at {url} died during request {request} ({reason})"
-    if trace is None:
-        return (f"{head}; no trace is registered for it here (its trace is where its SPECDIFF_TRACE "
-                "pointed; `specdiff info TRACE` shows the crash)")
-    if not os.path.exists(trace):
-        return f"{head}; its trace {trace} does not exist (was tracing on?)"
-    try:
-        from specdiff.tracer.crash import describe_crash
-        from specdiff.tracer.store import open_trace
-
-        crash = open_trace(trace).contract.get("crash")
-    except SpecdiffError:
-        crash = None
-    what = f"holds the crash: {describe_crash(crash)}" if isinstance(crash, dict) else "holds what it recorded"
-    return f"{head}; its trace {trace} {what} (see `specdiff info {trace}`)"
-
-
 @record.command("client")
 @click.option("--url", required=True, help="SGLang or vLLM server, e.g. http://127.0.0.1:30000 (vLLM: its "
               "OpenAI server, found by /v1/models)")
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False),
               help="JSONL: one prompt per line ({\"text\": ...} or {\"input_ids\": [...]}).")
-@click.option("--max-new-tokens", default=64, show_default=True)
-@click.option("--temperature", default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--ignore-eos", is_flag=True, help="Generate max-new-tokens even past EOS.")
-@click.option("--concurrency", default=1, show_default=True, help="Requests in flight at once.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Requests in flight at once.")
 @click.option("--chat", is_flag=True,
               help="Send through /v1/chat/completions (the server's chat template) instead of /generate.")
 @click.option("--trace", "trace_path", default=None, metavar="PATH",
@@ -414,8 +265,13 @@ def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurren
     """Send prompts to a running traced server and print each request's accept length.
 
     Writes nothing itself: the server's trace grows as requests run and is finalized when
-    the server stops.
+    the server stops. Exit code: 0 every request answered, 2 bad input or a failed request,
+    130 interrupted (the accept lengths are not printed; requests in flight may still finish).
     """
+    on_interrupt("no accept lengths were printed; requests already sent are in the server's trace, "
+                 "the rest were not sent")
+    if not re.match(r"https?://", url):
+        raise SpecdiffError(f"--url {url}: give the server's URL with its scheme, e.g. http://{url}")
     prompts = read_prompts(prompts_path)
     results: list[dict | None] = [None] * len(prompts)
 
@@ -429,14 +285,14 @@ def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurren
     # vLLM reports acceptance in its counters only (v1/spec_decode/metrics.py): one request at a
     # time, the counters' change is that request's acceptance, per draft position.
     per_request = engine == "vllm" and concurrency <= 1
-    first_counters = _vllm_counters(url) if engine == "vllm" else {}
+    first_counters = vllm_counters(url) if engine == "vllm" else {}
 
     def _one(i):
-        before = _vllm_counters(url) if per_request else None
+        before = vllm_counters(url) if per_request else None
         results[i] = send(url, prompts[i], max_new_tokens=max_new_tokens,
                           temperature=temperature, ignore_eos=ignore_eos)
         if per_request:
-            st = _vllm_spec_stats(before, _vllm_counters(url))
+            st = vllm_spec_stats(before, vllm_counters(url))
             if st:
                 results[i]["meta_info"].update(spec_verify_ct=st["drafts"], spec_accept_length=st["mean_accept_length"],
                                                spec_accept_per_position=st["per_position"])
@@ -444,7 +300,9 @@ def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurren
 
     done = 0
     try:
-        with click.progressbar(length=len(prompts), label="requests", file=sys.stderr) as bar, \
+        # a bar on a terminal only: a log gets no label line (and an error stays one line)
+        with click.progressbar(length=len(prompts), label="requests", file=sys.stderr,
+                               hidden=not sys.stderr.isatty()) as bar, \
                 ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
             for _ in pool.map(_one, range(len(prompts))):
                 bar.update(1)
@@ -468,7 +326,7 @@ def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurren
         click.echo(f"{i:4d}  rid {meta.get('id', '?')}  tokens {ntok:<5d} verify steps {ct:<5d} "
                    f"accept length {acc_s}{per_s}")
     if engine == "vllm":
-        st = _vllm_spec_stats(first_counters, _vllm_counters(url))
+        st = vllm_spec_stats(first_counters, vllm_counters(url))
         if st:
             click.echo(f"vLLM mean accept length {st['mean_accept_length']:.3f} over {len(results)} requests "
                        f"({st['drafts']} verify steps, {st['accepted']} of {st['draft_tokens']} drafts accepted; "

@@ -3,7 +3,10 @@ and write a training-side trace with the same schema as the serving side."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import time
 
 import click
 
@@ -18,7 +21,7 @@ from specdiff.replay.record.train_options import (
     describe_defaults,
 )
 from specdiff.tracer.errors import SpecdiffError
-from specdiff.tui.cli import CAPTURE_HELP
+from specdiff.tui.cli import CAPTURE_HELP, on_interrupt
 from specdiff.tui.cmd_record import record
 
 
@@ -38,6 +41,19 @@ def _parse_layers(value: str | None):
 
 def _fmt(xs) -> str:
     return "[" + ", ".join(f"{x:.3f}" for x in xs) + "]"
+
+
+def _drop_partial(out: str, *, existed: bool, since: float) -> str:
+    """After an interrupted ``record train``: remove the trace this run began at ``out`` (closed by
+    the writer with only the rows replayed so far, it would read as a complete trace); a trace
+    that was there before and never reached (``--overwrite``, interrupted while loading) is
+    kept. Returns what happened, for the ``interrupted:`` line."""
+    marker = os.path.join(out, "zarr.json")
+    ours = os.path.isfile(marker) and (not existed or os.path.getmtime(marker) >= since)
+    if "://" in out or not ours:
+        return f"{out} was not written" + ("; the trace that was there is unchanged" if existed else "")
+    shutil.rmtree(out, ignore_errors=True)
+    return f"{out} was not written (the partial trace of this run was removed)"
 
 
 #: k of the training side's draft.logits_topk.* (tracer/rows.py TOPK_WIDTH, which imports torch: the CLI
@@ -84,6 +100,9 @@ def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps
           capture, probe_positions, max_new_tokens, batch_size, device, overwrite):
     """Record the training side: teacher-forced EAGLE-3 TTT forward of the draft on token sequences.
 
+    Exit code: 0 written, 2 bad input, 130 interrupted (the partial trace is removed: a trace at
+    --out is always a whole run).
+
     \b
     Example (the usual use: the sequences a server produced):
       specdiff record train --target T --draft D --replay serve.trace -o train.trace
@@ -91,6 +110,8 @@ def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps
     """
     from specdiff.replay.record.record_train import record_train
 
+    on_interrupt(f"{out} was not written")
+    existed, since = os.path.exists(out), time.time() - 1  # 1 s: a filesystem's coarse mtimes
     bar = {}
 
     def on_start(total, result):
@@ -115,6 +136,9 @@ def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps
                            probe_positions=probe_positions, max_new_tokens=max_new_tokens,
                            batch_size=batch_size, device=device, overwrite=overwrite,
                            progress=progress, on_start=on_start)
+    except KeyboardInterrupt:
+        on_interrupt(_drop_partial(out, existed=existed, since=since))
+        raise
     finally:
         if "bar" in bar:
             bar["bar"].__exit__(None, None, None)

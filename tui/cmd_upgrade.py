@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from specdiff.tui.cli import cli
+from specdiff.tui.cli import cli, on_interrupt
 
 
 @cli.command()
@@ -20,8 +20,11 @@ def upgrade(old, new, compact):
     Adds what older traces lack: a crc32c checksum on every chunk, the sequences/id array, bf16
     tensors declared as zarr's bfloat16 data type (xarray and zarr read real bfloat16 values),
     and consolidated metadata. Values are copied bit for bit.
-    Exit code: 0 upgraded, 2 bad input (OLD damaged, unclosed or per-rank; NEW exists).
+    NEW appears whole or not at all (built beside it, then renamed).
+    Exit code: 0 upgraded, 2 bad input (OLD damaged, unclosed or per-rank; NEW exists or its folder
+    does not), 130 interrupted (NEW not written).
     """
+    on_interrupt(f"{new} was not written (its partial copy was removed); {old} is unchanged")
     from specdiff.tracer.store.upgrade import upgrade as run
 
     n = run(old, new, compact=compact)

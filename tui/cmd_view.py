@@ -7,7 +7,8 @@ import sys
 import click
 
 from specdiff.replay.diff.compare.tolerance import PRESETS, parse_overrides
-from specdiff.tui.cli import cli
+from specdiff.tracer.errors import SpecdiffError
+from specdiff.tui.cli import cli, on_interrupt
 
 
 @cli.command()
@@ -21,15 +22,25 @@ def view(trace_a, trace_b, preset, tol):
     """Open TRACE_A (usually training) and TRACE_B (usually serving) in the interactive diff.
 
     The app lands on the first divergence. Keys: f first, n/N next/previous divergence,
-    arrows move, enter drill in, d depths, t tolerance preset, / filter, e export, ? help, q quit.
-    Exit code: 0 no divergence, 1 a divergence, 2 bad input (an unreadable trace:
-    one line on stderr; traces with no common sequence: an error screen).
+    arrows move, enter drill in, d depths, t tolerance preset, / filter, e export, x explanation,
+    ? every key, q quit; ctrl+p finds each of these by name.
+    Needs a terminal: stdin (keys) and stderr (the screen); without one it refuses (exit 2) and
+    `specdiff diff A B` prints the report instead.
+    Exit code: 0 no divergence, 1 a divergence, 2 bad input (an unreadable trace or no
+    terminal: one line on stderr; traces with no common sequence: an error screen), 130
+    interrupted (Ctrl-C while the app starts; in the app q quits).
     """
+    on_interrupt("the app was closed; nothing was written (view writes only the slices e exports)")
     overrides = parse_overrides(tol)
     from specdiff.tracer.store import open_trace
 
     for path in (trace_a, trace_b):  # a bad path is one line on stderr, not a full-screen app
         open_trace(path)
-    from specdiff.tui.app import run_app
+    from specdiff.tui.terminal import has_terminal, run_app
 
-    sys.exit(run_app(trace_a, trace_b, preset=preset, overrides=overrides))
+    if not has_terminal():  # the app would wait for keys that never come, or draw into a file
+        raise SpecdiffError("view needs a terminal (the app reads keys from stdin and draws on stderr); "
+                            "for the report without one: specdiff diff TRACE_A TRACE_B --format text")
+    from specdiff.tui.app import SpecdiffApp
+
+    sys.exit(run_app(SpecdiffApp(trace_a, trace_b, preset=preset, overrides=overrides)))

@@ -15,7 +15,8 @@ import click
 from specdiff.eagle3.aux_layers import CONVENTIONS
 from specdiff.replay.diff.compare.tolerance import PRESETS
 from specdiff.replay.record.train_options import DEFAULTS, DTYPE_NAMES
-from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli
+from specdiff.tracer.errors import SpecdiffError
+from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli, on_interrupt
 from specdiff.tui.cmd_record_train import _parse_layers
 
 
@@ -110,8 +111,9 @@ def watch(serve, draft, target, out, once, as_json, prometheus_port, settle, pol
     rolling per-depth acceptance of both sides (stderr; --json: stdout), and an ALERT line on
     stdout with the first divergence and the slice of both traces that shows it (--out/alerts/).
     Restartable: --out keeps which requests were replayed; a new run resumes after them.
-    Ends when the serving trace is closed and done (or on Ctrl-C / SIGTERM). Exit code: 1 if a
-    request of this run diverged, else 0; 2 bad input.
+    Ends when the serving trace is closed and done (or on SIGTERM, or Ctrl-C). Exit code: 1 if a
+    request of this run diverged, else 0; 2 bad input; 130 Ctrl-C (one line: how many requests
+    were replayed and diverged; --out keeps them).
 
     \b
     Example:
@@ -121,8 +123,11 @@ def watch(serve, draft, target, out, once, as_json, prometheus_port, settle, pol
     from specdiff.replay.record.record_train import check_train_options, load_train_side
     from specdiff.replay.watch.watcher import Watcher
 
+    on_interrupt("the watch stopped before it replayed a request")
+
     layers = _parse_layers(aux_layers)
-    check_train_options(aux_layers=layers, aux_convention=aux_convention, dtype=dtype, target_dtype=target_dtype)
+    check_train_options(aux_layers=layers, aux_convention=aux_convention, dtype=dtype, target_dtype=target_dtype,
+                        device=device)
     metrics = None
     if prometheus_port is not None:
         from specdiff.replay.watch.metrics import PrometheusMetrics
@@ -146,13 +151,20 @@ def watch(serve, draft, target, out, once, as_json, prometheus_port, settle, pol
 
     watcher = Watcher(serve, out, load_side=load_side, on_event=on_event, settle_s=settle, window=window,
                       preset=preset, export=_exporter(Path(out)))
+    for opt, folder in (("--draft", draft), ("--target", target)):  # loaded at the first request: refuse now
+        if not (Path(folder) / "config.json").is_file():
+            raise SpecdiffError(f"{opt} {folder}: no config.json (a local Hugging Face model directory is needed)")
+    if once and "://" not in serve and not Path(serve).exists():  # without --once the watch waits for it
+        raise SpecdiffError(f"--serve {serve}: no such trace (the path does not exist)")
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # the loop closes the training trace
     try:
         diverged = watcher.run(once=once, poll_s=poll, stop=stop)
     except KeyboardInterrupt:
-        watcher.close()
-        diverged = watcher.diverged
+        watcher.close()  # the training trace closed with every request replayed, the state saved
+        on_interrupt(f"the watch stopped: {watcher.replayed} requests replayed by this run, {watcher.diverged} "
+                     f"diverged; {out} keeps them (a new watch resumes after them)")
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
         if metrics is not None:

@@ -8,6 +8,8 @@ and ``metrics.json`` (the cell's and the tensor's numbers from the report).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -36,15 +38,32 @@ def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".") -> Path:
     """Write a new export folder for ``sel`` under ``root`` (created if missing); returns its path.
 
     The folder is ``specdiff-export-<tensor>-seq<S>-pos<P>-depth<D>``, with ``-2``, ``-3``, ... added
-    when that name exists: an export never replaces an earlier one.
+    when that name exists: an export never replaces an earlier one. It appears whole or not at
+    all: written as ``.<name>.partial-<pid>`` beside it and renamed onto the (empty) folder claimed
+    for it; a failure or an interrupt removes both.
 
     Raises:
         OSError: ``root`` cannot be created or written.
     """
+    Path(root).mkdir(parents=True, exist_ok=True)
+    final = _new_folder(Path(root), f"specdiff-export-{sel.name}-seq{sel.pair}-pos{sel.pos}-depth{sel.depth}")
+    out = final.with_name(f".{final.name}.partial-{os.getpid()}")
+    try:
+        out.mkdir()
+        _write_slice(vm, sel, out)
+        out.replace(final)  # onto the empty claimed folder: one rename (POSIX)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        if final.is_dir() and not any(final.iterdir()):
+            final.rmdir()
+        raise
+    return final
+
+
+def _write_slice(vm: ViewModel, sel: Sel, out: Path) -> None:
+    """``export_slice``'s files (``a.trace``, ``b.trace``, ``metrics.json``) into the empty folder ``out``."""
     r = vm.report
     pair = vm.pairs[sel.pair]
-    Path(root).mkdir(parents=True, exist_ok=True)
-    out = _new_folder(Path(root), f"specdiff-export-{sel.name}-seq{sel.pair}-pos{sel.pos}-depth{sel.depth}")
     for trace, sid, fname in ((r.traces.x, pair.seq.x, "a.trace"), (r.traces.y, pair.seq.y, "b.trace")):
         # recorder_caught_up_at: the live writer's progress, not a fact of the closed slice (FORMAT.md)
         contract = {k: v for k, v in trace.contract.items() if k not in ("side", "recorder_caught_up_at")}
@@ -76,7 +95,6 @@ def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".") -> Path:
         "worst": comp.worst if comp is not None else None,
     }
     (out / "metrics.json").write_text(json.dumps(json_safe(metrics), indent=2))
-    return out
 
 
 def _trace_row(trace, name: str, row: int) -> int:

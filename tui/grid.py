@@ -42,15 +42,19 @@ class PipelineGrid(ScrollView, can_focus=True):
     PipelineGrid { height: 1fr; }
     """
 
+    # one group per line of the app's keys screen (tui/keys.py), never in the footer
+    _MOVE = Binding.Group("move in the pipeline grid (tensors x positions)")
+    _PAGE = Binding.Group("a page of positions left / right")
+    _EDGE = Binding.Group("first / last position")
     BINDINGS = [
-        Binding("up", "move(0, -1)", "up", show=False),
-        Binding("down", "move(0, 1)", "down", show=False),
-        Binding("left", "move(-1, 0)", "left", show=False),
-        Binding("right", "move(1, 0)", "right", show=False),
-        Binding("pageup", "page(-1)", "page left", show=False),
-        Binding("pagedown", "page(1)", "page right", show=False),
-        Binding("home", "edge(-1)", "first position", show=False),
-        Binding("end", "edge(1)", "last position", show=False),
+        Binding("up", "move(0, -1)", "up", show=False, group=_MOVE),
+        Binding("down", "move(0, 1)", "down", show=False, group=_MOVE),
+        Binding("left", "move(-1, 0)", "left", show=False, group=_MOVE),
+        Binding("right", "move(1, 0)", "right", show=False, group=_MOVE),
+        Binding("pageup", "page(-1)", "page left", show=False, group=_PAGE),
+        Binding("pagedown", "page(1)", "page right", show=False, group=_PAGE),
+        Binding("home", "edge(-1)", "first position", show=False, group=_EDGE),
+        Binding("end", "edge(1)", "last position", show=False, group=_EDGE),
     ]
 
     @dataclass

@@ -1,5 +1,5 @@
-"""The app's screens besides the main one: bad input (``ErrorScreen``), the key help
-(``HelpScreen``, its text ``HELP``) and where an export goes (``ExportScreen``).
+"""The app's screens besides the main one: bad input (``ErrorScreen``), every key (``HelpScreen``,
+its text built from the bindings by ``keys.keys_help``) and where an export goes (``ExportScreen``).
 """
 
 from __future__ import annotations
@@ -10,36 +10,13 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Static
 
 from specdiff.tui.view import Sel
 
-__all__ = ["HELP", "ErrorScreen", "HelpScreen", "ExportScreen"]
-
-HELP = """\
-[b]specdiff view[/b] — training ↔ serving, first divergence first
-
-[b]f[/b]            jump to the first divergence
-[b]n[/b] / [b]N[/b]        next / previous diverged tensor (dataflow order), on its first failing row
-[b]][/b] / [b][[/b]        next / previous failing row of this tensor (position, sequence, depth order)
-[b]arrows[/b]       move in the pipeline grid (tensors × positions)
-[b]pgup/pgdn[/b]    a page of positions left / right;  [b]home/end[/b] first / last position
-[b]enter[/b]        drill in: focus the detail pane (escape comes back)
-[b]d[/b]            toggle draft depths (depth 0 only ↔ every depth as a sub-row; the title says which)
-[b]t[/b]            cycle tolerance presets (strict ×0.2, default, loose ×5) and re-run the diff
-[b]/[/b]            filter the grid's tensors by name (escape clears)
-[b]e[/b]            export the selected slice (both sides' rows + metrics.json) to a folder you choose;
-             default under the first trace's folder; a new folder per export, named by tensor/seq/pos/depth
-[b]tab[/b]          cycle panes (sequences list selects the sequence)
-[b]?[/b]            this help;  [b]q[/b] quit
-
-Cells: [green]·[/] match  [yellow]~[/] within tolerance  [red]✗[/] diverged  [magenta]?[/] missing on one side
-       [bright_magenta]▒[/] unreadable (damaged chunk);  [blue]-[/] not observable on one side;  blank: no row
-       on either side;  [bold red]▶[/] first divergence.  The detail pane says why a cell is empty.
-"""
-
+__all__ = ["ErrorScreen", "HelpScreen", "ExportScreen"]
 
 class ErrorScreen(Screen):
     """Bad input: the SpecdiffError text, no traceback; quitting exits with code 2."""
@@ -61,15 +38,25 @@ class ErrorScreen(Screen):
 
 
 class HelpScreen(ModalScreen):
+    """Every key (``?``, the footer's "keys"): ``body`` is ``keys.keys_help(...)``; it scrolls where the
+    terminal is shorter than the list (80x24)."""
+
     BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    #help { width: auto; max-width: 100; height: auto; border: round $primary; padding: 1 2;
-            background: $surface; }
+    #help-box { width: 100%; max-width: 104; height: auto; max-height: 100%; border: round $primary;
+                padding: 0 1; background: $surface; }
+    #help { width: 100%; height: auto; }
     """
 
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+
     def compose(self) -> ComposeResult:
-        yield Static(HELP, id="help")
+        with VerticalScroll(id="help-box") as box:
+            box.border_title = "keys (escape closes)"
+            yield Static(self.body, id="help")
 
 
 class ExportScreen(ModalScreen[str | None]):

@@ -63,19 +63,33 @@ def basename(path: str) -> str:
     return os.path.basename(str(path).rstrip("/")) or str(path)
 
 
-def load_tokenizer(report: DiffReport):
-    """``tokenizers.Tokenizer`` from a contract's ``model_name`` dir (tokenizer.json), else None."""
+def load_tokenizer(report: DiffReport) -> tuple[object | None, str | None]:
+    """(``tokenizers.Tokenizer`` of the target a contract names, None) or, when none loads, (None,
+    why: the model paths looked in), so the app can say the prompts are shown as token ids."""
     from specdiff.replay.diff.align.token_format import load_tokenizer as from_traces
+    from specdiff.replay.diff.align.token_format import tokenizer_dir
 
-    return from_traces(report.traces)
+    tok = from_traces(report.traces)
+    if tok is not None:
+        return tok, None
+    names = list(dict.fromkeys(str(t.contract.get("model_name")) for t in (report.traces.x, report.traces.y)
+                               if t.contract.get("model_name")))
+    if not names:
+        return None, "no tokenizer: neither trace names its target model (contract model_name)"
+    found = tokenizer_dir(report.traces)
+    where = " or ".join(names)
+    return None, (f"no tokenizer: the tokenizer.json in {found} does not load" if found is not None else
+                  f"no tokenizer: no tokenizer.json for model {where}, from here or above the traces")
 
 
 class ViewModel:
     """A DiffReport indexed for the grid, the sequence list and divergence navigation."""
 
-    def __init__(self, report: DiffReport, *, tokenizer=None):
+    def __init__(self, report: DiffReport, *, tokenizer=None, tokenizer_note: str | None = None):
         self.report = report
         self.tokenizer = tokenizer
+        #: why prompts are shown as token ids (no tokenizer found), None when they are decoded
+        self.tokenizer_note = tokenizer_note if tokenizer is None else None
         traces = report.traces
         comps = report.comparisons
         one_side = (set(traces.x.names) ^ set(traces.y.names)) - set(comps)
@@ -333,10 +347,12 @@ class ViewModel:
             return None
 
     def prompt_preview(self, pair: int, width: int = 40) -> str:
+        """The prompt of aligned sequence ``pair`` in one line of at most ``width`` cells: decoded with
+        the target tokenizer (newlines as ⏎, tabs as →), else its first token ids."""
         p = self.pairs[pair]
         toks = self.report.traces.x.sequence(p.seq.x).tokens[: max(p.prompt_len, 1)]
         text = self.decode(toks)
         if text is None:
-            text = " ".join(str(int(t)) for t in toks[:16])
+            text = " ".join(str(int(t)) for t in toks[: max(width // 2, 16)])
         text = text.replace("\n", "⏎").replace("\t", "→")
         return text if len(text) <= width else text[: width - 1] + "…"

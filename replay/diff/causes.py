@@ -9,8 +9,9 @@ Kinds:
   only when its transform closes the gap, or when the rows' structure shows it (explain/history.py);
 - ``legitimate``: a difference the engines may have by design; a judge (judge/) names the rows it
   explains and they do not count against the tensor;
-- ``contract``: a contract fact that differs between the sides (explain/contract.py), one id per
-  field: ``contract.<field>``, its fix the field's own (explain/contract_check.py);
+- ``contract``: a contract fact that differs between the sides (explain/contract.py, explain/fact_diff.py),
+  one id per field: ``contract.<field>``, its fix the fact's own (replay/diff/facts.py ``FACTS``);
+  ``unlisted_difference`` for a recorded fact no table lists;
 - ``crash``: what predicts a side's crash when no contract fact does (explain/crash.py).
 
 A row whose id ends in ``.`` is a family: ``contract.<field>`` for every field of
@@ -162,6 +163,12 @@ CAUSES: tuple[CauseRow, ...] = (
     CauseRow("nonfinite_weights", "bug", _ANY,
              "NaN/inf appear: the served draft checkpoint holds non-finite weights",
              "re-export the draft checkpoint from the trained weights (every tensor finite)"),
+    CauseRow("unloaded_params", "bug", _ANY,
+             "the engine built parameters its checkpoint did not provide: they hold what was allocated (NaN or "
+             "garbage)",
+             "make the draft config describe the checkpoint (num_hidden_layers 1, the norm flags and dims it was "
+             "trained with) or ship the missing tensors: an engine leaves a parameter its checkpoint does not hold "
+             "as allocated"),
     CauseRow("fp16_overflow", "bug", _ANY,
              "NaN/inf appear: one side ran in float16 where the other did not, and overflowed"),
     CauseRow("moe_routing_near_tie", "legitimate", ("target.aux",),
@@ -173,6 +180,9 @@ CAUSES: tuple[CauseRow, ...] = (
     CauseRow("contract.", "contract", _ANY,
              ("a contract fact (tracer/contract.py CONTRACT_FIELDS) differs and acts inside the first "
               "diverging stage (explain/contract.py STAGE_CAUSES), or predicts a crash")),
+    CauseRow("unlisted_difference", "contract", _ANY,
+             ("a recorded fact no table lists (replay/diff/facts.py FACTS) differs between the sides; named with both "
+              "values, stage unknown")),
     CauseRow("preflight.", "crash", ("target.aux", "draft.fc_in", "draft.attn_in", "verify"),
              "a pre-flight finding (replay/preflight) predicts a side's crash"),
 )

@@ -28,7 +28,8 @@ each fills, and the module that computes it:
  9    contract check              contract         explain/contract_check.check_contracts
  10   acceptance                  acceptance       compare/acceptance.acceptance
  11   pre-flight findings         findings         explain/findings.matching_findings / crash_findings;
-                                                   explain/crash.crash_cause (the crash's cause)
+                                                   explain/crash.crash_cause (the crash's cause);
+                                  unfound_paths    explain/findings.unfound_paths (model paths not found)
  12   narrow an unexplained one   narrowing        rerun/narrow.narrow_or_reason (re-runs the draft)
 ====  ==========================  ===============  ===================================================
 
@@ -48,7 +49,7 @@ from specdiff.replay.diff.compare.compare import compare_all, first_divergence
 from specdiff.replay.diff.explain import explain
 from specdiff.replay.diff.explain.contract_check import check_contracts, refuse_different_targets
 from specdiff.replay.diff.explain.crash import crash_cause, crash_divergence, crash_explanations
-from specdiff.replay.diff.explain.findings import crash_findings, matching_findings
+from specdiff.replay.diff.explain.findings import crash_findings, matching_findings, unfound_paths
 from specdiff.replay.diff.judge.context_proof import ContextProver
 from specdiff.replay.diff.rerun.narrow import narrow_or_reason
 from specdiff.replay.diff.result import DiffReport
@@ -58,22 +59,25 @@ from specdiff.tracer.store import open_trace
 
 
 def diff_traces(path_x: str, path_y: str, *, preset: str = "default", overrides: dict | None = None,
-                progress=None, narrow: bool = True, on_first=None, on_rows=None, runner=None) -> DiffReport:
+                progress=None, narrow: bool = True, on_first=None, on_rows=None, runner=None,
+                draft_path: str | None = None, target_path: str | None = None) -> DiffReport:
     """Diff two traces (paths or fsspec URLs); A is usually training, B serving.
 
-    ``on_first`` / ``on_rows`` / ``runner``: see ``diff_opened``.
+    ``on_first`` / ``on_rows`` / ``runner`` / ``draft_path`` / ``target_path``: see ``diff_opened``.
 
     Raises:
         TraceError: a trace cannot be opened. AlignmentError: no common sequence.
     """
     traces = Pair(open_trace(path_x), open_trace(path_y))
     return diff_opened(traces, preset=preset, overrides=overrides, progress=progress, narrow=narrow,
-                       on_first=on_first, on_rows=on_rows, runner=runner)
+                       on_first=on_first, on_rows=on_rows, runner=runner, draft_path=draft_path,
+                       target_path=target_path)
 
 
 def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None = None,
                 progress=None, narrow: bool = True, on_first=None, on_rows=None,
-                on_partial=None, runner=None) -> DiffReport:
+                on_partial=None, runner=None, draft_path: str | None = None,
+                target_path: str | None = None) -> DiffReport:
     """``diff_traces`` on already opened traces (the TUI re-runs this with another preset): the
     stages of the module docstring, in order.
 
@@ -85,6 +89,9 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     serving input grafted in (replay.narrow; loads torch and the draft checkpoint when at hand);
     and when too few rows show the draft attention agrees over agreeing context, re-run it on both
     sides' inputs instead (replay/diff/judge/context_proof.py). False: no re-run at all.
+    ``draft_path`` / ``target_path``: the draft as trained (and its target, when the draft shares its
+    embedding) for every such re-run; default the training contract's ``draft_name`` / ``model_name``
+    (``specdiff diff --draft / --target``).
 
     ``on_first(replay.diff.compare.early.EarlyFirst)``: called once, as soon as the rows read so far prove
     the first divergence (the same the report's ``first`` names), before the totals, the
@@ -108,7 +115,7 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     alignment, alignment_error = align(traces, structure)
     # the draft re-run a context judgement asks for when too few rows show the attention agrees
     prove = ContextProver(_report(traces, labels, alignment=alignment, comparisons={}, first=None, explanations=[],
-                                  contract=[])) if narrow else None
+                                  contract=[]), draft_path=draft_path, target_path=target_path) if narrow else None
     comparisons = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
                               structure=structure, on_first=on_first, on_rows=on_rows, runner=runner,
                               prove_context=prove,
@@ -131,9 +138,10 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
         acceptance=accepted,
         findings=findings,
         crash=crash,
+        unfound_paths=unfound_paths(traces, labels),
     )
     # the last stage reads the report built so far (the draft, the failing rows, the contract)
-    report.narrowing = narrowing(report) if narrow else None
+    report.narrowing = narrowing(report, draft_path=draft_path, target_path=target_path) if narrow else None
     return report
 
 
@@ -155,7 +163,8 @@ def crash_only(traces: Pair, labels: Pair, crash: dict) -> DiffReport:
     contract, findings = check_contracts(traces), crash_findings(traces, crash)
     crash["cause"] = crash_cause(traces, labels, crash, findings, contract)
     return _report(traces, labels, alignment=nothing, comparisons={}, first=None,
-                   explanations=crash_explanations(crash, None), contract=contract, findings=findings, crash=crash)
+                   explanations=crash_explanations(crash, None), contract=contract, findings=findings, crash=crash,
+                   unfound_paths=unfound_paths(traces, labels))
 
 
 def align(traces: Pair, structure: list) -> tuple[Alignment, str | None]:
@@ -187,14 +196,16 @@ def relevant_findings(traces: Pair, labels: Pair, first, crash: dict | None, con
     return found
 
 
-def narrowing(report: DiffReport):
+def narrowing(report: DiffReport, *, draft_path: str | None = None, target_path: str | None = None):
     """``replay.narrow.Narrowing`` (or the one-line reason it could not run) when the first
-    divergence is of values and nothing explains it; None otherwise. Imported lazily: it loads torch."""
+    divergence is of values and nothing explains it (recorded facts that differ, named by
+    explain/differences.py, do not count: they are not proven); None otherwise. Imported lazily: it loads torch.
+    ``draft_path`` / ``target_path``: as in ``diff_opened``."""
     first = report.first
-    if first is None or first.kind != "values" or report.explanations:
+    if first is None or first.kind != "values" or any(not e.named_only for e in report.explanations):
         return None
 
-    return narrow_or_reason(report)
+    return narrow_or_reason(report, draft_path=draft_path, target_path=target_path)
 
 
 def partial_report(traces: Pair, labels: Pair, alignment: Alignment, comps: dict, early) -> DiffReport:
@@ -210,6 +221,7 @@ def _report(traces: Pair, labels: Pair, **fields) -> DiffReport:
     """``DiffReport`` of ``traces`` (paths and side labels filled in); acceptance unknown on both
     sides unless ``fields`` gives it."""
     fields.setdefault("acceptance", Pair(Acceptance(None, None, {}, 0), Acceptance(None, None, {}, 0)))
+
     return DiffReport(paths=traces.map(lambda t: t.path), labels=labels, traces=traces, **fields)
 
 

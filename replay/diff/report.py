@@ -10,11 +10,11 @@ import shutil
 import textwrap
 
 from specdiff.replay.diff.compare.acceptance import Acceptance
-from specdiff.replay.diff.explain.contract_check import ContractMismatch
 from specdiff.replay.diff.explain.crash import crash_text
 from specdiff.replay.diff.judge.groups import GROUP_ALPHA, GROUP_FAR
 from specdiff.replay.diff.result import DiffReport
-from specdiff.replay.diff.types import Pair, TensorComparison
+from specdiff.replay.diff.types import ContractMismatch, Pair, TensorComparison
+from specdiff.tracer.schema import spec_for
 
 
 def _fmt(v) -> str:
@@ -119,10 +119,21 @@ def _first_rows(report: DiffReport) -> list[str]:
 
 
 def _explanation_rows(report: DiffReport) -> list[str]:
-    """The causes: the headline already says the first one's message, so it is named, not repeated."""
+    """The causes: the headline already says the first one's message, so it is named, not repeated.
+    Recorded facts that differ, named where nothing closes the gap (``named_only``), are listed with
+    their fixes, then the narrowing."""
     if not report.explanations:
         return ["explanation: no known cause — no known mistake's transform closes the gap",
                 *_narrowing_rows(report.narrowing)]
+    if all(e.named_only for e in report.explanations):
+        stage = spec_for(report.first.name).stage
+        out = [f"explanation: no known mistake's transform closes the gap; the recorded facts that differ and act at "
+               f"or before {stage} (or where, no table says):"]
+        for e in report.explanations:
+            said = e.message.split(" — ")[0]
+            out.append(f"  {said}" if e.cause == "unlisted_difference" else f"  {e.cause}: {said}")
+            out += [f"    fix: {e.fix}"] + [f"    {line}" for line in e.evidence[1:]]
+        return out + _narrowing_rows(report.narrowing)
     out = []
     for k, e in enumerate(report.explanations):
         out.append(f"explanation: {e.cause} (the headline)" if k == 0 else f"also: {e.cause}: {e.message}")
@@ -171,16 +182,24 @@ def render_text(report: DiffReport, *, width: int | None = None) -> str:
     if errors:
         out += ["contract errors (the two sides cannot agree while these differ)",
                 *_contract_rows(errors, [], None), ""]
+    silent = [m for m in report.silent_warnings() if m.severity != "error"]
+    if silent:
+        out += ["contract warnings (recorded facts that differ though no tensor shows it)",
+                *_contract_rows(silent, [], None), ""]
     if report.first is not None:
         out += ["first divergence", *_first_rows(report), "", *_explanation_rows(report), ""]
-    others = [m for m in report.contract if m.severity != "error"]
+    others = [m for m in report.contract if m.severity != "error" and m not in silent]
     out.append("contract")
     if others:
         out += _contract_rows(others, report.contract_bearing(), report.first.name if report.first else None)
+    elif silent:
+        out.append("  no other difference")
     elif not errors:
         out.append("  the contract facts both sides recorded agree")
     else:
         out.append("  no other difference")
+    if report.unfound_paths:
+        out += ["", "paths not found here (what needs them is left out)", *[f"  {m}" for m in report.unfound_paths]]
     if report.findings and report.crash is None:
         out += ["", "pre-flight findings (specdiff check) that bear on it",
                 *[f"  [{f['severity']}] {f['kind']}: {f['message']}" for f in report.findings]]

@@ -11,14 +11,27 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from specdiff.replay.diff.explain.contract_check import ContractMismatch, bearing_on, unknown_facts
+from specdiff.replay.diff.explain.contract_check import unknown_facts
 from specdiff.replay.diff.explain.crash import crash_verdict
-from specdiff.replay.diff.types import DIVERGED, Alignment, Explanation, Pair, TensorComparison
+from specdiff.replay.diff.types import (
+    DIVERGED,
+    Alignment,
+    ContractMismatch,
+    Explanation,
+    Pair,
+    TensorComparison,
+    bearing_on,
+)
 from specdiff.tracer.schema import spec_for
 
 #: a passing tensor this close to a limit (limit_use) is named in the verdict: another prompt
 #: set may push it over (issue 20: a Qwen3 control passed at max_rel 0.0486 against 0.05)
 CLOSE_TO_LIMIT = 0.8
+
+#: ``report_format`` of ``to_json`` (``specdiff diff --format json``), its first key: raised when a
+#: key is removed or changes meaning, so a script can refuse a layout it does not know (new keys
+#: may appear within one version)
+REPORT_FORMAT = 1
 
 
 def json_safe(v):
@@ -52,6 +65,8 @@ class DiffReport:
         grafts: ``replay.graft.GraftResult`` per substitution, ranked (``specdiff diff --graft``),
             or None when not computed.
         findings: pre-flight findings that bear on the first divergence.
+        unfound_paths: one line per model path a contract records that is not found here, with
+            what the report leaves out for it (explain/findings.unfound_paths).
         narrowing: when no explanation fits the first divergence: ``replay.narrow.Narrowing`` (which
             serving input, grafted into the training draft, reproduces serving), or the one-line
             reason it could not run; None when not run.
@@ -71,6 +86,7 @@ class DiffReport:
     narrowing: object = None  # replay.narrow.Narrowing, or the reason it could not run (str), or None
     alignment_error: str | None = None  # why no sequence paired (only kept when a structure finding leads)
     crash: dict | None = None  # {"label": side, **the contract's crash record}: a side's engine died
+    unfound_paths: list = field(default_factory=list)
 
     @property
     def diverged(self) -> bool:
@@ -165,6 +181,14 @@ class DiffReport:
             return []
         return bearing_on(self.contract, spec_for(self.first.name).stage)
 
+    def silent_warnings(self) -> list[ContractMismatch]:
+        """Contract warnings of a pair with no divergence (and no crash): recorded facts that differ though
+        no tensor shows it (other target weights, an option whose effect the rows stay within tolerance
+        of). The text report leads with them."""
+        if self.first is not None or self.crash is not None:
+            return []
+        return [m for m in self.contract if m.severity in ("warn", "error")]
+
     def verdict(self, *, short: bool = False) -> str:
         """The one-line verdict the text report leads with. ``short``: an explained divergence's cause
         by its name only (``aux_layer_shift``), for the app's header, whose Explain pane says it in full."""
@@ -179,8 +203,12 @@ class DiffReport:
             m = self.margin()
             close = (f"; close to a limit: {m['tensor']} at {m['use']:.0%} of its {m['limit']} limit"
                      if m is not None and m["use"] >= CLOSE_TO_LIMIT else "")
+            silent = self.silent_warnings()
+            differs = (f"; but the contract differs: {silent[0].field}"
+                       + (f" (+{len(silent) - 1} more)" if len(silent) > 1 else "") + ", see contract warnings"
+                       if silent else "")
             return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
-                    f"{len(self.alignment.seq_pairs)} sequences{named}{close}{self._damage_note()}")
+                    f"{len(self.alignment.seq_pairs)} sequences{named}{close}{differs}{self._damage_note()}")
         e0 = self.explanations[0] if self.explanations else None
         why = "" if e0 is None else f" — {e0.cause}" if short else f" — {e0.message}"
         if self.first.kind == "structure":
@@ -192,7 +220,8 @@ class DiffReport:
         return f"first divergence: {self.first.name} at {where}{why}{self._damage_note()}"
 
     def to_json(self) -> dict:
-        """JSON-safe dict (``specdiff diff --format json``), exact values (``json_safe``)."""
+        """JSON-safe dict (``specdiff diff --format json``), exact values (``json_safe``); its
+        first key is ``report_format`` (``REPORT_FORMAT``)."""
         clean = json_safe
         first = None
         if self.first is not None:
@@ -206,6 +235,7 @@ class DiffReport:
         # most important first: the verdict, what invalidates it (crash, damage, contract errors), the
         # first divergence and its explanation, then the evidence
         return clean({
+            "report_format": REPORT_FORMAT,
             "verdict": self.verdict(),
             "diverged": self.diverged,
             "incomplete": self.incomplete,
@@ -221,6 +251,8 @@ class DiffReport:
             "unknown_facts": {self.labels.x: unknown_facts(self.traces.x.contract),
                               self.labels.y: unknown_facts(self.traces.y.contract)},
             "preflight_findings": self.findings,
+            # only when a path is missing: the JSON of a pair whose paths are all found stays as it was
+            **({"paths_not_found": self.unfound_paths} if self.unfound_paths else {}),
             "explained_differences": [{"cause": e.cause, "message": e.message, **asdict(e)} for e in self.legitimate],
             "inherited": self.inherited(),
             "margin": self.margin(),
@@ -238,7 +270,10 @@ class DiffReport:
 
 def _explanation_json(e: Explanation) -> dict:
     """An explanation as the report's JSON has always written it: without ``tensor`` (where a cause
-    off the first divergence appears), which its message already names."""
+    off the first divergence appears), which its message already names; ``named_only`` only where it
+    is true (a recorded fact that differs, named, not proven: explain/differences.py)."""
     out = asdict(e)
     del out["tensor"]
+    if not out["named_only"]:
+        del out["named_only"]
     return out

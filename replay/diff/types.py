@@ -309,6 +309,9 @@ class Explanation:
         tensor: where the cause appears when that is not the first divergence itself (non-finite
             values: the tensor they first appear at), else None. Not in the report's JSON
             (``DiffReport.to_json`` keeps the explanation keys it has always written).
+        named_only: a recorded fact that differs, named where no transform closed the gap
+            (explain/differences.py): it says what differs, not that it is the cause, so the narrowing
+            still runs. Not in the JSON either.
     """
 
     cause: str
@@ -317,6 +320,7 @@ class Explanation:
     fix: str = ""
     matrix: dict | None = field(default=None, compare=False)
     tensor: str | None = None
+    named_only: bool = field(default=False, compare=False)
 
 
 def row_lines(rows: list[dict], line, limit: int = 8) -> list[str]:
@@ -366,3 +370,26 @@ def side_names(traces: Pair) -> Pair[str]:
         if names.x and names.y and names.x != names.y:
             return names
     return side_labels(traces)
+
+
+@dataclass(frozen=True)
+class ContractMismatch:
+    """One contract field that differs: its values on each side, a plain-words message, the
+    stages it bears on (tracer/schema.py STAGE_ORDER names, "*" = all) and what to change."""
+
+    field: str
+    severity: str
+    x: object
+    y: object
+    message: str
+    stages: tuple[str, ...] = ()
+    fix: str = ""
+
+    def bears_on(self, stage: str) -> bool:
+        """True when this difference can explain a divergence at ``stage``."""
+        return "*" in self.stages or stage in self.stages
+
+
+def bearing_on(mismatches: list[ContractMismatch], stage: str) -> list[ContractMismatch]:
+    """The mismatches that bear on a first divergence at ``stage`` (unknown facts included)."""
+    return [m for m in mismatches if m.bears_on(stage)]

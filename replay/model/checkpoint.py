@@ -47,6 +47,7 @@ from specdiff.replay.model.draft_config import (  # noqa: F401  (re-exported: pr
 )
 from specdiff.replay.model.draft_model import Eagle3Draft
 from specdiff.tracer.contract import sha256_array
+from specdiff.tracer.weight_facts import tensor_fingerprint
 
 __all__ = ["CheckpointError", "LoadedDraft", "load_draft", "save_draft", "read_state_dict", "read_weight_headers",
            "draft_config_from_dict", "detect_format", "draft_weights_sha256", "canonical_name",
@@ -226,6 +227,8 @@ class LoadedDraft:
         verifier: speculators_config.verifier.name_or_path, if any.
         weights_sha256: ``draft_weights_sha256`` of the file's tensors.
         notes: plain-words remarks (ignored keys, suspicious d2t, ...).
+        weight_fingerprints: file tensor name -> ``tracer.weight_facts.tensor_fingerprint`` (the
+            contract's ``draft_weights``, computed on the load path as an engine's recorder does).
     """
 
     model: Eagle3Draft
@@ -238,6 +241,7 @@ class LoadedDraft:
     verifier: str | None
     weights_sha256: str
     notes: list[str] = field(default_factory=list)
+    weight_fingerprints: dict[str, str] = field(default_factory=dict)
 
     def contract_facts(self, num_layers: int | None = None) -> dict:
         """Contract facts (tracer.contract field names) of this draft; the aux capture is
@@ -367,7 +371,8 @@ def load_draft(path: str | Path, *, dtype: torch.dtype = torch.float32,
     verifier = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     return LoadedDraft(model=model, config=cfg, format=fmt, path=str(path), raw_config=raw,
                        has_d2t=has_d2t, has_t2d=has_t2d, verifier=verifier,
-                       weights_sha256=draft_weights_sha256(canon), notes=notes)
+                       weights_sha256=draft_weights_sha256(canon), notes=notes,
+                       weight_fingerprints={n: tensor_fingerprint(t) for n, t in sd_file.items()})
 
 
 def _check_d2t(d2t: torch.Tensor, vocab_size: int, notes: list[str]) -> None:

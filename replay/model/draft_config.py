@@ -174,6 +174,9 @@ class Eagle3DraftConfig:
             self._fail("rms_norm_eps", f"is {self.rms_norm_eps!r}", "give a positive number (Llama: 1e-5 or 1e-6)")
         if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
             self._fail("rope_theta", f"is {self.rope_theta!r}", "give a positive number (Llama: 10000 or 500000)")
+        if not isinstance(self.rope_scaling or {}, dict):
+            self._fail("rope_scaling", f"is {self.rope_scaling!r}",
+                       'give an object such as {"rope_type": "linear", "factor": 2.0}, or null')
         kind = None if not self.rope_scaling else self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
         if kind not in ROPE_TYPES:
             self._fail("rope_scaling", f"type {kind!r} is not supported by the reference draft",
@@ -189,6 +192,10 @@ class Eagle3DraftConfig:
                 self._fail(name, f"is {getattr(self, name)!r}", "give true or false")
         if kind in ("linear", "llama3") and "factor" not in self.rope_scaling:
             self._fail("rope_scaling", f"{kind} scaling without factor", "add rope_scaling.factor")
+        factor = (self.rope_scaling or {}).get("factor")
+        if kind in ("linear", "llama3") and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                                             or not factor > 0):
+            self._fail("rope_scaling", f"factor {factor!r}", "give rope_scaling.factor a positive number")
         if kind == "llama3" and "original_max_position_embeddings" not in self.rope_scaling:
             self._fail("rope_scaling", "llama3 scaling without original_max_position_embeddings",
                        "add rope_scaling.original_max_position_embeddings")
@@ -281,6 +288,9 @@ class Eagle3DraftConfig:
                 fix = ('add "num_hidden_layers": 1 (without it SGLang builds transformers\' default 32 layers)'
                        if name == "num_hidden_layers" else f"add {name} (the draft's {name} as trained)")
                 raise DraftConfigError(field=_key_path(fmt, name), file=source, problem="is missing", fix=fix)
+            if isinstance(dims[name], bool) or not isinstance(dims[name], int) or dims[name] < 1:
+                raise DraftConfigError(field=_key_path(fmt, name), file=source, problem=f"is {dims[name]!r}",
+                                       fix="give a positive integer")
         if dims["num_hidden_layers"] != 1:
             raise DraftConfigError(field=_key_path(fmt, "num_hidden_layers"), file=source,
                                    problem=f"is {dims['num_hidden_layers']}",
@@ -306,12 +316,17 @@ class Eagle3DraftConfig:
             ids = raw.get("eagle_aux_hidden_state_layer_ids")
             convention = "speculators"
         else:
+            if not isinstance(raw.get("eagle_config") or {}, dict):
+                raise DraftConfigError(field="eagle_config", file=source, problem=f"is {raw['eagle_config']!r}",
+                                       fix='give an object, e.g. {"eagle_aux_hidden_state_layer_ids": [-1, 2, 5]}')
             ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
             convention = "sglang"
             if ids is None and raw.get("eagle_aux_hidden_state_layer_ids") is not None:
                 notes.append("top-level eagle_aux_hidden_state_layer_ids "
                              f"{raw['eagle_aux_hidden_state_layer_ids']} is ignored by SGLang "
                              "(it reads only eagle_config.eagle_aux_hidden_state_layer_ids)")
+        _check_ids(ids, field=("" if fmt == "speculators" else "eagle_config.") + "eagle_aux_hidden_state_layer_ids",
+                   source=source)
         if raw.get("num_aux_hidden_states") is not None:
             num_aux = raw["num_aux_hidden_states"]
         elif ids:
@@ -449,4 +464,22 @@ def rope_params(d: dict, default=None) -> tuple[float, dict | None]:
         scaling = dict(rp) if rp.get("rope_type", "default") != "default" else None
     else:
         scaling = default("rope_scaling", None, f"plain rope ({_LLAMA})")
-    return float(theta), scaling
+    try:
+        theta = float(theta)
+    except (TypeError, ValueError):
+        pass  # Eagle3DraftConfig refuses it, naming the field
+    return theta, scaling
+
+
+def _check_ids(ids, *, field: str, source: str) -> None:
+    """Refuse aux ids that are not a JSON list of ints (``"2,5,6"``, ``[1.5]``, ``5``); None passes.
+
+    Raises:
+        DraftConfigError: naming ``field`` and, for a string of ints, the list to write instead.
+    """
+    if ids is None or (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        return
+    items = ids.replace(" ", "").split(",") if isinstance(ids, str) else []
+    example = (f"[{', '.join(items)}]" if items and all(i.lstrip("-").isdigit() for i in items) else "[2, 5, 6]")
+    raise DraftConfigError(field=field, file=source, problem=f"is {ids!r}, not a list of integers",
+                           fix=f"write a JSON list of integers, e.g. {example}")

@@ -29,15 +29,19 @@ class TargetError(SpecdiffError):
 
 
 def load_target(path: str | Path, *, dtype: torch.dtype = torch.bfloat16):
-    """Load a local HF causal LM (e.g. LlamaForCausalLM) in eval mode, offline."""
+    """Load a local HF causal LM (e.g. LlamaForCausalLM) in eval mode, offline. The parameters the
+    checkpoint did not provide (transformers' ``missing_keys``: it initialises them) are kept, sorted,
+    as the model's ``specdiff_missing_keys`` (the contract's ``target_unloaded``)."""
     from transformers import AutoModelForCausalLM
     path = Path(path)
     if not (path / "config.json").is_file():
         raise TargetError(f"{path}: no config.json (a local Hugging Face model directory is needed)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+        model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True,
+                                                           output_loading_info=True)
     except Exception as e:
         raise TargetError(f"cannot load target {path}: {type(e).__name__}: {e}") from None
+    model.specdiff_missing_keys = sorted(info.get("missing_keys") or ())
     return model.eval()
 
 

@@ -148,8 +148,8 @@ def resolve_engine_capture(engine: str, *, raw: dict, fmt: str, num_layers: int,
         PreflightError: ids that are not a list of ints, an unknown runner.
     """
     read = read_config_ids(engine, raw, runner)
-    if engine == "sglang" and fmt == "speculators":
-        return EngineCapture("sglang", "none", None, "sglang", (), (), k_fc, "unsupported")
+    if fmt not in REGISTRY[engine].checkpoint_formats:  # SGLang has no model class for the speculators layout
+        return EngineCapture(engine, "none", None, engine, (), (), k_fc, "unsupported")
     ids, source = read.ids, SHORT_SOURCE.get(read.key, read.key)
     plan = engine_capture(engine, ids, num_layers=num_layers, architecture=architecture)
     fam = plan.rule

@@ -76,7 +76,12 @@ from specdiff.replay.record.sequences import (
     sequences_from_trace,
 )
 from specdiff.replay.record.train_aux import resolve_train_aux
-from specdiff.replay.record.train_facts import draft_computation_facts, preflight_facts, prenorm_notes
+from specdiff.replay.record.train_facts import (
+    draft_computation_facts,
+    live_facts,
+    preflight_facts,
+    prenorm_notes,
+)
 from specdiff.replay.record.train_options import (
     AUX_CONVENTION_DEFAULT,
     CAPTURE_LEVELS,
@@ -90,6 +95,7 @@ from specdiff.tracer.contract import (
 )
 from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
 from specdiff.tracer.errors import TraceError
+from specdiff.tracer.paths import recorded_path
 from specdiff.tracer.store import TraceWriter
 
 __all__ = ["RecordTrainError", "TrainSequence", "RecordTrainResult", "CAPTURE_LEVELS",
@@ -156,6 +162,20 @@ def _check_counts(*, steps, topk, probe_positions, max_new_tokens, batch_size, r
                                "sequences are replayed exactly as served (leave it out)")
 
 
+def _check_device(device: str | None) -> None:
+    """Refuse a ``--device`` torch cannot name or this machine does not have (before the models load)."""
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise RecordTrainError(f"--device {device!r}: not a torch device; use cpu, cuda or cuda:N") from None
+    count = torch.cuda.device_count() if dev.type == "cuda" else None
+    if count is not None and (count == 0 or (dev.index or 0) >= count):
+        raise RecordTrainError(f"--device {device}: this machine has {count} CUDA device(s); use --device cpu"
+                               + (f" or cuda:0..cuda:{count - 1}" if count else ""))
+
+
 def _aux_defaults(aux_layers, aux_convention, loaded: LoadedDraft, aux: AuxResolution) -> dict[str, dict]:
     """``defaults_used`` entries for the aux layers / convention the caller left unset."""
     used: dict[str, dict] = {}
@@ -176,7 +196,8 @@ def _aux_defaults(aux_layers, aux_convention, loaded: LoadedDraft, aux: AuxResol
 
 def check_train_options(*, aux_layers=None, aux_convention: str | None = None, steps=None, topk=None,
                         dtype: str | None = None, target_dtype: str | None = None, capture: str | None = None,
-                        probe_positions=None, max_new_tokens=None, batch_size=None, replay=None) -> None:
+                        probe_positions=None, max_new_tokens=None, batch_size=None, replay=None,
+                        device: str | None = None) -> None:
     """Refuse option values ``record train`` (and ``specdiff watch``, which replays the same way)
     cannot use as given, before any model is loaded.
 
@@ -196,6 +217,7 @@ def check_train_options(*, aux_layers=None, aux_convention: str | None = None, s
         raise RecordTrainError(f"--capture {capture!r}: use one of {', '.join(CAPTURE_LEVELS)}")
     if aux_convention is not None and aux_convention not in CONVENTIONS:
         raise RecordTrainError(f"--aux-convention {aux_convention!r}: use one of {', '.join(CONVENTIONS)}")
+    _check_device(device)
 
 
 @dataclass
@@ -252,13 +274,15 @@ class TrainSide:
             "spec_steps": int(o["steps"]), "spec_topk": int(o["topk"]), "dtype": o["dtype"],
             "target_dtype": o["target_dtype"], "capture_level": o["capture"],
             "logits_topk": LOGITS_TOPK if o["capture"] == "default" else 0,
-            "model_name": str(self.target_dir), "draft_name": str(self.draft_dir),
+            # absolute (tracer.paths): the trace names the same directories from any working directory
+            "model_name": recorded_path(self.target_dir), "draft_name": recorded_path(self.draft_dir),
             "tokenizer_sha256": _sha256_file(self.target_dir / "tokenizer.json"),
             "probe_positions": int(o["probe_positions"]), "notes": notes, DEFAULTS_USED: self.defaults_used,
         })
         # the same identity facts the SGLang recorder reads from its live target (tracer/contract.py), so a
         # pair recorded on two different targets is refused by `specdiff diff` before any comparison
         facts.update(target_identity_facts(tcfg, target_embedding(self.target)))
+        facts.update(live_facts(self.target, loaded, o, self.target_dir))
         facts.update(draft_computation_facts(self.loaded.model, loaded.config, vocab=int(tcfg.vocab_size),
                                              seqs=seqs, bos_token_id=getattr(tcfg, "bos_token_id", None),
                                              tokenizer_dir=self.target_dir))
@@ -266,7 +290,7 @@ class TrainSide:
         # mismatch against HF L); the slot itself is in the contract (aux_prenorm_indices)
         facts["findings"] = preflight_facts(self.target_dir, self.draft_dir, None if aux.prenorm else aux.hf_indices)
         if replay is not None:
-            facts["replay_of"] = str(replay)
+            facts["replay_of"] = recorded_path(replay)
             if known(served, "aux_hf_indices") is not None:
                 facts["served_aux_hf_indices"] = list(served["aux_hf_indices"])
             notes.extend(prenorm_notes(served, aux, L))
@@ -336,7 +360,7 @@ def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: di
     """
     check_train_options(aux_layers=aux_layers, aux_convention=aux_convention, steps=steps, topk=topk, dtype=dtype,
                         target_dtype=target_dtype, capture=capture, probe_positions=probe_positions,
-                        max_new_tokens=max_new_tokens, batch_size=batch_size)
+                        max_new_tokens=max_new_tokens, batch_size=batch_size, device=device)
     served = dict(served or {})
     target_dir, draft_dir = Path(target_dir), Path(draft_dir)
     opts, defaults_used = fill_defaults(
@@ -405,7 +429,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         raise RecordTrainError("give exactly one of --replay SERVE_TRACE or --prompts FILE.jsonl")
     check_train_options(aux_layers=aux_layers, aux_convention=aux_convention, steps=steps, topk=topk, dtype=dtype,
                         target_dtype=target_dtype, capture=capture, probe_positions=probe_positions,
-                        max_new_tokens=max_new_tokens, batch_size=batch_size, replay=replay)
+                        max_new_tokens=max_new_tokens, batch_size=batch_size, replay=replay, device=device)
     served: dict = {}
     token_defaults: dict[str, dict] = {}
     if replay is not None:

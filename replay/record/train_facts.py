@@ -1,8 +1,9 @@
 """The contract facts of a training trace that come from outside the replayed rows: the draft's
-computation as the reference forward runs it (``draft_computation_facts``), the pre-flight
-findings on the pair as recorded (``preflight_facts``) and a note where serving's and training's
-last slot differ in pre-norm vs post-norm (``prenorm_notes``). ``record_train.TrainSide.contract``
-gathers them with the rest.
+computation as the reference forward runs it (``draft_computation_facts``), the whole configs,
+options, structures and weight fingerprints read off the live models (``live_facts``), the
+pre-flight findings on the pair as recorded (``preflight_facts``) and a note where serving's and
+training's last slot differ in pre-norm vs post-norm (``prenorm_notes``).
+``record_train.TrainSide.contract`` gathers them with the rest.
 """
 
 from __future__ import annotations
@@ -10,7 +11,67 @@ from __future__ import annotations
 from specdiff.tracer.contract import bos_added_fact, known, rope_scaling_fact, tokenizer_hashes, weight_sha256
 from specdiff.tracer.errors import SpecdiffError
 
-__all__ = ["draft_computation_facts", "preflight_facts", "prenorm_notes"]
+__all__ = ["draft_computation_facts", "live_facts", "preflight_facts", "prenorm_notes"]
+
+#: fields of the reference draft's config (``Eagle3DraftConfig``) that mean what the same key of a
+#: transformers LlamaConfig means: in ``draft_config`` the value the reference computes with replaces the
+#: file's (``rope_theta`` sits in transformers 5's ``rope_parameters``)
+_SAME_MEANING = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "vocab_size", "draft_vocab_size", "rms_norm_eps", "hidden_act", "max_position_embeddings",
+                 "tie_word_embeddings", "target_hidden_size")
+
+
+def draft_config_fact(loaded) -> dict:
+    """``draft_config``: the draft's config.json as transformers builds it (the class an engine builds
+    the config with: every key, defaults filled in; the file itself when transformers cannot read it, e.g.
+    a speculators config), with the values the reference draft computes with where a key means the same
+    (``_SAME_MEANING``), ``rope_parameters.rope_theta`` and ``num_hidden_layers`` 1 (the reference builds
+    one decoder layer)."""
+    from specdiff.tracer.config_facts import config_fact
+
+    try:
+        from transformers import AutoConfig
+
+        out = config_fact(AutoConfig.from_pretrained(loaded.path, local_files_only=True))
+    except Exception:  # noqa: BLE001 - a format transformers does not know: the file, every key as written
+        out = config_fact(dict(loaded.raw_config))
+    cfg = loaded.config
+    for key in _SAME_MEANING:
+        if key in out:
+            out[key] = getattr(cfg, key)
+    if isinstance(out.get("rope_parameters"), dict) and "rope_theta" in out["rope_parameters"]:
+        out["rope_parameters"]["rope_theta"] = float(cfg.rope_theta)
+    if "num_hidden_layers" in out:
+        out["num_hidden_layers"] = 1
+    return out
+
+
+def live_facts(target, loaded, options: dict, target_dir) -> dict:
+    """The facts read whole off the training side's live objects (tracer/contract.py: ``target_config``,
+    ``draft_config``, ``engine_options``, the structures, the checkpoints' fingerprints on the load path,
+    the parameters the checkpoints did not provide).
+
+    Args:
+        target: the HF target as loaded (``replay.model.target_capture.load_target``).
+        loaded: the ``LoadedDraft``.
+        options: record train's options, filled in (``TrainSide.options``).
+        target_dir: the target's directory (its checkpoint files are what ``from_pretrained`` loaded).
+    """
+    from specdiff.tracer.config_facts import config_fact, json_safe
+    from specdiff.tracer.weight_facts import checkpoint_fingerprints, structure, unit_fingerprints
+
+    m = loaded.model
+    return {
+        "target_config": config_fact(target.config), "draft_config": draft_config_fact(loaded),
+        "engine_options": json_safe(dict(options)),
+        "target_structure": structure(target, per_unit=True), "draft_structure": structure(m, per_unit=False),
+        "target_weights": unit_fingerprints(checkpoint_fingerprints(target_dir)),
+        "draft_weights": dict(loaded.weight_fingerprints),
+        "target_unloaded": list(getattr(target, "specdiff_missing_keys", [])),
+        # load_draft refuses a checkpoint without a weight the forward needs; the embedding alone may come
+        # from neither the checkpoint nor the target (then random: draft_notes says so)
+        "draft_unloaded": ["embed_tokens.weight"] if getattr(m, "embed_source", None) == "random" else [],
+    }
 
 
 def draft_computation_facts(draft, config, *, vocab: int, seqs, bos_token_id, tokenizer_dir) -> dict:

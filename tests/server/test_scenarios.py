@@ -3,7 +3,9 @@ recorded by the real recorders, replayed on the training side, and diffed.
 
 This is both issue 5's scenario suite (first divergence *and* explanation per known cause) and
 issue 7's demo test (`specdiff demo --no-tui` for the seed and the correct scenario).
-One demo run per scenario, shared by the tests of that scenario.
+One demo run per scenario, shared by the tests of that scenario (in one process: ``_RUNS``). The
+tests of scenarios that share a run are one pytest-xdist group; the groups spread the file's seven
+demo runs (~2 min each) over ``make test``'s two workers (tests/conftest.py keeps a test's own group).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def demo_root(tmp_path_factory):
     return tmp_path_factory.mktemp("demo")
 
 
+@pytest.mark.xdist_group("scenarios-correct")
 def test_correct_config_has_no_divergence_and_accepts_well(demo_root):
     proc, summary, _ = run_demo("correct", demo_root)
     assert proc.returncode == 0, proc.stdout[-2000:]
@@ -53,6 +56,7 @@ def test_correct_config_has_no_divergence_and_accepts_well(demo_root):
     assert "no divergence" in proc.stdout
 
 
+@pytest.mark.xdist_group("scenarios-correct")
 def test_seed_bug_layer_shift_is_first_divergence(demo_root):
     proc, summary, workdir = run_demo("seed", demo_root)
     _, correct, _ = run_demo("correct", demo_root)
@@ -78,6 +82,7 @@ def test_seed_bug_layer_shift_is_first_divergence(demo_root):
     assert "serving captured HF hidden_states[3, 6, 7]; training used [0, 3, 6]" in proc.stdout
 
 
+@pytest.mark.xdist_group("scenarios-ids")
 def test_off_by_one_ids_name_the_convention(demo_root):
     _, summary, _ = run_demo("off-by-one", demo_root)
     report = summary["report"]
@@ -86,6 +91,7 @@ def test_off_by_one_ids_name_the_convention(demo_root):
     assert "every layer off by one" in report["explanations"][0]["message"]
 
 
+@pytest.mark.xdist_group("scenarios-ids")
 def test_d2t_saved_as_direct_ids_diverges_at_mapped_ids(demo_root):
     _, summary, _ = run_demo("d2t-direct", demo_root)
     report = summary["report"]
@@ -93,6 +99,7 @@ def test_d2t_saved_as_direct_ids_diverges_at_mapped_ids(demo_root):
     assert [e["cause"] for e in report["explanations"]] == ["d2t_direct_ids"]
 
 
+@pytest.mark.xdist_group("scenarios-d2t-norm")
 def test_missing_d2t_is_identity_mapping(demo_root):
     _, summary, _ = run_demo("no-d2t", demo_root)
     report = summary["report"]
@@ -100,6 +107,7 @@ def test_missing_d2t_is_identity_mapping(demo_root):
     assert [e["cause"] for e in report["explanations"]] == ["d2t_missing"]
 
 
+@pytest.mark.xdist_group("scenarios-d2t-norm")
 def test_norm_before_fc_on_serving_only(demo_root):
     _, summary, _ = run_demo("norm-before-fc", demo_root)
     report = summary["report"]
@@ -108,6 +116,7 @@ def test_norm_before_fc_on_serving_only(demo_root):
     assert "applied on serving only" in report["explanations"][0]["message"]
 
 
+@pytest.mark.xdist_group("scenarios-correct")
 def test_served_trace_matches_training_trace_for_a_correct_pair(demo_root):
     """Issue 4: training trace of real served sequences == SGLang trace within bf16 tolerance."""
     _, _, workdir = run_demo("correct", demo_root)
@@ -119,6 +128,7 @@ def test_served_trace_matches_training_trace_for_a_correct_pair(demo_root):
 
 
 
+@pytest.mark.xdist_group("scenarios-aux-order")
 def test_aux_concat_order_permutation_is_found_at_the_aux_stage(demo_root):
     """Issue 11 case 4: a draft trained on HF [6, 0, 3] (in that concat order), served by SGLang,
     which concatenates the same layers ascending. `record train --aux-layers 6,0,3 --aux-convention
@@ -148,6 +158,7 @@ def test_aux_concat_order_permutation_is_found_at_the_aux_stage(demo_root):
     assert "training.aux_order" in kinds, kinds
 
 
+@pytest.mark.xdist_group("scenarios-aux-order")
 def test_aux_concat_order_of_serving_is_read_from_the_engine(demo_root):
     _, summary, workdir = run_demo("aux-order", demo_root)
     from specdiff.tracer.store import open_trace
@@ -158,6 +169,7 @@ def test_aux_concat_order_of_serving_is_read_from_the_engine(demo_root):
                for c in contract), contract
 
 
+@pytest.mark.xdist_group("scenarios-aux-order")
 def test_aux_concat_order_permutation_is_explained_as_a_permutation(demo_root):
     _, summary, _ = run_demo("aux-order", demo_root)
     explanations = summary["report"]["explanations"]

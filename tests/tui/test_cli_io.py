@@ -46,13 +46,9 @@ def test_diff_starts_without_loading_torch(tmp_path, aux_traces):
 
 
 # ---- diff's progress bar --------------------------------------------------------------------------
-def _diff(a: str, b: str, *, stderr_tty: bool) -> tuple[int, str, str]:
-    """``specdiff diff A B --format text`` in a child process; (exit code, stdout, stderr), stderr
-    attached to a pseudo-terminal when ``stderr_tty``."""
-    argv = [sys.executable, "-m", "specdiff.tui", "diff", a, b, "--format", "text"]
-    if not stderr_tty:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-        return p.returncode, p.stdout, p.stderr
+def _on_pty(argv: list[str], *, all_streams: bool = False, timeout: int = 300) -> tuple[int, str, str]:
+    """Run ``argv`` with stderr (``all_streams``: stdin, stdout and stderr) on a pseudo-terminal;
+    (exit code, stdout when piped else '', what the terminal received)."""
     master, slave = pty.openpty()
     chunks: list[bytes] = []
 
@@ -68,13 +64,24 @@ def _diff(a: str, b: str, *, stderr_tty: bool) -> tuple[int, str, str]:
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
+    streams = dict(stdin=slave, stdout=slave) if all_streams else dict(stdout=subprocess.PIPE, text=True)
     try:
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=slave, text=True, timeout=300)
+        p = subprocess.run(argv, stderr=slave, timeout=timeout, **streams)
     finally:
         os.close(slave)
     reader.join(30)
     os.close(master)
-    return p.returncode, p.stdout, b"".join(chunks).decode(errors="replace")
+    return p.returncode, p.stdout or "", b"".join(chunks).decode(errors="replace")
+
+
+def _diff(a: str, b: str, *, stderr_tty: bool) -> tuple[int, str, str]:
+    """``specdiff diff A B --format text`` in a child process; (exit code, stdout, stderr), stderr
+    attached to a pseudo-terminal when ``stderr_tty``."""
+    argv = [sys.executable, "-m", "specdiff.tui", "diff", a, b, "--format", "text"]
+    if not stderr_tty:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        return p.returncode, p.stdout, p.stderr
+    return _on_pty(argv)
 
 
 def test_diff_draws_a_progress_bar_on_a_terminal_and_nothing_into_a_pipe(tmp_path, aux_traces):
@@ -86,6 +93,17 @@ def test_diff_draws_a_progress_bar_on_a_terminal_and_nothing_into_a_pipe(tmp_pat
     assert (rc_tty, report_tty) == (rc, report)  # the bar never reaches the report
     assert "comparing" in bar and "100%" in bar, bar
     assert "draft.topk_target" in bar  # the tensor being compared is named beside the bar
+
+
+def test_diff_on_a_terminal_prints_the_report_not_the_app(tmp_path, aux_traces):
+    """Issue 34: ``diff A B`` on a terminal opened the app, though the README calls it a report (the
+    app is ``view``). Stdin, stdout and stderr on a pseudo-terminal: the app would wait for keys and
+    the run time out."""
+    a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])
+    b = aux_traces.write(tmp_path / "b", side="serve", hf=[3, 6, 7])
+    rc, _, out = _on_pty([sys.executable, "-m", "specdiff.tui", "diff", a, b], all_streams=True, timeout=120)
+    assert rc == 1, out
+    assert "first divergence: target.aux.0" in out and "\ntensors" in out.replace("\r\n", "\n"), out
 
 
 # ---- record client against failing servers -----------------------------------------------------
@@ -176,7 +194,7 @@ def test_request_failures_are_named_by_their_innermost_cause():
     import requests
 
     from specdiff.tracer.engines.sglang.cpu.launch import free_port
-    from specdiff.tui.cmd_record import request_failure
+    from specdiff.tui.serve_http import request_failure
 
     with pytest.raises(requests.ConnectionError) as err:
         requests.get(f"http://127.0.0.1:{free_port()}/health", timeout=5)

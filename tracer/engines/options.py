@@ -26,6 +26,7 @@ class Options:
     sample: float | None = None  # record this fraction of requests (tracer/engines/requests.py)
     writer: str = "process"  # "process": rows built in a writer process; "thread": in this one
     writer_nice: int = 19  # the writer process's niceness (tracer/engines/writer/child.py NICE; 0: the server's)
+    weight_facts: bool = True  # fingerprint the checkpoints on the load path (tracer/weight_facts.py)
 
     @classmethod
     def from_env(cls, env) -> Options | None:
@@ -47,7 +48,9 @@ class Options:
                    sample=_env_fraction(env, "SPECDIFF_SAMPLE"),
                    writer=_env_choice(env, "SPECDIFF_WRITER", ("process", "thread"), default="process"),
                    # read again by the writer process itself; checked here so a bad value is one refusal
-                   writer_nice=_env_int(env, "SPECDIFF_WRITER_NICE", 19, minimum=0, maximum=19))
+                   writer_nice=_env_int(env, "SPECDIFF_WRITER_NICE", 19, minimum=0, maximum=19),
+                   # SPECDIFF_WEIGHT_FACTS=0: no weight facts (benchmarks/contract_startup.py measures their cost)
+                   weight_facts=_env_flag(env, "SPECDIFF_WEIGHT_FACTS", default=True))
 
     def sampler(self):
         """The ``RequestSampler`` these options ask for (``SPECDIFF_SAMPLE``, ``SPECDIFF_RIDS``)."""
@@ -119,10 +122,10 @@ def _env_regex(env, name: str) -> str | None:
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def _env_flag(env, name: str) -> bool:
+def _env_flag(env, name: str, *, default: bool = False) -> bool:
     raw = _given(env, name)
     if raw is None:
-        return False
+        return default
     v = raw.strip().lower()
     if v not in _TRUE + _FALSE:
         raise OptionError(name, raw, "/".join(_TRUE) + " or " + "/".join(_FALSE))

@@ -7,6 +7,8 @@ chunk as a ``Damage`` and fills its rows, so every other row still arrives. Miss
 found by listing the array's chunk keys against the rows the trace says were written, once, when
 the array is first read or its damage is first asked for: opening a trace costs no listing, so a
 diff's first answer does not wait for the chunk files of tensors it has not reached.
+``ArrayReader.check_sizes`` (``specdiff info``) also finds chunk files cut short without reading a
+value: a size per file, and the 16-byte header of a compressed one.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.core.buffer.cpu import NDBuffer
 
 from specdiff.tracer.store.arrays import as_storage
-from specdiff.tracer.store.damage import RECOPY, Damage, chunk_consequence, chunk_problem
+from specdiff.tracer.store.damage import RECOPY, Damage, chunk_consequence, chunk_problem, truncation
 
 
 def stored_raw(array) -> bool:
@@ -124,6 +126,32 @@ def _chunk_files(root: str) -> set[str]:
         return set()
 
 
+def _chunk_sizes(root: str) -> dict[str, int]:
+    """Relative path -> size in bytes of the files under ``root`` (as ``_chunk_files``); a file whose
+    size cannot be read is left out (reading it will say why)."""
+    if "://" not in root:
+        out: dict[str, int] = {}
+        for name in _chunk_files(root):
+            try:
+                out[name] = os.stat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+        return out
+    fs, path = fsspec.core.url_to_fs(root)
+    try:
+        found = fs.find(path, detail=True)
+    except OSError:
+        return {}
+    return {p[len(path.rstrip("/")) + 1:].replace("\\", "/"): int(v.get("size") or 0) for p, v in found.items()}
+
+
+def _head(path: str, key: str, n: int) -> bytes:
+    """The first ``n`` bytes of ``key`` in the trace at ``path``. OSError when unreadable."""
+    opener = open if "://" not in path else fsspec.open  # a local file without fsspec's per-open cost
+    with opener(join(path, key), "rb") as fh:
+        return fh.read(n)
+
+
 class ArrayReader:
     """One array of a trace (a tensor's ``data`` or a row-key column), read damage-tolerantly.
 
@@ -203,6 +231,31 @@ class ArrayReader:
             if key[len(self.key) + 1:] not in present:
                 problem, action = chunk_problem(None, None, checksummed=self.checksummed, blosc=self.blosc, size=self.size)
                 self._chunk_damage(i, problem, action)
+
+    def check_sizes(self) -> None:
+        """Find, without reading a value, the damage a chunk file's size shows: missing files (as
+        ``damage`` does) and files cut short: an uncompressed array's chunk files all have one
+        length; a blosc frame's 16-byte header says how long it is (``damage.truncation``). Costs a
+        listing with sizes and, for compressed arrays, 16 bytes of each chunk file; ``verify`` reads
+        everything (checksums, decoding)."""
+        if self.array is None or self._is_bad(-1):
+            return
+        if self.size is None and not self.blosc:
+            return  # another codec: nothing a size can say
+        need = -(-min(self.rows, self.array.shape[0]) // self.chunk_rows)
+        sizes = _chunk_sizes(join(self.trace, self.key)) if need else {}
+        for i in range(need):
+            key = self._chunk_key(i)
+            length = sizes.get(key[len(self.key) + 1:])
+            if length is None or self._is_bad(i):
+                continue
+            try:
+                head = _head(self.trace, key, 16) if self.blosc else b""
+            except OSError:
+                continue  # unreadable: reading it says why
+            problem = truncation(length, head, checksummed=self.checksummed, blosc=self.blosc, size=self.size)
+            if problem is not None:
+                self._chunk_damage(i, problem, RECOPY)
 
     def _chunk_damage(self, i: int, problem: str, action: str) -> None:
         a, b = self._chunk_rows_of(i)

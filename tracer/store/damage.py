@@ -71,6 +71,23 @@ def chunk_consequence(column: str, start: int, stop: int) -> str:
     return f"the {column} keys of {rows_text(start, stop)} are unreadable, so those rows are not aligned or compared"
 
 
+def truncation(length: int, head: bytes, *, checksummed: bool, blosc: bool, size: int | None) -> str | None:
+    """The problem "is truncated (...)" when a chunk file of ``length`` bytes is shorter than its array's chunks
+    must be, else None. Needs no value: ``head`` is the file's first 16 bytes (a blosc frame's header
+    says how long the frame is; unused otherwise), ``size`` the length every chunk file of an
+    uncompressed array has (None when compressed); a crc32c trailer adds 4 bytes."""
+    extra = 4 if checksummed else 0
+    if blosc:
+        if length - extra < _BLOSC_HEADER:
+            return f"is truncated ({length} bytes, shorter than its header)"
+        cbytes = int.from_bytes(head[12:16], "little")
+        if cbytes > length - extra:
+            return f"is truncated ({length} of {cbytes + extra} bytes)"
+    if size is not None and length < size:
+        return f"is truncated ({length} of {size} bytes)"
+    return None
+
+
 def chunk_problem(raw: bytes | None, exc: BaseException | None, *, checksummed: bool, blosc: bool,
                   size: int | None = None) -> tuple[str, str]:
     """(problem, action) for a chunk whose decode failed, or that is absent.
@@ -92,15 +109,10 @@ def chunk_problem(raw: bytes | None, exc: BaseException | None, *, checksummed: 
         return "is empty (0 bytes)", RECOPY
     inner = raw[:-4] if checksummed else raw
     crc_ok = checksummed and len(raw) >= 4 and google_crc32c.value(inner).to_bytes(4, "little") == raw[-4:]
-    if blosc and not crc_ok:
-        extra = 4 if checksummed else 0
-        if len(inner) < _BLOSC_HEADER:
-            return f"is truncated ({len(raw)} bytes, shorter than its header)", RECOPY
-        cbytes = int.from_bytes(inner[12:16], "little")
-        if cbytes > len(inner):
-            return f"is truncated ({len(raw)} of {cbytes + extra} bytes)", RECOPY
-    if size is not None and len(raw) < size and not crc_ok:
-        return f"is truncated ({len(raw)} of {size} bytes)", RECOPY
+    cut = None if crc_ok else truncation(len(raw), raw[:_BLOSC_HEADER], checksummed=checksummed, blosc=blosc,
+                                         size=size)
+    if cut is not None:
+        return cut, RECOPY
     if checksummed and not crc_ok:
         return "fails its crc32c checksum (its bytes changed after writing)", RECOPY
     reason = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown reason"

@@ -209,6 +209,12 @@ class RankedTrace(TraceReader):
             out[sel] = self.ranks[r][1].unreadable(name, rows[sel] - off[r])
         return out
 
+    def check_sizes(self) -> list[Damage]:
+        """Every rank's ``Trace.check_sizes`` (chunk files missing or cut short, no value read)."""
+        for _, t in self.ranks:
+            t.check_sizes()
+        return self.damage
+
     def verify(self) -> list[Damage]:
         for _, t in self.ranks:
             t.verify()

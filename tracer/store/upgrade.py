@@ -15,6 +15,7 @@ The source is verified first (every chunk read) and never modified. Also
 
 from __future__ import annotations
 
+import os
 import sys
 
 import fsspec
@@ -64,8 +65,12 @@ def upgrade(src: str, dst: str, *, compact: bool = False) -> int:
     Returns the number of arrays rewritten (0: ``src`` had today's arrays; ``dst`` is a copy with
     consolidated metadata).
 
+    ``dst`` appears whole or not at all: the copy is made and verified at ``<dst>.partial-<pid>``
+    and then moved to ``dst``; a failure or an interrupt (KeyboardInterrupt) removes the partial copy.
+
     Raises:
-        TraceError: ``src`` is damaged (the first damage line), unclosed, per-rank, or ``dst`` exists.
+        TraceError: ``src`` is damaged (the first damage line), unclosed, per-rank, ``dst`` exists,
+            or ``dst``'s folder does not exist (a local path).
     """
     trace = open_trace(src)
     if hasattr(trace, "ranks"):
@@ -81,7 +86,29 @@ def upgrade(src: str, dst: str, *, compact: bool = False) -> int:
     dst_path = fsspec.core.url_to_fs(dst)[1]
     if fs.exists(dst_path):
         raise TraceError(f"{dst}: already exists; choose another path")
-    fs.copy(src_path, dst_path, recursive=True)  # same filesystem: a trace is upgraded beside itself
+    parent = os.path.dirname(os.path.abspath(dst_path))
+    if "file" in fs.protocol and not os.path.isdir(parent):
+        raise TraceError(f"{dst}: folder {parent} does not exist; create it or choose another path")
+    partial = f"{dst.rstrip('/')}.partial-{os.getpid()}"
+    partial_path = fsspec.core.url_to_fs(partial)[1]
+    if fs.exists(partial_path):
+        raise TraceError(f"{partial}: already exists (a killed upgrade's copy?); remove it and run again")
+    try:
+        n = _upgrade_copy(trace, src, partial, compact=compact)
+        if open_trace(partial).verify():
+            raise TraceError(f"{dst}: the upgraded copy does not verify; keep {src}")
+        fs.mv(partial_path, dst_path, recursive=True)
+    except BaseException:
+        if fs.exists(partial_path):
+            fs.rm(partial_path, recursive=True)
+        raise
+    return n
+
+
+def _upgrade_copy(trace, src: str, dst: str, *, compact: bool) -> int:
+    """``upgrade``'s copy of the opened, verified ``trace`` (at ``src``) to ``dst``, which does not exist."""
+    fs, src_path = fsspec.core.url_to_fs(src)
+    fs.copy(src_path, fsspec.core.url_to_fs(dst)[1], recursive=True)  # same filesystem: upgraded beside itself
     group = zarr.open_group(store=dst, mode="r+")
     source = zarr.open_group(store=src, mode="r")
     keys = [f"tensors/{name}/{col}" for name in trace.names if trace.rows(name)
@@ -94,8 +121,6 @@ def upgrade(src: str, dst: str, *, compact: bool = False) -> int:
         keys += [f"sequences/{k}" for k, _ in SEQUENCE_ARRAYS if k != "id"]
     rewritten = sum(_rewrite(source, group, key, compact=compact) for key in keys)
     consolidate(group.store)
-    if open_trace(dst).verify():
-        raise TraceError(f"{dst}: the upgraded copy does not verify; keep {src}")
     return rewritten
 
 

@@ -6,8 +6,10 @@ committed tiny models (``traces/models``) on a real CPU SGLang server (~2-3 min 
 
 It runs what ``specdiff demo --scenario seed --prompts 3 --no-tui`` runs (demo/run.py: the seed's
 served draft, the traced server, ``record train`` replaying the served sequences) from the repo
-root with repo-relative paths, so the contracts name ``traces/models/target``, the served draft
-and the serving trace as a fresh clone has them, not as the recording machine did. The served
+root with repo-relative paths and ``SPECDIFF_RECORD_RELATIVE_TO`` set to the repo root (recorders
+write absolute paths otherwise: ``specdiff.tracer.paths``), so the contracts name
+``traces/models/target``, the served draft and the serving trace as a fresh clone has them, not as
+the recording machine did. The served
 draft (``OUT/served-draft``) is the trained draft with the seed's ``eagle_aux_hidden_state_layer_ids``
 in its config.json; its weights are a relative symlink to ``traces/models/draft``'s (the seed
 changes no weight), so the repo holds no second copy. Both traces are then compacted
@@ -72,12 +74,15 @@ def regenerate(out: Path) -> tuple[Path, Path]:
     for p in (serve, train):
         if p.exists():
             shutil.rmtree(p)
+    from specdiff.tracer.paths import RELATIVE_TO_ENV
+
+    os.environ[RELATIVE_TO_ENV] = str(ROOT)  # record train (a subprocess) writes repo-relative paths too
     with tempfile.TemporaryDirectory() as tmp:
         serve_and_trace(models=MODELS, served_draft=draft, trace=serve,
                         prompts=demo_prompts(MODELS, PROMPTS), max_new_tokens=MAX_NEW_TOKENS,
                         log_path=Path(tmp) / "server.log",
                         env={k: v for k, v in os.environ.items() if not k.startswith("SPECDIFF_")}
-                        | {"SPECDIFF_TRACE": str(serve)})
+                        | {"SPECDIFF_TRACE": str(serve), RELATIVE_TO_ENV: str(ROOT)})
     record_train(models=MODELS, serve_trace=serve, out=train, extra=scenario_for(SCENARIO).training_args())
     for trace in (serve, train):  # raw float chunks are stored whole (~4 MiB): 118 MB of padding here
         small = trace.with_name(f".{trace.name}.compact")

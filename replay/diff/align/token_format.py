@@ -11,18 +11,20 @@ import json
 from pathlib import Path
 
 from specdiff.replay.diff.types import Pair, SeqPair
+from specdiff.tracer.paths import contract_path
+
+
+def _tokenizer_file(path: Path) -> Path:
+    return path if path.name.endswith(".json") else path / "tokenizer.json"
 
 
 def tokenizer_dir(traces) -> Path | None:
-    """The first contract ``model_name`` (either side) that is a local dir with a tokenizer.json."""
+    """The first contract ``model_name`` (either side) that is a local dir with a tokenizer.json (a
+    relative one found from the trace's folders, ``tracer.paths.contract_path``)."""
     for trace in (traces.x, traces.y):
-        name = trace.contract.get("model_name")
-        if not name:
-            continue
-        path = Path(str(name))
-        cand = path if path.name.endswith(".json") else path / "tokenizer.json"
-        if cand.is_file():
-            return cand.parent
+        found = contract_path(trace, "model_name", want=lambda p: _tokenizer_file(p).is_file())
+        if found.path is not None:
+            return _tokenizer_file(found.path).parent
     return None
 
 

@@ -42,6 +42,10 @@ _ORDER = ["float64", "float32", "float16", "bfloat16"]
 
 PRESETS = {"strict": 0.2, "default": 1.0, "loose": 5.0}
 
+#: override field -> (lowest, highest) value it may take (``Tolerance``'s meanings: rel an error
+#: ratio, cos a cosine, ids and max_fail_frac fractions)
+FIELD_RANGES = {"rel": (0.0, float("inf")), "cos": (-1.0, 1.0), "ids": (0.0, 1.0), "max_fail_frac": (0.0, 1.0)}
+
 
 def looser_dtype(*dtypes: str) -> str:
     """The float dtype with the largest rounding error among ``dtypes`` (bf16 if none is a float)."""
@@ -72,7 +76,9 @@ def parse_overrides(items) -> dict[str, dict[str, float]]:
     ``rel``, ``cos``, ``ids``, ``max_fail_frac``.
 
     Raises:
-        ToleranceError: malformed item, unknown stage/tensor or field (shows the accepted form).
+        ToleranceError: malformed item, unknown stage/tensor or field (shows the accepted form), or
+            a value outside its field's range (``FIELD_RANGES``: rel >= 0, cos in [-1, 1], ids and
+            max_fail_frac in [0, 1]; NaN never).
     """
     out: dict[str, dict[str, float]] = {}
     form = "STAGE=rel:0.1,cos:0.99 (fields: rel, cos, ids, max_fail_frac)"
@@ -89,12 +95,16 @@ def parse_overrides(items) -> dict[str, dict[str, float]]:
         fields = {}
         for part in spec.split(","):
             key, _, value = part.partition(":")
-            if key not in ("rel", "cos", "ids", "max_fail_frac"):
+            if key not in FIELD_RANGES:
                 raise ToleranceError(f"tolerance override field {key!r} unknown; form: {form}")
             try:
                 fields[key] = float(value)
             except ValueError:
                 raise ToleranceError(f"tolerance override {item!r}: {value!r} is not a number; form: {form}") from None
+            low, high = FIELD_RANGES[key]
+            if not low <= fields[key] <= high:  # NaN too
+                span = f">= {low:g}" if high == float("inf") else f"in [{low:g}, {high:g}]"
+                raise ToleranceError(f"tolerance override {item!r}: {key} must be {span}, not {value}")
         out[stage] = fields
     return out
 

@@ -16,7 +16,9 @@ in the order it runs, with the stages it looks at (pipeline.py runs it after com
 - ``history``: the draft's KV history (stale, a cached prefix's missing, a re-ranked tree node's) and
   chunked-prefill boundaries, and a structural group a divergence concentrates in;
 - ``nonfinite``: where NaN/inf first appear and why; ``contract``: a contract difference acting
-  inside the first stage (``contract_check`` compares the contracts);
+  inside the first stage (``contract_check`` compares the contracts, ``fact_diff`` every fact no one
+  worded); ``differences``: when nothing above closes the gap, the recorded facts that differ and
+  act at or before the stage (named, not proven: the narrowing still runs);
 - ``crash``: a side whose engine crashed; ``findings``: pre-flight findings that bear on it.
 
 ``sample`` reads the rows the checks share. Every cause id is a row of replay/diff/causes.py.
@@ -30,6 +32,7 @@ from functools import cached_property
 
 from specdiff.replay.diff.explain.aux import explain_aux, explain_aux_permutation
 from specdiff.replay.diff.explain.contract import explain_contract
+from specdiff.replay.diff.explain.differences import explain_differences
 from specdiff.replay.diff.explain.halves import explain_halves
 from specdiff.replay.diff.explain.history import explain_group, explain_history
 from specdiff.replay.diff.explain.nonfinite import explain_nonfinite
@@ -105,6 +108,8 @@ CHECKS: tuple[Check, ...] = (
     Check(_every, lambda s: [e for e in s.nonfinite if e.tensor == s.first.name], lead=True),
     # A divergence called in a structural group (judge/groups.py) names the group when nothing sharper did.
     Check(_every, lambda s: explain_group(s.first), fallback=True),
+    # Nothing named closes the gap: the recorded facts that differ and act at or before the stage are named.
+    Check(_every, lambda s: explain_differences(s.traces, s.comps, s.first), fallback=True),
     Check(_every, lambda s: [e for e in s.nonfinite if e.tensor != s.first.name]),
 )
 

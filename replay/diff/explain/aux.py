@@ -5,7 +5,6 @@ fix in the serving engine's own id convention and config key (SGLang per target-
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 
@@ -16,6 +15,7 @@ from specdiff.replay.diff.compare.acceptance import acceptance
 from specdiff.replay.diff.explain.sample import mean_rel
 from specdiff.replay.diff.types import Alignment, Explanation, Pair, serve_side, side_names, trace_engine
 from specdiff.tracer.contract import AUX_IDS_DEFAULT_PREFIX, aux_slot_layers, known
+from specdiff.tracer.paths import contract_path, is_model_dir
 from specdiff.tracer.schema import aux_name, aux_slot, probe_index
 
 
@@ -179,11 +179,10 @@ def _target_arch(traces) -> str | None:
         if arch := known(t.contract, "target_architecture"):
             return str(arch)
     for t in traces:
-        d = known(t.contract, "model_name")
-        f = Path(str(d)) / "config.json" if d else None
-        if f is not None and f.is_file():
+        d = contract_path(t, "model_name", want=is_model_dir).path
+        if d is not None:
             try:
-                return target_architecture(json.loads(f.read_text()))
+                return target_architecture(json.loads((d / "config.json").read_text()))
             except (OSError, ValueError):
                 continue
     return None

@@ -9,6 +9,10 @@ the draft's attention, between ``draft.attn_in`` (its input, equal when ``draft.
 first divergence) and ``draft.hidden_out``; a rope difference with ``draft.logits`` first (its
 ``draft.hidden_out`` equal) explains nothing.
 
+The first stage each fact acts in and its fix are the fact table's (replay/diff/facts.py ``FACTS``;
+tests/replay/diff/test_facts.py holds this table to it); a fact that differs and acts at or before
+the first divergence without being one of these is named by explain/differences.py instead.
+
 Not here: the compute ``dtype``. A dtype difference changes every stage a little and the
 tolerances take the looser dtype (contract_check); it is a cause only where values go non-finite
 (replay/diff/explain/nonfinite.py). Weight hashes that differ only by a cast are ``info`` mismatches
@@ -17,8 +21,8 @@ tolerances take the looser dtype (contract_check); it is a cause only where valu
 
 from __future__ import annotations
 
-from specdiff.replay.diff.explain.contract_check import ContractMismatch, check_contracts
-from specdiff.replay.diff.types import Explanation, Pair
+from specdiff.replay.diff.explain.contract_check import check_contracts
+from specdiff.replay.diff.types import ContractMismatch, Explanation, Pair
 from specdiff.tracer.contract import AUX_CONCAT_ORDER
 from specdiff.tracer.schema import spec_for
 

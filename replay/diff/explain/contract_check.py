@@ -10,10 +10,10 @@ once per side.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from specdiff.eagle3.engines import UnknownEngineError, engine_spec
-from specdiff.replay.diff.types import Pair, side_names
+from specdiff.replay.diff.explain.fact_diff import fact_differences
+from specdiff.replay.diff.facts import fact_row
+from specdiff.replay.diff.types import ContractMismatch, Pair, side_names
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known, unknown_fields, unobservable_engine
 from specdiff.tracer.errors import SpecdiffError
 
@@ -28,88 +28,53 @@ TARGET_IDENTITY = ("target_architecture", "target_config_sha256", "target_weight
 class DifferentTargetsError(SpecdiffError):
     """The two traces were recorded on different target models: nothing they hold can be compared."""
 
-#: one fix for every d2t / hot_token_id difference, whatever its kind (direct ids, another map, missing)
-_D2T_FIX = "serve the d2t of the draft checkpoint training used (its vocab map, saved as offsets)"
 
 # Severity: "error" = the two sides cannot agree; "warn" = likely a cause; "info" = worth knowing.
-# Each field: (severity, message template, stages it bears on ("*" = every stage), fix).
+# Each field: (severity, message template, stages it bears on ("*" = every stage)); its fix is the fact
+# table's (replay/diff/facts.py FACTS), in the engine's own words where ENGINE_FIXES has them.
 _ALL = ("*",)
 _AUX = ("target.aux", "target.aux_cat", "draft.fc_in", "draft.fc_out")
 _DRAFT_IN = ("draft.fc_out", "draft.attn_in", "draft.hidden_out", "draft.logits", "draft.topk")
 _TOK = ("tokens",)
-_FIELDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
-    "num_layers": ("error", "target layer counts differ ({x} vs {y}): traces of different target models", _ALL,
-                   "record both sides with the same target model"),
-    "hidden_size": ("error", "target hidden sizes differ ({x} vs {y}): traces of different target models", _ALL,
-                    "record both sides with the same target model"),
-    "vocab_size": ("error", "target vocab sizes differ ({x} vs {y}): traces of different target models", _ALL,
-                   "record both sides with the same target model"),
+_ROPE = ("draft.hidden_out", "draft.logits")
+_EMBED = ("draft.attn_in", "draft.hidden_out", "draft.logits")
+_FIELDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "num_layers": ("error", "target layer counts differ ({x} vs {y}): traces of different target models", _ALL),
+    "hidden_size": ("error", "target hidden sizes differ ({x} vs {y}): traces of different target models", _ALL),
+    "vocab_size": ("error", "target vocab sizes differ ({x} vs {y}): traces of different target models", _ALL),
     "draft_vocab_size": ("error", "draft vocab sizes differ ({x} vs {y}): different drafts",
-                         ("draft.logits", "draft.topk", "draft.topk_target"), "serve the draft that was trained"),
-    "spec_algorithm": ("error", "speculative algorithm: {lx} {x}, {ly} {y}", _AUX + _DRAFT_IN,
-                       "serve an EAGLE-3 draft with --speculative-algorithm EAGLE3 (EAGLE feeds one final "
-                       "hidden state and skips fc)"),
-    "aux_hf_indices": ("warn", "{ly} captured HF hidden_states{y}; {lx} used {x}", _AUX,
-                       "write the training layers into the draft config's aux-id key in the serving engine's "
-                       "numbering, or record training with the served layers"),
-    AUX_CONCAT_ORDER: ("warn", "{ly} concatenated the aux slots as HF {y}; {lx} as HF {x}", _AUX,
-                       "concatenate the aux states in ascending layer order in training (SGLang and vLLM do), "
-                       "or retrain"),
+                         ("draft.logits", "draft.topk", "draft.topk_target")),
+    "spec_algorithm": ("error", "speculative algorithm: {lx} {x}, {ly} {y}", _AUX + _DRAFT_IN),
+    "aux_hf_indices": ("warn", "{ly} captured HF hidden_states{y}; {lx} used {x}", _AUX),
+    AUX_CONCAT_ORDER: ("warn", "{ly} concatenated the aux slots as HF {y}; {lx} as HF {x}", _AUX),
     "aux_prenorm_indices": ("warn", "aux slots holding the last layer's output before the final norm: {ly} "
-                            "{y}, {lx} {x} (HF hidden_states[L] is after the norm)", _AUX,
-                            "feed the same state in slot L on both sides: train on the last layer's output before "
-                            "the final norm, or choose aux ids without L"),
-    "d2t_sha256": ("warn", "the d2t vocab maps differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target", "verify"),
-                   _D2T_FIX),
+                            "{y}, {lx} {x} (HF hidden_states[L] is after the norm)", _AUX),
+    "d2t_sha256": ("warn", "the d2t vocab maps differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target", "verify")),
     "hot_token_id_sha256": ("warn", "the draft->target id maps (hot_token_id) differ ({lx} {xs}, {ly} {ys})",
-                            ("draft.topk_target", "verify"),
-                            _D2T_FIX),
-    "t2d_sha256": ("info", "the t2d masks differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target",),
-                   "the engines map draft ids through d2t only; make d2t and t2d come from the same vocab map"),
-    "norm_before_fc": ("warn", "norm before fc: {lx} {x}, {ly} {y}", ("draft.fc_in", "draft.fc_out"),
-                       "set norm_before_fc in the draft config as in training"),
-    "fc_norm": ("warn", "per-slot fc norm: {lx} {x}, {ly} {y}", ("draft.fc_in", "draft.fc_out"),
-                "set fc_norm in the draft config as in training"),
+                            ("draft.topk_target", "verify")),
+    "t2d_sha256": ("info", "the t2d masks differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target",)),
+    "norm_before_fc": ("warn", "norm before fc: {lx} {x}, {ly} {y}", ("draft.fc_in", "draft.fc_out")),
+    "fc_norm": ("warn", "per-slot fc norm: {lx} {x}, {ly} {y}", ("draft.fc_in", "draft.fc_out")),
     "norm_output": ("warn", "hidden fed to the next depth normed: {lx} {x}, {ly} {y}",
-                    ("draft.fc_out", "draft.attn_in", "draft.hidden_out", "draft.logits"),
-                    "set norm_output in the draft config as in training (True = feed the normed hidden)"),
-    "embed_source": ("warn", "draft embedding taken from the {x} on {lx}, from the {y} on {ly}",
-                     ("draft.attn_in", "draft.hidden_out", "draft.logits"),
-                     "the engine shares the target's embedding with an EAGLE-3 draft: train with the target's "
-                     "(frozen) embedding"),
-    "embed_sha256": ("warn", "the embeddings the draft multiplies by differ ({lx} {xs}, {ly} {ys})",
-                     ("draft.attn_in", "draft.hidden_out", "draft.logits"),
-                     "train and serve with the same target embedding (the engine uses the target's)"),
+                    ("draft.fc_out", "draft.attn_in", "draft.hidden_out", "draft.logits")),
+    "embed_source": ("warn", "draft embedding taken from the {x} on {lx}, from the {y} on {ly}", _EMBED),
+    "embed_sha256": ("warn", "the embeddings the draft multiplies by differ ({lx} {xs}, {ly} {ys})", _EMBED),
     "lm_head_source": ("warn", "draft lm_head taken from the {x} on {lx}, from the {y} on {ly}",
-                       ("draft.logits", "draft.topk"),
-                       "put the trained lm_head into the draft checkpoint"),
+                       ("draft.logits", "draft.topk")),
     "lm_head_sha256": ("warn", "the lm_heads the draft multiplies by differ ({lx} {xs}, {ly} {ys})",
-                       ("draft.logits", "draft.topk"), "serve the lm_head that was trained"),
-    "rope_theta": ("warn", "draft rope theta: {lx} {x}, {ly} {y}", ("draft.hidden_out", "draft.logits"),
-                   "set rope_theta in the draft config to training's"),
-    "rope_scaling": ("warn", "draft rope scaling: {lx} {x}, {ly} {y}", ("draft.hidden_out", "draft.logits"),
-                     "set rope_scaling in the draft config to training's"),
-    "rope_style": ("warn", "draft rope style: {lx} {x}, {ly} {y}", ("draft.hidden_out", "draft.logits"),
-                   "use the same rotary style (neox rotate-halves vs gptj interleaved) on both sides"),
+                       ("draft.logits", "draft.topk")),
+    "rope_theta": ("warn", "draft rope theta: {lx} {x}, {ly} {y}", _ROPE),
+    "rope_scaling": ("warn", "draft rope scaling: {lx} {x}, {ly} {y}", _ROPE),
+    "rope_style": ("warn", "draft rope style: {lx} {x}, {ly} {y}", _ROPE),
     "partial_rotary_factor": ("warn", "draft partial rotary factor: {lx} {x}, {ly} {y} (the fraction of each "
-                              "head's dims rotated)", ("draft.hidden_out", "draft.logits"),
-                              "set partial_rotary_factor in the draft config to what training used"),
-    "draft_weights_sha256": ("warn", "draft weights differ ({lx} {xs}, {ly} {ys})", _DRAFT_IN,
-                             "serve the checkpoint that was trained"),
-    "tokenizer_sha256": ("warn", "tokenizers differ ({lx} {xs}, {ly} {ys})", _TOK,
-                         "tokenize training data with the serving tokenizer"),
-    "bos_added": ("warn", "prompts start with BOS: {lx} {x}, {ly} {y}", _TOK,
-                  "record training with the served token format (`specdiff record train --replay SERVE_TRACE`), "
-                  "or add/drop BOS in the training data as the server does"),
-    "chat_template_sha256": ("info", "chat templates differ ({lx} {xs}, {ly} {ys})", _TOK,
-                             "format training data with the serving chat template"),
-    "dtype": ("info", "compute dtypes differ ({lx} {x}, {ly} {y}): tolerances use the looser", _ALL,
-              "run both sides in one dtype: record training with the serving --dtype, or serve in the trained "
-              "dtype (a bf16-trained draft in float16 can overflow: --dtype bfloat16)"),
-    "spec_steps": ("info", "draft steps differ ({lx} {x}, {ly} {y})", ("draft.topk", "verify"),
-                   "record training with the serving --speculative-num-steps (--steps)"),
-    "spec_topk": ("info", "draft top-k differs ({lx} {x}, {ly} {y})", ("draft.topk", "draft.topk_target", "verify"),
-                  "record training with the serving --speculative-eagle-topk (--topk)"),
+                              "head's dims rotated)", _ROPE),
+    "draft_weights_sha256": ("warn", "draft weights differ ({lx} {xs}, {ly} {ys})", _DRAFT_IN),
+    "tokenizer_sha256": ("warn", "tokenizers differ ({lx} {xs}, {ly} {ys})", _TOK),
+    "bos_added": ("warn", "prompts start with BOS: {lx} {x}, {ly} {y}", _TOK),
+    "chat_template_sha256": ("info", "chat templates differ ({lx} {xs}, {ly} {ys})", _TOK),
+    "dtype": ("info", "compute dtypes differ ({lx} {x}, {ly} {y}): tolerances use the looser", _ALL),
+    "spec_steps": ("info", "draft steps differ ({lx} {x}, {ly} {y})", ("draft.topk", "verify")),
+    "spec_topk": ("info", "draft top-k differs ({lx} {x}, {ly} {y})", ("draft.topk", "draft.topk_target", "verify")),
 }
 
 
@@ -179,9 +144,10 @@ def serving_engines(traces: Pair) -> list:
 
 def engine_fix(field: str, traces: Pair) -> str:
     """The fix of ``field`` in the serving engine's own terms (``ENGINE_FIXES``); two engines -> each
-    one's, named; no serving side -> SGLang's (legacy traces), else ``_FIELDS``' neutral fix."""
+    one's, named; no serving side -> SGLang's (legacy traces), else the fact table's neutral fix
+    (replay/diff/facts.py)."""
     specs = serving_engines(traces) or [engine_spec("sglang")]
-    fixes = [(s, ENGINE_FIXES.get(s.name, {}).get(field, _FIELDS[field][3])) for s in specs]
+    fixes = [(s, ENGINE_FIXES.get(s.name, {}).get(field, fact_row(field).fix)) for s in specs]
     if len(fixes) == 1 or len({f for _, f in fixes}) == 1:
         return fixes[0][1]
     return "; ".join(f"{s.title}: {f}" for s, f in fixes)
@@ -210,7 +176,7 @@ def _weight_hash_mismatch(field: str, x, y, cx: dict, cy: dict, labels: Pair[str
     sides held the weights in one dtype or their dtype-independent fingerprints (``WEIGHT_HASHES``)
     differ; else the same weights in another dtype, a cast (info), said with the fingerprint that
     proves it or with the dtypes that make the bytes differ."""
-    severity, template, stages, _ = _FIELDS[field]
+    severity, template, stages = _FIELDS[field]
     fp = WEIGHT_HASHES[field]
     fx, fy = known(cx, fp), known(cy, fp)
     dx, dy = weights_dtype(cx), weights_dtype(cy)
@@ -230,29 +196,6 @@ def _weight_hash_mismatch(field: str, x, y, cx: dict, cy: dict, labels: Pair[str
                                 "recorded on both sides)", (), f"record both sides in one dtype to compare the "
                                 f"{_WEIGHT_WORDS[field]}")
     return ContractMismatch(field, severity, x, y, msg, stages, fix)
-
-
-@dataclass(frozen=True)
-class ContractMismatch:
-    """One contract field that differs: its values on each side, a plain-words message, the
-    stages it bears on (tracer/schema.py STAGE_ORDER names, "*" = all) and what to change."""
-
-    field: str
-    severity: str
-    x: object
-    y: object
-    message: str
-    stages: tuple[str, ...] = ()
-    fix: str = ""
-
-    def bears_on(self, stage: str) -> bool:
-        """True when this difference can explain a divergence at ``stage``."""
-        return "*" in self.stages or stage in self.stages
-
-
-def bearing_on(mismatches: list[ContractMismatch], stage: str) -> list[ContractMismatch]:
-    """The mismatches that bear on a first divergence at ``stage`` (unknown facts included)."""
-    return [m for m in mismatches if m.bears_on(stage)]
 
 
 def _short(v) -> str:
@@ -470,7 +413,7 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
             x, y = (UNKNOWN, other) if is_x else (other, UNKNOWN)
             stages = _FIELDS[field][2] if field in _FIELDS else ()
             out.append(_unknown_fact_line(field, why, label, c, stages, x, y))
-    for field, (severity, template, stages, fix) in _FIELDS.items():
+    for field, (severity, template, stages) in _FIELDS.items():
         if field not in cx or field not in cy or UNKNOWN in (cx[field], cy[field]):
             continue
         x, y = cx[field], cy[field]
@@ -495,5 +438,6 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
             out.append(ContractMismatch("aux_dropped_ids", "error", dropped, None,
                                         f"{label}: aux ids {dropped} are silently dropped by the engine ({why})",
                                         _AUX, fix))
+    out += fact_differences(traces, worded=frozenset(_FIELDS) | frozenset(TARGET_IDENTITY) | {"aux_dropped_ids"})
     rank = {"error": 0, "warn": 1, "info": 2}
     return sorted(out, key=lambda m: rank[m.severity])

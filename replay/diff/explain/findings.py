@@ -5,16 +5,17 @@ those directories exist here, the pre-flight check runs on them by the rules of 
 recorded the trace (its ``engine`` fact: SGLang's or vLLM's key precedence and numbering), with the
 training side's aux layers, and the findings whose kind concerns the first diverging stage are
 shown next to it.
-Findings a recorder stored in a contract (field ``findings``) are used as well.
+Findings a recorder stored in a contract (field ``findings``) are used as well. The directories are
+found from any working directory (``tracer.paths.contract_path``); a recorded path that is not found
+here is one line of the report (``unfound_paths``), never a silently missing section.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from specdiff.replay.diff.types import Pair
 from specdiff.tracer.contract import aux_slot_layers, known
 from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.paths import contract_path, is_model_dir
 from specdiff.tracer.schema import spec_for
 
 # Which finding kinds can explain a divergence at each stage.
@@ -45,10 +46,36 @@ def _serving_findings(traces: Pair) -> list[dict]:
     return out
 
 
+#: (trace side, contract fact) -> what a report leaves out when the path it names is not found here
+NEEDS = {
+    ("serve", "model_name"): "the pre-flight check (specdiff check) on the served models did not run",
+    ("serve", "draft_name"): "the pre-flight check (specdiff check) on the served models did not run",
+    ("train", "draft_name"): "the training draft cannot be re-run; give it: {command} --draft DIR",
+}
+
+
+def unfound_paths(traces: Pair, labels: Pair) -> list[str]:
+    """One line per model path a contract records that is not found here (``tracer.paths``), with
+    what the report leaves out for it (``NEEDS``); empty when every one is found."""
+    out = []
+    command = f"specdiff diff {traces.x.path} {traces.y.path}"
+    for trace, label in ((traces.x, labels.x), (traces.y, labels.y)):
+        side = "serve" if trace.side == "serve" else "train"
+        for fact in ("model_name", "draft_name"):
+            need = NEEDS.get((side, fact))
+            if need is None:
+                continue
+            found = contract_path(trace, fact, want=is_model_dir)
+            if found.missing:
+                out.append(f"{label}: {found.message()}: {need.format(command=command)}")
+    return out
+
+
 def _preflight_of(serve, train) -> list[dict]:
-    target, draft = known(serve.contract, "model_name"), known(serve.contract, "draft_name")
-    if not target or not draft or not Path(target).is_dir() or not Path(draft).is_dir():
-        return []
+    target = contract_path(serve, "model_name", want=is_model_dir).path
+    draft = contract_path(serve, "draft_name", want=is_model_dir).path
+    if target is None or draft is None:
+        return []  # unfound_paths says which
     from specdiff.replay.preflight.check import (  # reads configs and weight headers
         ENGINES,
         findings_as_facts,
@@ -105,6 +132,13 @@ def crash_findings(traces: Pair, crash: dict) -> list[dict]:
     return sorted(found, key=rank)
 
 
+def _draft_key(trace) -> str:
+    """The draft a contract names, as one string whoever recorded it: the directory found here
+    (symlinks resolved; one side may hold a relative path, the other an absolute one), else as recorded."""
+    found = contract_path(trace, "draft_name", want=is_model_dir)
+    return str(found.path.resolve()) if found.path is not None else str(found.recorded)
+
+
 def findings_of_kinds(traces: Pair, prefixes: tuple[str, ...]) -> list[dict]:
     """error/warn findings (pre-flight on the serving trace's models, and any stored in either
     contract) whose kind starts with one of ``prefixes``, without duplicates. A training contract's
@@ -113,10 +147,10 @@ def findings_of_kinds(traces: Pair, prefixes: tuple[str, ...]) -> list[dict]:
     found = _serving_findings(traces)
     engines = {"all"} | {str(t.contract["engine"]) for t in (traces.x, traces.y)
                          if t.side == "serve" and t.contract.get("engine")}
-    served = {str(known(t.contract, "draft_name")) for t in (traces.x, traces.y) if t.side == "serve"}
+    served = {_draft_key(t) for t in (traces.x, traces.y) if t.side == "serve"}
     for trace in (traces.x, traces.y):
         stored = [f for f in trace.contract.get("findings") or [] if isinstance(f, dict)]
-        if found and trace.side != "serve" and str(known(trace.contract, "draft_name")) not in served:
+        if found and trace.side != "serve" and _draft_key(trace) not in served:
             # record train's findings judge the checkpoint it loaded in every engine; the engine served
             # another copy (the demo's served draft, a re-export), whose own pre-flight ran above
             stored = [f for f in stored if f.get("engine") not in engines]

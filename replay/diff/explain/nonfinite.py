@@ -9,6 +9,9 @@ depth k-1), which side holds them, and what that side did differently:
   finite value is 65504 (IEEE 754 binary16), bfloat16 shares float32's exponent range, so an
   activation a bf16-trained draft keeps below 3.4e38 overflows to inf in float16, and inf - inf
   or 0 * inf becomes NaN in the next norm or softmax;
+- its engine built parameters its checkpoint did not provide, left as allocated (contract
+  ``draft_unloaded`` / ``target_unloaded``: e.g. a draft config asking for more layers than the
+  checkpoint holds);
 - its draft checkpoint holds NaN/inf weights (an uninitialised or corrupt tensor): read from the
   served draft directory the serving contract names (``draft_name``), when it is at hand.
 
@@ -26,6 +29,7 @@ from specdiff.replay.diff.causes import fix_of
 from specdiff.replay.diff.explain.contract_check import weights_dtype
 from specdiff.replay.diff.types import Explanation, Pair
 from specdiff.tracer.contract import known
+from specdiff.tracer.paths import contract_path
 from specdiff.tracer.schema import sort_key
 
 #: float16's largest finite value (IEEE 754 binary16: (2 - 2**-10) * 2**15)
@@ -131,7 +135,8 @@ def explain_nonfinite(traces: Pair, comps: dict, first, labels: Pair):
     checkpoint explains them, why (float16 overflow; NaN/inf weights), with the fix.
 
     Returns a list of ``types.Explanation`` (empty when every compared row is finite): one, cause
-    ``fp16_overflow``, ``nonfinite_weights`` or ``nonfinite`` (nothing recorded explains them).
+    ``unloaded_params``, ``fp16_overflow``, ``nonfinite_weights`` or ``nonfinite`` (nothing recorded
+    explains them).
     ``first`` is the report's first divergence; when the non-finite values appear at another
     tensor the message says so (they are then downstream evidence, not the first divergence).
     The explanation's ``tensor`` is where they first appear (explain/__init__.py orders by it).
@@ -160,12 +165,20 @@ def explain_nonfinite(traces: Pair, comps: dict, first, labels: Pair):
     for lab, trace, kind, mine, other, other_max in sides:
         if not kind:
             continue
-        bad = nonfinite_weights(known(trace.contract, "draft_name")) if trace.side == "serve" else []
+        unloaded = [p for f in ("draft_unloaded", "target_unloaded") for p in (known(trace.contract, f) or [])]
+        if unloaded:
+            more = f" (+{len(unloaded) - 3} more)" if len(unloaded) > 3 else ""
+            return [Explanation("unloaded_params", f"{head}: {lab}'s engine built parameters its checkpoint did not "
+                                f"provide, left as allocated ({', '.join(unloaded[:3])}{more})",
+                                (*ev, f"contract draft_unloaded / target_unloaded on {lab}: {len(unloaded)} parameters"),
+                                fix_of("unloaded_params"), tensor=nf.name)]
+        ddir = contract_path(trace, "draft_name", want=Path.is_dir).path if trace.side == "serve" else None
+        bad = nonfinite_weights(ddir)
         if bad:
             more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
             return [Explanation("nonfinite_weights", f"{head}: {lab}'s draft checkpoint holds NaN/inf weights "
                                 f"({', '.join(bad[:3])}{more}): an uninitialised or corrupt tensor",
-                                (*ev, f"checked {known(trace.contract, 'draft_name')}"),
+                                (*ev, f"checked {ddir}"),
                                 fix_of("nonfinite_weights"),
                                 tensor=nf.name)]
         if mine == "float16" and other != "float16":

@@ -19,6 +19,7 @@ from specdiff.eagle3.norms import NORM_FLAGS
 from specdiff.replay.diff.align.align import match_rows, rows_by_value
 from specdiff.tracer.contract import known
 from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.paths import contract_path, is_model_dir
 
 
 class RerunError(SpecdiffError):
@@ -32,24 +33,37 @@ def sides(report) -> tuple[str, str]:
     return "x", "y"
 
 
-def checkpoint_dir(train_trace, draft_path, *, error: type[SpecdiffError] = None) -> Path:
-    """The draft checkpoint as trained: ``draft_path`` or the training contract's ``draft_name``."""
-    src = "--draft DIR" if draft_path else "the training trace's contract draft_name"
-    path = draft_path or known(train_trace.contract, "draft_name")
-    if not path:
-        raise (error or RerunError)(f"{train_trace.path}: the training trace's contract has no draft_name; pass the "
-                         "draft checkpoint with --draft DIR (graft(draft_path=...))")
-    p = Path(str(path))
-    if not (p / "config.json").is_file():
-        hint = "" if draft_path else "; pass the checkpoint with --draft DIR (graft(draft_path=...))"
-        raise (error or RerunError)(f"draft checkpoint {p} (from {src}) not found (no config.json there){hint}")
-    return p
+def checkpoint_dir(train_trace, draft_path, *, error: type[SpecdiffError] = None, command: str = "") -> Path:
+    """The draft checkpoint as trained: ``draft_path`` or the training contract's ``draft_name``
+    (a relative one found from the trace's folders, ``tracer.paths.contract_path``).
+
+    ``command``: the command line that would pass the checkpoint (``specdiff diff A B``), which a
+    missing one's error completes with ``--draft DIR``.
+
+    Raises:
+        ``error`` (default RerunError): no checkpoint named, or none found where it is named.
+    """
+    hint = f"; pass the checkpoint: {command or 'specdiff diff TRAIN SERVE'} --draft DIR"
+    if draft_path:
+        p = Path(str(draft_path))
+        if not is_model_dir(p):
+            raise (error or RerunError)(f"draft checkpoint {p} (from --draft DIR) not found (no config.json there)")
+        return p
+    found = contract_path(train_trace, "draft_name", want=is_model_dir)
+    if found.recorded is None:
+        raise (error or RerunError)(f"{train_trace.path}: the training trace's contract has no draft_name{hint}")
+    if found.path is None:
+        raise (error or RerunError)(f"draft checkpoint (the training trace's contract draft_name): "
+                                    f"{found.message()}{hint}")
+    return found.path
 
 
-def load_trained_draft(train_trace, draft_path, target_path, dtype, *, error: type[SpecdiffError] = None):
-    """The draft as trained; the target is loaded only when the draft shares its embedding/lm_head."""
+def load_trained_draft(train_trace, draft_path, target_path, dtype, *, error: type[SpecdiffError] = None,
+                       command: str = ""):
+    """The draft as trained; the target is loaded only when the draft shares its embedding/lm_head
+    (``target_path``, else the training contract's ``model_name``). ``command``: as in ``checkpoint_dir``."""
     from specdiff.replay.model.checkpoint import CheckpointError, load_draft
-    ddir = checkpoint_dir(train_trace, draft_path, error=error)
+    ddir = checkpoint_dir(train_trace, draft_path, error=error, command=command)
     try:
         loaded = load_draft(ddir, dtype=dtype)
         if loaded.model.embed_source != "random":
@@ -57,15 +71,21 @@ def load_trained_draft(train_trace, draft_path, target_path, dtype, *, error: ty
     except CheckpointError as e:
         if "lm_head" not in str(e):
             raise
-    tpath = target_path or known(train_trace.contract, "model_name")
-    src = "--target DIR" if target_path else "the training trace's contract model_name"
-    if not tpath or not (Path(str(tpath)) / "config.json").is_file():
-        raise (error or RerunError)(f"draft checkpoint {ddir} shares the target's embedding, but the target {tpath} "
-                         f"(from {src}) is not found; pass it with --target DIR (graft(target_path=...))")
+    if target_path:
+        tdir, src = Path(str(target_path)), "--target DIR"
+        tdir = tdir if is_model_dir(tdir) else None
+    else:
+        found = contract_path(train_trace, "model_name", want=is_model_dir)
+        tdir, src = found.path, "the training trace's contract model_name"
+        target_path = found.recorded
+    if tdir is None:
+        raise (error or RerunError)(f"draft checkpoint {ddir} shares the target's embedding, but the target "
+                                    f"{target_path} (from {src}) is not found; pass it: "
+                                    f"{command or 'specdiff diff TRAIN SERVE'} --target DIR")
     from specdiff.replay.model.loading import quiet_transformers
     from specdiff.replay.model.target_capture import load_target, target_embedding, target_lm_head
     quiet_transformers()
-    target = load_target(Path(str(tpath)))
+    target = load_target(tdir)
     return load_draft(ddir, dtype=dtype, target_embedding=target_embedding(target).float(),
                       target_lm_head=target_lm_head(target).float())
 
@@ -239,7 +259,8 @@ def prepare(report, *, draft_path: str | None, target_path: str | None, error: t
         if "target.aux_cat" not in t.names:
             raise error(f"{t.path}: no target.aux_cat rows; the draft is re-run on recorded aux rows")
     dtype = DTYPES.get(str(known(ttrace.contract, "dtype") or "bfloat16"), torch.bfloat16)
-    loaded = load_trained_draft(ttrace, draft_path, target_path, dtype, error=error)
+    command = f"specdiff diff {report.paths.x} {report.paths.y}"  # --draft / --target reach every re-run
+    loaded = load_trained_draft(ttrace, draft_path, target_path, dtype, error=error, command=command)
     model, cfg = loaded.model, loaded.config
     plan = replay_plan(report, tr, sv)
     if not plan:

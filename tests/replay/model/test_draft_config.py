@@ -144,6 +144,18 @@ def test_a_missing_dim_is_an_error_naming_the_field_the_file_and_the_fix(tmp_pat
     ({"rope_is_neox_style": "no"}, "rope_is_neox_style", "true or false"),
     ({"architectures": ["LlamaForCausalLM"]}, "architectures", "LlamaForCausalLMEagle3"),
     ({"fc_norm": "yes"}, None, None),  # truthy as SGLang reads it: not an error
+    # issue 34: values of the wrong type were tracebacks (ValueError, TypeError, AttributeError)
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": "2,5,6"}}, "eagle_config.eagle_aux_hidden_state_layer_ids",
+     "write a JSON list of integers, e.g. [2, 5, 6]"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": 5}}, "eagle_config.eagle_aux_hidden_state_layer_ids",
+     "e.g. [2, 5, 6]"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [None, 2]}},
+     "eagle_config.eagle_aux_hidden_state_layer_ids", "JSON list of integers"),
+    ({"eagle_config": "x"}, "eagle_config", "give an object"),
+    ({"hidden_size": "256"}, "hidden_size", "positive integer"),
+    ({"rope_scaling": "linear"}, "rope_scaling", "give an object"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "x"}}, "rope_scaling", "factor a positive number"),
+    ({"rope_theta": "abc"}, "rope_theta", "positive number"),
 ])
 def test_a_wrong_value_is_refused_on_construction_with_field_file_and_fix(tmp_path, edit, field, words):
     f = _cfg().write(tmp_path, "specforge", aux_ids=IDS["specforge"], torch_dtype="float32")

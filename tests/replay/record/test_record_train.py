@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -186,6 +187,23 @@ def test_record_train_replays_a_serving_trace_and_full_capture(tmp_path, models,
     res = run_cli("record", "train", "--target", str(target), "--draft", str(draft), "--replay", str(serve),
                 "-o", str(out))
     assert res.exit_code == 2 and "already exists" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_record_train_writes_absolute_paths_given_relative_ones(tmp_path, models, run_cli, monkeypatch):
+    """Issue 34 item 8: a trace read from another working directory names the same models."""
+    target, draft = models
+    serve = tmp_path / "serve.trace"
+    w = TraceWriter(str(serve), side="serve", contract={"engine": "sglang", "spec_steps": 1, "spec_topk": 1})
+    w.add_sequence([0, 40, 41, 42, 43, 44], prompt_len=3, rid="req-1", seq_id=0)
+    w.close()
+    monkeypatch.chdir(target.parent)
+    monkeypatch.delenv("SPECDIFF_RECORD_RELATIVE_TO", raising=False)
+    rel_serve = os.path.relpath(serve, target.parent)
+    res = run_cli("record", "train", "--target", target.name, "--draft", draft.name, "--replay", rel_serve,
+                  "-o", str(tmp_path / "train.trace"), "--dtype", "float32", "--probe-positions", "0")
+    assert res.exit_code == 0, res.output
+    c = open_trace(str(tmp_path / "train.trace")).contract
+    assert (c["model_name"], c["draft_name"], c["replay_of"]) == (str(target), str(draft), str(serve))
 
 
 def test_record_train_records_the_target_identity_it_loaded(tmp_path, models, prompts, run_cli):

@@ -207,7 +207,8 @@ def untraced(bringup_chain_server):
 def traced(models, tmp_path_factory, run_cli, server_env):
     path = tmp_path_factory.mktemp("rec") / "chain.trace"
     t0 = time.monotonic()
-    srv = _server(server_env, models["target"], models["draft"], _chain(), trace=path)
+    # SGLang's own spawn, as a user runs it (the suite's other servers fork: tests/conftest.py SERVER_START)
+    srv = _server(server_env, models["target"], models["draft"], _chain(), trace=path, SPECDIFF_SGLANG_START="spawn")
     srv.start()
     try:
         # one /generate call with 2 prompts: SGLang batches them (concurrent requests)
@@ -454,6 +455,8 @@ def _check_mapped_ids(trace, draft_path):
 
 @server
 def test_traced_and_untraced_greedy_tokens_are_identical(traced, untraced):
+    """Also: SGLang's scheduler started by spawn (traced) and by fork (the shared untraced server,
+    tests/conftest.py SERVER_START) computes the same greedy tokens."""
     assert [o["output_ids"] for o in traced["out"]] == [o["output_ids"] for o in untraced]
     assert all(o["meta_info"]["completion_tokens"] == MAX_NEW for o in untraced)
 
@@ -465,6 +468,7 @@ def test_chain_trace_accept_lengths_tokens_and_rids(traced):
     c = trace.contract
     assert (c["engine"], c["spec_topk"], c["spec_steps"], c["spec_draft_tokens"]) == ("sglang", 1, 3, 4)
     assert c["aux_native_ids"] == [1, 3, 4] and c["aux_hf_indices"] == [2, 4, 5] and c["dropped_records"] == 0
+    assert c["engine_process_start"] == "spawn"  # read in the scheduler: SGLang's own start, as users run it
     rids = {s.rid for s in trace.sequences}
     assert {o["meta_info"]["id"] for o in traced["out"]} <= rids and len(rids) == 3  # + the CLI client's
     _check_accept_and_tokens(trace, traced["out"])
@@ -504,6 +508,7 @@ def test_tree_trace(tree, models):
     assert tree["closed_before_kill"] is False
     assert not trace.closed and trace.rows("verify.accept_length") >= tree["rows_before"] + 3
     assert trace.contract["spec_topk"] == 2
+    assert trace.contract["engine_process_start"] == "fork"  # the suite's servers (tests/conftest.py SERVER_START)
     # the two finished requests: accept lengths, tokens, rids as in meta_info
     _check_accept_and_tokens(trace, tree["out"])
     parents = trace.read("verify.parents")
@@ -553,7 +558,7 @@ def test_record_cli_errors_are_one_line(tmp_path, run_cli):
 
 
 def test_read_prompts(tmp_path):
-    from specdiff.tui.cmd_record import read_prompts
+    from specdiff.tui.serve_http import read_prompts
 
     p = tmp_path / "p.jsonl"
     p.write_text('"plain"\n\n{"prompt": "b", "max_new_tokens": 3}\n{"input_ids": [1, 2]}\n')

@@ -140,10 +140,11 @@ def group_metadata_corrupt(t: Path) -> str:
             "(nothing lost); copy the trace again to repair it")
 
 
-#: kind -> (damage, tensor whose rows it loses or None, found at open without --verify)
+#: kind -> (damage, tensor whose rows it loses or None, found by `info` without --verify: at open, or
+#: by the chunk files' sizes, no value read; issue 34: a cut chunk was not)
 KINDS = {
-    "chunk cut to 10 bytes": (chunk_cut_to_10_bytes, "target.aux.0", False),
-    "chunk cut in half": (chunk_cut_in_half, "draft.hidden_out", False),
+    "chunk cut to 10 bytes": (chunk_cut_to_10_bytes, "target.aux.0", True),
+    "chunk cut in half": (chunk_cut_in_half, "draft.hidden_out", True),
     "chunk bytes flipped": (chunk_bytes_flipped, "draft.fc_out", False),
     "chunk file deleted": (chunk_file_deleted, "target.aux.2", True),
     "chunk unreadable": (chunk_unreadable, "target.aux_cat", False),
@@ -176,9 +177,11 @@ def test_info_verify_lists_each_damaged_part_in_one_line(pair, kind, run_cli):
     assert "damage     1 damaged part\n" in res.output
     assert f"\n  {line}\n" in res.output + "\n"
     assert "Traceback" not in res.output
-    plain = run_cli("info", str(pair[1]))  # without --verify: what opening alone finds
+    plain = run_cli("info", str(pair[1]))  # without --verify: what opening and the files' sizes show
     assert (f"\n  {line}" in plain.output) == at_open
     assert plain.exit_code == (1 if at_open else 0)
+    if not at_open:
+        assert plain.output.rstrip().endswith("(`specdiff info --verify` reads every chunk)")
 
 
 def test_info_verify_on_the_intact_example_says_every_chunk_was_checked(run_cli):
@@ -337,6 +340,33 @@ def _old_trace(path: Path, monkeypatch) -> Path:
         w.append("draft.fc_out", torch.ones(40, 64, dtype=torch.bfloat16), seq=0, pos=np.arange(40))
     monkeypatch.undo()
     return path
+
+
+def test_info_finds_a_cut_chunk_without_reading_a_value(pair, monkeypatch, run_cli):
+    """Issue 34: `info` on a truncated chunk said "none found" unless --verify. The size check reads
+    no chunk's values: zarr's decoding is never called."""
+    import zarr
+
+    from specdiff.tracer.store.chunks import ArrayReader
+
+    line = chunk_cut_in_half(pair[1])
+    reads = []
+    for cls, name in ((zarr.Array, "__getitem__"), (ArrayReader, "read"), (ArrayReader, "take"),
+                      (ArrayReader, "verify"), (ArrayReader, "_record")):
+        monkeypatch.setattr(cls, name, lambda *a, name=name, **k: reads.append(name))
+    damage = open_trace(str(pair[1])).check_sizes()
+    assert [d.message() for d in damage] == [line] and reads == []
+
+
+def test_a_cut_compressed_chunk_is_named_by_its_header_without_verify(tmp_path, monkeypatch, run_cli):
+    path = _old_trace(tmp_path / "old", monkeypatch)  # blosc-compressed float data: no fixed chunk length
+    f = path / "tensors" / "draft.fc_out" / "data" / "c" / "1" / "0"
+    raw = f.read_bytes()
+    f.write_bytes(raw[: len(raw) - 8])
+    res = run_cli("info", str(path))
+    assert res.exit_code == 1, res.output
+    assert (f"  {path}: tensor draft.fc_out, chunk tensors/draft.fc_out/data/c/1/0 is truncated ({len(raw) - 8} of "
+            f"{len(raw)} bytes): rows 16-31 are unreadable and not compared; {RECOPY}") in res.output
 
 
 def test_traces_without_checksums_still_read_and_a_cut_chunk_is_still_named(tmp_path, monkeypatch):

@@ -92,6 +92,13 @@ NAMES: tuple[EngineName, ...] = (
        "any request: here SGLang has set hot_token_id and shared the target's embedding / lm_head "
        "(init_token_map, init_lm_head); at EAGLEWorkerV2.__init__ it has not",
        tensors=_EVERYTHING, hook=("AFTER", "_after_draft_alloc"), essential=True),
+    _n("DefaultModelLoader.load_weights_only", _P + "model_loader.loader.DefaultModelLoader", "hook",
+       "srt/model_loader/loader.py:1033", "the load path of target and draft: fingerprint each checkpoint tensor "
+       "the weight iterator yields and note which parameters the loading wrote (tracer/weight_facts.py LoadWatch)",
+       facts=("draft_weights", "target_weights", "draft_unloaded", "target_unloaded"),
+       hook=("AROUND", "_around_load_weights")),
+    _n("ServerArgs.resolved_dict", _P + "server_args.ServerArgs", "method", "srt/server_args.py:316",
+       "every ServerArgs field as resolved (the engine_options fact)", facts=("engine_options",)),
     _n("EAGLEWorkerV2.forward_batch_generation", f"{_EW2}.EAGLEWorkerV2", "hook",
        "srt/speculative/eagle_worker_v2.py:1416", "one recorded iteration (prefill or decode) per call; "
        "the crash record when it raises", tensors=_EVERYTHING, hook=("AROUND", "_around_iteration"),

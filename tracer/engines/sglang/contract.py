@@ -7,6 +7,7 @@ recorded as ``unknown`` with the reason, never filled in from a config file or a
 from __future__ import annotations
 
 import logging
+import multiprocessing
 
 import torch
 
@@ -16,6 +17,7 @@ from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
 from specdiff.tracer.engines.sglang.draft_stages import graph_hidden
 from specdiff.tracer.engines.sglang.layouts import ASSUMED_LAYOUT, TARGET_LAYOUTS, TARGET_WRAPPERS
+from specdiff.tracer.paths import recorded_path
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -387,7 +389,8 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
 
     A = adapter
     facts: dict = {"engine": "sglang", "engine_version": A.version, "capture_level": opts.capture,
-                   "logits_topk": int(opts.logits_topk), "dropped_records": 0}
+                   "logits_topk": int(opts.logits_topk), "dropped_records": 0,
+                   "engine_process_start": multiprocessing.get_start_method(allow_none=True) or UNKNOWN}
     # The CUDA graph runners exist only once _capture_cuda_graphs ran (after this): checked there.
     A.check_instance(dw, *(n.key for n in A.names if n.kind == "instance" and n.key.startswith("EagleDraftWorker.")
                            and "cuda_graph" not in n.key))
@@ -436,9 +439,10 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
                       ("spec_draft_tokens", "EagleDraftWorker.speculative_num_draft_tokens")):
         facts[fact] = A.fact(dw, key, int)
     sa = A.get(dw, "EagleDraftWorker.server_args")
-    facts["model_name"] = UNKNOWN if sa is MISSING else A.fact(sa, "ServerArgs.model_path", lambda v: str(v or ""))
+    # a local directory absolute (the server's working directory resolves it), a hub id as given: tracer.paths
+    facts["model_name"] = UNKNOWN if sa is MISSING else A.fact(sa, "ServerArgs.model_path", recorded_path)
     facts["draft_name"] = UNKNOWN if sa is MISSING else A.fact(
-        sa, "ServerArgs.speculative_draft_model_path", lambda v: str(v or ""))
+        sa, "ServerArgs.speculative_draft_model_path", recorded_path)
     # Set after EagleDraftWorker._capture_cuda_graphs (start-up, before any request); unknown until then.
     facts["graph_hidden_stages"] = UNKNOWN
     algo = read_chain(A, dw, "EagleDraftWorker.speculative_algorithm")

@@ -35,6 +35,7 @@ from specdiff.tracer.engines.sglang.contract import (
     unrecorded_stages,
 )
 from specdiff.tracer.engines.sglang.draft_stages import DraftStageTaps, graph_hidden
+from specdiff.tracer.engines.sglang.live_facts import live_facts
 from specdiff.tracer.engines.sglang.prefill import PrefillFacts
 
 logger = logging.getLogger("specdiff.tracer")
@@ -64,6 +65,7 @@ class Recorder(ServingRecorder):
         self._hooked_models: set[int] = set()
         self.stage_taps = DraftStageTaps(snap=self.snap, capturing=_capturing, on_error=self.fail)
         self.prefill = PrefillFacts()  # per-request cached prefix and chunks (contract request_prefill)
+        self.loads: dict = {}  # id(model) -> tracer.weight_facts.LoadWatch (plugin._around_load_weights)
 
     def start(self, draft_worker) -> None:
         """Build the contract from the live ``EagleDraftWorker`` and open the trace (once).
@@ -75,6 +77,8 @@ class Recorder(ServingRecorder):
             if self.writer is not None or not self.enabled:
                 return
             self.contract = contract_from_worker(draft_worker, self.opts, self.adapter)
+            self.contract.update(live_facts(draft_worker, self.adapter, self.loads, weights=self.opts.weight_facts))
+            self.loads.clear()
             # Hooks on the draft's midlayer now, so the contract says which stages cannot be read.
             dmodel = read_chain(self.adapter, draft_worker, "EagleDraftWorker.draft_runner", "ModelRunner.model")
             missing = {} if dmodel is MISSING else self.stage_taps.attach(dmodel)

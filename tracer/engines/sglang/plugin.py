@@ -18,6 +18,8 @@ Environment:
                           recorded (the target keeps its graphs)
     SPECDIFF_MAX_QUEUE_MB host memory the writer queue may hold (default 2048); iterations beyond
                           it are dropped and counted in the contract's ``dropped_records``
+    SPECDIFF_WEIGHT_FACTS ``0``: no checkpoint fingerprints on the load path (contract weight facts
+                          unknown; benchmarks/contract_startup.py measures what they cost)
 
 Hooks (HookRegistry, targets under ``sglang.srt.``) and what they record are described in
 tracer/engines/sglang/hooks.py; shared/research/sglang-eagle3-dataflow.md has the SGLang side. The trace
@@ -176,6 +178,32 @@ def _after_draft_alloc(result, self, *a, **kw):
         except Exception as exc:  # noqa: BLE001
             rec.fail("EagleDraftWorker.alloc_memory_pool", exc)
     return None
+
+
+def _around_load_weights(orig, model, weights, *a, **kw):
+    """Start-up, once per model (target, then draft): fingerprint the checkpoint tensors SGLang's
+    iterator yields and note the parameters the loading left as allocated (tracer/weight_facts.py
+    ``LoadWatch``); kept on the recorder by ``id(model)`` until the contract is read."""
+    rec = _rec
+    if rec is None or not rec.enabled or not rec.opts.weight_facts:
+        return orig(model, weights, *a, **kw)
+    try:
+        from specdiff.tracer.weight_facts import LoadWatch
+
+        watch = LoadWatch(model)
+    except Exception as exc:  # noqa: BLE001 - the facts become unknown, the load goes on
+        logger.warning("specdiff: the load path of %s is not watched (%s: %s); its weight facts are unknown",
+                       type(model).__name__, type(exc).__name__, exc)
+        return orig(model, weights, *a, **kw)
+    with watch:
+        out = orig(model, watch.wrap(weights), *a, **kw)
+    try:
+        watch.finish()  # before SGLang's post-processing repacks the weights
+        rec.loads[id(model)] = watch
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("specdiff: the parameters %s's loading wrote could not be read (%s: %s); its weight "
+                       "facts are unknown", type(model).__name__, type(exc).__name__, exc)
+    return out
 
 
 def _around_iteration(orig, self, batch, *a, **kw):

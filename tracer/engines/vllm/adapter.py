@@ -29,6 +29,7 @@ _V1P = "vllm.v1.spec_decode.llm_base_proposer.SpecDecodeBaseProposer"
 _E3 = "vllm.model_executor.models.llama_eagle3."
 _IF = "vllm.model_executor.models.interfaces."
 _V2 = _W + "gpu."
+_ML = "vllm.model_executor.model_loader.default_loader."
 
 _AUX = ("target.aux.{j}", "target.aux_cat")
 _DRAFT = ("tokens", "draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.positions", "draft.hidden_out",
@@ -80,6 +81,15 @@ NAMES: tuple[EngineName, ...] = (
        "target hf_config, dtype, model and tokenizer paths", facts=("num_layers", "hidden_size", "vocab_size", "dtype")),
     _n("GPUModelRunner.speculative_config", _V1R, "instance", "v1/worker/gpu_model_runner.py:485",
        "num_speculative_tokens, method, the draft's model_config", facts=("spec_steps", "spec_algorithm")),
+    _n("GPUModelRunner.vllm_config", _V1R, "instance", "v1/worker/gpu_model_runner.py:476",
+       "every engine option: the VllmConfig's configs", facts=("engine_options",)),
+    _n("DefaultModelLoader.load_weights", _ML + "DefaultModelLoader", "method",
+       "model_executor/model_loader/default_loader.py:485", "wrapped: the load path of target and draft (weights "
+       "fingerprinted, parameters the loading wrote noted: tracer/weight_facts.py LoadWatch)",
+       facts=("target_weights", "draft_weights", "target_unloaded", "draft_unloaded")),
+    _n("DefaultModelLoader.get_all_weights", _ML + "DefaultModelLoader", "method",
+       "model_executor/model_loader/default_loader.py:367", "the (name, tensor) iterator load_weights consumes",
+       facts=("target_weights", "draft_weights")),
     _n("InputBatch.req_ids", _W + "gpu_input_batch.InputBatch", "method", "v1/worker/gpu_input_batch.py:315",
        "request ids in row order", tensors=_EVERYTHING),
     _n("CachedRequestState.prompt_token_ids", _W + "gpu_input_batch.CachedRequestState", "field",

@@ -31,6 +31,7 @@ from specdiff.tracer.contract import AUX_CONCAT_ORDER, AUX_IDS_DEFAULT_PREFIX, U
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.vllm.adapter import VLLMAdapter, runner_version
+from specdiff.tracer.paths import recorded_path
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -168,8 +169,8 @@ def contract_from_runner(runner, opts: Options, A: VLLMAdapter) -> dict:
                  draft_hidden_size=_cfg(dcfg, "hidden_size", "draft_hidden_size", "draft"))
     facts["dtype"] = UNKNOWN if mc is MISSING else str(mc.dtype).replace("torch.", "")
     facts["bos_token_id"] = UNKNOWN if tcfg is MISSING else getattr(tcfg, "bos_token_id", None)
-    facts["model_name"] = UNKNOWN if mc is MISSING else str(mc.model)
-    facts["draft_name"] = UNKNOWN if dmc is MISSING else str(dmc.model)
+    facts["model_name"] = UNKNOWN if mc is MISSING else recorded_path(mc.model)  # local dirs absolute: tracer.paths
+    facts["draft_name"] = UNKNOWN if dmc is MISSING else recorded_path(dmc.model)
     k = UNKNOWN if sc is MISSING or sc is None else int(sc.num_speculative_tokens)
     # V1 EAGLE drafts a chain (llm_base_proposer.py:512-775: one token per request and step).
     facts.update(spec_steps=k, spec_topk=1, spec_draft_tokens=k + 1 if isinstance(k, int) else UNKNOWN,

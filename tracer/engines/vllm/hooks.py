@@ -100,6 +100,7 @@ class Recorder(ServingRecorder):
     def __init__(self, opts: Options, adapter: VLLMAdapter):
         super().__init__(opts, adapter)
         self._hooked: set[int] = set()
+        self.loads: dict = {}  # id(model) -> tracer.weight_facts.LoadWatch (plugin._wrap_loader)
 
     def start(self, runner) -> None:
         """Read the contract from the live runner, open the trace, hook the draft (once)."""
@@ -113,6 +114,7 @@ class Recorder(ServingRecorder):
             )
 
             c = contract_from_runner(runner, self.opts, self.adapter)
+            c.update(self._live_facts(runner))
             c["unrecorded_stages"] = unrecorded_stages(self.opts, c)
             c["unobservable"] = self.adapter.unobservable()
             self.adopt(c)
@@ -130,6 +132,19 @@ class Recorder(ServingRecorder):
             self.open(c, first, side={"hidden_size": self.hidden_size, "num_aux": self.num_aux})
             logger.info("specdiff: recording an EAGLE-3 trace to %s (vLLM %s, %s)", self.opts.path,
                         self.adapter.version, c["engine_runner"])
+
+    def _live_facts(self, runner) -> dict:
+        """tracer/engines/vllm/live_facts.py's facts of the live runner and its target and draft models."""
+        from specdiff.tracer.engines.vllm.contract import read_chain
+        from specdiff.tracer.engines.vllm.live_facts import live_facts
+
+        A = self.adapter
+        models = [read_chain(A, runner, "GPUModelRunner.model"),
+                  read_chain(A, runner, "GPUModelRunner.drafter", "SpecDecodeBaseProposer.model")]
+        tmodel, dmodel = (m.unwrap() if hasattr(m, "unwrap") else m for m in models)
+        facts = live_facts(runner, A, self.loads, tmodel=tmodel, dmodel=dmodel)
+        self.loads.clear()
+        return facts
 
     def record_crash(self, exc: BaseException) -> None:
         """vLLM raised inside a recorded iteration: write the crash into the trace and close it."""

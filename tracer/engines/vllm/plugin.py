@@ -134,6 +134,7 @@ def _on_import(name: str) -> None:
             _wrap(cls, "sample_tokens", _around_sample_tokens, missing)
             _wrap(cls, "_sample", _around_sample, missing)
             _wrap(cls, "_setup_eagle3_aux_hidden_state_outputs", _around_setup_aux, missing)
+            _wrap_loader()
         else:
             _wrap(mod.SpecDecodeBaseProposer, "propose", _around_propose, missing)
     except Exception as exc:  # noqa: BLE001 - never break vLLM's import
@@ -152,6 +153,28 @@ def _wrap(cls, attr: str, around, missing: set[str]) -> None:
         return around(orig, sig, self, *a, **kw)
 
     setattr(cls, attr, wrapper)
+
+
+def _wrap_loader() -> None:
+    """Watch the load path of target and draft (``DefaultModelLoader.load_weights``: their checkpoint
+    tensors fingerprinted, the parameters left as allocated noted; tracer/engines/vllm/live_facts.py),
+    unless ``SPECDIFF_WEIGHT_FACTS=0``. A watch that cannot start leaves the load as it was."""
+    if _Finder.opts is None or not _Finder.opts.weight_facts:
+        return
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    from specdiff.tracer.engines.vllm.live_facts import watched_load
+
+    orig = DefaultModelLoader.load_weights
+
+    @functools.wraps(orig)
+    def load_weights(self, model, model_config, *a, **kw):
+        rec = _rec
+        if rec is None or not rec.enabled or not _tp_rank0():
+            return orig(self, model, model_config, *a, **kw)
+        return watched_load(rec, orig, self, model, model_config, *a, **kw)
+
+    DefaultModelLoader.load_weights = load_weights
 
 
 def _wrap_v2_init(cls) -> None:

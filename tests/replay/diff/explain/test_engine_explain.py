@@ -90,7 +90,11 @@ def test_without_a_fallback_and_no_matching_layer_nothing_is_claimed(tmp_path, w
     a = write(tmp_path / "a", {}, side="train", hf=[0, 3, 6])
     b = write(tmp_path / "b", {**VLLM, "aux_ids_source": "top-level eagle_aux_hidden_state_layer_ids"},
               side="serve", hf=[2, 4, 5])
-    assert diff_traces(a, b).explanations == []
+    report = diff_traces(a, b)
+    # nothing is claimed as the cause; the differing layer list is named (issue 33: every difference named),
+    # marked as named, not proven, so the narrowing still runs
+    assert [e.cause for e in report.explanations if not e.named_only] == []
+    assert [e.cause for e in report.explanations] == ["contract.aux_hf_indices"]
 
 
 @pytest.mark.parametrize("culprit", ["x", "y"])

@@ -69,7 +69,8 @@ def test_a_fine_tuned_target_is_narrowed_to_the_aux_hidden_states(training_trace
     assert "REPRODUCES serving" in render_text(report)
 
 
-def test_without_the_draft_checkpoint_the_report_says_why_it_did_not_narrow(training_trace, tmp_path, scaled_copy):
+def test_without_the_draft_checkpoint_the_report_says_why_it_did_not_narrow(training_trace, tmp_path, scaled_copy,
+                                                                            run_cli):
     root, train = training_trace
     draft = scaled_copy(REPO_MODELS / "draft", tmp_path / "gone", "midlayer.mlp.down_proj.weight", 1.5)
     trained = scaled_copy(REPO_MODELS / "draft", tmp_path / "trained", "midlayer.mlp.up_proj.weight", 1.0)
@@ -80,3 +81,11 @@ def test_without_the_draft_checkpoint_the_report_says_why_it_did_not_narrow(trai
     report = diff_traces(str(a), str(b))
     assert isinstance(report.narrowing, str) and "not found" in report.narrowing
     assert "narrowing not run: draft checkpoint" in render_text(report)
+    # the report says the working command (issue 34 item 8: --draft did nothing without --graft) ...
+    assert report.narrowing.endswith(f"pass the checkpoint: specdiff diff {a} {b} --draft DIR")
+    assert [m.split(" recorded in ")[0] for m in report.unfound_paths] == [f"A: draft_name {trained}"]
+    # ... and that command narrows
+    again = scaled_copy(REPO_MODELS / "draft", tmp_path / "again", "midlayer.mlp.up_proj.weight", 1.0)
+    r = run_cli("diff", a, b, "--draft", again, "--format", "json")
+    narrowing = json.loads(r.stdout)["narrowing"]
+    assert "not_run" not in narrowing and narrowing["variants"][0]["name"] == "training inputs", narrowing

@@ -38,8 +38,42 @@ def claim_amx() -> str:
                               "sglang.srt.arg_groups.overrides.cpu_has_amx_support") from None
         overrides.cpu_has_amx_support = lambda: True
         return "sglang.srt.arg_groups.overrides.cpu_has_amx_support"
-    override_platform(has_amx=True).install()
+    override = override_platform(has_amx=True)
+    override.install()
+    # A forked scheduler (``fork_children``) must see the machine as a spawned one does: no AMX.
+    os.register_at_fork(after_in_child=override.restore)
     return "sglang.srt.runtime_context.override_platform"
+
+
+#: ``SPECDIFF_SGLANG_START=fork``: start SGLang's scheduler and detokenizer processes by fork, not by
+#: the spawn SGLang 0.5.23 forces (``srt/entrypoints/engine.py:1995``). A spawned child imports torch
+#: and SGLang again (~40-60 s of a CPU server's start on 2 busy cores); a forked one has them. What the
+#: children compute is the same: SGLang's module-level platform facts (``_is_cpu_amx_available``) come
+#: from the hardware, not from ``claim_amx``'s override, which the child drops at the fork. The tests
+#: set it (tests/conftest.py ``server_env``); users get SGLang's own spawn unless they ask.
+START_METHOD_ENV = "SPECDIFF_SGLANG_START"
+
+
+def fork_children() -> bool:
+    """Make SGLang's ``mp.set_start_method("spawn", force=True)`` select fork instead; returns False
+    (and leaves spawn) where this SGLang has no ``sglang.srt.plugins._plugins_loaded`` flag.
+
+    SGLang loads its plugins in every process it starts (0.5.23 ``srt/plugins/__init__.py:103-121``,
+    once per process by that flag): specdiff's plugin arms its hooks only when loaded inside the
+    scheduler (tracer/engines/sglang/plugin.py ``load``). A forked child inherits the parent's set
+    flag, so the child clears it and loads the plugins itself, as a spawned one does."""
+    import multiprocessing as mp
+
+    from sglang.srt import plugins
+
+    if not hasattr(plugins, "_plugins_loaded"):
+        print("specdiff: SPECDIFF_SGLANG_START=fork ignored: this SGLang has no "
+              "sglang.srt.plugins._plugins_loaded; its children are spawned", file=sys.stderr)
+        return False
+    os.register_at_fork(after_in_child=lambda: setattr(plugins, "_plugins_loaded", False))
+    choose = mp.set_start_method
+    mp.set_start_method = lambda method, force=False: choose("fork", force=True)
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree
 
+    if os.environ.get(START_METHOD_ENV) == "fork":
+        fork_children()
     load_plugins()
     server_args = prepare_server_args(argv)
     try:

@@ -1,0 +1,80 @@
+"""Every difference named: where no known mistake's transform closes the gap at the first divergence,
+the explanation names the recorded facts that differ and act at or before that stage.
+
+The contract comparison (contract_check.check_contracts, and fact_diff for every fact no one worded)
+gives each warning its fact; the fact table (replay/diff/facts.py ``FACTS``) gives the first stage a fact
+acts in and its fix. A fact acting at or before the first diverging stage can be why the rows differ
+there, unless it acts before it at a stage whose recorded rows agree (then it changed nothing there,
+explain/contract.py's reasoning); a fact no table lists (stage unknown) is named too, after them. These explanations are marked
+``named_only``: they name what differs, they do not prove it is the cause, so the narrowing (the draft
+re-run on serving's inputs, replay/diff/rerun/narrow.py) still runs after them.
+"""
+
+from __future__ import annotations
+
+from specdiff.replay.diff.explain.contract_check import check_contracts
+from specdiff.replay.diff.explain.fact_diff import first_stage, listed_field, shown
+from specdiff.replay.diff.facts import fact_row
+from specdiff.replay.diff.types import Explanation, Pair
+from specdiff.tracer.contract import UNKNOWN
+from specdiff.tracer.schema import STAGE_ORDER, spec_for
+
+#: explanations named at most (the contract block lists every difference)
+LIMIT = 6
+
+
+def _unknown(v) -> bool:
+    return isinstance(v, str) and v == UNKNOWN
+
+
+def _agrees(comps: dict, stage: str) -> bool:
+    """Rows of ``stage`` were compared and none diverged: a fact acting first there did not change them."""
+    at = [c for n, c in comps.items() if c.kind == "values" and spec_for(n).stage == stage]
+    return bool(at) and not any(c.diverged for c in at)
+
+
+def differences_at(traces: Pair, comps: dict, stage: str) -> list[tuple[object, str | None]]:
+    """``(ContractMismatch, first stage or None)`` of every warning / error whose fact acts at ``stage``, or
+    before it at a stage whose rows were not compared (``STAGE_ORDER``; one whose rows agree rules the
+    fact out: explain/contract.py's reasoning), nearest first; then the ones whose stage is unknown (no
+    ``FACTS`` row)."""
+    idx = STAGE_ORDER.index(stage)
+    near, unknown = [], []
+    for m in check_contracts(traces):
+        if m.severity not in ("warn", "error") or _unknown(m.x) or _unknown(m.y):
+            continue
+        at = first_stage(m.field, traces) if fact_row(m.field) is not None else None
+        if at is None:
+            unknown.append((m, None))
+        elif at == stage or (STAGE_ORDER.index(at) < idx and not _agrees(comps, at)):
+            near.append((m, at))
+    near.sort(key=lambda p: -STAGE_ORDER.index(p[1]))
+    return near + unknown
+
+
+def explain_differences(traces: Pair, comps: dict, first) -> list[Explanation]:
+    """One ``named_only`` ``Explanation`` per recorded fact that differs and acts at or before ``first``'s
+    stage (``differences_at``; at most ``LIMIT``, the last saying how many more the contract block lists);
+    empty when ``first`` is not a values divergence or no fact differs."""
+    if first is None or first.kind != "values":
+        return []
+    stage = spec_for(first.name).stage
+    found = differences_at(traces, comps, stage)
+    out = []
+    for m, at in found[:LIMIT]:
+        said = "(acts from " in m.message or "stage unknown" in m.message  # fact_diff's messages say where
+        where = "" if said else f"; it acts from {at}" if at is not None else "; stage unknown"
+        fix = m.fix or (f"make {m.field} the same on both sides (stage unknown: no table lists what it changes)")
+        args = (f"{m.message} — no known mistake's transform closes the gap at {stage}{where}",
+                (f"contract {m.field}: {shown(m.field, m.x)} vs {shown(m.field, m.y)}",), fix)
+        field = listed_field(m.field)
+        out.append(Explanation(f"contract.{field}", *args, named_only=True) if field is not None else
+                   Explanation("unlisted_difference", *args, named_only=True))
+    if len(found) > LIMIT and out:
+        last = out[-1]
+        out[-1] = Explanation(last.cause, last.message, (*last.evidence, f"... {len(found) - LIMIT} more recorded "
+                              "differences in the contract block"), last.fix, named_only=True)
+    return out
+
+
+__all__ = ["LIMIT", "differences_at", "explain_differences"]

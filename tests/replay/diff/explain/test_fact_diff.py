@@ -1,0 +1,145 @@
+"""Every recorded fact compared key by key (replay/diff/explain/fact_diff.py): a fact the table knows is a
+warning with its first stage and its fix, any other still a warning ("unlisted difference: KEY: training X,
+serving Y; stage unknown"); the engine's options, the configs, the weights per tensor and per layer, and
+the parameters a model built that its checkpoint did not provide. Synthetic pairs (tests/builders.py) whose
+rows agree: only the contract facts differ."""
+
+from __future__ import annotations
+
+import pytest
+from builders import dataflow_pair
+
+from specdiff.replay.diff.explain.contract_check import check_contracts
+from specdiff.replay.diff.facts import fact_row
+from specdiff.replay.diff.pipeline import diff_traces
+from specdiff.replay.diff.report import render_text
+from specdiff.replay.diff.types import Pair
+from specdiff.tracer.store import open_trace
+
+BASE = {"hidden_size": 16, "draft_hidden_size": 16, "num_layers": 8, "aux_hf_indices": [1, 4, 7], "dtype": "bfloat16"}
+TRAIN = {"engine": "specdiff-reference"}
+SERVE = {"engine": "sglang"}
+LAYERS = {f"model.layers.{i}": f"{i:016x}" for i in range(8)}
+
+
+def _mismatches(tmp_path, *, train: dict, serve: dict, base: dict | None = None):
+    a, b = dataflow_pair(tmp_path, contract=base or BASE, train={**TRAIN, **train}, serve={**SERVE, **serve})
+    return {m.field: m for m in check_contracts(Pair(open_trace(a), open_trace(b)))}, (a, b)
+
+
+def test_a_fact_no_table_lists_is_still_named_with_both_values(tmp_path):
+    found, _ = _mismatches(tmp_path, train={"kv_quant_mode": "none"}, serve={"kv_quant_mode": "fp8"})
+    m = found["kv_quant_mode"]
+    assert m.severity == "warn" and m.stages == ()
+    assert m.message == "unlisted difference: kv_quant_mode: training 'none', serving 'fp8'; stage unknown"
+
+
+def test_a_draft_config_key_is_compared_leaf_by_leaf_with_its_stage_and_fix(tmp_path):
+    cfg = {"num_hidden_layers": 1, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+           "_name_or_path": "/a", "rms_norm_eps": 1e-6}
+    found, _ = _mismatches(tmp_path, train={"draft_config": cfg},
+                           serve={"draft_config": {**cfg, "num_hidden_layers": 2, "_name_or_path": "/b",
+                                                   "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}})
+    layers = found["draft_config.num_hidden_layers"]
+    assert layers.message.startswith("draft_config.num_hidden_layers: training 1, serving 2 (acts from draft.hidden_out)")
+    assert layers.fix == fact_row("draft_config.num_hidden_layers").fix and "num_hidden_layers to 1" in layers.fix
+    assert "draft_config.rope_parameters.rope_theta" in found
+    assert not [f for f in found if "_name_or_path" in f]  # a path: never compared
+
+
+def test_an_option_the_operator_gave_is_compared_with_the_engines_default(tmp_path):
+    given = {"speculative_draft_window_size": {"value": 4, "default": None}, "port": {"value": 1, "default": 30000},
+             "attention_backend": {"value": "intel_amx", "default": None},
+             "some_new_option": {"value": True, "default": False}}
+    found, _ = _mismatches(tmp_path, train={"engine_options": {"steps": 3}},
+                           serve={"engine_options": {"port": 1}, "engine_options_given": given})
+    window = found["engine_options.speculative_draft_window_size"]
+    assert window.message.startswith("engine_options.speculative_draft_window_size: training None (SGLang's default, "
+                                     "what the reference computes), serving 4 (given)")
+    assert window.stages[0] == "draft.hidden_out" and "--speculative-draft-window-size" in window.fix
+    assert found["engine_options.some_new_option"].message.endswith("stage unknown")
+    assert "engine_options.port" not in found and "engine_options.attention_backend" not in found
+
+
+def test_two_traces_of_one_engine_compare_every_resolved_option(tmp_path):
+    opts = {"kv_cache_dtype": "auto", "port": 1, "mem_fraction_static": 0.1}
+    found, _ = _mismatches(tmp_path, train={"engine": "sglang", "engine_options": opts},
+                           serve={"engine_options": {**opts, "kv_cache_dtype": "fp8_e5m2", "port": 2,
+                                                     "mem_fraction_static": 0.5}})
+    assert set(f for f in found if f.startswith("engine_options")) == {"engine_options.kv_cache_dtype"}
+
+
+def test_weights_are_compared_per_checkpoint_tensor_and_per_target_layer(tmp_path):
+    draft = {"fc.weight": "a" * 16, "midlayer.mlp.up_proj.weight": "b" * 16, "lm_head.weight": "c" * 16}
+    found, _ = _mismatches(tmp_path, train={"draft_weights": draft, "target_weights": LAYERS},
+                           serve={"draft_weights": {**draft, "lm_head.weight": "d" * 16},
+                                  "target_weights": {**LAYERS, "model.layers.5": "e" * 16}})
+    head = found["draft_weights.lm_head.weight"]
+    assert head.stages[0] == "draft.logits" and head.fix == fact_row("draft_weights.lm_head.weight").fix
+    layer = found["target_weights.model.layers.5"]
+    assert layer.message.startswith(f"target_weights.model.layers.5: training fingerprint {LAYERS['model.layers.5']}, "
+                                    f"serving fingerprint {'e' * 16} (acts from target.aux)")
+    assert "every layer" in layer.fix
+
+
+def test_a_target_layer_after_every_captured_one_acts_first_at_verify(tmp_path):
+    found, _ = _mismatches(tmp_path, train={"target_weights": LAYERS},
+                           serve={"target_weights": {**LAYERS, "model.layers.7": "e" * 16}})
+    assert found["target_weights.model.layers.7"].stages[0] == "verify"  # HF 7 is the last captured: layer 7 is after
+
+
+def test_one_draft_in_two_checkpoint_layouts_is_compared_by_canonical_name(tmp_path):
+    found, _ = _mismatches(tmp_path, train={"draft_weights": {"midlayer.mlp.up_proj.weight": "a" * 16}},
+                           serve={"draft_weights": {"layers.0.mlp.up_proj.weight": "a" * 16}})
+    assert not [f for f in found if f.startswith("draft_weights")]
+
+
+def test_parameters_a_model_built_that_its_checkpoint_did_not_provide_are_named_per_unit(tmp_path):
+    left = [f"model.layers.1.{p}" for p in ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight",
+                                            "input_layernorm.weight")]
+    found, _ = _mismatches(tmp_path, train={"draft_unloaded": []}, serve={"draft_unloaded": left})
+    m = found["draft_unloaded.model.layers.1"]
+    assert m.stages[0] == "draft.hidden_out" and m.severity == "warn"
+    assert "serving 4 parameter(s) its checkpoint did not provide, left as allocated: model.layers.1.input_layernorm" \
+           in m.message and "(+1 more)" in m.message and "training every one loaded" in m.message
+
+
+@pytest.mark.parametrize("facts", [{}, {"draft_config": {"num_hidden_layers": 1}}])
+def test_old_traces_without_the_facts_still_diff_and_say_what_is_unknown(tmp_path, facts):
+    found, (a, b) = _mismatches(tmp_path, train={}, serve=facts)
+    if not facts:  # neither side recorded them: nothing to say
+        assert not [f for f in found if f in ("live_facts", "one_sided_facts")]
+    else:
+        assert found["live_facts"].severity == "info"
+        assert "training records no draft_config" in found["live_facts"].message
+        assert "unknown, not compared" in found["live_facts"].message
+    report = diff_traces(a, b, narrow=False)
+    assert report.first is None and render_text(report)
+
+
+def test_a_passing_pair_whose_facts_differ_leads_with_the_contract_warning(tmp_path):
+    _, (a, b) = _mismatches(tmp_path, train={"target_weights": LAYERS},
+                            serve={"target_weights": {**LAYERS, "model.layers.3": "e" * 16}})
+    report = diff_traces(a, b, narrow=False)
+    assert report.first is None
+    assert report.verdict().endswith("but the contract differs: target_weights.model.layers.3, see contract warnings")
+    text = render_text(report)
+    head = "\ncontract warnings (recorded facts that differ though no tensor shows it)\n"
+    assert text.index(head) < text.index("\ncontract\n")  # before everything but the verdict
+    assert text.split(head)[1].startswith("  [warn] target_weights.model.layers.3: training fingerprint")
+    assert text.count("target_weights.model.layers.3:") == 1  # said once
+
+
+def test_structures_are_compared_between_traces_of_one_engine_one_line_per_unit(tmp_path):
+    built = {"model.fc.weight": "[16, 48] bfloat16", "model.layers.0.self_attn.qkv_proj.weight": "[48, 32] bfloat16"}
+    extra = {f"model.layers.1.{p}": "[16] bfloat16" for p in ("input_layernorm.weight", "hidden_norm.weight", "x.weight")}
+    found, _ = _mismatches(tmp_path, train={"engine": "sglang", "draft_structure": built},
+                           serve={"draft_structure": {**built, **extra}})
+    (m,) = [m for f, m in found.items() if f.startswith("draft_structure")]
+    assert m.field == "draft_structure.model.layers.1" and m.stages[0] == "draft.hidden_out"
+    assert m.message.startswith("draft_structure.model.layers.1: training not built, serving model.layers.1.")
+    assert "(+1 more)" in m.message
+    # another engine names its parameters otherwise (SGLang's qkv_proj is the checkpoint's q/k/v_proj): not compared
+    found, _ = _mismatches(tmp_path / "other", train={"draft_structure": {"midlayer.q_proj.weight": "[48, 32] bfloat16"}},
+                           serve={"draft_structure": {**built, **extra}})
+    assert not [f for f in found if f.startswith("draft_structure")]

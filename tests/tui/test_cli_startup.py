@@ -1,0 +1,70 @@
+"""The CLI answers ``--help`` and ``info`` without importing torch, transformers or SGLang (issue 34,
+item 4: ``specdiff --help`` took 5-9 s because torch was imported before click parsed).
+
+Asserted by design, not by time: each command runs in a fresh interpreter, which then lists the
+heavy modules it holds. benchmarks/cli_startup.py measures the times side by side with ``--version``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from specdiff.tui.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED_TRACE = ROOT / "traces" / "examples" / "seed" / "serve.trace"
+
+#: a fresh interpreter runs ``specdiff ARGS`` and prints, last, which of these modules it imported
+HEAVY = ("torch", "transformers", "sglang", "zarr", "textual", "xarray", "dask", "requests")
+PROBE = f"""
+import sys
+from specdiff.tui.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print("LOADED", *sorted(m for m in {HEAVY!r} if m in sys.modules))
+"""
+
+#: never imported to answer these: they load inside the commands that need them
+MODEL_STACK = {"torch", "transformers", "sglang"}
+
+
+def _loaded(*args: str) -> set[str]:
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120)
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("LOADED"), done.stdout[-2000:] + done.stderr[-2000:]
+    return set(last.split()[1:])
+
+
+def _every_help() -> list[tuple[str, ...]]:
+    """``--help`` of the group and of every command and subcommand the CLI lists."""
+    ctx = click.Context(cli)
+    out = [("--help",)]
+    for name in cli.list_commands(ctx):
+        out.append((name, "--help"))
+        cmd = cli.get_command(ctx, name)
+        if isinstance(cmd, click.Group):
+            out += [(name, sub, "--help") for sub in cmd.list_commands(ctx)]
+    return out
+
+
+def test_every_help_imports_neither_the_model_stack_nor_the_trace_store():
+    helps = _every_help()
+    assert ("record", "train", "--help") in helps and ("check", "--help") in helps
+    for args in helps:
+        # zarr and Textual too: the help of a command is its options, not its data
+        assert _loaded(*args) & (MODEL_STACK | {"zarr", "textual", "xarray", "dask"}) == set(), args
+
+
+def test_info_reads_a_trace_without_torch():
+    if not (SEED_TRACE / "zarr.json").is_file():
+        pytest.skip("the shipped seed pair is missing (traces/examples/regenerate.py)")
+    loaded = _loaded("info", str(SEED_TRACE))
+    assert "zarr" in loaded  # it did read the trace
+    assert loaded & MODEL_STACK == set()

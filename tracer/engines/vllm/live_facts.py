@@ -1,0 +1,112 @@
+"""The contract facts vLLM 0.32's live objects give whole (the SGLang recorder's sglang/live_facts.py, for the
+V1 runner), read at start-up next to ``contract.contract_from_runner``:
+
+- ``target_config`` / ``draft_config``: ``ModelConfig.hf_config.to_dict()`` of the target and of the
+  speculative config's draft model (vLLM converts a speculators config into it);
+- ``engine_options``: every field of the runner's ``VllmConfig`` (config/vllm.py:341: model, cache,
+  parallel, scheduler, speculative, ... configs), JSON-safe. vLLM keeps no record of which options were
+  given, so there is no ``engine_options_given``: against another engine or training they are not compared
+  (replay/diff/explain/fact_diff.py says so);
+- the structures as built, and the weight facts of the load path: ``plugin`` wraps
+  ``DefaultModelLoader.load_weights`` (model_loader/default_loader.py:485), whose weight iterator
+  (``get_all_weights``, :367) ``tracer.weight_facts.LoadWatch`` fingerprints.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from specdiff.tracer.config_facts import config_fact, options_fact
+from specdiff.tracer.contract import UNKNOWN
+from specdiff.tracer.engines.names import MISSING
+from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
+from specdiff.tracer.weight_facts import LoadWatch, not_provided, structure, unit_fingerprints
+
+logger = logging.getLogger("specdiff.tracer")
+
+
+def watched_load(rec, orig, loader, model, model_config, *a, **kw):
+    """``DefaultModelLoader.load_weights(loader, model, model_config)`` with its weight iterator
+    fingerprinted (``LoadWatch``); the watch is kept on ``rec.loads`` by ``id(model)``. A watch that
+    cannot start or finish leaves the load as vLLM does it (the weight facts unknown, one warning)."""
+    try:
+        watch = LoadWatch(model)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("specdiff: the load path of %s is not watched (%s: %s); its weight facts are unknown",
+                       type(model).__name__, type(exc).__name__, exc)
+        return orig(loader, model, model_config, *a, **kw)
+    get_all = loader.get_all_weights
+    loader.get_all_weights = lambda *x, **y: watch.wrap(get_all(*x, **y))
+    try:
+        with watch:
+            out = orig(loader, model, model_config, *a, **kw)
+    finally:
+        del loader.get_all_weights  # the class's method again
+    try:
+        watch.finish()  # before vLLM's process_weights_after_loading repacks the weights (CPU: to [0])
+        rec.loads[id(model)] = watch
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("specdiff: the parameters %s's loading wrote could not be read (%s: %s)",
+                       type(model).__name__, type(exc).__name__, exc)
+    return out
+
+
+def _facts(side: str, model, watch, *, per_unit: bool, shared_from=None) -> dict:
+    out = {f"{side}_{k}": UNKNOWN for k in ("structure", "weights", "unloaded")}
+    if model is MISSING or model is None:
+        return out
+    out[f"{side}_structure"] = structure(model, per_unit=per_unit, rows=getattr(watch, "rows", None))
+    if watch is not None:
+        out[f"{side}_weights"] = unit_fingerprints(watch.fingerprints) if per_unit else dict(watch.fingerprints)
+        out[f"{side}_unloaded"] = not_provided(watch.left, model, shared_from=shared_from)
+    return out
+
+
+def _config(cfg, what: str):
+    if cfg is MISSING or cfg is None:
+        return UNKNOWN
+    try:
+        return config_fact(cfg)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("specdiff: the %s config vLLM built cannot be written (%s: %s); contract fact %s_config is "
+                       "unknown", what, type(exc).__name__, exc, what)
+        return UNKNOWN
+
+
+def _draft_config(cfg):
+    """The draft's config as vLLM built the draft with it: vLLM wraps an EAGLE draft's config in an
+    ``EAGLEConfig`` (transformers_utils/configs/eagle.py: ``model`` the inner config, which the keys it
+    also has were set on; the outer one keeps the others, e.g. ``eagle_aux_hidden_state_layer_ids``): the
+    outer keys, then the inner config's over them, flat like the draft's config.json."""
+    inner = getattr(cfg, "model", None)
+    outer = _config(cfg, "draft")
+    if not callable(getattr(inner, "to_dict", None)) or not isinstance(outer, dict):
+        return outer
+    merged = {k: v for k, v in outer.items() if k != "model"}
+    inner_fact = _config(inner, "draft")
+    return {**merged, **inner_fact} if isinstance(inner_fact, dict) else UNKNOWN
+
+
+def live_facts(runner, A: VLLMAdapter, loads: dict, *, tmodel, dmodel) -> dict:
+    """The facts of the module doc from the live V1 runner, its target and draft models (``tmodel`` /
+    ``dmodel``, unwrapped) and the load watches the plugin kept (``loads``)."""
+    mc = A.get(runner, "GPUModelRunner.model_config")
+    sc = A.get(runner, "GPUModelRunner.speculative_config")
+    dmc = getattr(sc, "draft_model_config", None) if sc not in (MISSING, None) else None
+    facts = {"target_config": _config(getattr(mc, "hf_config", None) if mc is not MISSING else None, "target"),
+             "draft_config": _draft_config(getattr(dmc, "hf_config", None))}
+    vc = A.get(runner, "GPUModelRunner.vllm_config")
+    try:
+        facts["engine_options"] = UNKNOWN if vc is MISSING else options_fact(vc)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("specdiff: vLLM's VllmConfig could not be read (%s: %s); contract fact engine_options is "
+                       "unknown", type(exc).__name__, exc)
+        facts["engine_options"] = UNKNOWN
+    tw = None if tmodel in (MISSING, None) else loads.get(id(tmodel))
+    dw = None if dmodel in (MISSING, None) else loads.get(id(dmodel))
+    facts.update(_facts("target", tmodel, tw, per_unit=True))
+    facts.update(_facts("draft", dmodel, dw, per_unit=False, shared_from=None if tmodel is MISSING else tmodel))
+    return facts
+
+
+__all__ = ["live_facts", "watched_load"]
