@@ -235,7 +235,11 @@ def test_the_correct_pair_served_by_vllm_matches_the_training_side(served, repo_
                  "draft.hidden_in", "draft.positions", "draft.hidden_out", "draft.logits_topk.values",
                  "draft.topk", "draft.topk_target", "target.argmax"):
         assert tensors[name]["rows"] > 0 and not tensors[name]["diverged"], (name, tensors.get(name))
-    assert report["contract_mismatches"] == [], report["contract_mismatches"]
+    # nothing the two sides built from disagrees; what cannot be compared is said as info: vLLM keeps
+    # no record of which engine options were given, and facts only one side records are listed
+    mismatches = report["contract_mismatches"]
+    assert [m for m in mismatches if m["severity"] != "info"] == [], mismatches
+    assert {m["field"] for m in mismatches} <= {"engine_options", "one_sided_facts"}, mismatches
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,10 @@ def test_a_changed_draft_mlp_is_narrowed_to_the_draft_itself(training_trace, sca
     record_train(REPO_MODELS / "target", draft, str(serve), replay=str(train), probe_positions=0)
     report = diff_traces(str(train), str(serve))
     assert report.first is not None and report.first.name.startswith("draft.")
-    assert report.explanations == []
+    # no known cause is proven; the changed weight is named from the contract's fingerprints (issue 33)
+    assert [e for e in report.explanations if not e.named_only] == []
+    assert [e.cause for e in report.explanations][:1] == ["contract.draft_weights"]
+    assert "midlayer.mlp.down_proj.weight" in report.explanations[0].message
     n = report.narrowing
     assert not isinstance(n, str), n
     assert [v.name for v in n.variants] == ["training inputs", "serving's target.aux_cat", "serving's draft.d2t",
@@ -51,7 +54,8 @@ def test_a_changed_draft_mlp_is_narrowed_to_the_draft_itself(training_trace, sca
     assert n.variants[0].scores["draft.fc_out"] < 0.01  # the re-run reproduces training where nothing differs
     assert "inside the draft's own computation" in n.conclusion and "draft_weights_sha256" in n.conclusion
     text = render_text(report)
-    assert "explanation: no known cause" in text and "-> no serving input reproduces serving" in text
+    assert "explanation: no known mistake's transform closes the gap" in text
+    assert "-> no serving input reproduces serving" in text
 
 
 def test_a_fine_tuned_target_is_narrowed_to_the_aux_hidden_states(training_trace, scaled_copy):
@@ -60,7 +64,10 @@ def test_a_fine_tuned_target_is_narrowed_to_the_aux_hidden_states(training_trace
     serve = root / "target-ft.trace"
     record_train(target, REPO_MODELS / "draft", str(serve), replay=str(train), probe_positions=0)
     report = diff_traces(str(train), str(serve))
-    assert report.first.name == "target.aux.1" and report.explanations == []
+    assert report.first.name == "target.aux.1"
+    assert [e for e in report.explanations if not e.named_only] == []
+    assert [e.cause for e in report.explanations][:1] == ["contract.target_weights"]
+    assert report.explanations[0].message.startswith("target_weights.model.layers.2: ")  # per decoder layer
     n = report.narrowing
     assert not isinstance(n, str), n
     by = {v.name: v for v in n.variants}
