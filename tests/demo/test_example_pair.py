@@ -79,9 +79,15 @@ def _assert_same_pair(made: Path) -> None:
                 assert np.array_equal(v, b.keys(name)[k]), f"{side} {name} {k}"
             x, y = a.read(name), b.read(name)
             if x.dtype.kind == "f":
-                # bf16 noise: one bf16 ulp (2^-8 relative) on values of a few units, plus reduction
-                # order on another CPU; a wrong stage moves values by far more (the seed's aux: ~1)
-                assert np.allclose(x, y, rtol=2 ** -6, atol=2 ** -6, equal_nan=True), f"{side} {name}"
+                # bf16 noise on another CPU's kernels (another reduction order): a few bf16 ulps (2^-8
+                # relative) of the row's largest value, since a residual-stream element is a sum of
+                # terms that large and keeps their rounding however small it ends (the CI's CPU put
+                # 0.25 on elements near 0 of a row up to 35: target.aux.0). A wrong stage moves rows
+                # by far more (the seed's aux: ~1 relative).
+                scale = np.nanmax(np.abs(x), axis=-1, keepdims=True) if x.ndim else np.abs(x)
+                assert np.all((np.abs(x - y) <= 2 ** -5 * scale + 2 ** -6) | (np.isnan(x) & np.isnan(y))), \
+                    f"{side} {name}: max row-scaled difference " \
+                    f"{np.nanmax(np.abs(x - y) / (scale + 2 ** -6)):.4f}"
             else:
                 assert np.array_equal(x, y), f"{side} {name}"
         # facts of the recording machine, not of the pair: the ring's size follows free /dev/shm

@@ -61,7 +61,14 @@ def fork_children() -> bool:
     SGLang loads its plugins in every process it starts (0.5.23 ``srt/plugins/__init__.py:103-121``,
     once per process by that flag): specdiff's plugin arms its hooks only when loaded inside the
     scheduler (tracer/engines/sglang/plugin.py ``load``). A forked child inherits the parent's set
-    flag, so the child clears it and loads the plugins itself, as a spawned one does."""
+    flag, so the child clears it and loads the plugins itself, as a spawned one does.
+
+    The parent loads no general plugin at all here: ``HookRegistry.apply_hooks`` patches a target
+    once per process (``_patched``, srt/plugins/hook_registry.py:146-165), so a target one plugin had
+    patched in the parent would be inherited as patched and the child would skip every hook another
+    plugin registers on it there (specdiff's recorder on ``ModelRunner.forward`` behind a test's bug
+    plugin: no trace). Plugins that act in the main process (the HTTP server, the tokenizer) are
+    therefore not loaded in this mode; specdiff's and the tests' act only in the scheduler."""
     import multiprocessing as mp
 
     from sglang.srt import plugins
@@ -70,6 +77,7 @@ def fork_children() -> bool:
         print("specdiff: SPECDIFF_SGLANG_START=fork ignored: this SGLang has no "
               "sglang.srt.plugins._plugins_loaded; its children are spawned", file=sys.stderr)
         return False
+    plugins._plugins_loaded = True  # the parent's load_plugins() calls become no-ops (docstring)
     os.register_at_fork(after_in_child=lambda: setattr(plugins, "_plugins_loaded", False))
     choose = mp.set_start_method
     mp.set_start_method = lambda method, force=False: choose("fork", force=True)
