@@ -274,7 +274,11 @@ def test_an_sglang_format_draft_names_the_nested_source_and_the_crash(sglang_for
     assert c["aux_hf_indices"] == [2, 5] and c["aux_dropped_ids"] == [-1] and c["draft_num_aux"] == 3
     crash = c.get("crash")
     assert isinstance(crash, dict), sglang_format.log.read_text()[-3000:]
-    assert crash["forward"].startswith("draft propose") and "invalid for input of size" in crash["message"]
+    # two of three slots' width reaches fc (2 x 256 of 768): a view or a matmul refuses it, by the path
+    # vLLM's draft took (shared/research/vllm-cpu.md saw the view's; CI's run saw "(6x512 and 768x256)")
+    assert crash["forward"].startswith("draft propose"), crash
+    assert re.search(r"invalid for input of size|mat1 and mat2 shapes cannot be multiplied \(\d+x512 and 768x",
+                     crash["message"]), crash
     assert crash["forward_shapes"]["target_hidden_states"][1] == 2 * c["hidden_size"]
     assert "draft propose" in describe_crash(crash)
 
