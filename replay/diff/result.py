@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from specdiff.replay.diff.explain.contract_check import unknown_facts
 from specdiff.replay.diff.explain.crash import crash_verdict
 from specdiff.replay.diff.types import (
     DIVERGED,
@@ -22,6 +21,7 @@ from specdiff.replay.diff.types import (
     TensorComparison,
     bearing_on,
 )
+from specdiff.tracer.contract import unknown_facts
 from specdiff.tracer.schema import spec_for
 
 #: a passing tensor this close to a limit (limit_use) is named in the verdict: another prompt
