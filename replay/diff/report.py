@@ -184,6 +184,7 @@ def render_text(report: DiffReport, *, width: int | None = None) -> str:
                 *_contract_rows(silent, [], None), ""]
     if report.first is not None:
         out += ["first divergence", *_first_rows(report), "", *_explanation_rows(report), ""]
+    out += _reexec_rows(report)
     others = [m for m in report.contract if m.severity != "error" and m not in silent]
     out.append("contract")
     if others:
@@ -217,6 +218,23 @@ def render_text(report: DiffReport, *, width: int | None = None) -> str:
     if report.alignment_error:
         out += _wrap([f"no row compared: {report.alignment_error}"], width)
     return "\n".join(out)
+
+
+def _reexec_rows(report: DiffReport) -> list[str]:
+    """How re-execution decided the verdict (replay/diff/rerun/reexec.py): each candidate draft stage,
+    moved past (inherited from serving's inputs), proven, or judged by its rows because it could not run."""
+    r = report.reexecution
+    if r is None or not r.steps:
+        return []
+    said = {"reproduced": "not a divergence, inherited from serving's inputs",
+            "not_reproduced": "the first divergence, proven by re-execution",
+            "not_run": "judged by its rows (re-execution could not decide)"}
+    out = ["re-execution (the training draft re-run on serving's own inputs decides the verdict)"]
+    for st in r.steps:
+        out.append(f"  {st.stage}: {said[st.outcome]}: {st.reason}")
+        if len(st.stages) > 1:
+            out.append(f"    with it: {', '.join(s for s in st.stages if s != st.stage)}")
+    return [*out, ""]
 
 
 def _inherited_note(c: TensorComparison) -> str:
