@@ -18,6 +18,7 @@ import hashlib
 import numpy as np
 
 from specdiff.eagle3.aux_layers import AUX_CONCAT_ORDER
+from specdiff.eagle3.engines import UnknownEngineError, engine_spec
 from specdiff.eagle3.families import DENSE_RECORDED, EXPERTS, moe_keys
 from specdiff.eagle3.norms import meaning as norm_meaning
 from specdiff.tracer.errors import TraceError
@@ -228,6 +229,31 @@ def known(contract: dict, field: str, default=None):
 def unknown_fields(contract: dict) -> list[str]:
     """Names of the contract fields recorded as ``UNKNOWN``, sorted."""
     return sorted(k for k, v in contract.items() if isinstance(v, str) and v == UNKNOWN)
+
+
+def _engine_title(name: str) -> str:
+    try:
+        return engine_spec(name).title
+    except UnknownEngineError:
+        return name
+
+
+def unknown_facts(contract: dict) -> dict[str, str]:
+    """Field -> why it is unknown: the engine name the recorder could not find (from the
+    contract's ``unobservable`` list, whichever engine wrote it: ``unobservable_engine``),
+    for every field recorded as ``"unknown"``."""
+    why: dict[str, str] = {}
+    for u in contract.get("unobservable") or []:
+        if isinstance(u, dict):
+            eng = unobservable_engine(u)
+            who = (f"{_engine_title(eng[0])} {eng[1]} has no {u.get('name')}" if eng
+                   else f"the engine has no {u.get('name')}")
+            for f in u.get("facts") or []:
+                why.setdefault(f, who)
+    # no ``unobservable`` list at all: a recorder from before specdiff said why a fact is unknown
+    silent = ("the recorder could not read it" if "unobservable" in contract else
+              "written as unknown by an older specdiff recorder, which did not say why")
+    return {f: why.get(f, silent) for f in unknown_fields(contract)}
 
 
 def weight_sha256(weight, *, rows: int | None = None) -> str:

@@ -7,13 +7,14 @@ damaged one (tracer.store.damage). Exit 1 if any.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import textwrap
 from collections.abc import Mapping
 
 import click
 
+from specdiff.replay.diff.textwidth import output_width
+from specdiff.tracer.contract import unknown_facts
 from specdiff.tracer.crash import describe_crash
 from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli, on_interrupt
 
@@ -91,11 +92,8 @@ def render_rows(rows: list[tuple[str, str, int]], width: int) -> list[str]:
 def describe(trace, *, verified: bool = False, width: int | None = None) -> str:
     """Plain-text summary of an opened trace (what ``specdiff info`` prints); ``verified``: every
     chunk was read (``Trace.verify``) before, so no damage line means none exists. ``width``: lines
-    wrap at it (default: the terminal's, or ``DEFAULT_WIDTH`` when not a terminal)."""
-    from specdiff.replay.diff.explain.contract_check import unknown_facts
-    from specdiff.replay.diff.report import DEFAULT_WIDTH
-
-    width = width or shutil.get_terminal_size((DEFAULT_WIDTH, 40)).columns
+    wrap at it (default: the terminal's, or ``textwidth.DEFAULT_WIDTH`` when not a terminal)."""
+    width = output_width(width)
     lines = [f"trace      {trace.path}",
              f"side       {trace.side}   format {trace.format}   records {trace.records}"]
     if trace.closed:

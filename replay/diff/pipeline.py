@@ -20,12 +20,15 @@ each fills, and the module that computes it:
                                                    ``judge.JUDGES``: topk_ties, routing, context, then
                                                    groups); judge/context_proof re-runs the draft when
                                                    the context judge asks
- 7    first divergence            first            compare/compare.first_divergence;
+ 7    first divergence            first            compare/compare.first_divergence, then
+                                  reexecution      rerun/reexec.decide (a draft stage serving's own
+                                                   inputs reproduce is moved past: inherited);
                                                    explain/crash.crash_divergence (where the crashed
                                                    side stopped)
  8    explain it                  explanations     explain.explain (``explain.CHECKS`` in order);
                                                    explain/crash.crash_explanations when the crash leads
- 9    contract check              contract         explain/contract_check.check_contracts
+ 9    contract check              contract         explain/contract_check.check_contracts (before 7:
+                                                   the re-run reads it)
  10   acceptance                  acceptance       compare/acceptance.acceptance
  11   pre-flight findings         findings         explain/findings.matching_findings / crash_findings;
                                                    explain/crash.crash_cause (the crash's cause);
@@ -52,6 +55,7 @@ from specdiff.replay.diff.explain.crash import crash_cause, crash_divergence, cr
 from specdiff.replay.diff.explain.findings import crash_findings, matching_findings, unfound_paths
 from specdiff.replay.diff.judge.context_proof import ContextProver
 from specdiff.replay.diff.rerun.narrow import narrow_or_reason
+from specdiff.replay.diff.rerun.reexec import decide
 from specdiff.replay.diff.result import DiffReport
 from specdiff.replay.diff.types import Alignment, Pair, side_names
 from specdiff.tracer.schema import ordered
@@ -121,11 +125,15 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
                               prove_context=prove,
                               on_partial=None if on_partial is None else lambda comps, early:
                               on_partial(partial_report(traces, labels, alignment, comps, early)))
-    first = first_divergence(comparisons)
+    contract = check_contracts(traces)
+    first, reexec = first_divergence(comparisons), None
+    if narrow:  # a draft stage is the first divergence only where re-execution does not reproduce serving
+        first, reexec = decide(lambda f: _report(traces, labels, alignment=alignment, comparisons=comparisons,
+                                                 first=f, explanations=[], contract=contract),
+                               comparisons, draft_path=draft_path, target_path=target_path)
     if crash is not None:  # where the crashed side stopped; the crash leads unless a value diverged earlier
         first, crash = crash_divergence(traces, labels, alignment, comparisons, first, crash)
     explanations = explain(traces, alignment, comparisons, first)
-    contract = check_contracts(traces)
     accepted = acceptance(traces, alignment)
     findings = relevant_findings(traces, labels, first, crash, contract)  # and the crash's cause
     report = _report(
@@ -139,9 +147,10 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
         findings=findings,
         crash=crash,
         unfound_paths=unfound_paths(traces, labels),
+        reexecution=reexec,
     )
     # the last stage reads the report built so far (the draft, the failing rows, the contract)
-    report.narrowing = narrowing(report, draft_path=draft_path, target_path=target_path) if narrow else None
+    report.narrowing = narrowing(report, draft_path=draft_path, target_path=target_path, done=reexec) if narrow else None
     return report
 
 
@@ -196,14 +205,18 @@ def relevant_findings(traces: Pair, labels: Pair, first, crash: dict | None, con
     return found
 
 
-def narrowing(report: DiffReport, *, draft_path: str | None = None, target_path: str | None = None):
+def narrowing(report: DiffReport, *, draft_path: str | None = None, target_path: str | None = None,
+              done=None):
     """``replay.narrow.Narrowing`` (or the one-line reason it could not run) when the first
     divergence is of values and nothing explains it (recorded facts that differ, named by
     explain/differences.py, do not count: they are not proven); None otherwise. Imported lazily: it loads torch.
-    ``draft_path`` / ``target_path``: as in ``diff_opened``."""
+    ``draft_path`` / ``target_path``: as in ``diff_opened``. ``done``: the verdict's re-execution
+    (rerun/reexec.py), whose last narrowing is reused when it is of the same first divergence."""
     first = report.first
     if first is None or first.kind != "values" or any(not e.named_only for e in report.explanations):
         return None
+    if done is not None and done.steps and done.steps[-1].stage == first.name and done.narrowing is not None:
+        return done.narrowing
 
     return narrow_or_reason(report, draft_path=draft_path, target_path=target_path)
 

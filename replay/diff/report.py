@@ -6,13 +6,13 @@ computes a comparison, an explanation or a finding.
 from __future__ import annotations
 
 import json
-import shutil
 import textwrap
 
 from specdiff.replay.diff.compare.acceptance import Acceptance
 from specdiff.replay.diff.explain.crash import crash_text
 from specdiff.replay.diff.judge.groups import GROUP_ALPHA, GROUP_FAR
 from specdiff.replay.diff.result import DiffReport
+from specdiff.replay.diff.textwidth import output_width
 from specdiff.replay.diff.types import ContractMismatch, Pair, TensorComparison
 from specdiff.tracer.schema import spec_for
 
@@ -60,10 +60,6 @@ def _narrowing_rows(n) -> list[str]:
         rows.append(f"    {v.name:28s} {mark}")
     rows.append(f"  -> {n.conclusion}")
     return rows
-
-
-#: the width the text report wraps at when the output is not a terminal (tests, pipes, CI logs)
-DEFAULT_WIDTH = 120
 
 
 def _wrap(lines: list[str], width: int) -> list[str]:
@@ -170,9 +166,9 @@ def render_text(report: DiffReport, *, width: int | None = None) -> str:
     (pre-flight findings, margins, acceptance, grafts, the tensor table, the alignment).
 
     ``width``: prose lines wrap at it (the tensor table does not); default the terminal's width, or
-    ``DEFAULT_WIDTH`` when the output is not a terminal.
+    ``DEFAULT_WIDTH`` when the output is not a terminal (``textwidth.output_width``).
     """
-    width = width or shutil.get_terminal_size((DEFAULT_WIDTH, 40)).columns
+    width = output_width(width)
     out = [report.verdict(), ""]
     if report.crash is not None:
         out += [*_crash_rows(report), ""]
@@ -188,6 +184,7 @@ def render_text(report: DiffReport, *, width: int | None = None) -> str:
                 *_contract_rows(silent, [], None), ""]
     if report.first is not None:
         out += ["first divergence", *_first_rows(report), "", *_explanation_rows(report), ""]
+    out += _reexec_rows(report)
     others = [m for m in report.contract if m.severity != "error" and m not in silent]
     out.append("contract")
     if others:
@@ -221,6 +218,23 @@ def render_text(report: DiffReport, *, width: int | None = None) -> str:
     if report.alignment_error:
         out += _wrap([f"no row compared: {report.alignment_error}"], width)
     return "\n".join(out)
+
+
+def _reexec_rows(report: DiffReport) -> list[str]:
+    """How re-execution decided the verdict (replay/diff/rerun/reexec.py): each candidate draft stage,
+    moved past (inherited from serving's inputs), proven, or judged by its rows because it could not run."""
+    r = report.reexecution
+    if r is None or not r.steps:
+        return []
+    said = {"reproduced": "not a divergence, inherited from serving's inputs",
+            "not_reproduced": "the first divergence, proven by re-execution",
+            "not_run": "judged by its rows (re-execution could not decide)"}
+    out = ["re-execution (the training draft re-run on serving's own inputs decides the verdict)"]
+    for st in r.steps:
+        out.append(f"  {st.stage}: {said[st.outcome]}: {st.reason}")
+        if len(st.stages) > 1:
+            out.append(f"    with it: {', '.join(s for s in st.stages if s != st.stage)}")
+    return [*out, ""]
 
 
 def _inherited_note(c: TensorComparison) -> str:

@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from specdiff.replay.diff.explain.contract_check import unknown_facts
 from specdiff.replay.diff.explain.crash import crash_verdict
 from specdiff.replay.diff.types import (
     DIVERGED,
@@ -22,6 +21,7 @@ from specdiff.replay.diff.types import (
     TensorComparison,
     bearing_on,
 )
+from specdiff.tracer.contract import unknown_facts
 from specdiff.tracer.schema import spec_for
 
 #: a passing tensor this close to a limit (limit_use) is named in the verdict: another prompt
@@ -70,6 +70,9 @@ class DiffReport:
         narrowing: when no explanation fits the first divergence: ``replay.narrow.Narrowing`` (which
             serving input, grafted into the training draft, reproduces serving), or the one-line
             reason it could not run; None when not run.
+        reexecution: how re-execution decided ``first`` (replay/diff/rerun/reexec.py ``Reexecution``:
+            the draft stages it moved past and why, or why it could not run); None when the first
+            row divergence is no draft stage, or nothing re-ran (``narrow=False``).
     """
 
     paths: Pair
@@ -87,6 +90,7 @@ class DiffReport:
     alignment_error: str | None = None  # why no sequence paired (only kept when a structure finding leads)
     crash: dict | None = None  # {"label": side, **the contract's crash record}: a side's engine died
     unfound_paths: list = field(default_factory=list)
+    reexecution: object = None  # replay/diff/rerun/reexec.py Reexecution, or None
 
     @property
     def diverged(self) -> bool:
@@ -208,7 +212,8 @@ class DiffReport:
                        + (f" (+{len(silent) - 1} more)" if len(silent) > 1 else "") + ", see contract warnings"
                        if silent else "")
             return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
-                    f"{len(self.alignment.seq_pairs)} sequences{named}{close}{differs}{self._damage_note()}")
+                    f"{len(self.alignment.seq_pairs)} sequences{named}{self._reexec_words()}{close}{differs}"
+                    f"{self._damage_note()}")
         e0 = self.explanations[0] if self.explanations else None
         why = "" if e0 is None else f" — {e0.cause}" if short else f" — {e0.message}"
         if self.first.kind == "structure":
@@ -217,7 +222,11 @@ class DiffReport:
                     + (why or f" — {m.message}") + self._damage_note())
         w = self.first.first_where or self.first.worst or {}
         where = f"seq {w.get('pair')} pos {w.get('pos')}" + (f" depth {w['depth']}" if w.get("depth") else "")
-        return f"first divergence: {self.first.name} at {where}{why}{self._damage_note()}"
+        return f"first divergence: {self.first.name} at {where}{why}{self._reexec_words()}{self._damage_note()}"
+
+    def _reexec_words(self) -> str:
+        """The verdict's clause on the draft stages re-execution moved past (rerun/reexec.py), or ""."""
+        return self.reexecution.words() if self.reexecution is not None else ""
 
     def to_json(self) -> dict:
         """JSON-safe dict (``specdiff diff --format json``), exact values (``json_safe``); its
@@ -247,6 +256,9 @@ class DiffReport:
             "explanations": [_explanation_json(e) for e in self.explanations],
             "narrowing": (None if self.narrowing is None else {"not_run": self.narrowing}
                           if isinstance(self.narrowing, str) else asdict(self.narrowing)),
+            # only where a draft stage was re-executed: other reports' JSON stays as it was
+            **({"reexecution": [asdict(st) for st in self.reexecution.steps]}
+               if self.reexecution is not None and self.reexecution.steps else {}),
             "contract_mismatches": [asdict(m) for m in self.contract],
             "unknown_facts": {self.labels.x: unknown_facts(self.traces.x.contract),
                               self.labels.y: unknown_facts(self.traces.y.contract)},

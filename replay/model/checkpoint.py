@@ -21,7 +21,9 @@ both is read and written by ``replay.model.draft_config.Eagle3DraftConfig``, the
   ``speculators_config.verifier.name_or_path``. Weights ``layers.0.*``, ``embed_tokens.weight``,
   ``input_norm.weight``; ``verifier_norm.weight`` / ``verifier_lm_head.weight`` are ignored.
 
-Only safetensors, or ``torch.load(weights_only=True)`` for ``.bin``: no pickle code runs.
+Only safetensors, or ``torch.load(weights_only=True)`` for ``.bin``: no pickle code runs. Which files
+hold the weights, their headers, the names as SGLang loads them and the shapes a config implies are
+``replay.model.weight_files`` (torch-free, what ``specdiff check`` reads).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 
 from specdiff.eagle3.aux_layers import ConventionError, native_aux_ids, resolve_aux_ids
 from specdiff.eagle3.vocab_map import read_d2t
-from specdiff.replay.model.draft_config import (  # noqa: F401  (re-exported: preflight, callers)
+from specdiff.replay.model.draft_config import (  # noqa: F401  (re-exported: callers)
     FORMATS,
     SPECFORGE_ARCH,
     SPECULATORS_ARCHS,
@@ -46,151 +48,43 @@ from specdiff.replay.model.draft_config import (  # noqa: F401  (re-exported: pr
     rope_params,
 )
 from specdiff.replay.model.draft_model import Eagle3Draft
+from specdiff.replay.model.weight_files import (
+    IGNORED_KEYS,
+    OPTIONAL_SHAPES,
+    canonical_name,
+    expected_shapes,
+    load_bin,
+    unreadable,
+    weight_files,
+)
 from specdiff.tracer.contract import sha256_array
 from specdiff.tracer.weight_facts import tensor_fingerprint
 
-__all__ = ["CheckpointError", "LoadedDraft", "load_draft", "save_draft", "read_state_dict", "read_weight_headers",
-           "draft_config_from_dict", "detect_format", "draft_weights_sha256", "canonical_name",
-           "expected_shapes", "OPTIONAL_SHAPES", "IGNORED_KEYS", "rope_params"]
-
-#: keys speculators writes or keeps that the draft forward does not use (engines skip them too)
-IGNORED_KEYS = ("verifier_norm.weight", "verifier_lm_head.weight")
-_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-              "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32",
-              "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
-_LEGACY = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
+__all__ = ["CheckpointError", "LoadedDraft", "load_draft", "save_draft", "read_state_dict", "detect_format",
+           "draft_weights_sha256", "rope_params"]
 
 
 # ---- files ------------------------------------------------------------------------------
-def _weight_files(path: Path) -> tuple[str, list[Path]]:
-    st = sorted(path.glob("*.safetensors"))
-    if st:
-        return "safetensors", st
-    bins = sorted(path.glob("*.bin"))
-    if not bins:
-        raise CheckpointError(f"draft {path}: no *.safetensors or *.bin weights found")
-    return "bin", bins
-
-
-def _load_bin(f: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
-    try:
-        return torch.load(str(f), map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as e:  # pickle with code, truncated file
-        raise CheckpointError(f"draft weights {f}: unreadable (weights_only=True: {type(e).__name__}: {e})") from None
-
-
-def _unreadable(f: Path, e: Exception) -> CheckpointError:
-    return CheckpointError(f"draft weights {f}: unreadable safetensors ({type(e).__name__}: {e})")
-
-
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory: every ``*.safetensors`` file, else ``*.bin``
     loaded with ``weights_only=True``. Raises CheckpointError when there is none or one is
     unreadable (the file named)."""
     path = Path(path)
-    kind, files = _weight_files(path)
+    kind, files = weight_files(path)
     out: dict[str, torch.Tensor] = {}
     for f in files:
         if kind == "bin":
-            out.update(_load_bin(f))
+            out.update(load_bin(f))
             continue
         from safetensors.torch import load_file
         try:
             out.update(load_file(str(f)))
         except Exception as e:  # corrupt header etc.
-            raise _unreadable(f, e) from None
+            raise unreadable(f, e) from None
     return out
 
 
-def read_weight_headers(path: str | Path, *, load=("d2t", "t2d")) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Shapes and dtypes of every tensor of a checkpoint directory without loading the weights
-    (safetensors headers; ``.bin`` memory-mapped with ``weights_only=True``), plus the tensors
-    whose ``canonical_name`` is in ``load`` (by default the small ``d2t`` / ``t2d``).
-
-    Returns:
-        ({file tensor name: (shape tuple, dtype name e.g. 'bfloat16')}, {canonical name: tensor}).
-
-    Raises:
-        CheckpointError: no weights, or an unreadable file (named).
-    """
-    path = Path(path)
-    kind, files = _weight_files(path)
-    meta: dict[str, tuple[tuple[int, ...], str]] = {}
-    loaded: dict[str, torch.Tensor] = {}
-    for f in files:
-        if kind == "bin":
-            for name, t in _load_bin(f, mmap=True).items():
-                meta[name] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
-                if canonical_name(name) in load:
-                    loaded[canonical_name(name)] = t.clone()
-            continue
-        from safetensors import safe_open
-        try:
-            with safe_open(str(f), framework="pt") as sf:
-                for name in sf.keys():
-                    sl = sf.get_slice(name)
-                    meta[name] = (tuple(sl.get_shape()), _ST_DTYPES.get(sl.get_dtype(), sl.get_dtype().lower()))
-                    if canonical_name(name) in load:
-                        loaded[canonical_name(name)] = sf.get_tensor(name)
-        except Exception as e:  # corrupt header, truncated file
-            raise _unreadable(f, e) from None
-    return meta, loaded
-
-
-# ---- config -----------------------------------------------------------------------------
-def draft_config_from_dict(raw: dict, fmt: str | None = None, *,
-                           source: str = "config.json") -> tuple[Eagle3DraftConfig, list[str]]:
-    """``Eagle3DraftConfig.from_dict`` and its notes (raises DraftConfigError naming ``source``)."""
-    cfg = Eagle3DraftConfig.from_dict(raw, source=source, fmt=fmt)
-    return cfg, list(cfg.notes)
-
-
 # ---- weights ----------------------------------------------------------------------------
-def canonical_name(name: str) -> str:
-    """A weight name as SGLang loads it: no ``model.`` prefix, legacy ``aux_norm_*`` ->
-    ``fc_norm.{j}``, speculators ``layers.0.`` -> ``midlayer.`` (llama_eagle3.py:337-348)."""
-    if name.startswith("model."):
-        name = name[len("model."):]
-    for old, new in _LEGACY.items():
-        name = name.replace(old, new)
-    if name.startswith("layers.0."):
-        name = "midlayer." + name[len("layers.0."):]
-    return name
-
-
-def expected_shapes(cfg: Eagle3DraftConfig) -> dict[str, tuple[int, ...]]:
-    """Canonical weight name -> shape every draft with ``cfg`` must have (the optional ones,
-    embedding and vocab map, are in ``OPTIONAL_SHAPES``)."""
-    Hd, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    shapes = {
-        "fc.weight": (Hd, cfg.aux_width),
-        "midlayer.self_attn.q_proj.weight": (nh * hd, 2 * Hd),
-        "midlayer.self_attn.k_proj.weight": (nkv * hd, 2 * Hd),
-        "midlayer.self_attn.v_proj.weight": (nkv * hd, 2 * Hd),
-        "midlayer.self_attn.o_proj.weight": (Hd, nh * hd),
-        "midlayer.mlp.gate_proj.weight": (I, Hd),
-        "midlayer.mlp.up_proj.weight": (I, Hd),
-        "midlayer.mlp.down_proj.weight": (Hd, I),
-        "midlayer.input_layernorm.weight": (Hd,),
-        "midlayer.hidden_norm.weight": (Hd,),
-        "midlayer.post_attention_layernorm.weight": (Hd,),
-        "norm.weight": (Hd,),
-        "lm_head.weight": (cfg.draft_vocab_size, Hd),
-    }
-    if cfg.norm_before_fc:
-        shapes["input_norm.weight"] = (cfg.aux_width,)
-    if cfg.fc_norm:
-        for j in range(cfg.num_aux):
-            shapes[f"fc_norm.{j}.weight"] = (cfg.target_hidden_size,)
-    return shapes
-
-
-#: canonical name -> shape (from the config) of the weights a checkpoint may omit
-OPTIONAL_SHAPES = {"embed_tokens.weight": lambda c: (c.vocab_size, c.hidden_size),
-                    "d2t": lambda c: (c.draft_vocab_size,), "t2d": lambda c: (c.vocab_size,)}
-
-
 def _width_message(name: str, got, want, cfg: Eagle3DraftConfig) -> str:
     g, w = list(got), list(want)
     if name == "fc.weight" and len(g) == 2 and g[1] != w[1]:

@@ -433,6 +433,13 @@ class Eagle3DraftConfig:
         return f
 
 
+def draft_config_from_dict(raw: dict, fmt: str | None = None, *,
+                           source: str = "config.json") -> tuple[Eagle3DraftConfig, list[str]]:
+    """``Eagle3DraftConfig.from_dict`` and its notes (raises DraftConfigError naming ``source``)."""
+    cfg = Eagle3DraftConfig.from_dict(raw, source=source, fmt=fmt)
+    return cfg, list(cfg.notes)
+
+
 def _key_path(fmt: str, name: str) -> str:
     """config.json key of a config field in ``fmt`` (dims live in transformer_layer_config in speculators)."""
     if name in NORM_FLAGS:

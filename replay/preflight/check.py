@@ -14,7 +14,7 @@ from __future__ import annotations
 from specdiff.eagle3.aux_layers import CONVENTIONS, ConventionError, resolve_aux_ids
 from specdiff.eagle3.config_ids import draft_engines
 from specdiff.eagle3.engines import ENGINES
-from specdiff.replay.model.checkpoint import canonical_name
+from specdiff.replay.model.weight_files import canonical_name
 from specdiff.replay.preflight.engines import EngineCapture, fc_slots, resolve_engine_capture
 from specdiff.replay.preflight.files import PreflightError, read_draft, read_target
 from specdiff.replay.preflight.report import (

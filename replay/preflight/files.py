@@ -1,9 +1,10 @@
 """Reading the model files a pre-flight check needs, never the target's weights.
 
 Owns: the target's config.json (dims, rope, eos ids) and tokenizer hashes; the draft's
-config.json (format detected, parsed by ``replay.model.checkpoint``), its tensor shapes and dtypes
-(safetensors headers, through ``checkpoint.read_weight_headers``, the one weights reader) and its
-``d2t`` / ``t2d``; ``PreflightError`` for a directory that cannot be checked at all.
+config.json (format detected, parsed by ``replay.model.draft_config``), its tensor shapes and dtypes
+(safetensors headers, through ``weight_files.read_weight_headers``, the one weights reader) and its
+``d2t`` / ``t2d`` (numpy: the pre-flight imports no torch for a safetensors draft); ``PreflightError``
+for a directory that cannot be checked at all.
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from specdiff.eagle3.aux_layers import target_architecture
-from specdiff.replay.model.checkpoint import (
+from specdiff.replay.model.draft_config import (
     CheckpointError,
     detect_format,
     draft_config_from_dict,
-    read_weight_headers,
     rope_params,
 )
+from specdiff.replay.model.weight_files import read_weight_headers
 from specdiff.tracer.contract import tokenizer_hashes
 from specdiff.tracer.errors import SpecdiffError
 
@@ -57,7 +58,7 @@ class TargetInfo:
 @dataclass
 class DraftInfo:
     """What the draft directory holds: raw config, detected format (None: not EAGLE-3), parsed
-    config, ``tensors`` {file name: (shape, dtype)} from the headers, ``d2t`` / ``t2d`` tensors."""
+    config, ``tensors`` {file name: (shape, dtype)} from the headers, ``d2t`` / ``t2d`` numpy arrays."""
 
     path: str
     raw: dict
@@ -65,8 +66,8 @@ class DraftInfo:
     config: object | None  # Eagle3DraftConfig
     notes: list[str]
     tensors: dict[str, tuple[tuple[int, ...], str]]  # file name -> (shape, dtype)
-    d2t: torch.Tensor | None
-    t2d: torch.Tensor | None
+    d2t: np.ndarray | None
+    t2d: np.ndarray | None
     tokenizer_sha256: str | None
     chat_template_sha256: str | None
 

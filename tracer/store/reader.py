@@ -11,7 +11,7 @@ from specdiff.tracer.errors import TraceError
 from specdiff.tracer.schema import ordered
 from specdiff.tracer.store.arrays import STORAGE_DTYPES
 from specdiff.tracer.store.base import TraceReader
-from specdiff.tracer.store.chunks import ArrayReader, metadata_problem, read_bytes
+from specdiff.tracer.store.chunks import ArrayReader, metadata_problem, open_arrays, read_bytes
 from specdiff.tracer.store.chunks import join as _join
 from specdiff.tracer.store.damage import Damage
 from specdiff.tracer.store.journal import (
@@ -58,19 +58,22 @@ class Trace(TraceReader):
         self._tail = contents.tail
         self._damage = list(damage)
         self._readers: dict[str, dict[str, ArrayReader]] = {}
-        for name, rows in self._committed.items():
-            if rows:
-                self._readers[name] = self._open_arrays(name, rows)
+        written = [name for name, rows in self._committed.items() if rows]
+        opened = open_arrays(store, [f"tensors/{name}/{k}" for name in written for k in ("data", *dict(KEY_COLUMNS))])
+        for name in written:
+            self._readers[name] = self._open_arrays(name, self._committed[name], opened)
         self._sequence_readers: list[ArrayReader] = []
 
-    def _open_arrays(self, name: str, rows: int) -> dict[str, ArrayReader]:
+    def _open_arrays(self, name: str, rows: int, opened: dict) -> dict[str, ArrayReader]:
         dtype_name, shape = self._layout[name]
-        out = {"data": ArrayReader(trace=self.path, store=self.open_store, key=f"tensors/{name}/data", tensor=name,
-                                   column="data", rows=rows, dtype=STORAGE_DTYPES[dtype_name], shape=shape,
-                                   fill=damaged_fill(dtype_name))}
+        key = f"tensors/{name}/data"
+        out = {"data": ArrayReader(trace=self.path, store=self.open_store, key=key, tensor=name, column="data",
+                                   rows=rows, dtype=STORAGE_DTYPES[dtype_name], shape=shape,
+                                   fill=damaged_fill(dtype_name), opened=opened[key])}
         for k, kd in KEY_COLUMNS:
-            out[k] = ArrayReader(trace=self.path, store=self.open_store, key=f"tensors/{name}/{k}", tensor=name,
-                                 column=k, rows=rows, dtype=np.dtype(kd), shape=(), fill=-1)
+            key = f"tensors/{name}/{k}"
+            out[k] = ArrayReader(trace=self.path, store=self.open_store, key=key, tensor=name, column=k, rows=rows,
+                                 dtype=np.dtype(kd), shape=(), fill=-1, opened=opened[key])
         return out
 
     # ---- damage -----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from zarr.codecs import Crc32cCodec
 
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import ARRAY_CONFIG, KEY_COLUMNS, SEQUENCE_ARRAYS, open_trace
-from specdiff.tracer.store.arrays import BF16
+from specdiff.tracer.store.arrays import bf16
 from specdiff.tracer.store.layout import consolidate
 
 
@@ -44,14 +44,14 @@ def _rewrite(src, dst, key: str, *, compact: bool = False) -> bool:
         return False
     parent, name = key.rsplit("/", 1)
     new = dst[parent].create_array(
-        name, shape=arr.shape, chunks=chunks, dtype=BF16 if bits else arr.dtype,
+        name, shape=arr.shape, chunks=chunks, dtype=bf16() if bits else arr.dtype,
         fill_value=0 if bits else arr.fill_value,
         compressors=[*arr.compressors] if checksummed else [*arr.compressors, Crc32cCodec()],
         dimension_names=arr.metadata.dimension_names, attributes=dict(arr.attrs), config=ARRAY_CONFIG,
         overwrite=True)
     step = chunks[0]
     for a in range(0, arr.shape[0], step):
-        new[a:a + step] = arr[a:a + step].view(BF16) if bits else arr[a:a + step]
+        new[a:a + step] = arr[a:a + step].view(bf16()) if bits else arr[a:a + step]
     return True
 
 

@@ -356,7 +356,8 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         spec = spec_for(name)
         tol = default_tolerance(compute_dtype(traces.x, name), compute_dtype(traces.y, name),
                                 kind=spec.kind, preset=preset)
-        user_frac = apply_overrides(tol, name, overrides or {}).max_fail_frac != tol.max_fail_frac
+        default_frac = tol.max_fail_frac
+        user_frac = apply_overrides(tol, name, overrides or {}).max_fail_frac != default_frac
         tol = apply_overrides(exact_inputs(name, tol), name, overrides or {})
         m = tensor_match(traces, alignment, name, good_paths=good, match=matched.get(name))
         inh = upstream.inherited(name, m)
@@ -372,7 +373,8 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         if family.moe and aux_slot(name) == 0 and out[name].diverged:
             out[name].stats["routing_not_named"] = routing.SLOT0_WHY
             out[name].stats["routing_family"] = family.words()
-        upstream.add(out[name], inherited.source_rows(out[name]))
+        upstream.add(out[name], inherited.source_rows(out[name]),
+                     forward=not (user_frac and _loosened(out[name], default_frac)))
         if on_partial is not None:
             on_partial(dict(out), watch.first)
     add_logit_stats(traces, out)
@@ -380,6 +382,13 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         out["tokens"] = token_format_comparison(traces, alignment, out.get("tokens"), preset=preset)
     watch.done()
     return {n: out[n] for n in ordered(out)}
+
+
+def _loosened(comp: TensorComparison, default_frac: float) -> bool:
+    """Whether ``comp`` passes only because the user raised its fail fraction: its own failing rows
+    are above ``default_frac`` (replay/diff/judge/inherited.py: its rows then stand for no forward
+    difference)."""
+    return not comp.diverged and comp.stats.get("own_fail_frac", 0.0) > default_frac
 
 
 def exact_inputs(name: str, tol: Tolerance) -> Tolerance:

@@ -14,7 +14,7 @@ from specdiff.eagle3.engines import UnknownEngineError, engine_spec
 from specdiff.replay.diff.explain.fact_diff import fact_differences
 from specdiff.replay.diff.facts import fact_row
 from specdiff.replay.diff.types import ContractMismatch, Pair, side_names
-from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known, unknown_fields, unobservable_engine
+from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known, unknown_facts, unobservable_engine
 from specdiff.tracer.errors import SpecdiffError
 
 #: the facts that name the target model a trace was recorded on (tracer/contract.py; the SGLang recorder
@@ -200,31 +200,6 @@ def _weight_hash_mismatch(field: str, x, y, cx: dict, cy: dict, labels: Pair[str
 
 def _short(v) -> str:
     return "none" if v is None else (str(v)[:10] if isinstance(v, str) else str(v))
-
-
-def _engine_title(name: str) -> str:
-    try:
-        return engine_spec(name).title
-    except UnknownEngineError:
-        return name
-
-
-def unknown_facts(contract: dict) -> dict[str, str]:
-    """Field -> why it is unknown: the engine name the recorder could not find (from the
-    contract's ``unobservable`` list, whichever engine wrote it: ``tracer.contract.unobservable_engine``),
-    for every field recorded as ``"unknown"``."""
-    why: dict[str, str] = {}
-    for u in contract.get("unobservable") or []:
-        if isinstance(u, dict):
-            eng = unobservable_engine(u)
-            who = (f"{_engine_title(eng[0])} {eng[1]} has no {u.get('name')}" if eng
-                   else f"the engine has no {u.get('name')}")
-            for f in u.get("facts") or []:
-                why.setdefault(f, who)
-    # no ``unobservable`` list at all: a recorder from before specdiff said why a fact is unknown
-    silent = ("the recorder could not read it" if "unobservable" in contract else
-              "written as unknown by an older specdiff recorder, which did not say why")
-    return {f: why.get(f, silent) for f in unknown_fields(contract)}
 
 
 def unknown_fix(contract: dict) -> str:

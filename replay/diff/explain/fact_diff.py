@@ -26,6 +26,7 @@ from __future__ import annotations
 from specdiff.eagle3.engines import UnknownEngineError, engine_spec
 from specdiff.replay.diff.facts import fact_row, not_compared
 from specdiff.replay.diff.types import ContractMismatch, Pair, side_names
+from specdiff.replay.model.weight_files import canonical_name
 from specdiff.tracer.contract import CONTRACT_FIELDS, UNKNOWN, known
 from specdiff.tracer.schema import STAGE_ORDER
 
@@ -199,10 +200,8 @@ def _given_options(cx: dict, cy: dict, labels: Pair) -> list[ContractMismatch]:
 
 
 def _canonical(names: dict) -> dict:
-    """Draft checkpoint names as SGLang loads them (``replay.model.checkpoint.canonical_name``): one
+    """Draft checkpoint names as SGLang loads them (``replay.model.weight_files.canonical_name``): one
     draft in the SpecForge and the speculators layouts names its tensors alike."""
-    from specdiff.replay.model.checkpoint import canonical_name
-
     return {canonical_name(n): v for n, v in names.items()}
 
 

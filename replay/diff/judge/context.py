@@ -60,6 +60,9 @@ from specdiff.tracer.schema import spec_for
 
 #: the stage whose depth-0 rows the draft's KV cache is computed from
 CONTEXT_STAGE = "draft.attn_in"
+#: what the cached K/V of a position are computed from: its depth-0 attention input, and its rope
+#: position (applied to K)
+_KV_INPUTS = (CONTEXT_STAGE, "draft.positions")
 #: the rows before every context source must be at least this share of the counted rows
 CONTEXT_MIN_CLEAN = 0.25
 #: a row moved by another position's K/V is still related to the other side's
@@ -77,7 +80,7 @@ def first_sources(upstream) -> dict[int, int]:
     (``inherited.Inheritance``, the source rows of the tensors compared so far)."""
     first: dict[int, int] = {}
     for s in upstream.sources:
-        if s.name != CONTEXT_STAGE and not feeds(s.name, CONTEXT_STAGE):
+        if s.name not in _KV_INPUTS and not feeds(s.name, CONTEXT_STAGE):
             continue
         keys = s.keys[s.depth == 0]
         for pair, pos in zip((keys >> 32).tolist(), (keys & 0xFFFFFFFF).tolist(), strict=True):

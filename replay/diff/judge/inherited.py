@@ -9,8 +9,12 @@ every one of them at a position whose ``target.aux.1`` row had flipped). So the 
 divergence is decided on the rows whose inputs agree; the rows whose inputs differ are
 *inherited* and reported, with the tensor they were inherited from.
 
-What feeds what (DESIGN.md "The trace model", stage order ``tokens -> target.aux.{j} ->
-target.aux_cat -> draft.fc_in -> ... -> verify``; the EAGLE-3 pairing of tracer/rows.py):
+What feeds what is a graph, ``INPUTS``: each recorded tensor's direct inputs at the same position
+(DESIGN.md "The trace model"; the EAGLE-3 pairing of tracer/rows.py; SGLang llama_eagle3.py), and
+a row is inherited only from a tensor that reaches it along that graph (``feeds``, its transitive
+closure), never from a tensor it merely follows in stage order (issue 33, item 6: on the seed pair
+with ``target.aux.0`` loosened, ``draft.positions`` was "inherited" from the aux slot, though rope
+positions are computed from no hidden state):
 
 - a row at (pair, pos) of a depthless tensor (``target.*``, ``draft.fc_in``, ``draft.fc_out``)
   feeds that position at every draft depth: the draft row (t, k) consumes the target's h_t;
@@ -19,12 +23,25 @@ target.aux_cat -> draft.fc_in -> ... -> verify``; the EAGLE-3 pairing of tracer/
   ``draft.hidden_out`` at k, tracer/rows.py ``ttt_rows``). Tensors are compared in stage order,
   so a depth-k ``draft.hidden_out`` row reaches the depth-(k + 1) rows through
   ``draft.hidden_in`` at k + 1 (the same values, compared earlier), not directly;
-- ``target.aux.{j}`` is fed by ``tokens`` and the lower slots (a later layer of the same
-  position), ``target.aux_cat`` and ``target.argmax`` by the target rows only; a draft tensor by
-  ``tokens``, the target's aux rows and the draft stages before it (``draft.fc_out`` feeds
-  ``draft.hidden_in``, its depth-0 rows are the same values). Parallel views of one output
-  (``draft.logits_topk.values`` / ``.ids`` / ``draft.logsumexp``) do not feed each other.
-  ``verify.*`` and probes are not compared row by row (compare.is_compared).
+- parallel views of one output (``draft.logits_topk.values`` / ``.ids`` / ``draft.logsumexp``)
+  do not feed each other; ``draft.positions`` has no recorded input (t + k); ``verify.*`` and
+  probes are not compared row by row (compare.is_compared).
+
+The target's captures (``target.aux.{j}``, ``target.argmax``) are views of one
+forward the trace does not hold: slot j + 1 does not read slot j's recorded value, it reads the
+residual stream of the layers in between. A forward difference at (pair, pos) (an MoE router
+near-tie, issue 20) shows in every capture from its layer on, but a *capture* difference (another
+layer recorded into a slot) shows in that slot only: the seed pair's slots 1 and 2 differ on their
+own. A capture therefore inherits from an earlier capture (``forward_feeds``) only rows that stand
+for a forward difference: rows a named cause explains, or sparse failing rows the earlier capture
+treats as noise under its own default tolerance. Rows let through only because the user loosened
+that capture's fail fraction (``--tol target.aux.0=max_fail_frac:1``) are not: they say "I accept
+this slot's difference", not "the forward differs here".
+
+Decided for a loosened tolerance (``Inheritance.add(forward=False)``): its failing rows still feed
+the stages that *compute* from that tensor (``target.aux_cat`` and the draft: their inputs differ
+there, so they cannot be judged on those rows and are listed as inherited from it), but never the
+target's other captures, which are judged on their own rows.
 
 A failing upstream row is a *source* only while its own tensor treats it as noise: a row at a
 depth where that tensor does not diverge (``TensorComparison.divergence_depth``), or a row its
@@ -39,40 +56,80 @@ of ``target.aux``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from specdiff.replay.diff.types import DIVERGED
-from specdiff.tracer.schema import aux_slot, spec_for
+from specdiff.tracer.schema import UnknownTensorError, aux_slot, spec_for
 
-#: Sibling views of one output: none of them is an input of another.
-_SIBLINGS = {"draft.logits", "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp"}
+#: Each recorded tensor's direct inputs at the same position (module doc), by schema name
+#: (tracer/schema.py SPECS; ``target.aux.{j}`` stands for every slot). The target's captures read
+#: ``tokens`` (the sequence the forward runs on); their forward links are ``forward_feeds``.
+INPUTS: dict[str, tuple[str, ...]] = {
+    "tokens": (),
+    "target.aux.{j}": ("tokens",),
+    "target.aux_cat": ("target.aux.{j}",),  # the slots concatenated (SGLang logits_output.hidden_states)
+    "target.argmax": ("tokens",),
+    "draft.fc_in": ("target.aux_cat",),  # after the optional norm_before_fc / fc_norm
+    "draft.fc_out": ("draft.fc_in",),
+    "draft.hidden_in": ("draft.fc_out",),  # depth 0; deeper: the previous depth's hidden_out (module doc)
+    "draft.positions": (),  # t + k: no recorded tensor computes it
+    "draft.attn_in": ("tokens", "draft.hidden_in"),  # concat(norm(embed x), norm(h)), llama_eagle3.py:97-102
+    "draft.hidden_out": ("draft.attn_in", "draft.positions"),  # attention (rope) + MLP
+    "draft.logits": ("draft.hidden_out",),
+    "draft.logits_topk.values": ("draft.hidden_out",),
+    "draft.logits_topk.ids": ("draft.hidden_out",),
+    "draft.logsumexp": ("draft.hidden_out",),
+    # picked from the logits; logsumexp is no input, but a differing row of it shows the logits differ
+    "draft.topk": ("draft.logits", "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp"),
+    "draft.topk_target": ("draft.topk",),
+}
+
+#: the target's captures of its one forward (module doc); ``target.aux_cat`` is no capture of its
+#: own but the slots concatenated (``INPUTS``): its rows reach nothing the slots' rows do not
+_CAPTURES = ("target.aux.{j}", "target.argmax")
+
+
+@functools.cache
+def _reaches(target: str) -> frozenset[str]:
+    """Every schema name with a path to schema name ``target`` in ``INPUTS``."""
+    out: set[str] = set()
+    for src in INPUTS.get(target, ()):
+        out |= {src} | _reaches(src)
+    return frozenset(out)
+
+
+def _schema_name(name: str) -> str | None:
+    try:
+        return spec_for(name).name
+    except UnknownTensorError:
+        return None
 
 
 def feeds(source: str, target: str) -> bool:
-    """Whether rows of tensor ``source`` are inputs of rows of tensor ``target`` at the same
-    position (module doc); both canonical names."""
-    if source == target or (source in _SIBLINGS and target in _SIBLINGS):
+    """Whether rows of tensor ``source`` are inputs (directly or through other stages) of rows of
+    tensor ``target`` at the same position, by the dataflow graph ``INPUTS`` (module doc); both
+    canonical names. False for a tensor and itself, parallel views of one output, the target's
+    captures among themselves (``forward_feeds``), ``verify.*`` and probes."""
+    if source == target:
         return False
-    if source.startswith("verify.") or target.startswith("verify.") or target == "tokens":
+    ss, st = _schema_name(source), _schema_name(target)
+    return ss is not None and st is not None and ss in _reaches(st)
+
+
+def forward_feeds(source: str, target: str) -> bool:
+    """Whether capture ``source`` of the target's forward precedes capture ``target`` in it (an
+    earlier aux slot before a later one, every aux slot before ``target.argmax``):
+    only rows that stand for a forward difference pass this way (module doc)."""
+    ss, st = _schema_name(source), _schema_name(target)
+    if ss not in _CAPTURES or st not in _CAPTURES or ss == "target.argmax":
         return False
-    ss, st = spec_for(source), spec_for(target)
-    if source == "tokens":
+    if st == "target.argmax":
         return True
-    if target.startswith("target."):
-        if not source.startswith("target.") or source == "target.argmax":
-            return False
-        js, jt = aux_slot(source), aux_slot(target)
-        if jt is not None:  # a later layer of the same position
-            return js is not None and js < jt
-        return ss.stage_index < st.stage_index
-    # a draft tensor: the target's aux rows and the draft stages before it
-    if source == "target.argmax":
-        return False
-    if ss.stage_index < st.stage_index:
-        return True
-    return source == "draft.fc_out" and target == "draft.hidden_in"
+    js, jt = aux_slot(source), aux_slot(target)
+    return js is not None and jt is not None and js < jt
 
 
 def _pos_key(pair: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -88,6 +145,12 @@ class _Source:
     keys: np.ndarray
     depth: np.ndarray
     explained: np.ndarray | None = None  # bool per key: a named cause explains that row
+    forward: bool = True  # its rows may stand for a forward difference (module doc; captures only)
+
+    def reaches(self, target: str) -> bool:
+        """Whether these rows are inputs of rows of ``target`` (``feeds``, or ``forward_feeds``
+        where they stand for a forward difference)."""
+        return feeds(self.name, target) or (self.forward and forward_feeds(self.name, target))
 
 
 @dataclass
@@ -100,8 +163,10 @@ class Inheritance:
 
     sources: list[_Source] = field(default_factory=list)
 
-    def add(self, comp, rows: np.ndarray) -> None:
-        """Rows ``rows`` (bool [n] over ``comp.match``) of comparison ``comp`` are sources."""
+    def add(self, comp, rows: np.ndarray, *, forward: bool = True) -> None:
+        """Rows ``rows`` (bool [n] over ``comp.match``) of comparison ``comp`` are sources;
+        ``forward``: False where they are sources only because the user loosened ``comp``'s fail
+        fraction (module doc): then they never reach the target's other captures."""
         if not rows.any():
             return
         m = comp.match
@@ -111,7 +176,7 @@ class Inheritance:
         order = np.lexsort((depth, keys))
         keys, depth, named = keys[order], depth[order], named[order]
         first = np.r_[True, keys[1:] != keys[:-1]]  # the shallowest depth of each key
-        self.sources.append(_Source(comp.name, keys[first], depth[first].astype(np.int64), named[first]))
+        self.sources.append(_Source(comp.name, keys[first], depth[first].astype(np.int64), named[first], forward))
 
     def explained_at(self, pair: int, pos: int, into: str) -> bool:
         """Whether a source row at (``pair``, ``pos``) of a tensor feeding ``into`` is one a named
@@ -119,7 +184,7 @@ class Inheritance:
         tensor's fail fraction."""
         key = int(_pos_key(np.array([pair]), np.array([pos]))[0])
         for s in self.sources:
-            if s.explained is None or not (s.name == into or feeds(s.name, into)):
+            if s.explained is None or not (s.name == into or s.reaches(into)):
                 continue
             at = int(np.searchsorted(s.keys, key))
             if at < len(s.keys) and s.keys[at] == key and s.explained[at]:
@@ -137,7 +202,7 @@ class Inheritance:
         keys = _pos_key(match.pair, match.pos)
         depth = match.depth if spec_for(name).by_depth else np.zeros(n, np.int64)
         for s in self.sources:
-            if not feeds(s.name, name):
+            if not s.reaches(name):
                 continue
             at = np.minimum(np.searchsorted(s.keys, keys), len(s.keys) - 1)
             hit = (s.keys[at] == keys) & (s.depth[at] <= depth) & (src < 0)
@@ -186,4 +251,4 @@ def summary(comp) -> dict:
     return {"rows": int(inh.sum()), "from": out}
 
 
-__all__ = ["Inheritance", "feeds", "source_rows", "beyond_common_run", "summary"]
+__all__ = ["INPUTS", "Inheritance", "feeds", "forward_feeds", "source_rows", "beyond_common_run", "summary"]

@@ -40,6 +40,8 @@ from specdiff.tracer.errors import SpecdiffError
 STAGES = ("draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.attn_in", "draft.hidden_out",
           "draft.logits_topk.ids", "draft.topk", "draft.topk_target")
 MAX_SEQS = 4
+#: the name of ``Narrowing.upstream``'s re-run
+UPSTREAM = "serving's upstream inputs"
 ID_AGREE = 0.95  # ids: near-tie flips in bf16 allowed in a few rows
 
 
@@ -79,6 +81,10 @@ class Narrowing:
         variants: training inputs first, then one per substitution, then every serving input.
         conclusion: one line: the substitution that reproduces serving, or why none does.
         contract_fields: differing contract fields, the candidates when no input reproduces serving.
+        upstream: the re-run on serving's upstream inputs only (``target.aux_cat`` and ``tokens``)
+            with training's own vocab map and norm flags, the draft's own configuration: where it
+            reproduces serving, the draft computed what serving did on what serving fed it
+            (replay/diff/rerun/reexec.py decides the verdict on it). Not in ``variants``.
     """
 
     stages: tuple[str, ...]
@@ -90,6 +96,7 @@ class Narrowing:
     decided: bool = True
     conclusion: str = ""
     contract_fields: list[str] = field(default_factory=list)
+    upstream: Variant | None = None
 
 
 def failing_rows(first) -> tuple[int, set]:
@@ -150,6 +157,7 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     if flags["train"] != flags["serve"]:
         variants["serving's norm flags"] = ("train", "train", "train", "serve")
     variants["every serving input"] = ("serve", "serve", "serve", "serve")
+    upstream = ("serve", "serve", "train", "train")  # serving's data, the draft's own configuration
 
     # Serving's recorded rows of each stage at the failing rows, at (batch row, position): by-depth
     # stages at the divergence depth, fc stages (no depth) at depth 0.
@@ -182,21 +190,30 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
 
     res = Narrowing(stages, from_stage, int(lengths.sum()), depth=depth, rows=len(recorded[from_stage][0]))
     dev = next(model.parameters()).device
-    for name, (a, tk, d, f) in variants.items():
+    for name, (a, tk, d, f) in [*variants.items(), (UPSTREAM, upstream)]:
         with with_norm_flags(model, flags[f]), torch.no_grad():
             out = model.ttt_forward(aux[a].to(dev), ids[tk].to(dev), depth + 1, lengths=lengths)
         scores, matches = {}, {}
         for st in stages:
             rb, rt, ys = recorded[st]
-            xs = computed_rows(out, d2t[d], st, rb, rt, np.full(len(rb), depth))
-            if st in ("draft.logits_topk.ids", "draft.topk", "draft.topk_target"):
-                disagree = float((xs.reshape(len(xs), -1)[:, 0] != ys.reshape(len(ys), -1)[:, 0]).mean())
+            id_stage = st in ("draft.logits_topk.ids", "draft.topk", "draft.topk_target")
+            width = ys.reshape(len(ys), -1).shape[1] if id_stage and len(ys) else 1
+            xs = computed_rows(out, d2t[d], st, rb, rt, np.full(len(rb), depth), width)
+            if id_stage:
+                # the whole id set of each row: a row fails its comparison on any id (top-k overlap),
+                # so a top-1 check cannot tell which side's inputs give serving's set
+                xs, ys2 = np.sort(xs.reshape(len(xs), -1), axis=1), np.sort(ys.reshape(len(ys), -1), axis=1)
+                disagree = float((xs != ys2).any(axis=1).mean()) if xs.shape == ys2.shape else 1.0
                 scores[st], matches[st] = disagree, disagree <= 1 - ID_AGREE
             else:
                 rel = float(metrics.relative_error(xs, ys).mean())
                 tol = report.comparisons[st].tolerance.rel if st in report.comparisons else 0.05
                 scores[st], matches[st] = rel, rel <= tol
-        res.variants.append(Variant(name, scores, matches, all(matches[s] for s in judged)))
+        v = Variant(name, scores, matches, all(matches[s] for s in judged))
+        if name == UPSTREAM:
+            res.upstream = v
+        else:
+            res.variants.append(v)
     res.contract_fields = [f"{m.field} ({m.x} vs {m.y})" for m in report.contract]
     hits = [v for v in res.variants[1:-1] if v.reproduces]
     base, every = res.variants[0], res.variants[-1]
@@ -240,4 +257,4 @@ def narrow_or_reason(report, **kw) -> Narrowing | str:
         return str(exc)
 
 
-__all__ = ["Narrowing", "Variant", "NarrowError", "narrow", "narrow_or_reason"]
+__all__ = ["Narrowing", "Variant", "NarrowError", "UPSTREAM", "narrow", "narrow_or_reason"]

@@ -339,10 +339,11 @@ def batch_inputs(report, run: Rerun, seqs: list) -> Batch:
                  [min(len(g["train"]), len(g["serve"])) for g in toks])
 
 
-def stage_outputs(out, d2t, depth: int = 0, name: str | None = None) -> dict:
+def stage_outputs(out, d2t, depth: int = 0, name: str | None = None, width: int = 1) -> dict:
     """Tensors [B, T, ...] of one ``ttt_forward`` at draft depth ``depth``, by stage name (fc stages
-    have no depth: their depth-0 rows); ids as the recorders pick them (their top-1 tie rule).
-    ``name``: only that stage (the ids' top-1 over the [B, T, Vd] logits is taken only for them)."""
+    have no depth: their depth-0 rows); ids as the recorders pick them (their top-``width`` tie rule,
+    ``width`` ids per row, best first). ``name``: only that stage (the ids' top ids over the
+    [B, T, Vd] logits are taken only for them)."""
     from specdiff.eagle3.vocab_map import hot_token_ids
     from specdiff.tracer.rows import draft_top_ids
 
@@ -351,22 +352,24 @@ def stage_outputs(out, d2t, depth: int = 0, name: str | None = None) -> dict:
               "draft.hidden_out": lambda: out.hidden_out[depth]}
     if name in floats:
         return {name: floats[name]()}
-    top1 = draft_top_ids(out.logits[depth].float(), 1)
+    top1 = draft_top_ids(out.logits[depth].float(), width)
     ids = {"draft.logits_topk.ids": top1, "draft.topk": top1, "draft.topk_target": hot_token_ids(d2t)[top1]}
     if name in ids:
         return {name: ids[name]}
     return {**{k: f() for k, f in floats.items()}, **ids}
 
 
-def computed_rows(out, d2t, name: str, b: np.ndarray, t: np.ndarray, depth: np.ndarray) -> np.ndarray:
+def computed_rows(out, d2t, name: str, b: np.ndarray, t: np.ndarray, depth: np.ndarray,
+                  width: int = 1) -> np.ndarray:
     """The re-run's value of stage ``name`` at each (batch row ``b``, position ``t``, depth), as
-    float32 [n, ...] in the order given (rows of several depths gathered depth by depth)."""
+    float32 [n, ...] in the order given (rows of several depths gathered depth by depth); id
+    stages: ``width`` ids per row (``stage_outputs``)."""
     import torch
 
     vals = None
     for d in sorted(set(depth.tolist())):
         sel = np.nonzero(depth == d)[0]
-        got = stage_outputs(out, d2t, int(d), name)[name][torch.as_tensor(b[sel]), torch.as_tensor(t[sel])]
+        got = stage_outputs(out, d2t, int(d), name, width)[name][torch.as_tensor(b[sel]), torch.as_tensor(t[sel])]
         got = got.detach().float().cpu().numpy()
         if vals is None:
             vals = np.zeros((len(b),) + got.shape[1:], np.float32)

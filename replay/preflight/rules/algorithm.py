@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from specdiff.replay.model.checkpoint import SPECFORGE_ARCH, SPECULATORS_ARCHS
+from specdiff.replay.model.draft_config import SPECFORGE_ARCH, SPECULATORS_ARCHS
 from specdiff.replay.preflight.files import DraftInfo
 from specdiff.replay.preflight.report import Finding
 

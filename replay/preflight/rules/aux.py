@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from specdiff.eagle3.aux_layers import ConventionError, default_hf_indices, native_aux_ids, resolve_aux_ids
 from specdiff.eagle3.families import sglang_family_rule, vllm_family_note
-from specdiff.replay.model.checkpoint import SPECFORGE_ARCH
+from specdiff.replay.model.draft_config import SPECFORGE_ARCH
 from specdiff.replay.preflight.engines import ENGINE_NAME, EngineCapture, fmt_hf, hf_label
 from specdiff.replay.preflight.report import Finding
 from specdiff.replay.preflight.rules.wording import rule_text, sglang_ids_fix, slots_text

@@ -5,7 +5,7 @@ they need and what each engine does with them (``specdiff.eagle3.norms``).
 from __future__ import annotations
 
 from specdiff.eagle3.norms import NORM_FLAGS, SPECFORGE_NORM_OUTPUT
-from specdiff.replay.model.checkpoint import canonical_name
+from specdiff.replay.model.weight_files import canonical_name
 from specdiff.replay.preflight.files import DraftInfo
 from specdiff.replay.preflight.report import Finding
 

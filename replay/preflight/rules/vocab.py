@@ -5,18 +5,19 @@ coverage of the target vocab and of the eos tokens. d2t is read as offsets
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
-from specdiff.eagle3.vocab_map import read_d2t, t2d_from_d2t
+from specdiff.eagle3.vocab_map import as_array, read_d2t, t2d_from_d2t
 from specdiff.replay.preflight.report import Finding
 
 __all__ = ["check_vocab"]
 
 
-def check_vocab(d2t: torch.Tensor | None, t2d: torch.Tensor | None, *, draft_vocab_size: int,
+def check_vocab(d2t, t2d, *, draft_vocab_size: int,
                 vocab_size: int, eos_token_ids=()) -> list[Finding]:
     """d2t present, in range, consistent with t2d; direct ids / arange; coverage
-    (d2t read as offsets, ``specdiff.eagle3.vocab_map.read_d2t``)."""
+    (d2t read as offsets, ``specdiff.eagle3.vocab_map.read_d2t``). ``d2t`` [Vd] / ``t2d`` [V]: numpy
+    arrays (as ``replay.model.weight_files`` reads them) or torch tensors; None when absent."""
     Vd, V = draft_vocab_size, vocab_size
     out: list[Finding] = []
     if d2t is None:
@@ -29,13 +30,13 @@ def check_vocab(d2t: torch.Tensor | None, t2d: torch.Tensor | None, *, draft_voc
             out.append(Finding("vocab.identity", "info", "all",
                                f"no d2t and draft vocab = target vocab ({V}): identity mapping", ""))
         return out
-    d2t = d2t.reshape(-1)
-    if d2t.is_floating_point():
+    d2t = as_array(d2t).reshape(-1)
+    if d2t.dtype.kind == "f":
         return out  # reported by check_weights; values are meaningless
-    d2t = d2t.to(torch.int64)
-    if d2t.numel() != Vd:
+    d2t = d2t.astype(np.int64)
+    if d2t.size != Vd:
         out.append(Finding("vocab.d2t_shape", "error", "all",
-                           f"d2t has {d2t.numel()} entries but draft_vocab_size is {Vd}",
+                           f"d2t has {d2t.size} entries but draft_vocab_size is {Vd}",
                            "d2t must have one offset per draft id"))
         return out
     r = read_d2t(d2t, t2d, vocab_size=V)
@@ -47,7 +48,7 @@ def check_vocab(d2t: torch.Tensor | None, t2d: torch.Tensor | None, *, draft_voc
     offsets_match, direct_match, looks_direct = r.offsets_match, r.direct_match, r.looks_direct
     if looks_direct:
         ev = ("t2d marks exactly the ids d2t holds" if direct_match else
-              f"read as offsets, draft id {int(torch.argmax(mapped))} maps to {int(mapped.max())} >= V={V}")
+              f"read as offsets, draft id {int(np.argmax(mapped))} maps to {int(mapped.max())} >= V={V}")
         out.append(Finding("vocab.d2t_direct", "error", "all",
                            f"d2t holds direct target ids, not offsets ({ev}); engines use d2t + arange, so "
                            f"draft id i is served as d2t[i] + i",
@@ -62,7 +63,7 @@ def check_vocab(d2t: torch.Tensor | None, t2d: torch.Tensor | None, *, draft_voc
         bad = r.out_of_range
         i = int(bad[0])
         out.append(Finding("vocab.d2t_range", "error", "all",
-                           f"d2t + arange maps {bad.numel()} draft id(s) outside [0, {V}) (first: draft {i} -> "
+                           f"d2t + arange maps {bad.size} draft id(s) outside [0, {V}) (first: draft {i} -> "
                            f"{int(mapped[i])}): an out-of-range index on the first proposal",
                            "rebuild d2t from the training vocab map"))
         return out
@@ -76,17 +77,17 @@ def check_vocab(d2t: torch.Tensor | None, t2d: torch.Tensor | None, *, draft_voc
                            "rebuild d2t: each draft id must map to a distinct target id"))
     if t2d is not None and not offsets_match:
         marked = t2d_from_d2t(d2t, V)
-        extra = torch.nonzero(marked & ~t2d).reshape(-1)
-        unreached = torch.nonzero(t2d & ~marked).reshape(-1)
+        extra = np.flatnonzero(marked & ~t2d)
+        unreached = np.flatnonzero(t2d & ~marked)
         parts = []
         if not bool(t2d.any()):
             parts.append("t2d marks no token at all (an unfilled placeholder?)")
-        elif extra.numel():
+        elif extra.size:
             tid = int(extra[0])
-            did = int(torch.nonzero(mapped == tid).reshape(-1)[0])
-            parts.append(f"{extra.numel()} draft id(s) map to tokens t2d does not mark (first: draft {did} -> {tid})")
-        if unreached.numel():
-            parts.append(f"{unreached.numel()} token(s) t2d marks are reached by no draft id (first: {int(unreached[0])})")
+            did = int(np.flatnonzero(mapped == tid)[0])
+            parts.append(f"{extra.size} draft id(s) map to tokens t2d does not mark (first: draft {did} -> {tid})")
+        if unreached.size:
+            parts.append(f"{unreached.size} token(s) t2d marks are reached by no draft id (first: {int(unreached[0])})")
         out.append(Finding("vocab.t2d_mismatch", "error", "all",
                            "d2t + arange disagrees with t2d: " + "; ".join(parts) + " (engines follow d2t only)",
                            "write d2t and t2d from the same vocab map (t2d[d2t + arange] = True, nothing else)"))

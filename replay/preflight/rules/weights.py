@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdiff.replay.model.checkpoint import IGNORED_KEYS, OPTIONAL_SHAPES, canonical_name, expected_shapes
+from specdiff.replay.model.weight_files import IGNORED_KEYS, OPTIONAL_SHAPES, canonical_name, expected_shapes
 from specdiff.replay.preflight.engines import sglang_served_dtype
 from specdiff.replay.preflight.files import DraftInfo, TargetInfo
 from specdiff.replay.preflight.report import Finding

@@ -62,8 +62,9 @@ def test_a_fact_an_older_recorder_left_unknown_is_not_blamed_on_the_sglang_versi
     # fix is a re-record. A fact the engine's unobservable list names keeps the version fix.
     from types import SimpleNamespace
 
-    from specdiff.replay.diff.explain.contract_check import check_contracts, unknown_facts
+    from specdiff.replay.diff.explain.contract_check import check_contracts
     from specdiff.replay.diff.types import Pair
+    from specdiff.tracer.contract import unknown_facts
 
     train = {"side": "train", "aux_hf_indices": [0, 3, 6], "aux_concat_order": [0, 3, 6], "num_layers": 8}
     old_serve = {"side": "serve", "engine": "sglang", "engine_version": "0.5.23", "aux_hf_indices": [3, 6, 7],

