@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from specdiff.demo.run import REPO_MODELS, demo_prompts
+from specdiff.demo.run import REPO_MODELS
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
 from specdiff.replay.record.record_train import record_train
@@ -23,16 +23,6 @@ pytestmark = pytest.mark.slow
 if not (REPO_MODELS / "draft" / "config.json").exists():
     pytest.skip("the demo models are not built", allow_module_level=True)
 
-
-@pytest.fixture(scope="module")
-def training_trace(tmp_path_factory):
-    root = tmp_path_factory.mktemp("narrow")
-    prompts = root / "prompts.jsonl"
-    prompts.write_text(json.dumps({"input_ids": demo_prompts(REPO_MODELS, 1)[0]}) + "\n")
-    out = root / "train.trace"
-    record_train(REPO_MODELS / "target", REPO_MODELS / "draft", str(out), prompts=prompts, max_new_tokens=12,
-                 probe_positions=0)
-    return root, out
 
 
 def test_a_changed_draft_mlp_is_narrowed_to_the_draft_itself(training_trace, scaled_copy):

@@ -19,7 +19,7 @@ import json
 
 import pytest
 
-from specdiff.demo.run import REPO_MODELS, demo_prompts
+from specdiff.demo.run import REPO_MODELS
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
 from specdiff.replay.record.record_train import record_train
@@ -29,16 +29,6 @@ pytestmark = pytest.mark.slow
 if not (REPO_MODELS / "draft" / "config.json").exists():
     pytest.skip("the demo models are not built", allow_module_level=True)
 
-
-@pytest.fixture(scope="module")
-def training_trace(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reexec")
-    prompts = root / "prompts.jsonl"
-    prompts.write_text(json.dumps({"input_ids": demo_prompts(REPO_MODELS, 1)[0]}) + "\n")
-    out = root / "train.trace"
-    record_train(REPO_MODELS / "target", REPO_MODELS / "draft", str(out), prompts=prompts, max_new_tokens=12,
-                 probe_positions=0)
-    return root, out
 
 
 def test_a_draft_stage_serving_inputs_reproduce_is_not_the_first_divergence(training_trace, scaled_copy, run_cli):
