@@ -16,11 +16,13 @@ from specdiff.tracer.store import TraceWriter
 N_SEQ, T, V, K, TOPK = 4, 40, 64, 8, 2
 
 
-def _write(root, *, swap_rows=(), swap_gap: float = 0.0, swap_rank: int = K, topk_swaps=()) -> tuple[str, str]:
+def _write(root, *, swap_rows=(), swap_gap: float = 0.0, swap_rank: int = K, topk_swaps=(),
+           noise: float = 0.0) -> tuple[str, str]:
     """Training and serving traces of the draft's top-k (K logits, TOPK speculative ids, the mapped
     ids). ``swap_rows``: (seq, pos) where serving holds the (K+1)-th id instead of the id at
     ``swap_rank`` (its logit ``swap_gap`` below serving's K-th logit); ``topk_swaps``: the same
-    for ``draft.topk`` at rank TOPK (its ids tie)."""
+    for ``draft.topk`` at rank TOPK (its ids tie); ``noise``: on swapped rows serving's logits of
+    the ids both sides hold move by +-noise (inputs that differ within tolerance)."""
     rng = np.random.default_rng(0)
     paths = (str(root / "train.trace"), str(root / "serve.trace"))
     base = {"hidden_size": 8, "dtype": "bfloat16"}
@@ -39,7 +41,7 @@ def _write(root, *, swap_rows=(), swap_gap: float = 0.0, swap_rank: int = K, top
                 if side and (s, t) in swaps:
                     keep = np.delete(np.arange(K), swap_rank - 1)
                     ids[t] = np.r_[order[t, keep], order[t, K]]
-                    vals[t] = np.r_[logits[t, keep], logits[t, K - 1] - swap_gap]
+                    vals[t] = np.r_[logits[t, keep] + noise * (-1.0) ** np.arange(K - 1), logits[t, K - 1] - swap_gap]
                 if (s, t) in tswaps:  # ranks TOPK and TOPK + 1 tie on both sides; serving keeps the latter
                     vals[t, TOPK] = vals[t, TOPK - 1]
                     if side:
@@ -97,3 +99,21 @@ def test_speculative_topk_ties_are_named_and_the_mapped_ids_inherit_them(tmp_pat
     assert len(named["draft.topk"].rows) == 10 and {row["rank"] for row in named["draft.topk"].rows} == {TOPK}
     # the mapped ids differ on the same rows, carried over from draft.topk, not named twice
     assert r.comparisons["draft.topk_target"].stats["inherited_from"] == {"draft.topk": 10}
+
+
+def test_swaps_within_the_rows_measured_logit_disagreement_are_named(tmp_path):
+    # issue 33's correct DeepSeek-V3 pair: the draft's inputs differ within tolerance (routing
+    # near-ties carried by attention), the logits of ids both sides hold differ by up to ~0.07 and
+    # an id 0.0625 from the k-th logit swaps in: more than a bf16 tie, within the row's own noise
+    a, b = _write(tmp_path, swap_rows=_rows(12), swap_gap=0.06, noise=0.08)
+    r = diff_traces(a, b, narrow=False)
+    assert r.first is None, render_text(r)
+    named = [e for e in r.legitimate if e.cause == "topk_boundary_near_tie"]
+    assert len(named[0].rows) == 12 and all(row["noise"] >= 0.08 - 1e-6 for row in named[0].rows)
+
+
+def test_swaps_beyond_the_rows_measured_logit_disagreement_stay_a_divergence(tmp_path):
+    a, b = _write(tmp_path, swap_rows=_rows(12), swap_gap=0.4, noise=0.08)
+    r = diff_traces(a, b, narrow=False)
+    comp = r.comparisons["draft.logits_topk.ids"]
+    assert comp.diverged and "measured logit disagreement" in comp.stats["ties_not_named"]
