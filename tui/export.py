@@ -1,8 +1,15 @@
-"""Export the selected slice: both sides' rows of one tensor for one sequence, plus its metrics.
+"""Export the selected slice: both sides' rows of the selected sequence, plus the cell's metrics.
 
 Writes a new ``<dir>/specdiff-export-<tensor>-seq<S>-pos<P>-depth<D>/`` holding ``a.trace`` and ``b.trace`` (small
 specdiff traces, one per side, readable with ``open_trace`` and diffable with ``specdiff diff``)
 and ``metrics.json`` (the cell's and the tensor's numbers from the report).
+
+Each trace keeps *every* tensor's rows of that sequence (and the rows of no sequence: the vocab
+map), not only the selected tensor's: the explanation of a divergence reads other tensors as its
+evidence (the training side's ``target.probe.*`` say which HF layer serving captured, the other
+aux slots, the inputs a stage inherits from), so a slice of the selected tensor alone re-diffed
+said "no known mistake's transform closes the gap" where the full pair named the shifted layer ids
+(issue 34). One sequence of every tensor is still small.
 """
 
 from __future__ import annotations
@@ -71,13 +78,14 @@ def _write_slice(vm: ViewModel, sel: Sel, out: Path) -> None:
             seq = trace.sequence(sid)
             new = w.add_sequence(seq.tokens[: pair.length], prompt_len=min(seq.prompt_len, pair.length),
                                  rid=seq.rid)
-            if sel.name in trace.names:
-                keys = trace.keys(sel.name)
-                rows = np.nonzero((keys["seq"] == sid) & (keys["pos"] < pair.length))[0]
+            for name in trace.names:
+                keys = trace.keys(name)
+                own = keys["seq"] == sid
+                rows = np.nonzero((own & (keys["pos"] < pair.length)) | (keys["seq"] < 0))[0]
                 if len(rows):
-                    data = to_torch(trace.take(sel.name, rows), trace.info(sel.name).dtype)
-                    w.append(sel.name, data, seq=new, pos=keys["pos"][rows], depth=keys["depth"][rows],
-                             iter=keys["iter"][rows])
+                    data = to_torch(trace.take(name, rows), trace.info(name).dtype)
+                    w.append(name, data, seq=np.where(own[rows], new, keys["seq"][rows]), pos=keys["pos"][rows],
+                             depth=keys["depth"][rows], iter=keys["iter"][rows])
     code, i = vm.cell(sel)
     comp = r.comparisons.get(sel.name)
     cell = {"status": CELLS[code][2]}

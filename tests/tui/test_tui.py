@@ -165,14 +165,20 @@ async def test_export_asks_for_a_folder_and_never_overwrites_an_earlier_export(s
     assert first == chosen / "specdiff-export-target.aux.0-seq0-pos0-depth0"
     assert second == chosen / "specdiff-export-target.aux.0-seq0-pos0-depth0-2"
     assert sorted(p.name for p in chosen.iterdir()) == [first.name, second.name]
+    full = [open_trace(p) for p in seed_pair]
     for out in (first, second):
         a, b = open_trace(str(out / "a.trace")), open_trace(str(out / "b.trace"))
         assert a.side == "train" and b.side == "serve"
-        assert a.names == b.names == ["target.aux.0"] and a.rows("target.aux.0") == 11  # seq 0: 12 tokens
+        # every tensor of the sequence, the explanation's evidence (the training side's probes) too
+        assert (a.names, b.names) == (full[0].names, full[1].names) and any(n.startswith("target.probe.") for n in a.names)
+        assert a.rows("target.aux.0") == 11 and len(a.sequences) == len(b.sequences) == 1  # seq 0: 12 tokens
         metrics = json.loads((out / "metrics.json").read_text())
         assert (metrics["tensor"], metrics["seq"], metrics["pos"], metrics["depth"]) == ("target.aux.0", 0, 0, 0)
         assert metrics["cell"]["status"] == "diverged"
-    assert diff_traces(str(first / "a.trace"), str(first / "b.trace")).first.name == "target.aux.0"
+    # re-diffed, the slice names the full pair's cause (it said "no known cause" with one tensor only)
+    again = diff_traces(str(first / "a.trace"), str(first / "b.trace"))
+    assert again.first.name == "target.aux.0"
+    assert [e.cause for e in again.explanations][:1] == [e.cause for e in app.report.explanations][:1] == ["aux_layer_shift"]
 
 
 async def test_correct_pair_shows_no_divergence(correct_pair, tmp_path, tui):
