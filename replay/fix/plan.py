@@ -129,7 +129,8 @@ def plan_fix(report) -> FixPlan | None:
     if not report.diverged:
         return None
     if report.crash is not None:
-        cause = (report.crash.get("cause") or {}).get("message", "see specdiff diff")
+        cause = report.crash.get("cause")
+        cause = cause.get("message", cause) if isinstance(cause, dict) else cause or report.crash.get("message")
         raise NoMechanicalFix(f"no mechanical fix: the {report.crash.get('label', 'serving')} engine crashed "
                               f"({cause}); fix the setup the report names, then serve and record again")
     traces = report.traces
