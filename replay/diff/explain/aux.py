@@ -209,12 +209,12 @@ class AuxFix:
 
 def aux_fix(o_hf, s_trace, o_trace) -> AuxFix:
     """The ids, in the serving side's engine's convention and config key (``EngineSpec``), that
-    make it capture HF ``o_hf`` (list of int); SGLang's family rules through ``_sglang_fix``. A
+    make it capture HF ``o_hf`` (list of int); SGLang's family rules through ``_sglang_aux_fix``. A
     trace without a registered engine is taken as SGLang's (older traces). Never raises: a target
     no ids fit gives ``key``/``ids`` None and says why in ``text``."""
     spec = trace_engine(s_trace)
     if spec is None or spec.aux_convention == "sglang":
-        return _sglang_fix(o_hf, s_trace, o_trace)
+        return _sglang_aux_fix(o_hf, s_trace, o_trace)
     L = known(s_trace.contract, "num_layers") or known(o_trace.contract, "num_layers")
     arch = _target_arch((s_trace, o_trace))
     try:
@@ -232,7 +232,13 @@ def _aux_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
     return f.text, f.rule
 
 
-def _sglang_fix(o_hf, s_trace, o_trace) -> AuxFix:
+def _sglang_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
+    """(fix text, rule name) of :func:`_sglang_aux_fix`."""
+    f = _sglang_aux_fix(o_hf, s_trace, o_trace)
+    return f.text, f.rule
+
+
+def _sglang_aux_fix(o_hf, s_trace, o_trace) -> AuxFix:
     """The eagle_config ids that make SGLang feed ``o_hf``, in the rule of
     the target (``eagle3.families.sglang_family_rule``). The rule comes from the target's
     architecture, else from the serving contract's own ids and captured layers (the rules that
