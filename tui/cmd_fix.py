@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from specdiff.tui.cli import EXIT_OK, cli, on_interrupt
+from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli, on_interrupt
 
 
 @cli.command()
@@ -20,7 +20,13 @@ from specdiff.tui.cli import EXIT_OK, cli, on_interrupt
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="How the change is printed.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (never the served draft itself).")
-def fix(train_trace, serve_trace, out, fmt, overwrite):
+@click.option("--verify", is_flag=True,
+              help="Then serve OUT on a CPU SGLang server with the recorded target, speculative settings and "
+                   "prompts, record both sides again, diff, and print one verdict line (exit as diff: 0 no "
+                   "divergence, 1 still diverges). Minutes.")
+@click.option("--workdir", default=None, metavar="DIR",
+              help="Where --verify writes its traces and server log (default: OUT-verify beside OUT).")
+def fix(train_trace, serve_trace, out, fmt, overwrite, verify, workdir):
     """Diff TRAIN_TRACE with SERVE_TRACE and write what the first divergence's cause calls for: a
     copy of the served draft (the serving contract's draft_name) in OUT with the corrected config
     keys (the aux ids in the engine's numbering, the norm flags) and, where the cause is in the
@@ -30,6 +36,7 @@ def fix(train_trace, serve_trace, out, fmt, overwrite):
     Exit code: 0 the fix was written, or nothing diverged ("nothing to fix", nothing written);
     2 no mechanical fix exists (an engine crash, a cause in other weights, a fix that needs the
     trained weights; one line says why), OUT exists, or bad input; 130 interrupted (OUT as it was).
+    With --verify: 0 the fix verified (no divergence), 1 the re-served pair still diverges.
     """
     on_interrupt(f"no fixed draft was written; {out} is as it was")
     from specdiff.replay.diff.pipeline import diff_traces  # torch-free CLI start
@@ -49,5 +56,20 @@ def fix(train_trace, serve_trace, out, fmt, overwrite):
         sys.exit(EXIT_OK)
     check_out(out, plan.source, overwrite=overwrite)
     write_fix(plan, out, overwrite=overwrite)
-    click.echo(json.dumps(change_json(plan, out), indent=2) if fmt == "json" else change_text(plan, out))
-    sys.exit(EXIT_OK)
+    change = change_json(plan, out)
+    if not verify:
+        click.echo(json.dumps(change, indent=2) if fmt == "json" else change_text(plan, out))
+        sys.exit(EXIT_OK)
+    if fmt != "json":
+        click.echo(change_text(plan, out))
+    on_interrupt(f"{out} is written; the verification did not finish")
+    from specdiff.demo.verify_fix import verify_fix
+
+    where = Path(workdir) if workdir else out.parent / f"{out.name}-verify"
+    click.echo(f"verifying: serving {out} on a CPU SGLang server, recording into {where} (minutes)", err=True)
+    verdict = verify_fix(report, out, where)
+    if fmt == "json":
+        click.echo(json.dumps({**change, "verify": verdict.to_json()}, indent=2))
+    else:
+        click.echo(verdict.line)
+    sys.exit(EXIT_OK if verdict.verified else EXIT_DIVERGED)
