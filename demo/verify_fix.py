@@ -9,6 +9,8 @@ refused in one line.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,12 +92,13 @@ def verify_fix(report, fixed: Path, workdir: Path) -> Verdict:
         import shutil
 
         shutil.rmtree(new_serve)
-    serve_and_trace(models=target.parent, target=target, served_draft=fixed, trace=new_serve, prompts=prompts,
-                    max_new_tokens=new_tokens, log_path=workdir / "server.log", spec=spec)
     order = known(train.contract, "aux_concat_order") or known(train.contract, "aux_hf_indices")
     extra = ["--aux-layers", ",".join(str(int(i)) for i in order), "--aux-convention", "hf"] if order else []
-    record_train(models=target.parent, target=target, serve_trace=new_serve, out=new_train,
-                 draft=_path(train, "draft_name"), extra=extra)
+    with contextlib.redirect_stdout(sys.stderr):  # the demo phases' progress lines: stdout is the verdict (JSON)
+        serve_and_trace(models=target.parent, target=target, served_draft=fixed, trace=new_serve, prompts=prompts,
+                        max_new_tokens=new_tokens, log_path=workdir / "server.log", spec=spec)
+        record_train(models=target.parent, target=target, serve_trace=new_serve, out=new_train,
+                     draft=_path(train, "draft_name"), extra=extra)
     after = diff_traces(str(new_train), str(new_serve))
     before_acc = report.acceptance.y if traces.y is serve else report.acceptance.x
     acc = after.acceptance
