@@ -153,7 +153,32 @@ def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: l
             for ids in bar:
                 out = server.generate(input_ids=ids, max_new_tokens=max_new_tokens)
                 results.append({"output_ids": out["output_ids"], "meta_info": out["meta_info"]})
+    if not wait_closed(trace):
+        click.echo(f"    the trace writer did not close {trace} within {CLOSE_TIMEOUT_S:.0f} s: read as far as written")
     return results
+
+
+#: how long the trace writer may take to close a trace once its server stopped
+CLOSE_TIMEOUT_S = 180.0
+
+
+def wait_closed(trace: Path, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
+    """Wait until the writer closed ``trace``; False after ``timeout_s``. The recorder's writer process
+    runs in its own session and finishes what its ring holds after the server is gone
+    (tracer/engines/writer/process.py): read earlier, a trace may lack its last requests."""
+    from specdiff.tracer.errors import TraceError
+    from specdiff.tracer.store import open_trace
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if open_trace(str(trace)).closed:
+                return True
+        except TraceError:
+            pass  # not created yet, or caught mid-write
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(1.0)
 
 
 def serve_and_trace_vllm(*, models: Path, served_draft: Path, trace: Path, prompts: list[list[int]],

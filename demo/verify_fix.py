@@ -105,6 +105,10 @@ def verify_fix(report, fixed: Path, workdir: Path) -> Verdict:
     after_serve, after_train = (acc.y, acc.x) if after.traces.y.side == "serve" else (acc.x, acc.y)
     b, a, t = before_acc.mean_accept_length, after_serve.mean_accept_length, after_train.mean_accept_length
     paths = (str(new_train), str(new_serve))
+    compared = len(after.alignment.seq_pairs)
+    if compared < len(prompts):  # a pair that lost requests proves nothing about them
+        return Verdict(False, f"fix not verified: only {compared} of the {len(prompts)} served sequences were "
+                              f"recorded on both sides (see {workdir / 'server.log'})", b, a, t, None, None, paths)
     if not after.diverged:
         return Verdict(True, f"fix verified: no divergence; accept length {_fmt(b)} -> {_fmt(a)} (training side "
                              f"{_fmt(t)})", b, a, t, None, None, paths)

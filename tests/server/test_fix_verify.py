@@ -35,4 +35,11 @@ def test_the_seed_fix_verifies_with_no_divergence_and_the_trained_acceptance(tmp
     # the seed served 3.10 over the aligned positions (README); fixed, serving accepts what training does
     assert after > before + 0.2, v
     assert abs(after - training) <= 0.15, v
-    assert (tmp_path / "fixed-verify" / "serve.trace").is_dir() and not (out / "serve.trace").exists()
+    assert not (out / "serve.trace").exists()
+    # every served sequence on both sides: the pair was read once the writer had closed it
+    from specdiff.tracer.store import open_trace
+
+    for path in v["traces"]:
+        assert Path(path).parent == tmp_path / "fixed-verify"
+        t = open_trace(path)
+        assert t.closed and len(t.sequences) == 3, (path, len(t.sequences))
