@@ -196,3 +196,30 @@ def test_a_crashed_engine_is_refused_in_one_line(tmp_path, aux_traces, run_cli):
     assert r.exit_code == 2 and not (tmp_path / "fixed").exists()
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("specdiff: error: no mechanical fix: the serving "
                                                              "engine crashed"), r.stderr
+
+
+# ---- the ids in the serving engine's numbering and key, per target family ----------------------------
+@pytest.mark.parametrize(("arch", "want"), [("LlamaForCausalLM", [-1, 2, 5]), ("DeepseekV3ForCausalLM", [0, 3, 6])])
+def test_the_seed_ids_follow_the_targets_sglang_rule(tmp_path, aux_traces, run_cli, arch, want):
+    facts = {"target_architecture": arch}
+    a, b, _ = _pair(tmp_path, aux_traces, "seed", train_kw={"probes": True, "facts": facts},
+                    serve_kw={"hf": [3, 6, 7], "facts": facts})
+    d = _fix(run_cli, a, b, tmp_path / "fixed", "aux_layer_shift")
+    assert d["config"][0]["key"] == "eagle_config.eagle_aux_hidden_state_layer_ids" and d["config"][0]["new"] == want
+    cfg = json.loads((tmp_path / "fixed" / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == want
+
+
+def test_a_vllm_served_seed_gets_vllms_top_level_ids(tmp_path, aux_traces, run_cli):
+    from specdiff.demo.scenarios import scenario_ids
+
+    served = write_served_draft("seed", DRAFT, tmp_path / "served", ids=scenario_ids(engine="vllm"))
+    a = aux_traces.write(tmp_path / "train.trace", side="train", hf=[0, 3, 6], probes=True,
+                         facts={"draft_name": str(DRAFT)})
+    b = aux_traces.write(tmp_path / "serve.trace", side="serve", hf=[3, 6, 7],
+                         facts={"draft_name": str(served), "engine": "vllm"})
+    d = _fix(run_cli, a, b, tmp_path / "fixed", "aux_layer_shift")
+    assert d["config"] == [{"key": "top-level eagle_aux_hidden_state_layer_ids", "old": [3, 6, 7], "new": [0, 3, 6]}]
+    cfg = json.loads((tmp_path / "fixed" / "config.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [0, 3, 6]
+    assert cfg["eagle_config"] == json.loads((DRAFT / "config.json").read_text())["eagle_config"]  # untouched
