@@ -223,3 +223,14 @@ def test_a_vllm_served_seed_gets_vllms_top_level_ids(tmp_path, aux_traces, run_c
     cfg = json.loads((tmp_path / "fixed" / "config.json").read_text())
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [0, 3, 6]
     assert cfg["eagle_config"] == json.loads((DRAFT / "config.json").read_text())["eagle_config"]  # untouched
+
+
+def test_a_norm_whose_trained_weight_the_served_draft_lacks_is_refused(tmp_path, aux_traces, run_cli):
+    # training applied norm_before_fc; the served checkpoint has no input_norm.weight to turn on
+    a, b, served = _pair(tmp_path, aux_traces, "correct", train_kw={"fc_in_norm": True, "facts": {
+                         "norm_before_fc": True, "fc_norm": False}}, serve_kw={"fc_in_norm": False})
+    r = run_cli("fix", a, b, "-o", tmp_path / "fixed")
+    assert r.exit_code == 2 and not (tmp_path / "fixed").exists()
+    assert r.stderr.count("\n") == 1
+    assert r.stderr.startswith("specdiff: error: no mechanical fix for norm_before_fc: training applied "
+                               "norm_before_fc, whose input_norm.weight is a trained weight"), r.stderr
