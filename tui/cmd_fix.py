@@ -67,7 +67,7 @@ def fix(train_trace, serve_trace, out, fmt, overwrite, verify, workdir):
 
     where = Path(workdir) if workdir else out.parent / f"{out.name}-verify"
     click.echo(f"verifying: serving {out} on a CPU SGLang server, recording into {where} (minutes)", err=True)
-    verdict = verify_fix(report, out, where)
+    verdict = verify_fix(report, out, where, cause=plan.cause)
     if fmt == "json":
         click.echo(json.dumps({**change, "verify": verdict.to_json()}, indent=2))
     else:

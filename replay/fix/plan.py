@@ -35,7 +35,7 @@ from specdiff.tracer.contract import aux_slot_layers, known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.paths import contract_path, is_model_dir
 
-__all__ = ["ConfigEdit", "FixPlan", "NoMechanicalFix", "TensorEdit", "plan_fix", "PLANNERS"]
+__all__ = ["ConfigEdit", "FixPlan", "NoMechanicalFix", "TensorEdit", "plan_fix", "PLANNERS", "GRAFT_INPUT"]
 
 
 class NoMechanicalFix(SpecdiffError):
@@ -266,6 +266,15 @@ def _present(raw: dict, key: str) -> bool:
     head, _, tail = key.partition(".")
     return head in raw if not tail else isinstance(raw.get(head), dict) and tail in raw[head]
 
+
+#: cause id -> the input ``specdiff diff --graft`` substitutes that stands for its fix
+#: (replay/diff/rerun/graft.py ``GraftResult.name``): its accept length is the estimate before a re-run
+GRAFT_INPUT = {
+    "aux_layer_shift": "target.aux_cat", "aux_ids_default": "target.aux_cat", "aux_layer_count": "target.aux_cat",
+    "aux_slot_permutation": "target.aux_cat",
+    "d2t_direct_ids": "draft.d2t", "d2t_missing": "draft.d2t", "d2t_arange": "draft.d2t", "d2t_other_map": "draft.d2t",
+    "norm_before_fc": "norm flags",
+}
 
 #: cause id -> planner(sides, explanation) -> (config edits, tensor edits)
 PLANNERS = {

@@ -35,6 +35,9 @@ def test_the_seed_fix_verifies_with_no_divergence_and_the_trained_acceptance(tmp
     # the seed served 3.10 over the aligned positions (README); fixed, serving accepts what training does
     assert after > before + 0.2, v
     assert abs(after - training) <= 0.15, v
+    # the graft's estimate before the run stands next to the measured one, its error visible
+    assert v["accept_length_estimate"] is not None and abs(v["accept_length_estimate"] - after) <= 0.3, v
+    assert f"estimated {v['accept_length_estimate']:.2f} before the run" in v["line"]
     assert not (out / "serve.trace").exists()
     # every served sequence on both sides: the pair was read once the writer had closed it
     from specdiff.tracer.store import open_trace

@@ -234,3 +234,17 @@ def test_a_norm_whose_trained_weight_the_served_draft_lacks_is_refused(tmp_path,
     assert r.stderr.count("\n") == 1
     assert r.stderr.startswith("specdiff: error: no mechanical fix for norm_before_fc: training applied "
                                "norm_before_fc, whose input_norm.weight is a trained weight"), r.stderr
+
+
+# ---- the estimate before --verify serves anything ---------------------------------------------------
+def test_the_graft_estimate_of_the_seed_fix_is_the_training_acceptance():
+    from specdiff.demo.verify_fix import estimate
+    from specdiff.replay.diff.pipeline import diff_traces
+
+    report = diff_traces(str(SEED / "train.trace"), str(SEED / "serve.trace"))
+    est, words = estimate(report, "aux_layer_shift")
+    # training's aux rows on serving's positions recover the whole gap (README: graft 3.02 -> 3.56)
+    assert est is not None and abs(est - report.acceptance.x.mean_accept_length) < 0.1, (est, words)
+    assert est > report.acceptance.y.mean_accept_length + 0.3
+    assert words.startswith("graft estimate: accept length ") and "with training's target.aux_cat" in words
+    assert estimate(report, "position_shift") == (None, "no graft input stands for position_shift")
