@@ -133,23 +133,52 @@ def check_engine(engine: str, family: str) -> str | None:
 
 
 def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: list[list[int]],
-                    max_new_tokens: int, log_path: Path, env: dict | None = None) -> list[dict]:
+                    max_new_tokens: int, log_path: Path, env: dict | None = None, target: Path | None = None,
+                    spec: dict | None = None) -> list[dict]:
     """Start a traced CPU SGLang server, send ``prompts`` one by one (greedy), stop it.
 
     ``env``: the server's environment (default: this process's, with ``SPECDIFF_TRACE`` = ``trace``).
+    ``target``: the target model directory (default ``models / "target"``); ``spec``: ``SpecSettings``
+    fields (num_steps, topk, num_draft_tokens; default the demo's 3 / 1 / 4).
     Returns per prompt: output_ids and meta_info. The trace is closed when the server stops.
     """
     launch = cpu_launcher("sglang")
     env = dict(os.environ, SPECDIFF_TRACE=str(trace)) if env is None else env
     results = []
-    with launch.ServerProcess(models / "target", draft_model_path=served_draft, spec=launch.SpecSettings(),
+    with launch.ServerProcess(target or models / "target", draft_model_path=served_draft,
+                              spec=launch.SpecSettings(**(spec or {})),
                               env=env, log_path=log_path) as server:
         click.echo(f"    SGLang up (pid {server.pid}, {server.startup_s:.0f} s); log {log_path}")
         with click.progressbar(prompts, label="    prompts", file=sys.stderr) as bar:
             for ids in bar:
                 out = server.generate(input_ids=ids, max_new_tokens=max_new_tokens)
                 results.append({"output_ids": out["output_ids"], "meta_info": out["meta_info"]})
+    if not wait_closed(trace):
+        click.echo(f"    the trace writer did not close {trace} within {CLOSE_TIMEOUT_S:.0f} s: read as far as written")
     return results
+
+
+#: how long the trace writer may take to close a trace once its server stopped
+CLOSE_TIMEOUT_S = 180.0
+
+
+def wait_closed(trace: Path, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
+    """Wait until the writer closed ``trace``; False after ``timeout_s``. The recorder's writer process
+    runs in its own session and finishes what its ring holds after the server is gone
+    (tracer/engines/writer/process.py): read earlier, a trace may lack its last requests."""
+    from specdiff.tracer.errors import TraceError
+    from specdiff.tracer.store import open_trace
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if open_trace(str(trace)).closed:
+                return True
+        except TraceError:
+            pass  # not created yet, or caught mid-write
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(1.0)
 
 
 def serve_and_trace_vllm(*, models: Path, served_draft: Path, trace: Path, prompts: list[list[int]],
@@ -194,10 +223,11 @@ def serve_and_trace_vllm(*, models: Path, served_draft: Path, trace: Path, promp
 
 
 def record_train(*, models: Path, serve_trace: Path, out: Path, draft: Path | None = None,
-                 extra: list[str] = ()) -> None:
+                 extra: list[str] = (), target: Path | None = None) -> None:
     """Replay the served sequences through the reference forward with the draft *as trained*
-    (``draft``, default the demo draft) and the ``extra`` options that say how it was trained."""
-    cmd = [sys.executable, "-m", "specdiff.tui", "record", "train", "--target", str(models / "target"),
+    (``draft``, default the demo draft) and the ``extra`` options that say how it was trained;
+    ``target``: default ``models / "target"``."""
+    cmd = [sys.executable, "-m", "specdiff.tui", "record", "train", "--target", str(target or models / "target"),
            "--draft", str(draft or models / "draft"), "--replay", str(serve_trace), "-o", str(out),
            "--overwrite", *extra]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

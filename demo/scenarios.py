@@ -22,14 +22,11 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from specdiff.eagle3.aux_layers import native_aux_ids
 from specdiff.eagle3.config_keys import KEY_NESTED, set_config_value
 from specdiff.eagle3.engines import engine_spec
-
-if TYPE_CHECKING:  # torch and safetensors load in write_served_draft: `specdiff demo --help` lists SCENARIOS
-    import torch
+from specdiff.eagle3.fc_blocks import reorder_fc_blocks
 
 #: the demo's target families -> HF architecture of each tiny target (``config.json`` ``architectures[0]``);
 #: ``specdiff.demo_models.families`` builds them, the demo (``--family``) checks a built target against it
@@ -251,22 +248,6 @@ def describe(scenario: str, ids: ScenarioIds | None = None) -> str:
     if ids.architecture in (None, "LlamaForCausalLM") or "{" not in sc.summary:  # no ids in the text
         return text
     return f"{text} [{ids.architecture}: {ids.rule}]"
-
-
-def reorder_fc_blocks(fc_weight: torch.Tensor, *, from_order, to_order) -> torch.Tensor:
-    """fc.weight [Hd, K*H] trained on aux slots in ``from_order`` (HF indices, block j multiplies
-    slot j) rewritten for slots in ``to_order`` (a permutation of the same layers): the result
-    applied to the concat in ``to_order`` equals the input applied to the concat in ``from_order``.
-
-    Raises ValueError when the orders are not permutations of each other or K does not divide
-    the width.
-    """
-    from_order, to_order = [int(i) for i in from_order], [int(i) for i in to_order]
-    k = len(from_order)
-    if sorted(from_order) != sorted(to_order) or len(set(from_order)) != k or fc_weight.shape[1] % k:
-        raise ValueError(f"cannot reorder fc.weight {list(fc_weight.shape)} from HF {from_order} to HF {to_order}")
-    blocks = fc_weight.reshape(fc_weight.shape[0], k, -1)
-    return blocks[:, [from_order.index(i) for i in to_order]].reshape(fc_weight.shape).contiguous()
 
 
 def _weights_file(draft_dir: Path) -> Path:

@@ -376,7 +376,7 @@ class AuxTraces:
                     w.append("draft.topk", draft_ids, seq=sid, pos=np.arange(n - depth), depth=depth)
                     mapped = topk_fn(draft_ids, d2t) if topk_fn else draft_ids + d2t[draft_ids]
                     w.append("draft.topk_target", mapped, seq=sid, pos=np.arange(n - depth), depth=depth)
-            w.append("draft.d2t", d2t, seq=-1, pos=np.arange(VD))
+            w.append("draft.d2t", d2t, seq=-1, pos=np.arange(len(d2t)))  # a real draft's map is longer than VD
             if extra_seq:
                 w.add_sequence([999, 998, 997], rid="lonely")
         return str(path)

@@ -42,6 +42,7 @@ SUBCOMMANDS = {
     "check": ("cmd_check",),
     "demo": ("cmd_demo",),
     "diff": ("cmd_diff",),
+    "fix": ("cmd_fix",),
     "info": ("cmd_info",),
     "record": ("cmd_record", "cmd_record_train"),
     "upgrade": ("cmd_upgrade",),

@@ -5,6 +5,7 @@ fix in the serving engine's own id convention and config key (SGLang per target-
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -188,30 +189,63 @@ def _target_arch(traces) -> str | None:
     return None
 
 
-def _aux_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
-    """(fix text, rule name): the ids, in the serving side's engine's convention and config key
-    (``EngineSpec``), that make it capture HF ``o_hf``; SGLang's family rules through
-    ``_sglang_fix``. A trace without a registered engine is taken as SGLang's (older traces)."""
+@dataclass(frozen=True)
+class AuxFix:
+    """The aux-id fix of one serving side, worded and as data.
+
+    Attributes:
+        text: the fix sentence the explanation prints.
+        rule: the id rule used ('plus-one', 'deepseek', 'gpt-oss', or a non-SGLang convention).
+        key: the draft-config key the ids go in (eagle3/config_keys.py ``ID_KEYS``: the serving
+            engine's ``EngineSpec.aux_ids_key``); None when no ids give the layers.
+        ids: the ids (ints) to write there, in that engine's numbering for the target; None as ``key``.
+    """
+
+    text: str
+    rule: str
+    key: str | None = None
+    ids: list[int] | None = None
+
+
+def aux_fix(o_hf, s_trace, o_trace) -> AuxFix:
+    """The ids, in the serving side's engine's convention and config key (``EngineSpec``), that
+    make it capture HF ``o_hf`` (list of int); SGLang's family rules through ``_sglang_aux_fix``. A
+    trace without a registered engine is taken as SGLang's (older traces). Never raises: a target
+    no ids fit gives ``key``/``ids`` None and says why in ``text``."""
     spec = trace_engine(s_trace)
     if spec is None or spec.aux_convention == "sglang":
-        return _sglang_fix(o_hf, s_trace, o_trace)
+        return _sglang_aux_fix(o_hf, s_trace, o_trace)
     L = known(s_trace.contract, "num_layers") or known(o_trace.contract, "num_layers")
     arch = _target_arch((s_trace, o_trace))
     try:
         ids = native_aux_ids(o_hf, spec.aux_convention, num_layers=L, architecture=arch)
     except ConventionError as e:
-        return f"no {spec.title} ids give HF {o_hf} on this target: {e}", spec.aux_convention
+        return AuxFix(f"no {spec.title} ids give HF {o_hf} on this target: {e}", spec.aux_convention)
     how = f"{spec.title} id = HF index" if list(ids) == list(o_hf) else f"{spec.title} convention for HF {o_hf}"
-    return f"set the draft config's {spec.aux_ids_key} to {list(ids)} ({how})", spec.aux_convention
+    return AuxFix(f"set the draft config's {spec.aux_ids_key} to {list(ids)} ({how})", spec.aux_convention,
+                  spec.aux_ids_key, list(ids))
+
+
+def _aux_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
+    """(fix text, rule name) of :func:`aux_fix`."""
+    f = aux_fix(o_hf, s_trace, o_trace)
+    return f.text, f.rule
 
 
 def _sglang_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
-    """(fix text, rule name): the eagle_config ids that make SGLang feed ``o_hf``, in the rule of
+    """(fix text, rule name) of :func:`_sglang_aux_fix`."""
+    f = _sglang_aux_fix(o_hf, s_trace, o_trace)
+    return f.text, f.rule
+
+
+def _sglang_aux_fix(o_hf, s_trace, o_trace) -> AuxFix:
+    """The eagle_config ids that make SGLang feed ``o_hf``, in the rule of
     the target (``eagle3.families.sglang_family_rule``). The rule comes from the target's
     architecture, else from the serving contract's own ids and captured layers (the rules that
     reproduce them, when they agree on the fix), else the plus-one rule is assumed and the fix
     says so."""
-    head = f"set the draft config's {engine_spec('sglang').aux_ids_key} to "
+    key = engine_spec('sglang').aux_ids_key
+    head = f"set the draft config's {key} to "
     L = known(s_trace.contract, "num_layers") or known(o_trace.contract, "num_layers")
     arch = _target_arch((s_trace, o_trace))
     try:
@@ -219,9 +253,9 @@ def _sglang_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
             fam = sglang_family_rule(arch)
             ids = native_aux_ids(o_hf, "sglang", num_layers=L, architecture=arch)
             if fam.name == "plus-one" and fam.known:
-                return f"{head}{ids} (SGLang convention for HF {o_hf})", fam.name
-            return (f"{head}{ids} (SGLang {fam.name} rule of {arch}, {fam.sources[0].split(' ')[0]}, for HF {o_hf}"
-                    + (f"; {fam.note})" if fam.note else ")")), fam.name
+                return AuxFix(f"{head}{ids} (SGLang convention for HF {o_hf})", fam.name, key, list(ids))
+            return AuxFix(f"{head}{ids} (SGLang {fam.name} rule of {arch}, {fam.sources[0].split(' ')[0]}, for HF "
+                          f"{o_hf}" + (f"; {fam.note})" if fam.note else ")"), fam.name, key, list(ids))
         ids_s, hf_s = known(s_trace.contract, "aux_native_ids"), known(s_trace.contract, "aux_hf_indices")
         fits = [] if not (ids_s and hf_s and L) else [
             name for name, a in _RULE_ARCH.items()
@@ -230,14 +264,14 @@ def _sglang_fix(o_hf, s_trace, o_trace) -> tuple[str, str]:
         if len(answers) == 1:
             ids = list(answers.pop())
             if "plus-one" in fits:
-                return f"{head}{ids} (SGLang convention for HF {o_hf})", "plus-one"
-            return (f"{head}{ids} (SGLang {fits[0]} rule, read from the serving contract: ids {list(ids_s)} captured "
-                    f"HF {list(hf_s)}; for HF {o_hf})"), fits[0]
+                return AuxFix(f"{head}{ids} (SGLang convention for HF {o_hf})", "plus-one", key, ids)
+            return AuxFix(f"{head}{ids} (SGLang {fits[0]} rule, read from the serving contract: ids {list(ids_s)} "
+                          f"captured HF {list(hf_s)}; for HF {o_hf})", fits[0], key, ids)
         ids = native_aux_ids(o_hf, "sglang", num_layers=L)
     except ConventionError as e:
-        return f"no SGLang ids give HF {o_hf} on this target: {e}", "plus-one"
-    return (f"{head}{ids} (SGLang convention for HF {o_hf}; the target's architecture is not in the traces: "
-            f"{sglang_family_rule(None).note.split(';')[0]})"), "plus-one"
+        return AuxFix(f"no SGLang ids give HF {o_hf} on this target: {e}", "plus-one")
+    return AuxFix(f"{head}{ids} (SGLang convention for HF {o_hf}; the target's architecture is not in the traces: "
+                  f"{sglang_family_rule(None).note.split(';')[0]})", "plus-one", key, list(ids))
 
 
 def explain_aux_permutation(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Explanation]:
