@@ -198,14 +198,14 @@ def _d2t(s: _Sides, e) -> tuple[list, list]:
     """The training side's d2t offsets (and t2d rebuilt from them) in place of the served map."""
     import torch
 
-    from specdiff.eagle3.vocab_map import t2d_from_d2t
+    from specdiff.eagle3.vocab_map import d2t_from_target_ids, t2d_from_d2t
 
     served = s.weight("d2t")
     if "draft.d2t" in s.train.names:
         d2t = np.asarray(s.train.read("draft.d2t")).reshape(-1).astype(np.int64)
         why = "the training side's offsets (draft.d2t of the training trace)"
     elif e.cause == "d2t_direct_ids" and served is not None:
-        d2t = served.reshape(-1).to(torch.int64).numpy() - np.arange(served.numel())
+        d2t = d2t_from_target_ids(served).numpy()
         why = "direct target ids made offsets: d2t - arange"
     else:
         raise NoMechanicalFix(f"no mechanical fix for {e.cause}: it needs the trained draft's d2t, which the training "
