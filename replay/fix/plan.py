@@ -241,7 +241,13 @@ def _norms(s: _Sides, e) -> tuple[list, list]:
 
     fmt = detect_format(s.raw)
     served = read_norm_flags(s.raw, fmt)
-    k = len(aux_slot_layers(s.train.contract) or []) or 3
+    # fc.weight [Hd, K*H] (H the target's hidden size): the served checkpoint says how many aux slots it concatenates
+    fc, h = s.weight("fc.weight"), s.raw.get("target_hidden_size") or s.raw.get("hidden_size")
+    k = len(aux_slot_layers(s.train.contract) or []) or (
+        fc.shape[1] // int(h) if fc is not None and fc.ndim == 2 and h else 0)
+    if not k:
+        raise NoMechanicalFix(f"no mechanical fix for {e.cause}: neither the training contract's aux layers nor the "
+                              "served fc.weight say how many aux slots the norm weights cover")
     config, tensors = [], []
     for name, weights in _NORM_WEIGHTS.items():
         want = known(s.train.contract, name)
