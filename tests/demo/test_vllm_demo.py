@@ -95,6 +95,11 @@ def test_demo_engine_vllm_seed_finds_the_shift_with_the_vllm_fix(seed_demo):
     assert cause["cause"] == "aux_layer_shift", cause
     assert cause["fix"].startswith("set the draft config's top-level eagle_aux_hidden_state_layer_ids to [0, 3, 6]"), cause
     assert summary["served_accept_length"] and all(a >= 1.0 for a in summary["served_accept_length"])
+    from specdiff.tracer.engines.vllm.contract import SOURCE_TOP
+    from specdiff.tracer.store import open_trace
+
+    c = open_trace(str(seed_demo.dir / "serve.trace")).contract  # what vLLM's runner read, from its objects
+    assert c["aux_ids_source"] == SOURCE_TOP and c["aux_hf_indices"] == [3, 6, 7], c
     print(f"vLLM demo seed: {seed_demo.seconds:.0f} s in all, served AL {summary['served_accept_length']}")
 
 

@@ -57,6 +57,12 @@ class SpecSettings:
         ]
 
 
+#: SGLang 0.5.23 dumps py-spy stacks and waits for CUDA coredumps when a child dies, also on a normal
+#: stop (``srt/environ.py:401-403``, ``tokenizer_manager.py:3481-3502``: 5 s of sleep, then a py-spy
+#: that is not installed); a CPU server has neither, so they are off unless the caller sets them
+NO_CRASH_DIAGNOSTICS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
+
+
 def cpu_server_env(
     base: Mapping[str, str] | None = None,
     *,
@@ -68,13 +74,16 @@ def cpu_server_env(
     ``PYTHONPATH`` gets :data:`STANDIN_PATH` first (so the stand-in ``sgl_kernel`` shadows
     the CUDA-only wheel's package of the same name), ``SGLANG_USE_CPU_ENGINE=1``, and by
     default ``TORCHDYNAMO_DISABLE=1`` (removes an ~11 s compile of the first speculative
-    request; outputs were byte-identical), offline (``server.offline_env``). ``base`` defaults to
+    request; outputs were byte-identical), offline (``server.offline_env``), and SGLang's crash
+    diagnostics off where the caller does not set them (``NO_CRASH_DIAGNOSTICS``). ``base`` defaults to
     ``os.environ``.
     """
     env = dict(os.environ if base is None else base)
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != STANDIN_PATH]
     env["PYTHONPATH"] = os.pathsep.join([STANDIN_PATH, *rest])
     env["SGLANG_USE_CPU_ENGINE"] = "1"
+    for key, value in NO_CRASH_DIAGNOSTICS.items():
+        env.setdefault(key, value)
     if dynamo_disable:
         env["TORCHDYNAMO_DISABLE"] = "1"
     offline_env(env)
@@ -162,6 +171,27 @@ class ServerProcess(EngineServer):
             dynamo_disable=self.dynamo_disable, device=self.device,
         )
 
+    def stop(self) -> int | None:
+        """SIGTERM the schedulers first and let them exit (their recorders close the trace), then
+        stop the server's process group (``EngineServer.stop``).
+
+        Why: on SIGTERM SGLang 0.5.23's tokenizer manager drains and then SIGKILLs every descendant
+        (``sigterm_watchdog``, ``srt/managers/tokenizer_manager.py:3559``) as soon as no request is
+        left; a scheduler whose SIGTERM handler was still closing its trace (tracer/engines/lifecycle.py)
+        left it unclosed, and a reader waited for a close that never came (measured in CI: 2 of 7 demo
+        runs, 180 s each). Schedulers are found by the process title SGLang sets
+        (``srt/managers/scheduler.py:6294``: ``sglang::scheduler...``)."""
+        if self.proc is not None and self.proc.poll() is None:
+            _stop_schedulers(self.proc.pid, self.grace_s)
+        return super().stop()
+
+    def _spawn(self, argv: list[str], env: dict[str, str]):
+        """Forked from the test session's pre-imported launcher where one runs and nothing could tell
+        (sglang/cpu/forked.py ``zygote_spawn``), else a fresh process."""
+        from specdiff.tracer.engines.sglang.cpu.forked import zygote_spawn
+
+        return zygote_spawn(argv, env, str(self.log_path), SERVE_SCRIPT) or super()._spawn(argv, env)
+
     def generate(
         self,
         text: str | list[str] | None = None,
@@ -186,6 +216,22 @@ class ServerProcess(EngineServer):
         else:
             payload["text"] = text
         return self.post("/generate", payload, timeout_s=timeout_s)
+
+
+def _stop_schedulers(pid: int, timeout_s: float) -> None:
+    """SIGTERM the ``sglang::scheduler*`` descendants of ``pid`` and wait up to ``timeout_s`` for them."""
+    import psutil
+
+    try:
+        schedulers = [p for p in psutil.Process(pid).children(recursive=True) if p.name().startswith("sglang::sched")]
+    except psutil.Error:
+        return
+    for p in schedulers:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(schedulers, timeout=timeout_s)
 
 
 __all__ = ["CPU_BASE_ARGS", "SERVE_SCRIPT", "ServerError", "ServerProcess", "SpecSettings", "cpu_server_env",
