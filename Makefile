@@ -16,11 +16,17 @@ VLLM_STAMP := $(VLLM_VENV)/.specdiff-installed
 # each, so together they take little longer than the larger alone (CI's install phase)
 MAKEFLAGS += -j2
 
+# The trainers of `record train --trainer specforge|speculators` (replay/trainers/) install --no-deps:
+# their pins (SpecForge torch 2.11, sglang 0.5.14, transformers 5.8.1; speculators datasets<=5.1) refuse
+# this env while their draft code runs in it. What that code imports comes with SGLang (loguru via
+# compressed-tensors, datasets, openai, torchvision/torchaudio, triton) except hs-connectors:
+# speculators.models imports models/eagle3/data.py -> speculators/train/data.py:13 `from hs_connectors ...`
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.14.1
 	$(PY) -m pip install -q -e ".[sglang,test]"
+	$(PY) -m pip install -q --no-deps specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0
 	touch $(STAMP)
 
 install: $(STAMP) $(VLLM_STAMP)

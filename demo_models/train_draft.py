@@ -131,8 +131,12 @@ def target_to_draft_ids(t2d: torch.Tensor) -> torch.Tensor:
 
 # ---- model ----------------------------------------------------------------------------------
 def make_draft(target, hot: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
-               seed: int = SEED, *, serve_ids=SERVE_IDS) -> Eagle3Draft:
+               seed: int = SEED, *, serve_ids=SERVE_IDS, dims: dict = DRAFT_DIMS,
+               num_layers: int = 1) -> Eagle3Draft:
     """A fresh fp32 draft: shared, frozen target embedding; lm_head = target lm_head[hot].
+
+    ``dims``: the draft's Llama dims (``DRAFT_DIMS`` keys); ``num_layers``: its decoder layers
+    (``num_hidden_layers``, chained as SGLang does, ``replay.model.draft_model``).
 
     ``serve_ids``: the SGLang ``eagle_aux_hidden_state_layer_ids`` written into its config, one
     per aux slot (they must capture the training layers on the target's family: the rule is the
@@ -140,7 +144,7 @@ def make_draft(target, hot: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
     """
     tcfg = target.config
     cfg = Eagle3DraftConfig(
-        **DRAFT_DIMS, vocab_size=tcfg.vocab_size, draft_vocab_size=len(hot),
+        **dims, num_hidden_layers=num_layers, vocab_size=tcfg.vocab_size, draft_vocab_size=len(hot),
         rms_norm_eps=tcfg.rms_norm_eps, rope_theta=_rope_theta(tcfg), rope_scaling=None, **NORMS_OFF,
         max_position_embeddings=tcfg.max_position_embeddings, num_aux=len(serve_ids),
         target_hidden_size=tcfg.hidden_size, eagle_aux_hidden_state_layer_ids=list(serve_ids),
@@ -303,7 +307,8 @@ def evaluate(draft: Eagle3Draft, feats: Features, prompt_lens: list[int] | None 
 # ---- driver ---------------------------------------------------------------------------------
 def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Path, *,
                 steps: int = DRAFT_STEPS, batch: int = BATCH, train_hf_indices=TRAIN_HF_INDICES,
-                serve_ids=SERVE_IDS, heldout_layers: dict | None = None, log=print) -> dict:
+                serve_ids=SERVE_IDS, heldout_layers: dict | None = None, dims: dict = DRAFT_DIMS,
+                num_layers: int = 1, log=print) -> dict:
     """Train an EAGLE-3 draft from ``target_dir`` + ``data_dir`` and save it to ``out_dir``.
 
     Any family of target works: the draft is trained on HF ``hidden_states`` indices
@@ -311,6 +316,7 @@ def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Pat
     indices under the target family's rule). ``heldout_layers`` names the HF index lists to
     evaluate on the held-out sequences; by default (the Llama demo) the training layers, the
     seed's wrong layers (SGLang ids [2, 5, 6] -> HF [3, 6, 7]) and SGLang's default capture.
+    ``dims`` / ``num_layers``: the draft's shape (``make_draft``; the demo draft2l is 2 layers).
 
     Returns:
         stats dict (vocab coverage, training, held-out evaluations).
@@ -325,7 +331,7 @@ def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Pat
     all_labels = torch.cat([a[1:] for a in feats.argmax])
     coverage = float(t2d[all_labels].float().mean())
     log(f"draft: vocab {len(hot)} ids cover {coverage:.4%} of the target's argmax labels")
-    draft = make_draft(target, hot, d2t, t2d, serve_ids=serve_ids)
+    draft = make_draft(target, hot, d2t, t2d, serve_ids=serve_ids, dims=dims, num_layers=num_layers)
     stats = train(draft, feats, steps=steps, batch=batch, log=log)
     save_draft(draft, out_dir, "specforge", dtype=torch.bfloat16)
 
@@ -344,21 +350,35 @@ def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Pat
     return {"draft_vocab": len(hot), "label_coverage": round(coverage, 6),
             "train_hf_indices": list(train_hf_indices), "serve_ids_sglang": list(serve_ids),
             **({"seed_wrong_ids_sglang": SEED_WRONG_IDS} if demo_layers else {}), "ttt_steps": TTT_STEPS,
-            "dims": DRAFT_DIMS, "seed": SEED, **stats, "heldout": evals,
+            "dims": dims, "num_hidden_layers": num_layers, "seed": SEED, **stats, "heldout": evals,
             "total_seconds": round(time.time() - t0, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m specdiff.demo_models.train_draft --target DIR --data DIR --out DIR``."""
+    """CLI: ``python -m specdiff.demo_models.train_draft --target DIR --data DIR --out DIR``.
+
+    ``--layers N --intermediate-size I`` train an N-layer draft (the shipped ``draft2l``: 2 and 512,
+    under 5 MB in bf16); ``--stats FILE`` writes what ``build_draft`` returns as JSON.
+    """
     import argparse
+    import json
 
     ap = argparse.ArgumentParser(description="Train the tiny EAGLE-3 demo draft")
     ap.add_argument("--target", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=DRAFT_STEPS)
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--intermediate-size", type=int, default=DRAFT_DIMS["intermediate_size"])
+    ap.add_argument("--stats")
     args = ap.parse_args(argv)
-    build_draft(args.target, args.data, args.out, steps=args.steps)
+    dims = {**DRAFT_DIMS, "intermediate_size": args.intermediate_size}
+    # a non-default shape is evaluated on its training layers only (the seed-bug layers are the 1-layer demo's)
+    held = None if args.layers == 1 and dims == DRAFT_DIMS else {"train_layers": TRAIN_HF_INDICES}
+    stats = build_draft(args.target, args.data, args.out, steps=args.steps, dims=dims, num_layers=args.layers,
+                        heldout_layers=held)
+    if args.stats:
+        Path(args.stats).write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
     return 0
 
 

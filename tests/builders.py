@@ -95,12 +95,12 @@ class TracePair:
 
 
 def random_specforge_draft(out: Path, *, aux_ids: list[int], hidden: int = 64, vocab: int = 256,
-                           draft_vocab: int = 128, seed: int = 0) -> torch.Tensor:
+                           draft_vocab: int = 128, seed: int = 0, num_layers: int = 1) -> torch.Tensor:
     """A random EAGLE-3 draft in SpecForge's format (``LlamaForCausalLMEagle3``, ``midlayer.*``) saved
     to ``out``, for pre-flight tests that need a real checkpoint but no trained weights.
 
     ``aux_ids``: the config's ``eagle_aux_hidden_state_layer_ids`` in SGLang's numbering. Norm flags
-    off, 4 heads (2 KV), MLP 128, rope theta 1e4. The draft vocabulary is token ids 0 and 1 plus
+    off, 4 heads (2 KV), MLP 128, rope theta 1e4, ``num_layers`` decoder layers. The draft vocabulary is token ids 0 and 1 plus
     ``draft_vocab - 2`` others drawn with ``torch.manual_seed(seed)``; d2t holds offsets (SGLang's
     ``hot_token_id = d2t + arange``), t2d marks them. Returns the hot ids, int64 [draft_vocab], sorted.
     """
@@ -114,7 +114,8 @@ def random_specforge_draft(out: Path, *, aux_ids: list[int], hidden: int = 64, v
                             head_dim=hidden // 4, vocab_size=vocab, draft_vocab_size=draft_vocab, num_aux=3,
                             target_hidden_size=hidden, max_position_embeddings=512, rope_theta=10000.0,
                             rope_scaling=None, rms_norm_eps=1e-6, **NORMS_OFF,
-                            eagle_aux_hidden_state_layer_ids=list(aux_ids), aux_convention="sglang")
+                            eagle_aux_hidden_state_layer_ids=list(aux_ids), aux_convention="sglang",
+                            num_hidden_layers=num_layers)
     torch.manual_seed(seed)
     model = Eagle3Draft(cfg)
     hot = torch.sort(torch.cat([torch.tensor([0, 1]), torch.randperm(vocab - 2)[:draft_vocab - 2] + 2])).values

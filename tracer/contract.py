@@ -42,6 +42,14 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "engine": ((str,), "who recorded: a serving engine registered in tracer/engines ('sglang', 'vllm'), or a "
                        "training side ('specdiff-reference', 'specforge', 'speculators', ...)"),
     "engine_version": ((str,), "version string of the engine"),
+    "trainer": ((str,), "training side: the trainer whose own draft class and TTT loop computed the forward "
+                        "('specforge', 'speculators'; absent: specdiff's reference, replay/trainers)"),
+    "trainer_version": ((str,), "training side: the installed version of that trainer's package"),
+    "trainer_class": ((str,), "training side: the trainer's draft class (module.qualname)"),
+    "trainer_variants": ((dict,), "training side: fact -> value where the trainer computes what the reference's "
+                                  "default does not (e.g. rope_position_offset 1); {} when it agrees"),
+    "trainer_config": ((dict,), "training side: what the trainer's own config of the draft says (speculators: "
+                                "algorithm, speculative_tokens, verifier, aux ids, norm flags, layer_types)"),
     "num_layers": ((int,), "target decoder layers L"),
     "hidden_size": ((int,), "target hidden size H"),
     "draft_hidden_size": ((int,), "draft hidden size Hd"),

@@ -56,6 +56,10 @@ def _drop_partial(out: str, *, existed: bool, since: float) -> str:
     return f"{out} was not written (the partial trace of this run was removed)"
 
 
+#: ``--trainer`` names (replay/trainers/registry.py TRAINERS, which imports torch: the CLI starts without
+#: it; tests/replay/trainers/test_trainers.py holds the two equal)
+TRAINER_NAMES = ("specdiff", "specforge", "speculators")
+
 #: k of the training side's draft.logits_topk.* (tracer/rows.py TOPK_WIDTH, which imports torch: the CLI
 #: starts without it; tests/replay/diff/test_report_text.py holds the two equal)
 TRAIN_TOPK = 8
@@ -95,9 +99,12 @@ TRAIN_TOPK = 8
 @click.option("--batch-size", type=int, default=None,
               show_default=str(DEFAULTS["batch_size"]), help="Sequences per forward.")
 @click.option("--device", default=None, show_default=DEFAULTS["device"], help="torch device for both models.")
+@click.option("--trainer", type=click.Choice(TRAINER_NAMES), default=None, show_default="specdiff",
+              help="Whose draft forward is the training side: specdiff's reference, or the draft built, loaded "
+                   "and run by the installed SpecForge / speculators package.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing trace at --out.")
 def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps, topk, dtype, target_dtype,
-          capture, probe_positions, max_new_tokens, batch_size, device, overwrite):
+          capture, probe_positions, max_new_tokens, batch_size, device, trainer, overwrite):
     """Record the training side: teacher-forced EAGLE-3 TTT forward of the draft on token sequences.
 
     Exit code: 0 written, 2 bad input, 130 interrupted (the partial trace is removed: a trace at
@@ -134,7 +141,7 @@ def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps
                            aux_layers=_parse_layers(aux_layers), aux_convention=aux_convention, steps=steps,
                            topk=topk, dtype=dtype, target_dtype=target_dtype, capture=capture,
                            probe_positions=probe_positions, max_new_tokens=max_new_tokens,
-                           batch_size=batch_size, device=device, overwrite=overwrite,
+                           batch_size=batch_size, device=device, overwrite=overwrite, trainer=trainer,
                            progress=progress, on_start=on_start)
     except KeyboardInterrupt:
         on_interrupt(_drop_partial(out, existed=existed, since=since))

@@ -166,8 +166,8 @@ CAUSES: tuple[CauseRow, ...] = (
     CauseRow("unloaded_params", "bug", _ANY,
              "the engine built parameters its checkpoint did not provide: they hold what was allocated (NaN or "
              "garbage)",
-             "make the draft config describe the checkpoint (num_hidden_layers 1, the norm flags and dims it was "
-             "trained with) or ship the missing tensors: an engine leaves a parameter its checkpoint does not hold "
+             "make the draft config describe the checkpoint (num_hidden_layers = the decoder layers it holds, the "
+             "norm flags and dims it was trained with) or ship the missing tensors: an engine leaves a parameter its checkpoint does not hold "
              "as allocated"),
     CauseRow("fp16_overflow", "bug", _ANY,
              "NaN/inf appear: one side ran in float16 where the other did not, and overflowed"),

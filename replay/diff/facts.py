@@ -92,9 +92,9 @@ FACTS: tuple[FactRow, ...] = (
     FactRow("norm_before_residual", "draft.attn_in", "set norm_before_residual in the draft config as in training"),
     FactRow("spec_draft_tokens", "verify", "record training with the serving --speculative-num-draft-tokens"),
     # ---- the draft's config as built, key by key ----------------------------------------------------
-    FactRow("draft_config.num_hidden_layers", "draft.hidden_out", "set num_hidden_layers to 1 in the draft config: an "
-            "EAGLE-3 draft has one decoder layer, and the engine builds as many as the config says (the ones the "
-            "checkpoint does not hold keep the values they were allocated with)"),
+    FactRow("draft_config.num_hidden_layers", "draft.hidden_out", "set num_hidden_layers in the draft config to the "
+            "number of decoder layers the checkpoint holds (as trained): the engine builds as many as the config says "
+            "(the ones the checkpoint does not hold keep the values they were allocated with)"),
     FactRow("draft_config.rope_*", "draft.hidden_out", _ROPE),
     FactRow("draft_config.partial_rotary_factor", "draft.hidden_out", _ROPE),
     FactRow("draft_config.rope_is_neox_style", "draft.hidden_out", _ROPE),
@@ -193,6 +193,8 @@ NOT_COMPARED: dict[str, str] = {
     "unobservable": "recorder bookkeeping", "findings": "pre-flight findings (reported on their own)",
     "notes": "recorder notes", "defaults_used": "said by record train", "sampling": "recorder bookkeeping",
     "sampled_requests": "recorder bookkeeping", "dropped_*": "recorder bookkeeping", "recorder_*": "recorder timing",
+    "trainer": "provenance (who computed the training side)",
+    "trainer_*": "the trainer's version, class, own config and variants: what they change is compared as the stages",
     "request_prefill": "per request", "crash": "reported on its own", "unrecorded_stages": "recorder coverage",
     "engine_process_start": "how the engine's process was started (spawn or fork: the same computation)",
     "graph_hidden_stages": "recorder coverage", "depth_coverage": "recorder coverage", "capture_level": "recorder",

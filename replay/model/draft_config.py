@@ -110,6 +110,9 @@ class Eagle3DraftConfig:
         norm_before_fc / fc_norm / norm_output / norm_before_residual: the norm flags, meanings
             in ``specdiff.eagle3.norms.NORM_FLAGS``.
         hidden_act: only ``"silu"``.
+        num_hidden_layers: N >= 1 decoder layers, chained as SGLang 0.5.23 does
+            (srt/models/llama_eagle3.py:198-204 builds them, :253-265 chains them; see
+            ``draft_model.Eagle3Draft``). Default 1 for configs built in code; a file must name it.
         lm_head_from_target: the config has no ``draft_vocab_size``, so SGLang loads the lm_head
             from the target (``load_lm_head_from_target``, llama_eagle3.py:306-308).
         max_position_embeddings: written back to config.json; not used by the forward.
@@ -141,6 +144,7 @@ class Eagle3DraftConfig:
     norm_output: bool
     norm_before_residual: bool
     hidden_act: str = "silu"
+    num_hidden_layers: int = 1
     lm_head_from_target: bool = False
     max_position_embeddings: int = 2048
     # absent from a file = the standard Llama rope SGLang assumes (getattr defaults, llama.py:199, :335);
@@ -157,7 +161,7 @@ class Eagle3DraftConfig:
 
     def __post_init__(self):
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                     "vocab_size", "draft_vocab_size", "num_aux", "target_hidden_size"):
+                     "vocab_size", "draft_vocab_size", "num_aux", "target_hidden_size", "num_hidden_layers"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 self._fail(name, f"is {v!r}", "give a positive integer")
@@ -267,8 +271,8 @@ class Eagle3DraftConfig:
         (llama_eagle3.py:306-308); norm flags false (``specdiff.eagle3.norms``).
 
         Raises:
-            DraftConfigError: an absent dim, num_hidden_layers != 1, or a value the forward cannot
-                compute with (field, ``source`` and fix in one line). ``tie_word_embeddings: true``
+            DraftConfigError: an absent dim (num_hidden_layers too: SGLang would build transformers'
+                default 32 layers), or a value the forward cannot compute with (field, ``source`` and fix in one line). ``tie_word_embeddings: true``
                 is kept with a note (``specdiff check`` reports it with its fix), not refused.
         """
         fmt = fmt or detect_format(raw, source=source)
@@ -285,16 +289,13 @@ class Eagle3DraftConfig:
 
         for name in _REQUIRED:
             if name not in dims:
-                fix = ('add "num_hidden_layers": 1 (without it SGLang builds transformers\' default 32 layers)'
+                fix = ('add "num_hidden_layers", the number of decoder layers the draft was trained with '
+                       '(without it SGLang builds transformers\' default 32 layers)'
                        if name == "num_hidden_layers" else f"add {name} (the draft's {name} as trained)")
                 raise DraftConfigError(field=_key_path(fmt, name), file=source, problem="is missing", fix=fix)
             if isinstance(dims[name], bool) or not isinstance(dims[name], int) or dims[name] < 1:
                 raise DraftConfigError(field=_key_path(fmt, name), file=source, problem=f"is {dims[name]!r}",
                                        fix="give a positive integer")
-        if dims["num_hidden_layers"] != 1:
-            raise DraftConfigError(field=_key_path(fmt, "num_hidden_layers"), file=source,
-                                   problem=f"is {dims['num_hidden_layers']}",
-                                   fix="the reference EAGLE-3 draft has exactly one decoder layer: use 1")
         tied = bool(raw.get("tie_word_embeddings") or dims.get("tie_word_embeddings"))
         if tied:
             notes.append("tie_word_embeddings is true: SGLang 0.5.23 scores the draft with the target's embedding "
@@ -354,7 +355,8 @@ class Eagle3DraftConfig:
         cfg = cls(hidden_size=hd, intermediate_size=dims["intermediate_size"], num_attention_heads=heads,
                   num_key_value_heads=kv, head_dim=head_dim, vocab_size=dims["vocab_size"], draft_vocab_size=dvs,
                   rms_norm_eps=eps, rope_theta=theta, rope_scaling=scaling, num_aux=num_aux,
-                  target_hidden_size=th, hidden_act=act, lm_head_from_target="draft_vocab_size" in defaults,
+                  target_hidden_size=th, hidden_act=act, num_hidden_layers=dims["num_hidden_layers"],
+                  lm_head_from_target="draft_vocab_size" in defaults,
                   max_position_embeddings=int(dims.get("max_position_embeddings", 2048)),
                   partial_rotary_factor=dims.get("partial_rotary_factor", 1.0),
                   rope_is_neox_style=dims.get("rope_is_neox_style", True), tie_word_embeddings=tied,
@@ -391,7 +393,8 @@ class Eagle3DraftConfig:
         dims = {
             "model_type": "llama", "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
             "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim, "num_hidden_layers": 1, "rms_norm_eps": self.rms_norm_eps,
+            "head_dim": self.head_dim, "num_hidden_layers": self.num_hidden_layers,
+            "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta, "max_position_embeddings": self.max_position_embeddings,
             "vocab_size": self.vocab_size, "hidden_act": self.hidden_act,
             "tie_word_embeddings": self.tie_word_embeddings,

@@ -1,4 +1,4 @@
-"""The EAGLE-3 reference draft forward: one decoder layer over (embed, hidden), TTT-unrolled.
+"""The EAGLE-3 reference draft forward: N >= 1 decoder layers over (embed, hidden), TTT-unrolled.
 
 This is specdiff's own, compact implementation of the EAGLE-3 draft as SGLang serves it and as
 SpecForge / speculators train it. Every convention below names its source:
@@ -13,6 +13,17 @@ SpecForge / speculators train it. Every convention below names its source:
   (embedding FIRST); q/k/v project from 2*Hd, o_proj to Hd; ``h1 = residual + attn``;
   ``hidden_out = h1 + mlp(post_attention_layernorm(h1))``. speculators' ``norm_before_residual``
   (residual = hidden_norm(h)) is supported as a flag; SGLang does not implement it.
+- **later layers** (``num_hidden_layers`` N > 1; SGLang 0.5.23 llama_eagle3.py:198-204 builds N,
+  :253-261 chains them; speculators 0.9.0 ``eagle3/core.py:81-94`` + ``:87-101`` of its forward):
+  only layer 0 sees the embedding. Layer i >= 1 takes the previous layer's full output ``x``
+  (SGLang carries it as ``mlp_out + residual``, fused into ``hidden_norm(h, residual)``,
+  :103-105), ``h1 = x + attn_i(hidden_norm_i(x))`` with q/k/v projecting from Hd,
+  ``out_i = h1 + mlp_i(post_attention_layernorm_i(h1))``; ``hidden_out`` is the LAST layer's
+  output, the final ``norm`` is applied once after all layers (:263-265) and the fed-back hidden
+  is that last output (:268). Each layer attends over its own keys (its own KV cache in SGLang,
+  its own ``layer_idx`` in speculators' DynamicCache). speculators' later layers are plain
+  transformers LlamaDecoderLayers whose input norm is ``input_layernorm``: SGLang 0.5.23 reads
+  ``hidden_norm`` there, so ``checkpoint`` requires ``layers.{i}.hidden_norm.weight``.
 - **output**: ``logits = lm_head(norm(hidden_out))`` [N, Vd]; the hidden fed back to the next
   depth is the pre-norm ``hidden_out`` (llama_eagle3.py:263-269); ``norm_output`` feeds back
   the normed one instead (``specdiff.eagle3.norms.fed_back_hidden``).
@@ -142,14 +153,16 @@ class _Rope(nn.Module):
 
 
 class _Attention(nn.Module):
-    def __init__(self, cfg: Eagle3DraftConfig):
+    """q/k/v from ``width`` (2*Hd in layer 0, Hd in later layers, llama_eagle3.py:63-75), o_proj to Hd."""
+
+    def __init__(self, cfg: Eagle3DraftConfig, width: int):
         super().__init__()
         hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim, self.nh, self.nkv = hd, nh, nkv
         self.rotary_emb = _Rope(cfg)
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, nh * hd, bias=False)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, nkv * hd, bias=False)
+        self.q_proj = nn.Linear(width, nh * hd, bias=False)
+        self.k_proj = nn.Linear(width, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(width, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, cfg.hidden_size, bias=False)
 
 
@@ -165,13 +178,26 @@ class _MLP(nn.Module):
 
 
 class _MidLayer(nn.Module):
-    """The single EAGLE-3 decoder layer (SpecForge ``midlayer``, speculators ``layers.0``)."""
+    """EAGLE-3 decoder layer 0 (SpecForge ``midlayer``, speculators / SGLang ``layers.0``): attends
+    over ``cat(input_layernorm(embed), hidden_norm(h))``."""
 
     def __init__(self, cfg: Eagle3DraftConfig):
         super().__init__()
-        self.self_attn = _Attention(cfg)
+        self.self_attn = _Attention(cfg, 2 * cfg.hidden_size)
         self.mlp = _MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class _LaterLayer(nn.Module):
+    """Decoder layer i >= 1 (``layers.{i}``): attends over ``hidden_norm(x)`` [Hd], no embedding
+    (SGLang 0.5.23 llama_eagle3.py:63-64, :103-105; its unused ``input_layernorm`` is not built)."""
+
+    def __init__(self, cfg: Eagle3DraftConfig):
+        super().__init__()
+        self.self_attn = _Attention(cfg, cfg.hidden_size)
+        self.mlp = _MLP(cfg)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -230,9 +256,10 @@ def ttt_labels(target_argmax: torch.Tensor, steps: int, lengths: torch.Tensor | 
 
 
 class Eagle3Draft(nn.Module):
-    """EAGLE-3 draft: fc over aux hiddens, one decoder layer, final norm, lm_head over Vd.
+    """EAGLE-3 draft: fc over aux hiddens, ``num_hidden_layers`` decoder layers, final norm, lm_head over Vd.
 
-    Parameter names follow SpecForge (``fc``, ``midlayer.*``, ``norm``, ``lm_head``,
+    Parameter names follow SpecForge (``fc``, ``midlayer.*``, ``norm``, ``lm_head``, for N > 1
+    ``layers.{i}.*`` i = 1..N-1 as SGLang loads them,
     ``embed_tokens``, optional ``input_norm`` / ``fc_norm.{j}``); buffers ``d2t`` int64 [Vd]
     (zeros = identity offsets) and ``t2d`` bool [V]. ``embed_source`` / ``lm_head_source``
     record where those weights came from ('draft', 'target' or 'random').
@@ -247,6 +274,8 @@ class Eagle3Draft(nn.Module):
                                       for _ in range(c.num_aux)) if c.fc_norm else None)
         self.fc = nn.Linear(c.aux_width, c.hidden_size, bias=False)
         self.midlayer = _MidLayer(c)
+        if c.num_hidden_layers > 1:  # a ModuleDict keyed "1".."N-1": parameter names layers.{i}.*
+            self.layers = nn.ModuleDict({str(i): _LaterLayer(c) for i in range(1, c.num_hidden_layers)})
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
@@ -288,8 +317,13 @@ class Eagle3Draft(nn.Module):
         (llama_eagle3.py:239-246, in that order)."""
         return apply_fc_norms(aux_cat.to(self.fc.weight.dtype), input_norm=self.input_norm, fc_norm=self.fc_norm)
 
-    def _qkv(self, attn_in, positions):
-        a = self.midlayer.self_attn
+    def decoder_layers(self) -> list[nn.Module]:
+        """The decoder layers in forward order: ``midlayer``, then ``layers.1`` .. ``layers.{N-1}``."""
+        later = self.layers.values() if self.config.num_hidden_layers > 1 else ()
+        return [self.midlayer, *later]
+
+    def _qkv(self, attn_in, positions, a=None):
+        a = self.midlayer.self_attn if a is None else a
         B, T, _ = attn_in.shape
         q = a.q_proj(attn_in).view(B, T, a.nh, a.head_dim).transpose(1, 2)
         k = a.k_proj(attn_in).view(B, T, a.nkv, a.head_dim).transpose(1, 2)
@@ -355,8 +389,8 @@ class Eagle3Draft(nn.Module):
         ar = torch.arange(T)[None, :]
         res = {n: [] for n in ("tokens", "hidden_in", "positions", "attn_in", "hidden_out", "logits", "valid")}
         h = fc_out
-        k0 = v0 = None
-        diag_k, diag_v = [], []
+        layers = self.decoder_layers()
+        caches = [([], []) for _ in layers]  # per layer: its keys, values of depths 0..d
         for d in range(steps):
             tok = torch.full_like(input_ids, pad_id)
             if d + 1 < T:
@@ -365,16 +399,9 @@ class Eagle3Draft(nn.Module):
             residual = m.hidden_norm(h) if self.config.norm_before_residual else h
             attn_in = torch.cat([m.input_layernorm(emb), m.hidden_norm(h)], dim=-1)
             pos = base_pos + d
-            q, k, v = self._qkv(attn_in, pos)
-            if d == 0:
-                k0, v0 = k, v
-            else:
-                diag_k.append(k)
-                diag_v.append(v)
-            a = self._attend(q, k0, v0, diag_k, diag_v)
-            a = m.self_attn.o_proj(a.transpose(1, 2).reshape(B, T, -1))
-            h1 = residual + a
-            out = h1 + m.mlp(m.post_attention_layernorm(h1))
+            out = self._layer(m, attn_in, residual, pos, caches[0])
+            for layer, cache in zip(layers[1:], caches[1:]):  # llama_eagle3.py:103-105: x -> hidden_norm(x), x
+                out = self._layer(layer, layer.hidden_norm(out), out, pos, cache)
             normed = self.norm(out)
             res["tokens"].append(tok)
             res["hidden_in"].append(h)
@@ -385,6 +412,20 @@ class Eagle3Draft(nn.Module):
             res["valid"].append((ar + 1 + d < lengths[:, None]).to(dev))
             h = fed_back_hidden(out, normed, norm_output=self.config.norm_output)
         return TTTOutput(fc_in=fc_in, fc_out=fc_out, lengths=lengths, d2t=self.d2t, **res)
+
+    def _layer(self, layer, attn_in, residual, pos, cache) -> torch.Tensor:
+        """One decoder layer after its input norms: attention over ``cache`` (this layer's keys and
+        values of the earlier depths; this depth's are appended), residual add, MLP block.
+        ``attn_in`` [B,T,width], ``residual`` [B,T,Hd] -> the layer's output [B,T,Hd]."""
+        B, T = residual.shape[:2]
+        q, k, v = self._qkv(attn_in, pos, layer.self_attn)
+        keys, values = cache
+        keys.append(k)
+        values.append(v)
+        a = self._attend(q, keys[0], values[0], keys[1:], values[1:])
+        a = layer.self_attn.o_proj(a.transpose(1, 2).reshape(B, T, -1))
+        h1 = residual + a
+        return h1 + layer.mlp(layer.post_attention_layernorm(h1))
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """[..., Hd] normed hidden -> [..., Vd] logits: ``lm_head``, or with ``tie_word_embeddings``

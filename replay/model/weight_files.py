@@ -11,6 +11,7 @@ loaded tensor in a dtype numpy has no type for (bf16, fp8: a floating ``d2t``, r
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,11 +23,14 @@ from specdiff.replay.model.draft_config import CheckpointError
 if TYPE_CHECKING:
     from specdiff.replay.model.draft_config import Eagle3DraftConfig
 
-__all__ = ["IGNORED_KEYS", "OPTIONAL_SHAPES", "canonical_name", "expected_shapes", "load_bin", "read_weight_headers",
+__all__ = ["IGNORED_KEYS", "OPTIONAL_SHAPES", "canonical_name", "expected_shapes", "ignored_key", "layer_keys", "load_bin", "read_weight_headers",
            "unreadable", "weight_files"]
 
 #: keys speculators writes or keeps that the draft forward does not use (engines skip them too)
 IGNORED_KEYS = ("verifier_norm.weight", "verifier_lm_head.weight")
+#: ``layers.{i}.input_layernorm.weight`` of a layer i >= 1: SGLang 0.5.23 loads it into a module its
+#: forward never calls (a later layer normalises its input with ``hidden_norm``, llama_eagle3.py:103-105)
+_LATER_INPUT_NORM = re.compile(r"^(model\.)?layers\.([1-9][0-9]*)\.input_layernorm\.weight$")
 _ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
               "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32",
               "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
@@ -123,26 +127,49 @@ def canonical_name(name: str) -> str:
     return name
 
 
-def expected_shapes(cfg: Eagle3DraftConfig) -> dict[str, tuple[int, ...]]:
-    """Canonical weight name -> shape every draft with ``cfg`` must have (the optional ones,
-    embedding and vocab map, are in ``OPTIONAL_SHAPES``)."""
+def ignored_key(name: str) -> bool:
+    """True for a file key no engine computes with: speculators' ``verifier_*``, a rope table, and
+    ``layers.{i}.input_layernorm.weight`` of a layer i >= 1 (SGLang 0.5.23 llama_eagle3.py:103-105
+    normalises a later layer's input with its ``hidden_norm``; the loaded input_layernorm is unused)."""
+    return name in IGNORED_KEYS or name.endswith("rotary_emb.inv_freq") or bool(_LATER_INPUT_NORM.match(name))
+
+
+def layer_keys(i: int, cfg: Eagle3DraftConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical name -> shape of decoder layer ``i``'s weights.
+
+    Layer 0 (``midlayer.*``; SGLang's ``layers.0``) attends over ``cat(embeds, hidden)`` [2*Hd] and
+    has ``input_layernorm`` for the embedding; a layer i >= 1 (``layers.{i}.*``, the name SGLang
+    0.5.23 loads, llama_eagle3.py:372) attends over Hd and normalises its input with
+    ``hidden_norm`` (``is_input_layer``, llama_eagle3.py:63-64, :97-105).
+    """
     Hd, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    shapes = {
-        "fc.weight": (Hd, cfg.aux_width),
-        "midlayer.self_attn.q_proj.weight": (nh * hd, 2 * Hd),
-        "midlayer.self_attn.k_proj.weight": (nkv * hd, 2 * Hd),
-        "midlayer.self_attn.v_proj.weight": (nkv * hd, 2 * Hd),
-        "midlayer.self_attn.o_proj.weight": (Hd, nh * hd),
-        "midlayer.mlp.gate_proj.weight": (I, Hd),
-        "midlayer.mlp.up_proj.weight": (I, Hd),
-        "midlayer.mlp.down_proj.weight": (Hd, I),
-        "midlayer.input_layernorm.weight": (Hd,),
-        "midlayer.hidden_norm.weight": (Hd,),
-        "midlayer.post_attention_layernorm.weight": (Hd,),
-        "norm.weight": (Hd,),
-        "lm_head.weight": (cfg.draft_vocab_size, Hd),
+    p, width = ("midlayer.", 2 * Hd) if i == 0 else (f"layers.{i}.", Hd)
+    keys = {
+        f"{p}self_attn.q_proj.weight": (nh * hd, width),
+        f"{p}self_attn.k_proj.weight": (nkv * hd, width),
+        f"{p}self_attn.v_proj.weight": (nkv * hd, width),
+        f"{p}self_attn.o_proj.weight": (Hd, nh * hd),
+        f"{p}mlp.gate_proj.weight": (I, Hd),
+        f"{p}mlp.up_proj.weight": (I, Hd),
+        f"{p}mlp.down_proj.weight": (Hd, I),
     }
+    if i == 0:
+        keys[f"{p}input_layernorm.weight"] = (Hd,)
+    keys[f"{p}hidden_norm.weight"] = (Hd,)
+    keys[f"{p}post_attention_layernorm.weight"] = (Hd,)
+    return keys
+
+
+def expected_shapes(cfg: Eagle3DraftConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical weight name -> shape every draft with ``cfg`` must have: fc, each of the
+    ``num_hidden_layers`` decoder layers (``layer_keys``), norm, lm_head (the optional ones,
+    embedding and vocab map, are in ``OPTIONAL_SHAPES``)."""
+    Hd = cfg.hidden_size
+    shapes = {"fc.weight": (Hd, cfg.aux_width)}
+    for i in range(cfg.num_hidden_layers):
+        shapes.update(layer_keys(i, cfg))
+    shapes.update({"norm.weight": (Hd,), "lm_head.weight": (cfg.draft_vocab_size, Hd)})
     if cfg.norm_before_fc:
         shapes["input_norm.weight"] = (cfg.aux_width,)
     if cfg.fc_norm:

@@ -87,6 +87,7 @@ from specdiff.replay.record.train_options import (
     CAPTURE_LEVELS,
     fill_defaults,
 )
+from specdiff.replay.trainers.registry import DEFAULT_TRAINER, load_trainer_draft, require_trainer
 from specdiff.tracer.contract import (
     DEFAULTS_USED,
     known,
@@ -197,9 +198,12 @@ def _aux_defaults(aux_layers, aux_convention, loaded: LoadedDraft, aux: AuxResol
 def check_train_options(*, aux_layers=None, aux_convention: str | None = None, steps=None, topk=None,
                         dtype: str | None = None, target_dtype: str | None = None, capture: str | None = None,
                         probe_positions=None, max_new_tokens=None, batch_size=None, replay=None,
-                        device: str | None = None) -> None:
+                        device: str | None = None, trainer: str | None = None) -> None:
     """Refuse option values ``record train`` (and ``specdiff watch``, which replays the same way)
     cannot use as given, before any model is loaded.
+
+    ``trainer``: ``--trainer``; a trainer whose package is not installed is refused here, the line
+    naming its pip command (``replay.trainers.registry``).
 
     Raises:
         RecordTrainError: one line naming the option.
@@ -218,6 +222,8 @@ def check_train_options(*, aux_layers=None, aux_convention: str | None = None, s
     if aux_convention is not None and aux_convention not in CONVENTIONS:
         raise RecordTrainError(f"--aux-convention {aux_convention!r}: use one of {', '.join(CONVENTIONS)}")
     _check_device(device)
+    if trainer is not None:
+        require_trainer(trainer)
 
 
 @dataclass
@@ -237,6 +243,8 @@ class TrainSide:
             batch_size, device: as given, else filled in (``train_options.fill_defaults``).
         defaults_used: ``defaults_used`` contract entries for every option left unset.
         served: the serving trace's contract ({} without one).
+        trainer: the ``replay.trainers`` draft that computes the forward (``replayer.draft``) when
+            ``--trainer`` names one other than specdiff, else None (the reference forward).
     """
 
     target_dir: Path
@@ -248,6 +256,7 @@ class TrainSide:
     options: dict
     defaults_used: dict[str, dict]
     served: dict
+    trainer: object | None = None
 
     def contract(self, seqs: list[TrainSequence], *, out: str, replay: str | None = None) -> tuple[dict, list[str]]:
         """The contract facts of a training trace of ``seqs`` written to ``out`` (validated), and
@@ -268,6 +277,8 @@ class TrainSide:
             notes.append(f"serving sequences {served['skipped_sequences']} have fewer than 2 tokens (no draft "
                          "row): not replayed")
         facts.update(aux.as_facts())
+        if self.trainer is not None:
+            notes.extend(self.trainer.notes)
         facts.update({
             "engine": "specdiff-reference", "engine_version": _version(), "side": "train",
             "num_layers": L, "hidden_size": int(tcfg.hidden_size), "vocab_size": int(tcfg.vocab_size),
@@ -283,6 +294,8 @@ class TrainSide:
         # pair recorded on two different targets is refused by `specdiff diff` before any comparison
         facts.update(target_identity_facts(tcfg, target_embedding(self.target)))
         facts.update(live_facts(self.target, loaded, o, self.target_dir))
+        if self.trainer is not None:  # who computed the forward: engine / engine_version name the trainer
+            facts.update(self.trainer.facts())
         facts.update(draft_computation_facts(self.loaded.model, loaded.config, vocab=int(tcfg.vocab_size),
                                              seqs=seqs, bos_token_id=getattr(tcfg, "bos_token_id", None),
                                              tokenizer_dir=self.target_dir))
@@ -348,19 +361,23 @@ def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: di
                     topk: int | None = None, dtype: str | None = None, target_dtype: str | None = None,
                     capture: str | None = None, probe_positions: int | None = None,
                     max_new_tokens: int | None = None, batch_size: int | None = None,
-                    device: str | None = None, extra_defaults: dict | None = None) -> TrainSide:
+                    device: str | None = None, extra_defaults: dict | None = None,
+                    trainer: str | None = None) -> TrainSide:
     """Load the target and the draft checkpoint and resolve the training aux layers and every
     option left None (``train_options.fill_defaults``; steps / topk from ``served``, the serving
     trace's contract). Options are checked first (``check_train_options``).
 
     ``extra_defaults``: more ``defaults_used`` entries (how prompts were tokenized).
+    ``trainer``: compute the draft forward with this trainer's own model (``replay.trainers``);
+    None or ``specdiff``: the reference forward. The reference draft is loaded either way (its
+    parsed config and facts are the draft's contract facts).
 
     Raises:
         RecordTrainError / CheckpointError / TargetError: one line each.
     """
     check_train_options(aux_layers=aux_layers, aux_convention=aux_convention, steps=steps, topk=topk, dtype=dtype,
                         target_dtype=target_dtype, capture=capture, probe_positions=probe_positions,
-                        max_new_tokens=max_new_tokens, batch_size=batch_size, device=device)
+                        max_new_tokens=max_new_tokens, batch_size=batch_size, device=device, trainer=trainer)
     served = dict(served or {})
     target_dir, draft_dir = Path(target_dir), Path(draft_dir)
     opts, defaults_used = fill_defaults(
@@ -387,7 +404,11 @@ def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: di
     rep = TrainReplayer(target, loaded.model, aux, steps=int(opts["steps"]), topk=int(opts["topk"]),
                         capture=opts["capture"], probe_positions=int(opts["probe_positions"]),
                         pad_id=int(pad_id) if pad_id is not None else 0)
-    return TrainSide(target_dir, draft_dir, target, loaded, aux, rep, opts, defaults_used, served)
+    side = TrainSide(target_dir, draft_dir, target, loaded, aux, rep, opts, defaults_used, served)
+    if trainer not in (None, DEFAULT_TRAINER):
+        side.trainer = rep.draft = load_trainer_draft(trainer, target_dir=target_dir, loaded=loaded, dtype=ddtype,
+                                                      device=opts["device"], aux_hf_indices=aux.hf_indices)
+    return side
 
 
 def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
@@ -397,6 +418,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
                  capture: str | None = None, probe_positions: int | None = None,
                  max_new_tokens: int | None = None, batch_size: int | None = None,
                  max_batch_tokens: int = 8192, overwrite: bool = False, device: str | None = None,
+                 trainer: str | None = None,
                  progress: Callable[[int], None] | None = None,
                  on_start: Callable[[int, RecordTrainResult], None] | None = None) -> RecordTrainResult:
     """Replay sequences through target + draft and write a training-side trace at ``out``.
@@ -421,6 +443,8 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         progress: called with the number of sequences finished after each batch.
         on_start: called once with (total sequences, a result stub holding aux, notes and
             defaults_used).
+        trainer: ``specdiff`` (default, the reference forward), ``specforge`` or ``speculators``:
+            the draft built, loaded and run by that trainer's installed package (``replay.trainers``).
 
     Raises:
         RecordTrainError / CheckpointError / TargetError / TraceError: one line each.
@@ -429,7 +453,8 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         raise RecordTrainError("give exactly one of --replay SERVE_TRACE or --prompts FILE.jsonl")
     check_train_options(aux_layers=aux_layers, aux_convention=aux_convention, steps=steps, topk=topk, dtype=dtype,
                         target_dtype=target_dtype, capture=capture, probe_positions=probe_positions,
-                        max_new_tokens=max_new_tokens, batch_size=batch_size, replay=replay, device=device)
+                        max_new_tokens=max_new_tokens, batch_size=batch_size, replay=replay, device=device,
+                        trainer=trainer)
     served: dict = {}
     token_defaults: dict[str, dict] = {}
     if replay is not None:
@@ -441,7 +466,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     side = load_train_side(target_dir, draft_dir, served=served, aux_layers=aux_layers, aux_convention=aux_convention,
                            steps=steps, topk=topk, dtype=dtype, target_dtype=target_dtype, capture=capture,
                            probe_positions=probe_positions, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                           device=device, extra_defaults=token_defaults)
+                           device=device, extra_defaults=token_defaults, trainer=trainer)
     if int(side.options["max_new_tokens"]) > 0:
         seqs = extend_greedy(side.target, seqs, int(side.options["max_new_tokens"]))
     facts, notes = side.contract(seqs, out=str(out), replay=replay)

@@ -25,8 +25,8 @@ def draft_config_fact(loaded) -> dict:
     """``draft_config``: the draft's config.json as transformers builds it (the class an engine builds
     the config with: every key, defaults filled in; the file itself when transformers cannot read it, e.g.
     a speculators config), with the values the reference draft computes with where a key means the same
-    (``_SAME_MEANING``), ``rope_parameters.rope_theta`` and ``num_hidden_layers`` 1 (the reference builds
-    one decoder layer)."""
+    (``_SAME_MEANING``), ``rope_parameters.rope_theta`` and ``num_hidden_layers`` (the layers the reference
+    builds)."""
     from specdiff.tracer.config_facts import config_fact
 
     try:
@@ -42,7 +42,7 @@ def draft_config_fact(loaded) -> dict:
     if isinstance(out.get("rope_parameters"), dict) and "rope_theta" in out["rope_parameters"]:
         out["rope_parameters"]["rope_theta"] = float(cfg.rope_theta)
     if "num_hidden_layers" in out:
-        out["num_hidden_layers"] = 1
+        out["num_hidden_layers"] = cfg.num_hidden_layers
     return out
 
 

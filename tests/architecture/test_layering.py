@@ -5,8 +5,8 @@ module level, and no product module is over 500 lines.
 Layers, bottom to top (a module may import its own layer and the ones below, never one above):
 eagle3 (the EAGLE-3 rules, engine identities, family table) < tracer's format modules (schema, rows,
 contract) < tracer/store < tracer/engines (recorders and their writers) < replay/model <
-replay/preflight < replay/record < replay/diff < replay/watch and replay/fix (a report's fix) < demo (the end-to-end demo) < tui (CLI
-and app). demo_models builds the demo's tiny models: it may import every product layer but tui, and
+replay/preflight < replay/record and replay/trainers (a trainer's own draft forward) < replay/diff <
+replay/watch and replay/fix (a report's fix) < demo (the end-to-end demo) < tui (CLI and app). demo_models builds the demo's tiny models: it may import every product layer but tui, and
 no product module imports it. Inside replay/diff, types.py and causes.py are the bottom.
 ``if TYPE_CHECKING:`` imports count like any other (annotations name the layers they depend on too).
 """
@@ -21,7 +21,7 @@ PRODUCT = ("eagle3", "tracer", "replay", "demo", "tui", "demo_models")
 #: (path prefix, layer): the longest prefix that matches a module's path names its layer
 LAYERS = {
     "eagle3/": 0, "tracer/": 1, "tracer/store/": 2, "tracer/engines/": 3, "replay/": 4, "replay/model/": 4,
-    "replay/preflight/": 5, "replay/record/": 6, "replay/diff/": 7, "replay/watch/": 8, "replay/fix/": 8, "demo/": 9, "tui/": 10,
+    "replay/preflight/": 5, "replay/record/": 6, "replay/trainers/": 6, "replay/diff/": 7, "replay/watch/": 8, "replay/fix/": 8, "demo/": 9, "tui/": 10,
     "demo_models/": 11,
 }
 #: pairs a lower layer number alone does not forbid

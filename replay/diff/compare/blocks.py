@@ -229,6 +229,21 @@ def _raw_rows(trace, name: str, rows: np.ndarray, slot: str) -> np.ndarray:
     return trace.take(name, rows)
 
 
+#: stage -> the ``trainer_variants`` fact that shifts its recorded values by a constant the
+#: computation cannot see: speculators 0.9.0 starts rope positions at 1 (models/eagle3/data.py:35,
+#: replay/trainers/speculators.py); rope is relative, so q.k of positions t + k + 1 equals that of t + k
+RECORDED_SHIFTS = {"draft.positions": "rope_position_offset"}
+
+
+def recorded_shift(trace, name: str) -> int:
+    """The constant ``trace``'s contract says its ``name`` values are shifted by (0: none recorded);
+    compared after removing it, so a trainer's recorded convention is not a divergence."""
+    fact = RECORDED_SHIFTS.get(name)
+    variants = trace.contract.get("trainer_variants") if fact else None
+    value = variants.get(fact, 0) if isinstance(variants, dict) else 0
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def compare_block(traces, name: str, *, kind: str, rows_x: np.ndarray, rows_y: np.ndarray,
                   a: int, b: int) -> BlockResult:
     """Read aligned rows ``rows_x`` / ``rows_y`` (int64 [b - a]) of ``name`` from both traces and
@@ -257,6 +272,9 @@ def compare_block(traces, name: str, *, kind: str, rows_x: np.ndarray, rows_y: n
                 out = float_rows(as_float32(rx[s:e], dx, "x"), as_float32(ry[s:e], dy, "y"))
                 score[s:e], cos[s:e], exact[s:e], nonfinite[s:e], rowmax[s:e] = out
     else:
+        sx, sy = recorded_shift(traces.x, name), recorded_shift(traces.y, name)
+        if sx != sy:
+            rx, ry = rx - sx, ry - sy
         overlap = metrics.id_overlap(rx, ry)
         score, cos = 1 - overlap, np.ones(n, np.float32)
         exact = (rx.reshape(n, -1) == ry.reshape(n, -1)).all(1)

@@ -145,6 +145,9 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
     stats = {"rows": n, "fail_rows": int(fail.sum()), "fail_frac": fail_frac, "coverage": m.coverage,
              "nonfinite_rows": int(nonfinite.sum()), "exact_rows": int(exact.sum()),
              "unreadable_rows": int(unread.sum())}
+    shifts = [blocks.recorded_shift(traces.x, name), blocks.recorded_shift(traces.y, name)]
+    if shifts[0] != shifts[1]:  # compared after removing each side's (compare/blocks.py RECORDED_SHIFTS)
+        stats["recorded_shift"] = shifts
     if spec.kind == "float":
         finite = ~nonfinite & ~unread
         stats.update(max_abs=max_abs, max_rel=float(score[finite].max()) if finite.any() else float("nan"),

@@ -7,13 +7,17 @@ the dtype SGLang serves the draft in, and a tied lm_head. The expected names and
 from __future__ import annotations
 
 import dataclasses
+import re
 
-from specdiff.replay.model.weight_files import IGNORED_KEYS, OPTIONAL_SHAPES, canonical_name, expected_shapes
+from specdiff.replay.model.weight_files import OPTIONAL_SHAPES, canonical_name, expected_shapes, ignored_key
 from specdiff.replay.preflight.engines import sglang_served_dtype
 from specdiff.replay.preflight.files import DraftInfo, TargetInfo
 from specdiff.replay.preflight.report import Finding
 
 __all__ = ["check_weights", "check_served_dtype", "check_tied"]
+
+#: a decoder layer's key as SGLang loads it (``model.`` prefix optional), group 1 = the layer index
+_LAYER_KEY = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
 
 
 def _config_dims(cfg, *, H: int, V: int) -> list[Finding]:
@@ -36,7 +40,7 @@ def _sort_keys(draft: DraftInfo, expected: dict) -> tuple[dict[str, str], list[s
     canon: dict[str, str] = {}
     unexpected, ignored = [], []
     for name in draft.tensors:
-        if name in IGNORED_KEYS or name.endswith("rotary_emb.inv_freq"):
+        if ignored_key(name):
             ignored.append(name)
             continue
         c = canonical_name(name)
@@ -105,6 +109,21 @@ def _skipped(unexpected: list[str], ignored: list[str]) -> list[Finding]:
     return out
 
 
+def _extra_layers(cfg, names: list[str]) -> list[Finding]:
+    """Decoder layers the checkpoint holds beyond ``num_hidden_layers``: SGLang 0.5.23 builds the
+    configured number (llama_eagle3.py:198-204) and skips any other ``layers.{i}.*`` key silently
+    (load_weights, :370-378), so the draft is served shallower than it was trained."""
+    extra = sorted({int(m.group(1)) for n in names if (m := _LAYER_KEY.match(n))
+                    and int(m.group(1)) >= cfg.num_hidden_layers})
+    if not extra:
+        return []
+    return [Finding("weights.layers", "error", "all",
+                    f"the checkpoint holds decoder layer(s) {extra} but num_hidden_layers is {cfg.num_hidden_layers}: "
+                    "SGLang 0.5.23 builds only the configured layers (llama_eagle3.py:198-204) and skips the others' "
+                    "weights silently (:370-378)",
+                    f"set num_hidden_layers to {extra[-1] + 1}, the decoder layers the checkpoint holds")]
+
+
 def _embedding(cfg, *, canon: dict[str, str], H: int, V: int, engines) -> list[Finding]:
     """The draft's own embed_tokens: replaced by SGLang, or missing where the target's cannot serve."""
     out: list[Finding] = []
@@ -162,6 +181,7 @@ def check_weights(draft: DraftInfo, target: TargetInfo, *, engines) -> list[Find
     out += _missing(cfg, expected=expected, canon=canon)
     out += _shapes(draft, cfg_t, expected=expected, canon=canon, H=H, engines=engines)
     out += _skipped(unexpected, ignored)
+    out += _extra_layers(cfg, unexpected + ignored)
     out += _embedding(cfg, canon=canon, H=H, V=V, engines=engines)
     out += _dtypes(draft, canon=canon)
     return out

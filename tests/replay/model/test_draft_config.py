@@ -135,7 +135,7 @@ def test_a_missing_dim_is_an_error_naming_the_field_the_file_and_the_fix(tmp_pat
 
 
 @pytest.mark.parametrize("edit,field,words", [
-    ({"num_hidden_layers": 2}, "num_hidden_layers", "exactly one decoder layer"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers", "positive integer"),
     ({"hidden_act": "gelu"}, "hidden_act", 'use "silu"'),
     ({"num_key_value_heads": 3}, "num_key_value_heads", "divisor of num_attention_heads"),
     ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling", "none, linear or llama3"),

@@ -189,6 +189,20 @@ def test_record_train_replays_a_serving_trace_and_full_capture(tmp_path, models,
     assert res.exit_code == 2 and "already exists" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.skipif(not (DEMO / "draft2l" / "config.json").is_file(), reason="the two-layer demo draft is not built")
+def test_record_train_runs_the_two_layer_demo_draft(tmp_path, prompts, run_cli):
+    """traces/models/draft2l (num_hidden_layers 2, issue 31) on the demo target: recorded, its
+    config fact says 2 layers, and it drafts well (mean accept length well above 1)."""
+    out = tmp_path / "train.trace"
+    res = run_cli("record", "train", "--target", str(DEMO / "target"), "--draft", str(DEMO / "draft2l"),
+                  "--prompts", str(prompts), "-o", str(out), "--steps", "3", "--max-new-tokens", "16")
+    assert res.exit_code == 0, res.output
+    tr = open_trace(str(out))
+    assert tr.contract["draft_config"]["num_hidden_layers"] == 2
+    acc = tr.read("draft.accept_cum").reshape(-1)
+    assert acc.mean() > 0.4, acc.mean()  # the rows accepted at every depth <= k
+
+
 def test_record_train_writes_absolute_paths_given_relative_ones(tmp_path, models, run_cli, monkeypatch):
     """Issue 34 item 8: a trace read from another working directory names the same models."""
     target, draft = models
@@ -264,7 +278,7 @@ def test_draft_with_missing_keys_is_refused(tmp_path, models, prompts, run_cli):
 
 
 # ---- training hooks ---------------------------------------------------------------------
-_BORROWED = ("fc_input", "_qkv", "_attend", "ttt_forward", "hot_token_id", "logits")
+_BORROWED = ("fc_input", "_qkv", "_attend", "_layer", "decoder_layers", "ttt_forward", "hot_token_id", "logits")
 
 
 class LlamaForCausalLMEagle3(Eagle3Draft):
@@ -347,9 +361,12 @@ def _expected(ref, aux, ids, lengths, steps, seq_ids):
     return res
 
 
-@pytest.mark.parametrize("kind", ["reference", "specforge", "speculators", "name_map"])
+@pytest.mark.parametrize("kind", ["reference", "reference-2-layers", "specforge", "speculators", "name_map"])
 def test_hooks_record_the_reference_tensors(tmp_path, kind):
-    ref = _random_draft(seed=4, norm_before_fc=kind == "reference")
+    # two layers: hidden_in / attn_in are layer 0's, hidden_out the last layer's (the final norm's input)
+    layers = 2 if kind == "reference-2-layers" else 1
+    kind = kind.removesuffix("-2-layers")
+    ref = _random_draft(seed=4, norm_before_fc=kind == "reference", num_hidden_layers=layers)
     cfg = ref.config
     if kind == "reference":
         model, adapter, want = ref, "auto", "reference"

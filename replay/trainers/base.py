@@ -1,0 +1,60 @@
+"""What every trainer adapter gives ``record train``: a draft that ``TrainReplayer`` drives like the
+reference ``Eagle3Draft`` (``ttt_forward``, ``d2t``, ``hot_token_id``, ``parameters``), and the
+training-side contract facts of that trainer."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specdiff.eagle3.vocab_map import hot_token_ids
+from specdiff.replay.model.draft_model import TTTOutput
+
+__all__ = ["TrainerDraft"]
+
+
+class TrainerDraft:
+    """A trainer's draft module wrapped for ``TrainReplayer``.
+
+    Attributes:
+        model: the trainer's own module (eval).
+        trainer / version / cls: trainer name, installed package version, the class built.
+        variants: fact name -> value where this trainer computes something the reference's default
+            does not (recorded in the contract as ``trainer_variants``); empty when it agrees.
+        notes: plain-words remarks for the trace's notes.
+        config: what the trainer's own config of the loaded draft says (``trainer_config``; {}
+            when the adapter reads none).
+    """
+
+    def __init__(self, model: nn.Module, *, trainer: str, version: str, variants: dict | None = None,
+                 notes: list[str] | None = None, config: dict | None = None):
+        self.model = model
+        self.trainer, self.version = trainer, version
+        self.cls = f"{type(model).__module__}.{type(model).__qualname__}"
+        self.variants = dict(variants or {})
+        self.notes = list(notes or [])
+        self.config = dict(config or {})
+
+    @property
+    def d2t(self) -> torch.Tensor:
+        """int64 [Vd] draft -> target offsets, the trainer model's own buffer."""
+        return self.model.d2t
+
+    def hot_token_id(self) -> torch.Tensor:
+        """int64 [Vd]: draft id -> target id, ``d2t + arange`` (specdiff.eagle3.vocab_map)."""
+        return hot_token_ids(self.d2t)
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def facts(self) -> dict:
+        """Training-side contract facts: who computed the forward."""
+        return {"engine": self.trainer, "engine_version": self.version, "trainer": self.trainer,
+                "trainer_version": self.version, "trainer_class": self.cls,
+                "trainer_variants": dict(self.variants), "trainer_config": dict(self.config)}
+
+    def ttt_forward(self, aux_cat: torch.Tensor, input_ids: torch.Tensor, steps: int = 1, *,
+                    lengths: torch.Tensor | None = None, pad_id: int = 0) -> TTTOutput:
+        """The trainer's teacher-forced TTT forward over a right-padded batch, read by hooks;
+        arguments and result as ``Eagle3Draft.ttt_forward``."""
+        raise NotImplementedError

@@ -1,0 +1,268 @@
+"""The trainers' own forwards (replay/trainers, ``record train --trainer``) against specdiff's
+reference forward, on the shipped draft (traces/models) and the same sequences: every stage at
+every TTT depth. A test skips only when the trainer's package is not installed (``make install``
+installs both); none needs a server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from specdiff.demo.data import load_sequences  # noqa: E402
+from specdiff.replay.diff.compare import blocks  # noqa: E402
+from specdiff.replay.diff.pipeline import diff_traces  # noqa: E402
+from specdiff.replay.diff.report import render_text  # noqa: E402
+from specdiff.replay.record.record_train import load_train_side  # noqa: E402
+from specdiff.replay.record.replayer import TrainReplayer  # noqa: E402
+from specdiff.replay.record.sequences import TrainSequence  # noqa: E402
+from specdiff.replay.trainers import registry  # noqa: E402
+from specdiff.replay.trainers.registry import TRAINERS, load_trainer_draft, trainer_version  # noqa: E402
+from specdiff.replay.trainers.speculators import ROPE_POSITION_OFFSET  # noqa: E402
+from specdiff.tracer.store import open_trace  # noqa: E402
+from specdiff.tui.cmd_record_train import TRAINER_NAMES  # noqa: E402
+
+torch.set_num_threads(2)
+STEPS = 3
+STAGES = ("tokens", "positions", "hidden_in", "attn_in", "hidden_out", "logits")
+#: fp32: the two forwards differ only in summation order (measured: max |diff| <= 1e-6 of the stage's scale)
+FP32_REL = 1e-5
+
+
+def _need(name: str) -> None:
+    if trainer_version(name) is None:
+        pytest.skip(f"{name} is not installed ({TRAINERS[name].pip}; make install does it)")
+
+
+@pytest.fixture(scope="module")
+def fp32_side(repo_models):
+    """The reference train side in fp32, and one right-padded batch of six shipped sequences of
+    different lengths (40 .. 15 tokens: padding and its masks are exercised), target captured."""
+    side = load_train_side(repo_models / "target", repo_models / "draft", steps=STEPS, dtype="float32",
+                           probe_positions=0)
+    seqs = [TrainSequence(np.asarray(t[: 40 - 5 * i], np.int64), 4)
+            for i, t in enumerate(load_sequences(repo_models / "data")[:6])]
+    ids, lengths = TrainReplayer.pad(seqs)
+    cap, _ = side.replayer.forward(ids, lengths)
+    return side, ids, lengths, cap
+
+
+def _scaled_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["specforge", "speculators"])
+def test_trainer_forward_equals_reference_at_every_stage_and_depth(fp32_side, repo_models, trainer):
+    _need(trainer)
+    side, ids, lengths, cap = fp32_side
+    draft = load_trainer_draft(trainer, target_dir=repo_models / "target", loaded=side.loaded, dtype=torch.float32,
+                               device="cpu", aux_hf_indices=side.aux.hf_indices)
+    out = draft.ttt_forward(cap.aux_cat, ids, STEPS, lengths=lengths)
+    offset = draft.variants.get("rope_position_offset", 0)
+    ref = side.loaded.model.ttt_forward(cap.aux_cat, ids, STEPS, lengths=lengths)
+    # the embedding both use is the target's (speculators' loader alone can leave it uninitialised)
+    assert torch.equal(draft.model.embed_tokens.weight.float(), side.loaded.model.embed_tokens.weight.float())
+    v0 = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+    for name in ("fc_in", "fc_out"):
+        err = _scaled_err(getattr(out, name)[v0], getattr(ref, name)[v0])
+        assert err <= FP32_REL, f"{trainer} {name}: {err:.2e}"
+    for k in range(STEPS):
+        v = ref.valid[k]
+        assert torch.equal(out.valid[k], v)
+        assert torch.equal(out.tokens[k][v], ref.tokens[k][v]), f"{trainer} tokens depth {k}"
+        # the trainer's recorded variant, not a silent difference: its rope positions are the reference's + offset
+        assert torch.equal(out.positions[k][v], ref.positions[k][v] + offset), f"{trainer} positions depth {k}"
+        for name in ("hidden_in", "attn_in", "hidden_out", "logits"):
+            err = _scaled_err(getattr(out, name)[k][v], getattr(ref, name)[k][v])
+            assert err <= FP32_REL, f"{trainer} {name} depth {k}: {err:.2e}"
+        assert torch.equal(out.logits[k][v].argmax(-1), ref.logits[k][v].argmax(-1))
+
+
+@pytest.mark.slow
+def test_speculators_offset_is_its_only_difference(fp32_side, repo_models):
+    """speculators rotates at t + k + 1 (models/eagle3/data.py:35); the reference given that offset
+    computes the same values too (rope is relative: the offset moves no attention score beyond fp32
+    noise)."""
+    _need("speculators")
+    side, ids, lengths, cap = fp32_side
+    draft = load_trainer_draft("speculators", target_dir=repo_models / "target", loaded=side.loaded,
+                               dtype=torch.float32, device="cpu", aux_hf_indices=side.aux.hf_indices)
+    assert draft.variants == {"rope_position_offset": ROPE_POSITION_OFFSET}
+    out = draft.ttt_forward(cap.aux_cat, ids, STEPS, lengths=lengths)
+    ref = side.loaded.model.ttt_forward(cap.aux_cat, ids, STEPS, lengths=lengths, position_offset=ROPE_POSITION_OFFSET)
+    for k in range(STEPS):
+        v = ref.valid[k]
+        assert torch.equal(out.positions[k][v], ref.positions[k][v])
+        assert _scaled_err(out.logits[k][v], ref.logits[k][v]) <= FP32_REL
+
+
+@pytest.fixture(scope="module")
+def recorded(repo_models, tmp_path_factory, run_cli):
+    """``record train`` of the seed serving trace's sequences (bf16, the serving dtype) by each
+    installed trainer, through the CLI: trainer name -> (trace path, CLI result)."""
+    out = tmp_path_factory.mktemp("trainers")
+    seed = repo_models.parent / "examples" / "seed" / "serve.trace"
+    traces = {}
+    for name in TRAINER_NAMES:
+        if TRAINERS[name] is not None and trainer_version(name) is None:
+            continue
+        path = out / f"{name}.trace"
+        res = run_cli("record", "train", "--target", repo_models / "target", "--draft", repo_models / "draft",
+                      "--replay", seed, "-o", path, "--trainer", name)
+        traces[name] = (path, res)
+    return traces
+
+
+@pytest.mark.slow
+def test_specforge_training_trace_has_no_divergence_from_the_reference(recorded):
+    _need("specforge")
+    (sf, res), (ref, _) = recorded["specforge"], recorded["specdiff"]
+    assert res.exit_code == 0, res.output
+    assert "Set draft model" not in res.stdout  # SpecForge's print goes to stderr: stdout is the report
+    c = open_trace(str(sf)).contract
+    assert (c["trainer"], c["trainer_version"], c["engine"]) == ("specforge", trainer_version("specforge"), "specforge")
+    assert c["trainer_class"].endswith("LlamaForCausalLMEagle3") and c["trainer_variants"] == {}
+    report = diff_traces(str(sf), str(ref), narrow=False)
+    assert report.first is None, report.first.name
+    assert set(report.comparisons) >= {"draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.attn_in",
+                                       "draft.positions", "draft.hidden_out", "draft.logits_topk.values",
+                                       "draft.logsumexp", "draft.topk_target"}
+    assert not any(t.diverged for t in report.comparisons.values())
+
+
+@pytest.mark.slow
+def test_speculators_training_trace_differs_from_the_reference_only_by_its_rope_offset(recorded, monkeypatch):
+    """speculators' bf16 training (fp32 weights under autocast, train/trainer.py:539-545) against the
+    reference's bf16: every value stage within the pair's tolerance; draft.positions agrees once the
+    recorded variant (rope positions + 1, compare/blocks.py RECORDED_SHIFTS) is removed, and the
+    report says it was."""
+    _need("speculators")
+    (sp, res), (ref, _) = recorded["speculators"], recorded["specdiff"]
+    assert res.exit_code == 0, res.output
+    c = open_trace(str(sp)).contract
+    assert (c["trainer"], c["engine"]) == ("speculators", "speculators")
+    assert c["trainer_variants"]["rope_position_offset"] == 1
+    assert "autocast" in c["trainer_variants"]["compute"]
+    assert any("rope positions start at 1" in n for n in c["notes"])
+    report = diff_traces(str(sp), str(ref), narrow=False)
+    assert report.first is None, report.first.name
+    positions = report.comparisons["draft.positions"]
+    assert positions.stats["recorded_shift"] == [1, 0] and positions.stats["match_rate"] == 1.0, positions.stats
+    assert "draft.positions" in render_text(report) and "recorded shifts +1/+0 removed" in render_text(report)
+    # read without the recorded fact, the same rows are the position_offset mistake: the shift was all
+    monkeypatch.setattr(blocks, "RECORDED_SHIFTS", {})
+    report = diff_traces(str(sp), str(ref), narrow=False)
+    assert report.first is not None and report.first.name == "draft.positions"
+    assert [e.cause for e in report.explanations][:1] == ["position_offset"]
+
+
+def test_missing_trainer_package_is_one_line_naming_the_pip_command(run_cli, repo_models, tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "trainer_version", lambda name: None)
+    out = tmp_path / "t.trace"
+    res = run_cli("record", "train", "--target", repo_models / "target", "--draft", repo_models / "draft",
+                  "--prompts", tmp_path / "p.jsonl", "-o", out, "--trainer", "speculators")
+    assert res.exit_code == 2, res.output
+    assert "pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_cli_trainer_names_are_the_registry():
+    assert TRAINER_NAMES == tuple(TRAINERS)
+
+
+@pytest.mark.slow
+def test_specforge_loop_is_online_eagle3_model_forward(fp32_side, repo_models):
+    """The loop ``SpecForgeDraft.ttt_forward`` runs (without SpecForge's triton loss) records exactly
+    what SpecForge's own ``OnlineEagle3Model.forward`` computes (algorithms/eagle3/model.py:244-443),
+    its loss and metric terms stubbed out (they need a GPU; no stage depends on them)."""
+    _need("specforge")
+    from specforge.algorithms.eagle3.model import OnlineEagle3Model
+    from specforge.utils import padding
+
+    from specdiff.replay.trainers import specforge as sf
+    from specdiff.replay.trainers.stages import StageHooks
+
+    side, ids, lengths, cap = fp32_side
+    draft = load_trainer_draft("specforge", target_dir=repo_models / "target", loaded=side.loaded,
+                               dtype=torch.float32, device="cpu")
+    mine = draft.ttt_forward(cap.aux_cat, ids, STEPS, lengths=lengths)
+    online = OnlineEagle3Model(draft.model, length=STEPS, attention_backend="sdpa")
+    zero = torch.zeros(())
+    online._acc_and_loss = lambda **_: (zero,) * 7
+    B, T = ids.shape
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    hooks = StageHooks(draft.model, sf._PATHS, positions=("midlayer.self_attn", sf._rope_positions))
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"), hooks:
+        online(input_ids=padding(ids, left=False), attention_mask=mask, loss_mask=mask.long()[..., None],
+               target=torch.zeros(B, T, side.loaded.config.vocab_size), hidden_states=cap.aux_cat.float())
+    real = hooks.output(lengths, draft.d2t)
+    assert torch.equal(mine.fc_in, real.fc_in) and torch.equal(mine.fc_out, real.fc_out)
+    for name in STAGES:
+        for k, (a, b) in enumerate(zip(getattr(mine, name), getattr(real, name), strict=True)):
+            v = mine.valid[k]
+            assert torch.equal(a[v], b[v]), f"{name} depth {k}"
+
+
+@pytest.mark.slow
+def test_speculators_format_draft_recorded_by_speculators_and_by_the_reference(repo_models, tmp_path, run_cli):
+    """The shipped draft written in speculators' own format by speculators' converter
+    (convert/eagle/eagle3_converter.py), then recorded by speculators (loaded directly, no conversion)
+    and by the reference: the same values but the recorded rope offset; speculators' config is in the
+    contract (trainer_config)."""
+    _need("speculators")
+    from loguru import logger
+    from speculators.convert.eagle.eagle3_converter import Eagle3Converter
+
+    logger.disable("speculators")
+    draft = tmp_path / "speculators-draft"
+    Eagle3Converter().convert(str(repo_models / "draft"), str(draft), base_model=str(repo_models / "target"),
+                              validate=False, eagle_aux_hidden_state_layer_ids=[1, 3, 6])
+    seed = repo_models.parent / "examples" / "seed" / "serve.trace"
+    traces = {}
+    for name in ("speculators", "specdiff"):
+        traces[name] = tmp_path / f"{name}.trace"
+        res = run_cli("record", "train", "--target", repo_models / "target", "--draft", draft, "--replay", seed,
+                      "-o", traces[name], "--trainer", name)
+        assert res.exit_code == 0, res.output
+    c = open_trace(str(traces["speculators"])).contract
+    assert c["draft_format"] == "speculators"
+    cfg = c["trainer_config"]
+    assert (cfg["algorithm"], cfg["speculative_tokens"], cfg["verifier"]) == ("eagle3", 3, str(repo_models / "target"))
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 3, 6] and cfg["norm_before_residual"] is False
+    report = diff_traces(str(traces["speculators"]), str(traces["specdiff"]), narrow=False)
+    assert not any(t.diverged for t in report.comparisons.values()), report.first
+    assert report.comparisons["draft.positions"].stats["recorded_shift"] == [1, 0]
+
+
+def test_specforge_refuses_a_draft_its_class_cannot_hold_in_one_line(fp32_side, repo_models):
+    """SpecForge's draft has a 3-slot fc, no input_norm and a pre-norm residual
+    (llama3_eagle.py:1625, 1654-1700): such a draft is refused naming each reason, not loaded into a
+    model that would compute something else."""
+    _need("specforge")
+    import dataclasses
+
+    from specdiff.replay.record.errors import RecordTrainError
+
+    side = fp32_side[0]
+    cfg = dataclasses.replace(side.loaded.config, norm_before_fc=True, norm_before_residual=True)
+    loaded = dataclasses.replace(side.loaded, config=cfg)
+    with pytest.raises(RecordTrainError) as e:
+        load_trainer_draft("specforge", target_dir=repo_models / "target", loaded=loaded, dtype=torch.float32,
+                           device="cpu")
+    msg = str(e.value)
+    assert "norm_before_fc" in msg and "norm_before_residual" in msg and "\n" not in msg
+
+
+@pytest.mark.slow
+def test_two_trainers_traces_differ_in_no_contract_fact_for_their_trainer_facts(recorded):
+    """trainer / trainer_version / trainer_class / trainer_config / trainer_variants are provenance
+    (replay/diff/facts.py NOT_COMPARED): what they change is compared as the stages (draft.positions)."""
+    _need("specforge")
+    _need("speculators")
+    report = diff_traces(str(recorded["specforge"][0]), str(recorded["speculators"][0]), narrow=False)
+    assert report.contract == [], report.contract
+    assert report.first is None and report.comparisons["draft.positions"].stats["recorded_shift"] == [0, 1]
