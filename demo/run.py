@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -237,9 +238,13 @@ def record_train(*, models: Path, serve_trace: Path, out: Path, draft: Path | No
 
 
 def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompts: int, max_new_tokens: int,
-             view: Callable[[str, str], None] | None, family: str = "llama", engine: str = "sglang") -> int:
+             view: Callable[[str, str], None] | None, family: str = "llama", engine: str = "sglang",
+             fix_step: Callable[[Any, Path], tuple[bool, dict]] | None = None) -> int:
     """Run every phase; returns the exit code: 0 when the demo found what the scenario seeded
     (its expected first divergence and cause, or no divergence for ``correct``), 1 when not.
+    ``fix_step(report, workdir) -> (verified, summary)``: then write ``specdiff fix``'s corrected draft
+    and re-serve it (``specdiff demo --verify-fix`` passes verify_fix.py ``demo_fix``; SGLang only);
+    0 also needs the fix verified. A parameter, not an import: verify_fix.py builds on this module.
 
     ``family``: the target family (``demo_models.families.FAMILIES``); its pair is ``models``
     (default :func:`family_models_dir`) and the scenario's ids come from that target's SGLang rule
@@ -258,9 +263,11 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
     from specdiff.replay.diff.report import render_text
 
     vllm_py = check_engine(engine, family)  # first: its one-line error for an unknown engine
+    if fix_step is not None and engine != "sglang":
+        raise DemoError("--verify-fix re-serves the fix on a CPU SGLang server: use --engine sglang")
     sc = scenario_for(scenario, engine)
     spec = engine_spec(engine)
-    n = 5
+    n = 5 if fix_step is None else 6
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     models = family_models_dir(family) if models is None else models
@@ -322,5 +329,13 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
         click.echo("")
         click.echo(render_text(report))
     click.echo("")
+    if fix_step is not None:
+        _phase(6, n, "fix", f"specdiff fix into {workdir / 'fixed-draft'}, served again (minutes)")
+        fixed, summary["fix"] = fix_step(report, workdir)
+        if found and not fixed:
+            line += "; the fix it wrote did not verify (above)"
+        found = found and fixed
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        click.echo("")
     click.echo(click.style(line, bold=True, fg="green" if found else "red"))
     return 0 if found else 1

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specdiff.demo.run import DemoError, record_train, serve_and_trace
 
-__all__ = ["Verdict", "verify_fix"]
+__all__ = ["Verdict", "demo_fix", "verify_fix"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,13 @@ class Verdict:
                 "accept_length_after": self.after, "accept_length_training": self.training,
                 "accept_length_estimate": self.estimate,
                 "first_divergence": self.first, "cause": self.cause, "traces": list(self.traces)}
+
+
+#: causes whose fix re-expresses the trained weights in serving's layout (replay/fix/plan.py
+#: ``_aux_permutation``: fc's column blocks reordered to the serving concat order): the training side
+#: of the verification is the fixed draft in serving's order, which computes what training computed;
+#: the trained draft in its own order would differ slot by slot at target.aux.* by construction
+REEXPRESSED = {"aux_slot_permutation"}
 
 
 def _path(trace, fact: str) -> Path:
@@ -122,13 +129,17 @@ def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None) -> 
         import shutil
 
         shutil.rmtree(new_serve)
+    trained = _path(train, "draft_name")
     order = known(train.contract, "aux_concat_order") or known(train.contract, "aux_hf_indices")
+    if cause in REEXPRESSED:  # the fixed draft computes what training did, in serving's concat order
+        trained = fixed
+        order = known(serve.contract, "aux_concat_order") or known(serve.contract, "aux_hf_indices")
     extra = ["--aux-layers", ",".join(str(int(i)) for i in order), "--aux-convention", "hf"] if order else []
     with contextlib.redirect_stdout(sys.stderr):  # the demo phases' progress lines: stdout is the verdict (JSON)
         serve_and_trace(models=target.parent, target=target, served_draft=fixed, trace=new_serve, prompts=prompts,
                         max_new_tokens=new_tokens, log_path=workdir / "server.log", spec=spec)
         record_train(models=target.parent, target=target, serve_trace=new_serve, out=new_train,
-                     draft=_path(train, "draft_name"), extra=extra)
+                     draft=trained, extra=extra)
     after = diff_traces(str(new_train), str(new_serve))
     before_acc = report.acceptance.y if traces.y is serve else report.acceptance.x
     acc = after.acceptance
@@ -147,3 +158,31 @@ def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None) -> 
     now = next((e.cause for e in after.explanations), None)
     return Verdict(False, f"fix not enough: first divergence now at {first}" + (f" ({now})" if now else "")
                    + f"; {accept}", b, a, t, est, first, now, paths)
+
+
+def demo_fix(report, workdir: Path) -> tuple[bool, dict]:
+    """``specdiff demo --verify-fix``: ``specdiff fix`` on the demo's ``report`` into
+    ``workdir / "fixed-draft"`` (replaced if there), then :func:`verify_fix` into
+    ``workdir / "fix-verify"``; prints the change and the verdict line. Returns (verified, what
+    happened as JSON). A cause with no mechanical fix is said in one line (verified False).
+
+    Raises:
+        DemoError: as :func:`verify_fix`.
+    """
+    from specdiff.replay.fix.plan import NoMechanicalFix, plan_fix
+    from specdiff.replay.fix.write import change_json, change_text, write_fix
+
+    try:
+        plan = plan_fix(report)
+    except NoMechanicalFix as e:
+        print(f"    {e}")
+        return False, {"refused": str(e)}
+    if plan is None:
+        print("    nothing to fix: the traces agree within tolerance")
+        return True, {"cause": None}
+    out = workdir / "fixed-draft"
+    write_fix(plan, out, overwrite=True)
+    print("\n".join(f"    {line}" for line in change_text(plan, out).splitlines()))
+    verdict = verify_fix(report, out, workdir / "fix-verify", cause=plan.cause)
+    print(f"    {verdict.line}")
+    return verdict.verified, {**change_json(plan, out), "verify": verdict.to_json()}

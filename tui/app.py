@@ -22,6 +22,7 @@ from textual.widgets import DataTable, Footer, Input, ProgressBar, Sparkline, St
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tui import keys, panes
 from specdiff.tui.commands import PRESETS, SpecdiffCommands
+from specdiff.tui.fix_actions import FixActions
 from specdiff.tui.grid import PipelineGrid, legend
 from specdiff.tui.messages import DiffEarly, DiffFailed, DiffPartial, DiffProgress, DiffReady
 from specdiff.tui.screens import ErrorScreen, ExportScreen, HelpScreen
@@ -42,7 +43,7 @@ EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 # ---- the app ---------------------------------------------------------------------------------
-class SpecdiffApp(App):
+class SpecdiffApp(FixActions, App):
     """Two traces, aligned and compared by the diff engine, shown as a pipeline grid."""
 
     TITLE = "specdiff"

@@ -44,7 +44,11 @@ def _scenarios_epilog(width: int = 78) -> str:
                    "id k = HF k); off-by-one is an SGLang-format draft, which crashes vLLM at the first request.")
 @click.option("--prompts", type=click.IntRange(1, 64), default=8, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(8, 512), default=96, show_default=True)
-def demo(scenario, no_tui, workdir, family, models, engine, prompts, max_new_tokens):
+@click.option("--verify-fix", is_flag=True,
+              help="Then close the loop: write what `specdiff fix` writes for the cause found into "
+                   "WORKDIR/SCENARIO/fixed-draft, serve it again (SGLang) and print the verdict "
+                   "(\"fix verified: no divergence; accept length ...\"). Exit 0 only when it verified.")
+def demo(scenario, no_tui, workdir, family, models, engine, prompts, max_new_tokens, verify_fix):
     """Watch specdiff find a training-vs-serving mismatch in a real SGLang server (CPU, ~2 minutes).
 
     "--family deepseek_v3 --scenario seed" replays the motivating bug on its own architecture
@@ -70,7 +74,14 @@ def demo(scenario, no_tui, workdir, family, models, engine, prompts, max_new_tok
         raise SpecdiffError(f"--workdir {workdir}: cannot create {workdir / sub} ({e.strerror})") from None
     sys.exit(run_demo(scenario=scenario, workdir=workdir / sub, models=models, prompts=prompts,
                       max_new_tokens=max_new_tokens, view=_open_app if tui else None, family=family,
-                      engine=engine))
+                      engine=engine, fix_step=_fix_step() if verify_fix else None))
+
+
+def _fix_step():
+    """``--verify-fix``'s step (imported here: the CLI starts without the demo's server code)."""
+    from specdiff.demo.verify_fix import demo_fix
+
+    return demo_fix
 
 
 def _open_app(trace_a: str, trace_b: str) -> None:

@@ -43,6 +43,9 @@ COMMANDS = (
     *(Command(f"Tolerance preset: {name}", f"re-run the diff with the {name} preset ({what})",
               f"set_preset('{name}')") for name, what in PRESETS.items()),
     Command("Open explanation", "focus the Explain pane: the cause, its evidence and the fix", "explain"),
+    Command("Write the fix", "a corrected copy of the served draft for the cause found (what `specdiff fix` "
+            "writes), into a folder you choose", "write_fix"),
+    Command("Verify the fix", "serve the written fix again, record and diff both sides (minutes)", "verify_fix"),
     Command("Toggle draft depths", "depth 0 only, or every draft depth as a sub-row", "depths"),
     Command("Filter tensors by name", "show only the grid rows whose tensor name contains a text", "filter"),
     Command("Show all keys", "every key of the app and what it does", "help"),

@@ -44,6 +44,12 @@ BINDINGS = [
                     "you choose (at first, under the first trace's folder)"),
     Binding("x", "explain", "explain", show=False,
             tooltip="open the explanation: focus the Explain pane (cause, evidence, fix), from its top"),
+    Binding("w", "write_fix", "write fix", show=False,
+            tooltip="write the fix of the first divergence's cause (what `specdiff fix` writes: a corrected copy "
+                    "of the served draft) into a new folder you choose"),
+    Binding("v", "verify_fix", "verify fix", show=False,
+            tooltip="serve the fix w wrote on a CPU SGLang server with the recorded prompts, record and diff both "
+                    "sides again (minutes); the verdict replaces the verdict line"),
     Binding("question_mark", "help", "keys", tooltip="this list of every key"),
     Binding("escape", "back", "back", show=False, tooltip="back to the grid (and clear the filter)"),
     Binding("q", "quit_app", "quit", tooltip="quit (exit code 1 when the traces diverge, else 0)"),

@@ -1,5 +1,5 @@
 """The app's screens besides the main one: bad input (``ErrorScreen``), every key (``HelpScreen``,
-its text built from the bindings by ``keys.keys_help``) and where an export goes (``ExportScreen``).
+its text built from the bindings by ``keys.keys_help``) where an export goes (``ExportScreen``) and where a fix goes (``FolderScreen``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from textual.widgets import Footer, Input, Static
 
 from specdiff.tui.view import Sel
 
-__all__ = ["ErrorScreen", "HelpScreen", "ExportScreen"]
+__all__ = ["ErrorScreen", "ExportScreen", "FolderScreen", "HelpScreen"]
 
 class ErrorScreen(Screen):
     """Bad input: the SpecdiffError text, no traceback; quitting exits with code 2."""
@@ -59,33 +59,42 @@ class HelpScreen(ModalScreen):
             yield Static(self.body, id="help")
 
 
-class ExportScreen(ModalScreen[str | None]):
-    """Where ``e`` writes: a folder to edit (enter exports into a new subfolder, escape cancels)."""
+class FolderScreen(ModalScreen[str | None]):
+    """A folder to edit under a one-line ``prompt`` (enter gives it, escape cancels: None); the
+    input's id is ``input_id``."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
     DEFAULT_CSS = """
-    ExportScreen { align: center middle; }
-    #export-box { width: 90%; max-width: 110; height: auto; border: round $primary; padding: 0 1;
+    FolderScreen { align: center middle; }
+    #folder-box { width: 90%; max-width: 110; height: auto; border: round $primary; padding: 0 1;
                   background: $surface; }
     """
 
-    def __init__(self, root: Path, sel: Sel):
+    def __init__(self, prompt: str, folder: Path, input_id: str):
         super().__init__()
-        self.root, self.sel = root, sel
+        self.prompt, self.folder, self.input_id = prompt, folder, input_id
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="export-box"):
-            yield Static(f"export {self.sel.name} seq {self.sel.pair} pos {self.sel.pos} depth {self.sel.depth} "
-                         "into a new subfolder of (enter exports, escape cancels):")
-            yield Input(str(self.root), id="export-dir")
+        with Vertical(id="folder-box"):
+            yield Static(self.prompt)
+            yield Input(str(self.folder), id=self.input_id)
 
     def on_mount(self) -> None:
-        self.query_one("#export-dir", Input).focus()
+        self.query_one(Input).focus()
 
-    @on(Input.Submitted, "#export-dir")
+    @on(Input.Submitted)
     def _submitted(self, msg: Input.Submitted) -> None:
         self.dismiss(msg.value.strip() or None)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class ExportScreen(FolderScreen):
+    """Where ``e`` writes: a folder to edit (enter exports into a new subfolder, escape cancels)."""
+
+    def __init__(self, root: Path, sel: Sel):
+        super().__init__(f"export {sel.name} seq {sel.pair} pos {sel.pos} depth {sel.depth} into a new subfolder "
+                         "of (enter exports, escape cancels):", root, "export-dir")
+        self.root, self.sel = root, sel
 

@@ -46,3 +46,26 @@ def test_the_seed_fix_verifies_with_no_divergence_and_the_trained_acceptance(tmp
         assert Path(path).parent == tmp_path / "fixed-verify"
         t = open_trace(path)
         assert t.closed and len(t.sequences) == 3, (path, len(t.sequences))
+
+
+@pytest.mark.anyio
+async def test_the_apps_v_serves_the_fix_w_wrote_and_shows_the_verdict(tmp_path, tui):
+    """The app's fix panel actions (tui/fix_actions.py): ``w`` into a chosen folder, ``v`` re-serves it in
+    a worker (the CLI's verify_fix) and the verdict line says the divergence is gone."""
+    from specdiff.tui.app import SpecdiffApp
+
+    app = SpecdiffApp(str(SEED / "train.trace"), str(SEED / "serve.trace"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await tui.wait_for(pilot, tui.ready(app))
+        await pilot.press("w")
+        await tui.wait_for(pilot, lambda: app.screen.query("#fix-dir"))
+        app.screen.query_one("#fix-dir").value = str(tmp_path / "fixed")
+        await pilot.press("enter")
+        await tui.wait_for(pilot, lambda: app.fixed is not None)
+        await pilot.press("v")
+        assert "verifying the fix" in tui.static_text(app, "#verdict")
+        await tui.wait_for(pilot, lambda: getattr(app, "verdict", None) is not None, timeout=600)
+        await pilot.pause()
+        assert app.verdict.verified, app.verdict.line
+        assert tui.static_text(app, "#verdict").startswith("fix verified: no divergence; accept length ")
+    assert (tmp_path / "fixed-verify" / "serve.trace").exists()

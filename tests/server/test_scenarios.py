@@ -28,13 +28,20 @@ if not (REPO_MODELS / "draft" / "config.json").exists():
 
 _RUNS: dict[str, tuple[subprocess.CompletedProcess, dict, Path]] = {}
 
+#: scenarios whose demo run closes the loop too (``--verify-fix``, issue 32): one of each kind of fix
+#: beyond the seed's aux ids (tests/server/test_fix_verify.py): a tensor (d2t), a config flag (the
+#: norm), fc's column blocks (the concat order); each scenario's xdist group
+VERIFY_FIX = {"d2t-direct": "scenarios-ids", "norm-before-fc": "scenarios-d2t-norm", "aux-order": "scenarios-aux-order"}
+
 
 def run_demo(scenario: str, tmp_root: Path):
-    """`specdiff demo --scenario S --no-tui` once per scenario; (process, summary.json, workdir)."""
+    """`specdiff demo --scenario S --no-tui` once per scenario (with ``--verify-fix`` for those of
+    ``VERIFY_FIX``); (process, summary.json, workdir)."""
     if scenario not in _RUNS:
         proc = subprocess.run([sys.executable, "-m", "specdiff.tui", "demo", "--scenario", scenario, "--no-tui",
-                               "--workdir", str(tmp_root), "--prompts", "6", "--max-new-tokens", "96"],
-                              capture_output=True, text=True, timeout=900)
+                               "--workdir", str(tmp_root), "--prompts", "6", "--max-new-tokens", "96",
+                               *(["--verify-fix"] if scenario in VERIFY_FIX else [])],
+                              capture_output=True, text=True, timeout=1200)
         workdir = tmp_root / scenario
         summary_path = workdir / "summary.json"
         assert summary_path.exists(), f"demo {scenario} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -179,3 +186,20 @@ def test_aux_concat_order_permutation_is_explained_as_a_permutation(demo_root):
     assert "permut" in f"{first['cause']} {first['message']}".lower(), first
     # no advice to set ids the config already has (SGLang ignores their order)
     assert "[5, -1, 2]" not in first.get("fix", ""), first
+
+
+@pytest.mark.parametrize("scenario", [pytest.param(s, marks=pytest.mark.xdist_group(g)) for s, g in VERIFY_FIX.items()])
+def test_demo_verify_fix_writes_the_fix_serves_it_and_the_divergence_is_gone(demo_root, scenario):
+    """``specdiff demo --verify-fix``: the cause found is fixed in a copy of the served draft (what
+    ``specdiff fix`` writes), served again with the same prompts, both sides recorded again: no
+    divergence, and serving accepts what the training side does."""
+    proc, summary, workdir = run_demo(scenario, demo_root)
+    fix = summary["fix"]
+    assert "refused" not in fix, fix
+    v = fix["verify"]
+    assert v["verified"] is True and v["line"].startswith("fix verified: no divergence; accept length "), v
+    assert proc.returncode == 0 and v["line"] in proc.stdout, proc.stdout[-3000:]
+    assert fix["cause"] == summary["report"]["explanations"][0]["cause"], (fix["cause"], summary["report"]["explanations"])
+    assert abs(v["accept_length_after"] - v["accept_length_training"]) <= 0.2, v
+    assert v["accept_length_after"] >= v["accept_length_before"], v
+    assert (workdir / "fixed-draft" / "config.json").exists()
