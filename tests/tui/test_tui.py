@@ -260,6 +260,11 @@ def snapshot_app(aux_traces):
 def until_ready(tui):
     async def run_before(pilot):
         await tui.wait_for(pilot, tui.ready(pilot.app))
+        # under load (CI's 2 busy workers) one 80x24 snapshot caught a frame before the last
+        # layout pass: let the diff worker finish and two refreshes run before the screenshot
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        await pilot.pause()
 
     return run_before
 
@@ -347,6 +352,11 @@ def test_shipped_pair_snapshot_shows_the_fix(snap_compare, until_ready, size):
 def test_shipped_pair_snapshot_shows_the_layer_match_table(snap_compare, tui):
     async def run_before(pilot):
         await tui.wait_for(pilot, tui.ready(pilot.app))
+        # under load (CI's 2 busy workers) one 80x24 snapshot caught a frame before the last
+        # layout pass: let the diff worker finish and two refreshes run before the screenshot
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        await pilot.pause()
         _scroll_explain_to_the_table(pilot.app, tui)
         await pilot.pause()
 
