@@ -153,6 +153,8 @@ class Trace(TraceReader):
             src = data if column == "data" else keys[column]
             # A copy: the tail is this trace's own (maybe read-only) buffer, not the caller's to change.
             parts.append(src[max(start - done, 0):stop - done].copy())
+        if not parts:  # no rows asked for (a tensor written with none, or start == stop)
+            return self._empty(name, column)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def take(self, name: str, rows: np.ndarray, *, column: str = "data") -> np.ndarray:

@@ -278,3 +278,18 @@ def test_info_reports_a_cut_off_trace(tmp_path, run_cli):
     proc.wait()
     out = run_cli("info", str(path)).stdout
     assert "CUT OFF: the writer did not close it" in out and "records 7" in out
+
+
+def test_a_tensor_written_with_no_rows_reads_as_empty(tmp_path):
+    """A tensor appended with 0 rows is in the layout: reading it (data, keys, an empty range) gives
+    [0, *shape] / [0], not numpy's 'need at least one array to concatenate' (found by the recorder's
+    device test when a capture's rows were all skipped)."""
+    path = str(tmp_path / "e.trace")
+    with TraceWriter(path, side="serve", overwrite=True) as w:
+        w.append("target.aux.0", torch.zeros(0, 8, dtype=torch.bfloat16), seq=0, pos=np.arange(0))
+        w.append("target.aux.1", torch.ones(3, 8, dtype=torch.bfloat16), seq=0, pos=np.arange(3))
+    t = open_trace(path)
+    assert t.rows("target.aux.0") == 0
+    assert t.read("target.aux.0").shape == (0, 8) and t.keys("target.aux.0")["seq"].shape == (0,)
+    assert t.read("target.aux.1", 2, 2).shape == (0, 8)
+    assert t.read("target.aux.1").shape == (3, 8)
