@@ -82,6 +82,8 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "rope_theta": (_num, "rope base of the draft's attention"),
     "rope_scaling": ((dict, type(None)), "rope scaling of the draft's attention (rope_scaling_fact)"),
     "rope_style": ((str,), "'neox' (rotate halves) or 'gptj' (rotate interleaved pairs)"),
+    "draft_attention_window": ((list,), "per draft decoder layer: null (full attention) or {window W: the farthest key "
+                               "seen, distance: 'kv' | 'prefix', how it is counted} (eagle3/attention_window.py)"),
     "partial_rotary_factor": (_num, "fraction of each head's dims the draft's rope rotates (SGLang: rotary_dim / "
                                     "head_size of its rotary_emb, srt/models/llama.py:199-200)"),
     "embed_fingerprint": ((str,), "dtype-independent hash of the embedding the draft multiplies by (values rounded "

@@ -126,6 +126,13 @@ FACTS: tuple[FactRow, ...] = (
     FactRow("draft_config.hidden_act", "draft.hidden_out", "set hidden_act in the draft config to training's"),
     # ---- the target's config (its hash is target identity: a difference refuses the diff) -------------
     FactRow("target_config.*", "target.aux", _SAME_TARGET),
+    FactRow("draft_attention_window", "draft.hidden_out", "serve the draft with the attention window it was trained "
+            "with: SGLang 0.5.23 takes it only from --speculative-draft-window-size W (every draft layer; W = the "
+            "config's sliding_window - 1) and ignores the draft config's layer_types / sliding_window "
+            "(llama_eagle3.py:286-299); a window trained on some layers only, or by speculators' rule (the same "
+            "window over the prefix at every TTT step, where SGLang also counts the step's draft tokens: "
+            "eagle3/attention_window.py), is not what SGLang computes at depth >= 1: retrain with the served "
+            "rule or accept those rows"),
     # ---- the engine's options (engine_options: SGLang ServerArgs field names) -------------------------
     FactRow("engine_options.speculative_draft_window_size", "draft.hidden_out", "serve without "
             "--speculative-draft-window-size: the draft was trained attending to every earlier position, and SGLang's "

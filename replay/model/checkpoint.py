@@ -137,6 +137,26 @@ class LoadedDraft:
     notes: list[str] = field(default_factory=list)
     weight_fingerprints: dict[str, str] = field(default_factory=dict)
 
+    def serve_window(self, window: int) -> None:
+        """Compute the attention SGLang 0.5.23 serves with ``--speculative-draft-window-size window``:
+        every layer's window ``window`` counted over the KV sequence (eagle3/attention_window.py ``KV``,
+        llama_eagle3.py:286-299), in ``config`` and the model's config alike.
+
+        Raises:
+            CheckpointError: the draft config names windows of its own (``layer_types`` /
+                ``sliding_window``): one or the other, never the user's config rewritten.
+        """
+        from dataclasses import replace
+
+        from specdiff.eagle3.attention_window import KV
+
+        if self.config.attention_windows is not None:
+            raise CheckpointError(f"{self.path}: the draft config already gives attention windows "
+                                  f"{list(self.config.attention_windows)} (layer_types / sliding_window); drop "
+                                  "--draft-window, or record with a config without them")
+        self.config = self.model.config = replace(self.config, window_distance=KV,
+                                                  attention_windows=(int(window),) * self.config.num_hidden_layers)
+
     def contract_facts(self, num_layers: int | None = None) -> dict:
         """Contract facts (tracer.contract field names) of this draft; the aux capture is
         resolved to HF indices when the target's layer count ``num_layers`` is given."""

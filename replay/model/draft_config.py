@@ -30,7 +30,10 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdiff.eagle3.attention_window import DISTANCES, PREFIX, config_windows
 from specdiff.eagle3.norms import FORMATS, NORM_FLAGS, read_norm_flags, write_norm_flags
+from specdiff.replay.model.rope_config import LLAMA_DEFAULT as _LLAMA
+from specdiff.replay.model.rope_config import rope_params
 from specdiff.tracer.errors import SpecdiffError
 
 __all__ = ["Eagle3DraftConfig", "CheckpointError", "DraftConfigError", "detect_format", "FORMATS",
@@ -45,7 +48,6 @@ ROPE_TYPES = (None, "default", "linear", "llama3")
 #: the dims no engine fills in: absent = error
 _REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "num_hidden_layers")
 _PROVENANCE = ("source", "format", "defaults_used", "notes")
-_LLAMA = "transformers LlamaConfig default (SGLang builds the draft's config with it)"
 
 
 class CheckpointError(SpecdiffError):
@@ -122,6 +124,10 @@ class Eagle3DraftConfig:
         format: the layout it was read from (None = built in code).
         defaults_used: field -> {"value", "source"} for each computation field the file lacked.
         notes: plain-words remarks (keys an engine ignores, flags SGLang does not implement).
+        attention_windows: per decoder layer, the largest key distance its attention sees (None: full
+            attention), or None when no layer has a window; counted by ``window_distance`` ("prefix":
+            speculators' rule, "kv": SGLang's; eagle3/attention_window.py). From a file: the
+            ``layer_types`` / ``sliding_window`` keys (speculators' rule).
 
     Raises:
         DraftConfigError: a value the draft forward cannot compute with.
@@ -158,8 +164,17 @@ class Eagle3DraftConfig:
     format: str | None = None
     defaults_used: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    attention_windows: tuple | None = None
+    window_distance: str = PREFIX
 
     def __post_init__(self):
+        w = self.attention_windows
+        if w is not None and (len(w) != self.num_hidden_layers or not all(
+                x is None or (isinstance(x, int) and not isinstance(x, bool) and x >= 0) for x in w)):
+            self._fail("attention_windows", f"is {w!r}", f"give one window (an integer >= 0, or null) per layer "
+                       f"({self.num_hidden_layers})")
+        if self.window_distance not in DISTANCES:
+            self._fail("window_distance", f"is {self.window_distance!r}", f"give one of {', '.join(DISTANCES)}")
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                      "vocab_size", "draft_vocab_size", "num_aux", "target_hidden_size", "num_hidden_layers"):
             v = getattr(self, name)
@@ -352,6 +367,11 @@ class Eagle3DraftConfig:
         if fmt == "speculators" and flags["norm_before_fc"] and flags["fc_norm"]:
             notes.append("norm_before_fc and fc_norm are both true: speculators 0.9.0 refuses the pair "
                          "(models/eagle3/config.py:90-95); SGLang applies input_norm, then fc_norm")
+        try:
+            windows = config_windows(dims, dims["num_hidden_layers"])
+        except ValueError as e:
+            raise DraftConfigError(field=_key_path(fmt, "layer_types"), file=source, problem=str(e).split("; ")[0],
+                                   fix=str(e).split("; ", 1)[-1]) from None
         cfg = cls(hidden_size=hd, intermediate_size=dims["intermediate_size"], num_attention_heads=heads,
                   num_key_value_heads=kv, head_dim=head_dim, vocab_size=dims["vocab_size"], draft_vocab_size=dvs,
                   rms_norm_eps=eps, rope_theta=theta, rope_scaling=scaling, num_aux=num_aux,
@@ -362,7 +382,7 @@ class Eagle3DraftConfig:
                   rope_is_neox_style=dims.get("rope_is_neox_style", True), tie_word_embeddings=tied,
                   eagle_aux_hidden_state_layer_ids=None if ids is None else [int(i) for i in ids],
                   aux_convention=convention, source=source, format=fmt, defaults_used=defaults,
-                  notes=notes, **flags)
+                  notes=notes, attention_windows=windows, **flags)
         for name, entry in defaults.items():
             log.info("draft config default: %s = %r (%s)", name, entry["value"], entry["source"])
         return cfg
@@ -404,6 +424,13 @@ class Eagle3DraftConfig:
         if not self.rope_is_neox_style:
             dims["rope_is_neox_style"] = False
         dims["rope_scaling"] = self.rope_scaling
+        if self.attention_windows is not None:  # speculators' keys (attention_window.config_windows)
+            sizes = {w for w in self.attention_windows if w is not None}
+            if len(sizes) != 1:
+                self._fail("attention_windows", f"{self.attention_windows} has several sizes", "give every "
+                           "windowed layer one size (a config holds one sliding_window)")
+            dims["layer_types"] = ["full_attention" if w is None else "sliding_attention" for w in self.attention_windows]
+            dims["sliding_window"] = sizes.pop() + 1
         if fmt == "specforge":
             conf = {"architectures": [SPECFORGE_ARCH], **dims}
         else:
@@ -452,33 +479,6 @@ def _key_path(fmt: str, name: str) -> str:
     if name in ("draft_vocab_size", "target_hidden_size") or fmt == "specforge":
         return name
     return f"transformer_layer_config.{name}"
-
-
-def rope_params(d: dict, default=None) -> tuple[float, dict | None]:
-    """rope_theta / rope_scaling of a LlamaConfig dict (transformers 5 ``rope_parameters`` too);
-    an absent one takes transformers' value (10000, plain rope) through ``default(name, value,
-    why)`` when given (which records it)."""
-    if default is None:
-        def default(_name, value, _why):
-            return value
-    rp = d.get("rope_parameters") or {}
-    if d.get("rope_theta") is not None:
-        theta = d["rope_theta"]
-    elif rp.get("rope_theta") is not None:
-        theta = rp["rope_theta"]
-    else:
-        theta = default("rope_theta", 10000.0, _LLAMA)
-    if "rope_scaling" in d:
-        scaling = d["rope_scaling"]
-    elif rp:
-        scaling = dict(rp) if rp.get("rope_type", "default") != "default" else None
-    else:
-        scaling = default("rope_scaling", None, f"plain rope ({_LLAMA})")
-    try:
-        theta = float(theta)
-    except (TypeError, ValueError):
-        pass  # Eagle3DraftConfig refuses it, naming the field
-    return theta, scaling
 
 
 def _check_ids(ids, *, field: str, source: str) -> None:

@@ -46,6 +46,8 @@ SpecForge / speculators train it. Every convention below names its source:
   depths 1..k (the "diagonal" entries, its own key included). Keys of depth i are rotated at
   t + i. This is exactly what SGLang's KV cache holds when drafting: prefix positions written
   by draft-extend (depth 0) plus the chain of draft tokens at positions t+1..t+k.
+- **windowed attention** (``config.attention_windows``): a layer with window W sees only the depth-0
+  keys within W of the query, counted by speculators' rule or SGLang's (eagle3/attention_window.py).
 
 Position pairing (DESIGN.md): row t at depth 0 consumes (h_t, x_{t+1}); at depth k the input
 token is x_{t+1+k} (teacher forcing) and the label is the target's argmax at position t+1+k.
@@ -60,6 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdiff.eagle3.attention_window import prefix_visible
 from specdiff.eagle3.norms import apply_fc_norms, fed_back_hidden
 from specdiff.eagle3.vocab_map import hot_token_ids
 from specdiff.replay.model.draft_config import Eagle3DraftConfig
@@ -337,17 +340,20 @@ class Eagle3Draft(nn.Module):
             v = v.repeat_interleave(rep, dim=1)
         return q, k, v
 
-    def _attend(self, q, k0, v0, diag_k, diag_v):
+    def _attend(self, q, k0, v0, diag_k, diag_v, window: int | None = None):
         """TTT attention (SpecForge llama3_eagle.py LlamaAttention, cache_hidden branch).
 
         q, k0, v0 [B,h,T,d]; diag_k/diag_v: lists of [B,h,T,d] keys/values of depths 1..k at the
-        same row. Scores over [causal depth-0 keys | diagonal keys], softmax in fp32.
+        same row. Scores over [causal depth-0 keys | diagonal keys], softmax in fp32. ``window``: the
+        layer's window W, the depth-0 keys counted by ``config.window_distance``
+        (attention_window.prefix_visible; the diagonal keys are always seen).
         """
         T = q.shape[2]
         scale = 1.0 / math.sqrt(q.shape[-1])
         s0 = (q @ k0.transpose(-1, -2)) * scale
-        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-        s0 = s0.masked_fill(causal, float("-inf"))
+        visible = prefix_visible(T, len(diag_k), window, self.config.window_distance, q.device)
+        hidden = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1) if visible is None else ~visible
+        s0 = s0.masked_fill(hidden, float("-inf"))
         extra = [((q * kd).sum(-1, keepdim=True) * scale) for kd in diag_k]
         p = torch.cat([s0, *extra], dim=-1).float().softmax(-1).to(q.dtype)
         out = p[..., :T] @ v0
@@ -390,6 +396,7 @@ class Eagle3Draft(nn.Module):
         res = {n: [] for n in ("tokens", "hidden_in", "positions", "attn_in", "hidden_out", "logits", "valid")}
         h = fc_out
         layers = self.decoder_layers()
+        windows = self.config.attention_windows or (None,) * len(layers)
         caches = [([], []) for _ in layers]  # per layer: its keys, values of depths 0..d
         for d in range(steps):
             tok = torch.full_like(input_ids, pad_id)
@@ -399,9 +406,9 @@ class Eagle3Draft(nn.Module):
             residual = m.hidden_norm(h) if self.config.norm_before_residual else h
             attn_in = torch.cat([m.input_layernorm(emb), m.hidden_norm(h)], dim=-1)
             pos = base_pos + d
-            out = self._layer(m, attn_in, residual, pos, caches[0])
-            for layer, cache in zip(layers[1:], caches[1:]):  # llama_eagle3.py:103-105: x -> hidden_norm(x), x
-                out = self._layer(layer, layer.hidden_norm(out), out, pos, cache)
+            out = self._layer(m, attn_in, residual, pos, caches[0], windows[0])
+            for layer, cache, w in zip(layers[1:], caches[1:], windows[1:]):  # llama_eagle3.py:103-105
+                out = self._layer(layer, layer.hidden_norm(out), out, pos, cache, w)  # x -> hidden_norm(x), x
             normed = self.norm(out)
             res["tokens"].append(tok)
             res["hidden_in"].append(h)
@@ -413,16 +420,17 @@ class Eagle3Draft(nn.Module):
             h = fed_back_hidden(out, normed, norm_output=self.config.norm_output)
         return TTTOutput(fc_in=fc_in, fc_out=fc_out, lengths=lengths, d2t=self.d2t, **res)
 
-    def _layer(self, layer, attn_in, residual, pos, cache) -> torch.Tensor:
+    def _layer(self, layer, attn_in, residual, pos, cache, window: int | None = None) -> torch.Tensor:
         """One decoder layer after its input norms: attention over ``cache`` (this layer's keys and
-        values of the earlier depths; this depth's are appended), residual add, MLP block.
+        values of the earlier depths; this depth's are appended; ``window``: see ``_attend``), residual
+        add, MLP block.
         ``attn_in`` [B,T,width], ``residual`` [B,T,Hd] -> the layer's output [B,T,Hd]."""
         B, T = residual.shape[:2]
         q, k, v = self._qkv(attn_in, pos, layer.self_attn)
         keys, values = cache
         keys.append(k)
         values.append(v)
-        a = self._attend(q, keys[0], values[0], keys[1:], values[1:])
+        a = self._attend(q, keys[0], values[0], keys[1:], values[1:], window)
         a = layer.self_attn.o_proj(a.transpose(1, 2).reshape(B, T, -1))
         h1 = residual + a
         return h1 + layer.mlp(layer.post_attention_layernorm(h1))

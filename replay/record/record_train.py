@@ -362,7 +362,7 @@ def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: di
                     capture: str | None = None, probe_positions: int | None = None,
                     max_new_tokens: int | None = None, batch_size: int | None = None,
                     device: str | None = None, extra_defaults: dict | None = None,
-                    trainer: str | None = None) -> TrainSide:
+                    trainer: str | None = None, draft_window: int | None = None) -> TrainSide:
     """Load the target and the draft checkpoint and resolve the training aux layers and every
     option left None (``train_options.fill_defaults``; steps / topk from ``served``, the serving
     trace's contract). Options are checked first (``check_train_options``).
@@ -370,7 +370,7 @@ def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: di
     ``extra_defaults``: more ``defaults_used`` entries (how prompts were tokenized).
     ``trainer``: compute the draft forward with this trainer's own model (``replay.trainers``);
     None or ``specdiff``: the reference forward. The reference draft is loaded either way (its
-    parsed config and facts are the draft's contract facts).
+    parsed config and facts are the draft's contract facts). ``draft_window``: ``LoadedDraft.serve_window``.
 
     Raises:
         RecordTrainError / CheckpointError / TargetError: one line each.
@@ -393,6 +393,8 @@ def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: di
     loaded = load_draft(draft_dir, dtype=ddtype, target_embedding=target_embedding(target).float(),
                         target_lm_head=target_lm_head(target).float())
     loaded.model.to(opts["device"])  # nn.Module.to moves the module in place
+    if draft_window is not None:
+        loaded.serve_window(draft_window)
     aux = resolve_train_aux(loaded, L, aux_layers, aux_convention,
                             architecture=target_architecture(target.config.to_dict()))
     defaults_used = {**_aux_defaults(aux_layers, aux_convention, loaded, aux), **defaults_used,
@@ -418,7 +420,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
                  capture: str | None = None, probe_positions: int | None = None,
                  max_new_tokens: int | None = None, batch_size: int | None = None,
                  max_batch_tokens: int = 8192, overwrite: bool = False, device: str | None = None,
-                 trainer: str | None = None,
+                 trainer: str | None = None, draft_window: int | None = None,
                  progress: Callable[[int], None] | None = None,
                  on_start: Callable[[int, RecordTrainResult], None] | None = None) -> RecordTrainResult:
     """Replay sequences through target + draft and write a training-side trace at ``out``.
@@ -445,6 +447,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
             defaults_used).
         trainer: ``specdiff`` (default, the reference forward), ``specforge`` or ``speculators``:
             the draft built, loaded and run by that trainer's installed package (``replay.trainers``).
+        draft_window: the draft attends as SGLang serves it with ``--speculative-draft-window-size``.
 
     Raises:
         RecordTrainError / CheckpointError / TargetError / TraceError: one line each.
@@ -466,7 +469,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     side = load_train_side(target_dir, draft_dir, served=served, aux_layers=aux_layers, aux_convention=aux_convention,
                            steps=steps, topk=topk, dtype=dtype, target_dtype=target_dtype, capture=capture,
                            probe_positions=probe_positions, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                           device=device, extra_defaults=token_defaults, trainer=trainer)
+                           device=device, extra_defaults=token_defaults, trainer=trainer, draft_window=draft_window)
     if int(side.options["max_new_tokens"]) > 0:
         seqs = extend_greedy(side.target, seqs, int(side.options["max_new_tokens"]))
     facts, notes = side.contract(seqs, out=str(out), replay=replay)

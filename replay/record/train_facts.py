@@ -8,6 +8,7 @@ training's last slot differ in pre-norm vs post-norm (``prenorm_notes``).
 
 from __future__ import annotations
 
+from specdiff.eagle3.attention_window import window_fact
 from specdiff.tracer.contract import bos_added_fact, known, rope_scaling_fact, tokenizer_hashes, weight_sha256
 from specdiff.tracer.errors import SpecdiffError
 
@@ -93,6 +94,8 @@ def draft_computation_facts(draft, config, *, vocab: int, seqs, bos_token_id, to
         "rope_scaling": rope_scaling_fact(kind, **params),
         "rope_style": "neox" if config.rope_is_neox_style else "gptj",  # as draft_model.apply_rope rotates
         "partial_rotary_factor": float(config.partial_rotary_factor),
+        "draft_attention_window": window_fact(config.attention_windows, config.window_distance,
+                                              config.num_hidden_layers),
         "bos_added": bos_added_fact([int(s.tokens[0]) for s in seqs if len(s.tokens)], bos_token_id),
         "chat_template_sha256": tokenizer_hashes(tokenizer_dir)[1],
     }

@@ -77,6 +77,9 @@ def _refuse_unsupported(cfg) -> None:
         why.append(f"{layers} decoder layers (SpecForge's draft has one midlayer, llama3_eagle.py:1668)")
     if cfg.partial_rotary_factor != 1.0 or not cfg.rope_is_neox_style:
         why.append("partial or gptj-style rope (SpecForge rotates whole heads neox-style, llama3_eagle.py:126-142)")
+    if cfg.attention_windows is not None:
+        why.append(f"attention windows {list(cfg.attention_windows)} (SpecForge's draft attends to the whole prefix: "
+                   "no attention class in llama3_eagle.py reads a window; its flash paths pass window_size=(-1, -1), :1191, :1245)")
     if why:
         raise RecordTrainError(f"--trainer specforge cannot hold this draft: {'; '.join(why)}")
 

@@ -148,6 +148,31 @@ def config_facts(model) -> dict:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in facts.items()}
 
 
+def _windows(model, cfg) -> None:
+    """Give the loaded model the draft config's attention windows as speculators builds them from a
+    speculators config (``models/eagle3/core.py:96-105``: ``sliding_window`` and the indices of the
+    ``sliding_attention`` layers), which its converter of an SGLang-format draft does not carry over.
+
+    Raises:
+        RecordTrainError: windows speculators cannot compute: counted by SGLang's rule (``--draft-window``),
+            or of several sizes (one ``sliding_window`` per model).
+    """
+    from specdiff.eagle3.attention_window import PREFIX
+
+    want = cfg.attention_windows
+    if want is None:
+        return
+    sizes = {w for w in want if w is not None}
+    if cfg.window_distance != PREFIX or len(sizes) != 1:
+        raise RecordTrainError(f"speculators cannot compute the attention windows {list(want)} counted by the "
+                               f"{cfg.window_distance!r} rule: it slides one window over the prefix at every TTT "
+                               "depth (models/eagle3/attention.py:16-19); record with --trainer specdiff")
+    model.sliding_window = sizes.pop() + 1
+    model.sliding_window_indices = [i for i, w in enumerate(want) if w is not None]
+    model.uses_sliding_window_attn = True
+    model.uses_full_attn = len(model.sliding_window_indices) < len(want)
+
+
 def load(*, target_dir: Path, loaded, dtype: torch.dtype, device: str, version: str,
          aux_hf_indices=None, **_) -> SpeculatorsDraft:
     """The draft at ``loaded.path`` loaded by speculators (module doc), on ``device``.
@@ -176,6 +201,7 @@ def load(*, target_dir: Path, loaded, dtype: torch.dtype, device: str, version: 
             model._load_verifier_weights(overwrite_embed_tokens=True)  # module doc: never the uninitialised one
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         raise RecordTrainError(f"speculators cannot load {loaded.path}: {type(e).__name__}: {e}") from None
+    _windows(model, cfg)
     variants: dict = {"rope_position_offset": ROPE_POSITION_OFFSET}
     if dtype != torch.float32:
         variants["compute"] = f"fp32 weights under torch.autocast({str(dtype).removeprefix('torch.')})"

@@ -189,7 +189,7 @@ def _given_options(cx: dict, cy: dict, labels: Pair) -> list[ContractMismatch]:
         title = _title(_engine(mine))
         for name, entry in sorted(given.items()):
             key = f"engine_options.{name}"
-            if not_compared(key) is not None or not isinstance(entry, dict):
+            if not_compared(key) is not None or not isinstance(entry, dict) or _compared_as_computed(key, cx, cy):
                 continue
             value, default = entry.get("value"), entry.get("default")
             said = f"{shown(key, default)} ({title}'s default, what the reference computes)"
@@ -197,6 +197,16 @@ def _given_options(cx: dict, cy: dict, labels: Pair) -> list[ContractMismatch]:
             out.append(mismatch(key, default, value, labels, xs=said, ys=given_said) if is_y else
                        mismatch(key, value, default, labels, xs=given_said, ys=said))
     return out
+
+
+#: options whose effect both sides may record as computed: then that fact is compared, not the option
+#: against the engine's default (a draft trained with a window is served correctly with the option)
+COMPUTED_AS = {"engine_options.speculative_draft_window_size": "draft_attention_window"}
+
+
+def _compared_as_computed(key: str, cx: dict, cy: dict) -> bool:
+    fact = COMPUTED_AS.get(key)
+    return fact is not None and all(isinstance(known(c, fact), list) for c in (cx, cy))
 
 
 def _canonical(names: dict) -> dict:

@@ -5,6 +5,8 @@ installs both); none needs a server."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -80,6 +82,45 @@ def test_trainer_forward_equals_reference_at_every_stage_and_depth(fp32_side, re
             err = _scaled_err(getattr(out, name)[k][v], getattr(ref, name)[k][v])
             assert err <= FP32_REL, f"{trainer} {name} depth {k}: {err:.2e}"
         assert torch.equal(out.logits[k][v].argmax(-1), ref.logits[k][v].argmax(-1))
+
+
+@pytest.mark.slow
+def test_speculators_windowed_layers_compute_the_references_prefix_rule(fp32_side, repo_models):
+    """A sliding-attention draft (window 4 over sequences of 15-40 rows): speculators' own masks
+    (models/eagle3/attention.py:16-19, the depth-0 block reused at every TTT step) and the reference's
+    ``prefix`` rule agree at every stage and depth; the window really acts (the full-attention reference
+    differs); SGLang's ``kv`` rule (``--draft-window``) and SpecForge are refused in one line."""
+    _need("speculators")
+    import dataclasses
+
+    from specdiff.replay.record.errors import RecordTrainError
+
+    side, ids, lengths, cap = fp32_side
+    loaded, saved = side.loaded, side.loaded.config
+    kw = dict(target_dir=repo_models / "target", dtype=torch.float32, device="cpu", aux_hf_indices=side.aux.hf_indices)
+    try:
+        loaded.config = loaded.model.config = dataclasses.replace(saved, attention_windows=(4,))
+        draft = load_trainer_draft("speculators", loaded=loaded, **kw)
+        assert draft.model.sliding_window == 5 and draft.model.sliding_window_indices == [0]
+        out = draft.ttt_forward(cap.aux_cat, ids, STEPS, lengths=lengths)
+        ref = loaded.model.ttt_forward(cap.aux_cat, ids, STEPS, lengths=lengths)
+        loaded.model.config = saved
+        full = loaded.model.ttt_forward(cap.aux_cat, ids, STEPS, lengths=lengths)
+        for k in range(STEPS):
+            v = ref.valid[k]
+            for name in ("hidden_out", "logits"):
+                err = _scaled_err(getattr(out, name)[k][v], getattr(ref, name)[k][v])
+                assert err <= FP32_REL, f"{name} depth {k}: {err:.2e}"
+            assert _scaled_err(full.hidden_out[k][v], ref.hidden_out[k][v]) > 100 * FP32_REL, k
+        loaded.config = loaded.model.config = dataclasses.replace(saved, attention_windows=(4,), window_distance="kv")
+        for trainer, says in (("speculators", "counted by the 'kv' rule"), ("specforge", "attention windows [4]")):
+            if trainer_version(trainer) is None:
+                continue
+            with pytest.raises(RecordTrainError, match=re.escape(says)) as e:
+                load_trainer_draft(trainer, loaded=loaded, **kw)
+            assert "\n" not in str(e.value)
+    finally:
+        loaded.config = loaded.model.config = saved
 
 
 @pytest.mark.slow

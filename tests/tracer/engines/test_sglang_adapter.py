@@ -30,6 +30,16 @@ def _adapter(names=NAMES, version="0.5.23"):
     return SGLangAdapter(version, names=names, log=lines.append), lines
 
 
+@pytest.fixture(autouse=True)
+def _start_method_set(monkeypatch):
+    """SGLang's scheduler process has its multiprocessing start method set when the contract reads it
+    (``engine_process_start``); this test process has one only if an earlier test set it: the facts
+    must not depend on which tests ran before (alone, 2 tests here saw it unknown)."""
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "fork")
+
+
 # ---- fake modules: each kind of name, present and missing ----------------------------------------
 @pytest.fixture
 def fakesg(monkeypatch):
@@ -156,7 +166,8 @@ def _worker(*, ltc=(3, 5, 6), ids=(2, 4, 5), L=8, drop_ltc=False, hot=True, targ
     d2t = torch.arange(1024, dtype=torch.int64) * 3
     # class name SimpleNamespace: not SGLang's; rotary_dim / head_size: a partial rope of 0.5
     rot = SimpleNamespace(base=10000.0, is_neox_style=True, rotary_dim=32, head_size=64)
-    layer = SimpleNamespace(self_attn=SimpleNamespace(rotary_emb=rot))
+    # RadixAttention.sliding_window_size -1: no window (srt/layers/radix_attention.py:90)
+    layer = SimpleNamespace(self_attn=SimpleNamespace(rotary_emb=rot, attn=SimpleNamespace(sliding_window_size=-1)))
     dinner = SimpleNamespace(fc=torch.nn.Linear(768, 256), norm_before_fc=False, fc_norm=None, norm_output=False,
                              embed_tokens=tembed, layers=[layer])  # the target's embedding, shared
     dmodel = SimpleNamespace(model=dinner, hot_token_id=None, lm_head=SimpleNamespace(weight=torch.randn(1024, 256)))

@@ -257,6 +257,11 @@ NAMES: tuple[EngineName, ...] = (
        attr="hidden_states", tensors=("draft.attn_in",)),
     _n("LlamaAttention.rotary_emb", _P + "models.llama.LlamaAttention", "instance", "srt/models/llama.py:225",
        "the rope the draft's attention applies (get_rope)", facts=("rope_theta", "rope_scaling", "rope_style")),
+    _n("LlamaAttention.attn", _P + "models.llama.LlamaAttention", "instance", "srt/models/llama.py:233",
+       "the draft layer's RadixAttention (its window)", facts=("draft_attention_window",)),
+    _n("RadixAttention.sliding_window_size", _P + "layers.radix_attention.RadixAttention", "instance",
+       "srt/layers/radix_attention.py:90", "the window the attention backend applies (-1: none); set on every "
+       "draft layer from --speculative-draft-window-size (llama_eagle3.py:297-299)", facts=("draft_attention_window",)),
     _n("RotaryEmbedding.base", _P + "layers.rotary_embedding.base.RotaryEmbedding", "instance",
        "srt/layers/rotary_embedding/base.py:106", "rope theta as applied", facts=("rope_theta",)),
     _n("RotaryEmbedding.is_neox_style", _P + "layers.rotary_embedding.base.RotaryEmbedding", "instance",

@@ -11,6 +11,7 @@ import multiprocessing
 
 import torch
 
+from specdiff.eagle3.attention_window import KV
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
@@ -305,6 +306,22 @@ _ROPE_CLASSES = {
 }
 
 
+def _window_fact(A: SGLangAdapter, dinner):
+    """``draft_attention_window`` as each live draft layer's attention holds it
+    (``RadixAttention.sliding_window_size``: -1 none, else the farthest key distance seen, counted over the
+    KV sequence: eagle3/attention_window.py ``KV``); UNKNOWN where a layer cannot be read."""
+    layers = read_chain(A, dinner, "Eagle3LlamaModel.layers")
+    if layers is MISSING:
+        return UNKNOWN
+    out = []
+    for layer in layers:
+        w = read_chain(A, layer, "LlamaDecoderLayer.self_attn", "LlamaAttention.attn", "RadixAttention.sliding_window_size")
+        if w is MISSING:
+            return UNKNOWN
+        out.append(None if w is None or int(w) < 0 else {"window": int(w), "distance": KV})
+    return out
+
+
 def _rope_facts(A: SGLangAdapter, dinner) -> dict:
     """rope_theta / rope_scaling / rope_style / partial_rotary_factor (rotary_dim / head_size, SGLang
     llama.py:199-200) as the draft's attention applies them (its
@@ -453,6 +470,7 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
     facts.update(_weights_facts(A, target_runner=target_runner, dmodel=dmodel, dinner=dinner,
                                 vocab=facts["vocab_size"], draft_vocab=facts["draft_vocab_size"]))
     facts.update(_rope_facts(A, dinner))
+    facts["draft_attention_window"] = _window_fact(A, dinner)
     facts.update(_tokenizer_facts(A, serving_config(A) if serving is None else serving))
     facts["depth_coverage"] = ("SGLang drafts depths >= 1 only from the last accepted position of each decode "
                                "step (t = L-1, eagle_worker_v2.py draft); every other position has depth-0 "

@@ -1,0 +1,65 @@
+"""Windowed draft attention served by a real SGLang 0.5.23 CPU server (issue 31): the shipped draft
+served with ``--speculative-draft-window-size 8`` (every draft layer's RadixAttention window,
+srt/models/llama_eagle3.py:286-299) on prompts longer than the window.
+
+- The serving contract records the window each live draft layer holds (``draft_attention_window``).
+- ``record train --draft-window 8`` computes SGLang's rule (eagle3/attention_window.py ``kv``): diff exit 0,
+  no divergence, and the served option is not reported against the engine's default (the window both
+  sides computed is compared instead).
+- The same serving trace against a full-attention training side: exit 1, first divergence
+  ``draft.hidden_out``, the differing window named with its fix. One server start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specdiff.demo.run import REPO_MODELS, demo_prompts
+from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
+from specdiff.tracer.store import open_trace
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+W = 8  # >= the 4 draft tokens SGLang requires (srt/arg_groups/speculative_hook.py:427-433)
+
+
+def _train_and_diff(serve, train, *extra) -> subprocess.CompletedProcess:
+    cli = [sys.executable, "-m", "specdiff.tui"]
+    rec = subprocess.run([*cli, "record", "train", "--target", REPO_MODELS / "target", "--draft", REPO_MODELS / "draft",
+                          "--replay", serve, "-o", train, *extra], capture_output=True, text=True)
+    assert rec.returncode == 0, rec.stderr[-2000:]
+    return subprocess.run([*cli, "diff", train, serve, "--format", "json", "--no-narrow"], capture_output=True,
+                          text=True)
+
+
+def test_a_windowed_draft_served_by_sglang_matches_the_reference_with_its_window_and_not_without(tmp_path):
+    serve = tmp_path / "serve.trace"
+    env = dict(os.environ, SPECDIFF_TRACE=str(serve))
+    prompts = demo_prompts(REPO_MODELS, 2)
+    assert min(len(p) for p in prompts) > 2 * W  # the window hides keys of most rows
+    with ServerProcess(REPO_MODELS / "target", draft_model_path=REPO_MODELS / "draft", spec=SpecSettings(), env=env,
+                       extra_args=["--speculative-draft-window-size", str(W)],
+                       log_path=tmp_path / "server.log") as server:
+        for ids in prompts:
+            server.generate(input_ids=ids, max_new_tokens=16)
+    assert open_trace(str(serve)).contract["draft_attention_window"] == [{"window": W, "distance": "kv"}]
+
+    proc = _train_and_diff(serve, tmp_path / "train.trace", "--draft-window", str(W))
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    report = json.loads(proc.stdout)
+    assert report["first_divergence"] is None, report["first_divergence"]
+    fields = {m["field"] for m in report["contract_mismatches"]}
+    assert not {"draft_attention_window", "engine_options.speculative_draft_window_size"} & fields, fields
+
+    proc = _train_and_diff(serve, tmp_path / "full.trace")
+    assert proc.returncode == 1, (proc.stdout[-3000:], proc.stderr[-3000:])
+    report = json.loads(proc.stdout)
+    assert report["first_divergence"]["tensor"] == "draft.hidden_out", report["first_divergence"]
+    named = {m["field"]: m for m in report["contract_mismatches"]}
+    assert "draft_attention_window" in named, sorted(named)
+    assert "--speculative-draft-window-size" in named["draft_attention_window"]["fix"]
