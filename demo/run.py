@@ -135,19 +135,19 @@ def check_engine(engine: str, family: str) -> str | None:
 
 def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: list[list[int]],
                     max_new_tokens: int, log_path: Path, env: dict | None = None, target: Path | None = None,
-                    spec: dict | None = None) -> list[dict]:
+                    spec: dict | None = None, extra_args: tuple[str, ...] = ()) -> list[dict]:
     """Start a traced CPU SGLang server, send ``prompts`` one by one (greedy), stop it.
 
     ``env``: the server's environment (default: this process's, with ``SPECDIFF_TRACE`` = ``trace``).
     ``target``: the target model directory (default ``models / "target"``); ``spec``: ``SpecSettings``
-    fields (num_steps, topk, num_draft_tokens; default the demo's 3 / 1 / 4).
+    fields (num_steps, topk, num_draft_tokens; default the demo's 3 / 1 / 4); ``extra_args``: more SGLang flags.
     Returns per prompt: output_ids and meta_info. The trace is closed when the server stops.
     """
     launch = cpu_launcher("sglang")
     env = dict(os.environ, SPECDIFF_TRACE=str(trace)) if env is None else env
     results = []
     with launch.ServerProcess(target or models / "target", draft_model_path=served_draft,
-                              spec=launch.SpecSettings(**(spec or {})),
+                              spec=launch.SpecSettings(**(spec or {})), extra_args=list(extra_args),
                               env=env, log_path=log_path) as server:
         click.echo(f"    SGLang up (pid {server.pid}, {server.startup_s:.0f} s); log {log_path}")
         with click.progressbar(prompts, label="    prompts", file=sys.stderr) as bar:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specdiff.demo.run import DemoError, record_train, serve_and_trace
 
-__all__ = ["Verdict", "demo_fix", "verify_fix"]
+__all__ = ["Verdict", "demo_fix", "served_options", "training_options", "verify_fix"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,38 @@ class Verdict:
 #: of the verification is the fixed draft in serving's order, which computes what training computed;
 #: the trained draft in its own order would differ slot by slot at target.aux.* by construction
 REEXPRESSED = {"aux_slot_permutation"}
+
+
+def served_options(contract: dict) -> list[str]:
+    """The SGLang flags the operator gave the recorded server that change what it computes (the options
+    replay/diff/facts.py has a row for, read from the contract's ``engine_options_given``), so the fixed
+    draft is served as the broken one was: ``["--speculative-draft-window-size", "8"]``. A true flag is
+    given bare, a false one left out (SGLang's store_true flags), a dict or list as JSON."""
+    import json
+
+    from specdiff.replay.diff.facts import fact_row
+    from specdiff.tracer.contract import known
+
+    out: list[str] = []
+    for name, entry in sorted((known(contract, "engine_options_given") or {}).items()):
+        if not isinstance(entry, dict) or fact_row(f"engine_options.{name}") is None:
+            continue
+        value, flag = entry.get("value"), "--" + name.replace("_", "-")
+        if value is None or value is False:
+            continue
+        out += [flag] if value is True else [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return out
+
+
+def training_options(contract: dict) -> list[str]:
+    """The ``record train`` flags that reproduce how the training trace computed beyond its aux layers:
+    ``--draft-window W`` when its draft attended by SGLang's window rule (contract ``draft_attention_window``)."""
+    from specdiff.eagle3.attention_window import KV
+    from specdiff.tracer.contract import known
+
+    kv = {w["window"] for w in known(contract, "draft_attention_window") or []
+          if isinstance(w, dict) and w.get("distance") == KV}
+    return ["--draft-window", str(kv.pop())] if len(kv) == 1 else []
 
 
 def _path(trace, fact: str) -> Path:
@@ -135,9 +167,11 @@ def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None) -> 
         trained = fixed
         order = known(serve.contract, "aux_concat_order") or known(serve.contract, "aux_hf_indices")
     extra = ["--aux-layers", ",".join(str(int(i)) for i in order), "--aux-convention", "hf"] if order else []
+    extra += training_options(train.contract)
     with contextlib.redirect_stdout(sys.stderr):  # the demo phases' progress lines: stdout is the verdict (JSON)
         serve_and_trace(models=target.parent, target=target, served_draft=fixed, trace=new_serve, prompts=prompts,
-                        max_new_tokens=new_tokens, log_path=workdir / "server.log", spec=spec)
+                        max_new_tokens=new_tokens, log_path=workdir / "server.log", spec=spec,
+                        extra_args=tuple(served_options(serve.contract)))
         record_train(models=target.parent, target=target, serve_trace=new_serve, out=new_train,
                      draft=trained, extra=extra)
     after = diff_traces(str(new_train), str(new_serve))

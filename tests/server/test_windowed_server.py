@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
+from specdiff.demo.verify_fix import served_options, training_options
 from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
 from specdiff.tracer.store import open_trace
 
@@ -47,12 +48,16 @@ def test_a_windowed_draft_served_by_sglang_matches_the_reference_with_its_window
                        log_path=tmp_path / "server.log") as server:
         for ids in prompts:
             server.generate(input_ids=ids, max_new_tokens=16)
-    assert open_trace(str(serve)).contract["draft_attention_window"] == [{"window": W, "distance": "kv"}]
+    contract = open_trace(str(serve)).contract
+    assert contract["draft_attention_window"] == [{"window": W, "distance": "kv"}]
+    # what `fix --verify` serves the fixed draft with: the window again, none of the CPU recipe's flags
+    assert served_options(contract) == ["--speculative-draft-window-size", str(W)]
 
     proc = _train_and_diff(serve, tmp_path / "train.trace", "--draft-window", str(W))
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     report = json.loads(proc.stdout)
     assert report["first_divergence"] is None, report["first_divergence"]
+    assert training_options(open_trace(str(tmp_path / "train.trace")).contract) == ["--draft-window", str(W)]
     fields = {m["field"] for m in report["contract_mismatches"]}
     assert not {"draft_attention_window", "engine_options.speculative_draft_window_size"} & fields, fields
 

@@ -215,6 +215,10 @@ def contract_from_runner(runner, opts: Options, A: VLLMAdapter) -> dict:
     facts["embed_source"] = UNKNOWN if dembed is None else "target" if _same(dembed, tembed) else "draft"
     facts["lm_head_source"] = UNKNOWN if dhead is None else "target" if _same(dhead, thead) else "draft"
     facts.update(_rope_facts(A, dinner))
+    # Not read: vLLM gives a draft layer the config's sliding_window (model_executor/models/llama.py:185-219),
+    # but its CPU backend applies one window per KV-cache group and none where the group's layers disagree
+    # (v1/attention/backends/cpu_attn.py:178-195): what a layer holds is not what the backend computed.
+    facts["draft_attention_window"] = UNKNOWN
     if tmodel is not MISSING and tcfg is not MISSING:
         facts.update(target_identity_facts(tcfg, tembed, architecture=type(tmodel).__name__))
     tok = None if mc is MISSING else getattr(mc, "tokenizer", None)
