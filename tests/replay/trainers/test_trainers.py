@@ -307,3 +307,35 @@ def test_two_trainers_traces_differ_in_no_contract_fact_for_their_trainer_facts(
     report = diff_traces(str(recorded["specforge"][0]), str(recorded["speculators"][0]), narrow=False)
     assert report.contract == [], report.contract
     assert report.first is None and report.comparisons["draft.positions"].stats["recorded_shift"] == [0, 1]
+
+
+def test_a_specforge_exported_draft_is_the_draft_it_was_exported_from(repo_models, tmp_path, run_cli):
+    """SpecForge 0.2.0's own exporter (specforge/export/to_sglang.py ``export_to_sglang``: a training
+    state ``{"strategy": "eagle3", "draft_state_dict": ...}`` -> ``save_pretrained`` + legacy rope keys) on
+    the shipped draft's weights: specdiff reads the exported directory as the same draft (every setting,
+    every tensor bit for bit, the config's extra keys such as bos_token_id ignored), `check` passes it for
+    SGLang, and ``--trainer specforge`` loads it."""
+    _need("specforge")
+    import contextlib
+    import sys
+
+    from safetensors.torch import load_file
+    from specforge.export.to_sglang import export_to_sglang
+
+    from specdiff.replay.model.checkpoint import load_draft
+
+    sd = load_file(str(repo_models / "draft" / "model.safetensors"))
+    torch.save({"strategy": "eagle3", "draft_state_dict": sd}, tmp_path / "training_state.pt")
+    out = tmp_path / "exported"
+    with contextlib.redirect_stdout(sys.stderr):
+        export_to_sglang(str(tmp_path / "training_state.pt"), str(repo_models / "draft" / "config.json"), str(out))
+    shipped, exported = load_draft(repo_models / "draft"), load_draft(out)
+    assert exported.config.settings() == shipped.config.settings()
+    assert exported.weights_sha256 == shipped.weights_sha256
+    got = load_file(str(out / "model.safetensors"))
+    assert set(got) == set(sd) and all(torch.equal(got[k], sd[k]) for k in sd)
+    res = run_cli("check", "--target", repo_models / "target", "--draft", out, "--engine", "sglang")
+    assert res.exit_code == 0, res.output
+    draft = load_trainer_draft("specforge", target_dir=repo_models / "target", loaded=exported, dtype=torch.float32,
+                               device="cpu")
+    assert draft.trainer == "specforge"
