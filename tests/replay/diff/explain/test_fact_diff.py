@@ -61,6 +61,38 @@ def test_an_option_the_operator_gave_is_compared_with_the_engines_default(tmp_pa
     assert "engine_options.port" not in found and "engine_options.attention_backend" not in found
 
 
+SPEC_W7 = [{"window": 7, "distance": "prefix"}]  # speculators: sliding_window 8 (eagle3/attention_window.py)
+SGL_W7 = [{"window": 7, "distance": "kv"}]  # SGLang --speculative-draft-window-size 7
+
+
+@pytest.mark.parametrize("train_w, serve_w, given", [
+    ([None], SGL_W7, True),  # trained on full attention, served with a window
+    (SPEC_W7, [None], False),  # trained windowed by speculators, served by SGLang, which ignores layer_types
+    (SPEC_W7, SGL_W7, True),  # the same window, counted by the two rules (depth >= 1 differs)
+], ids=["served-window-only", "trained-window-only", "rules-differ"])
+def test_the_draft_attention_windows_both_sides_computed_are_compared(tmp_path, train_w, serve_w, given):
+    """The window each side computed is the fact compared (at draft.hidden_out, with the fix naming the
+    served option), whatever the reason they differ; the option itself is then not compared with the
+    engine's default (a window the training side also computed is correct)."""
+    opts = {"engine_options_given": {"speculative_draft_window_size": {"value": 7, "default": None}}} if given else {}
+    found, _ = _mismatches(tmp_path, train={"draft_attention_window": train_w},
+                           serve={"draft_attention_window": serve_w, **opts})
+    m = found["draft_attention_window"]
+    assert m.severity == "warn" and m.stages[0] == "draft.hidden_out"
+    assert "--speculative-draft-window-size" in m.fix and "speculators' rule" in m.fix
+    assert "engine_options.speculative_draft_window_size" not in found
+
+
+def test_the_same_window_on_both_sides_is_no_difference_and_the_given_option_is_not_flagged(tmp_path):
+    opts = {"engine_options_given": {"speculative_draft_window_size": {"value": 7, "default": None}}}
+    found, _ = _mismatches(tmp_path, train={"draft_attention_window": SGL_W7},
+                           serve={"draft_attention_window": SGL_W7, **opts})
+    assert "draft_attention_window" not in found and "engine_options.speculative_draft_window_size" not in found
+    # a training side that records no window (an older trace): the option against the default, as before
+    found, _ = _mismatches(tmp_path / "old", train={}, serve={"draft_attention_window": SGL_W7, **opts})
+    assert "engine_options.speculative_draft_window_size" in found
+
+
 def test_two_traces_of_one_engine_compare_every_resolved_option(tmp_path):
     opts = {"kv_cache_dtype": "auto", "port": 1, "mem_fraction_static": 0.1}
     found, _ = _mismatches(tmp_path, train={"engine": "sglang", "engine_options": opts},
