@@ -5,7 +5,7 @@ resolves what each engine captures, and runs every rule that applies to the ``Ru
 Modules: ``algorithm`` (--speculative-algorithm), ``aux`` (the SGLang rule, each engine's capture,
 the training layers), ``vllm`` (vLLM's own key precedence and numbering), ``weights`` (names,
 shapes, dtypes, the served dtype, a tied lm_head), ``vocab`` (d2t / t2d), ``norms``, ``rope``,
-``tokenizer``; ``wording`` holds the phrases several of them share. Each rule is a pure function of
+``window`` (a config's attention windows), ``tokenizer``; ``wording`` holds the phrases several of them share. Each rule is a pure function of
 what ``files`` read and ``engines`` resolved.
 """
 
@@ -25,6 +25,7 @@ from specdiff.replay.preflight.rules.tokenizer import check_tokenizer
 from specdiff.replay.preflight.rules.vllm import check_vllm_ids
 from specdiff.replay.preflight.rules.vocab import check_vocab
 from specdiff.replay.preflight.rules.weights import check_served_dtype, check_tied, check_weights
+from specdiff.replay.preflight.rules.window import check_window
 
 __all__ = ["RuleInputs", "Rule", "RULES"]
 
@@ -100,6 +101,7 @@ RULES: tuple[Rule, ...] = (
                                vocab_size=c.target.vocab_size, eos_token_ids=c.target.eos_token_ids)),
     Rule("norms", eagle3_draft, lambda c: check_norms(c.draft, engines=c.engines)),
     Rule("rope", eagle3_draft, lambda c: check_rope(c.draft, c.target, context_length=c.context_length)),
+    Rule("attention window", eagle3_draft, lambda c: check_window(c.draft, engines=c.engines)),
     Rule("tied lm_head", eagle3_draft, lambda c: check_tied(c.draft, c.target)),
     Rule("served dtype", eagle3_draft, lambda c: check_served_dtype(c.draft, dtype=c.served_dtype)),
     Rule("tokenizer", always, lambda c: check_tokenizer(c.draft, c.target)),

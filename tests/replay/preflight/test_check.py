@@ -440,6 +440,18 @@ def test_rope_style_and_partial_rotary_are_read(pair):
     assert "rotates only the first 8 of each head's 16 dims (llama.py:199-200)" in f.message
 
 
+def test_a_config_window_sglang_ignores_is_a_finding_with_the_server_option_that_serves_it(pair):
+    """speculators' layer_types / sliding_window (eagle3/attention_window.py): SGLang 0.5.23 builds full
+    attention from them; the fix names --speculative-draft-window-size S - 1, and says what it cannot serve."""
+    target, draft, _ = pair
+    assert not [f for f in run_preflight(target, draft).findings if f.kind.startswith("window.")]
+    _edit_config(draft, lambda c: c.update(layer_types=["sliding_attention"], sliding_window=8))
+    f = _one(run_preflight(target, draft), "window.config_ignored", "sglang")
+    assert f.severity == "warn" and "every layer an attention window of [7] keys back" in f.message
+    assert "--speculative-draft-window-size 7" in f.fix and "depth >= 1" in f.fix
+    assert not [x for x in run_preflight(target, draft, engines=("vllm",)).findings if x.kind.startswith("window.")]
+
+
 def test_tie_word_embeddings_is_a_finding_with_its_fix_not_a_refusal(pair, run_cli):
     target, draft, _ = pair
     _edit_config(draft, lambda c: c.update(tie_word_embeddings=True))
