@@ -125,6 +125,20 @@ def aux_facts(A: VLLMAdapter, runner, L) -> dict:
     return out
 
 
+def _window_fact(dinner, A: VLLMAdapter):
+    """``draft_attention_window`` where the live draft layers settle it: every layer's ``Attention.sliding_window``
+    None (model_executor/layers/attention/attention.py:339) is full attention, certainly. A layer holding a window
+    S (the config's ``layer_types`` / ``sliding_window``, model_executor/models/llama.py:185-219) makes the fact
+    UNKNOWN: vLLM's CPU backend applies one window per KV-cache group and none where the group's layers
+    disagree (v1/attention/backends/cpu_attn.py:178-195), so what the layer holds is not what was computed."""
+    layers = read_chain(A, dinner, "LlamaModel.layers")
+    if layers is MISSING:
+        return UNKNOWN
+    held = [getattr(getattr(getattr(layer, "self_attn", None), "attn", None), "sliding_window", MISSING)
+            for layer in layers]
+    return [None] * len(held) if held and all(w is None for w in held) else UNKNOWN
+
+
 def _rope_facts(A: VLLMAdapter, dinner) -> dict:
     from specdiff.tracer.contract import rope_scaling_fact
 
@@ -215,10 +229,7 @@ def contract_from_runner(runner, opts: Options, A: VLLMAdapter) -> dict:
     facts["embed_source"] = UNKNOWN if dembed is None else "target" if _same(dembed, tembed) else "draft"
     facts["lm_head_source"] = UNKNOWN if dhead is None else "target" if _same(dhead, thead) else "draft"
     facts.update(_rope_facts(A, dinner))
-    # Not read: vLLM gives a draft layer the config's sliding_window (model_executor/models/llama.py:185-219),
-    # but its CPU backend applies one window per KV-cache group and none where the group's layers disagree
-    # (v1/attention/backends/cpu_attn.py:178-195): what a layer holds is not what the backend computed.
-    facts["draft_attention_window"] = UNKNOWN
+    facts["draft_attention_window"] = _window_fact(dinner, A)
     if tmodel is not MISSING and tcfg is not MISSING:
         facts.update(target_identity_facts(tcfg, tembed, architecture=type(tmodel).__name__))
     tok = None if mc is MISSING else getattr(mc, "tokenizer", None)
