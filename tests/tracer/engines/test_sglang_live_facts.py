@@ -116,9 +116,13 @@ def test_each_mistake_is_named_with_its_fact_and_fix(pair):
     else:
         assert first == "draft.hidden_out" and causes[0] == "unloaded_params", (first, causes)
     warnings = {m["field"]: m for m in report["contract_mismatches"] if m["severity"] in ("warn", "error")}
-    expected = {"engine_options.speculative_draft_window_size", "draft_config.num_hidden_layers",
+    # the window option is named as the window both sides computed (contract draft_attention_window: SGLang
+    # reads each live draft layer's RadixAttention window), not as the option against the engine's default
+    expected = {"draft_attention_window", "draft_config.num_hidden_layers",
                 "draft_unloaded.model.layers.1", f"target_weights.model.layers.{LAYER}"}
     assert set(warnings) == expected, set(warnings) ^ expected  # nothing else differs
     for field in expected:
         assert warnings[field]["fix"] == fact_row(field).fix, field
-    assert "serving 4 (given)" in warnings["engine_options.speculative_draft_window_size"]["message"]
+    said = warnings["draft_attention_window"]["message"]  # both served layers windowed, training's one not
+    assert said.startswith("draft_attention_window: training [None], serving [{'window': 4, 'distance': 'kv'}, "), said
+    assert "--speculative-draft-window-size" in warnings["draft_attention_window"]["fix"]
