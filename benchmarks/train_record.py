@@ -9,6 +9,7 @@ the bare ``TrainReplayer.forward`` (target with all hidden states + the draft's 
 then the same forward plus every canonical append (default capture, 64 probe positions) to a
 trace in a temporary folder, synchronously (record_train overlaps appends with the next batch on
 a thread, so this is an upper bound). Goal (issue 4): recording adds <= 30 % over the bare forward.
+Last, the noise floor record_train measures once per trace (issue 33), timed against the whole record.
 """
 
 from __future__ import annotations
@@ -136,6 +137,13 @@ def main(argv=None) -> int:
         bg.close(timeout_s=None)
         o_rec = time.perf_counter() - t0
         o_bare = (o_bare1 + bare_pass()) / 2
+        # The noise floor record_train measures once at the end (replay/record/noise_floor.py): float32 copies
+        # of both models and one batch of <= FLOOR_TOKENS tokens forward at each precision.
+        from specdiff.replay.record.noise_floor import measure_noise_floor
+
+        t0 = time.perf_counter()
+        floor = measure_noise_floor(rep, seqs, [s.seq_id for s in seqs])
+        o_floor = time.perf_counter() - t0
         tokens = args.seqs * args.len
         print(f"{args.seqs} sequences x {args.len} tokens, {args.steps} TTT steps, draft {args.dtype}, "
               f"{args.threads} threads, batch {args.batch}")
@@ -145,6 +153,8 @@ def main(argv=None) -> int:
               f"median per batch {np.median(ratios):.2f}x)  [paired, synchronous appends]")
         print(f"overlapped        bare {o_bare:.2f} s (mean of passes before/after), record {o_rec:.2f} s, "
               f"ratio {o_rec / o_bare:.2f}x  [as record_train runs: appends on a background thread]")
+        print(f"noise floor       {o_floor:7.2f} s once per trace = {100 * o_floor / o_rec:.1f} % of this record "
+              f"({floor.get('method') or floor.get('unmeasured')}, {len(floor.get('tensors', {}))} tensors)")
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -144,6 +144,32 @@ def run_cli():
 
 
 # ---- models -------------------------------------------------------------------------------------
+def _other_layer_target(src: Path, out: Path, *, layer: int, scale: float, seed: int = 5) -> Path:
+    """A copy of the target at ``src`` in ``out`` whose decoder layer ``layer`` has its projections moved
+    by ``scale`` times their std (Gaussian, ``seed``): the same config and embedding, other decoder weights."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, out)
+    sd = load_file(str(out / "model.safetensors"))
+    g = torch.Generator().manual_seed(seed)
+    for k, v in sd.items():
+        if k.startswith(f"model.layers.{layer}.") and k.endswith("proj.weight"):
+            sd[k] = (v.float() + scale * v.float().std() * torch.randn(v.shape, generator=g)).to(v.dtype)
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="session")
+def other_layer_target():
+    """``other_layer_target(src, out, layer=, scale=, seed=5)`` -> ``out``: a copy of the target at ``src``
+    whose decoder layer ``layer`` has its projections moved by ``scale`` times their std (same config
+    and embedding, other decoder weights)."""
+    return _other_layer_target
+
+
 @pytest.fixture(scope="session")
 def repo_models() -> Path:
     """``traces/models`` (``target/``, ``draft/``, ``data/``); skips when it is not built."""

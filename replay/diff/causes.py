@@ -127,6 +127,10 @@ CAUSES: tuple[CauseRow, ...] = (
     CauseRow("concentrated_rows", "bug", _ANY,
              "the failures concentrate in one structural group of the rows (judge/groups.py)",
              "the failing rows share this structure: look at what the engine does differently there"),
+    CauseRow("systematic_shift", "bug", _ANY,
+             "most rows sit well above the pair's measured noise floor, though inside the tolerance (judge/shift.py)",
+             ("the two sides compute this stage from different weights, options or code: compare what they were "
+              "built from (the contract); a correct pair differs here only by rounding")),
     CauseRow("speculative_algorithm", "bug", _AUX + ("draft.fc_in",),
              "one side fed the EAGLE-3 draft one hidden state: run as EAGLE, not EAGLE3",
              ("serve the EAGLE-3 draft with --speculative-algorithm EAGLE3 (SGLang then captures the draft"

@@ -206,7 +206,7 @@ NOT_COMPARED: dict[str, str] = {
     "engine_process_start": "how the engine's process was started (spawn or fork: the same computation)",
     "graph_hidden_stages": "recorder coverage", "depth_coverage": "recorder coverage", "capture_level": "recorder",
     "probe_positions": "recorder", "bos_token_id": "read as bos_added",
-    "accept_rate": "a result", "accept_cum_rate": "a result", "mean_accept_length": "a result",
+    "accept_rate": "a result", "noise_floor": "a measurement of one side (the diff's shift judge reads it)", "accept_cum_rate": "a result", "mean_accept_length": "a result",
     "served_aux_hf_indices": "a copy of serving's", "target_dtype": "compared as dtype",
     # facts compared as another fact
     "aux_native_ids": "each side's own numbering: compared as aux_hf_indices",

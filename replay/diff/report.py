@@ -104,6 +104,8 @@ def _first_rows(report: DiffReport) -> list[str]:
     if s.get("inherited_rows") or s.get("explained_rows"):
         out.append(f"  judged on {s['counted_rows']} rows whose inputs agree: {s['own_fail_rows']} fail "
                    f"({s['own_fail_frac']:.3g}){_inherited_note(f)}")
+    if f.shift_only:
+        out.append(f"  a systematic shift inside the fail fraction: {f.shift.words()}")
     tol = f.tolerance
     out.append(f"  tolerance: rel <= {tol.rel:g}, cos >= {tol.cos:g}, ids overlap >= {tol.ids:g}, "
                f"fail fraction <= {tol.max_fail_frac:g}")

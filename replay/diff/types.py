@@ -169,6 +169,10 @@ class TensorComparison:
         carried: bool [n], counted rows after an earlier differing cached row that a draft re-run
             showed are what the draft computes from each side's inputs (replay/diff/judge/context_proof.py),
             passing or not: later stages inherit them (inherited.source_rows); None = none.
+        shift: how far the rows sit above the pair's noise floor (replay/diff/judge/shift.py ``Shift``;
+            ``fired``: the tensor diverges because of it, every row inside the tolerance or not), or
+            None (no side measured a floor); shift_rows: bool [n], the usable rows above the shift
+            judge's bound, the rows a shift divergence points at.
     """
 
     name: str
@@ -191,6 +195,8 @@ class TensorComparison:
     explanation: Cause | None = None
     concentration: object = None
     carried: np.ndarray | None = None
+    shift: object = None
+    shift_rows: np.ndarray | None = None
 
     @property
     def own_fail(self) -> np.ndarray:
@@ -208,8 +214,22 @@ class TensorComparison:
         """bool [n]: the failing rows the verdict rests on: ``own_fail``, or only the fired group's
         failing rows when the tensor diverges because of a concentration (groups.py), not over all rows."""
         own = self.own_fail
+        if self._shift_only(own):
+            return self.shift_rows
         group = self._group_only(own)
         return own if group is None else own & group
+
+    @property
+    def shift_only(self) -> bool:
+        """The tensor diverges only because of its shift above the noise floor (judge/shift.py), not
+        over its fail fraction, a non-finite row or a structural group."""
+        return self._shift_only(self.own_fail)
+
+    def _shift_only(self, own: np.ndarray) -> bool:
+        """The tensor diverges only because its rows sit well above the noise floor (judge/shift.py)."""
+        s = self.shift
+        return (s is not None and s.fired and self.shift_rows is not None and not self._diverged_overall(own)
+                and self._group_only(own) is None)
 
     def _group_only(self, own: np.ndarray) -> np.ndarray | None:
         """The fired group's failing rows when the tensor diverges only because of them, else None."""
@@ -249,6 +269,8 @@ class TensorComparison:
             return None
         depth = self.match.depth
         fail = self.own_fail
+        if self._shift_only(fail):
+            return int(depth[self.shift_rows].min()) if self.shift_rows.any() else 0
         group = self._group_only(fail)
         if group is not None:  # diverged only in a structural group: where that group's rows fail
             return int(depth[fail & group].min())

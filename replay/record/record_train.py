@@ -67,6 +67,7 @@ from specdiff.replay.model.target_capture import (
     target_num_layers,
 )
 from specdiff.replay.record.errors import RecordTrainError
+from specdiff.replay.record.noise_floor import measure_noise_floor
 from specdiff.replay.record.replayer import LOGITS_TOPK, TrainReplayer
 from specdiff.replay.record.sequences import (
     TrainSequence,
@@ -490,6 +491,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
             aw.submit(item)
         end = side.accept_facts()
         acc, acc_cum, mean = rep.accept_rates()
+        end["noise_floor"] = measure_noise_floor(rep, seqs, seq_ids)
     finally:
         aw.close(timeout_s=None, contract=end)
     result.accept_rate, result.accept_cum_rate, result.mean_accept_length = acc, acc_cum, mean

@@ -18,7 +18,8 @@ in the order it runs, with the stages it looks at (pipeline.py runs it after com
 - ``nonfinite``: where NaN/inf first appear and why; ``contract``: a contract difference acting
   inside the first stage (``contract_check`` compares the contracts, ``fact_diff`` every fact no one
   worded); ``differences``: when nothing above closes the gap, the recorded facts that differ and
-  act at or before the stage (named, not proven: the narrowing still runs);
+  act at or before the stage (named, not proven: the narrowing still runs); ``shift``: a divergence
+  called on a shift above the pair's noise floor, with its numbers;
 - ``crash``: a side whose engine crashed; ``findings``: pre-flight findings that bear on it.
 
 ``sample`` reads the rows the checks share. Every cause id is a row of replay/diff/causes.py.
@@ -39,6 +40,7 @@ from specdiff.replay.diff.explain.nonfinite import explain_nonfinite
 from specdiff.replay.diff.explain.norms import explain_norm_before_fc
 from specdiff.replay.diff.explain.positions import explain_position_shift, explain_positions
 from specdiff.replay.diff.explain.sample import Memo
+from specdiff.replay.diff.explain.shift import explain_shift
 from specdiff.replay.diff.explain.structure import explain_structure, explain_token_format
 from specdiff.replay.diff.explain.vocab import explain_vocab_map
 from specdiff.replay.diff.types import Alignment, Explanation, Pair, TensorComparison, side_names
@@ -110,6 +112,9 @@ CHECKS: tuple[Check, ...] = (
     Check(_every, lambda s: explain_group(s.first), fallback=True),
     # Nothing named closes the gap: the recorded facts that differ and act at or before the stage are named.
     Check(_every, lambda s: explain_differences(s.traces, s.comps, s.first), fallback=True),
+    # A divergence called on a shift above the pair's noise floor (judge/shift.py): its numbers, after the
+    # facts that may cause it.
+    Check(_every, lambda s: explain_shift(s.first)),
     Check(_every, lambda s: [e for e in s.nonfinite if e.tensor != s.first.name]),
 )
 

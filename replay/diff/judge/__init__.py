@@ -9,7 +9,9 @@ which a legitimate difference explains. In order, for each tensor ``compare/comp
    draft when the context judge needs a proof;
 3. the fail fraction of the rest against the tolerance (compare/compare.py ``compare_tensor``);
 4. a tensor under its fail fraction whose failures concentrate in one structural group of its rows
-   diverges there (``groups``).
+   diverges there (``groups``);
+5. a float tensor whose rows sit, on the median, well above the pair's measured noise floor diverges
+   as a shift, every row inside the tolerance or not (``shift``).
 
 A judge is an object with ``applies(name, scene) -> bool``, ``watch_frac(tolerance) -> float`` (the
 fail fraction the early watch proves a divergence above: the largest the judge may explain) and
@@ -24,12 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdiff.replay.diff.judge import context
+from specdiff.replay.diff.compare.tolerance import looser_dtype
+from specdiff.replay.diff.judge import context, shift
 from specdiff.replay.diff.judge.context import ContextJudge
 from specdiff.replay.diff.judge.inherited import Inheritance
 from specdiff.replay.diff.judge.routing import RoutingJudge, TargetFamily
 from specdiff.replay.diff.judge.topk_ties import TiesJudge
 from specdiff.replay.diff.types import Pair, TensorComparison
+from specdiff.tracer.schema import spec_for
 
 #: The judges, in order: the first that applies to a tensor judges it.
 JUDGES = (
@@ -82,6 +86,8 @@ class Judging:
         context_rows: bool [n], counted rows after an earlier differing cached row of their sequence
             (context.attributed_rows): they do not set ``limit_use`` (None: every counted row does).
         row_groups: the structural groups of the rows (groups.row_groups; None: not group-judged).
+        noise_floor: the pair's noise floor of the tensor, ``shift.pair_floor``'s (floor, how measured);
+            None: no side measured one (no shift judgement).
     """
 
     counted: np.ndarray | None = None
@@ -90,6 +96,7 @@ class Judging:
     watch_frac: float | None = None
     context_rows: np.ndarray | None = None
     row_groups: list | None = None
+    noise_floor: tuple | None = None
 
 
 def judging_for(name: str, scene: Scene, tolerance, match, *, inheritance: tuple, row_groups: list | None) -> Judging:
@@ -99,7 +106,15 @@ def judging_for(name: str, scene: Scene, tolerance, match, *, inheritance: tuple
     moved = (context.attributed_rows(name, match, scene.first_sources, scene.counted)
              if context.consumes_context(name) else None)
     return Judging(scene.counted, inheritance, None if chosen is None else chosen.bind(name, scene),
-                   None if chosen is None else chosen.watch_frac(tolerance), moved, row_groups)
+                   None if chosen is None else chosen.watch_frac(tolerance), moved, row_groups,
+                   _floor(name, scene.traces))
+
+
+def _floor(name: str, traces: Pair) -> tuple | None:
+    """The pair's noise floor of float tensor ``name`` (shift.pair_floor at the looser storage dtype)."""
+    if spec_for(name).kind != "float":
+        return None
+    return shift.pair_floor(traces, name, looser_dtype(traces.x.info(name).dtype, traces.y.info(name).dtype))
 
 
 __all__ = ["JUDGES", "Scene", "Judging", "judging_for"]

@@ -37,21 +37,6 @@ if not (REPO_MODELS / "draft" / "config.json").exists():
 LAYER = 5
 
 
-def _other_layer_target(out: Path) -> Path:
-    """The demo target with decoder layer ``LAYER``'s projections moved by half their std (seed 5)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(REPO_MODELS / "target", out)
-    sd = load_file(str(out / "model.safetensors"))
-    g = torch.Generator().manual_seed(5)
-    for k, v in sd.items():
-        if k.startswith(f"model.layers.{LAYER}.") and k.endswith("proj.weight"):
-            sd[k] = (v.float() + 0.5 * v.float().std() * torch.randn(v.shape, generator=g)).to(v.dtype)
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
-
-
 def _two_layer_draft(out: Path) -> Path:
     shutil.copytree(REPO_MODELS / "draft", out)
     cfg = json.loads((out / "config.json").read_text())
@@ -60,13 +45,13 @@ def _two_layer_draft(out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory, server_env):
+def pair(tmp_path_factory, server_env, other_layer_target):
     root = tmp_path_factory.mktemp("live-facts")
     serve = root / "serve.trace"
     # the thread writer: this file is about the contract, and a writer process that starts late on a
     # loaded machine would only cost the rows
     env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread")
-    with ServerProcess(_other_layer_target(root / "target"), draft_model_path=_two_layer_draft(root / "draft"),
+    with ServerProcess(other_layer_target(REPO_MODELS / "target", root / "target", layer=LAYER, scale=0.5), draft_model_path=_two_layer_draft(root / "draft"),
                        spec=SpecSettings(), env=env, extra_args=["--dtype", "bfloat16",
                                                                  "--speculative-draft-window-size", "4"],
                        log_path=root / "server.log", startup_timeout_s=1200) as server:
