@@ -197,7 +197,7 @@ NOT_COMPARED: dict[str, str] = {
     # provenance and the recorder's own bookkeeping
     "side": "provenance", "engine": "provenance", "engine_version": "provenance", "model_name": "a path",
     "draft_name": "a path", "replay_of": "a path", "draft_format": "checkpoint layout (weights compared by name)",
-    "unobservable": "recorder bookkeeping", "findings": "pre-flight findings (reported on their own)",
+    "unobservable": "recorder bookkeeping", "unknown_reasons": "recorder bookkeeping", "findings": "pre-flight findings (reported on their own)",
     "notes": "recorder notes", "defaults_used": "said by record train", "sampling": "recorder bookkeeping",
     "sampled_requests": "recorder bookkeeping", "dropped_*": "recorder bookkeeping", "recorder_*": "recorder timing",
     "trainer": "provenance (who computed the training side)",

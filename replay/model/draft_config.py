@@ -476,6 +476,9 @@ def _key_path(fmt: str, name: str) -> str:
         return NORM_FLAGS[name].keys[fmt][0]
     if name == "num_aux":
         return "num_aux_hidden_states"
+    if name == "attention_windows":  # read from two keys (eagle3/attention_window.py config_windows)
+        inner = "" if fmt == "specforge" else "transformer_layer_config."
+        return f"{inner}layer_types / {inner}sliding_window"
     if name in ("draft_vocab_size", "target_hidden_size") or fmt == "specforge":
         return name
     return f"transformer_layer_config.{name}"

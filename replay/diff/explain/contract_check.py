@@ -221,12 +221,14 @@ def unknown_fix(contract: dict) -> str:
 
 def _unknown_fact_line(field: str, why: str, label: str, c: dict, stages: tuple, x, y) -> ContractMismatch:
     """The line for a fact ``c`` (side ``label``) recorded as unknown. The fix names the engine version
-    only when the engine's ``unobservable`` list says which of its names hid the fact; a fact an older
+    only when the engine's ``unobservable`` list says which of its names hid the fact, the recorder's own
+    fix when it said why it could not settle the fact (``unknown_reasons``); a fact an older
     recorder left unknown is re-recorded. An engine's aux concat order is its ``aux_hf_indices`` (every
     engine appends the captures in its layer loop: SGLang 0.5.23 llama.py:486-494, tracer/contract.py
     ``aux_slot_layers``), so that one is an info, not a warning."""
     named = any(field in (u.get("facts") or []) for u in c.get("unobservable") or [] if isinstance(u, dict))
-    fix = (unknown_fix(c) if named else
+    reason = (c.get("unknown_reasons") or {}).get(field)
+    fix = (reason["fix"] if isinstance(reason, dict) and reason.get("fix") else unknown_fix(c) if named else
            f"re-record {label} with the current recorder (it reads {field} from the live engine)")
     hf = c.get("aux_hf_indices")
     if field == AUX_CONCAT_ORDER and c.get("side") == "serve" and isinstance(hf, (list, tuple)):

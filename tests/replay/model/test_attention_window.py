@@ -90,6 +90,45 @@ def test_the_windows_round_trip_through_both_config_formats_and_a_bad_one_names_
     assert e.value.field == "layer_types" and "sliding_window is 0" in str(e.value)
 
 
+def _windowed_copy(tmp_path, repo_models):
+    """The shipped draft with its one layer marked sliding, window 9 (speculators' keys: W = 8)."""
+    windowed = tmp_path / "windowed"
+    windowed.mkdir()
+    for f in (repo_models / "draft").iterdir():
+        (windowed / f.name).write_bytes(f.read_bytes())
+    raw = json.loads((windowed / "config.json").read_text())
+    (windowed / "config.json").write_text(json.dumps({**raw, "layer_types": ["sliding_attention"],
+                                                      "sliding_window": 9}))
+    return windowed
+
+
+def test_a_bad_window_names_the_config_keys_it_came_from_in_each_format(repo_models):
+    cfg = load_draft(repo_models / "draft").config
+    with pytest.raises(DraftConfigError) as e:  # one window for a two-layer draft
+        dataclasses.replace(cfg, format="speculators", num_hidden_layers=2, attention_windows=(6,))
+    assert e.value.field == "transformer_layer_config.layer_types / transformer_layer_config.sliding_window"
+    with pytest.raises(DraftConfigError) as e:
+        dataclasses.replace(cfg, format="specforge", attention_windows=(-1,))
+    assert e.value.field == "layer_types / sliding_window"
+
+
+def test_record_train_refuses_a_window_it_cannot_compute_in_one_line(tmp_path, repo_models, run_cli):
+    """--draft-window over a config that has its own windows, and SGLang's kv rule for speculators (which
+    slides one window over the prefix): one line each, exit 2, no trace written."""
+    pytest.importorskip("speculators")  # make install puts it in the main environment (--no-deps)
+    serve = repo_models.parent / "examples" / "seed" / "serve.trace"
+    cases = [((_windowed_copy(tmp_path, repo_models),), "the draft config already gives attention windows [8]"),
+             ((repo_models / "draft", "--trainer", "speculators"), "speculators cannot compute the attention windows")]
+    for (draft, *more), said in cases:
+        out = tmp_path / "refused.trace"
+        r = run_cli("record", "train", "--target", repo_models / "target", "--draft", draft, "--replay", serve,
+                    "-o", out, "--draft-window", "8", *more)
+        assert r.exit_code == 2, r.output
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and said in lines[0], r.stderr
+        assert not out.exists()
+
+
 def test_record_trains_draft_window_is_sglangs_rule_in_the_contract_and_refused_over_a_config_window(
         tmp_path, repo_models):
     loaded = load_draft(repo_models / "draft")
@@ -98,14 +137,7 @@ def test_record_trains_draft_window_is_sglangs_rule_in_the_contract_and_refused_
     assert window_fact(loaded.config.attention_windows, loaded.config.window_distance, 1) == [
         {"window": 8, "distance": "kv"}]
     assert window_fact(None, PREFIX, 2) == [None, None]
-    windowed = tmp_path / "windowed"
-    windowed.mkdir()
-    for f in (repo_models / "draft").iterdir():
-        (windowed / f.name).write_bytes(f.read_bytes())
-    raw = json.loads((windowed / "config.json").read_text())
-    (windowed / "config.json").write_text(json.dumps({**raw, "layer_types": ["sliding_attention"],
-                                                      "sliding_window": 9}))
-    own = load_draft(windowed)
+    own = load_draft(_windowed_copy(tmp_path, repo_models))
     assert own.config.attention_windows == (8,) and own.config.window_distance == PREFIX
     from specdiff.replay.model.checkpoint import CheckpointError
 

@@ -125,18 +125,30 @@ def aux_facts(A: VLLMAdapter, runner, L) -> dict:
     return out
 
 
-def _window_fact(dinner, A: VLLMAdapter):
-    """``draft_attention_window`` where the live draft layers settle it: every layer's ``Attention.sliding_window``
-    None (model_executor/layers/attention/attention.py:339) is full attention, certainly. A layer holding a window
-    S (the config's ``layer_types`` / ``sliding_window``, model_executor/models/llama.py:185-219) makes the fact
-    UNKNOWN: vLLM's CPU backend applies one window per KV-cache group and none where the group's layers
-    disagree (v1/attention/backends/cpu_attn.py:178-195), so what the layer holds is not what was computed."""
+#: why the window of a draft whose layers hold one is unknown, and what to do (``unknown_reasons``)
+_WINDOW_UNKNOWN = {
+    "why": "a draft layer holds a window, and vLLM 0.32.0's CPU backend applies one window per KV-cache group and "
+           "none where the group's layers disagree (v1/attention/backends/cpu_attn.py:178-195): what the layer holds "
+           "is not what was computed",
+    "fix": "compare a windowed draft on SGLang (--speculative-draft-window-size), or serve it on vLLM without "
+           "layer_types / sliding_window in its config",
+}
+
+
+def _window_fact(dinner, A: VLLMAdapter) -> tuple:
+    """(``draft_attention_window``, why it is unknown or None) where the live draft layers settle it: every
+    layer's ``Attention.sliding_window`` None (model_executor/layers/attention/attention.py:339) is full
+    attention, certainly. A layer holding a window S (the config's ``layer_types`` / ``sliding_window``,
+    model_executor/models/llama.py:185-219) makes the fact UNKNOWN, with ``_WINDOW_UNKNOWN``; a name the
+    running vLLM lacks makes it UNKNOWN through the adapter's ``unobservable`` list."""
     layers = read_chain(A, dinner, "LlamaModel.layers")
     if layers is MISSING:
-        return UNKNOWN
-    held = [getattr(getattr(getattr(layer, "self_attn", None), "attn", None), "sliding_window", MISSING)
+        return UNKNOWN, None
+    held = [read_chain(A, layer, "LlamaDecoderLayer.self_attn", "LlamaAttention.attn", "Attention.sliding_window")
             for layer in layers]
-    return [None] * len(held) if held and all(w is None for w in held) else UNKNOWN
+    if any(w is MISSING for w in held):
+        return UNKNOWN, None
+    return ([None] * len(held), None) if held and all(w is None for w in held) else (UNKNOWN, _WINDOW_UNKNOWN)
 
 
 def _rope_facts(A: VLLMAdapter, dinner) -> dict:
@@ -229,7 +241,9 @@ def contract_from_runner(runner, opts: Options, A: VLLMAdapter) -> dict:
     facts["embed_source"] = UNKNOWN if dembed is None else "target" if _same(dembed, tembed) else "draft"
     facts["lm_head_source"] = UNKNOWN if dhead is None else "target" if _same(dhead, thead) else "draft"
     facts.update(_rope_facts(A, dinner))
-    facts["draft_attention_window"] = _window_fact(dinner, A)
+    facts["draft_attention_window"], why = _window_fact(dinner, A)
+    if why is not None:
+        facts["unknown_reasons"] = {"draft_attention_window": why}
     if tmodel is not MISSING and tcfg is not MISSING:
         facts.update(target_identity_facts(tcfg, tembed, architecture=type(tmodel).__name__))
     tok = None if mc is MISSING else getattr(mc, "tokenizer", None)

@@ -122,6 +122,24 @@ def test_an_unknown_serving_fact_is_shown_beside_the_divergence_it_could_explain
     assert "aux_hf_indices           SGLang 0.5.99 has no LlamaModel.layers_to_capture" in info
 
 
+
+def test_a_fact_the_recorder_read_but_could_not_settle_says_why_and_its_own_fix(tmp_path, run_cli):
+    """vLLM's draft_attention_window where a layer holds a window its CPU backend may not apply
+    (tracer/engines/vllm/contract.py): the reason and fix the recorder wrote, not "re-record"."""
+    from specdiff.tracer.engines.vllm.contract import _WINDOW_UNKNOWN
+
+    train = _trace(tmp_path / "train.trace", "train", {**BASE, "draft_attention_window": [{"window": 8,
+                                                                                             "distance": "prefix"}]},
+                   stage="draft.hidden_out", diverge=False)
+    serve = _trace(tmp_path / "serve.trace", "serve", {**BASE, "draft_attention_window": "unknown",
+                                                       "unknown_reasons": {"draft_attention_window": _WINDOW_UNKNOWN}},
+                   stage="draft.hidden_out", diverge=True)
+    j = json.loads(run_cli("diff", train, serve, "--format", "json").output)
+    assert j["unknown_facts"]["serving"] == {"draft_attention_window": _WINDOW_UNKNOWN["why"]}
+    line = next(m for m in j["contract_mismatches"] if m["field"] == "draft_attention_window")
+    assert line["fix"] == _WINDOW_UNKNOWN["fix"] and "re-record" not in line["fix"]
+    assert "cpu_attn.py:178-195" in line["message"]
+
 # ---- target identity facts (issue 20): one computation for both sides ------------------------------
 def test_target_config_sha256_ignores_what_the_engine_adds_and_sees_what_the_model_computes():
     from transformers import Qwen3MoeConfig
