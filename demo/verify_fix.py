@@ -126,17 +126,20 @@ def estimate(report, cause: str) -> tuple[float | None, str]:
                                       f"{found.mean_accept_length:.2f} with training's {name}")
 
 
-def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None) -> Verdict:
+def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None, options=()) -> Verdict:
     """Serve ``fixed`` (the draft ``specdiff fix`` wrote) as the serving trace of ``report`` (a
     ``DiffReport``, training vs serving) was served, replay it with the training draft and options,
     diff, and judge. ``workdir``: where the new traces and the server log go (made if absent).
     ``cause``: the cause fixed, for the estimate before the run (:func:`estimate`; None: none).
+    ``options``: the fix's server option edits (replay/fix/plan.py ``OptionEdit``), applied to the options
+    the recorded server was given (:func:`served_options`).
 
     Raises:
         DemoError: a serving trace of an engine other than SGLang, a model path not found here, the
             server or ``record train`` failed (one line each).
     """
     from specdiff.replay.diff.pipeline import diff_traces
+    from specdiff.replay.fix.plan import apply_options
     from specdiff.tracer.contract import known
 
     traces = report.traces
@@ -171,7 +174,7 @@ def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None) -> 
     with contextlib.redirect_stdout(sys.stderr):  # the demo phases' progress lines: stdout is the verdict (JSON)
         serve_and_trace(models=target.parent, target=target, served_draft=fixed, trace=new_serve, prompts=prompts,
                         max_new_tokens=new_tokens, log_path=workdir / "server.log", spec=spec,
-                        extra_args=tuple(served_options(serve.contract)))
+                        extra_args=tuple(apply_options(served_options(serve.contract), options)))
         record_train(models=target.parent, target=target, serve_trace=new_serve, out=new_train,
                      draft=trained, extra=extra)
     after = diff_traces(str(new_train), str(new_serve))
@@ -217,6 +220,6 @@ def demo_fix(report, workdir: Path) -> tuple[bool, dict]:
     out = workdir / "fixed-draft"
     write_fix(plan, out, overwrite=True)
     print("\n".join(f"    {line}" for line in change_text(plan, out).splitlines()))
-    verdict = verify_fix(report, out, workdir / "fix-verify", cause=plan.cause)
+    verdict = verify_fix(report, out, workdir / "fix-verify", cause=plan.cause, options=plan.options)
     print(f"    {verdict.line}")
     return verdict.verified, {**change_json(plan, out), "verify": verdict.to_json()}

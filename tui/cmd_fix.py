@@ -30,8 +30,10 @@ def fix(train_trace, serve_trace, out, fmt, overwrite, verify, workdir):
     """Diff TRAIN_TRACE with SERVE_TRACE and write what the first divergence's cause calls for: a
     copy of the served draft (the serving contract's draft_name) in OUT with the corrected config
     keys (the aux ids in the engine's numbering, the norm flags) and, where the cause is in the
-    weights or buffers (d2t, fc's column blocks, a norm weight), the corrected safetensors. Prints the
-    change as a diff of config keys and tensor names. The served draft is never edited.
+    weights or buffers (d2t, fc's column blocks, a norm weight), the corrected safetensors; where it is
+    a server option (the draft window, the speculative algorithm, an fp16 overflow's dtype), the copy
+    unchanged and the options to serve it with. Prints the change as a diff of config keys, tensor names
+    and server options. The served draft is never edited.
 
     Exit code: 0 the fix was written, or nothing diverged ("nothing to fix", nothing written);
     2 no mechanical fix exists (an engine crash, a cause in other weights, a fix that needs the
@@ -67,7 +69,7 @@ def fix(train_trace, serve_trace, out, fmt, overwrite, verify, workdir):
 
     where = Path(workdir) if workdir else out.parent / f"{out.name}-verify"
     click.echo(f"verifying: serving {out} on a CPU SGLang server, recording into {where} (minutes)", err=True)
-    verdict = verify_fix(report, out, where, cause=plan.cause)
+    verdict = verify_fix(report, out, where, cause=plan.cause, options=plan.options)
     if fmt == "json":
         click.echo(json.dumps({**change, "verify": verdict.to_json()}, indent=2))
     else:

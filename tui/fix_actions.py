@@ -79,15 +79,16 @@ class FixActions:
             return
         self.query_one("#verdict", Static).update(f"verifying the fix in {self.fixed}: serving it on a CPU SGLang "
                                                   "server, recording and diffing both sides again (minutes)…")
-        self.run_verify(self.fixed, self.fix_plan.cause)
+        self.run_verify(self.fixed, self.fix_plan.cause, self.fix_plan.options)
 
     @work(thread=True, exclusive=True, group="verify")
-    def run_verify(self, fixed: Path, cause: str) -> None:
+    def run_verify(self, fixed: Path, cause: str, options=()) -> None:
         """Serve, record, diff (blocking, minutes); the verdict goes to the verdict line and a notice."""
         from specdiff.demo.verify_fix import verify_fix
 
         try:
-            verdict = verify_fix(self.report, fixed, fixed.parent / f"{fixed.name}-verify", cause=cause)
+            verdict = verify_fix(self.report, fixed, fixed.parent / f"{fixed.name}-verify", cause=cause,
+                                 options=options)
         except SpecdiffError as exc:
             self.call_from_thread(self._verified, f"the fix could not be verified: {exc}", False)
             return

@@ -13,7 +13,10 @@ mechanical fixes (``PLANNERS``), each read from the two traces' contracts and th
   training side recorded (``draft.d2t``; for direct ids without it, ``d2t - arange``), and ``t2d``
   rebuilt from them (eagle3/vocab_map.py);
 - ``norm_before_fc``: the norm flags the training contract records, written at every key the
-  engine reads (eagle3/norms.py ``NORM_FLAGS``), and the norm weights the flags no longer use removed.
+  engine reads (eagle3/norms.py ``NORM_FLAGS``), and the norm weights the flags no longer use removed;
+- server options (``OPTION_PLANNERS``): the draft window training computed
+  (``--speculative-draft-window-size``, or none), ``--speculative-algorithm EAGLE3``, and the training
+  dtype for an fp16 overflow; SGLang only (the draft copy is unchanged).
 
 Everything else is refused (``NoMechanicalFix``): an engine crash, a cause in another model's
 weights, a fix that needs the trained weights, a legitimate difference, an unexplained divergence.
@@ -35,7 +38,8 @@ from specdiff.tracer.contract import aux_slot_layers, known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.paths import contract_path, is_model_dir
 
-__all__ = ["ConfigEdit", "FixPlan", "NoMechanicalFix", "TensorEdit", "plan_fix", "PLANNERS", "GRAFT_INPUT"]
+__all__ = ["ConfigEdit", "FixPlan", "NoMechanicalFix", "OptionEdit", "TensorEdit", "plan_fix", "PLANNERS",
+           "OPTION_PLANNERS", "GRAFT_INPUT", "apply_options"]
 
 
 class NoMechanicalFix(SpecdiffError):
@@ -63,6 +67,39 @@ class TensorEdit:
 
 
 @dataclass(frozen=True)
+class OptionEdit:
+    """One serving engine option to change: ``flag`` as given on the command line
+    (``--speculative-draft-window-size``), the value the recorded server had (``old``: None when not given)
+    and the one to serve with (``new``: None drops the flag, True gives it bare)."""
+
+    flag: str
+    old: object
+    new: object
+
+    def argv(self) -> list[str]:
+        """The flag as command-line words (``[]`` when dropped)."""
+        if self.new is None or self.new is False:
+            return []
+        return [self.flag] if self.new is True else [self.flag, str(self.new)]
+
+
+def apply_options(argv: list[str], edits) -> list[str]:
+    """``argv`` (SGLang flags, each flag followed by its value unless bare) with ``edits`` (``OptionEdit``)
+    applied: every occurrence of an edited flag and its value removed, then the new words appended."""
+    flags = {e.flag for e in edits}
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in flags:
+            i += 1 + (i + 1 < len(argv) and not argv[i + 1].startswith("--"))
+            continue
+        out.append(argv[i])
+        i += 1
+    for e in edits:
+        out += e.argv()
+    return out
+
+
+@dataclass(frozen=True)
 class FixPlan:
     """What ``specdiff fix`` writes.
 
@@ -73,6 +110,7 @@ class FixPlan:
         source: the served draft directory (the serving contract's ``draft_name``), copied, never edited.
         config: config.json edits, in order.
         tensors: safetensors edits, in order.
+        options: serving engine options to change (the copy of the draft is then unchanged), in order.
     """
 
     cause: str
@@ -81,6 +119,7 @@ class FixPlan:
     source: Path
     config: tuple[ConfigEdit, ...] = ()
     tensors: tuple[TensorEdit, ...] = ()
+    options: tuple[OptionEdit, ...] = ()
 
 
 @dataclass
@@ -108,8 +147,6 @@ REASONS = {
     "embed_source": "the draft needs the embedding it was trained with, which is another model's weights",
     "lm_head_source": "the draft needs its trained lm_head, which the served checkpoint does not hold",
     "hidden_half": "the hidden half of the attention input differs: no config key or buffer says how",
-    "speculative_algorithm": "it is a server option, not the draft",
-    "fp16_overflow": "it is the serving dtype (a server option), not the draft",
     "spec_topk": "it is a recording option (record train --topk), not the draft",
     "logits_topk": "it is a recording option, not the draft",
     "token_format": "it is how the prompts were tokenized, not the draft",
@@ -140,13 +177,17 @@ def plan_fix(report) -> FixPlan | None:
     train, serve = (traces.x, traces.y) if traces.x.side == "train" else (traces.y, traces.x)
     first = report.first.name if report.first is not None else None
     named = [e for e in report.explanations if not e.named_only]
+    if not named:  # a recorded fact that differs at the stage, named not proven, whose fix is a server option:
+        # written all the same (``--verify`` re-serves with it and proves it, or shows the next divergence)
+        named = [e for e in report.explanations if e.named_only and e.cause in OPTION_PLANNERS]
     if not named:
         raise NoMechanicalFix(f"no mechanical fix: nothing explains the first divergence at {first} "
                               "(`specdiff diff` shows the evidence and the narrowing)")
     e = named[0]
     row = cause_row(e.cause)
     planner = PLANNERS.get(e.cause)
-    if planner is None:
+    options = OPTION_PLANNERS.get(e.cause)
+    if planner is None and options is None:
         why = REASONS.get(e.cause) or (f"a {row.kind} difference: {row.meaning}" if row.kind != "bug"
                                        else row.meaning)
         raise NoMechanicalFix(f"no mechanical fix for {e.cause} at {first}: {why}")
@@ -155,7 +196,10 @@ def plan_fix(report) -> FixPlan | None:
         raise NoMechanicalFix("no mechanical fix: " + (found.message() if found.recorded else
                                                        "the serving trace records no draft_name"))
     raw = json.loads((found.path / "config.json").read_text())
-    config, tensors = planner(_Sides(train, serve, found.path, raw), e)
+    sides = _Sides(train, serve, found.path, raw)
+    if options is not None:
+        return FixPlan(e.cause, first, e.fix, found.path, options=tuple(options(sides, e)))
+    config, tensors = planner(sides, e)
     return FixPlan(e.cause, first, e.fix, found.path, tuple(config), tuple(tensors))
 
 
@@ -273,6 +317,56 @@ def _present(raw: dict, key: str) -> bool:
     return head in raw if not tail else isinstance(raw.get(head), dict) and tail in raw[head]
 
 
+def _given(serve, name: str):
+    """The value the operator gave the recorded server for option ``name`` (contract
+    ``engine_options_given``), or None."""
+    entry = (known(serve.contract, "engine_options_given") or {}).get(name)
+    return entry.get("value") if isinstance(entry, dict) else None
+
+
+def _sglang_only(s: _Sides, e) -> None:
+    engine = known(s.serve.contract, "engine")
+    if engine != "sglang":
+        raise NoMechanicalFix(f"no mechanical fix for {e.cause}: the option it needs is SGLang's; the serving trace "
+                              f"was recorded on {engine}")
+
+
+def _window_option(s: _Sides, e) -> list[OptionEdit]:
+    """The draft window training computed, as SGLang 0.5.23's one option for it:
+    ``--speculative-draft-window-size W`` (every draft layer, counted over the KV sequence that holds the
+    step's draft tokens: llama_eagle3.py:286-299, eagle3/attention_window.py ``KV``), or none."""
+    from specdiff.eagle3.attention_window import KV
+
+    _sglang_only(s, e)
+    windows = known(s.train.contract, "draft_attention_window")
+    if not isinstance(windows, list) or not windows:
+        raise NoMechanicalFix(f"no mechanical fix for {e.cause}: the training trace records no draft attention window")
+    old = _given(s.serve, "speculative_draft_window_size")
+    if all(w is None for w in windows):
+        return [OptionEdit("--speculative-draft-window-size", old, None)]
+    sizes = {(w.get("window"), w.get("distance")) if isinstance(w, dict) else None for w in windows}
+    if len(sizes) == 1 and next(iter(sizes)) is not None and next(iter(sizes))[1] == KV:
+        return [OptionEdit("--speculative-draft-window-size", old, next(iter(sizes))[0])]
+    raise NoMechanicalFix(f"no mechanical fix for {e.cause}: training's windows {windows} are not one window counted "
+                          "over the KV sequence on every layer, the only one SGLang 0.5.23 serves "
+                          "(--speculative-draft-window-size; llama_eagle3.py:286-299)")
+
+
+def _algorithm_option(s: _Sides, e) -> list[OptionEdit]:
+    """Serve the EAGLE-3 draft as EAGLE3 (SGLang then feeds it the aux hidden states)."""
+    _sglang_only(s, e)
+    return [OptionEdit("--speculative-algorithm", known(s.serve.contract, "spec_algorithm"), "EAGLE3")]
+
+
+def _dtype_option(s: _Sides, e) -> list[OptionEdit]:
+    """Serve in the dtype training computed in (an fp16 overflow is bf16's range away)."""
+    _sglang_only(s, e)
+    want = str(known(s.train.contract, "dtype") or "bfloat16").removeprefix("torch.")
+    if want == "float16":
+        raise NoMechanicalFix(f"no mechanical fix for {e.cause}: training computed in float16 too")
+    return [OptionEdit("--dtype", _given(s.serve, "dtype"), want)]
+
+
 #: cause id -> the input ``specdiff diff --graft`` substitutes that stands for its fix
 #: (replay/diff/rerun/graft.py ``GraftResult.name``): its accept length is the estimate before a re-run
 GRAFT_INPUT = {
@@ -288,4 +382,11 @@ PLANNERS = {
     "aux_slot_permutation": _aux_permutation,
     "d2t_direct_ids": _d2t, "d2t_missing": _d2t, "d2t_arange": _d2t, "d2t_other_map": _d2t,
     "norm_before_fc": _norms,
+}
+
+#: cause id -> planner(sides, explanation) -> serving option edits (the draft copy stays as served)
+OPTION_PLANNERS = {
+    "contract.draft_attention_window": _window_option,
+    "speculative_algorithm": _algorithm_option,
+    "fp16_overflow": _dtype_option,
 }

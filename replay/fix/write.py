@@ -114,15 +114,17 @@ def _shape(t) -> str:
 
 def change_json(plan: FixPlan, out: Path | None) -> dict:
     """The change as JSON: ``fix_format``, the cause and tensor, the fix sentence, the served draft
-    (``source``), ``out``, ``config`` [{key, old, new}] and ``tensors`` [{name, change ('write' |
-    'remove'), dtype, shape, why}]."""
+    (``source``), ``out``, ``config`` [{key, old, new}], ``tensors`` [{name, change ('write' |
+    'remove'), dtype, shape, why}] and the serving engine ``options`` [{flag, old, new}] (new null:
+    drop the flag)."""
     return {"fix_format": FIX_FORMAT, "cause": plan.cause, "tensor": plan.tensor, "fix": plan.fix,
             "source": str(plan.source), "out": None if out is None else str(out),
             "config": [{"key": c.key, "old": c.old, "new": c.new} for c in plan.config],
             "tensors": [{"name": t.name, "change": "remove" if t.new is None else "write",
                          "dtype": None if t.new is None else str(t.new.dtype).removeprefix("torch."),
                          "shape": None if t.new is None else list(t.new.shape), "why": t.why}
-                        for t in plan.tensors]}
+                        for t in plan.tensors],
+            "options": [{"flag": o.flag, "old": o.old, "new": o.new} for o in plan.options]}
 
 
 def change_text(plan: FixPlan, out: Path) -> str:
@@ -137,4 +139,10 @@ def change_text(plan: FixPlan, out: Path) -> str:
         lines.append("tensors")
         for t in plan.tensors:
             lines.append(f"  - {t.name}  ({t.why})" if t.new is None else f"  ~ {t.name} {_shape(t.new)}  ({t.why})")
+    if plan.options:
+        lines.append("server options (serve the copy with these; the draft itself is unchanged)")
+        for o in plan.options:
+            if o.old is not None:
+                lines.append(f"  - {o.flag} {json.dumps(o.old)}")
+            lines.append(f"  + {' '.join(o.argv())}" if o.new is not None else f"  (drop {o.flag})")
     return "\n".join(lines)

@@ -7,7 +7,8 @@ srt/models/llama_eagle3.py:286-299) on prompts longer than the window.
   no divergence, and the served option is not reported against the engine's default (the window both
   sides computed is compared instead).
 - The same serving trace against a full-attention training side: exit 1, first divergence
-  ``draft.hidden_out``, the differing window named with its fix. One server start.
+  ``draft.hidden_out``, the differing window named with its fix; ``fix --verify`` writes the draft as it
+  was with the option dropped, re-serves it (a second server start) and verifies the pair agrees.
 """
 
 from __future__ import annotations
@@ -68,3 +69,16 @@ def test_a_windowed_draft_served_by_sglang_matches_the_reference_with_its_window
     named = {m["field"]: m for m in report["contract_mismatches"]}
     assert "draft_attention_window" in named, sorted(named)
     assert "--speculative-draft-window-size" in named["draft_attention_window"]["fix"]
+
+    # `fix --verify` on that pair: the option is the cause, so the fix is the served draft as it was, served
+    # without the window (replay/fix/plan.py OPTION_PLANNERS); re-served and re-recorded, the pair agrees
+    out = tmp_path / "fixed"
+    fix = subprocess.run([sys.executable, "-m", "specdiff.tui", "fix", tmp_path / "full.trace", serve, "-o", out,
+                          "--verify", "--format", "json"], capture_output=True, text=True, timeout=900)
+    assert fix.returncode == 0, (fix.stdout[-3000:], fix.stderr[-3000:])
+    done = json.loads(fix.stdout)
+    assert done["cause"] == "contract.draft_attention_window" and done["config"] == done["tensors"] == []
+    assert done["options"] == [{"flag": "--speculative-draft-window-size", "old": W, "new": None}]
+    assert done["verify"]["verified"], done["verify"]["line"]
+    reserved = open_trace(done["verify"]["traces"][1]).contract
+    assert reserved["draft_attention_window"] == [None]  # served without the window this time
