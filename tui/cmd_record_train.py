@@ -106,9 +106,14 @@ TRAIN_TOPK = 8
               help="Attend as SGLang serves the draft with --speculative-draft-window-size W (every layer sees the "
                    "last W+1 entries of its KV sequence, draft tokens included). Default: the draft config's "
                    "layer_types / sliding_window (speculators' rule), else full attention.")
+@click.option("--noise-floor/--no-noise-floor", default=True, show_default=True,
+              help="Re-run the forward once on the first sequences (<= 256 tokens) at the other precision and "
+                   "record each stage's bf16-vs-float32 gap: the floor `diff` judges a systematic shift against. "
+                   "Off: the pair is judged by its fixed tolerances alone.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing trace at --out.")
 def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps, topk, dtype, target_dtype,
-          capture, probe_positions, max_new_tokens, batch_size, device, trainer, draft_window, overwrite):
+          capture, probe_positions, max_new_tokens, batch_size, device, trainer, draft_window, noise_floor,
+          overwrite):
     """Record the training side: teacher-forced EAGLE-3 TTT forward of the draft on token sequences.
 
     Exit code: 0 written, 2 bad input, 130 interrupted (the partial trace is removed: a trace at
@@ -146,7 +151,7 @@ def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps
                            topk=topk, dtype=dtype, target_dtype=target_dtype, capture=capture,
                            probe_positions=probe_positions, max_new_tokens=max_new_tokens,
                            batch_size=batch_size, device=device, overwrite=overwrite, trainer=trainer,
-                           draft_window=draft_window,
+                           draft_window=draft_window, noise_floor=noise_floor,
                            progress=progress, on_start=on_start)
     except KeyboardInterrupt:
         on_interrupt(_drop_partial(out, existed=existed, since=since))
