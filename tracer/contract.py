@@ -139,8 +139,7 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     DEFAULTS_USED: ((dict,), "options the recorder filled in: name -> {'value': ..., 'source': where "
                     "the value came from}"),
     "draft_name": ((str,), "draft model path or name"),
-    "unknown_reasons": ((dict,), "facts the recorder read but could not settle: {field: {why, fix}} (e.g. vLLM's "
-                                 "draft_attention_window where a layer holds a window its CPU backend may not apply)"),
+    "unknown_reasons": ((dict,), "facts read but not settled: {field: {why, fix}} (vLLM's draft_attention_window)"),
     "unobservable": (_list, "engine names the recorder could not find: [{name, <engine>, source, tensors, facts, "
                             "why, <engine>_version}], <engine> being the trace's engine fact ('sglang': "
                             "{..., sglang: dotted path, sglang_version}; 'vllm': {..., vllm, vllm_version}) "
@@ -254,8 +253,7 @@ def unknown_facts(contract: dict) -> dict[str, str]:
     """Field -> why it is unknown: the recorder's own reason (``unknown_reasons``), else the engine
     name the recorder could not find (from the contract's ``unobservable`` list, whichever engine
     wrote it: ``unobservable_engine``), for every field recorded as ``"unknown"``."""
-    why: dict[str, str] = {f: r["why"] for f, r in (contract.get("unknown_reasons") or {}).items()
-                           if isinstance(r, dict) and r.get("why")}
+    why = {f: r["why"] for f, r in (contract.get("unknown_reasons") or {}).items() if "why" in (r or {})}
     for u in contract.get("unobservable") or []:
         if isinstance(u, dict):
             eng = unobservable_engine(u)

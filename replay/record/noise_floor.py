@@ -9,7 +9,7 @@ This module measures the floor the diff judges such a shift against
 (replay/diff/judge/shift.py): ``record train`` re-runs its forward on a few of its sequences with
 float32 copies of target and draft when it recorded in bf16 or fp16 (bf16 copies when it recorded
 in float32), and records per float tensor the median and 90th percentile of the per-row relative
-error between the two runs (the diff's own metric, compare/blocks.py ``float_rows``).
+error between the two runs (the diff's own metric, eagle3/row_error.py).
 
 The re-run needs a second copy of both models at the other precision; when that does not fit in
 the memory the forward runs in (half of what is free), or the trainer's model cannot be copied, the
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from specdiff.eagle3.acceptance import AcceptTally
-from specdiff.replay.diff.compare.blocks import float_rows
+from specdiff.eagle3.row_error import relative_error
 from specdiff.tracer.schema import spec_for
 
 __all__ = ["FLOOR_TOKENS", "measure_noise_floor", "probe_sequences"]
@@ -81,19 +81,22 @@ def _fresh(replayer, target, draft):
     return twin
 
 
-def measure_noise_floor(replayer, seqs, seq_ids: list[int]) -> dict:
+def measure_noise_floor(replayer, seqs, seq_ids: list[int], *, skip: bool = False) -> dict:
     """The ``noise_floor`` contract fact of a training side.
 
     Args:
         replayer: the ``TrainReplayer`` that recorded the trace (its target and draft at the recorded
             dtypes; not changed: the re-run uses copies and its own acceptance tallies).
         seqs: the recorded ``TrainSequence`` list; seq_ids: their trace seq ids.
+        skip: record the floor as not measured (``record train --no-noise-floor``).
 
     Returns:
         ``{"method": str, "sequences": int, "tensors": {name: {"median_rel", "p90_rel", "rows"}}}``
         for every float tensor the forward records (relative errors as float, rows an int), or
         ``{"method": None, "unmeasured": reason}`` when the re-run could not be made.
     """
+    if skip:
+        return {"method": None, "unmeasured": "record train --no-noise-floor"}
     target, draft = replayer.target, replayer.draft
     t_dtype = next(target.parameters()).dtype
     d_dtype = next(draft.parameters()).dtype
@@ -126,8 +129,8 @@ def measure_noise_floor(replayer, seqs, seq_ids: list[int]) -> dict:
             continue
         x = data.detach().to(torch.float32).cpu().reshape(data.shape[0], -1).numpy()
         y = rerun[name][0].detach().to(torch.float32).cpu().reshape(data.shape[0], -1).numpy()
-        rel, _cos, _exact, nonfinite, _max = float_rows(np.ascontiguousarray(x), np.ascontiguousarray(y))
-        rel = rel[~nonfinite]
+        rel = relative_error(x, y)
+        rel = rel[np.isfinite(rel) & np.isfinite(x).all(1) & np.isfinite(y).all(1)]
         if len(rel):
             tensors[name] = {"median_rel": float(np.median(rel)), "p90_rel": float(np.quantile(rel, 0.9)),
                              "rows": int(len(rel))}

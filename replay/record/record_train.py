@@ -449,9 +449,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         trainer: ``specdiff`` (default, the reference forward), ``specforge`` or ``speculators``:
             the draft built, loaded and run by that trainer's installed package (``replay.trainers``).
         draft_window: the draft attends as SGLang serves it with ``--speculative-draft-window-size``.
-        noise_floor: measure the floor the diff judges a systematic shift against
-            (replay/record/noise_floor.py); False records ``noise_floor`` as not measured, and such a pair
-            is judged by its fixed tolerances alone.
+        noise_floor: measure the floor a shift is judged against (replay/record/noise_floor.py; False: not).
 
     Raises:
         RecordTrainError / CheckpointError / TargetError / TraceError: one line each.
@@ -494,8 +492,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
             aw.submit(item)
         end = side.accept_facts()
         acc, acc_cum, mean = rep.accept_rates()
-        end["noise_floor"] = (measure_noise_floor(rep, seqs, seq_ids) if noise_floor else
-                              {"method": None, "unmeasured": "record train --no-noise-floor"})
+        end["noise_floor"] = measure_noise_floor(rep, seqs, seq_ids, skip=not noise_floor)
     finally:
         aw.close(timeout_s=None, contract=end)
     result.accept_rate, result.accept_cum_rate, result.mean_accept_length = acc, acc_cum, mean

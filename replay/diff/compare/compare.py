@@ -171,40 +171,11 @@ def compare_tensor(traces: Pair, alignment: Alignment, name: str, *, tolerance: 
         comp.concentration = groups.concentrated(comp, row_groups, own & usable, usable)
         comp.diverged = comp.concentration is not None and comp.concentration.fired
     if j.noise_floor is not None and spec.kind == "float":
-        _judge_shift(comp, unread, j)
+        shift.judge_shift(comp, unread, j.context_rows, j.noise_floor)
     stats.update(_inheritance_stats(comp, own, counted_readable, own_frac, spec.kind, j.context_rows))
     if watch is not None:
         watch.finished(comp)
     return comp
-
-
-def _judge_shift(comp: TensorComparison, unread: np.ndarray, j: Judging) -> None:
-    """Measure the rows against the pair's noise floor (judge/shift.py); a tensor not yet diverged
-    diverges when the shift fires. Usable rows: counted, readable, finite, not moved by an earlier
-    cached row (``j.context_rows``), and before the first row of their sequence that a judge explained
-    or that inherits an upstream difference: a routing near-tie's flipped expert (GPT-OSS, measured)
-    changes its position's K/V, which every later position of the sequence attends to, so the rows after
-    it sit above the floor for a legitimate reason."""
-    n = len(comp.score)
-    usable = (comp.counted if comp.counted is not None else np.ones(n, bool)) & ~unread & ~comp.nonfinite
-    if j.context_rows is not None:
-        usable &= ~j.context_rows
-    moved = np.zeros(n, bool)
-    for mask in (comp.explained, comp.inherited):
-        if mask is not None:
-            moved |= mask
-    if moved.any():
-        pairs = comp.match.pair
-        first = np.full(int(pairs.max()) + 1, np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(first, pairs[moved], comp.match.pos[moved].astype(np.int64))
-        usable &= comp.match.pos < first[pairs]
-    comp.shift = shift.systematic_shift(comp.score, usable, j.noise_floor)
-    if comp.shift is None:
-        return
-    comp.stats["shift"] = comp.shift.as_dict()
-    if comp.shift.fired and not comp.diverged:
-        comp.shift_rows = usable & (comp.score > shift.FLOOR_RATIO * comp.shift.floor)
-        comp.diverged = True
 
 
 def _inheritance_stats(comp: TensorComparison, own: np.ndarray, counted: int, own_frac: float, kind: str,

@@ -26,7 +26,7 @@ import numpy as np
 
 from specdiff.tracer.contract import known
 
-__all__ = ["FLOOR_RATIO", "MIN_ROWS", "ROUNDING_FLOOR", "Shift", "pair_floor", "systematic_shift"]
+__all__ = ["FLOOR_RATIO", "MIN_ROWS", "ROUNDING_FLOOR", "Shift", "judge_shift", "pair_floor", "systematic_shift"]
 
 #: median row / floor at which a shift is a divergence ("well above" the noise; see the module doc)
 FLOOR_RATIO = 3.0
@@ -87,6 +87,39 @@ def pair_floor(traces, name: str, dtype: str) -> tuple[float, str] | None:
     if value < low:
         return low, f"one {dtype} rounding; measured {value:.3g}: {method}"
     return value, method
+
+
+def judge_shift(comp, unread: np.ndarray, context_rows: np.ndarray | None, floor: tuple[float, str]) -> None:
+    """Measure a compared float tensor ``comp`` (types.TensorComparison) against the pair's ``floor``
+    (``pair_floor``): sets ``comp.shift`` and ``comp.stats["shift"]``, and, when the shift fires on a tensor
+    not yet diverged, ``comp.shift_rows`` and ``comp.diverged``. ``unread``: bool [n], rows in damaged
+    chunks; ``context_rows``: bool [n] or None, rows an earlier differing cached row moved.
+
+    Usable rows: counted, readable, finite, not context-moved, and before the first row of their sequence
+    that a judge explained or that inherits an upstream difference: a routing near-tie's flipped expert
+    (GPT-OSS, measured: the rows after it at 3.8x the floor) changes its position's K/V, which every later
+    position of the sequence attends to, so the rows after it sit above the floor for a legitimate reason.
+    """
+    n = len(comp.score)
+    usable = (comp.counted if comp.counted is not None else np.ones(n, bool)) & ~unread & ~comp.nonfinite
+    if context_rows is not None:
+        usable &= ~context_rows
+    moved = np.zeros(n, bool)
+    for mask in (comp.explained, comp.inherited):
+        if mask is not None:
+            moved |= mask
+    if moved.any():
+        pairs = comp.match.pair
+        first = np.full(int(pairs.max()) + 1, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first, pairs[moved], comp.match.pos[moved].astype(np.int64))
+        usable &= comp.match.pos < first[pairs]
+    comp.shift = systematic_shift(comp.score, usable, floor)
+    if comp.shift is None:
+        return
+    comp.stats["shift"] = comp.shift.as_dict()
+    if comp.shift.fired and not comp.diverged:
+        comp.shift_rows = usable & (comp.score > FLOOR_RATIO * comp.shift.floor)
+        comp.diverged = True
 
 
 def systematic_shift(score: np.ndarray, usable: np.ndarray, floor: tuple[float, str]) -> Shift | None:
