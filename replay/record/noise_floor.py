@@ -134,5 +134,16 @@ def measure_noise_floor(replayer, seqs, seq_ids: list[int], *, skip: bool = Fals
         if len(rel):
             tensors[name] = {"median_rel": float(np.median(rel)), "p90_rel": float(np.quantile(rel, 0.9)),
                              "rows": int(len(rel))}
-    return {"method": f"the recorded {str(t_dtype).replace('torch.', '')} forward re-run in "
-                      f"{str(other_t).replace('torch.', '')}", "sequences": len(picked), "tensors": tensors}
+    return {"method": _method(t_dtype, d_dtype), "sequences": len(picked), "tensors": tensors}
+
+
+def _method(target: torch.dtype, draft: torch.dtype) -> str:
+    """How the floor was measured, in words: one dtype pair when target and draft share it (a trainer's
+    draft may hold float32 weights under a bf16 target: each is then named)."""
+    def name(d):
+        return str(d).removeprefix("torch.")
+
+    if target == draft:
+        return f"the recorded {name(target)} forward re-run in {name(_other_dtype(target))}"
+    return (f"the recorded forward (target {name(target)}, draft {name(draft)}) re-run with target "
+            f"{name(_other_dtype(target))}, draft {name(_other_dtype(draft))}")

@@ -140,3 +140,15 @@ def test_the_same_computation_twice_shows_no_shift(traces, run_cli):
     assert code == 0
     ratios = {n: t["shift"]["ratio"] for n, t in report["tensors"].items() if "shift" in t}
     assert ratios and max(ratios.values()) == 0.0, ratios
+
+
+def test_the_floor_says_how_it_was_measured_per_model_when_their_dtypes_differ():
+    import torch
+
+    from specdiff.replay.record.noise_floor import _method
+
+    assert _method(torch.bfloat16, torch.bfloat16) == "the recorded bfloat16 forward re-run in float32"
+    assert _method(torch.float32, torch.float32) == "the recorded float32 forward re-run in bfloat16"
+    # speculators' draft: float32 weights under bf16 autocast, beside a bf16 target
+    assert _method(torch.bfloat16, torch.float32) == ("the recorded forward (target bfloat16, draft float32) re-run "
+                                                      "with target float32, draft bfloat16")
