@@ -78,6 +78,11 @@ def _metrics(vm: ViewModel, sel: Sel, i: int) -> Text:
     if nums:
         t.append("\nstats ", style="dim")
         t.append(nums)
+    if comp.shift is not None:  # judge/shift.py: the rows against the pair's measured noise floor
+        t.append("\nnoise floor ", style="dim")
+        t.append(comp.shift.words())
+        if comp.shift_only:
+            t.append(" — a systematic shift", style="bold red")
     if comp.worst and comp.worst.get("row") == i and int(comp.status[i]) != 0:
         t.append(f"\nthis row is the tensor's worst (element {comp.worst['element']})", style="italic")
     return t

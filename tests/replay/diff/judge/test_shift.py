@@ -152,3 +152,17 @@ def test_the_floor_says_how_it_was_measured_per_model_when_their_dtypes_differ()
     # speculators' draft: float32 weights under bf16 autocast, beside a bf16 target
     assert _method(torch.bfloat16, torch.float32) == ("the recorded forward (target bfloat16, draft float32) re-run "
                                                       "with target float32, draft bfloat16")
+
+
+def test_the_apps_row_pane_says_the_floor_and_the_shift(traces):
+    """The app's detail pane (tui/panes.py ``_metrics``) of the shifted slot: the floor line, marked a shift."""
+    from specdiff.replay.diff.pipeline import diff_traces
+    from specdiff.tui import panes
+    from specdiff.tui.view import Sel, ViewModel
+
+    report = diff_traces(str(traces["same"]), str(traces["moved"]), narrow=False)
+    comp = report.comparisons["target.aux.2"]
+    i = int(np.nonzero(comp.shift_rows)[0][0])
+    sel = Sel("target.aux.2", 0, int(comp.match.pair[i]), int(comp.match.pos[i]))
+    text = panes._metrics(ViewModel(report), sel, i).plain
+    assert "noise floor median row rel " in text and "— a systematic shift" in text, text
