@@ -58,3 +58,11 @@ def test_a_bf16_draft_served_in_float16_overflows_and_the_diff_says_so(tmp_path)
     assert "on serving" in cause["message"] and cause["fix"].startswith("serve in bfloat16: --dtype bfloat16")
     weights = [m for m in report["contract_mismatches"] if m["field"] in ("embed_sha256", "lm_head_sha256")]
     assert all(m["severity"] == "info" and "a cast" in m["message"] for m in weights), weights
+    # `specdiff fix`: the cause is the served dtype, so the fix is the draft as it was, served in training's
+    # dtype (replay/fix/plan.py OPTION_PLANNERS): the option replaces the float16 the operator gave
+    fix = subprocess.run([sys.executable, "-m", "specdiff.tui", "fix", train, serve, "-o", tmp_path / "fixed",
+                          "--format", "json"], capture_output=True, text=True)
+    assert fix.returncode == 0, fix.stderr[-2000:]
+    done = json.loads(fix.stdout)
+    assert done["cause"] == "fp16_overflow" and done["config"] == done["tensors"] == []
+    assert done["options"] == [{"flag": "--dtype", "old": "float16", "new": "bfloat16"}]

@@ -70,6 +70,12 @@ def test_eagle3_draft_served_with_algorithm_eagle_is_a_structure_divergence(tmp_
     assert any("never ran fc" in line for line in cause["evidence"])
     text = specdiff("diff", train, serve, "--format", "text")
     assert text.returncode == 1 and text.stdout.startswith("first divergence: target.aux")
+    # `specdiff fix`: a server option, so the draft as it was, served as EAGLE3 (replay/fix/plan.py OPTION_PLANNERS)
+    fix = specdiff("fix", train, serve, "-o", tmp_path / "fixed", "--format", "json")
+    assert fix.returncode == 0, fix.stderr[-2000:]
+    done = json.loads(fix.stdout)
+    assert done["options"] == [{"flag": "--speculative-algorithm", "old": "EAGLE", "new": "EAGLE3"}], done
+    assert done["config"] == done["tensors"] == []
 
 
 def test_training_data_format_against_chat_completions_is_a_tokens_divergence(tmp_path):
