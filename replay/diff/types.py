@@ -214,22 +214,17 @@ class TensorComparison:
         """bool [n]: the failing rows the verdict rests on: ``own_fail``, or only the fired group's
         failing rows when the tensor diverges because of a concentration (groups.py), not over all rows."""
         own = self.own_fail
-        if self._shift_only(own):
+        if self.shift_only:
             return self.shift_rows
         group = self._group_only(own)
         return own if group is None else own & group
 
     @property
     def shift_only(self) -> bool:
-        """The tensor diverges only because of its shift above the noise floor (judge/shift.py), not
-        over its fail fraction, a non-finite row or a structural group."""
-        return self._shift_only(self.own_fail)
-
-    def _shift_only(self, own: np.ndarray) -> bool:
-        """The tensor diverges only because its rows sit well above the noise floor (judge/shift.py)."""
-        s = self.shift
-        return (s is not None and s.fired and self.shift_rows is not None and not self._diverged_overall(own)
-                and self._group_only(own) is None)
+        """The tensor diverges only because of its shift above the noise floor, not over its fail
+        fraction, a non-finite row or a structural group: judge/shift.py ``judge_shift`` sets
+        ``shift_rows`` only on a tensor that had not diverged otherwise."""
+        return self.shift_rows is not None
 
     def _group_only(self, own: np.ndarray) -> np.ndarray | None:
         """The fired group's failing rows when the tensor diverges only because of them, else None."""
@@ -269,7 +264,7 @@ class TensorComparison:
             return None
         depth = self.match.depth
         fail = self.own_fail
-        if self._shift_only(fail):
+        if self.shift_only:
             return int(depth[self.shift_rows].min()) if self.shift_rows.any() else 0
         group = self._group_only(fail)
         if group is not None:  # diverged only in a structural group: where that group's rows fail

@@ -361,7 +361,10 @@ def _algorithm_option(s: _Sides, e) -> list[OptionEdit]:
 def _dtype_option(s: _Sides, e) -> list[OptionEdit]:
     """Serve in the dtype training computed in (an fp16 overflow is bf16's range away)."""
     _sglang_only(s, e)
-    want = str(known(s.train.contract, "dtype") or "bfloat16").removeprefix("torch.")
+    want = known(s.train.contract, "dtype")
+    if want is None:  # never a default: the dtype served is the one training recorded computing in
+        raise NoMechanicalFix(f"no mechanical fix for {e.cause}: the training trace records no dtype to serve in")
+    want = str(want).removeprefix("torch.")
     if want == "float16":
         raise NoMechanicalFix(f"no mechanical fix for {e.cause}: training computed in float16 too")
     return [OptionEdit("--dtype", _given(s.serve, "dtype"), want)]

@@ -11,9 +11,9 @@ from specdiff.replay.diff.types import Explanation
 def explain_shift(first) -> list[Explanation]:
     """``systematic_shift`` with the floor, the median row and the rows above the bound, when ``first``
     diverged because of its shift (and not over its fail fraction); empty otherwise."""
-    s = getattr(first, "shift", None) if first is not None else None
-    if s is None or not first.shift_only:  # diverged on its failing rows: the shift adds nothing
+    if first is None or not first.shift_only:  # diverged on its failing rows: the shift adds nothing
         return []
+    s = first.shift
     return [Explanation("systematic_shift", f"{first.name} is shifted by more than rounding: {s.words()}",
                         (f"measured noise floor: {s.floor:.3g} ({s.measured})",
                          f"median row rel: {s.shift:.3g} over {s.rows} rows ({s.ratio:.1f}x the floor)",

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdiff.replay.diff.compare.tolerance import looser_dtype
+from specdiff.replay.diff.compare.tolerance import compute_dtype, looser_dtype
 from specdiff.replay.diff.judge import context, shift
 from specdiff.replay.diff.judge.context import ContextJudge
 from specdiff.replay.diff.judge.inherited import Inheritance
@@ -111,10 +111,11 @@ def judging_for(name: str, scene: Scene, tolerance, match, *, inheritance: tuple
 
 
 def _floor(name: str, traces: Pair) -> tuple | None:
-    """The pair's noise floor of float tensor ``name`` (shift.pair_floor at the looser storage dtype)."""
+    """The pair's noise floor of float tensor ``name`` (shift.pair_floor at the looser of the sides' compute
+    dtypes: a float32 logsumexp computed from bf16 logits carries bf16 rounding, compare/tolerance.py)."""
     if spec_for(name).kind != "float":
         return None
-    return shift.pair_floor(traces, name, looser_dtype(traces.x.info(name).dtype, traces.y.info(name).dtype))
+    return shift.pair_floor(traces, name, looser_dtype(compute_dtype(traces.x, name), compute_dtype(traces.y, name)))
 
 
 __all__ = ["JUDGES", "Scene", "Judging", "judging_for"]

@@ -132,6 +132,8 @@ def systematic_shift(score: np.ndarray, usable: np.ndarray, floor: tuple[float, 
     value, measured = floor
     rel = score[usable]
     median = float(np.median(rel))
-    ratio = median / value if value > 0 else float("inf")
+    # a floor of 0 (a dtype without a rounding floor, measured exact): any shift is infinitely above it,
+    # none is not
+    ratio = median / value if value > 0 else (float("inf") if median > 0 else 0.0)
     above = float((rel > FLOOR_RATIO * value).mean())
     return Shift(value, measured, median, ratio, above, rows, fired=ratio >= FLOOR_RATIO)

@@ -85,3 +85,15 @@ def test_option_edits_replace_every_occurrence_of_their_flag_and_keep_the_rest()
     assert apply_options(["--enable-x"], [OptionEdit("--enable-x", True, None)]) == []
     assert apply_options([], [OptionEdit("--dtype", None, "bfloat16")]) == ["--dtype", "bfloat16"]
     assert OptionEdit("--flag", None, True).argv() == ["--flag"] and drop.argv() == []
+
+
+def test_an_fp16_overflow_without_a_recorded_training_dtype_is_refused_not_defaulted(tmp_path):
+    from types import SimpleNamespace as NS
+
+    from specdiff.replay.fix.plan import NoMechanicalFix, _dtype_option
+
+    sides = NS(train=NS(contract={"dtype": "unknown"}), serve=NS(contract={"engine": "sglang"}))
+    with pytest.raises(NoMechanicalFix, match="the training trace records no dtype to serve in"):
+        _dtype_option(sides, NS(cause="fp16_overflow"))
+    sides.train.contract["dtype"] = "bfloat16"
+    assert _dtype_option(sides, NS(cause="fp16_overflow")) == [OptionEdit("--dtype", None, "bfloat16")]

@@ -166,3 +166,24 @@ def test_the_apps_row_pane_says_the_floor_and_the_shift(traces):
     sel = Sel("target.aux.2", 0, int(comp.match.pair[i]), int(comp.match.pos[i]))
     text = panes._metrics(ViewModel(report), sel, i).plain
     assert "noise floor median row rel " in text and "— a systematic shift" in text, text
+
+
+def test_a_zero_floor_fires_on_a_shift_and_not_on_exact_rows():
+    usable = np.ones(64, bool)
+    assert not systematic_shift(np.zeros(64, np.float32), usable, (0.0, "exact")).fired
+    assert systematic_shift(np.full(64, 1e-6, np.float32), usable, (0.0, "exact")).fired
+
+
+def test_the_floor_is_not_measured_where_the_copies_would_not_fit(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from specdiff.replay.record import noise_floor
+
+    monkeypatch.setattr(noise_floor, "_free_bytes", lambda device: 1024)
+    replayer = NS(target=torch.nn.Linear(64, 64), draft=torch.nn.Linear(64, 64))
+    got = noise_floor.measure_noise_floor(replayer, [], [])
+    assert got["method"] is None and "more than half the free memory" in got["unmeasured"], got
+    assert noise_floor.measure_noise_floor(replayer, [], [], skip=True) == {
+        "method": None, "unmeasured": "record train --no-noise-floor"}
