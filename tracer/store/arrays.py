@@ -4,10 +4,11 @@ bf16 has no numpy dtype of its own: specdiff holds it as its raw 16 bits (``uint
 and ``from_storage`` restores it (torch) or upcasts exactly to float32 (numpy). On disk its zarr
 arrays declare the ``bfloat16`` data type (zarr-extensions' name for it, data-types/bfloat16), read
 through ``BFloat16`` below (ml_dtypes' numpy bfloat16, registered in zarr's data type registry on
-import), so zarr and xarray users who ``import specdiff.tracer.store`` get real bfloat16 arrays.
-(pyproject.toml declares ``BFloat16`` in the ``zarr.data_type`` entry-point group, but zarr 3.1.6
-collects those entry points and never loads them: ``_lazy_load`` in zarr/core/dtype/registry.py:45
-has no caller, on zarr's main too, so the import is what registers it;
+import), so zarr and xarray users get real bfloat16 arrays. (pyproject.toml declares ``BFloat16`` in
+the ``zarr.data_type`` entry-point group, but zarr 3.1.6 collects those entry points and never loads
+them: ``_lazy_load`` in zarr/core/dtype/registry.py:45 has no caller, on zarr's main too; so the
+install's ``specdiff_zarr_hook.pth`` imports this module right after zarr loads, and a plain
+``xarray.open_datatree`` needs no specdiff import: specdiff_zarr_hook.py,
 tests/tracer/store/test_trace_plain_readers.py.) Traces written before declared ``uint16`` with the zarr attribute ``specdiff_dtype`` =
 ``"bfloat16"``; they read the same (``specdiff upgrade`` rewrites their metadata). fp16, fp32,
 int and bool are stored natively.

@@ -1,6 +1,6 @@
 """A trace in the array ecosystem (issue 23): zarr and xarray open a closed trace with its bf16
-tensors as real ``bfloat16`` values (zarr's data type registry, which ``import
-specdiff.tracer.store`` fills) and with no warning (consolidated metadata: no listing, so zarr
+tensors as real ``bfloat16`` values (zarr's data type registry, which the installed
+``specdiff_zarr_hook.pth`` fills when zarr is imported: no specdiff import) and with no warning (consolidated metadata: no listing, so zarr
 never meets the journal); traces of the older layout still read, and ``specdiff upgrade`` brings
 them to it."""
 
@@ -26,8 +26,7 @@ XARRAY_PROBE = """
 import json, sys, warnings
 import numpy as np
 warnings.simplefilter("error")
-import xarray
-import specdiff.tracer.store  # registers zarr's bfloat16 data type (tracer/store/arrays.py)
+import xarray  # no specdiff import: specdiff_zarr_hook.pth registers bfloat16 when zarr loads
 tree = xarray.open_datatree(sys.argv[1], engine="zarr")
 data = tree["tensors/draft.fc_out"].ds["data"]
 ids = tree["tensors/verify.draft_tokens"].ds["data"]

@@ -1,10 +1,12 @@
 """A trace in plain zarr / xarray with no specdiff import (issue 34, item 5).
 
-The package declares its ``bfloat16`` data type in zarr's ``zarr.data_type`` entry-point group
-(pyproject.toml), checked here on the metadata setuptools builds from pyproject.toml (what ``pip
-install`` writes). zarr 3.1.6 collects that group but never loads it, so a fresh interpreter still
-needs ``import specdiff.tracer.store``: the second test pins that fact (it fails, and the docs' one line
-can go, on the first zarr that loads data-type entry points).
+zarr 3.1.6 collects the ``zarr.data_type`` entry point specdiff declares (pyproject.toml) but never
+loads it, so the install also puts ``specdiff_zarr_hook.pth`` in site-packages (setup.py): at
+interpreter start it adds a finder that imports ``specdiff.tracer.store.arrays`` (which registers
+``bfloat16``) right after zarr has loaded, and nothing else (specdiff_zarr_hook.py). Checked here in
+fresh interpreters of the installed environment, in the wheel and editable wheel setuptools builds
+from this checkout, and on the two ways it could go wrong: zarr imported before the hook runs, and a
+registration that fails (zarr must still import).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib.metadata import PathDistribution
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -24,32 +26,33 @@ from specdiff.tracer.store import TraceWriter
 ROOT = Path(__file__).resolve().parents[3]
 VALUES = (torch.arange(24 * 8, dtype=torch.float32).reshape(24, 8) / 3 - 20).to(torch.bfloat16)
 
-#: a fresh interpreter, no specdiff import: puts the entry point argv[2] (``name=value``, or ``-``: none)
-#: in zarr's ``zarr.data_type`` list as an installed package would, loads that list the way zarr's
-#: registry would (``_lazy_load``) when argv[3] is "load", then opens trace argv[1] in xarray (after
-#: ``import specdiff.tracer.store`` when argv[3] is "import"); prints json
+#: a fresh interpreter, no specdiff import: argv[2] says what happens first ("plain": nothing;
+#: "unhooked": the .pth's finder taken off sys.meta_path, as zarr alone would behave; "late": zarr
+#: imported before ``specdiff_zarr_hook.install()`` runs; "broken": the hook pointed at a module that
+#: does not exist), then xarray opens trace argv[1]; prints json
 PROBE = """
 import json, sys
-from importlib.metadata import EntryPoint
+mode = sys.argv[2]
+startup = sorted(m for m in sys.modules if m.startswith("specdiff") or m in ("zarr", "torch", "xarray"))
+if mode in ("unhooked", "late"):
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_AfterZarrImport"]
+if mode == "broken":
+    import specdiff_zarr_hook
+    specdiff_zarr_hook.REGISTERING_MODULE = "specdiff.no_such_module"
 import numpy as np
 import xarray
-from zarr.core.dtype import data_type_registry
-path, entry, how = sys.argv[1:4]
-if entry != "-":
-    name, value = entry.split("=", 1)
-    data_type_registry._lazy_load_list.append(EntryPoint(name=name, value=value, group="zarr.data_type"))
-before = sorted(m for m in sys.modules if m.startswith("specdiff"))
-if how == "load":
-    data_type_registry._lazy_load()
-if how == "import":
-    import specdiff.tracer.store
+import zarr
+if mode == "late":
+    import specdiff_zarr_hook
+    specdiff_zarr_hook.install()
+out = {"startup": startup, "torch": "torch" in sys.modules}
 try:
-    data = xarray.open_datatree(path, engine="zarr")["tensors/draft.fc_out"].ds["data"]
+    data = xarray.open_datatree(sys.argv[1], engine="zarr")["tensors/draft.fc_out"].ds["data"]
 except ValueError as exc:
-    print(json.dumps({"error": str(exc), "specdiff_before": before}))
+    out["error"] = str(exc)
 else:
-    print(json.dumps({"dtype": str(data.dtype), "bits": np.asarray(data.values).view(np.uint16).ravel().tolist(),
-                      "specdiff_before": before}))
+    out.update(dtype=str(data.dtype), bits=np.asarray(data.values).view(np.uint16).ravel().tolist())
+print(json.dumps(out))
 """
 
 
@@ -62,20 +65,8 @@ def trace(tmp_path_factory) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def built_entry_points(tmp_path_factory):
-    """The entry points of the metadata setuptools builds from this checkout's pyproject.toml."""
-    out = tmp_path_factory.mktemp("metadata")
-    code = ("import sys\nfrom setuptools import build_meta\n"
-            "print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))")
-    done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return PathDistribution(out / done.stdout.strip().splitlines()[-1]).entry_points
-
-
-def _probe(trace: str, entry: str, how: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", PROBE, trace, entry, how], capture_output=True, text=True,
+def _probe(trace: str, mode: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", PROBE, trace, mode], capture_output=True, text=True,
                           timeout=120, cwd=Path(trace).parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -85,18 +76,45 @@ def _bits() -> list[int]:
     return VALUES.view(torch.int16).numpy().view(np.uint16).ravel().tolist()
 
 
-def test_the_package_registers_bfloat16_in_zarrs_data_type_entry_point_group(trace, built_entry_points):
-    (ep,) = built_entry_points.select(group="zarr.data_type")
-    assert (ep.name, ep.value) == ("bfloat16", "specdiff.tracer.store.arrays:BFloat16")
-    # loaded the way zarr's registry loads that group, it is all plain xarray needs
-    got = _probe(trace, f"{ep.name}={ep.value}", "load")
-    assert got["specdiff_before"] == []
+def test_plain_xarray_reads_bfloat16_with_no_specdiff_import_and_start_up_loads_only_the_hook(trace):
+    got = _probe(trace, "plain")
+    assert got["dtype"] == "bfloat16" and got["bits"] == _bits()
+    # interpreter start-up imported the stdlib-only hook and nothing of specdiff, zarr or torch
+    assert [m for m in got["startup"] if not m.startswith("specdiff_zarr_hook")] == []
+    assert got["startup"] == ["specdiff_zarr_hook"]
+    assert got["torch"] is False  # registering bfloat16 costs no torch import
+
+
+def test_without_the_hook_zarr_3_1_6_never_loads_the_entry_point(trace):
+    # the fact the hook exists for: pins it, so the hook can go on the first zarr that loads
+    # data-type entry points (this test then fails)
+    got = _probe(trace, "unhooked")
+    assert got["error"] == "No Zarr data type found that matches 'bfloat16'"
+
+
+def test_zarr_imported_before_the_hook_is_installed_is_registered_at_install(trace):
+    got = _probe(trace, "late")
     assert got["dtype"] == "bfloat16" and got["bits"] == _bits()
 
 
-def test_zarr_3_1_6_never_loads_the_entry_point_so_readers_import_specdiff_tracer_store(trace, built_entry_points):
-    (ep,) = built_entry_points.select(group="zarr.data_type")
-    plain = _probe(trace, f"{ep.name}={ep.value}", "none")  # as installed: zarr lists it, never loads it
-    assert plain["error"] == "No Zarr data type found that matches 'bfloat16'"
-    fixed = _probe(trace, "-", "import")  # the one line traces/FORMAT.md and the README give
-    assert fixed["dtype"] == "bfloat16" and fixed["bits"] == _bits()
+def test_a_registration_that_fails_never_breaks_the_users_zarr_import(trace):
+    got = _probe(trace, "broken")  # zarr and xarray imported; the read says what is missing
+    assert got["error"] == "No Zarr data type found that matches 'bfloat16'"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["wheel", "editable"])
+def test_the_wheels_setuptools_builds_put_the_pth_at_site_packages_root(tmp_path, kind):
+    build = "build_wheel" if kind == "wheel" else "build_editable"
+    code = f"import sys\nfrom setuptools import build_meta\nprint(build_meta.{build}(sys.argv[1]))"
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    wheel = tmp_path / done.stdout.strip().splitlines()[-1]
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        assert "specdiff_zarr_hook.pth" in names, sorted(n for n in names if "/" not in n)
+        assert zf.read("specdiff_zarr_hook.pth").decode().strip() == (
+            "import specdiff_zarr_hook; specdiff_zarr_hook.install()")
+    if kind == "wheel":  # the module itself ships beside it (an editable install maps it to the checkout)
+        assert "specdiff_zarr_hook.py" in names
