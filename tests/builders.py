@@ -134,12 +134,13 @@ DATAFLOW = ("tokens", "target.aux.0", "target.aux.1", "target.aux.2", "draft.att
 
 def dataflow_pair(root: Path | str, *, contract: dict, train: dict | None = None, serve: dict | None = None,
                   moved: str | None = None, nan: bool = False, seqs: int = 3, length: int = 20, hidden: int = 16,
-                  depths: int = 2) -> tuple[str, str]:
+                  depths: int = 2, nudged: str | None = None, nudge: float = 0.008) -> tuple[str, str]:
     """A :class:`TracePair` holding the draft's dataflow (``DATAFLOW``: tokens, three aux slots,
     ``draft.attn_in``, ``draft.hidden_out`` and ``draft.logits`` at depths ``0..depths-1``), the two sides
     equal up to bf16-sized noise except the tensor ``moved``: serving's rows of it from position 1 on
-    moved by 0.3 of their norm (``nan``: made NaN instead). ``contract`` / ``train`` / ``serve`` as
-    :class:`TracePair`'s. Returns (training path, serving path)."""
+    moved by 0.3 of their norm (``nan``: made NaN instead), and the tensor ``nudged``: every serving row
+    moved by ``nudge`` of its norm (inside the bf16 tolerance, above its rounding). ``contract`` /
+    ``train`` / ``serve`` as :class:`TracePair`'s. Returns (training path, serving path)."""
     pair = TracePair(root, contract=contract, train=train, serve=serve)
     rng = pair.rng
     width = {"draft.attn_in": 2 * hidden, "draft.logits": 8}
@@ -152,6 +153,8 @@ def dataflow_pair(root: Path | str, *, contract: dict, train: dict | None = None
                 v = w.jitter(values, 1e-3)
                 if w.serving and name == moved:
                     v[:, 1:] = np.nan if nan else np.stack([moved_rows(v[k, 1:], w.noise) for k in range(depths)])
+                if w.serving and name == nudged:
+                    v = np.stack([moved_rows(v[k], w.noise, nudge) for k in range(depths)])
                 for k in range(depths if name.startswith("draft.") else 1):
                     p = np.arange(length - 1 - k if name.startswith("draft.") else length)
                     w.append(name, v[k, p], pos=p, depth=k)

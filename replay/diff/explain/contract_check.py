@@ -171,6 +171,17 @@ def weights_dtype(contract: dict) -> str | None:
     return str(v).replace("torch.", "") if v else None
 
 
+def same_weights(cx: dict, cy: dict, field: str) -> bool:
+    """Whether two contracts prove the weights of sha256 ``field`` (a ``WEIGHT_HASHES`` key) the same:
+    their sha256s, or their dtype-independent fingerprints, recorded on both sides and equal. False
+    also when a side did not record them (nothing proven)."""
+    for f in (field, WEIGHT_HASHES[field]):
+        x, y = known(cx, f), known(cy, f)
+        if x is not None and x == y:
+            return True
+    return False
+
+
 def _weight_hash_mismatch(field: str, x, y, cx: dict, cy: dict, labels: Pair[str], fix: str) -> ContractMismatch:
     """A weight sha256 that differs, judged independent of dtype: a real difference (warn) when both
     sides held the weights in one dtype or their dtype-independent fingerprints (``WEIGHT_HASHES``)

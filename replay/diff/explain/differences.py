@@ -28,9 +28,23 @@ def _unknown(v) -> bool:
 
 
 def _agrees(comps: dict, stage: str) -> bool:
-    """Rows of ``stage`` were compared and none diverged: a fact acting first there did not change them."""
+    """Rows of ``stage`` were compared, none diverged and none sits above the pair's noise floor
+    (judge/shift.py ``AT_NOISE_RATIO``; where no floor was measured, the tolerance alone): a fact acting
+    first there did not change them. Inside the tolerance but above the noise, a fact acting there can
+    still be why a later stage diverges (a draft's MLP weights 0.3 % apart: hidden_out at 1.7x its
+    floor, the top-k ids diverged)."""
     at = [c for n, c in comps.items() if c.kind == "values" and spec_for(n).stage == stage]
-    return bool(at) and not any(c.diverged for c in at)
+    return bool(at) and not any(c.diverged or (c.shift is not None and c.shift.above_noise) for c in at)
+
+
+def _above_noise(comps: dict, stage: str | None) -> tuple[str, ...]:
+    """Evidence that ``stage``'s rows, inside their tolerance, sit above the pair's noise floor (why a fact
+    acting there is not ruled out); empty for an unknown stage or rows at the noise."""
+    if stage is None:
+        return ()
+    return tuple(f"{c.name}: inside its tolerance, {c.shift.words()}" for n, c in comps.items()
+                 if c.kind == "values" and spec_for(n).stage == stage and not c.diverged
+                 and c.shift is not None and c.shift.above_noise)[:1]
 
 
 def differences_at(traces: Pair, comps: dict, stage: str) -> list[tuple[object, str | None]]:
@@ -65,8 +79,8 @@ def explain_differences(traces: Pair, comps: dict, first) -> list[Explanation]:
         said = "(acts from " in m.message or "stage unknown" in m.message  # fact_diff's messages say where
         where = "" if said else f"; it acts from {at}" if at is not None else "; stage unknown"
         fix = m.fix or (f"make {m.field} the same on both sides (stage unknown: no table lists what it changes)")
-        args = (f"{m.message} — no known mistake's transform closes the gap at {stage}{where}",
-                (f"contract {m.field}: {shown(m.field, m.x)} vs {shown(m.field, m.y)}",), fix)
+        evidence = (f"contract {m.field}: {shown(m.field, m.x)} vs {shown(m.field, m.y)}", *_above_noise(comps, at))
+        args = (f"{m.message} — no known mistake's transform closes the gap at {stage}{where}", evidence, fix)
         field = listed_field(m.field)
         out.append(Explanation(f"contract.{field}", *args, named_only=True) if field is not None else
                    Explanation("unlisted_difference", *args, named_only=True))

@@ -26,10 +26,16 @@ import numpy as np
 
 from specdiff.tracer.contract import known
 
-__all__ = ["FLOOR_RATIO", "MIN_ROWS", "ROUNDING_FLOOR", "Shift", "judge_shift", "pair_floor", "systematic_shift"]
+__all__ = ["AT_NOISE_RATIO", "FLOOR_RATIO", "MIN_ROWS", "ROUNDING_FLOOR", "Shift", "judge_shift", "pair_floor", "systematic_shift"]
 
 #: median row / floor at which a shift is a divergence ("well above" the noise; see the module doc)
 FLOOR_RATIO = 3.0
+#: median row / floor up to which a stage inside its tolerance is at the noise, so a recorded fact acting
+#: there can be ruled out as changing it (explain/differences.py). Correct pairs measured 0.57-1.3 (README);
+#: a draft whose MLP weights differ by 0.3 % sat at 1.69 at draft.hidden_out, under FLOOR_RATIO, while its
+#: top-k ids diverged (tests/replay/diff/explain/test_differences_above_noise.py). Between this and
+#: FLOOR_RATIO a stage is not called diverged, nor taken as proof that a fact changed nothing there.
+AT_NOISE_RATIO = 1.5
 #: fewest usable rows a median is judged on
 MIN_ROWS = 32
 #: relative error of one rounding per storage dtype (half a unit in the last place: 2**-(bits+1)
@@ -61,6 +67,11 @@ class Shift:
         """One line: ``median row rel 0.0123 = 4.1x the pair's noise floor 0.003 (...); 93% of rows ...``."""
         return (f"median row rel {self.shift:.3g} = {self.ratio:.1f}x the pair's noise floor {self.floor:.3g} "
                 f"({self.measured}); {self.above:.0%} of {self.rows} rows above {FLOOR_RATIO:g}x the floor")
+
+    @property
+    def above_noise(self) -> bool:
+        """The median row is more than ``AT_NOISE_RATIO`` times the floor: not proof of agreement."""
+        return self.ratio > AT_NOISE_RATIO
 
     def as_dict(self) -> dict:
         return {"floor": self.floor, "measured": self.measured, "shift": self.shift, "ratio": round(self.ratio, 4),
