@@ -8,6 +8,7 @@ written>``; a command names it with :func:`on_interrupt`).
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import sys
 
@@ -71,6 +72,29 @@ def _bad_input(exc: click.ClickException, ctx: click.Context | None) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
+def _interrupted(what: str) -> None:
+    """``specdiff: interrupted: <what>`` on stderr, exit 130 (``EXIT_INTERRUPTED``)."""
+    # on a terminal the shell left "^C" on the line: the line starts on the next one
+    click.echo(("\n" if sys.stderr.isatty() else "") + f"specdiff: interrupted: {what}", err=True)
+    atexit.register(_quiet_teardown)  # runs before zarr's own exit handler (atexit is LIFO)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _quiet_teardown() -> None:
+    """At exit after Ctrl-C, keep the one line the only one: zarr reads through an event loop on its own
+    thread (zarr/core/sync.py), and a read cut off mid-flight leaves tasks that asyncio reports when
+    zarr's exit handler stops that loop ("Task was destroyed but it is pending!", "Task exception was
+    never retrieved": up to thousands of lines after an interrupted ``info`` or ``view``). The command
+    has already said what was kept; what a background thread leaves as the interpreter stops is not
+    news to the user. An exit handler, so a caller that goes on (click's test runner) is untouched."""
+    import logging
+    import threading
+
+    logging.getLogger("asyncio").disabled = True
+    threading.excepthook = lambda args: None
+    sys.unraisablehook = lambda unraisable: None
+
+
 class _Group(click.Group):
     """The top-level group: maps what a command raises to the documented exit codes (``EXIT_CODES``)
     with one line on stderr: a :class:`SpecdiffError` or click usage error is ``specdiff: error:``
@@ -86,6 +110,8 @@ class _Group(click.Group):
             raise  # `specdiff` alone: the help
         except click.ClickException as exc:
             _bad_input(exc, None)
+        except KeyboardInterrupt:  # while the arguments are read: click would say "Aborted!", exit 1
+            _interrupted("the command stopped before it started; nothing was written")
 
     def invoke(self, ctx):
         try:
@@ -98,10 +124,7 @@ class _Group(click.Group):
         except click.ClickException as exc:
             _bad_input(exc, ctx)
         except (KeyboardInterrupt, click.Abort):
-            what = ctx.meta.get(_INTERRUPT_KEY, "the command stopped before it finished")
-            # on a terminal the shell left "^C" on the line: the line starts on the next one
-            click.echo(("\n" if sys.stderr.isatty() else "") + f"specdiff: interrupted: {what}", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            _interrupted(ctx.meta.get(_INTERRUPT_KEY, "the command stopped before it finished"))
 
     def get_command(self, ctx, cmd_name):
         _register(SUBCOMMANDS.get(cmd_name, ()))

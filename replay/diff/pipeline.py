@@ -146,7 +146,7 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
         acceptance=accepted,
         findings=findings,
         crash=crash,
-        unfound_paths=unfound_paths(traces, labels),
+        unfound_paths=unfound_paths(traces, labels, draft_given=draft_path is not None),
         reexecution=reexec,
     )
     # the last stage reads the report built so far (the draft, the failing rows, the contract)

@@ -255,6 +255,47 @@ def test_ctrl_c_while_view_opens_is_one_line_without_tracebacks(pair):
                     "e exports)"], screen[-3000:]
 
 
+def test_ctrl_c_while_the_arguments_are_read_is_one_line_and_130(run_cli, pair, monkeypatch):
+    # outside the command's own invoke click turned it into "Aborted!", exit 1 (seen once in ~100
+    # SIGINTs 0.4 s into `info`)
+    from specdiff.tui.cli import cli
+
+    monkeypatch.setattr(type(cli), "parse_args", _raise())
+    assert _interrupted(run_cli("info", pair[0])) == "the command stopped before it started; nothing was written"
+
+
+#: ``info`` cut off while zarr's event loop thread holds reads in flight (what a Ctrl-C 0.5 s after
+#: ``info`` or ``view`` starts meets): pending tasks on zarr's loop, one that failed, then the interrupt
+_ZARR_IN_FLIGHT = textwrap.dedent("""
+    import asyncio, sys, time
+    from specdiff.tui import cli, cmd_info
+    def describe(*args, **kwargs):
+        from zarr.core.sync import _get_loop
+        loop = _get_loop()
+        async def pending():
+            await asyncio.sleep(100)
+        async def failing():
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        for _ in range(3):
+            asyncio.run_coroutine_threadsafe(pending(), loop)
+        asyncio.run_coroutine_threadsafe(failing(), loop)
+        time.sleep(0.2)
+        raise KeyboardInterrupt
+    cmd_info.describe = describe
+    cli.main(["info", sys.argv[1]])
+""")
+
+
+def test_ctrl_c_with_zarr_reads_in_flight_is_one_line_without_asyncio_reports(pair):
+    # issue 34 item 7, seen again: Ctrl-C 0.5 s into `info` or `view` printed the line, then up to 7833
+    # lines of "Task was destroyed but it is pending!" from zarr's loop as the interpreter stopped
+    done = subprocess.run([sys.executable, "-c", _ZARR_IN_FLIGHT, pair[0]], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 130
+    assert done.stderr.strip() == "specdiff: interrupted: no summary was printed (info writes nothing)", (
+        done.stderr[-3000:])
+
+
 def test_an_interrupted_export_leaves_no_folder(monkeypatch, tmp_path):
     # the app's `e` and watch's alert slices: a half-written export would read as a whole slice
     from specdiff.tui import export

@@ -54,16 +54,18 @@ NEEDS = {
 }
 
 
-def unfound_paths(traces: Pair, labels: Pair) -> list[str]:
+def unfound_paths(traces: Pair, labels: Pair, *, draft_given: bool = False) -> list[str]:
     """One line per model path a contract records that is not found here (``tracer.paths``), with
-    what the report leaves out for it (``NEEDS``); empty when every one is found."""
+    what the report leaves out for it (``NEEDS``); empty when every one is found. ``draft_given``:
+    the user gave the training draft (``diff --draft DIR``), so the training side's draft_name
+    is not needed (the line would tell them to give what they gave)."""
     out = []
     command = f"specdiff diff {traces.x.path} {traces.y.path}"
     for trace, label in ((traces.x, labels.x), (traces.y, labels.y)):
         side = "serve" if trace.side == "serve" else "train"
         for fact in ("model_name", "draft_name"):
             need = NEEDS.get((side, fact))
-            if need is None:
+            if need is None or (draft_given and (side, fact) == ("train", "draft_name")):
                 continue
             found = contract_path(trace, fact, want=is_model_dir)
             if found.missing:

@@ -44,3 +44,14 @@ def test_a_moved_pair_says_which_paths_it_could_not_find(tmp_path, monkeypatch, 
     assert all("pre-flight check" in m for m in missing[1:])
     r = run_cli("diff", "train.trace", "serve.trace", "--format", "text")
     assert "paths not found here (what needs them is left out)" in r.stdout
+
+
+def test_the_draft_given_with_draft_is_not_asked_for_again(tmp_path, monkeypatch, run_cli):
+    # a newcomer gave --draft as the line said, and the line still said to give it
+    for side in ("train", "serve"):
+        shutil.copytree(SEED / f"{side}.trace", tmp_path / f"{side}.trace")
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("diff", "train.trace", "serve.trace", "--format", "json", "--draft", ROOT / "traces" / "models" / "draft")
+    missing = json.loads(r.stdout)["paths_not_found"]
+    assert [m.split(" recorded in ")[0] for m in missing] == [
+        "serving: model_name traces/models/target", "serving: draft_name traces/examples/seed/served-draft"]
