@@ -131,7 +131,7 @@ def init_family_model(family: str, seed: int | None = None):
     if family == "deepseek_v3":
         # HF leaves the noaux_tc correction bias at zero; a seeded non-zero bias makes the
         # biased group/top-k selection differ from the unbiased weights, as in a real checkpoint
-        gen = torch.Generator().manual_seed(SEEDS[family])
+        gen = torch.Generator().manual_seed(SEEDS[family] if seed is None else seed)
         for layer in model.model.layers[cfg.first_k_dense_replace:]:
             bias = layer.mlp.gate.e_score_correction_bias
             bias.copy_(0.05 * torch.randn(bias.shape, generator=gen))
@@ -183,7 +183,8 @@ def save_family_target(model, family: str, out_dir: str | Path) -> Path:
     return out_dir
 
 
-def build_family_target(family: str, out_dir: str | Path, *, trained: bool = True, log=print) -> Path:
+def build_family_target(family: str, out_dir: str | Path, *, trained: bool = True, log=print,
+                        seed: int | None = None) -> Path:
     """Build ``family``'s tiny target into ``out_dir`` (created; existing files overwritten).
 
     Args:
@@ -192,6 +193,7 @@ def build_family_target(family: str, out_dir: str | Path, *, trained: bool = Tru
         trained: train as a language model on the stdlib text (:func:`train_family_target`);
             False keeps the seeded random weights.
         log: progress lines (training only).
+        seed: the random initialisation's seed (``SEEDS[family]`` when None); untrained targets only.
 
     Returns:
         ``out_dir`` as a Path.
@@ -203,7 +205,7 @@ def build_family_target(family: str, out_dir: str | Path, *, trained: bool = Tru
     if trained:
         model, _ = train_family_target(family, log=log)
     else:
-        model = init_family_model(family)
+        model = init_family_model(family, seed)
     return save_family_target(model, family, out_dir)
 
 

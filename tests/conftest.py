@@ -67,6 +67,11 @@ def pytest_collection_finish(session):
 
 
 def pytest_addoption(parser):
+    parser.addoption("--family-seed", type=int, default=0, metavar="N",
+                     help="tests/tracer/engines/test_family_servers.py: build each family's random target and "
+                          "draft with seeds offset by N (0: the fixed seeds CI uses); `make test-seeds`")
+    parser.addoption("--prompt-set", choices=("a", "b"), default="a",
+                     help="test_family_servers.py's prompts: a (CI's) or b (another set); `make test-seeds`")
     parser.addoption("--family-pairs", action="store_true",
                      help="also run the tests marked family_pair (they build a trained target + draft of a "
                           "family other than DeepSeek-V3: 3-13 min each on 2 cores); `make test-families`")

@@ -118,6 +118,10 @@ FLOAT32_TOKENS = 16
 #: (srt/models/deepseek_common/attention_backend_handler.py handle_attention_triton)
 PROMPTS = ["def main(argv):\n    ", "def main(argv):\n    args = parse(argv)\n    for name in args:",
            "class Stack:\n    def push(self, item):\n        self.items.append(item)\n"]
+#: ``--prompt-set b`` (``make test-seeds``): other prompts, the second again extending the first
+PROMPT_SETS = {"a": PROMPTS, "b": [
+    "import os\n\ndef walk(root):\n", "import os\n\ndef walk(root):\n    for path, dirs, files in os.walk(root):\n",
+    "SELECT name, count(*) FROM users GROUP BY name ORDER BY 2 DESC;\n-- ", "x = [i * i for i in range(10)]\nprint("]}
 
 
 def _wait_contract(path: Path, timeout_s: float = 60.0) -> dict:
@@ -140,16 +144,17 @@ def _cli(*args, timeout: int = 900) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def family_servers(tmp_path_factory, server_env):
+def family_servers(tmp_path_factory, server_env, request):
     """``family_servers(family, mode)`` -> SimpleNamespace(family, mode, case, target, draft,
     prompt_ids, outputs, trace, contract): the (family, mode) server is started on first use only,
     serves ``PROMPTS`` (``MAX_NEW`` greedy tokens each; plain with top-2 logprobs), and is stopped
     by PID before this returns, so at most one server is alive at any time. Spec modes are traced;
-    ``contract`` is the trace's contract read after start-up, before the first request."""
+    ``contract`` is the trace's contract read after start-up, before the first request.
+    ``--family-seed N`` offsets the target's and the draft's seeds, ``--prompt-set`` picks the prompts."""
     from transformers import AutoTokenizer
 
     from specdiff.demo_models.bringup import build_draft
-    from specdiff.demo_models.families import build_family_target
+    from specdiff.demo_models.families import SEEDS, build_family_target
 
     pairs: dict[str, SimpleNamespace] = {}
     runs: dict[tuple[str, str], SimpleNamespace] = {}
@@ -157,11 +162,14 @@ def family_servers(tmp_path_factory, server_env):
     def pair(family: str) -> SimpleNamespace:
         if family not in pairs:
             root = tmp_path_factory.mktemp(family)
-            target = Path(build_family_target(family, root / "target", trained=False))
-            build_draft(root / "draft", aux_layer_ids=CASES[family].ids)
+            offset = request.config.getoption("--family-seed")
+            target = Path(build_family_target(family, root / "target", trained=False,
+                                              seed=SEEDS[family] + offset if offset else None))
+            build_draft(root / "draft", seed=1 + offset, aux_layer_ids=CASES[family].ids)
             tok = AutoTokenizer.from_pretrained(target)
+            prompts = PROMPT_SETS[request.config.getoption("--prompt-set")]
             pairs[family] = SimpleNamespace(root=root, target=target, draft=root / "draft",
-                                            prompt_ids=[tok(p)["input_ids"] for p in PROMPTS])
+                                            prompt_ids=[tok(p)["input_ids"] for p in prompts])
         return pairs[family]
 
     def run(family: str, mode: str) -> SimpleNamespace:
@@ -359,7 +367,7 @@ def test_speculative_greedy_equals_plain_greedy_up_to_the_first_near_tie(family_
         n = MAX_NEW if tie is None else tie
         assert spec["output_ids"][:n] == plain["output_ids"][:n], f"{family} {mode} before the near tie at {tie}"
         compared += n
-    print(f"{family} {mode}: {compared}/{MAX_NEW * len(PROMPTS)} tokens compared before the first near tie")
+    print(f"{family} {mode}: {compared}/{MAX_NEW * len(spec_run.prompt_ids)} tokens compared before the first near tie")
     assert compared > 0, f"{family}: a near tie at the first token of every prompt leaves nothing compared"
 
 
@@ -491,7 +499,7 @@ def test_correct_pair_has_no_divergence(family_servers, family, mode):
         assert report["diverged"] is False and report["first_divergence"] is None, where
     errors = [m for m in report["contract_mismatches"] if m["severity"] == "error"]
     assert errors == [], (where, errors)
-    assert len(report["sequences"]) == len(PROMPTS), report["sequences"]
+    assert len(report["sequences"]) == len(family_servers(family, mode).prompt_ids), report["sequences"]
     tensors = report["tensors"]
     slots = len(CASES[family].hf)
     selection = ()
