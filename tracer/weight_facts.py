@@ -198,12 +198,27 @@ class LoadWatch:
         self.rows = structure_rows(self.model)
 
     def unwritten(self) -> list[str]:
-        """Parameters the loading never wrote: same storage as when built, no op seen writing it, and
-        the same bits in ``PROBE`` sampled elements as before the load."""
+        """Parameters the loading never wrote: same storage as when built, no op seen writing it, the
+        same bits in ``PROBE`` sampled elements as before the load, and not holding the checkpoint
+        tensor of their own name. The last rule is for a loader thread writing values equal to the
+        allocation: the mode sees only this thread's ops, and SGLang 0.5.23's DeepSeek loader copies
+        on a thread pool (srt/models/deepseek_common/deepseek_weight_loader.py:291) the RMSNorm weights
+        of ones into parameters allocated as ones: a correct DeepSeek-V3 pair read 33 norms "unloaded"."""
         params = dict(self.model.named_parameters())
         return sorted(n for n, p in params.items()
                       if (ptr := _storage(p)) is not None and ptr == self._before.get(n) and ptr not in self._written
-                      and self._probes.get(n) is not None and _probe(p) == self._probes[n])
+                      and self._probes.get(n) is not None and _probe(p) == self._probes[n]
+                      and not self._holds_own_tensor(n, p))
+
+    def _holds_own_tensor(self, name: str, param) -> bool:
+        """The checkpoint yielded a tensor named ``name`` and ``param`` holds its values (fingerprints)."""
+        want = self.fingerprints.get(name)
+        if want is None or want == "unknown":
+            return False
+        try:
+            return tensor_fingerprint(param) == want
+        except Exception:  # noqa: BLE001 - an exotic parameter: not proven provided
+            return False
 
 
 def not_provided(unwritten: list[str], model, *, shared_from=None) -> list[str]:

@@ -281,6 +281,26 @@ def fact_row(key: str) -> FactRow | None:
     return None
 
 
+#: pattern -> {an engine's own name for a value: the name the other side records for the same math}: the
+#: two compare equal. SGLang 0.5.23 writes rope_type 'deepseek_yarn' into the DeepSeek config it loaded
+#: (srt/models/deepseek_v2.py:2064-2066, "modification to rope_scaling must be done early") for the
+#: YaRN with mscale that transformers' DeepseekV3 computes under rope_type 'yarn'
+#: (layers/rotary_embedding/factory.py:371 builds DeepseekScalingRotaryEmbedding for it); a correct
+#: DeepSeek-V3 pair read it as a target_config difference
+VALUE_ALIASES: dict[str, dict] = {
+    "target_config.rope_*.rope_type": {"deepseek_yarn": "yarn"},
+    "draft_config.rope_*.rope_type": {"deepseek_yarn": "yarn"},
+}
+
+
+def canonical_value(key: str, value):
+    """``value`` under the name ``VALUE_ALIASES`` gives it for ``key`` (itself when none does)."""
+    for pattern, names in VALUE_ALIASES.items():
+        if fnmatchcase(key, pattern) and isinstance(value, str) and value in names:
+            return names[value]
+    return value
+
+
 def not_compared(key: str) -> str | None:
     """Why ``key`` is never compared (``NOT_COMPARED``), or None when it is compared."""
     for pattern, why in NOT_COMPARED.items():
@@ -289,4 +309,4 @@ def not_compared(key: str) -> str | None:
     return None
 
 
-__all__ = ["FACTS", "NOT_COMPARED", "FactRow", "fact_row", "not_compared"]
+__all__ = ["FACTS", "NOT_COMPARED", "VALUE_ALIASES", "FactRow", "canonical_value", "fact_row", "not_compared"]

@@ -129,6 +129,25 @@ def test_a_write_from_a_loader_thread_is_seen_by_its_changed_bits(tmp_path):
     assert watch.unwritten() == []
 
 
+def test_a_loader_thread_writing_the_allocated_values_is_provided_by_name(tmp_path):
+    # SGLang's DeepSeek loader copies on a thread pool (deepseek_weight_loader.py:291); RMSNorm weights
+    # are allocated as ones and a random checkpoint's are ones: no op seen, no bits changed. A correct
+    # DeepSeek-V3 pair read every norm "left as allocated"
+    sd = _checkpoint(tmp_path / "ckpt", layers=1)  # norm weight ones, bias zeros
+    model = Tiny(layers=2)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer["norm"].weight.fill_(1.0)
+            layer["norm"].bias.fill_(0.0)
+    watch = LoadWatch(model)
+    with watch:
+        t = threading.Thread(target=_engine_load, args=(model, watch.wrap(iter(sd.items()))))
+        t.start()
+        t.join()
+    # layer 0's norm: its own checkpoint tensor's values; layer 1's: the checkpoint has no such tensor
+    assert watch.unwritten() == ["layers.1.norm.bias", "layers.1.norm.weight", "layers.1.qkv.weight"]
+
+
 def test_units_group_a_target_by_decoder_layer():
     assert weight_unit("model.layers.3.mlp.experts.7.up_proj.weight") == "model.layers.3"
     assert weight_unit("model.embed_tokens.weight") == "model.embed_tokens"

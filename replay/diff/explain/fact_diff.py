@@ -24,7 +24,7 @@ line per side says so. Keys only one side's dict holds are listed once, as info.
 from __future__ import annotations
 
 from specdiff.eagle3.engines import UnknownEngineError, engine_spec
-from specdiff.replay.diff.facts import fact_row, not_compared
+from specdiff.replay.diff.facts import canonical_value, fact_row, not_compared
 from specdiff.replay.diff.types import ContractMismatch, Pair, side_names
 from specdiff.replay.model.weight_files import canonical_name
 from specdiff.tracer.contract import CONTRACT_FIELDS, UNKNOWN, known
@@ -167,7 +167,7 @@ def _dict_fact(name: str, cx: dict, cy: dict, labels: Pair, one_sided: list[str]
             continue
         if key not in fx or key not in fy:
             one_sided.append(key)
-        elif _norm(fx[key]) != _norm(fy[key]):
+        elif _norm(canonical_value(key, fx[key])) != _norm(canonical_value(key, fy[key])):
             out.append(mismatch(key, fx[key], fy[key], labels))
     return out
 

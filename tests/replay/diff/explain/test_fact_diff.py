@@ -175,3 +175,13 @@ def test_structures_are_compared_between_traces_of_one_engine_one_line_per_unit(
     found, _ = _mismatches(tmp_path / "other", train={"draft_structure": {"midlayer.q_proj.weight": "[48, 32] bfloat16"}},
                            serve={"draft_structure": {**built, **extra}})
     assert not [f for f in found if f.startswith("draft_structure")]
+
+
+@pytest.mark.parametrize(("served", "differs"), [("deepseek_yarn", False), ("linear", True)])
+def test_an_engines_own_name_for_the_same_rope_is_no_difference(tmp_path, served, differs):
+    # SGLang 0.5.23 writes rope_type 'deepseek_yarn' into the DeepSeek config it loaded
+    # (deepseek_v2.py:2066): a correct DeepSeek-V3 pair read it as a target_config difference
+    rope = {"factor": 4.0, "rope_theta": 10000.0, "rope_type": "yarn", "mscale": 1.0}
+    found, _ = _mismatches(tmp_path, train={"target_config": {"rope_parameters": rope}},
+                           serve={"target_config": {"rope_parameters": {**rope, "rope_type": served}}})
+    assert ("target_config.rope_parameters.rope_type" in found) is differs, found
