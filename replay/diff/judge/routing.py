@@ -26,8 +26,10 @@ row of an aux slot j >= 1 whose inputs agree fits it:
 - each *event* is a flip and what attention carries from it: a run of consecutive failing
   positions of one sequence. A run of more than ``ROUTING_MAX_RUN`` rows must fade out: its last
   row at most ``ROUTING_TAIL_SHARE`` of its largest, and the next row of its sequence agrees or
-  differs upstream (the next flip's row). A real bug at a position range (a wrong window, rope,
-  chunk or layer) fails runs that do not decay, or last to the end of the sequence, or most rows;
+  differs upstream (the next flip's row); a run right after a row that differs upstream (a flip
+  at an earlier slot) decays over many more rows and need only end before its sequence does. A
+  real bug at a position range (a wrong window, rope, chunk or layer) fails runs that do not
+  decay, or last to the end of the sequence, or most rows;
 - each row still points the same way (cosine > 0, rel error < ``ROUTING_MAX_REL``): other experts
   of the same layer, not another layer or garbage;
 - they are few: at most ``ROUTING_MAX_FRAC`` events per row whose inputs agree (the target
@@ -173,8 +175,8 @@ class RoutingFlips:
     @property
     def message(self) -> str:
         where = (f"at isolated positions (longest run {self.longest_run})" if self.longest_run <= ROUTING_MAX_RUN
-                 else f"in {self.events} events: a flip and the rows after it that the target's attention carries it "
-                      f"to, decaying (longest run {self.longest_run})")
+                 else f"in {self.events} events: a flip (at this slot or an earlier one) and the rows after it that the "
+                      f"target's attention carries it to (longest run {self.longest_run})")
         return (f"MoE routing near-tie: {len(self.rows)} {self.tensor} row(s) ({self.fraction:.1%} events per row "
                 f"whose inputs agree, at most {self.bound:.0%} allowed) differ where {self.previous} agrees, {where}, "
                 f"max_rel {self.max_rel:.3g}: bf16 near-ties in the router send these tokens to other experts on "
@@ -193,14 +195,23 @@ def _runs(pair: np.ndarray, pos: np.ndarray) -> list[np.ndarray]:
     return np.split(np.arange(len(pair)), np.nonzero(~step)[0] + 1)
 
 
-def _undecayed(runs: list[np.ndarray], rel: np.ndarray, after_agrees: np.ndarray) -> tuple[np.ndarray, str] | None:
+def _undecayed(runs: list[np.ndarray], rel: np.ndarray, after_agrees: np.ndarray,
+               after_upstream: np.ndarray) -> tuple[np.ndarray, str] | None:
     """The first run longer than ``ROUTING_MAX_RUN`` that does not fade out, and how: its last row
     above ``ROUTING_TAIL_SHARE`` of its largest (``rel`` per sorted row), or no agreeing row after
-    it in its sequence (``after_agrees`` per sorted row); None when every run fades out."""
+    it in its sequence (``after_agrees`` per sorted row); None when every run fades out.
+
+    A run that starts right after a row differing upstream (``after_upstream`` per sorted row: a flip
+    at an earlier slot, which this slot inherits) need not fall to that share: it is the earlier
+    flip carried by the target's attention through every layer between the two slots, and decays
+    over many more rows. Measured (a correct DeepSeek-V3 pair, ``make test-seeds``): a layer flip at
+    ``target.aux.1`` seq 3 pos 17 (rel 0.82) left the next rows at 0.035 there and at 0.062, 0.056,
+    ..., 0.055 (6 rows over 0.05), then 0.045-0.036 over 16 more at ``target.aux.2``. It must still
+    end before its sequence does."""
     for r in runs:
         if len(r) <= ROUTING_MAX_RUN:
             continue
-        if rel[r[-1]] > ROUTING_TAIL_SHARE * rel[r].max():
+        if rel[r[-1]] > ROUTING_TAIL_SHARE * rel[r].max() and not after_upstream[r[0]]:
             return r, (f"its last row is at rel {float(rel[r[-1]]):.3g} of a largest {float(rel[r].max()):.3g}, more "
                        f"than {ROUTING_TAIL_SHARE:g} of it")
         if not after_agrees[r[-1]]:
@@ -216,6 +227,16 @@ def _next_agrees(comp, idx: np.ndarray, counted: np.ndarray) -> np.ndarray:
     keys = (m.pair[ok].astype(np.int64) << 32) | m.pos[ok].astype(np.int64)
     nxt = (m.pair[idx].astype(np.int64) << 32) | (m.pos[idx].astype(np.int64) + 1)
     return np.isin(nxt, keys)
+
+
+def _after_upstream(comp, idx: np.ndarray, counted: np.ndarray) -> np.ndarray:
+    """bool per row ``idx``: the row at the previous position of its pair differs for an upstream
+    reason (compared, failed, not ``counted``: its inputs differ)."""
+    m = comp.match
+    up = ~counted & (comp.status > CLOSE) & (comp.status != UNREADABLE)
+    keys = (m.pair[up].astype(np.int64) << 32) | m.pos[up].astype(np.int64)
+    prev = (m.pair[idx].astype(np.int64) << 32) | (m.pos[idx].astype(np.int64) - 1)
+    return np.isin(prev, keys)
 
 
 def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
@@ -259,7 +280,7 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
     if (previous.status[order][at] > 1).any():  # DIVERGED or UNREADABLE there
         return f"{previous.name} already differs (or is unreadable) at some of them"
     run = max(len(r) for r in runs)
-    flat = _undecayed(runs, comp.score[idx], _next_agrees(comp, idx, counted))
+    flat = _undecayed(runs, comp.score[idx], _next_agrees(comp, idx, counted), _after_upstream(comp, idx, counted))
     if flat is not None:
         r, how = flat
         i, j = idx[r[0]], idx[r[-1]]

@@ -44,11 +44,13 @@ def spread(n: int, *, first: int = 3) -> list[tuple[int, int]]:
 
 
 def write_pair(root, *, family: dict | None, flips=(), bug_fc=(), bug_tokens=(), draft_until: int = T,
-               flip_rel: float = 0.2, flip_slot: int = 1) -> tuple[str, str]:
+               flip_rel: float = 0.2, flip_slot: int = 1, carried=()) -> tuple[str, str]:
     """Training and serving traces (module doc); ``family``: target facts in serving's contract
     (None: none recorded); draft rows only at positions < ``draft_until`` (serving's coverage);
-    ``flip_slot``: the aux slot where flips start (the slots after it follow)."""
-    flips, bug_fc, bug_tokens = set(flips), set(bug_fc), set(bug_tokens)
+    ``flip_slot``: the aux slot where flips start (the slots after it follow); ``carried``: (seq, pos)
+    rows whose ``target.aux.2`` alone is moved by rel 0.06 (an earlier flip carried by the target's
+    attention, just over the tolerance)."""
+    flips, bug_fc, bug_tokens, carried = set(flips), set(bug_fc), set(bug_tokens), set(carried)
     base = {"hidden_size": H, "num_layers": 8, "aux_hf_indices": [1, 4, 7], "dtype": "bfloat16"}
     pair = TracePair(root, contract=base, serve=family)
     rng = pair.rng
@@ -67,6 +69,8 @@ def write_pair(root, *, family: dict | None, flips=(), bug_fc=(), bug_tokens=(),
                     if (s, t) in flips:
                         for j in range(flip_slot, 3):
                             a[j, t] = _off(a[j, t], noise, flip_rel / (1 + j - flip_slot))
+                    if (s, t) in carried:
+                        a[2, t] = _off(a[2, t], noise, 0.06)
                     if (s, t) in flips or (s, t) in bug_fc:
                         f[t] = _off(f[t], noise, flip_rel)
                     if (s, t) in flips or (s, t) in bug_fc:
@@ -189,6 +193,28 @@ def test_a_run_of_failing_rows_is_not_a_routing_near_tie(tmp_path, small_blocks)
     assert "not MoE routing near-ties: they form a run of 12" in text
     fam = report.first.stats["routing_family"]
     assert "experts" in fam and f"MoE target ({fam}): not MoE routing near-ties" in text
+
+
+def test_a_flat_run_carried_from_a_flip_at_the_earlier_slot_is_that_flips_tail(tmp_path, small_blocks):
+    # a correct DeepSeek-V3 pair (make test-seeds): a router flip at target.aux.1 seq 3 pos 17, then
+    # target.aux.2 at rel 0.062 ... 0.055 over the next 6 rows (decaying below 0.05 after them)
+    tail = [(3, t) for t in range(18, 24)]
+    report = diff_traces(*write_pair(tmp_path, family=MOE, flips=[(3, 17)], carried=tail), narrow=False)
+    assert report.first is None, report.verdict()
+    named = {e.tensor: e for e in report.legitimate}
+    rows = {(r["seq"], r["pos"]) for r in named["target.aux.2"].rows}
+    assert rows == set(tail), rows  # pos 17 is the flip's own row, inherited from target.aux.1
+    assert "a flip (at this slot or an earlier one) and the rows after it" in named["target.aux.2"].message
+
+
+@pytest.mark.parametrize("how", ["no flip before it", "to the end of its sequence"])
+def test_a_flat_run_is_not_a_carried_tail_without_the_flip_or_an_end(tmp_path, small_blocks, how):
+    flips, tail = ([], [(3, t) for t in range(18, 24)]) if how == "no flip before it" else (
+        [(3, 53)], [(3, t) for t in range(54, T)])
+    report = diff_traces(*write_pair(tmp_path, family=MOE, flips=flips, carried=tail), narrow=False)
+    assert report.first is not None and report.first.name == "target.aux.2", report.verdict()
+    why = report.first.stats["routing_not_named"]
+    assert ("does not fade out" in why) if how == "no flip before it" else ("no agreeing row" in why), why
 
 
 def test_more_flips_than_routing_explains_are_a_divergence(tmp_path, small_blocks):
