@@ -49,6 +49,17 @@ tensor did not count (itself inherited, explained, or past the common token run)
 diverges it (or an earlier one) is the first divergence, and the stages after it keep their own
 verdicts, so the report still shows how far a real bug spreads.
 
+The target's greedy token at position t (``target.argmax``) is computed by attention over every
+earlier position of the sequence, at every layer: a forward difference at an earlier position
+reaches it too. Its rows after a sequence's first *explained* forward difference (a named MoE
+router flip at an aux slot) are inherited from that slot (``_after_explained_flip``), when the rows
+before every such flip are at least ``TARGET_CONTEXT_MIN_CLEAN`` of the tensor's rows (they show
+the target agrees over agreeing context). Measured (a correct DeepSeek-V3 pair, ``make test-seeds``,
+seed 1, prompt set b): a flip at ``target.aux.1`` seq 3 pos 17 left ``target.aux.2`` at 3-5x its
+noise for 20 rows and flipped 5 greedy tokens after it (pos 20-39) among 13 failing rows (7.2 %
+against the 5 % an id tensor may fail); 5 of the 13 lie in sequences with no flip: near ties of a
+random target's flat logits, counted as before.
+
 A row whose inputs agree but whose output differs is never inherited: it counts in full
 (a wrong token at a chunk boundary is a divergence at ``tokens``; a wrong layer fails most rows
 of ``target.aux``).
@@ -63,6 +74,12 @@ import numpy as np
 
 from specdiff.replay.diff.types import DIVERGED
 from specdiff.tracer.schema import UnknownTensorError, aux_slot, spec_for
+
+#: the target capture after every aux slot that inherits through the target's attention (module doc)
+TARGET_ARGMAX = "target.argmax"
+#: the rows before every explained flip must be at least this share of ``target.argmax``'s rows
+#: (replay/diff/judge/context.py CONTEXT_MIN_CLEAN, the draft's own rule)
+TARGET_CONTEXT_MIN_CLEAN = 0.25
 
 #: Each recorded tensor's direct inputs at the same position (module doc), by schema name
 #: (tracer/schema.py SPECS; ``target.aux.{j}`` stands for every slot). The target's captures read
@@ -209,7 +226,35 @@ class Inheritance:
             if hit.any():
                 src[hit] = len(names)
                 names.append(s.name)
+        if name == TARGET_ARGMAX:
+            for s, after in self._after_explained_flip(match):
+                hit = after & (src < 0)
+                if hit.any():
+                    src[hit] = names.index(s) if s in names else len(names)
+                    if s not in names:
+                        names.append(s)
         return src >= 0, src, names
+
+    def _after_explained_flip(self, match) -> list[tuple[str, np.ndarray]]:
+        """``(aux slot, bool [n])``: the rows of ``match`` (``target.argmax``) after the first explained
+        row of their sequence at that slot (module doc); empty when the rows before every such row
+        are fewer than ``TARGET_CONTEXT_MIN_CLEAN`` of them."""
+        first: dict[int, tuple[int, str]] = {}
+        for s in self.sources:
+            if aux_slot(s.name) is None or s.explained is None or not s.explained.any():
+                continue
+            for key in s.keys[s.explained].tolist():
+                pair, pos = key >> 32, key & 0xFFFFFFFF
+                if pos < first.get(pair, (pos + 1, ""))[0]:
+                    first[pair] = (pos, s.name)
+        if not first:
+            return []
+        start = np.array([first.get(int(p), (np.iinfo(np.int64).max, ""))[0] for p in match.pair], np.int64)
+        after = match.pos.astype(np.int64) > start
+        if int((~after).sum()) < TARGET_CONTEXT_MIN_CLEAN * len(after):
+            return []
+        slot = np.array([first.get(int(p), (0, ""))[1] for p in match.pair], object)
+        return [(n, after & (slot == n)) for n in sorted({v[1] for v in first.values()})]
 
 
 def source_rows(comp) -> np.ndarray:

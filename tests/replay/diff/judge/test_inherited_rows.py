@@ -44,12 +44,13 @@ def spread(n: int, *, first: int = 3) -> list[tuple[int, int]]:
 
 
 def write_pair(root, *, family: dict | None, flips=(), bug_fc=(), bug_tokens=(), draft_until: int = T,
-               flip_rel: float = 0.2, flip_slot: int = 1, carried=()) -> tuple[str, str]:
+               flip_rel: float = 0.2, flip_slot: int = 1, carried=(), argmax=None) -> tuple[str, str]:
     """Training and serving traces (module doc); ``family``: target facts in serving's contract
     (None: none recorded); draft rows only at positions < ``draft_until`` (serving's coverage);
     ``flip_slot``: the aux slot where flips start (the slots after it follow); ``carried``: (seq, pos)
     rows whose ``target.aux.2`` alone is moved by rel 0.06 (an earlier flip carried by the target's
-    attention, just over the tolerance)."""
+    attention, just over the tolerance); ``argmax``: None (no ``target.argmax`` rows), else the
+    (seq, pos) rows where serving's greedy token differs from training's."""
     flips, bug_fc, bug_tokens, carried = set(flips), set(bug_fc), set(bug_tokens), set(carried)
     base = {"hidden_size": H, "num_layers": 8, "aux_hf_indices": [1, 4, 7], "dtype": "bfloat16"}
     pair = TracePair(root, contract=base, serve=family)
@@ -86,6 +87,11 @@ def write_pair(root, *, family: dict | None, flips=(), bug_fc=(), bug_tokens=(),
             for j in range(3):
                 w.append(aux_name(j), a[j], pos=pos)
             w.append("target.aux_cat", np.concatenate(list(a), axis=1), pos=pos)
+            if argmax is not None:
+                greedy = toks[1:1 + T].astype(np.int64).copy()
+                if w.serving:
+                    greedy[[t for t in range(T) if (s, t) in set(argmax)]] += 1
+                w.append("target.argmax", greedy, pos=pos)
             w.append("draft.fc_out", f, pos=pos)
             for k in range(DEPTHS):
                 p = np.arange(min(draft_until, T - 1 - k))  # row t at depth k needs x_{t+1+k}
@@ -215,6 +221,30 @@ def test_a_flat_run_is_not_a_carried_tail_without_the_flip_or_an_end(tmp_path, s
     assert report.first is not None and report.first.name == "target.aux.2", report.verdict()
     why = report.first.stats["routing_not_named"]
     assert ("does not fade out" in why) if how == "no flip before it" else ("no agreeing row" in why), why
+
+
+#: greedy tokens flipped at every other position after (3, 17) and (5, 10): 50 of 512 rows, 9.8 % (an id
+#: tensor may fail 5 %)
+_AFTER_FLIPS = [(3, t) for t in range(19, T, 2)] + [(5, t) for t in range(11, T, 2)]
+
+
+def test_greedy_tokens_after_an_explained_router_flip_are_inherited_through_the_targets_attention(
+        tmp_path, small_blocks):
+    # a correct DeepSeek-V3 pair (make test-seeds): 5 greedy tokens flipped after a target.aux.1 flip
+    # of their sequence made target.argmax the first divergence
+    report = diff_traces(*write_pair(tmp_path, family=MOE, flips=[(3, 17), (5, 10)], argmax=_AFTER_FLIPS + [(0, 30)]),
+                         narrow=False)
+    assert report.first is None, report.verdict()
+    argmax = report.comparisons["target.argmax"]
+    # every row after each flip, passing or not, and the flips' own rows (inherited at the same position)
+    assert argmax.stats["inherited_from"] == {"target.aux.1": (T - 1 - 17) + (T - 1 - 10) + 2}
+    assert argmax.stats["own_fail_rows"] == 1  # (0, 30): no flip in its sequence, counted
+
+
+@pytest.mark.parametrize("flips", [[], [(s, 1) for s in range(N_SEQ)]], ids=["no flip", "flips too early"])
+def test_greedy_tokens_are_counted_without_an_explained_flip_or_rows_before_it(tmp_path, small_blocks, flips):
+    report = diff_traces(*write_pair(tmp_path, family=MOE, flips=flips, argmax=_AFTER_FLIPS), narrow=False)
+    assert report.first is not None and report.first.name == "target.argmax", report.verdict()
 
 
 def test_more_flips_than_routing_explains_are_a_divergence(tmp_path, small_blocks):
