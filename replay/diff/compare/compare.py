@@ -32,6 +32,7 @@ from specdiff.replay.diff.compare.tolerance import (
     default_tolerance,
 )
 from specdiff.replay.diff.judge import Judging, Scene, groups, inherited, judging_for, routing, shift
+from specdiff.replay.diff.judge.prefix_carry import CachedPrefixes
 from specdiff.replay.diff.types import (
     CLOSE,
     DIVERGED,
@@ -349,6 +350,7 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
                                  on_first=on_first)
     total, done = sum(traces.x.rows(n) for n in names), 0
     grouping = groups.RowGrouping(traces, alignment)
+    prefixes = CachedPrefixes.of(traces, alignment, grouping.cached)
 
     def rows_done(k: int) -> None:
         nonlocal done
@@ -365,9 +367,10 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         user_frac = apply_overrides(tol, name, overrides or {}).max_fail_frac != default_frac
         tol = apply_overrides(exact_inputs(name, tol), name, overrides or {})
         m = tensor_match(traces, alignment, name, good_paths=good, match=matched.get(name))
-        inh = upstream.inherited(name, m)
+        inh = upstream.inherited(name, m, prefixes.carried_starts(upstream) if name == inherited.TARGET_ARGMAX
+                                 else None)
         counted = ~inh[0] & ~inherited.beyond_common_run(name, m, lengths)
-        scene = Scene(traces, family, upstream, out, counted, prove_context)
+        scene = Scene(traces, family, upstream, out, counted, prove_context, prefixes)
         judged = judging_for(name, scene, tol, m, inheritance=inh,
                          row_groups=None if user_frac else grouping.groups(name, m))
         out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, match=m, watch=watch,

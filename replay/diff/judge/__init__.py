@@ -30,6 +30,7 @@ from specdiff.replay.diff.compare.tolerance import compute_dtype, looser_dtype
 from specdiff.replay.diff.judge import context, shift
 from specdiff.replay.diff.judge.context import ContextJudge
 from specdiff.replay.diff.judge.inherited import Inheritance
+from specdiff.replay.diff.judge.prefix_carry import CachedPrefixes
 from specdiff.replay.diff.judge.routing import RoutingJudge, TargetFamily
 from specdiff.replay.diff.judge.topk_ties import TiesJudge
 from specdiff.replay.diff.types import Pair, TensorComparison
@@ -59,6 +60,7 @@ class Scene:
         comparisons: the tensors compared so far, by name.
         counted: bool [n], this tensor's rows that count (step 1 of the module doc).
         prove_context: the draft re-run the context judge may ask for (context_proof.ContextProver), or None.
+        prefixes: serving's radix-cached prefixes and tokens (prefix_carry.CachedPrefixes), or None.
     """
 
     traces: Pair
@@ -67,6 +69,7 @@ class Scene:
     comparisons: dict[str, TensorComparison]
     counted: np.ndarray
     prove_context: Callable | None = None
+    prefixes: CachedPrefixes | None = None
 
     @functools.cached_property
     def first_sources(self) -> dict[int, int]:

@@ -208,9 +208,12 @@ class Inheritance:
                 return True
         return False
 
-    def inherited(self, name: str, match) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    def inherited(self, name: str, match, carried: dict | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(bool [n] inherited rows of ``match`` (RowMatch of tensor ``name``), int [n] index into
-        the returned names of the tensor each was inherited from, -1 where not inherited, names)."""
+        the returned names of the tensor each was inherited from, -1 where not inherited, names).
+        ``carried``: pair -> (first extended position, aux slot) of the pairs whose radix-cached
+        prefix carries another sequence's explained flip (prefix_carry.CachedPrefixes.carried_starts),
+        read for ``target.argmax``."""
         n = len(match.pair)
         src = np.full(n, -1, np.int64)
         names: list[str] = []
@@ -227,7 +230,7 @@ class Inheritance:
                 src[hit] = len(names)
                 names.append(s.name)
         if name == TARGET_ARGMAX:
-            for s, after in self._after_explained_flip(match):
+            for s, after in self._after_explained_flip(match, carried or {}):
                 hit = after & (src < 0)
                 if hit.any():
                     src[hit] = names.index(s) if s in names else len(names)
@@ -235,11 +238,12 @@ class Inheritance:
                         names.append(s)
         return src >= 0, src, names
 
-    def _after_explained_flip(self, match) -> list[tuple[str, np.ndarray]]:
+    def _after_explained_flip(self, match, carried: dict) -> list[tuple[str, np.ndarray]]:
         """``(aux slot, bool [n])``: the rows of ``match`` (``target.argmax``) after the first explained
-        row of their sequence at that slot (module doc); empty when the rows before every such row
+        row of their sequence at that slot, or from the first extended position of a sequence whose
+        cached prefix carries one (``carried``; module doc); empty when the rows before every such row
         are fewer than ``TARGET_CONTEXT_MIN_CLEAN`` of them."""
-        first: dict[int, tuple[int, str]] = {}
+        first: dict[int, tuple[int, str]] = {p: (at - 1, slot) for p, (at, slot) in carried.items()}
         for s in self.sources:
             if aux_slot(s.name) is None or s.explained is None or not s.explained.any():
                 continue

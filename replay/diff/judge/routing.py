@@ -229,25 +229,30 @@ def _next_agrees(comp, idx: np.ndarray, counted: np.ndarray) -> np.ndarray:
     return np.isin(nxt, keys)
 
 
-def _after_upstream(comp, idx: np.ndarray, counted: np.ndarray) -> np.ndarray:
+def _after_upstream(comp, idx: np.ndarray, counted: np.ndarray, carried: dict[int, int]) -> np.ndarray:
     """bool per row ``idx``: the row at the previous position of its pair differs for an upstream
-    reason (compared, failed, not ``counted``: its inputs differ)."""
+    reason (compared, failed, not ``counted``: its inputs differ), or the row is the first extended
+    position of a pair whose radix-cached prefix carries an explained flip (``carried``: pair -> that
+    position; judge/prefix_carry.py)."""
     m = comp.match
     up = ~counted & (comp.status > CLOSE) & (comp.status != UNREADABLE)
     keys = (m.pair[up].astype(np.int64) << 32) | m.pos[up].astype(np.int64)
     prev = (m.pair[idx].astype(np.int64) << 32) | (m.pos[idx].astype(np.int64) - 1)
-    return np.isin(prev, keys)
+    first = np.array([carried.get(int(p), -1) for p in m.pair[idx]], np.int64)
+    return np.isin(prev, keys) | (m.pos[idx].astype(np.int64) == first)
 
 
 def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
-                  counted: np.ndarray) -> RoutingFlips | str | None:
+                  counted: np.ndarray, carried: dict[int, int] | None = None) -> RoutingFlips | str | None:
     """The routing near-ties that explain ``candidates`` (bool [n]: the failing rows of
     ``comp``, a ``target.aux.{j}`` comparison, whose inputs agree); when any of them does not fit
     (module doc) nothing is explained and the answer is why, in words (for the report); None when
     the tensor is not eligible or nothing fails.
 
     ``previous``: the comparison of ``target.aux.{j-1}`` (None: not compared, nothing is
-    explained); ``counted``: bool [n], the rows whose inputs agree (the fraction's denominator).
+    explained); ``counted``: bool [n], the rows whose inputs agree (the fraction's denominator);
+    ``carried``: pair -> its first extended position, for pairs whose radix-cached prefix carries an
+    explained flip of another sequence (judge/prefix_carry.py).
     """
     if not eligible(comp.name, family) or previous is None or not candidates.any():
         return None
@@ -280,7 +285,7 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
     if (previous.status[order][at] > 1).any():  # DIVERGED or UNREADABLE there
         return f"{previous.name} already differs (or is unreadable) at some of them"
     run = max(len(r) for r in runs)
-    flat = _undecayed(runs, comp.score[idx], _next_agrees(comp, idx, counted), _after_upstream(comp, idx, counted))
+    flat = _undecayed(runs, comp.score[idx], _next_agrees(comp, idx, counted), _after_upstream(comp, idx, counted, carried or {}))
     if flat is not None:
         r, how = flat
         i, j = idx[r[0]], idx[r[-1]]
@@ -308,9 +313,12 @@ class RoutingJudge:
     def bind(self, name: str, scene):
         previous = scene.comparisons.get(aux_name(aux_slot(name) - 1))
         family, counted = scene.family, scene.counted
+        prefixes = scene.prefixes
+        carried = ({p: at for p, (at, _) in prefixes.carried_starts(scene.upstream).items()} if prefixes is not None
+                   else {})
 
         def judge(comp, candidates):
-            got = routing_flips(comp, previous, family, candidates, counted)
+            got = routing_flips(comp, previous, family, candidates, counted, carried)
             if isinstance(got, str):
                 comp.stats["routing_not_named"] = got
                 comp.stats["routing_family"] = family.words()  # the report names the family without reading contracts

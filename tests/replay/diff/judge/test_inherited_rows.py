@@ -44,19 +44,26 @@ def spread(n: int, *, first: int = 3) -> list[tuple[int, int]]:
 
 
 def write_pair(root, *, family: dict | None, flips=(), bug_fc=(), bug_tokens=(), draft_until: int = T,
-               flip_rel: float = 0.2, flip_slot: int = 1, carried=(), argmax=None) -> tuple[str, str]:
+               flip_rel: float = 0.2, flip_slot: int = 1, carried=(), argmax=None,
+               cached: tuple[int, int, int] | None = None) -> tuple[str, str]:
     """Training and serving traces (module doc); ``family``: target facts in serving's contract
     (None: none recorded); draft rows only at positions < ``draft_until`` (serving's coverage);
     ``flip_slot``: the aux slot where flips start (the slots after it follow); ``carried``: (seq, pos)
     rows whose ``target.aux.2`` alone is moved by rel 0.06 (an earlier flip carried by the target's
     attention, just over the tolerance); ``argmax``: None (no ``target.argmax`` rows), else the
-    (seq, pos) rows where serving's greedy token differs from training's."""
+    (seq, pos) rows where serving's greedy token differs from training's; ``cached``: (seq, source seq,
+    c): that sequence's first c tokens are the source's and serving records its rows from position c
+    on (its prefix served from the radix cache, as the recorder writes it)."""
     flips, bug_fc, bug_tokens, carried = set(flips), set(bug_fc), set(bug_tokens), set(carried)
     base = {"hidden_size": H, "num_layers": 8, "aux_hf_indices": [1, 4, 7], "dtype": "bfloat16"}
     pair = TracePair(root, contract=base, serve=family)
     rng = pair.rng
+    seen: dict[int, np.ndarray] = {}
     for s in range(N_SEQ):
         toks = rng.integers(0, 1000, T + 1 + DEPTHS)
+        if cached is not None and s == cached[0]:
+            toks[:cached[2]] = seen[cached[1]][:cached[2]]
+        seen[s] = toks
         aux = rng.standard_normal((3, T, H)).astype(np.float32)
         fc = rng.standard_normal((T, H)).astype(np.float32)
         hid = rng.standard_normal((DEPTHS, T, H)).astype(np.float32)  # hidden_in at depth k
@@ -82,19 +89,20 @@ def write_pair(root, *, family: dict | None, flips=(), bug_fc=(), bug_tokens=(),
                             ho[k, t] = _off(ho[k, t], noise, flip_rel)
                     if (s, t) in bug_tokens:
                         toks_in[0][t] += 1
-            pos = np.arange(T)
-            w.append("tokens", toks_in[0], pos=pos)
+            lo = cached[2] if cached is not None and w.serving and s == cached[0] else 0
+            pos = np.arange(lo, T)
+            w.append("tokens", toks_in[0][lo:], pos=pos)
             for j in range(3):
-                w.append(aux_name(j), a[j], pos=pos)
-            w.append("target.aux_cat", np.concatenate(list(a), axis=1), pos=pos)
+                w.append(aux_name(j), a[j][lo:], pos=pos)
+            w.append("target.aux_cat", np.concatenate(list(a), axis=1)[lo:], pos=pos)
             if argmax is not None:
                 greedy = toks[1:1 + T].astype(np.int64).copy()
                 if w.serving:
                     greedy[[t for t in range(T) if (s, t) in set(argmax)]] += 1
-                w.append("target.argmax", greedy, pos=pos)
-            w.append("draft.fc_out", f, pos=pos)
+                w.append("target.argmax", greedy[lo:], pos=pos)
+            w.append("draft.fc_out", f[lo:], pos=pos)
             for k in range(DEPTHS):
-                p = np.arange(min(draft_until, T - 1 - k))  # row t at depth k needs x_{t+1+k}
+                p = np.arange(lo, min(draft_until, T - 1 - k))  # row t at depth k needs x_{t+1+k}
                 if k:
                     w.append("tokens", toks_in[k][p], pos=p, depth=k)
                 w.append("draft.hidden_in", hi[k, p], pos=p, depth=k)
@@ -211,6 +219,34 @@ def test_a_flat_run_carried_from_a_flip_at_the_earlier_slot_is_that_flips_tail(t
     rows = {(r["seq"], r["pos"]) for r in named["target.aux.2"].rows}
     assert rows == set(tail), rows  # pos 17 is the flip's own row, inherited from target.aux.1
     assert "a flip (at this slot or an earlier one) and the rows after it" in named["target.aux.2"].message
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["prefix shared", "prefix not shared"])
+def test_a_run_at_the_start_of_a_cached_sequence_is_the_flip_its_prefix_carries(tmp_path, small_blocks, shared):
+    # a correct DeepSeek-V3 pair (make test-seeds seed 2): seq 1 extends seq 0's prompt, its first 10
+    # positions served from seq 0's cached KV, which holds seq 0's router flip at pos 3; seq 1's
+    # target.aux.2 rows 10-13 then sat at 0.064-0.056 with no row of its own before them
+    tail = [(1, t) for t in range(10, 14)]
+    report = diff_traces(*write_pair(tmp_path, family=MOE, flips=[(0, 3)], carried=tail,
+                                     cached=(1, 0, 10) if shared else None), narrow=False)
+    if shared:
+        assert report.first is None, report.verdict()
+        rows = {(r["seq"], r["pos"]) for e in report.legitimate if e.tensor == "target.aux.2" for r in e.rows}
+        assert set(tail) <= rows, rows
+    else:  # seq 1 recomputed its own prefix: nothing before the run differs, a real run
+        assert report.first is not None and report.first.name == "target.aux.2", report.verdict()
+        assert "does not fade out" in report.first.stats["routing_not_named"]
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["prefix shared", "prefix not shared"])
+def test_greedy_tokens_of_a_cached_sequence_inherit_the_flip_its_prefix_carries(tmp_path, small_blocks, shared):
+    flipped = [(1, t) for t in range(11, T, 2)]  # 27 of 502 rows: 5.4 %, over the 5 % an id tensor may fail
+    report = diff_traces(*write_pair(tmp_path, family=MOE, flips=[(0, 3)], argmax=flipped,
+                                     cached=(1, 0, 10) if shared else None), narrow=False)
+    argmax = report.comparisons["target.argmax"]
+    assert argmax.diverged is not shared, report.verdict()
+    if shared:
+        assert argmax.stats["own_fail_rows"] == 0 and argmax.stats["inherited_from"]["target.aux.1"] > len(flipped)
 
 
 @pytest.mark.parametrize("how", ["no flip before it", "to the end of its sequence"])
