@@ -238,19 +238,25 @@ class Inheritance:
                         names.append(s)
         return src >= 0, src, names
 
+    def explained_flips(self) -> list[tuple[int, int, str]]:
+        """``(pair, pos, aux slot)`` of every source row of a target aux slot a named cause explains
+        (an MoE router flip): the forward differences the target's attention carries to later rows."""
+        out: list[tuple[int, int, str]] = []
+        for s in self.sources:
+            if aux_slot(s.name) is None or s.explained is None or not s.explained.any():
+                continue
+            out += [(k >> 32, k & 0xFFFFFFFF, s.name) for k in s.keys[s.explained].tolist()]
+        return out
+
     def _after_explained_flip(self, match, carried: dict) -> list[tuple[str, np.ndarray]]:
         """``(aux slot, bool [n])``: the rows of ``match`` (``target.argmax``) after the first explained
         row of their sequence at that slot, or from the first extended position of a sequence whose
         cached prefix carries one (``carried``; module doc); empty when the rows before every such row
         are fewer than ``TARGET_CONTEXT_MIN_CLEAN`` of them."""
         first: dict[int, tuple[int, str]] = {p: (at - 1, slot) for p, (at, slot) in carried.items()}
-        for s in self.sources:
-            if aux_slot(s.name) is None or s.explained is None or not s.explained.any():
-                continue
-            for key in s.keys[s.explained].tolist():
-                pair, pos = key >> 32, key & 0xFFFFFFFF
-                if pos < first.get(pair, (pos + 1, ""))[0]:
-                    first[pair] = (pos, s.name)
+        for pair, pos, slot in self.explained_flips():
+            if pos < first.get(pair, (pos + 1, ""))[0]:
+                first[pair] = (pos, slot)
         if not first:
             return []
         start = np.array([first.get(int(p), (np.iinfo(np.int64).max, ""))[0] for p in match.pair], np.int64)

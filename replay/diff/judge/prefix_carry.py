@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdiff.replay.diff.types import serve_side
-from specdiff.tracer.schema import aux_slot
 
 
 @dataclass(frozen=True)
@@ -60,11 +59,7 @@ class CachedPrefixes:
         """pair -> (pair, pos, aux slot) of the first explained row of a target aux slot (``upstream``:
         ``inherited.Inheritance``) inside the pair's cached prefix, in another sequence whose serving
         tokens equal the pair's up to that position; pairs with none are absent."""
-        flips: list[tuple[int, int, str]] = []
-        for s in upstream.sources:
-            if aux_slot(s.name) is None or s.explained is None or not s.explained.any():
-                continue
-            flips += [(k >> 32, k & 0xFFFFFFFF, s.name) for k in s.keys[s.explained].tolist()]
+        flips = upstream.explained_flips()
         out: dict[int, tuple[int, int, str]] = {}
         for pair, c in self.cached.items():
             mine = self.tokens.get(pair)
