@@ -83,7 +83,11 @@ def _logit_rows(trace, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndar
     cols = ("seq", "pos", "depth")
     want = trace.keys(name, columns=cols)
     have = trace.keys(VALUES, columns=cols)
-    index = {k: i for i, k in enumerate(zip(*(have[c] for c in cols)))}
+    # First occurrence wins, as in align.match_rows: tree siblings at one depth repeat a key, and
+    # the row compared is the first one recorded (a last-wins table read a sibling's logits).
+    index: dict = {}
+    for i, k in enumerate(zip(*(have[c] for c in cols))):
+        index.setdefault(k, i)
     at = [index.get(k) for k in zip(*(want[c][rows] for c in cols))]
     if any(i is None for i in at):
         return None

@@ -17,12 +17,14 @@ N_SEQ, T, V, K, TOPK = 4, 40, 64, 8, 2
 
 
 def _write(root, *, swap_rows=(), swap_gap: float = 0.0, swap_rank: int = K, topk_swaps=(),
-           noise: float = 0.0) -> tuple[str, str]:
+           noise: float = 0.0, siblings: bool = False) -> tuple[str, str]:
     """Training and serving traces of the draft's top-k (K logits, TOPK speculative ids, the mapped
     ids). ``swap_rows``: (seq, pos) where serving holds the (K+1)-th id instead of the id at
     ``swap_rank`` (its logit ``swap_gap`` below serving's K-th logit); ``topk_swaps``: the same
     for ``draft.topk`` at rank TOPK (its ids tie); ``noise``: on swapped rows serving's logits of
-    the ids both sides hold move by +-noise (inputs that differ within tolerance)."""
+    the ids both sides hold move by +-noise (inputs that differ within tolerance); ``siblings``:
+    serving then records a second row at every key, ids and logits of another branch, as SGLang's
+    tree records the branches of one depth (the first row recorded is the one compared)."""
     rng = np.random.default_rng(0)
     paths = (str(root / "train.trace"), str(root / "serve.trace"))
     base = {"hidden_size": 8, "dtype": "bfloat16"}
@@ -54,6 +56,10 @@ def _write(root, *, swap_rows=(), swap_gap: float = 0.0, swap_rank: int = K, top
             w.append("draft.logits_topk.ids", ids.astype(np.int64), **kw)
             w.append("draft.topk", tk.astype(np.int64), **kw)
             w.append("draft.topk_target", (tk + d2t[tk]).astype(np.int64), **kw)
+            if side and siblings:
+                other = np.stack([rng.permutation(V)[:K] for _ in range(T)])
+                w.append("draft.logits_topk.values", logits[:, :K] - 0.5, **kw)
+                w.append("draft.logits_topk.ids", other.astype(np.int64), **kw)
     for w in ws:
         w.close()
     return paths
@@ -73,6 +79,17 @@ def test_swaps_at_rank_k_on_a_bf16_tie_are_named_not_a_divergence(tmp_path):
     assert [e.tensor for e in named] == ["draft.logits_topk.ids"] and len(named[0].rows) == 12
     assert {row["rank"] for row in named[0].rows} == {K}
     assert "top-k boundary near-ties: 12 draft.logits_topk.ids row(s)" in render_text(r)
+
+
+def test_tree_siblings_at_one_key_do_not_hide_the_compared_rows_logits(tmp_path):
+    """Seed 1's DeepSeek-V3 top-2 tree pair: the judge read a later sibling's logits at a key the
+    diff compares at its first row, found a swapped id "not among its side's top-k logits" and named
+    no row, so 32 near-tie rows made draft.logits_topk.ids the first divergence."""
+    a, b = _write(tmp_path, swap_rows=_rows(12), swap_gap=0.0, siblings=True)
+    r = diff_traces(a, b, narrow=False)
+    comp = r.comparisons["draft.logits_topk.ids"]
+    assert comp.stats["fail_rows"] == 12 and "ties_not_named" not in comp.stats
+    assert r.first is None
 
 
 def test_swaps_further_apart_than_a_tie_stay_a_divergence(tmp_path):
