@@ -27,6 +27,7 @@ import numpy as np
 from specdiff.replay.diff.align.align import match_rows, pack_keys
 from specdiff.replay.diff.compare import metrics
 from specdiff.replay.diff.rerun.rerun import (
+    LOGITS,
     RerunError,
     batch_inputs,
     computed_rows,
@@ -42,7 +43,9 @@ STAGES = ("draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.attn_in", "dr
 MAX_SEQS = 4
 #: the name of ``Narrowing.upstream``'s re-run
 UPSTREAM = "serving's upstream inputs"
+BASE = "training inputs"
 ID_AGREE = 0.95  # ids: near-tie flips in bf16 allowed in a few rows
+TOPK_IDS, TOPK_VALUES = "draft.logits_topk.ids", "draft.logits_topk.values"
 
 
 class NarrowError(RerunError):
@@ -148,7 +151,7 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     ids, aux, lengths = batch.ids, batch.aux, batch.lengths
     tokens_differ = not torch.equal(ids["train"], ids["serve"])
 
-    variants = {"training inputs": ("train", "train", "train", "train"),
+    variants = {BASE: ("train", "train", "train", "train"),
                 "serving's target.aux_cat": ("serve", "train", "train", "train"),
                 "serving's tokens": ("train", "serve", "train", "train"),
                 "serving's draft.d2t": ("train", "train", "serve", "train")}
@@ -161,11 +164,11 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
 
     # Serving's recorded rows of each stage at the failing rows, at (batch row, position): by-depth
     # stages at the divergence depth, fc stages (no depth) at depth 0.
-    recorded = {}
     from specdiff.tracer.schema import spec_for
 
     want = np.array(sorted(pack_keys(np.array([p]), np.array([t]), np.zeros(1, np.int64))[0] for p, t in failing))
-    for name in stages:
+
+    def serving_rows(name):
         m = match_rows(traces, report.alignment, name)
         by_depth = spec_for(name).by_depth
         keep = m.depth == (depth if by_depth else 0)
@@ -174,10 +177,12 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
         b, ok = batch.coords(m.pair[idx], m.pos[idx], np.full(len(idx), depth), by_depth)
         idx, b = idx[ok], b[ok]
         if not len(idx):
-            continue
-        ys = strace.take_float(name, getattr(m.rows, sv)[idx])
-        recorded[name] = (b, m.pos[idx].astype(np.int64), ys)
+            return None
+        return b, m.pos[idx].astype(np.int64), strace.take_float(name, getattr(m.rows, sv)[idx])
+
+    recorded = {name: r for name in stages if (r := serving_rows(name)) is not None}
     stages = tuple(s for s in stages if s in recorded)
+    ties = _TieProof.load(report, serving_rows, strace)
     if first.name in STAGES:
         if first.name not in stages:
             raise NarrowError(f"serving recorded no {first.name} row at depth {depth} on the failing positions the "
@@ -201,9 +206,20 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
             xs = computed_rows(out, d2t[d], st, rb, rt, np.full(len(rb), depth), width)
             if id_stage:
                 # the whole id set of each row: a row fails its comparison on any id (top-k overlap),
-                # so a top-1 check cannot tell which side's inputs give serving's set
+                # so a top-1 check cannot tell which side's inputs give serving's set; a row whose
+                # set is the re-run's top-k up to the measured logit noise is reproduced (id_ties)
                 xs, ys2 = np.sort(xs.reshape(len(xs), -1), axis=1), np.sort(ys.reshape(len(ys), -1), axis=1)
-                disagree = float((xs != ys2).any(axis=1).mean()) if xs.shape == ys2.shape else 1.0
+                if xs.shape == ys2.shape:
+                    differ = (xs != ys2).any(axis=1)
+                    # not for training's own inputs: that run asks whether the re-run is another draft
+                    # than training's, which only serving's exact ids on the failing rows would show (a
+                    # near tie is consistent with both sides' logits)
+                    if name != BASE:
+                        differ[differ] &= ~ties.reproduced(out, d2t[d], st, rb[differ], rt[differ], depth,
+                                                           ys2[differ])
+                    disagree = float(differ.mean())
+                else:
+                    disagree = 1.0
                 scores[st], matches[st] = disagree, disagree <= 1 - ID_AGREE
             else:
                 rel = float(metrics.relative_error(xs, ys).mean())
@@ -240,6 +256,52 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
                           "does not take from the trace (the draft's KV history of earlier positions or rounds, "
                           "the engine's attention kernel)")
     return res
+
+
+@dataclass
+class _TieProof:
+    """Serving's recorded ``draft.logits_topk`` at the re-run's rows, to tell an id set that only a
+    near tie keeps from the re-run's (rerun/id_ties.py) from one that differs."""
+
+    rows: dict  # (batch row, position) -> (ids int [K], values float32 [K])
+    rel: float
+    dtype: str
+
+    @classmethod
+    def load(cls, report, serving_rows, strace) -> _TieProof:
+        """From ``serving_rows(name)`` ((b, pos, rows) at the failing positions or None)."""
+        from specdiff.replay.diff.compare.tolerance import compute_dtype, looser_dtype
+
+        ids, vals = serving_rows(TOPK_IDS), serving_rows(TOPK_VALUES)
+        rows = {}
+        if ids is not None and vals is not None:
+            at = {k: i for i, k in enumerate(zip(vals[0].tolist(), vals[1].tolist(), strict=True))}
+            for i, k in enumerate(zip(ids[0].tolist(), ids[1].tolist(), strict=True)):
+                if k in at:
+                    rows[k] = (ids[2][i].astype(np.int64), vals[2][at[k]])
+        comp = report.comparisons.get(TOPK_VALUES)
+        traces = report.traces
+        dtype = (looser_dtype(compute_dtype(traces.x, TOPK_VALUES), compute_dtype(traces.y, TOPK_VALUES))
+                 if TOPK_VALUES in strace.names else "bfloat16")
+        return cls(rows, comp.tolerance.rel if comp is not None else 0.05, dtype)
+
+    def reproduced(self, out, d2t, stage: str, b: np.ndarray, t: np.ndarray, depth: int,
+                   served: np.ndarray) -> np.ndarray:
+        """bool [n]: serving's id set of ``stage`` at (b, t) is the re-run's top-k up to the row's
+        measured logit noise; False where serving recorded no top-k logits there."""
+        from specdiff.replay.diff.rerun import id_ties
+        from specdiff.eagle3.vocab_map import hot_token_ids
+
+        if not len(b) or not self.rows:
+            return np.zeros(len(b), bool)
+        logits = computed_rows(out, d2t, LOGITS, b, t, np.full(len(b), depth))
+        if stage == "draft.topk_target":
+            served = id_ties.to_draft_ids(served, hot_token_ids(d2t).cpu().numpy())
+        got = np.zeros(len(b), bool)
+        for r, key in enumerate(zip(b.tolist(), t.tolist(), strict=True)):
+            if key in self.rows:
+                got[r] = id_ties.set_reproduced(logits[r], served[r], *self.rows[key], rel=self.rel, dtype=self.dtype)
+        return got
 
 
 def _seq_of(report, pair_index: int, attr: str) -> int:

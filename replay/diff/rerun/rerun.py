@@ -339,6 +339,10 @@ def batch_inputs(report, run: Rerun, seqs: list) -> Batch:
                  [min(len(g["train"]), len(g["serve"])) for g in toks])
 
 
+#: ``stage_outputs``' name of the re-run's draft logits (no recorded stage: serving keeps only top-K)
+LOGITS = "draft.logits"
+
+
 def stage_outputs(out, d2t, depth: int = 0, name: str | None = None, width: int = 1) -> dict:
     """Tensors [B, T, ...] of one ``ttt_forward`` at draft depth ``depth``, by stage name (fc stages
     have no depth: their depth-0 rows); ids as the recorders pick them (their top-``width`` tie rule,
@@ -352,6 +356,8 @@ def stage_outputs(out, d2t, depth: int = 0, name: str | None = None, width: int 
               "draft.hidden_out": lambda: out.hidden_out[depth]}
     if name in floats:
         return {name: floats[name]()}
+    if name == LOGITS:  # the whole logit row [B, T, Vd] (rerun/id_ties.py judges ids by it)
+        return {name: out.logits[depth].float()}
     top1 = draft_top_ids(out.logits[depth].float(), width)
     ids = {"draft.logits_topk.ids": top1, "draft.topk": top1, "draft.topk_target": hot_token_ids(d2t)[top1]}
     if name in ids:

@@ -1,0 +1,70 @@
+"""Serving's draft ids against a re-run's whole logit row (replay/diff/rerun/id_ties.py, issue 33).
+
+Seed 2's tiny DeepSeek-V3 pair: the draft re-run on serving's inputs reproduced 16 of 17 failing
+``draft.logits_topk.ids`` rows; the 17th kept another id at rank 8 within the row's logit noise,
+and the stage was "proven" the first divergence. A set is reproduced when it is the top-k of
+logits within the row's measured noise of the re-run's; a wrong lm_head moves ids far beyond it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdiff.replay.diff.rerun.id_ties import measured_noise, rows_reproduced, set_reproduced, to_draft_ids
+
+V, K = 32, 8
+
+
+def _row(seed: int = 0):
+    """A re-run's logit row [V] (distinct, about 1.0-2.0) and serving's top-K ids and logits."""
+    rng = np.random.default_rng(seed)
+    logits = (1.0 + rng.permutation(V) / V).astype(np.float32)
+    top = np.argsort(-logits)[:K]
+    return logits, top, logits[top].copy()
+
+
+def test_a_swap_at_rank_k_within_the_measured_noise_is_reproduced():
+    logits, top, vals = _row()
+    kth, nxt = top[K - 1], np.argsort(-logits)[K]
+    served = top.copy()
+    served[K - 1] = nxt  # serving keeps the (K+1)-th id of the re-run ...
+    vals = logits[served].copy()
+    gap = float(logits[kth] - logits[nxt])
+    vals[K - 1] += gap  # ... its logit there one gap higher: serving's noise is that gap
+    assert measured_noise(logits, served, vals, rel=0.05) >= gap - 1e-6
+    assert set_reproduced(logits, served, served, vals, rel=0.05, dtype="float32")
+
+
+def test_a_swap_beyond_the_measured_noise_is_not():
+    logits, top, vals = _row()
+    served = top.copy()
+    served[K - 1] = np.argsort(-logits)[-1]  # the re-run's lowest logit, 0.7 below the boundary
+    vals = logits[served].copy()  # every shared logit exact: no noise to hide it
+    assert not set_reproduced(logits, served, served, vals, rel=0.05, dtype="float32")
+
+
+def test_the_band_is_capped_at_the_values_tolerance():
+    """A wrong lm_head cannot widen its own band: logits twice as large are no noise (uncapped,
+    the band would be a whole logit and swallow the lowest id)."""
+    logits, top, vals = _row()
+    far = np.argsort(-logits)[-1]
+    served = top.copy()
+    served[K - 1] = far
+    noisy = logits[served] * 2.0
+    assert measured_noise(logits, served, noisy, rel=0.05) <= 0.05 * float(np.abs(noisy).min()) + 1e-6
+    assert measured_noise(logits, served, noisy, rel=10.0) > float(logits[top[K - 1]] - logits[far])
+    assert not set_reproduced(logits, served, served, noisy, rel=0.05, dtype="float32")
+
+
+def test_an_id_outside_serving_recorded_top_k_is_not_reproduced():
+    logits, top, vals = _row()
+    served = top[:2].copy()
+    served[1] = np.argsort(-logits)[-1]
+    assert not set_reproduced(logits, served, top, vals, rel=0.05, dtype="float32")
+    assert rows_reproduced(logits[None], top[None, :2], top[None], vals[None], rel=0.05,
+                           dtype="float32").tolist() == [True]
+
+
+def test_target_ids_map_back_through_the_vocab_map():
+    hot = np.array([3, 7, 11, 12], np.int64)  # draft id -> target id
+    assert to_draft_ids(np.array([[11, 3], [12, 5]]), hot).tolist() == [[2, 0], [3, -1]]
