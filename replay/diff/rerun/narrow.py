@@ -289,8 +289,8 @@ class _TieProof:
                    served: np.ndarray) -> np.ndarray:
         """bool [n]: serving's id set of ``stage`` at (b, t) is the re-run's top-k up to the row's
         measured logit noise; False where serving recorded no top-k logits there."""
-        from specdiff.replay.diff.rerun import id_ties
         from specdiff.eagle3.vocab_map import hot_token_ids
+        from specdiff.replay.diff.rerun import id_ties
 
         if not len(b) or not self.rows:
             return np.zeros(len(b), bool)
