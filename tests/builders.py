@@ -167,3 +167,19 @@ def dataflow_pair(root: Path | str, *, contract: dict, train: dict | None = None
 def moved_rows(x: np.ndarray, rng: np.random.Generator, rel: float = 0.3) -> np.ndarray:
     """Each row of ``x`` [n, d] moved by ``rel`` of its own norm (:func:`moved` per row)."""
     return np.stack([moved(r, rng, rel) for r in x])
+
+
+def assert_target_logits_hold_the_greedy_token(trace) -> None:
+    """Every ``target.argmax`` row of ``trace`` (an open trace) has a ``target.logits_topk`` row at
+    its (seq, pos, depth) whose best logit is the greedy token's (the same id, or one tied with it):
+    the recorder took the logits of the forward the greedy token came from, row for row."""
+    cols = ("seq", "pos", "depth")
+    am_keys, ids_keys = trace.keys("target.argmax", columns=cols), trace.keys("target.logits_topk.ids", columns=cols)
+    at = {k: i for i, k in reversed(list(enumerate(zip(*(ids_keys[c].tolist() for c in cols), strict=True))))}
+    am = trace.read("target.argmax").reshape(-1)
+    ids, vals = trace.read("target.logits_topk.ids"), trace.read("target.logits_topk.values", as_float32=True)
+    assert len(am) > 0 and trace.rows("target.logits_topk.ids") == len(am)
+    for r, key in enumerate(zip(*(am_keys[c].tolist() for c in cols), strict=True)):
+        i = at[key]
+        hit = np.nonzero(ids[i] == am[r])[0]
+        assert len(hit) and vals[i, hit[0]] == vals[i, 0], (key, int(am[r]), ids[i].tolist())

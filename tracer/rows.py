@@ -274,12 +274,14 @@ def draft_outputs(logits: torch.Tensor, *, level: str = "default", logits_topk: 
 
 
 def target_rows(batch: RowBatch, layout: RowLayout, *, aux, aux_cat, argmax=None,
-                hidden_states=None, probe_positions: int = 0) -> None:
+                hidden_states=None, probe_positions: int = 0, logits_top=None) -> None:
     """Add the target rows of a padded batch (t < length, depth 0).
 
     Args:
         aux: per slot [B, T, H] (``target.aux.{j}``); aux_cat: [B, T, K*H] (``target.aux_cat``).
         argmax: int64 [B, T], the target's greedy next token (``target.argmax``).
+        logits_top: (values float32 [B, T, k], ids int64 [B, T, k]) or None: the target's k largest
+            logits (``target.logits_topk.values`` / ``.ids``).
         hidden_states: every HF hidden state [B, T, H] (index i -> ``target.probe.{i}``),
             recorded at t < ``probe_positions``.
     """
@@ -291,6 +293,9 @@ def target_rows(batch: RowBatch, layout: RowLayout, *, aux, aux_cat, argmax=None
     batch.add_rows("target.aux_cat", layout.take(aux_cat, idx, 1), layout, idx, depth=0)
     if argmax is not None:
         batch.add_rows("target.argmax", layout.take(argmax, idx, 0), layout, idx, depth=0)
+    if logits_top is not None:
+        batch.add_rows("target.logits_topk.values", layout.take(logits_top[0], idx, 1), layout, idx, depth=0)
+        batch.add_rows("target.logits_topk.ids", layout.take(logits_top[1], idx, 1), layout, idx, depth=0)
     if probe_positions > 0 and hidden_states is not None:
         pidx = idx[layout.pos[idx] < probe_positions]
         for i, hs in enumerate(hidden_states):

@@ -88,6 +88,13 @@ _SPECS: tuple[TensorSpec, ...] = (
                "Concatenation of the aux slots, [K*H] (SGLang logits_output.hidden_states)."),
     TensorSpec("target.argmax", "verify", (), "int", False,
                "Target's greedy next-token id after position t (predicts x_{t+1})."),
+    TensorSpec("target.logits_topk.values", "verify", ("logits_topk",), "float", False,
+               "Top logits_topk target logits after position t, descending, float32 (training: the "
+               "HF forward's logits; SGLang: LogitsProcessorOutput.next_token_logits of the prefill "
+               "and verify forwards; vLLM: the sampler's logits): a greedy flip at a near tie of "
+               "the target's own logits is told from a different target by them."),
+    TensorSpec("target.logits_topk.ids", "verify", ("logits_topk",), "int", False,
+               "Target-vocab ids of target.logits_topk.values."),
     TensorSpec("draft.fc_in", "draft.fc_in", ("aux_hidden",), "float", False,
                "Input of the draft fc after optional norm_before_fc / fc_norm (else = aux_cat)."),
     TensorSpec("draft.fc_out", "draft.fc_out", ("draft_hidden",), "float", False,

@@ -20,7 +20,7 @@ from specdiff.tui.view import CELLS, MISSING, NONE, UNOBSERVED, UNREADABLE, Sel,
 SLICE = 3  # elements either side of the worst one
 TOPK = 5
 #: tensors whose ids are target-vocab token ids (decodable with the target tokenizer)
-TARGET_IDS = {"tokens", "draft.topk_target", "target.argmax"}
+TARGET_IDS = {"tokens", "draft.topk_target", "target.argmax", "target.logits_topk.ids"}
 
 
 def fmt(v) -> str:

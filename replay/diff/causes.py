@@ -181,6 +181,8 @@ CAUSES: tuple[CauseRow, ...] = (
              "rows differ only after an earlier cached row of their sequence differed upstream"),
     CauseRow("topk_boundary_near_tie", "legitimate", ("draft.logits", "draft.topk"),
              "top-k id sets differ only by a near tie at the last rank"),
+    CauseRow("target_greedy_near_tie", "legitimate", ("verify",),
+             "the target's greedy token differs only where its own two best logits tie"),
     CauseRow("contract.", "contract", _ANY,
              ("a contract fact (tracer/contract.py CONTRACT_FIELDS) differs and acts inside the first "
               "diverging stage (explain/contract.py STAGE_CAUSES), or predicts a crash")),

@@ -90,6 +90,8 @@ class TargetCapture:
         aux_cat: [B,T,K*H], the slots concatenated in ``hf_indices`` order (``target.aux_cat``).
         argmax: int64 [B,T], the target's greedy next token after position t (``target.argmax``).
         hidden_states: every HF hidden state [L+1] x [B,T,H] when ``keep_all`` (layer probes).
+        logits_top: (values float32 [B,T,k], ids int64 [B,T,k]): the k largest logits after position
+            t, descending (``target.logits_topk.*``; k = ``top_logits``, None when 0).
     """
 
     input_ids: torch.Tensor
@@ -100,11 +102,12 @@ class TargetCapture:
     argmax: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...] | None = None
     prenorm: tuple[int, ...] = ()
+    logits_top: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @torch.no_grad()
 def capture_target(model, input_ids: torch.Tensor, hf_indices, *, lengths: torch.Tensor | None = None,
-                   keep_all: bool = False, prenorm=()) -> TargetCapture:
+                   keep_all: bool = False, prenorm=(), top_logits: int = 0) -> TargetCapture:
     """Run ``model`` on ``input_ids`` [B,T] (right-padded to ``lengths``) and capture aux slots.
 
     Args:
@@ -114,6 +117,7 @@ def capture_target(model, input_ids: torch.Tensor, hf_indices, *, lengths: torch
         prenorm: ``()`` or ``(L,)``: the slot listed as L holds the last decoder layer's output
             before the final norm (the final norm's input, ``final_norm``), [B,T,H] in the run
             dtype, instead of ``hidden_states[L]`` (after the norm).
+        top_logits: k of ``TargetCapture.logits_top`` (0: none).
 
     Raises:
         TargetError: an index outside 0..L, an index given twice, a ``prenorm`` entry other than
@@ -149,9 +153,13 @@ def capture_target(model, input_ids: torch.Tensor, hf_indices, *, lengths: torch
                           "last layer's pre-norm output is ambiguous")
     hs = out.hidden_states
     aux = [seen[0] if i in pre else hs[i].detach() for i in idx]
+    top = None
+    if top_logits > 0:
+        got = torch.topk(out.logits.float(), min(top_logits, out.logits.shape[-1]), dim=-1)
+        top = (got.values.cpu(), got.indices.to(torch.int64).cpu())
     return TargetCapture(input_ids=input_ids, lengths=lengths, hf_indices=idx, prenorm=pre, aux=aux,
                          aux_cat=torch.cat(aux, dim=-1), argmax=out.logits.argmax(-1).cpu(),
-                         hidden_states=tuple(h.detach() for h in hs) if keep_all else None)
+                         hidden_states=tuple(h.detach() for h in hs) if keep_all else None, logits_top=top)
 
 
 @torch.no_grad()

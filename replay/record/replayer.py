@@ -69,7 +69,8 @@ class TrainReplayer:
     def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[TargetCapture, TTTOutput]:
         """The bare forward: target with hidden states, then the draft's TTT forward."""
         cap = capture_target(self.target, input_ids, self.aux.hf_indices, lengths=lengths,
-                             keep_all=self.probe_positions > 0, prenorm=getattr(self.aux, "prenorm", ()))
+                             keep_all=self.probe_positions > 0, prenorm=getattr(self.aux, "prenorm", ()),
+                             top_logits=LOGITS_TOPK)
         dev = next(self.draft.parameters()).device
         out = self.draft.ttt_forward(cap.aux_cat.to(dev), input_ids.to(dev), self.steps, lengths=lengths,
                                      pad_id=self.pad_id)
@@ -83,7 +84,7 @@ class TrainReplayer:
         layout = RowLayout.padded(seq_ids, cap.lengths, cap.input_ids.shape[1])
         batch = RowBatch()
         target_rows(batch, layout, aux=cap.aux, aux_cat=cap.aux_cat, argmax=cap.argmax,
-                    hidden_states=cap.hidden_states, probe_positions=self.probe_positions)
+                    hidden_states=cap.hidden_states, probe_positions=self.probe_positions, logits_top=cap.logits_top)
         last = layout.defined(self.steps - 1)
 
         def tally(d, idx, outs, chain):

@@ -97,10 +97,17 @@ def _ranked_ids_agree(ids_a: np.ndarray, ids_b: np.ndarray, values_a: np.ndarray
     return bool(np.all((ids_a == ids_b) | near))
 
 
+#: tensors the recorders gained after the shipped pair was recorded (issue 33: the target's top-k
+#: logits, tracer/engines/target_logits.py)
+RECORDED_SINCE = ("target.logits_topk.values", "target.logits_topk.ids")
+
+
 def _assert_same_pair(made: Path) -> None:
     for side in ("serve", "train"):
         a, b = open_trace(str(EXAMPLE / f"{side}.trace")), open_trace(str(made / f"{side}.trace"))
-        assert a.names == b.names, side
+        # the shipped pair predates these tensors: a recorder writes them now, the pair stays as
+        # shipped (its golden report and the app's snapshots rest on it; old traces must still diff)
+        assert a.names == [n for n in b.names if n not in RECORDED_SINCE], side
         assert [(s.id, s.tokens.tolist(), s.prompt_len) for s in a.sequences] == \
             [(s.id, s.tokens.tolist(), s.prompt_len) for s in b.sequences], side
         for name in a.names:

@@ -36,7 +36,7 @@ def test_record_train_rows_are_the_reference_forward_values_in_batch_order(tmp_p
         target_embedding,
         target_lm_head,
     )
-    from specdiff.replay.record.replayer import TrainReplayer
+    from specdiff.replay.record.replayer import LOGITS_TOPK, TrainReplayer
     from specdiff.replay.record.sequences import TrainSequence, batches_by_length
 
     lines = [{"input_ids": [0, 17, 33, 51, 90, 12, 7, 300, 41, 42, 43, 44], "prompt_len": 5, "rid": "a"},
@@ -67,7 +67,7 @@ def test_record_train_rows_are_the_reference_forward_values_in_batch_order(tmp_p
 
     for idx in batches_by_length(seqs, 2, 8192):
         ids, lengths = TrainReplayer.pad([seqs[i] for i in idx])
-        cap = capture_target(target, ids, c["aux_hf_indices"], lengths=lengths, keep_all=True)
+        cap = capture_target(target, ids, c["aux_hf_indices"], lengths=lengths, keep_all=True, top_logits=LOGITS_TOPK)
         with torch.no_grad():
             o = draft.ttt_forward(cap.aux_cat, ids, steps, lengths=lengths)
         for b, i in enumerate(idx):
@@ -76,6 +76,8 @@ def test_record_train_rows_are_the_reference_forward_values_in_batch_order(tmp_p
                     put(f"target.aux.{j}", i, t, 0, a[b, t])
                 put("target.aux_cat", i, t, 0, cap.aux_cat[b, t])
                 put("target.argmax", i, t, 0, cap.argmax[b, t])
+                put("target.logits_topk.values", i, t, 0, cap.logits_top[0][b, t])
+                put("target.logits_topk.ids", i, t, 0, cap.logits_top[1][b, t])
                 if t < probes:
                     for h, hs in enumerate(cap.hidden_states):
                         put(f"target.probe.{h}", i, t, 0, hs[b, t])

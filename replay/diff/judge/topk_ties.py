@@ -22,6 +22,12 @@ difference of its own. A wrong lm_head, hidden state or vocab map moves
 ids by far more than a tie at some rank, so any such row is left to the tolerance and the
 tensor's verdict. ``draft.topk_target`` (the same ids mapped to target ids) inherits the named
 rows from ``draft.topk`` (replay/diff/judge/inherited.py: explained rows are a source).
+
+The target's greedy token (``target.argmax``, k = 1) is judged the same way against both sides'
+``target.logits_topk`` (tracer/engines/target_logits.py says why they are recorded; compare.py
+``SKIP`` why they are not compared themselves), named ``target_greedy_near_tie``: a random target's logits are as flat
+as a random draft's (issue 33, seed 2's tiny DeepSeek-V3 pair: half its positions within 0.055 of
+their runner-up, 19 of 180 greedy tokens flipped where every aux row agreed).
 """
 
 from __future__ import annotations
@@ -33,9 +39,13 @@ import numpy as np
 from specdiff.replay.diff.compare.tolerance import compute_dtype, is_near_tie, looser_dtype
 from specdiff.replay.diff.types import row_lines
 
-#: the id tensors chosen from the draft's logits, judged against ``VALUES`` / ``IDS``
-JUDGED = ("draft.logits_topk.ids", "draft.topk")
-VALUES, IDS = "draft.logits_topk.values", "draft.logits_topk.ids"
+#: the id tensors chosen from a model's logits -> the recorded top-k logits they are judged by
+#: (values, ids): the draft's, and the target's greedy token and its own top-k (module doc)
+LOGITS_OF = {"draft.logits_topk.ids": ("draft.logits_topk.values", "draft.logits_topk.ids"),
+             "draft.topk": ("draft.logits_topk.values", "draft.logits_topk.ids"),
+             "target.argmax": ("target.logits_topk.values", "target.logits_topk.ids")}
+JUDGED = tuple(LOGITS_OF)
+VALUES, IDS = LOGITS_OF["draft.logits_topk.ids"]
 
 
 @dataclass(frozen=True)
@@ -54,16 +64,32 @@ class TopkBoundaryTies:
     rows: list
     fraction: float
     dtype: str
+    partial: bool = False
+
+    def explains(self, comp) -> np.ndarray | None:
+        """bool [n]: the rows of ``comp`` named (``rows``) when only some failing rows are
+        (``partial``); None: every failing row whose inputs agree."""
+        if not self.partial:
+            return None
+        named = {(r["seq"], r["pos"], r["depth"]) for r in self.rows}
+        m = comp.match
+        return np.fromiter(((int(a), int(b), int(c)) in named for a, b, c in zip(m.pair, m.pos, m.depth, strict=True)),
+                           bool, len(m.pair))
 
     @property
     def cause(self) -> str:
-        """The explanation's name in reports."""
-        return "topk_boundary_near_tie"
+        """The explanation's name in reports: the target's own near ties are their own kind."""
+        return "target_greedy_near_tie" if self.tensor.startswith("target.") else "topk_boundary_near_tie"
 
     @property
     def message(self) -> str:
         """One sentence: how many rows, and that each swap is a tie at rank k."""
         gap = max((r["gap"] for r in self.rows), default=0.0)
+        if self.tensor.startswith("target."):
+            return (f"target greedy near-ties: {len(self.rows)} {self.tensor} row(s) ({self.fraction:.1%} of the rows "
+                    f"whose inputs agree) hold another id where its logit is within a {self.dtype} near tie, or the "
+                    f"row's measured target logit disagreement, of the other side's (largest gap {gap:.3g}): the "
+                    "target's own logits tie there, the two kernels round them apart")
         return (f"top-k boundary near-ties: {len(self.rows)} {self.tensor} row(s) ({self.fraction:.1%} of the rows "
                 f"whose inputs agree) keep another id at the last rank only; each swapped id's logit is within a "
                 f"{self.dtype} near tie, or the row's measured logit disagreement, of the other side's k-th logit "
@@ -76,13 +102,15 @@ class TopkBoundaryTies:
 
 
 def _logit_rows(trace, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(ids [n, K], values float32 [n, K]) of ``draft.logits_topk`` at the rows of ``name`` given
-    (matched by seq / pos / depth), or None when some row has no top-k logits on this side."""
-    if VALUES not in trace.names or IDS not in trace.names:
+    """(ids [n, K], values float32 [n, K]) of the top-k logits ``name`` is chosen from
+    (``LOGITS_OF``) at the rows of ``name`` given (matched by seq / pos / depth), or None when some
+    row has no top-k logits on this side."""
+    values_name, ids_name = LOGITS_OF[name]
+    if values_name not in trace.names or ids_name not in trace.names:
         return None
     cols = ("seq", "pos", "depth")
     want = trace.keys(name, columns=cols)
-    have = trace.keys(VALUES, columns=cols)
+    have = trace.keys(values_name, columns=cols)
     # First occurrence wins, as in align.match_rows: tree siblings at one depth repeat a key, and
     # the row compared is the first one recorded (a last-wins table read a sibling's logits).
     index: dict = {}
@@ -92,7 +120,7 @@ def _logit_rows(trace, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndar
     if any(i is None for i in at):
         return None
     at = np.asarray(at, np.int64)
-    return trace.take(IDS, at), trace.take_float(VALUES, at)
+    return trace.take(ids_name, at), trace.take_float(values_name, at)
 
 
 def _measured_noise(x_ids: np.ndarray, x_values: np.ndarray, y_ids: np.ndarray, y_values: np.ndarray) -> float:
@@ -103,10 +131,13 @@ def _measured_noise(x_ids: np.ndarray, x_values: np.ndarray, y_ids: np.ndarray, 
 
 
 def boundary_ties(traces, comp, candidates: np.ndarray, counted: np.ndarray | None, *,
-                  dtype: str) -> TopkBoundaryTies | str | None:
+                  dtype: str, partial: bool = False) -> TopkBoundaryTies | str | None:
     """The near-tie explanation of ``candidates`` (bool [n]: the failing rows of ``comp``, an id
     tensor of ``JUDGED``, whose inputs agree); when any does not fit (module doc) nothing is
     explained and the answer is why, in words; None when ``comp`` is not judged or nothing fails.
+    ``partial``: the rows that fit are named and the others left to count (why the first did not
+    fit is the answer only when none fits): the target's greedy token, whose rows after an MoE
+    router flip read another context and flip by more than a tie (judge/inherited.py).
 
     ``traces``: the diff's Pair of traces; ``counted``: bool [n], the rows whose inputs agree
     (None: all); ``dtype``: the draft's compute dtype (the looser side's), e.g. ``bfloat16``.
@@ -119,33 +150,62 @@ def boundary_ties(traces, comp, candidates: np.ndarray, counted: np.ndarray | No
     lx = _logit_rows(traces.x, comp.name, m.rows.x[idx])
     ly = _logit_rows(traces.y, comp.name, m.rows.y[idx])
     if lx is None or ly is None:
-        return "a side lacks draft.logits_topk at these rows, so the logits at the boundary cannot be read"
+        return (f"a side lacks {LOGITS_OF[comp.name][0].rsplit('.', 1)[0]} at these rows, so the logits at the "
+                "boundary cannot be read")
     k = x_ids.reshape(len(idx), -1).shape[1]
     if lx[1].shape[1] < k or ly[1].shape[1] < k:
         return f"fewer top-k logits recorded than {comp.name}'s {k} ids"
-    rows = []
+    rows, misfit = [], None
     for r, i in enumerate(idx):
-        gap, noise = 0.0, _measured_noise(lx[0][r], lx[1][r], ly[0][r], ly[1][r])
-        for own_ids, their_ids, own_logits, other in ((x_ids[r], y_ids[r], lx, ly), (y_ids[r], x_ids[r], ly, lx)):
-            theirs = set(their_ids.reshape(-1).tolist())
-            kth = float(other[1][r][k - 1])
-            for t in own_ids.reshape(-1).tolist():
-                if t in theirs:
-                    continue
-                where = np.nonzero(own_logits[0][r] == t)[0]
-                if not len(where):
-                    return f"id {t} at seq {int(m.pair[i])} pos {int(m.pos[i])} is not among its side's top-k logits"
-                v = float(own_logits[1][r][where[0]])
-                band = min(noise, comp.tolerance.rel * abs(kth))
-                if not (is_near_tie(max(v, kth), min(v, kth), dtype=dtype) or abs(v - kth) <= band):
-                    return (f"seq {int(m.pair[i])} pos {int(m.pos[i])} depth {int(m.depth[i])}: id {t}'s logit "
-                            f"{v:.4g} is {abs(v - kth):.3g} from the other side's k-th logit {kth:.4g}, more than a "
-                            f"{dtype} near tie and the row's measured logit disagreement {band:.3g}")
-                gap = max(gap, abs(v - kth))
-        rows.append({"seq": int(m.pair[i]), "pos": int(m.pos[i]), "depth": int(m.depth[i]), "rank": k, "gap": gap,
-                     "noise": noise})
+        where = f"seq {int(m.pair[i])} pos {int(m.pos[i])} depth {int(m.depth[i])}"
+        got = _row_tie(x_ids[r], y_ids[r], (lx[0][r], lx[1][r]), (ly[0][r], ly[1][r]), k, comp.tolerance.rel,
+                       dtype, where)
+        if isinstance(got, str):
+            if not partial:
+                return got
+            misfit = misfit or got
+            continue
+        rows.append({"seq": int(m.pair[i]), "pos": int(m.pos[i]), "depth": int(m.depth[i]), "rank": k, "gap": got[0],
+                     "noise": got[1]})
+    if not rows:
+        return misfit
     total = int(counted.sum()) if counted is not None else len(m.pair)
-    return TopkBoundaryTies(comp.name, rows, len(rows) / total if total else 1.0, dtype)
+    return TopkBoundaryTies(comp.name, rows, len(rows) / total if total else 1.0, dtype, partial and misfit is not None)
+
+
+def _row_tie(x_ids, y_ids, lx, ly, k: int, rel: float, dtype: str, where: str) -> tuple[float, float] | str:
+    """(largest gap, measured noise) of one failing row whose id sets differ only by near ties at
+    rank k, or why not in words. ``x_ids`` / ``y_ids``: the row's ids on each side; ``lx`` / ``ly``:
+    (ids [K], values float32 [K]) of each side's recorded top-K logits there; ``rel``: the ids'
+    relative tolerance (caps the band); ``where``: the row, for the reason."""
+    gap, noise = 0.0, _measured_noise(lx[0], lx[1], ly[0], ly[1])
+    for own_ids, their_ids, own_logits, other in ((x_ids, y_ids, lx, ly), (y_ids, x_ids, ly, lx)):
+        theirs = set(their_ids.reshape(-1).tolist())
+        kth = float(other[1][k - 1])
+        band = min(noise, rel * abs(kth))
+        for t in own_ids.reshape(-1).tolist():
+            if t in theirs:
+                continue
+            at = np.nonzero(own_logits[0] == t)[0]
+            if not len(at):
+                return f"id {t} at {where.rsplit(' depth', 1)[0]} is not among its side's top-k logits"
+            v = float(own_logits[1][at[0]])
+            if not (is_near_tie(max(v, kth), min(v, kth), dtype=dtype) or abs(v - kth) <= band):
+                return (f"{where}: id {t}'s logit {v:.4g} is {abs(v - kth):.3g} from the other side's k-th logit "
+                        f"{kth:.4g}, more than a {dtype} near tie and the row's measured logit disagreement {band:.3g}")
+            gap = max(gap, abs(v - kth))
+            # where the other side recorded this id's logit too, it must sit at the boundary there as
+            # well: a tie is a tie on both sides (a flip 0.8 below the other side's greedy logit is no
+            # tie, however its own side ranks it)
+            there = np.nonzero(other[0] == t)[0]
+            if len(there):
+                w = float(other[1][there[0]])
+                if not (is_near_tie(max(w, kth), min(w, kth), dtype=dtype) or abs(kth - w) <= band):
+                    return (f"{where}: id {t}'s logit on the other side {w:.4g} is {abs(kth - w):.3g} from that "
+                            f"side's k-th logit {kth:.4g}, more than a {dtype} near tie and the row's measured logit "
+                            f"disagreement {band:.3g}")
+                gap = max(gap, abs(kth - w))
+    return gap, noise
 
 
 class TiesJudge:
@@ -153,6 +213,11 @@ class TiesJudge:
     dtype; why the rows were not named, when not, goes to the tensor's ``stats["ties_not_named"]``."""
 
     def applies(self, name: str, scene) -> bool:
+        # the target's ids only where both sides recorded its top-k logits (traces recorded before
+        # target.logits_topk are judged by their rows, as they always were)
+        if name.startswith("target.") and name in JUDGED:
+            values = LOGITS_OF[name][0]
+            return all(values in t.names for t in (scene.traces.x, scene.traces.y))
         return name in JUDGED
 
     def watch_frac(self, tolerance) -> float:
@@ -163,7 +228,7 @@ class TiesJudge:
 
         def judge(comp, candidates):
             dtype = looser_dtype(compute_dtype(traces.x, comp.name), compute_dtype(traces.y, comp.name))
-            got = boundary_ties(traces, comp, candidates, counted, dtype=dtype)
+            got = boundary_ties(traces, comp, candidates, counted, dtype=dtype, partial=comp.name == "target.argmax")
             if isinstance(got, str):
                 comp.stats["ties_not_named"] = got
                 return None

@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specdiff.eagle3.vocab_map import hot_token_ids
 from specdiff.replay.diff.align.align import match_rows, pack_keys
 from specdiff.replay.diff.compare import metrics
+from specdiff.replay.diff.compare.tolerance import compute_dtype, looser_dtype
+from specdiff.replay.diff.rerun import id_ties
 from specdiff.replay.diff.rerun.rerun import (
     LOGITS,
     RerunError,
@@ -270,8 +273,6 @@ class _TieProof:
     @classmethod
     def load(cls, report, serving_rows, strace) -> _TieProof:
         """From ``serving_rows(name)`` ((b, pos, rows) at the failing positions or None)."""
-        from specdiff.replay.diff.compare.tolerance import compute_dtype, looser_dtype
-
         ids, vals = serving_rows(TOPK_IDS), serving_rows(TOPK_VALUES)
         rows = {}
         if ids is not None and vals is not None:
@@ -289,9 +290,6 @@ class _TieProof:
                    served: np.ndarray) -> np.ndarray:
         """bool [n]: serving's id set of ``stage`` at (b, t) is the re-run's top-k up to the row's
         measured logit noise; False where serving recorded no top-k logits there."""
-        from specdiff.eagle3.vocab_map import hot_token_ids
-        from specdiff.replay.diff.rerun import id_ties
-
         if not len(b) or not self.rows:
             return np.zeros(len(b), bool)
         logits = computed_rows(out, d2t, LOGITS, b, t, np.full(len(b), depth))

@@ -527,6 +527,8 @@ def test_correct_pair_has_no_divergence(family_servers, family, mode):
         elif e["cause"] == "topk_boundary_near_tie":  # ids the draft chose from its logits, at rank k only
             assert e["tensor"] in ("draft.logits_topk.ids", "draft.topk"), (where, e)
             assert len({r["rank"] for r in e["rows"]}) == 1 and e["rows"], (where, e)
+        elif e["cause"] == "target_greedy_near_tie":  # the target's own flat logits, never the draft's
+            assert e["tensor"] == "target.argmax" and e["rows"], (where, e)
         else:  # a later row that read an earlier differing cached row: after the attention, with its source
             assert e["cause"] == "draft_attention_context", (where, e["cause"])
             assert e["tensor"] not in ("draft.fc_out", "draft.attn_in") and e["sources"], (where, e)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from builders import assert_target_logits_hold_the_greedy_token
 
 from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.sglang.attribution import _parents
@@ -479,10 +480,11 @@ def test_chain_trace_accept_lengths_tokens_and_rids(traced):
         assert trace.rows(name) > 0, name
     # draft depths 0..steps-1 recorded; the logits top-k ids start with the draft's top-1
     assert set(trace.keys("draft.topk")["depth"].tolist()) == {0, 1, 2}
-    # greedy: target.argmax at t is the token at t+1
+    # greedy: target.argmax at t is the token at t+1, the best of the target's recorded logits there
     for s in trace.sequences:
         am, k = _rows(trace, "target.argmax", s.id)
         assert (am == s.tokens[k["pos"] + 1]).all()
+    assert_target_logits_hold_the_greedy_token(trace)
 
 
 @server
@@ -517,6 +519,7 @@ def test_tree_trace(tree, models):
     assert trace.info("draft.topk").shape == (2,)
     _check_aux_vs_hf(trace, models["oracle_target"])
     _check_mapped_ids(trace, models["oracle_draft"])
+    assert_target_logits_hold_the_greedy_token(trace)  # a tree's verify: the accepted nodes' rows
     # capture level full: full draft logits, consistent with the top-k and logsumexp rows
     c = trace.contract
     assert (c["capture_level"], c["logits_topk"]) == ("full", 4)

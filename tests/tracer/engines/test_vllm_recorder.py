@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from builders import assert_target_logits_hold_the_greedy_token
 
 ROOT = Path(__file__).resolve().parents[3]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
@@ -201,6 +202,7 @@ def test_every_stage_and_depth_is_recorded_and_verify_agrees_with_vllms_counters
         assert t.rows(name) > 0, name
     for name in ("draft.hidden_out", "draft.topk_target", "draft.positions"):
         assert set(np.unique(t.keys(name)["depth"])) == {0, 1, 2}, name
+    assert_target_logits_hold_the_greedy_token(t)
     # positions at depth k are the depth-0 row's position + k (rope of the chain)
     k = t.keys("draft.positions")
     assert (t.read("draft.positions").reshape(-1) == k["pos"] + k["depth"]).all()

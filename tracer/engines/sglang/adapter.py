@@ -105,7 +105,8 @@ NAMES: tuple[EngineName, ...] = (
        essential=True),
     _n("TpModelWorker.forward_batch_generation", _P + "managers.tp_worker.TpModelWorker", "hook",
        "srt/managers/tp_worker.py:622", "the target forward's aux hidden states and prefill next token",
-       tensors=(*_TARGET, "target.argmax"), hook=("AFTER", "_after_target_forward")),
+       tensors=(*_TARGET, "target.argmax", "target.logits_topk.values", "target.logits_topk.ids"),
+       hook=("AFTER", "_after_target_forward")),
     _n("ModelRunner.forward", _P + "model_executor.model_runner.ModelRunner", "hook",
        "srt/model_executor/model_runner.py:1813", "every draft forward (extend, draft extend v2, decode): "
        "input ids, positions, fc, hidden, logits", tensors=_ALL_DRAFT, hook=("AROUND", "_around_runner_forward")),
@@ -360,9 +361,10 @@ NAMES: tuple[EngineName, ...] = (
        "srt/layers/logits_processor.py:226", "target: the aux concat; draft: its hidden output",
        tensors=(*_TARGET, "draft.hidden_out")),
     _n("LogitsProcessorOutput.next_token_logits", _P + "layers.logits_processor.LogitsProcessorOutput",
-       "field", "srt/layers/logits_processor.py:223", "the draft's logits (top-k, logsumexp, full)",
+       "field", "srt/layers/logits_processor.py:223", "the draft's logits (top-k, logsumexp, full); the "
+       "target's, of the prefill and of verify before eagle_sample (eagle_worker_common.py:654-680)",
        tensors=("draft.logits", "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp",
-                "draft.topk")),
+                "draft.topk", "target.logits_topk.values", "target.logits_topk.ids")),
     _n("EagleVerifyInput.draft_token", _P + "speculative.eagle_info.EagleVerifyInput", "field",
        "srt/speculative/eagle_info.py:18", "the draft tree's tokens", tensors=("verify.draft_tokens",)),
     _n("EagleVerifyInput.positions", _P + "speculative.eagle_info.EagleVerifyInput", "field",

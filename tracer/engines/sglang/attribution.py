@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdiff.tracer.engines import target_logits
 from specdiff.tracer.engines.recorder import ServingRecorder, add_aux
 from specdiff.tracer.engines.requests import sequence_id
 from specdiff.tracer.rows import RowBatch
@@ -196,6 +197,9 @@ def _write_prefill(rec, tw, cap, out, touched) -> None:
     nti = cap.t.get("next_token_ids")
     de = next((d for d in cap.draft if d.mode == "extend"), None)
     de_topk = cap.t.get("de_topk_index")
+    top = target_logits.top(cap.t)  # one row per request: its last position's
+    if top is not None and top[0].shape[0] != len(cap.rids):
+        top = None
     off = 0
     for b, rid in enumerate(cap.rids):
         p, e = cap.prefix_lens[b], cap.extend_lens[b]
@@ -213,6 +217,7 @@ def _write_prefill(rec, tw, cap, out, touched) -> None:
         if final and nti is not None:
             tok = int(nti[b])
             out.add("target.argmax", torch.tensor([tok]), seq=sid, pos=last, depth=0, iter=-1)
+            target_logits.add_rows(out, top, b, seq=sid, pos=last, it=-1)
             toks = rec.seq_tokens[rid]
             if len(toks) == last + 1:
                 toks.append(tok)
@@ -252,6 +257,9 @@ def _write_decode(rec, tw, cap, out, touched) -> None:
     nxt, sib = t.get("retrieve_next_token"), t.get("retrieve_next_sibling")
     de = next((d for d in cap.draft if d.mode == "extend_v2"), None)
     de_topk = t.get("de_topk_index")
+    top = target_logits.top(t)  # one row per verified tree node
+    if top is not None and top[0].shape[0] != bs * N:
+        top = None
     steps = [d for d in cap.draft if d.mode == "decode"]
     for b, rid in enumerate(cap.rids):
         if not rec.keep_rid(rid):
@@ -283,6 +291,7 @@ def _write_decode(rec, tw, cap, out, touched) -> None:
         if aux is not None and aux.shape[0] == bs * N:
             add_aux(rec, out, aux[gidx], sid, pos, it)
         out.add("target.argmax", predict[gidx], seq=sid, pos=pos, depth=0, iter=it)
+        target_logits.add_rows(out, top, gidx, seq=sid, pos=pos, it=it)
         # committed tokens
         toks = rec.seq_tokens[rid]
         if len(toks) == Lb + 1:

@@ -35,6 +35,7 @@ import os
 import sys
 import time
 
+from specdiff.tracer.engines import target_logits
 from specdiff.tracer.engines.lifecycle import close_on_sigterm
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.sglang.adapter import BY_KEY, SGLangAdapter, hook_table
@@ -270,6 +271,9 @@ def _after_target_forward(result, self, *a, **kw):
         hs = None if lo is None or lo is MISSING else A.get(lo, "LogitsProcessorOutput.hidden_states")
         if hs is not None and hs is not MISSING and "target_aux" not in cap.t:
             cap.t["target_aux"] = rec.snap(hs)
+        if lo is not None and lo is not MISSING:
+            target_logits.stage(rec, cap.t, A.get(lo, "LogitsProcessorOutput.next_token_logits"),
+                                rec.opts.logits_topk)
         nti = A.get(result, "GenerationBatchResult.next_token_ids") if cap.kind == "prefill" else None
         if nti is not None and nti is not MISSING:
             cap.t["next_token_ids"] = rec.snap(nti)

@@ -36,7 +36,7 @@ _DRAFT = ("tokens", "draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.pos
           "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp", "draft.topk",
           "draft.topk_target")
 _VERIFY = ("verify.accept_length", "verify.accepted_tokens", "verify.accept_index", "verify.draft_tokens",
-           "verify.predict", "target.argmax")
+           "verify.predict", "target.argmax", "target.logits_topk.values", "target.logits_topk.ids")
 _EVERYTHING = ("every tensor",)
 
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from specdiff.tracer.contract import known
+from specdiff.tracer.engines import target_logits
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.recorder import ServingRecorder, add_aux
@@ -189,6 +190,7 @@ class Recorder(ServingRecorder):
             cap.t["sampled"] = self.snap(sampled, dtype=torch.int64)
         if logits is not None:
             cap.t["target_argmax"] = self.snap(logits.argmax(dim=-1), dtype=torch.int64)
+            target_logits.stage(self, cap.t, logits, self.opts.logits_topk)
         if spec_meta is not None:
             nd = A.get(spec_meta, "SpecDecodeMetadata.num_draft_tokens")
             cap.num_draft = None if nd is MISSING else [int(x) for x in nd]
@@ -336,11 +338,15 @@ def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
     fc_in, fc_out = cap.fc[0] if cap.fc else (None, None)
     f0 = cap.forwards[0] if cap.forwards else None
     steps = cap.forwards[1:]
+    top = target_logits.top(t)
+    if top is not None and argmax is not None and top[0].shape[0] != argmax.shape[0]:
+        top = None
     lofs = 0  # target logits rows: K+1 per verified request, 1 per other (gpu_model_runner.py _calc_spec_decode_metadata)
     for b, rid in enumerate(cap.rids):
         k_b = nd[b] if b < len(nd) else 0
         nlog = k_b + 1
         pred = None if argmax is None else argmax[lofs:lofs + nlog]
+        row0 = lofs
         lofs += nlog
         if not rec.keep_rid(rid):
             continue
@@ -363,6 +369,7 @@ def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
             last = int(pos[-1])
             if final and len(valid):
                 out.add("target.argmax", valid[:1], seq=sid, pos=last, depth=0, iter=it)
+                target_logits.add_rows(out, top, row0, seq=sid, pos=last, it=it)
                 if len(toks) == last + 1:
                     toks.append(int(valid[0]))
                     touched.add(rid)
@@ -379,6 +386,7 @@ def write_capture(rec: Recorder, tw, cap: IterCapture) -> None:
             if pred is not None and len(pred) == nlog:
                 out.add("verify.predict", pred[None], seq=sid, pos=L, depth=0, iter=it)
                 out.add("target.argmax", pred[:nvalid], seq=sid, pos=pos[:nvalid], depth=0, iter=it)
+                target_logits.add_rows(out, top, slice(row0, row0 + nvalid), seq=sid, pos=pos[:nvalid], it=it)
             if aux is not None:
                 add_aux(rec, out, aux[qs:qs + nvalid], sid, pos[:nvalid], it)
             if len(toks) == L + 1:
