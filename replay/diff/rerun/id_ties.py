@@ -23,9 +23,15 @@ A wrong lm_head, hidden state or vocab map moves logits by far more than that ba
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from specdiff.replay.diff.compare.tolerance import is_near_tie
+from specdiff.eagle3.vocab_map import hot_token_ids
+from specdiff.replay.diff.compare.tolerance import compute_dtype, is_near_tie, looser_dtype
+from specdiff.replay.diff.rerun.rerun import LOGITS, computed_rows
+
+TOPK_IDS, TOPK_VALUES = "draft.logits_topk.ids", "draft.logits_topk.values"
 
 
 def measured_noise(logits: np.ndarray, top_ids: np.ndarray, top_values: np.ndarray, rel: float) -> float:
@@ -77,4 +83,45 @@ def to_draft_ids(target_ids: np.ndarray, hot: np.ndarray) -> np.ndarray:
     return np.asarray(flat, np.int64).reshape(target_ids.shape)
 
 
-__all__ = ["measured_noise", "set_reproduced", "rows_reproduced", "to_draft_ids"]
+@dataclass
+class TieProof:
+    """Serving's recorded ``draft.logits_topk`` at the re-run's rows, to tell an id set that only a
+    near tie keeps from the re-run's (``set_reproduced``) from one that differs."""
+
+    rows: dict  # (batch row, position) -> (ids int [K], values float32 [K])
+    rel: float
+    dtype: str
+
+    @classmethod
+    def load(cls, report, ids, vals, strace) -> TieProof:
+        """From serving's ``draft.logits_topk.ids`` / ``.values`` rows at the re-run's positions
+        (``ids``, ``vals``: (batch rows, positions, rows) each, or None); ``report``: the diff's."""
+        rows = {}
+        if ids is not None and vals is not None:
+            at = {k: i for i, k in enumerate(zip(vals[0].tolist(), vals[1].tolist(), strict=True))}
+            for i, k in enumerate(zip(ids[0].tolist(), ids[1].tolist(), strict=True)):
+                if k in at:
+                    rows[k] = (ids[2][i].astype(np.int64), vals[2][at[k]])
+        comp = report.comparisons.get(TOPK_VALUES)
+        traces = report.traces
+        dtype = (looser_dtype(compute_dtype(traces.x, TOPK_VALUES), compute_dtype(traces.y, TOPK_VALUES))
+                 if TOPK_VALUES in strace.names else "bfloat16")
+        return cls(rows, comp.tolerance.rel if comp is not None else 0.05, dtype)
+
+    def reproduced(self, out, d2t, stage: str, b: np.ndarray, t: np.ndarray, depth: int,
+                   served: np.ndarray) -> np.ndarray:
+        """bool [n]: serving's id set of ``stage`` at (b, t) is the re-run's top-k up to the row's
+        measured logit noise; False where serving recorded no top-k logits there."""
+        if not len(b) or not self.rows:
+            return np.zeros(len(b), bool)
+        logits = computed_rows(out, d2t, LOGITS, b, t, np.full(len(b), depth))
+        if stage == "draft.topk_target":
+            served = to_draft_ids(served, hot_token_ids(d2t).cpu().numpy())
+        got = np.zeros(len(b), bool)
+        for r, key in enumerate(zip(b.tolist(), t.tolist(), strict=True)):
+            if key in self.rows:
+                got[r] = set_reproduced(logits[r], served[r], *self.rows[key], rel=self.rel, dtype=self.dtype)
+        return got
+
+
+__all__ = ["TieProof", "measured_noise", "set_reproduced", "rows_reproduced", "to_draft_ids"]

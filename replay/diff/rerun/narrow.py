@@ -24,13 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdiff.eagle3.vocab_map import hot_token_ids
 from specdiff.replay.diff.align.align import match_rows, pack_keys
 from specdiff.replay.diff.compare import metrics
-from specdiff.replay.diff.compare.tolerance import compute_dtype, looser_dtype
 from specdiff.replay.diff.rerun import id_ties
 from specdiff.replay.diff.rerun.rerun import (
-    LOGITS,
     RerunError,
     batch_inputs,
     computed_rows,
@@ -48,7 +45,6 @@ MAX_SEQS = 4
 UPSTREAM = "serving's upstream inputs"
 BASE = "training inputs"
 ID_AGREE = 0.95  # ids: near-tie flips in bf16 allowed in a few rows
-TOPK_IDS, TOPK_VALUES = "draft.logits_topk.ids", "draft.logits_topk.values"
 
 
 class NarrowError(RerunError):
@@ -185,7 +181,7 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
 
     recorded = {name: r for name in stages if (r := serving_rows(name)) is not None}
     stages = tuple(s for s in stages if s in recorded)
-    ties = _TieProof.load(report, serving_rows, strace)
+    ties = id_ties.TieProof.load(report, serving_rows(id_ties.TOPK_IDS), serving_rows(id_ties.TOPK_VALUES), strace)
     if first.name in STAGES:
         if first.name not in stages:
             raise NarrowError(f"serving recorded no {first.name} row at depth {depth} on the failing positions the "
@@ -259,47 +255,6 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
                           "does not take from the trace (the draft's KV history of earlier positions or rounds, "
                           "the engine's attention kernel)")
     return res
-
-
-@dataclass
-class _TieProof:
-    """Serving's recorded ``draft.logits_topk`` at the re-run's rows, to tell an id set that only a
-    near tie keeps from the re-run's (rerun/id_ties.py) from one that differs."""
-
-    rows: dict  # (batch row, position) -> (ids int [K], values float32 [K])
-    rel: float
-    dtype: str
-
-    @classmethod
-    def load(cls, report, serving_rows, strace) -> _TieProof:
-        """From ``serving_rows(name)`` ((b, pos, rows) at the failing positions or None)."""
-        ids, vals = serving_rows(TOPK_IDS), serving_rows(TOPK_VALUES)
-        rows = {}
-        if ids is not None and vals is not None:
-            at = {k: i for i, k in enumerate(zip(vals[0].tolist(), vals[1].tolist(), strict=True))}
-            for i, k in enumerate(zip(ids[0].tolist(), ids[1].tolist(), strict=True)):
-                if k in at:
-                    rows[k] = (ids[2][i].astype(np.int64), vals[2][at[k]])
-        comp = report.comparisons.get(TOPK_VALUES)
-        traces = report.traces
-        dtype = (looser_dtype(compute_dtype(traces.x, TOPK_VALUES), compute_dtype(traces.y, TOPK_VALUES))
-                 if TOPK_VALUES in strace.names else "bfloat16")
-        return cls(rows, comp.tolerance.rel if comp is not None else 0.05, dtype)
-
-    def reproduced(self, out, d2t, stage: str, b: np.ndarray, t: np.ndarray, depth: int,
-                   served: np.ndarray) -> np.ndarray:
-        """bool [n]: serving's id set of ``stage`` at (b, t) is the re-run's top-k up to the row's
-        measured logit noise; False where serving recorded no top-k logits there."""
-        if not len(b) or not self.rows:
-            return np.zeros(len(b), bool)
-        logits = computed_rows(out, d2t, LOGITS, b, t, np.full(len(b), depth))
-        if stage == "draft.topk_target":
-            served = id_ties.to_draft_ids(served, hot_token_ids(d2t).cpu().numpy())
-        got = np.zeros(len(b), bool)
-        for r, key in enumerate(zip(b.tolist(), t.tolist(), strict=True)):
-            if key in self.rows:
-                got[r] = id_ties.set_reproduced(logits[r], served[r], *self.rows[key], rel=self.rel, dtype=self.dtype)
-        return got
 
 
 def _seq_of(report, pair_index: int, attr: str) -> int:
