@@ -125,7 +125,16 @@ def check_engine(engine: str, family: str) -> str | None:
     if family != "llama":
         raise DemoError(f"--engine {engine} serves the llama demo pair only (the tiny {family} target was verified "
                         "on SGLang only): leave out --family")
-    launcher = cpu_launcher(engine)
+    return vllm_python()
+
+
+def vllm_python() -> str:
+    """The vLLM venv's interpreter.
+
+    Raises:
+        DemoError: no vLLM venv (one line naming ``make vllm-venv``).
+    """
+    launcher = cpu_launcher("vllm")
     py = launcher.vllm_python()
     if not Path(py).exists():
         raise DemoError(f"no vLLM environment at {Path(py).parent.parent} (vLLM needs its own torch): build it with "
@@ -184,10 +193,12 @@ def wait_closed(trace: Path, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
 
 def serve_and_trace_vllm(*, models: Path, served_draft: Path, trace: Path, prompts: list[list[int]],
                          max_new_tokens: int, log_path: Path, python: str, cache_root: Path,
-                         expect_crash: bool = False) -> list[dict]:
+                         expect_crash: bool = False, target: Path | None = None,
+                         num_speculative_tokens: int = 3) -> list[dict]:
     """Start a traced CPU vLLM server (``python``: the vLLM venv's), send ``prompts`` one at a time
     (greedy), stop it. ``cache_root``: vLLM's compile cache, kept between runs (a warm start is
-    about 50 s instead of 90).
+    about 50 s instead of 90). ``target``: the target model directory (default ``models / "target"``);
+    ``num_speculative_tokens``: drafts per step (the demo's 3).
 
     Returns per prompt ``{"meta_info": {"spec_accept_length": ...}}``: vLLM reports acceptance in
     server-wide counters only, so each prompt's accept length is the counters' change across its
@@ -202,8 +213,9 @@ def serve_and_trace_vllm(*, models: Path, served_draft: Path, trace: Path, promp
     launcher = cpu_launcher("vllm")
     env = dict(os.environ, SPECDIFF_TRACE=str(trace))
     results: list[dict] = []
-    with launcher.VLLMServerProcess(models / "target", draft_model_path=served_draft, python=python, env=env,
-                                    cache_root=str(cache_root), log_path=str(log_path)) as server:
+    with launcher.VLLMServerProcess(target or models / "target", draft_model_path=served_draft, python=python,
+                                    env=env, cache_root=str(cache_root), log_path=str(log_path),
+                                    num_speculative_tokens=num_speculative_tokens) as server:
         click.echo(f"    vLLM up (pid {server.pid}, {server.startup_s:.0f} s); log {log_path}")
         before = launcher.spec_decode_stats(server.metrics())
         with click.progressbar(prompts, label="    prompts", file=sys.stderr) as bar:
@@ -243,7 +255,7 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
     """Run every phase; returns the exit code: 0 when the demo found what the scenario seeded
     (its expected first divergence and cause, or no divergence for ``correct``), 1 when not.
     ``fix_step(report, workdir) -> (verified, summary)``: then write ``specdiff fix``'s corrected draft
-    and re-serve it (``specdiff demo --verify-fix`` passes verify_fix.py ``demo_fix``; SGLang only);
+    and re-serve it on the same engine (``specdiff demo --verify-fix`` passes verify_fix.py ``demo_fix``);
     0 also needs the fix verified. A parameter, not an import: verify_fix.py builds on this module.
 
     ``family``: the target family (``demo_models.families.FAMILIES``); its pair is ``models``
@@ -263,8 +275,6 @@ def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompt
     from specdiff.replay.diff.report import render_text
 
     vllm_py = check_engine(engine, family)  # first: its one-line error for an unknown engine
-    if fix_step is not None and engine != "sglang":
-        raise DemoError("--verify-fix re-serves the fix on a CPU SGLang server: use --engine sglang")
     sc = scenario_for(scenario, engine)
     spec = engine_spec(engine)
     n = 5 if fix_step is None else 6

@@ -3,8 +3,10 @@ prompts, record both sides again and diff them, with the demo's own phases (run.
 ``serve_and_trace`` and ``record_train``): one verdict line, "fix verified: no divergence; accept length
 2.24 -> 3.61 (training side 3.65)", or the new first divergence when the fix was not enough.
 
-SGLang on the CPU only (the CPU launcher of tracer/engines); a serving trace of another engine is
-refused in one line.
+On the CPU, with the engine the serving trace was recorded on: SGLang (the CPU launcher of
+tracer/engines), or vLLM from its venv (``make vllm-venv``; served with the launcher's flags and the
+recorded number of drafts per step: vLLM's other given options are not replayed, and a fix that is a
+server option is SGLang's only, replay/fix/plan.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdiff.demo.run import DemoError, record_train, serve_and_trace
+from specdiff.demo.run import (
+    VLLM_CACHE,
+    DemoError,
+    record_train,
+    serve_and_trace,
+    serve_and_trace_vllm,
+    vllm_python,
+)
 
 __all__ = ["Verdict", "demo_fix", "served_options", "training_options", "verify_fix"]
 
@@ -135,8 +144,8 @@ def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None, opt
     the recorded server was given (:func:`served_options`).
 
     Raises:
-        DemoError: a serving trace of an engine other than SGLang, a model path not found here, the
-            server or ``record train`` failed (one line each).
+        DemoError: a serving trace of an engine other than SGLang or vLLM, no vLLM venv for a vLLM
+            trace, a model path not found here, the server or ``record train`` failed (one line each).
     """
     from specdiff.replay.diff.pipeline import diff_traces
     from specdiff.replay.fix.plan import apply_options
@@ -145,8 +154,8 @@ def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None, opt
     traces = report.traces
     train, serve = (traces.x, traces.y) if traces.x.side == "train" else (traces.y, traces.x)
     engine = known(serve.contract, "engine") or "sglang"
-    if engine != "sglang":
-        raise DemoError(f"--verify serves SGLang on the CPU; the serving trace was recorded on {engine}")
+    if engine not in ("sglang", "vllm"):
+        raise DemoError(f"--verify serves SGLang or vLLM on the CPU; the serving trace was recorded on {engine}")
     target = _path(serve, "model_name")
     prompts = [[int(t) for t in s.tokens[:s.prompt_len]] for s in serve.sequences]
     new_tokens = min((len(s.tokens) - s.prompt_len for s in serve.sequences), default=0)
@@ -172,9 +181,15 @@ def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None, opt
     extra = ["--aux-layers", ",".join(str(int(i)) for i in order), "--aux-convention", "hf"] if order else []
     extra += training_options(train.contract)
     with contextlib.redirect_stdout(sys.stderr):  # the demo phases' progress lines: stdout is the verdict (JSON)
-        serve_and_trace(models=target.parent, target=target, served_draft=fixed, trace=new_serve, prompts=prompts,
-                        max_new_tokens=new_tokens, log_path=workdir / "server.log", spec=spec,
-                        extra_args=tuple(apply_options(served_options(serve.contract), options)))
+        if engine == "vllm":
+            serve_and_trace_vllm(models=target.parent, target=target, served_draft=fixed, trace=new_serve,
+                                 prompts=prompts, max_new_tokens=new_tokens, log_path=workdir / "server.log",
+                                 python=vllm_python(), cache_root=VLLM_CACHE,
+                                 num_speculative_tokens=spec.get("num_steps", 3))
+        else:
+            serve_and_trace(models=target.parent, target=target, served_draft=fixed, trace=new_serve,
+                            prompts=prompts, max_new_tokens=new_tokens, log_path=workdir / "server.log", spec=spec,
+                            extra_args=tuple(apply_options(served_options(serve.contract), options)))
         record_train(models=target.parent, target=target, serve_trace=new_serve, out=new_train,
                      draft=trained, extra=extra)
     after = diff_traces(str(new_train), str(new_serve))

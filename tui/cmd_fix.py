@@ -21,9 +21,9 @@ from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli, on_interrupt
               help="How the change is printed.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (never the served draft itself).")
 @click.option("--verify", is_flag=True,
-              help="Then serve OUT on a CPU SGLang server with the recorded target, speculative settings and "
-                   "prompts, record both sides again, diff, and print one verdict line (exit as diff: 0 no "
-                   "divergence, 1 still diverges). Minutes.")
+              help="Then serve OUT on a CPU server of the recorded engine (SGLang, or vLLM from its venv) with "
+                   "the recorded target, speculative settings and prompts, record both sides again, diff, and "
+                   "print one verdict line (exit as diff: 0 no divergence, 1 still diverges). Minutes.")
 @click.option("--workdir", default=None, metavar="DIR",
               help="Where --verify writes its traces and server log (default: OUT-verify beside OUT).")
 def fix(train_trace, serve_trace, out, fmt, overwrite, verify, workdir):
@@ -66,9 +66,12 @@ def fix(train_trace, serve_trace, out, fmt, overwrite, verify, workdir):
         click.echo(change_text(plan, out))
     on_interrupt(f"{out} is written; the verification did not finish")
     from specdiff.demo.verify_fix import verify_fix
+    from specdiff.tracer.contract import known
 
     where = Path(workdir) if workdir else out.parent / f"{out.name}-verify"
-    click.echo(f"verifying: serving {out} on a CPU SGLang server, recording into {where} (minutes)", err=True)
+    served = report.traces.y if report.traces.y.side == "serve" else report.traces.x
+    engine = "vLLM" if known(served.contract, "engine") == "vllm" else "SGLang"
+    click.echo(f"verifying: serving {out} on a CPU {engine} server, recording into {where} (minutes)", err=True)
     verdict = verify_fix(report, out, where, cause=plan.cause, options=plan.options)
     if fmt == "json":
         click.echo(json.dumps({**change, "verify": verdict.to_json()}, indent=2))

@@ -243,7 +243,8 @@ def _inherited_note(c: TensorComparison) -> str:
     n, e = c.stats.get("inherited_rows", 0), c.stats.get("explained_rows", 0)
     shift = c.stats.get("recorded_shift")
     return ((f"  inherited {n}" if n else "") + (f"  explained {e}" if e else "")
-            + (f"  recorded shifts {shift[0]:+d}/{shift[1]:+d} removed" if shift else ""))
+            + (f"  recorded shifts {shift[0]:+d}/{shift[1]:+d} removed" if shift else "")
+            + ("  reproduced by re-execution" if c.stats.get("reproduced_by_reexecution") else ""))
 
 
 def _legitimate_rows(report: DiffReport) -> list[str]:

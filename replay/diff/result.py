@@ -158,11 +158,13 @@ class DiffReport:
     def margin(self) -> dict | None:
         """The compared tensor that came closest to a limit without diverging: ``{"tensor",
         "limit", "use"}`` plus its numbers (``use`` 1.0 = at the limit; ``limit``: ``rel``, ``cos``
-        or ``fail_frac``), or None when no tensor passed."""
+        or ``fail_frac``), or None when no tensor passed (a stage re-execution moved past did not:
+        its rows failed)."""
         best = None
         for n, c in self.comparisons.items():
             use = c.stats.get("limit_use") or {}
-            if c.diverged or c.kind != "values" or not use:
+            # a stage re-execution moved past failed its rows, proven inherited: no margin to measure
+            if c.diverged or c.kind != "values" or not use or c.stats.get("reproduced_by_reexecution"):
                 continue
             k = max(use, key=use.get)
             if best is None or use[k] > best["use"]:

@@ -68,15 +68,17 @@ def test_demo_engine_vllm_without_the_vllm_venv_says_make_vllm_venv(run_cli, mon
 
 @pytest.fixture(scope="module")
 def seed_demo(tmp_path_factory, server_env):
-    """``specdiff demo --engine vllm --scenario seed --no-tui`` as a user runs it (the CLI in a
-    subprocess): one real vLLM CPU engine start (50-210 s here) serves the seed's mistake in vLLM's
-    numbering (top-level [3, 6, 7], trained on HF [0, 3, 6]), traced; record train and diff follow."""
+    """``specdiff demo --engine vllm --scenario seed --no-tui --verify-fix`` as a user runs it (the CLI
+    in a subprocess): a real vLLM CPU engine (50-210 s a start here) serves the seed's mistake in vLLM's
+    numbering (top-level [3, 6, 7], trained on HF [0, 3, 6]), traced; record train and diff follow;
+    then ``specdiff fix``'s corrected draft is served by vLLM again, recorded and diffed."""
     if not HAS_VLLM:
         pytest.skip("no vLLM venv at .venv-vllm (build it with `make vllm-venv`)")
     work = tmp_path_factory.mktemp("vllm-demo")
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "specdiff.tui", "demo", "--engine", "vllm", "--scenario", "seed",
-                           "--no-tui", "--prompts", "3", "--max-new-tokens", "32", "--workdir", str(work)],
+                           "--no-tui", "--prompts", "3", "--max-new-tokens", "32", "--workdir", str(work),
+                           "--verify-fix"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200,
                           env=server_env())
     return SimpleNamespace(rc=proc.returncode, out=proc.stdout, dir=work / "vllm-seed", seconds=time.monotonic() - t0)
@@ -101,6 +103,25 @@ def test_demo_engine_vllm_seed_finds_the_shift_with_the_vllm_fix(seed_demo):
     c = open_trace(str(seed_demo.dir / "serve.trace")).contract  # what vLLM's runner read, from its objects
     assert c["aux_ids_source"] == SOURCE_TOP and c["aux_hf_indices"] == [3, 6, 7], c
     print(f"vLLM demo seed: {seed_demo.seconds:.0f} s in all, served AL {summary['served_accept_length']}")
+
+
+@pytest.mark.server
+def test_the_fix_of_the_vllm_seed_is_served_by_vllm_and_verified(seed_demo):
+    """Issue 32: ``fix --verify`` on a vLLM-served trace re-serves the fix on vLLM (not SGLang): the
+    draft's top-level key now holds vLLM's [0, 3, 6], no divergence, acceptance back to training's."""
+    assert seed_demo.rc == 0, seed_demo.out[-4000:]
+    fix = json.loads((seed_demo.dir / "summary.json").read_text())["fix"]
+    assert fix["verify"]["verified"] is True, fix
+    assert fix["verify"]["line"].startswith("fix verified: no divergence"), fix
+    cfg = json.loads((seed_demo.dir / "fixed-draft" / "config.json").read_text())
+    assert cfg[KEY_TOP] == [0, 3, 6], cfg
+    from specdiff.tracer.store import open_trace
+
+    served = open_trace(fix["verify"]["traces"][1]).contract
+    assert served["engine"] == "vllm" and served["aux_hf_indices"] == [0, 3, 6], served
+    after, training = fix["verify"]["accept_length_after"], fix["verify"]["accept_length_training"]
+    assert after is not None and training is not None and abs(after - training) <= 0.25, fix["verify"]
+    assert seed_demo.out.count("vLLM up") == 2, seed_demo.out[-3000:]  # the recorded server, then the fix's
 
 
 @pytest.mark.server

@@ -89,7 +89,8 @@ class Reexecution:
 def decide(report_for, comparisons: dict, *, draft_path: str | None = None,
            target_path: str | None = None) -> tuple[object, Reexecution]:
     """(first divergence, ``Reexecution``) of ``comparisons`` (name -> TensorComparison) by the
-    module doc's rule. ``report_for(first)``: the report as it stands with ``first`` as its first
+    module doc's rule; the stages moved past are marked so in ``comparisons`` (``diverged`` False,
+    ``stats["reproduced_by_reexecution"]``: their rows failed, re-execution showed why). ``report_for(first)``: the report as it stands with ``first`` as its first
     divergence (what ``narrow`` reads: traces, alignment, comparisons, contract). Never raises
     SpecdiffError: a re-run that cannot run is a ``not_run`` step."""
     out = Reexecution()
@@ -105,6 +106,9 @@ def decide(report_for, comparisons: dict, *, draft_path: str | None = None,
         moved |= set(step.stages)
         first = first_divergence({k: c for k, c in comparisons.items() if k not in moved})
         out.narrowing = None
+    for name in moved:  # not divergences: every reader (table, JSON, app, watch) sees them so
+        comparisons[name].diverged = False
+        comparisons[name].stats["reproduced_by_reexecution"] = True
     return first, out
 
 
