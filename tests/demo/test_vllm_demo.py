@@ -114,7 +114,7 @@ def test_the_fix_of_the_vllm_seed_is_served_by_vllm_and_verified(seed_demo):
     assert fix["verify"]["verified"] is True, fix
     assert fix["verify"]["line"].startswith("fix verified: no divergence"), fix
     cfg = json.loads((seed_demo.dir / "fixed-draft" / "config.json").read_text())
-    assert cfg[KEY_TOP] == [0, 3, 6], cfg
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [0, 3, 6], cfg  # vLLM's key (KEY_TOP), HF numbering
     from specdiff.tracer.store import open_trace
 
     served = open_trace(fix["verify"]["traces"][1]).contract
