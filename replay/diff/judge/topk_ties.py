@@ -79,7 +79,9 @@ class TopkBoundaryTies:
     @property
     def cause(self) -> str:
         """The explanation's name in reports: the target's own near ties are their own kind."""
-        return "target_greedy_near_tie" if self.tensor.startswith("target.") else "topk_boundary_near_tie"
+        if self.tensor.startswith("target."):
+            return "target_greedy_near_tie"
+        return "topk_boundary_near_tie"
 
     @property
     def message(self) -> str:
