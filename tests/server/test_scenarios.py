@@ -28,10 +28,12 @@ if not (REPO_MODELS / "draft" / "config.json").exists():
 
 _RUNS: dict[str, tuple[subprocess.CompletedProcess, dict, Path]] = {}
 
-#: scenarios whose demo run closes the loop too (``--verify-fix``, issue 32): one of each kind of fix
-#: beyond the seed's aux ids (tests/server/test_fix_verify.py): a tensor (d2t), a config flag (the
-#: norm), fc's column blocks (the concat order); each scenario's xdist group
-VERIFY_FIX = {"d2t-direct": "scenarios-ids", "norm-before-fc": "scenarios-d2t-norm", "aux-order": "scenarios-aux-order"}
+#: scenarios whose demo run closes the loop too (``--verify-fix``, issue 32): every scenario with a
+#: mechanical fix but the seed (tests/server/test_fix_verify.py): a tensor rewritten (d2t as direct
+#: ids) or added (no d2t: training's), a config flag (the norm), fc's column blocks (the concat
+#: order), aux ids written in the wrong numbering (off by one); each scenario's xdist group
+VERIFY_FIX = {"d2t-direct": "scenarios-ids", "norm-before-fc": "scenarios-d2t-norm", "aux-order": "scenarios-aux-order",
+              "no-d2t": "scenarios-d2t-norm", "off-by-one": "scenarios-ids"}
 
 
 def run_demo(scenario: str, tmp_root: Path):
