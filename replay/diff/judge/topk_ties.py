@@ -25,9 +25,10 @@ rows from ``draft.topk`` (replay/diff/judge/inherited.py: explained rows are a s
 
 The target's greedy token (``target.argmax``, k = 1) is judged the same way against both sides'
 ``target.logits_topk`` (tracer/engines/target_logits.py says why they are recorded; compare.py
-``SKIP`` why they are not compared themselves), named ``target_greedy_near_tie``: a random target's logits are as flat
-as a random draft's (issue 33, seed 2's tiny DeepSeek-V3 pair: half its positions within 0.055 of
-their runner-up, 19 of 180 greedy tokens flipped where every aux row agreed).
+``SKIP`` why they are not compared themselves), named ``target_greedy_near_tie``, row by row
+(``partial``): a random target's logits are as flat as a random draft's (issue 33, seed 2's tiny
+DeepSeek-V3 pair: half its positions within 0.055 of their runner-up, 19 of 180 greedy tokens
+flipped where every aux row agreed).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from specdiff.replay.diff.compare.tolerance import compute_dtype, is_near_tie, l
 from specdiff.replay.diff.types import row_lines
 
 #: the id tensors chosen from a model's logits -> the recorded top-k logits they are judged by
-#: (values, ids): the draft's, and the target's greedy token and its own top-k (module doc)
+#: (values, ids): the draft's top-k ids, and the target's greedy token (module doc)
 LOGITS_OF = {"draft.logits_topk.ids": ("draft.logits_topk.values", "draft.logits_topk.ids"),
              "draft.topk": ("draft.logits_topk.values", "draft.logits_topk.ids"),
              "target.argmax": ("target.logits_topk.values", "target.logits_topk.ids")}
