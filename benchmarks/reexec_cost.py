@@ -12,6 +12,13 @@ median time to the first divergence (``on_first``) and to the whole report, and 
 
     python benchmarks/reexec_cost.py                                   # the shipped seed pair
     python benchmarks/reexec_cost.py --train T.trace --serve S.trace [--draft DIR] [--rounds 5]
+    python benchmarks/reexec_cost.py --build-gib 1 --dir /tmp          # a real pair of ~1 GiB a side
+
+``--build-gib N`` records a pair of about N GiB a side with ``record train`` on the committed demo
+models (random prompts of 128 tokens): training with the trained draft, "serving" with a copy whose
+MLP ``down_proj`` is scaled by 1.5 (test_reexec.py's changed draft): its draft stages diverge and
+re-execution proves it on the failing rows' sequences, whatever the pair's size. Deleted after
+unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -48,13 +55,79 @@ def _one(train: str, serve: str, narrow: bool, draft: str | None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def build_pair(root: Path, gib: float) -> tuple[str, str]:
+    """(train, serve) traces of about ``gib`` GiB a side under ``root`` (module doc)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from specdiff.demo.run import REPO_MODELS
+    from specdiff.replay.record.record_train import record_train
+
+    draft = root / "draft-mlp"
+    shutil.copytree(REPO_MODELS / "draft", draft)
+    f = next(draft.glob("*.safetensors"))
+    w = load_file(str(f))
+    key = next(k for k in w if k.endswith("mlp.down_proj.weight"))
+    w[key] = w[key] * 1.5
+    save_file(w, str(f), metadata={"format": "pt"})
+    vocab = json.loads((REPO_MODELS / "target" / "config.json").read_text())["vocab_size"]
+
+    def prompts(n: int, seed: int) -> Path:
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        out = root / f"prompts-{n}.jsonl"
+        out.write_text("".join(json.dumps({"input_ids": rng.integers(4, vocab, 128).tolist()}) + "\n" for _ in range(n)))
+        return out
+
+    probe = root / "probe.trace"  # bytes a sequence takes, to size the pair
+    record_train(REPO_MODELS / "target", REPO_MODELS / "draft", str(probe), prompts=prompts(16, 1), probe_positions=0,
+                 noise_floor=False)
+    n = max(16, int(gib * 2**30 / (_du(probe) / 16)))
+    shutil.rmtree(probe)
+    train, serve = root / "train.trace", root / "serve.trace"
+    print(f"recording {n} sequences of 128 tokens a side (~{gib:g} GiB each)", flush=True)
+    record_train(REPO_MODELS / "target", REPO_MODELS / "draft", str(train), prompts=prompts(n, 2), probe_positions=0,
+                 noise_floor=False)
+    record_train(REPO_MODELS / "target", draft, str(serve), replay=str(train), probe_positions=0, noise_floor=False)
+    print(f"pair built: training {_du(train) / 2**30:.2f} GiB, serving {_du(serve) / 2**30:.2f} GiB", flush=True)
+    return str(train), str(serve)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--train", default=str(SEED / "train.trace"), help="training trace (default: the seed pair's)")
     ap.add_argument("--serve", default=str(SEED / "serve.trace"), help="serving trace (default: the seed pair's)")
     ap.add_argument("--draft", default=None, help="the draft as trained (default: the contract's draft_name)")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per mode (default 3)")
+    ap.add_argument("--build-gib", type=float, default=None, help="record a real pair of about this size a side")
+    ap.add_argument("--dir", default=None, help="where --build-gib records (default: the system temp folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the pair --build-gib recorded")
     a = ap.parse_args()
+    if a.build_gib:
+        import shutil
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="specdiff-reexec-", dir=a.dir))
+        try:
+            a.train, a.serve = build_pair(root, a.build_gib)
+            _measure(a)
+        finally:
+            if a.keep:
+                print(f"kept: {root}")
+            else:
+                shutil.rmtree(root, ignore_errors=True)
+        return
+    _measure(a)
+
+
+def _measure(a) -> None:
+    """The side-by-side rounds on ``a.train`` / ``a.serve`` (module doc)."""
     for narrow in (False, True):  # warm the page cache and the imports' byte code
         _one(a.train, a.serve, narrow, a.draft)
     runs: dict[bool, list[dict]] = {False: [], True: []}
