@@ -85,11 +85,14 @@ def build_pair(root: Path, gib: float) -> tuple[str, str]:
         out.write_text("".join(json.dumps({"input_ids": rng.integers(4, vocab, 128).tolist()}) + "\n" for _ in range(n)))
         return out
 
-    probe = root / "probe.trace"  # bytes a sequence takes, to size the pair
-    record_train(REPO_MODELS / "target", REPO_MODELS / "draft", str(probe), prompts=prompts(16, 1), probe_positions=0,
-                 noise_floor=False)
-    n = max(16, int(gib * 2**30 / (_du(probe) / 16)))
-    shutil.rmtree(probe)
+    sizes = []  # bytes a sequence takes, to size the pair: the slope of two probes (a trace has a fixed part)
+    for k in (16, 48):
+        probe = root / f"probe-{k}.trace"
+        record_train(REPO_MODELS / "target", REPO_MODELS / "draft", str(probe), prompts=prompts(k, 1),
+                     probe_positions=0, noise_floor=False)
+        sizes.append(_du(probe))
+        shutil.rmtree(probe)
+    n = max(16, int(gib * 2**30 / max((sizes[1] - sizes[0]) / 32, 1)))
     train, serve = root / "train.trace", root / "serve.trace"
     print(f"recording {n} sequences of 128 tokens a side (~{gib:g} GiB each)", flush=True)
     record_train(REPO_MODELS / "target", REPO_MODELS / "draft", str(train), prompts=prompts(n, 2), probe_positions=0,
