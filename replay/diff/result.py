@@ -178,7 +178,7 @@ class DiffReport:
         ``Concentration``, not fired): how close a control came to a group divergence; None when
         no tensor's failing rows reach ``GROUP_MIN_ROWS`` in any group."""
         held = [c.concentration for c in self.comparisons.values()
-                if not c.diverged and c.concentration is not None]
+                if not c.diverged and c.concentration is not None and not c.stats.get("reproduced_by_reexecution")]
         return min(held, key=lambda c: c.p) if held else None
 
     def contract_bearing(self) -> list[ContractMismatch]:

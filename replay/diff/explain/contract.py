@@ -80,6 +80,7 @@ def explain_contract(traces: Pair, comps: dict, first):
         return []
     idx = spec_for(first.name).stage_index
     upstream = [c for n, c in comps.items() if c.kind == "values" and not c.diverged
+                and not c.stats.get("reproduced_by_reexecution")  # its rows failed: no witness of agreement
                 and spec_for(n).stage_index == idx - 1]
     key = {c.name: "max_rel" if "max_rel" in c.stats else "match_rate" for c in upstream}
     agree = tuple(f"{c.name} agrees ({key[c.name]} {c.stats.get(key[c.name], float('nan')):.3g}): the difference "

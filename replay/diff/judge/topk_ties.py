@@ -18,7 +18,9 @@ inputs differ within tolerance (on an MoE target, routing near-ties carried by t
 attention move aux rows by a few percent: issue 33, tiny DeepSeek-V3, 38 of 144 rows with swaps
 0.0625 from the k-th logit 1.844, shared ids' logits up to 0.07 apart), the logits move by that
 much and so may the ids at the boundary; an id the other side's logits also rank there is not a
-difference of its own. A wrong lm_head, hidden state or vocab map moves
+difference of its own. A tie holds on both sides: where the other side recorded the swapped id's
+logit, or kept more logits than ids (then the id lies at most at its last recorded logit), that
+logit must sit at the other side's k-th within the same band. A wrong lm_head, hidden state or vocab map moves
 ids by far more than a tie at some rank, so any such row is left to the tolerance and the
 tensor's verdict. ``draft.topk_target`` (the same ids mapped to target ids) inherits the named
 rows from ``draft.topk`` (replay/diff/judge/inherited.py: explained rows are a source).
@@ -46,7 +48,6 @@ LOGITS_OF = {"draft.logits_topk.ids": ("draft.logits_topk.values", "draft.logits
              "draft.topk": ("draft.logits_topk.values", "draft.logits_topk.ids"),
              "target.argmax": ("target.logits_topk.values", "target.logits_topk.ids")}
 JUDGED = tuple(LOGITS_OF)
-VALUES, IDS = LOGITS_OF["draft.logits_topk.ids"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class TopkBoundaryTies:
     """Rows of one id tensor whose sets differ only by near-tie swaps at rank k (JSON-safe).
 
     Attributes:
-        tensor: ``draft.logits_topk.ids`` or ``draft.topk``.
+        tensor: ``draft.logits_topk.ids``, ``draft.topk`` or ``target.argmax``.
         rows: ``[{"seq", "pos", "depth", "rank", "gap"}]``: the swap's rank (k, 1-based) and the
             largest logit gap between a swapped id and the other side's k-th logit, and the row's
             measured logit disagreement (``_measured_noise``), in logit units.
@@ -197,16 +198,19 @@ def _row_tie(x_ids, y_ids, lx, ly, k: int, rel: float, dtype: str, where: str) -
                 return (f"{where}: id {t}'s logit {v:.4g} is {abs(v - kth):.3g} from the other side's k-th logit "
                         f"{kth:.4g}, more than a {dtype} near tie and the row's measured logit disagreement {band:.3g}")
             gap = max(gap, abs(v - kth))
-            # where the other side recorded this id's logit too, it must sit at the boundary there as
-            # well: a tie is a tie on both sides (a flip 0.8 below the other side's greedy logit is no
-            # tie, however its own side ranks it)
+            # A tie is a tie on both sides: on the other side this id must sit at the boundary too. Its
+            # logit there is recorded, or, when that side kept more logits (K) than ids (k), at most its
+            # K-th logit (it was not among them): a greedy token the other side ranks below 8 others is
+            # no tie, however close the two maxima are. With K = k nothing bounds it (the boundary).
             there = np.nonzero(other[0] == t)[0]
-            if len(there):
-                w = float(other[1][there[0]])
+            if len(there) or len(other[0]) > k:
+                w = float(other[1][there[0]]) if len(there) else float(np.min(other[1]))
                 if not (is_near_tie(max(w, kth), min(w, kth), dtype=dtype) or abs(kth - w) <= band):
-                    return (f"{where}: id {t}'s logit on the other side {w:.4g} is {abs(kth - w):.3g} from that "
-                            f"side's k-th logit {kth:.4g}, more than a {dtype} near tie and the row's measured logit "
-                            f"disagreement {band:.3g}")
+                    said = (f"on the other side {w:.4g}" if len(there)
+                            else f"on the other side at most {w:.4g} (not among its {len(other[0])} top logits)")
+                    return (f"{where}: id {t}'s logit {said} is {abs(kth - w):.3g} from that side's k-th logit "
+                            f"{kth:.4g}, more than a {dtype} near tie and the row's measured logit disagreement "
+                            f"{band:.3g}")
                 gap = max(gap, abs(kth - w))
     return gap, noise
 

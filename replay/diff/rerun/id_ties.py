@@ -37,7 +37,7 @@ TOPK_IDS, TOPK_VALUES = "draft.logits_topk.ids", "draft.logits_topk.values"
 def measured_noise(logits: np.ndarray, top_ids: np.ndarray, top_values: np.ndarray, rel: float) -> float:
     """The largest ``|logits[i] - top_values[r]|`` over serving's recorded top-K (``top_ids`` int
     [K] draft ids, ``top_values`` float32 [K]); ``logits``: the re-run's float32 [Vd] row. At most
-    ``rel`` of serving's K-th (smallest recorded) logit's magnitude."""
+    ``rel`` of the smallest magnitude among serving's recorded logits."""
     ids = top_ids.astype(np.int64)
     noise = float(np.max(np.abs(logits[ids] - top_values))) if len(ids) else 0.0
     return min(noise, rel * float(np.abs(top_values).min())) if len(ids) else 0.0
@@ -104,8 +104,10 @@ class TieProof:
                     rows[k] = (ids[2][i].astype(np.int64), vals[2][at[k]])
         comp = report.comparisons.get(TOPK_VALUES)
         traces = report.traces
-        dtype = (looser_dtype(compute_dtype(traces.x, TOPK_VALUES), compute_dtype(traces.y, TOPK_VALUES))
-                 if TOPK_VALUES in strace.names else "bfloat16")
+        # a side may lack the top-k logits (``record train --capture full`` keeps the whole logits):
+        # the dtype is then the serving side's own, or bf16
+        sides = [t for t in (traces.x, traces.y) if TOPK_VALUES in t.names]
+        dtype = looser_dtype(*(compute_dtype(t, TOPK_VALUES) for t in sides)) if sides else "bfloat16"
         return cls(rows, comp.tolerance.rel if comp is not None else 0.05, dtype)
 
     def reproduced(self, out, d2t, stage: str, b: np.ndarray, t: np.ndarray, depth: int,

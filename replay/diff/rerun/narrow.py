@@ -87,6 +87,8 @@ class Narrowing:
             with training's own vocab map and norm flags, the draft's own configuration: where it
             reproduces serving, the draft computed what serving did on what serving fed it
             (replay/diff/rerun/reexec.py decides the verdict on it). Not in ``variants``.
+        unchanged: the substitutions whose inputs serving holds as training does (never named
+            as where the difference enters).
     """
 
     stages: tuple[str, ...]
@@ -99,6 +101,7 @@ class Narrowing:
     conclusion: str = ""
     contract_fields: list[str] = field(default_factory=list)
     upstream: Variant | None = None
+    unchanged: list[str] = field(default_factory=list)
 
 
 def failing_rows(first) -> tuple[int, set]:
@@ -230,7 +233,15 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
         else:
             res.variants.append(v)
     res.contract_fields = [f"{m.field} ({m.x} vs {m.y})" for m in report.contract]
-    hits = [v for v in res.variants[1:-1] if v.reproduces]
+    # a substitution of an input serving holds as training does changes nothing: with the ids' tie
+    # allowance it may reproduce serving as training's own inputs do, but the difference cannot enter there
+    def same(x, y) -> bool:
+        return x is y or (x is not None and y is not None and torch.equal(x, y))
+
+    res.unchanged = [v for v, (a, tk, d, f) in variants.items() if v != BASE and
+                     (a == "train" or same(aux["train"], aux["serve"])) and (tk == "train" or not tokens_differ)
+                     and (d == "train" or same(d2t["train"], d2t["serve"])) and (f == "train" or flags["train"] == flags["serve"])]
+    hits = [v for v in res.variants[1:-1] if v.reproduces and v.name not in res.unchanged]
     base, every = res.variants[0], res.variants[-1]
     where = f"{res.rows} failing row(s) of {from_stage} at depth {depth}"
     if base.reproduces:

@@ -123,7 +123,8 @@ def _step(stage: str, n: Narrowing | str, comparisons: dict) -> ReexecStep:
     if up is None or not up.reproduces:
         return ReexecStep(stage, NOT_REPRODUCED, f"the draft re-run on serving's inputs does not reproduce serving "
                           f"on {n.rows} failing rows of {n.from_stage} at depth {n.depth}", **where)
-    single = tuple(_INPUT_VARIANTS[v.name] for v in n.variants if v.name in _INPUT_VARIANTS and v.reproduces)
+    single = tuple(_INPUT_VARIANTS[v.name] for v in n.variants
+                   if v.name in _INPUT_VARIANTS and v.reproduces and v.name not in n.unchanged)
     inputs = single or tuple(_INPUT_VARIANTS.values())
     stages = tuple(s for s in comparisons if s == stage or s in n.stages[n.stages.index(n.from_stage):]
                    or feeds(stage, s))

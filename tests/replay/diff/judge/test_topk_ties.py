@@ -137,13 +137,14 @@ def test_swaps_beyond_the_rows_measured_logit_disagreement_stay_a_divergence(tmp
 
 
 def _write_target(root, *, flip_rows=(), flip_gap: float = 0.0, logits: bool = True,
-                  far_rows=()) -> tuple[str, str]:
+                  far_rows=(), disjoint: bool = False) -> tuple[str, str]:
     """Training and serving traces of the target's greedy token and top-K logits. ``flip_rows``:
     (seq, pos) where serving's greedy token is training's runner-up, whose logit sits ``flip_gap``
     below training's top logit on training's side; serving's own logits there rank it first (the
     two swapped by one bf16 step). ``logits``: False records no ``target.logits_topk`` (traces
     recorded before it): the greedy tokens are then judged by their rows alone; ``far_rows``: more
-    flips, 0.8 apart on training's side (no tie)."""
+    flips, 0.8 apart on training's side (no tie); ``disjoint``: on flipped rows serving's top-K ids
+    are all other ids than training's (its logits the same numbers)."""
     rng = np.random.default_rng(1)
     paths = (str(root / "t-train.trace"), str(root / "t-serve.trace"))
     base = {"hidden_size": 8, "dtype": "bfloat16"}
@@ -162,7 +163,9 @@ def _write_target(root, *, flip_rows=(), flip_gap: float = 0.0, logits: bool = T
             sid = w.add_sequence(toks, prompt_len=10, rid=f"{w.side}-{s}")
             v, i = vals.copy(), ids.copy()
             for t in range(T):
-                if side and (s, t) in flips:  # serving ranks the runner-up first, one bf16 step above
+                if side and (s, t) in flips and disjoint:  # another target: none of training's ids
+                    i[t] = (ids[t] + 1000) % 2000 + 1000
+                elif side and (s, t) in flips:  # serving ranks the runner-up first, one bf16 step above
                     v[t, :2] = [vals[t, 0], vals[t, 0] - 2.0 ** -7]
                     i[t, :2] = ids[t, [1, 0]]
             kw = dict(seq=sid, pos=np.arange(T, dtype=np.int64), depth=np.zeros(T, np.int64),
@@ -215,3 +218,14 @@ def test_only_the_greedy_flips_at_a_tie_are_named_the_others_still_count(tmp_pat
     assert len(named) == 1 and len(named[0].rows) == 12 and named[0].partial
     assert int(comp.explained.sum()) == 12 and comp.stats["own_fail_rows"] == 4 and not comp.diverged
     assert r.first is None
+
+
+def test_greedy_tokens_each_side_ranks_far_below_its_own_are_no_tie(tmp_path):
+    """Review of the tie rule: equal maxima are not a tie. Serving's greedy token is not among
+    training's 8 best logits (nor training's among serving's): each side ranks the other's token
+    below 7 others, so the flip is a different target, whatever the two maxima."""
+    a, b = _write_target(tmp_path, flip_rows=_rows(12), flip_gap=2.0 ** -7, disjoint=True)
+    r = diff_traces(a, b, narrow=False)
+    comp = r.comparisons["target.argmax"]
+    assert comp.diverged and not any(e.cause == "target_greedy_near_tie" for e in r.legitimate)
+    assert "not among its 8 top logits" in comp.stats["ties_not_named"]
