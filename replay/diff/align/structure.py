@@ -113,7 +113,8 @@ def structure_mismatches(traces: Pair, labels: Pair) -> list[StructureMismatch]:
 
     Checked: the number of aux slots (``target.aux.{j}``); for each tensor both sides recorded,
     the dtype family (float / int / bool), the per-row shape, and for ``draft.d2t`` the row count
-    (one row per draft-vocab id). Probes are evidence, not dataflow, and are not checked.
+    (one row per draft-vocab id). Probes and the target's top-k logits are evidence, not dataflow,
+    and are not checked.
     """
     out: list[StructureMismatch] = []
     lx, ly = labels.x, labels.y
@@ -130,6 +131,8 @@ def structure_mismatches(traces: Pair, labels: Pair) -> list[StructureMismatch]:
     for name in ordered(common):
         if probe_index(name) is not None or (aux_slot(name) is not None and out and out[0].kind == "slot_count"):
             continue
+        if name.startswith("target.logits_topk."):  # evidence, k each side's own (record train 8, a server's
+            continue                                # SPECDIFF_LOGITS_TOPK): not dataflow either
         ix, iy = traces.x.info(name), traces.y.info(name)
         fx, fy = _family(ix.dtype), _family(iy.dtype)
         if fx != fy:

@@ -137,14 +137,15 @@ def test_swaps_beyond_the_rows_measured_logit_disagreement_stay_a_divergence(tmp
 
 
 def _write_target(root, *, flip_rows=(), flip_gap: float = 0.0, logits: bool = True,
-                  far_rows=(), disjoint: bool = False) -> tuple[str, str]:
+                  far_rows=(), disjoint: bool = False, serve_k: int = K) -> tuple[str, str]:
     """Training and serving traces of the target's greedy token and top-K logits. ``flip_rows``:
     (seq, pos) where serving's greedy token is training's runner-up, whose logit sits ``flip_gap``
     below training's top logit on training's side; serving's own logits there rank it first (the
     two swapped by one bf16 step). ``logits``: False records no ``target.logits_topk`` (traces
     recorded before it): the greedy tokens are then judged by their rows alone; ``far_rows``: more
     flips, 0.8 apart on training's side (no tie); ``disjoint``: on flipped rows serving's top-K ids
-    are all other ids than training's (its logits the same numbers)."""
+    are all other ids than training's (its logits the same numbers); ``serve_k``: serving keeps only
+    its ``serve_k`` best logits (a server's own SPECDIFF_LOGITS_TOPK)."""
     rng = np.random.default_rng(1)
     paths = (str(root / "t-train.trace"), str(root / "t-serve.trace"))
     base = {"hidden_size": 8, "dtype": "bfloat16"}
@@ -173,8 +174,9 @@ def _write_target(root, *, flip_rows=(), flip_gap: float = 0.0, logits: bool = T
             w.append("tokens", toks[1:T + 1].astype(np.int64), **kw)
             w.append("target.argmax", i[:, 0].astype(np.int64), **kw)
             if logits:
-                w.append("target.logits_topk.values", v, **kw)
-                w.append("target.logits_topk.ids", i.astype(np.int64), **kw)
+                keep = serve_k if side else K
+                w.append("target.logits_topk.values", v[:, :keep].copy(), **kw)
+                w.append("target.logits_topk.ids", i[:, :keep].astype(np.int64), **kw)
     for w in ws:
         w.close()
     return paths
@@ -229,3 +231,12 @@ def test_greedy_tokens_each_side_ranks_far_below_its_own_are_no_tie(tmp_path):
     comp = r.comparisons["target.argmax"]
     assert comp.diverged and not any(e.cause == "target_greedy_near_tie" for e in r.legitimate)
     assert "not among its 8 top logits" in comp.stats["ties_not_named"]
+
+
+def test_another_k_of_target_logits_on_serving_is_no_structure_difference(tmp_path):
+    """The target's top-k logits are evidence: a server recording 4 of them (SPECDIFF_LOGITS_TOPK=4)
+    against record train's 8 is no layout divergence, and its greedy ties are still judged."""
+    a, b = _write_target(tmp_path, flip_rows=_rows(12), flip_gap=2.0 ** -7, serve_k=4)
+    r = diff_traces(a, b, narrow=False)
+    assert r.first is None, render_text(r)
+    assert len([e for e in r.legitimate if e.cause == "target_greedy_near_tie"][0].rows) == 12
