@@ -183,3 +183,21 @@ def assert_target_logits_hold_the_greedy_token(trace) -> None:
         i = at[key]
         hit = np.nonzero(ids[i] == am[r])[0]
         assert len(hit) and vals[i, hit[0]] == vals[i, 0], (key, int(am[r]), ids[i].tolist())
+
+
+def specforge_exported_draft(draft_dir: Path, out: Path) -> Path:
+    """``draft_dir``'s weights written as a SpecForge 0.2.0 training state (``{"strategy": "eagle3",
+    "draft_state_dict": ...}``, the state ``export_to_sglang`` reads) and exported to ``out`` by SpecForge's
+    own exporter (specforge/export/to_sglang.py: ``save_pretrained`` + legacy rope keys). Returns ``out``."""
+    import contextlib
+    import sys
+
+    import torch
+    from safetensors.torch import load_file
+    from specforge.export.to_sglang import export_to_sglang
+
+    state = out.parent / f"{out.name}-training_state.pt"
+    torch.save({"strategy": "eagle3", "draft_state_dict": load_file(str(draft_dir / "model.safetensors"))}, state)
+    with contextlib.redirect_stdout(sys.stderr):  # the exporter prints its progress
+        export_to_sglang(str(state), str(draft_dir / "config.json"), str(out))
+    return out

@@ -24,11 +24,15 @@ class TrainerDraft:
         notes: plain-words remarks for the trace's notes.
         config: what the trainer's own config of the loaded draft says (``trainer_config``; {}
             when the adapter reads none).
+        unloaded: the trainer model's parameters that neither the checkpoint nor the verifier gave a
+            value (left as the trainer initialised them; the contract's ``draft_unloaded``), or None
+            where the adapter cannot tell (then the reference load's list stands).
     """
 
     def __init__(self, model: nn.Module, *, trainer: str, version: str, variants: dict | None = None,
-                 notes: list[str] | None = None, config: dict | None = None):
+                 notes: list[str] | None = None, config: dict | None = None, unloaded: list[str] | None = None):
         self.model = model
+        self.unloaded = None if unloaded is None else sorted(unloaded)
         self.trainer, self.version = trainer, version
         self.cls = f"{type(model).__module__}.{type(model).__qualname__}"
         self.variants = dict(variants or {})
@@ -51,7 +55,8 @@ class TrainerDraft:
         """Training-side contract facts: who computed the forward."""
         return {"engine": self.trainer, "engine_version": self.version, "trainer": self.trainer,
                 "trainer_version": self.version, "trainer_class": self.cls,
-                "trainer_variants": dict(self.variants), "trainer_config": dict(self.config)}
+                "trainer_variants": dict(self.variants), "trainer_config": dict(self.config),
+                **({} if self.unloaded is None else {"draft_unloaded": list(self.unloaded)})}
 
     def ttt_forward(self, aux_cat: torch.Tensor, input_ids: torch.Tensor, steps: int = 1, *,
                     lengths: torch.Tensor | None = None, pad_id: int = 0) -> TTTOutput:

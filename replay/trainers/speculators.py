@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 
 from specdiff.replay.model.draft_model import TTTOutput
+from specdiff.replay.model.weight_files import read_weight_headers
 from specdiff.replay.record.errors import RecordTrainError
 from specdiff.replay.trainers.base import TrainerDraft
 from specdiff.replay.trainers.stages import StageHooks
@@ -173,6 +174,50 @@ def _windows(model, cfg) -> None:
     model.uses_full_attn = len(model.sliding_window_indices) < len(want)
 
 
+#: parameters speculators' ``_load_verifier_weights`` fills from the verifier (model.py:127-190), so a
+#: checkpoint without them leaves nothing as initialised
+_FROM_VERIFIER = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight")
+
+
+def _later_layers(model, reference) -> tuple[set[str], list[str]]:
+    """Load an SGLang-format draft's decoder layers 1..N-1 into speculators' model.
+
+    speculators 0.9.0's converter saves through a one-layer model (``Eagle3Speculator``,
+    convert/eagle/eagle3_legacy_model.py:307-315) whose ``load_state_dict(strict=False)`` drops every
+    ``layers.{i}.*`` key (eagle3_converter.py:202-218, logged only), and ``Eagle3DraftModel`` then builds
+    N layers (models/eagle3/core.py:81-94) and initialises the missing ones at random: the trainer would
+    compute a different draft. They are copied here from ``reference`` (the loaded reference draft,
+    ``replay.model.draft_model``, which holds the file's tensors), by name but one: SGLang 0.5.23
+    normalises a later layer's input with ``hidden_norm`` (llama_eagle3.py:97-105) where speculators'
+    plain decoder layer uses ``input_layernorm`` (the file's ``input_layernorm``, which SGLang never
+    reads, is not used).
+
+    Returns:
+        (the speculators parameter names filled, one note per layer for the trace's notes).
+
+    Raises:
+        RecordTrainError: a later layer whose tensor shapes speculators' layer cannot hold.
+    """
+    filled, notes = set(), []
+    for i, layer in enumerate(model.layers):
+        if i == 0:
+            continue
+        for name, src in reference.layers[str(i)].named_parameters():
+            into = "input_layernorm.weight" if name == "hidden_norm.weight" else name
+            dst = layer.get_parameter(into)
+            if dst.shape != src.shape:
+                raise RecordTrainError(f"speculators' layers.{i}.{into} is {tuple(dst.shape)}, the checkpoint's "
+                                       f"layers.{i}.{name} is {tuple(src.shape)}: record with --trainer specdiff")
+            with torch.no_grad():
+                dst.copy_(src.to(dst.dtype))
+            filled.add(f"layers.{i}.{into}")
+        notes.append(f"layers.{i}.* loaded into speculators' model by specdiff: its converter keeps one decoder layer "
+                     "(convert/eagle/eagle3_legacy_model.py:307-315); layers."
+                     f"{i}.hidden_norm.weight (SGLang's input norm of a later layer, llama_eagle3.py:97-105) as "
+                     f"speculators' layers.{i}.input_layernorm (models/eagle3/core.py:81-94)")
+    return filled, notes
+
+
 def load(*, target_dir: Path, loaded, dtype: torch.dtype, device: str, version: str,
          aux_hf_indices=None, **_) -> SpeculatorsDraft:
     """The draft at ``loaded.path`` loaded by speculators (module doc), on ``device``.
@@ -188,6 +233,7 @@ def load(*, target_dir: Path, loaded, dtype: torch.dtype, device: str, version: 
     try:
         if loaded.format == "speculators":
             model = Eagle3DraftModel.from_pretrained(str(loaded.path))
+            written = set(read_weight_headers(loaded.path, load=())[0])
         else:
             from speculators.convert.eagle.eagle3_converter import Eagle3Converter
             with tempfile.TemporaryDirectory(prefix="specdiff-speculators-") as tmp:
@@ -197,6 +243,7 @@ def load(*, target_dir: Path, loaded, dtype: torch.dtype, device: str, version: 
                     fc_norm=cfg.fc_norm, norm_output=cfg.norm_output,
                     eagle_aux_hidden_state_layer_ids=list(aux_hf_indices) if aux_hf_indices else None)
                 model = Eagle3DraftModel.from_pretrained(tmp)
+                written = set(read_weight_headers(tmp, load=())[0])
         if loaded.model.embed_source != "draft":
             model._load_verifier_weights(overwrite_embed_tokens=True)  # module doc: never the uninitialised one
     except (OSError, ValueError, RuntimeError, KeyError) as e:
@@ -207,7 +254,14 @@ def load(*, target_dir: Path, loaded, dtype: torch.dtype, device: str, version: 
         variants["compute"] = f"fp32 weights under torch.autocast({str(dtype).removeprefix('torch.')})"
     notes = [f"speculators {version}: rope positions start at 1 (models/eagle3/data.py:35): draft.positions "
              "is t + k + 1; rope is relative, so the attention agrees with t + k"]
+    filled: set[str] = set()
+    if loaded.format != "speculators":
+        filled, layer_notes = _later_layers(model, loaded.model)
+        notes.extend(layer_notes)
+    # by construction: every parameter of the trainer's model that no file, no verifier and no copy above set
+    unloaded = [n for n, _ in model.named_parameters() if n not in written | filled and n not in _FROM_VERIFIER]
     draft = SpeculatorsDraft(model.to(device=device, dtype=torch.float32).eval(), trainer="speculators",
-                             version=version, variants=variants, notes=notes, config=config_facts(model))
+                             version=version, variants=variants, notes=notes, config=config_facts(model),
+                             unloaded=unloaded)
     draft.compute_dtype = dtype
     return draft

@@ -3,13 +3,15 @@ SGLang 0.5.23 CPU server against its training side recorded by the reference for
 
 SGLang builds and chains both layers (srt/models/llama_eagle3.py:198-204, :253-268); the reference
 chains them the same way (``replay.model.draft_model``). The served trace and ``record train
---replay`` must agree: diff exit 0, and the draft really drafts (accepted tokens beyond the bonus).
+--replay`` must agree: diff exit 0, and the draft really drafts (accepted tokens beyond the bonus); so
+must the training side computed by speculators 0.9.0's own two-layer model (``--trainer speculators``).
 The same serving trace against a training side cut to layer 0 diverges at ``draft.hidden_out``
 (exit 1): the test sees the second layer. One server start.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -28,11 +30,12 @@ if not (DRAFT2L / "config.json").exists():
     pytest.skip("the two-layer demo draft is not built (traces/models/draft2l)", allow_module_level=True)
 
 
-def _train_and_diff(draft: Path, serve: Path, train: Path) -> subprocess.CompletedProcess:
-    """`record train --draft DRAFT --replay SERVE -o TRAIN` (must succeed), then `diff TRAIN SERVE --format
-    json --no-narrow`: the diff's process."""
+def _train_and_diff(draft: Path, serve: Path, train: Path, trainer: str = "specdiff") -> subprocess.CompletedProcess:
+    """`record train --draft DRAFT --replay SERVE -o TRAIN --trainer TRAINER` (must succeed), then `diff TRAIN
+    SERVE --format json --no-narrow`: the diff's process."""
     rec = subprocess.run([sys.executable, "-m", "specdiff.tui", "record", "train", "--target", REPO_MODELS / "target",
-                          "--draft", draft, "--replay", serve, "-o", train], capture_output=True, text=True)
+                          "--draft", draft, "--replay", serve, "-o", train, "--trainer", trainer],
+                         capture_output=True, text=True)
     assert rec.returncode == 0, rec.stderr[-2000:]
     return subprocess.run([sys.executable, "-m", "specdiff.tui", "diff", train, serve, "--format", "json",
                            "--no-narrow"], capture_output=True, text=True)
@@ -54,6 +57,12 @@ def test_a_two_layer_draft_served_by_sglang_matches_its_training_forward(tmp_pat
     assert report["first_divergence"] is None, report["first_divergence"]
     lengths = [a for a in accepted if a is not None]
     assert lengths and min(lengths) > 1.5, accepted
+    # the training side computed by speculators' own two-layer model (its converter keeps one layer: specdiff
+    # loads the second, replay/trainers/speculators.py): no divergence either
+    if importlib.util.find_spec("speculators") is not None:
+        proc = _train_and_diff(DRAFT2L, serve, tmp_path / "train-speculators.trace", trainer="speculators")
+        assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+        assert json.loads(proc.stdout)["first_divergence"] is None
     # the same serving trace against a training side without layer 1: the diff sees the second layer
     one = _first_layer_only(tmp_path / "draft1l")
     proc = _train_and_diff(one, serve, tmp_path / "train1.trace")

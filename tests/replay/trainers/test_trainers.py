@@ -13,6 +13,8 @@ import torch
 
 pytest.importorskip("transformers")
 
+from builders import specforge_exported_draft  # noqa: E402
+
 from specdiff.demo.data import load_sequences  # noqa: E402
 from specdiff.replay.diff.compare import blocks  # noqa: E402
 from specdiff.replay.diff.pipeline import diff_traces  # noqa: E402
@@ -38,17 +40,31 @@ def _need(name: str) -> None:
         pytest.skip(f"{name} is not installed ({TRAINERS[name].pip}; make install does it)")
 
 
-@pytest.fixture(scope="module")
-def fp32_side(repo_models):
-    """The reference train side in fp32, and one right-padded batch of six shipped sequences of
-    different lengths (40 .. 15 tokens: padding and its masks are exercised), target captured."""
-    side = load_train_side(repo_models / "target", repo_models / "draft", steps=STEPS, dtype="float32",
+def _fp32_side(repo_models, draft: str):
+    """The reference train side of ``traces/models/<draft>`` in fp32, and one right-padded batch of six
+    shipped sequences of different lengths (40 .. 15 tokens: padding and its masks are exercised),
+    target captured."""
+    side = load_train_side(repo_models / "target", repo_models / draft, steps=STEPS, dtype="float32",
                            probe_positions=0)
     seqs = [TrainSequence(np.asarray(t[: 40 - 5 * i], np.int64), 4)
             for i, t in enumerate(load_sequences(repo_models / "data")[:6])]
     ids, lengths = TrainReplayer.pad(seqs)
     cap, _ = side.replayer.forward(ids, lengths)
     return side, ids, lengths, cap
+
+
+@pytest.fixture(scope="module")
+def fp32_side(repo_models):
+    """The shipped one-layer draft's fp32 side (``_fp32_side``)."""
+    return _fp32_side(repo_models, "draft")
+
+
+@pytest.fixture(scope="module")
+def fp32_side_2l(repo_models):
+    """The two-layer demo draft's fp32 side (``traces/models/draft2l``)."""
+    if not (repo_models / "draft2l" / "config.json").exists():
+        pytest.skip("the two-layer demo draft is not built (traces/models/draft2l)")
+    return _fp32_side(repo_models, "draft2l")
 
 
 def _scaled_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -60,6 +76,47 @@ def _scaled_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("trainer", ["specforge", "speculators"])
 def test_trainer_forward_equals_reference_at_every_stage_and_depth(fp32_side, repo_models, trainer):
     _need(trainer)
+    _assert_trainer_equals_reference(trainer, fp32_side, repo_models)
+
+
+@pytest.mark.slow
+def test_speculators_forward_of_a_two_layer_draft_equals_reference_at_every_stage_and_depth(fp32_side_2l,
+                                                                                             repo_models):
+    """A two-layer SGLang-format draft (``traces/models/draft2l``): speculators' later layer is a plain
+    decoder layer normalising its input with ``input_layernorm`` (models/eagle3/core.py:81-94) where
+    SGLang 0.5.23 normalises it with ``hidden_norm`` (llama_eagle3.py:97-105); speculators' converter
+    carries ``layers.1.input_layernorm`` (a norm SGLang never reads) over. Loaded with the weight SGLang
+    computes with, speculators computes the reference's function; the load names the mapping."""
+    _need("speculators")
+    draft = _assert_trainer_equals_reference("speculators", fp32_side_2l, repo_models)
+    side = fp32_side_2l[0]
+    assert torch.equal(draft.model.layers[1].input_layernorm.weight.float(),
+                       side.loaded.model.layers["1"].hidden_norm.weight.float())
+    assert any("layers.1.hidden_norm" in n for n in draft.notes), draft.notes
+    assert draft.unloaded == [] and draft.facts()["draft_unloaded"] == []
+
+
+def test_speculators_parameters_no_file_gave_are_the_trainers_draft_unloaded(fp32_side_2l, repo_models,
+                                                                              monkeypatch):
+    """Without specdiff's copy of the later layers, speculators' model keeps layer 1 as it initialised it
+    (its converter drops ``layers.1.*``): the training side's ``draft_unloaded`` is read off the trainer's
+    own model and names every one of them, not the reference load's empty list."""
+    _need("speculators")
+    from specdiff.replay.trainers import speculators
+
+    monkeypatch.setattr(speculators, "_later_layers", lambda model, reference: (set(), []))
+    side = fp32_side_2l[0]
+    draft = load_trainer_draft("speculators", target_dir=repo_models / "target", loaded=side.loaded,
+                               dtype=torch.float32, device="cpu", aux_hf_indices=side.aux.hf_indices)
+    names = [n for n, _ in side.loaded.model.layers["1"].named_parameters()]
+    want = sorted(f"layers.1.{'input_layernorm.weight' if n == 'hidden_norm.weight' else n}" for n in names)
+    assert draft.facts()["draft_unloaded"] == want and len(want) == 9
+
+
+def _assert_trainer_equals_reference(trainer, fp32_side, repo_models):
+    """The trainer's forward vs the reference's on ``fp32_side`` at every stage and depth (fp32 within
+    ``FP32_REL`` of scale; tokens, validity and greedy ids equal; positions the reference's plus the
+    trainer's recorded offset). Returns the trainer draft."""
     side, ids, lengths, cap = fp32_side
     draft = load_trainer_draft(trainer, target_dir=repo_models / "target", loaded=side.loaded, dtype=torch.float32,
                                device="cpu", aux_hf_indices=side.aux.hf_indices)
@@ -82,6 +139,7 @@ def test_trainer_forward_equals_reference_at_every_stage_and_depth(fp32_side, re
             err = _scaled_err(getattr(out, name)[k][v], getattr(ref, name)[k][v])
             assert err <= FP32_REL, f"{trainer} {name} depth {k}: {err:.2e}"
         assert torch.equal(out.logits[k][v].argmax(-1), ref.logits[k][v].argmax(-1))
+    return draft
 
 
 @pytest.mark.slow
@@ -316,19 +374,12 @@ def test_a_specforge_exported_draft_is_the_draft_it_was_exported_from(repo_model
     every tensor bit for bit, the config's extra keys such as bos_token_id ignored), `check` passes it for
     SGLang, and ``--trainer specforge`` loads it."""
     _need("specforge")
-    import contextlib
-    import sys
-
     from safetensors.torch import load_file
-    from specforge.export.to_sglang import export_to_sglang
 
     from specdiff.replay.model.checkpoint import load_draft
 
     sd = load_file(str(repo_models / "draft" / "model.safetensors"))
-    torch.save({"strategy": "eagle3", "draft_state_dict": sd}, tmp_path / "training_state.pt")
-    out = tmp_path / "exported"
-    with contextlib.redirect_stdout(sys.stderr):
-        export_to_sglang(str(tmp_path / "training_state.pt"), str(repo_models / "draft" / "config.json"), str(out))
+    out = specforge_exported_draft(repo_models / "draft", tmp_path / "exported")
     shipped, exported = load_draft(repo_models / "draft"), load_draft(out)
     assert exported.config.settings() == shipped.config.settings()
     assert exported.weights_sha256 == shipped.weights_sha256
