@@ -4,13 +4,24 @@ training-side contract facts of that trainer."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
 from specdiff.eagle3.vocab_map import hot_token_ids
 from specdiff.replay.model.draft_model import TTTOutput
 
-__all__ = ["TrainerDraft"]
+__all__ = ["TrainerDraft", "unloaded_parameters"]
+
+
+def unloaded_parameters(model: nn.Module, written: Iterable[str], provided: Iterable[str] = ()) -> list[str]:
+    """The trainer model's parameters no checkpoint file wrote (``written``: the file tensor names its
+    loader read, in the trainer's own naming) and nothing else ``provided`` (the verifier's embedding,
+    a copy specdiff made): left as the trainer initialised them. Read off the live module, so a loader
+    that silently drops a key is seen (the contract's ``draft_unloaded``)."""
+    skip = set(written) | set(provided)
+    return [n for n, _ in model.named_parameters() if n not in skip]
 
 
 class TrainerDraft:

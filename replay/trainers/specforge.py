@@ -45,8 +45,9 @@ from pathlib import Path
 import torch
 
 from specdiff.replay.model.draft_model import TTTOutput
+from specdiff.replay.model.weight_files import read_weight_headers
 from specdiff.replay.record.errors import RecordTrainError
-from specdiff.replay.trainers.base import TrainerDraft
+from specdiff.replay.trainers.base import TrainerDraft, unloaded_parameters
 from specdiff.replay.trainers.stages import StageHooks
 
 __all__ = ["load", "SpecForgeDraft"]
@@ -138,10 +139,13 @@ def load(*, target_dir: Path, loaded, dtype: torch.dtype, device: str, version: 
                                allow_missing_embedding=True)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise RecordTrainError(f"SpecForge cannot load {loaded.path}: {type(e).__name__}: {e}") from None
-    notes = []
+    notes, provided = [], []
     if loaded.model.embed_source == "target":
         model.load_embedding(str(target_dir))
         notes.append("specforge: the draft's embedding is the target's (Eagle3DraftModel.load_embedding)")
+        provided.append("embed_tokens.weight")
+    # SpecForge's module names are the SGLang-format file's (midlayer.*, fc, norm, lm_head, embed_tokens)
+    unloaded = unloaded_parameters(model, read_weight_headers(loaded.path, load=())[0], provided)
     variants = {}
     raw = loaded.raw_config
     if "norm_output" in raw:
@@ -149,4 +153,4 @@ def load(*, target_dir: Path, loaded, dtype: torch.dtype, device: str, version: 
         # the reference (speculators' meaning) feeds the normed hidden back
         variants["norm_output"] = f"SpecForge reads norm_output={raw['norm_output']} as 'norm before lm_head'"
     return SpecForgeDraft(model.to(device=device, dtype=dtype).eval(), trainer="specforge", version=version, variants=variants,
-                          notes=notes)
+                          notes=notes, unloaded=unloaded)

@@ -49,7 +49,7 @@ import torch
 from specdiff.replay.model.draft_model import TTTOutput
 from specdiff.replay.model.weight_files import read_weight_headers
 from specdiff.replay.record.errors import RecordTrainError
-from specdiff.replay.trainers.base import TrainerDraft
+from specdiff.replay.trainers.base import TrainerDraft, unloaded_parameters
 from specdiff.replay.trainers.stages import StageHooks
 
 __all__ = ["load", "SpeculatorsDraft", "ROPE_POSITION_OFFSET", "config_facts"]
@@ -259,7 +259,7 @@ def load(*, target_dir: Path, loaded, dtype: torch.dtype, device: str, version: 
         filled, layer_notes = _later_layers(model, loaded.model)
         notes.extend(layer_notes)
     # by construction: every parameter of the trainer's model that no file, no verifier and no copy above set
-    unloaded = [n for n, _ in model.named_parameters() if n not in written | filled and n not in _FROM_VERIFIER]
+    unloaded = unloaded_parameters(model, written, filled | set(_FROM_VERIFIER))
     draft = SpeculatorsDraft(model.to(device=device, dtype=torch.float32).eval(), trainer="speculators",
                              version=version, variants=variants, notes=notes, config=config_facts(model),
                              unloaded=unloaded)

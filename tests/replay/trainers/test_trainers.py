@@ -113,6 +113,18 @@ def test_speculators_parameters_no_file_gave_are_the_trainers_draft_unloaded(fp3
     assert draft.facts()["draft_unloaded"] == want and len(want) == 9
 
 
+def test_specforge_draft_unloaded_is_read_off_its_model(fp32_side, repo_models, monkeypatch):
+    """SpecForge's module names are the file's: every parameter is loaded (the embedding from the target);
+    an embedding neither the draft nor the target gives is named as left as SpecForge initialised it."""
+    _need("specforge")
+    side = fp32_side[0]
+    kw = dict(target_dir=repo_models / "target", loaded=side.loaded, dtype=torch.float32, device="cpu")
+    assert side.loaded.model.embed_source == "target"
+    assert load_trainer_draft("specforge", **kw).facts()["draft_unloaded"] == []
+    monkeypatch.setattr(side.loaded.model, "embed_source", "random")
+    assert load_trainer_draft("specforge", **kw).facts()["draft_unloaded"] == ["embed_tokens.weight"]
+
+
 def _assert_trainer_equals_reference(trainer, fp32_side, repo_models):
     """The trainer's forward vs the reference's on ``fp32_side`` at every stage and depth (fp32 within
     ``FP32_REL`` of scale; tokens, validity and greedy ids equal; positions the reference's plus the
