@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from specdiff.eagle3.acceptance import chain_accept
-from specdiff.tracer.schema import aux_name
+from specdiff.tracer.schema import aux_name, layer_out_name
 
 __all__ = ["LOGITS_LEVELS", "TOPK_WIDTH", "RowLayout", "RowBatch", "AcceptChain", "draft_topk", "draft_top_ids",
            "draft_outputs", "target_rows", "ttt_rows"]
@@ -316,7 +316,8 @@ def ttt_rows(batch: RowBatch, layout: RowLayout, out, *, level: str = "default",
     Args:
         out: the forward's outputs (``replay.model.draft_model.TTTOutput`` or alike): ``fc_in``
             [B,T,K*H], ``fc_out`` [B,T,Hd]; per depth k lists ``tokens`` / ``positions`` int64
-            [B,T], ``hidden_in`` / ``hidden_out`` [B,T,Hd], ``attn_in`` [B,T,2Hd], ``logits`` [B,T,Vd].
+            [B,T], ``hidden_in`` / ``hidden_out`` [B,T,Hd], ``attn_in`` [B,T,2Hd], ``logits`` [B,T,Vd];
+            optionally ``layer_out`` (per depth, [B,T,Hd] per decoder layer 0..N-2: ``draft.layer_out.{i}``).
         level / logits_topk / topk / hot_token_id: see ``draft_outputs``.
         argmax: int64 [B,T] target argmax: adds ``draft.accept`` / ``draft.accept_cum``.
         on_depth: called ``on_depth(k, idx, outputs, chain)`` after depth k (statistics).
@@ -330,6 +331,8 @@ def ttt_rows(batch: RowBatch, layout: RowLayout, out, *, level: str = "default",
         idx = layout.defined(d)
         for attr, name, feat in _DEPTH_TENSORS:
             batch.add_rows(name, layout.take(getattr(out, attr)[d], idx, feat), layout, idx, depth=d)
+        for i, h in enumerate(out.layer_out[d] if getattr(out, "layer_out", None) else ()):
+            batch.add_rows(layer_out_name(i), layout.take(h, idx, 1), layout, idx, depth=d)
         label = labels[torch.as_tensor(layout.label_index(idx, d))] if labels is not None else None
         outs = draft_outputs(layout.take(out.logits[d], idx, 1), level=level, logits_topk=logits_topk,
                              topk=topk, hot_token_id=hot_token_id, label=label, chain=chain, idx=idx)

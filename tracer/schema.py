@@ -110,8 +110,14 @@ _SPECS: tuple[TensorSpec, ...] = (
                "Midlayer attention input concat(input_layernorm(embed x), hidden_norm(h)), [2*Hd]: "
                "the embedding half [:Hd] then the hidden half [Hd:] (SGLang llama_eagle3.py:97-102, "
                "the qkv input after both norms)."),
+    TensorSpec("draft.layer_out.{i}", "draft.hidden_out", ("draft_hidden",), "float", True,
+               "Output of decoder layer i of a draft with N > 1 layers, for i < N-1 (the last layer's "
+               "is draft.hidden_out): the residual sum the next layer normalises with its hidden_norm "
+               "(SGLang llama_eagle3.py:103-105, :253-262, the layer's (hidden, residual) summed). "
+               "Sorts before draft.hidden_out: a divergence in layer i is shown at its own output."),
     TensorSpec("draft.hidden_out", "draft.hidden_out", ("draft_hidden",), "float", True,
-               "Midlayer output before the final norm (SGLang llama_eagle3.py returns this)."),
+               "Midlayer output before the final norm (SGLang llama_eagle3.py returns this); with "
+               "N > 1 decoder layers the last layer's output."),
     TensorSpec("draft.logits", "draft.logits", ("draft_vocab",), "float", True,
                "Full draft logits over the draft vocab (capture level 'full' only)."),
     TensorSpec("draft.logits_topk.values", "draft.logits", ("logits_topk",), "float", True,
@@ -151,6 +157,7 @@ _SPECS: tuple[TensorSpec, ...] = (
 SPECS: dict[str, TensorSpec] = {s.name: s for s in _SPECS}
 _AUX_SLOT = re.compile(r"^target\.aux\.(\d+)$")
 _PROBE = re.compile(r"^target\.probe\.(\d+)$")
+_LAYER_OUT = re.compile(r"^draft\.layer_out\.(\d+)$")
 
 
 class UnknownTensorError(KeyError):
@@ -179,6 +186,17 @@ def probe_index(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def layer_out_name(layer: int) -> str:
+    """Canonical name of decoder layer ``layer``'s output (a layer before the last): ``draft.layer_out.{i}``."""
+    return f"draft.layer_out.{layer}"
+
+
+def layer_out_index(name: str) -> int | None:
+    """The decoder layer of a ``draft.layer_out.{i}`` name, else None."""
+    m = _LAYER_OUT.match(name)
+    return int(m.group(1)) if m else None
+
+
 def spec_for(name: str) -> TensorSpec:
     """The ``TensorSpec`` for a canonical tensor name (aux slots resolve the template).
 
@@ -191,6 +209,8 @@ def spec_for(name: str) -> TensorSpec:
         return SPECS["target.aux.{j}"]
     if probe_index(name) is not None:
         return SPECS["target.probe.{i}"]
+    if layer_out_index(name) is not None:
+        return SPECS["draft.layer_out.{i}"]
     raise UnknownTensorError(
         f"{name!r} is not a canonical specdiff tensor; known: {', '.join(sorted(SPECS))}")
 
@@ -198,12 +218,16 @@ def spec_for(name: str) -> TensorSpec:
 def sort_key(name: str) -> tuple[int, int, str]:
     """Order tensor names by stage, then aux slot, then name (the first-divergence order).
 
-    Probes sort after the aux slots: they are evidence, not something the draft consumed.
+    Probes sort after the aux slots: they are evidence, not something the draft consumed. The
+    outputs of a multi-layer draft's earlier layers sort before ``draft.hidden_out`` (the last
+    layer's), in layer order: the first layer that differs is the one shown.
     """
     spec = spec_for(name)
     slot = aux_slot(name)
     probe = probe_index(name)
-    sub = slot if slot is not None else (1000 + probe if probe is not None else -1)
+    layer = layer_out_index(name)
+    sub = slot if slot is not None else (1000 + probe if probe is not None else
+                                         (layer - 1000 if layer is not None else -1))
     return (spec.stage_index, sub, name)
 
 

@@ -56,7 +56,7 @@ token is x_{t+1+k} (teacher forcing) and the label is the target's argmax at pos
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -228,6 +228,9 @@ class TTTOutput:
     valid: list[torch.Tensor]
     lengths: torch.Tensor
     d2t: torch.Tensor
+    #: per depth, the outputs [B,T,Hd] of decoder layers 0..N-2 of an N-layer draft (empty lists for
+    #: one layer; the last layer's output is ``hidden_out``): ``draft.layer_out.{i}``
+    layer_out: list[list[torch.Tensor]] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -393,7 +396,8 @@ class Eagle3Draft(nn.Module):
         m = self.midlayer
         base_pos = torch.arange(T, device=dev)[None, :].expand(B, T) + position_offset
         ar = torch.arange(T)[None, :]
-        res = {n: [] for n in ("tokens", "hidden_in", "positions", "attn_in", "hidden_out", "logits", "valid")}
+        res = {n: [] for n in ("tokens", "hidden_in", "positions", "attn_in", "hidden_out", "logits", "valid",
+                               "layer_out")}
         h = fc_out
         layers = self.decoder_layers()
         windows = self.config.attention_windows or (None,) * len(layers)
@@ -407,8 +411,11 @@ class Eagle3Draft(nn.Module):
             attn_in = torch.cat([m.input_layernorm(emb), m.hidden_norm(h)], dim=-1)
             pos = base_pos + d
             out = self._layer(m, attn_in, residual, pos, caches[0], windows[0])
+            earlier = []
             for layer, cache, w in zip(layers[1:], caches[1:], windows[1:]):  # llama_eagle3.py:103-105
+                earlier.append(out)
                 out = self._layer(layer, layer.hidden_norm(out), out, pos, cache, w)  # x -> hidden_norm(x), x
+            res["layer_out"].append(earlier)
             normed = self.norm(out)
             res["tokens"].append(tok)
             res["hidden_in"].append(h)

@@ -111,7 +111,8 @@ class SpeculatorsDraft(TrainerDraft):
         dev = next(model.parameters()).device
         lengths = torch.full((B,), T, dtype=torch.int64) if lengths is None else lengths.to(torch.int64).cpu()
         hs, ids, pos, doc = pack(aux_cat.cpu(), input_ids.cpu(), lengths)
-        hooks = StageHooks(model, _PATHS, positions=("rotary_emb", lambda a, kw: a[1]))
+        hooks = StageHooks(model, _PATHS, positions=("rotary_emb", lambda a, kw: a[1]),
+                           layers=tuple(f"layers.{i}" for i in range(len(model.layers) - 1)))
         autocast = torch.autocast(dev.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32)
         with torch.no_grad(), autocast, hooks, warnings.catch_warnings():
             # off CUDA speculators' forward is not compiled (models/utils.py:71-76), so torch warns that

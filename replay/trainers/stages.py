@@ -47,18 +47,22 @@ class StageHooks:
         paths: role -> module path (every role of ``ROLES``).
         positions: (module path, fn(args, kwargs) -> int64 positions) read at that module's call,
             once per depth.
+        layers: module paths of a multi-layer draft's decoder layers 0..N-2, whose outputs are
+            ``draft.layer_out.{i}`` (the last layer's is ``hidden_out``, read at the final norm).
 
     Raises:
         KeyError: a path names no module of ``model`` (the message names it).
     """
 
     def __init__(self, model: nn.Module, paths: dict[str, str],
-                 positions: tuple[str, Callable] | None = None):
+                 positions: tuple[str, Callable] | None = None, layers: tuple[str, ...] = ()):
         mods = dict(model.named_modules())
         missing = [f"{r} ({paths.get(r)})" for r in ROLES if paths.get(r) not in mods]
+        missing += [f"layer {i} ({p})" for i, p in enumerate(layers) if p not in mods]
         if missing:
             raise KeyError(f"{type(model).__name__}: no module for {', '.join(missing)}")
         self._mods = {r: mods[paths[r]] for r in ROLES}
+        self._layers = [mods[p] for p in layers]
         self._pos = (mods[positions[0]], positions[1]) if positions else None
         self._handles: list = []
         self.reset()
@@ -82,6 +86,8 @@ class StageHooks:
         reg(m["attn"].register_forward_pre_hook(lambda _m, a: self._put("attn_in", a[0])))
         reg(m["norm"].register_forward_pre_hook(lambda _m, a: self._put("hidden_out", a[0])))
         reg(m["lm_head"].register_forward_hook(self._lm_out))
+        for i, layer in enumerate(self._layers):
+            reg(layer.register_forward_hook(lambda _m, _a, o, i=i: self._put(f"layer_out.{i}", _out_tensor(o))))
         if self._pos is not None:
             mod, fn = self._pos
             reg(mod.register_forward_pre_hook(lambda _m, a, kw: self._put("positions", fn(a, kw)),
@@ -123,4 +129,5 @@ class StageHooks:
         res["tokens"] = [t.to(torch.int64) for t in res["tokens"]]
         res["positions"] = [p.to(torch.int64).expand(len(lengths), T) for p in res["positions"]]
         valid = [(ar + 1 + k < lengths[:, None]).to(dev) for k in range(len(depths))]
+        res["layer_out"] = [[unpack(d[f"layer_out.{i}"]) for i in range(len(self._layers))] for d in depths]
         return TTTOutput(fc_in=fc_in, fc_out=unpack(self.fc_out), valid=valid, lengths=lengths, d2t=d2t, **res)

@@ -36,15 +36,31 @@ from specdiff.replay.diff.rerun.rerun import (
     with_norm_flags,
 )
 from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.schema import layer_out_index
 
 #: draft stages a depth-0 re-run computes, in dataflow order (ids compared on the top-1 id)
 STAGES = ("draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.attn_in", "draft.hidden_out",
           "draft.logits_topk.ids", "draft.topk", "draft.topk_target")
+# (a multi-layer draft's draft.layer_out.{i} are computed too, before draft.hidden_out: ``recorded_stages``)
 MAX_SEQS = 4
 #: the name of ``Narrowing.upstream``'s re-run
 UPSTREAM = "serving's upstream inputs"
 BASE = "training inputs"
 ID_AGREE = 0.95  # ids: near-tie flips in bf16 allowed in a few rows
+
+
+def computed(name: str) -> bool:
+    """Whether the re-run computes stage ``name``: ``STAGES`` and every ``draft.layer_out.{i}``."""
+    return name in STAGES or layer_out_index(name) is not None
+
+
+def recorded_stages(names) -> tuple[str, ...]:
+    """``STAGES`` that serving recorded (``names``), a multi-layer draft's ``draft.layer_out.{i}`` among
+    them in layer order just before ``draft.hidden_out`` (the re-run computes every layer's output)."""
+    layers = sorted((i, n) for n in names if (i := layer_out_index(n)) is not None)
+    at = STAGES.index("draft.hidden_out")
+    full = (*STAGES[:at], *(n for _, n in layers), *STAGES[at:])
+    return tuple(s for s in full if s in names)
 
 
 class NarrowError(RerunError):
@@ -121,7 +137,7 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     """
     tr, sv = sides(report)
     strace = getattr(report.traces, sv)
-    stages = tuple(s for s in STAGES if s in strace.names)
+    stages = recorded_stages(strace.names)
     if not stages:
         raise NarrowError(f"{strace.path}: serving recorded no draft stage to compare a re-run with")
     import torch
@@ -129,7 +145,7 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     first = report.first
     if first is None or first.kind != "values":
         raise NarrowError("no value divergence to narrow")
-    if first.name not in STAGES and first.name.startswith("draft."):
+    if not computed(first.name) and first.name.startswith("draft."):
         raise NarrowError(f"cannot decide by re-running the draft: the first divergence {first.name} is not a "
                           "draft stage the re-run computes")
     # an input's divergence (target.*, tokens) is re-run at its failing positions, judged from the
@@ -185,7 +201,7 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     recorded = {name: r for name in stages if (r := serving_rows(name)) is not None}
     stages = tuple(s for s in stages if s in recorded)
     ties = id_ties.TieProof.load(report, serving_rows(id_ties.TOPK_IDS), serving_rows(id_ties.TOPK_VALUES), strace)
-    if first.name in STAGES:
+    if computed(first.name):
         if first.name not in stages:
             raise NarrowError(f"serving recorded no {first.name} row at depth {depth} on the failing positions the "
                               "re-run reaches")

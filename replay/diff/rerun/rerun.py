@@ -20,6 +20,7 @@ from specdiff.replay.diff.align.align import match_rows, rows_by_value
 from specdiff.tracer.contract import known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.paths import contract_path, is_model_dir
+from specdiff.tracer.schema import layer_out_name
 
 
 class RerunError(SpecdiffError):
@@ -354,6 +355,8 @@ def stage_outputs(out, d2t, depth: int = 0, name: str | None = None, width: int 
     floats = {"draft.fc_in": lambda: out.fc_in, "draft.fc_out": lambda: out.fc_out,
               "draft.hidden_in": lambda: out.hidden_in[depth], "draft.attn_in": lambda: out.attn_in[depth],
               "draft.hidden_out": lambda: out.hidden_out[depth]}
+    for i, h in enumerate(out.layer_out[depth] if out.layer_out else ()):  # a multi-layer draft's earlier layers
+        floats[layer_out_name(i)] = lambda h=h: h
     if name in floats:
         return {name: floats[name]()}
     if name == LOGITS:  # the whole logit row [B, T, Vd] (rerun/id_ties.py judges ids by it)

@@ -58,7 +58,8 @@ def _rope(x, pos, theta):
 
 
 def sglang_rule(model: Eagle3Draft, aux_cat, input_ids, steps):
-    """One sequence (aux_cat [T, K*H], input_ids [T]) -> per depth (pre-norm hidden [T,Hd], logits [T,Vd])."""
+    """One sequence (aux_cat [T, K*H], input_ids [T]) -> per depth (pre-norm hidden [T,Hd], logits [T,Vd],
+    [the outputs [T,Hd] of layers 0..N-2: the sums a later layer's fused hidden_norm forms])."""
     c, sd = model.config, {k: v.double() for k, v in model.state_dict().items()}
     eps, nh, nkv, hd = c.rms_norm_eps, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     T = input_ids.shape[0]
@@ -71,7 +72,7 @@ def sglang_rule(model: Eagle3Draft, aux_cat, input_ids, steps):
         tok = torch.zeros(T, dtype=torch.int64)
         tok[: max(T - 1 - d, 0)] = input_ids[1 + d:]
         pos = torch.arange(T) + d
-        hidden, residual = h, None
+        hidden, residual, earlier = h, None, []
         for i, n in enumerate(names):
             def w(k, n=n):
                 return sd[f"{n}.{k}.weight"]
@@ -81,6 +82,7 @@ def sglang_rule(model: Eagle3Draft, aux_cat, input_ids, steps):
                                _rms(hidden, w("hidden_norm"), eps)], dim=-1)
             else:
                 x, residual = _rms(hidden, w("hidden_norm"), eps, residual)
+                earlier.append(residual)
             q = _rope((x @ w("self_attn.q_proj").T).view(T, nh, hd), pos, c.rope_theta)
             keys[n].append(_rope((x @ w("self_attn.k_proj").T).view(T, nkv, hd), pos, c.rope_theta))
             vals[n].append((x @ w("self_attn.v_proj").T).view(T, nkv, hd))
@@ -96,7 +98,7 @@ def sglang_rule(model: Eagle3Draft, aux_cat, input_ids, steps):
             g = z @ w("mlp.gate_proj").T
             hidden = (g * torch.sigmoid(g) * (z @ w("mlp.up_proj").T)) @ w("mlp.down_proj").T
         normed, pre = _rms(hidden, sd["norm.weight"], eps, residual)
-        out.append((pre, normed @ sd["lm_head.weight"].T))
+        out.append((pre, normed @ sd["lm_head.weight"].T, earlier))
         h = pre
     return out
 
@@ -109,9 +111,12 @@ def test_n_layer_forward_matches_sglangs_fused_residual_chain(layers):
     got = model.ttt_forward(aux, ids, steps=3)
     tol = dict(rtol=1e-4, atol=1e-4)  # the reference normalises and rotates in fp32 (HF LlamaRMSNorm)
     for b in range(2):
-        for d, (hidden, logits) in enumerate(sglang_rule(model, aux[b], ids[b], steps=3)):
+        for d, (hidden, logits, earlier) in enumerate(sglang_rule(model, aux[b], ids[b], steps=3)):
             torch.testing.assert_close(got.hidden_out[d][b].double(), hidden, **tol)
             torch.testing.assert_close(got.logits[d][b].double(), logits, **tol)
+            assert len(got.layer_out[d]) == len(earlier) == layers - 1  # draft.layer_out.{i}
+            for mine, theirs in zip(got.layer_out[d], earlier, strict=True):
+                torch.testing.assert_close(mine[b].double(), theirs, **tol)
     # the later layers matter: without them the logits move far outside that tolerance
     one = Eagle3Draft(_cfg())
     one.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("layers.")})

@@ -151,6 +151,11 @@ def _assert_trainer_equals_reference(trainer, fp32_side, repo_models):
             err = _scaled_err(getattr(out, name)[k][v], getattr(ref, name)[k][v])
             assert err <= FP32_REL, f"{trainer} {name} depth {k}: {err:.2e}"
         assert torch.equal(out.logits[k][v].argmax(-1), ref.logits[k][v].argmax(-1))
+        # a multi-layer draft's earlier layers, each at its own output (draft.layer_out.{i})
+        assert len(out.layer_out[k]) == len(ref.layer_out[k]) == side.loaded.config.num_hidden_layers - 1
+        for i, (a, b) in enumerate(zip(out.layer_out[k], ref.layer_out[k], strict=True)):
+            err = _scaled_err(a[v], b[v])
+            assert err <= FP32_REL, f"{trainer} layer_out.{i} depth {k}: {err:.2e}"
     return draft
 
 

@@ -17,6 +17,10 @@ tensor               module (under the draft model)   what the hook copies
                                                       [rows, 2*Hd], after both norms (lines 97-102)
 ``draft.hidden_out`` ``model.norm`` (post)            output[1]: the pre-norm residual sum the
                                                       final norm returns (lines 263-269), every row
+``draft.layer_out.   ``model.layers.{i+1}`` (pre)     ``hidden_states + residual`` (3rd and 5th
+{i}``                                                 arguments): layer i's output, which layer
+                                                      i+1's ``hidden_norm`` adds up before it
+                                                      normalises (lines 103-105); N > 1 layers only
 ===================  ===============================  ==========================================
 
 Rows come in the forward's own row order (the order of ``forward_batch.input_ids``), so
@@ -34,6 +38,8 @@ import logging
 from collections.abc import Callable
 
 import torch
+
+from specdiff.tracer.schema import layer_out_name
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -91,6 +97,9 @@ class DraftStageTaps:
         layer, attn, norm = mods["draft.hidden_in"], mods["draft.attn_in"], mods["draft.hidden_out"]
         if layer is not None:
             layer.register_forward_pre_hook(self._layer_pre, with_kwargs=True)
+        layers = _module(model, "model.layers")
+        for i, later in enumerate(list(layers)[1:] if isinstance(layers, torch.nn.ModuleList) else ()):
+            later.register_forward_pre_hook(lambda _m, a, kw, i=i: self._later_pre(i, a, kw), with_kwargs=True)
         if attn is not None:
             attn.register_forward_pre_hook(self._attn_pre, with_kwargs=True)
         if norm is not None:
@@ -125,6 +134,21 @@ class DraftStageTaps:
         except Exception as exc:  # noqa: BLE001
             self._sink = None
             self._on_error("draft midlayer (hidden_in)", exc)
+        return None
+
+    def _later_pre(self, i: int, args, kwargs):
+        """Layer i+1's pre-hook: ``draft.layer_out.{i}`` = its ``hidden_states + residual`` (the sum its
+        fused ``hidden_norm`` forms, llama_eagle3.py:103-105; one add on the device, the same bf16
+        rounding as the fused add's fp32 sum cast back)."""
+        if not self._live():
+            return None
+        try:
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[2]
+            residual = kwargs["residual"] if "residual" in kwargs else args[4]
+            self._put(layer_out_name(i), hidden + residual)
+        except Exception as exc:  # noqa: BLE001
+            self._sink = None
+            self._on_error(f"draft decoder layer {i + 1} (layer_out.{i})", exc)
         return None
 
     def _attn_pre(self, _mod, args, kwargs):
