@@ -32,7 +32,6 @@ REQUEST_PREFILL = "request_prefill"
 _num = (int, float)
 _list = (list, tuple)
 
-#: HF index of each aux slot in concat order (slot j = ``target.aux.{j}``); both sides record it.
 #: every value ``record train`` filled in for an option the user did not give: name -> {value, source}
 DEFAULTS_USED = "defaults_used"
 
@@ -48,6 +47,7 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "trainer_class": ((str,), "training side: the trainer's draft class (module.qualname)"),
     "trainer_variants": ((dict,), "training side: fact -> value where the trainer computes what the reference's "
                                   "default does not (e.g. rope_position_offset 1); {} when it agrees"),
+    "specforge_contract": ((dict,), "training side: what SpecForge recorded of the run, as read (checkpoint provenance, capture contract), and each disagreement with this recording (replay/record/specforge_contract.py)"),
     "trainer_config": ((dict,), "training side: what the trainer's own config of the draft says (speculators: "
                                 "algorithm, speculative_tokens, verifier, aux ids, norm flags, layer_types)"),
     "num_layers": ((int,), "target decoder layers L"),

@@ -110,10 +110,18 @@ TRAIN_TOPK = 8
               help="Re-run the forward once on the first sequences (<= 256 tokens) at the other precision and "
                    "record each stage's bf16-vs-float32 gap: the floor `diff` judges a systematic shift against. "
                    "Off: the pair is judged by its fixed tolerances alone.")
+@click.option("--specforge-checkpoint", default=None, metavar="PATH",
+              help="The SpecForge checkpoint the draft comes from ({run_id}-step{N}/ or its training_state.pt): its "
+                   "model provenance (target, capture layers, dtype) is recorded and checked against this recording, "
+                   "each disagreement a named warning. Default: the training_state.pt in the draft directory or its "
+                   "parent, when one holds SpecForge's provenance.")
+@click.option("--specforge-config", default=None, metavar="YAML",
+              help="The SpecForge run config the draft was trained with: SpecForge resolves its capture contract "
+                   "(method, aux layer ids, target and draft sizes), recorded and checked like the provenance.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing trace at --out.")
 def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps, topk, dtype, target_dtype,
           capture, probe_positions, max_new_tokens, batch_size, device, trainer, draft_window, noise_floor,
-          overwrite):
+          specforge_checkpoint, specforge_config, overwrite):
     """Record the training side: teacher-forced EAGLE-3 TTT forward of the draft on token sequences.
 
     Exit code: 0 written, 2 bad input, 130 interrupted (the partial trace is removed: a trace at
@@ -152,6 +160,7 @@ def train(target, draft, replay, prompts, out, aux_layers, aux_convention, steps
                            probe_positions=probe_positions, max_new_tokens=max_new_tokens,
                            batch_size=batch_size, device=device, overwrite=overwrite, trainer=trainer,
                            draft_window=draft_window, noise_floor=noise_floor,
+                           specforge_checkpoint=specforge_checkpoint, specforge_config=specforge_config,
                            progress=progress, on_start=on_start)
     except KeyboardInterrupt:
         on_interrupt(_drop_partial(out, existed=existed, since=since))

@@ -124,6 +124,9 @@ FACTS: tuple[FactRow, ...] = (
     FactRow("draft_config.head_dim", "draft.hidden_out", _DRAFT_DIMS),
     FactRow("draft_config.*_bias", "draft.hidden_out", _DRAFT_DIMS),
     FactRow("draft_config.hidden_act", "draft.hidden_out", "set hidden_act in the draft config to training's"),
+    # ---- what SpecForge recorded of the training run, against that recording (one side's own warnings) --
+    FactRow("specforge_contract.*", "target.aux", "record training with what SpecForge trained the draft with (its "
+            "target, capture layers and dtype), or retrain the draft on what is recorded and served"),
     # ---- the target's config (its hash is target identity: a difference refuses the diff) -------------
     FactRow("target_config.*", "target.aux", _SAME_TARGET),
     FactRow("draft_attention_window", "draft.hidden_out", "serve the draft with the attention window it was trained "
@@ -201,6 +204,8 @@ NOT_COMPARED: dict[str, str] = {
     "notes": "recorder notes", "defaults_used": "said by record train", "sampling": "recorder bookkeeping",
     "sampled_requests": "recorder bookkeeping", "dropped_*": "recorder bookkeeping", "recorder_*": "recorder timing",
     "trainer": "provenance (who computed the training side)",
+    "specforge_contract": "SpecForge's records of one training run: checked against that side's own recording, each "
+                          "disagreement a warning of that side (explain/contract_check.py)",
     "trainer_*": "the trainer's version, class, own config and variants: what they change is compared as the stages",
     "request_prefill": "per request", "crash": "reported on its own", "unrecorded_stages": "recorder coverage",
     "engine_process_start": "how the engine's process was started (spawn or fork: the same computation)",

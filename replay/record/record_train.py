@@ -76,6 +76,7 @@ from specdiff.replay.record.sequences import (
     sequences_from_prompts,
     sequences_from_trace,
 )
+from specdiff.replay.record.specforge_contract import SpecForgeRecord, read_specforge
 from specdiff.replay.record.train_aux import resolve_train_aux
 from specdiff.replay.record.train_facts import (
     draft_computation_facts,
@@ -83,18 +84,9 @@ from specdiff.replay.record.train_facts import (
     preflight_facts,
     prenorm_notes,
 )
-from specdiff.replay.record.train_options import (
-    AUX_CONVENTION_DEFAULT,
-    CAPTURE_LEVELS,
-    fill_defaults,
-)
+from specdiff.replay.record.train_options import AUX_CONVENTION_DEFAULT, CAPTURE_LEVELS, fill_defaults
 from specdiff.replay.trainers.registry import DEFAULT_TRAINER, load_trainer_draft, require_trainer
-from specdiff.tracer.contract import (
-    DEFAULTS_USED,
-    known,
-    target_identity_facts,
-    validate_contract,
-)
+from specdiff.tracer.contract import DEFAULTS_USED, known, target_identity_facts, validate_contract
 from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.paths import recorded_path
@@ -134,9 +126,7 @@ class RecordTrainResult:
 
 
 def _sha256_file(path: Path) -> str | None:
-    if not path.is_file():
-        return None
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
 def _version() -> str:
@@ -246,6 +236,7 @@ class TrainSide:
         served: the serving trace's contract ({} without one).
         trainer: the ``replay.trainers`` draft that computes the forward (``replayer.draft``) when
             ``--trainer`` names one other than specdiff, else None (the reference forward).
+        specforge: what SpecForge recorded of the run (``specforge_contract.read_specforge``), or None.
     """
 
     target_dir: Path
@@ -258,6 +249,7 @@ class TrainSide:
     defaults_used: dict[str, dict]
     served: dict
     trainer: object | None = None
+    specforge: SpecForgeRecord | None = None
 
     def contract(self, seqs: list[TrainSequence], *, out: str, replay: str | None = None) -> tuple[dict, list[str]]:
         """The contract facts of a training trace of ``seqs`` written to ``out`` (validated), and
@@ -303,6 +295,10 @@ class TrainSide:
         # HF indices cannot say "pre-norm": with such a slot the check runs without training layers (no false
         # mismatch against HF L); the slot itself is in the contract (aux_prenorm_indices)
         facts["findings"] = preflight_facts(self.target_dir, self.draft_dir, None if aux.prenorm else aux.hf_indices)
+        if self.specforge is not None:  # checked against the facts above: what this recording uses
+            sf, sf_notes = self.specforge.facts(facts, target_dir=self.target_dir, num_layers=L)
+            facts.update(sf)
+            notes.extend(sf_notes)
         if replay is not None:
             facts["replay_of"] = recorded_path(replay)
             if known(served, "aux_hf_indices") is not None:
@@ -422,6 +418,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
                  max_new_tokens: int | None = None, batch_size: int | None = None,
                  max_batch_tokens: int = 8192, overwrite: bool = False, device: str | None = None,
                  trainer: str | None = None, draft_window: int | None = None, noise_floor: bool = True,
+                 specforge_checkpoint=None, specforge_config=None,
                  progress: Callable[[int], None] | None = None,
                  on_start: Callable[[int, RecordTrainResult], None] | None = None) -> RecordTrainResult:
     """Replay sequences through target + draft and write a training-side trace at ``out``.
@@ -450,6 +447,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
             the draft built, loaded and run by that trainer's installed package (``replay.trainers``).
         draft_window: the draft attends as SGLang serves it with ``--speculative-draft-window-size``.
         noise_floor: measure the floor a shift is judged against (replay/record/noise_floor.py; False: not).
+        specforge_checkpoint / specforge_config: SpecForge's checkpoint and run config to read (specforge_contract).
 
     Raises:
         RecordTrainError / CheckpointError / TargetError / TraceError: one line each.
@@ -468,10 +466,12 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         seqs = sequences_from_prompts(prompts, Path(target_dir), defaults_used=token_defaults)
     if not overwrite and Path(str(out)).exists():
         raise RecordTrainError(f"{out}: already exists; choose another path or pass --overwrite")
+    specforge = read_specforge(draft_dir, checkpoint=specforge_checkpoint, config=specforge_config)
     side = load_train_side(target_dir, draft_dir, served=served, aux_layers=aux_layers, aux_convention=aux_convention,
                            steps=steps, topk=topk, dtype=dtype, target_dtype=target_dtype, capture=capture,
                            probe_positions=probe_positions, max_new_tokens=max_new_tokens, batch_size=batch_size,
                            device=device, extra_defaults=token_defaults, trainer=trainer, draft_window=draft_window)
+    side.specforge = specforge
     if int(side.options["max_new_tokens"]) > 0:
         seqs = extend_greedy(side.target, seqs, int(side.options["max_new_tokens"]))
     facts, notes = side.contract(seqs, out=str(out), replay=replay)

@@ -16,6 +16,7 @@ from specdiff.replay.diff.facts import fact_row
 from specdiff.replay.diff.types import ContractMismatch, Pair, side_names
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known, unknown_facts, unobservable_engine
 from specdiff.tracer.errors import SpecdiffError
+from specdiff.tracer.schema import STAGE_ORDER
 
 #: the facts that name the target model a trace was recorded on (tracer/contract.py; the SGLang recorder
 #: reads them from its live target, record train from the target it loaded): equal on both sides of one
@@ -379,12 +380,29 @@ def _concat_ranks(order) -> list[int] | None:
     return [sorted(order).index(v) for v in order]
 
 
+def specforge_warnings(label: str, contract: dict) -> list[ContractMismatch]:
+    """One warning per disagreement ``record train`` found between what SpecForge recorded of the run (the
+    checkpoint's provenance, the config's capture contract) and that recording (contract ``specforge_contract``,
+    replay/record/specforge_contract.py): field ``specforge_contract.<fact>``, values (SpecForge's, the
+    recording's), said on side ``label``, acting from the fact table's stage on, with the recorded fix."""
+    rec = contract.get("specforge_contract")
+    out = []
+    for d in rec.get("disagreements") or [] if isinstance(rec, dict) else []:
+        key = f"specforge_contract.{d.get('fact')}"
+        row = fact_row(key)
+        stages = tuple(STAGE_ORDER[STAGE_ORDER.index(row.stage):]) if row is not None else ()
+        out.append(ContractMismatch(key, "warn", d.get("specforge"), d.get("recording"), f"{label}: {d.get('message')}",
+                                    stages, d.get("fix") or (row.fix if row is not None else "")))
+    return out
+
+
 def check_contracts(traces: Pair) -> list[ContractMismatch]:
     """Every known contract field present on both sides whose values differ, most severe first.
 
     Fields missing on one side are not reported (an engine may not know them); a field recorded
     as ``"unknown"`` is reported as unknown (with the engine name that hid it), never compared;
-    ``aux_dropped_ids`` is reported whenever non-empty, in that engine's words (``dropped_words``).
+    ``aux_dropped_ids`` is reported whenever non-empty, in that engine's words (``dropped_words``), and a
+    training side's disagreements with what SpecForge recorded of its run as its own (``specforge_warnings``).
     Sides are named by ``types.side_names`` (two engines: each by its engine and version) and
     fixes in the serving engine's own key and numbering (``engine_fix``). Target identity
     (``TARGET_IDENTITY``) is refused earlier when it differs (``refuse_different_targets``); here
@@ -426,6 +444,7 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
             out.append(ContractMismatch("aux_dropped_ids", "error", dropped, None,
                                         f"{label}: aux ids {dropped} are silently dropped by the engine ({why})",
                                         _AUX, fix))
+        out += specforge_warnings(label, t.contract)
     out += fact_differences(traces, worded=frozenset(_FIELDS) | frozenset(TARGET_IDENTITY) | {"aux_dropped_ids"})
     rank = {"error": 0, "warn": 1, "info": 2}
     return sorted(out, key=lambda m: rank[m.severity])
