@@ -362,7 +362,8 @@ NAMES: tuple[EngineName, ...] = (
        tensors=(*_TARGET, "draft.hidden_out")),
     _n("LogitsProcessorOutput.next_token_logits", _P + "layers.logits_processor.LogitsProcessorOutput",
        "field", "srt/layers/logits_processor.py:223", "the draft's logits (top-k, logsumexp, full); the "
-       "target's, of the prefill and of verify before eagle_sample (eagle_worker_common.py:654-680)",
+       "target's, of verify before eagle_sample (eagle_worker_common.py:654-680) and of the prefill after "
+       "the target worker sampled (a non-greedy request's sampler may change them in place)",
        tensors=("draft.logits", "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp",
                 "draft.topk", "target.logits_topk.values", "target.logits_topk.ids")),
     _n("EagleVerifyInput.draft_token", _P + "speculative.eagle_info.EagleVerifyInput", "field",
