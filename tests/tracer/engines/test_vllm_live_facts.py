@@ -30,3 +30,17 @@ def test_the_wrapped_draft_config_is_flat_with_the_inner_keys_winning():
     assert fact["model_type"] == "llama" and fact["architectures"] == ["LlamaForCausalLMEagle3"]
     assert fact["hidden_size"] == 256 and fact["eagle_aux_hidden_state_layer_ids"] == [0, 3, 6]
     assert _draft_config(inner)["model_type"] == "llama"  # not wrapped: as it is
+
+
+def test_a_multi_layer_drafts_earlier_layer_outputs_are_named_unrecorded_with_the_compiled_reason():
+    """vLLM builds num_hidden_layers decoder layers inside the compiled LlamaModel (llama_eagle3.py:198-208):
+    draft.layer_out.{i} for i < N-1 cannot be hooked and says so (the diff then marks it unobserved, not
+    missing); a one-layer draft has none."""
+    from specdiff.tracer.engines.options import Options
+    from specdiff.tracer.engines.vllm.contract import unrecorded_stages
+
+    three = unrecorded_stages(Options(path="x"), {"draft_config": {"num_hidden_layers": 3}})
+    assert [n for n in three if n.startswith("draft.layer_out")] == ["draft.layer_out.0", "draft.layer_out.1"]
+    assert "torch.compiled" in three["draft.layer_out.1"]
+    one = unrecorded_stages(Options(path="x"), {"draft_config": {"num_hidden_layers": 1}})
+    assert not any(n.startswith("draft.layer_out") for n in one)

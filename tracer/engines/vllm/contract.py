@@ -32,6 +32,7 @@ from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.vllm.adapter import VLLMAdapter, runner_version
 from specdiff.tracer.paths import recorded_path
+from specdiff.tracer.schema import layer_out_name
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -268,6 +269,12 @@ def unrecorded_stages(opts: Options, facts: dict) -> dict:
            "verify.parents": "vLLM V1 EAGLE drafts a chain (no tree): node k's parent is node k-1"}
     if opts.capture != "full":
         out["draft.logits"] = "capture level 'default' records top-k + logsumexp (SPECDIFF_CAPTURE=full for all)"
+    # vLLM 0.32.0 builds num_hidden_layers decoder layers from the draft config it holds (llama_eagle3.py:198-208),
+    # all inside the compiled LlamaModel: a multi-layer draft's earlier layer outputs are not observable
+    cfg = facts.get("draft_config")
+    layers = cfg.get("num_hidden_layers") if isinstance(cfg, dict) else None
+    for i in range(int(layers) - 1 if isinstance(layers, int) else 0):
+        out[layer_out_name(i)] = out["draft.attn_in"]
     if facts.get("norm_output") is True:
         out["draft.hidden_out"] = ("norm_output: the draft returns the post-norm hidden only (llama_eagle3.py:286); "
                                    "the pre-norm midlayer output is not returned")
