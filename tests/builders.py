@@ -8,11 +8,16 @@ sides, serving's bf16-sized jitter from a per-(sequence, side) noise generator, 
 Data are reproducible by construction: ``TracePair.rng`` (seed 0 unless told) draws what both sides
 share, and each side of sequence ``s`` draws its noise from ``default_rng(100 + s + 1000 * side)``
 (side 0 training, 1 serving), so a test's numbers do not move when another test changes.
+Besides, for the server tests: draft checkpoint copies (:func:`draft_copy`, :func:`first_layer_only`) and
+the ``record train`` + ``diff`` round against a serving trace (:func:`train_and_diff`).
 Imported by test modules as ``from builders import TracePair`` (pytest's ``pythonpath`` holds tests/).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,3 +206,42 @@ def specforge_exported_draft(draft_dir: Path, out: Path) -> Path:
     with contextlib.redirect_stdout(sys.stderr):  # the exporter prints its progress
         export_to_sglang(str(state), str(draft_dir / "config.json"), str(out))
     return out
+
+
+# ---- draft checkpoints and the record-train + diff round of the server tests ----------------------------
+def draft_copy(src: Path, out: Path, *, config: dict | None = None, copy: dict[str, str] | None = None,
+               drop: tuple[str, ...] = ()) -> Path:
+    """A copy of the draft checkpoint ``src`` (config.json + model.safetensors) written to ``out``: the config
+    replaced by ``config`` when given, each ``copy`` {name: source name} tensor written as a clone of the
+    source tensor, then every tensor whose name starts with a ``drop`` prefix left out. Returns ``out``."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((src / "config.json").read_text()) if config is None else config
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    sd = load_file(str(src / "model.safetensors"))
+    sd.update({name: sd[source].clone() for name, source in (copy or {}).items()})
+    sd = {k: v for k, v in sd.items() if not k.startswith(drop)}
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def first_layer_only(draft: Path, out: Path) -> Path:
+    """A multi-layer ``draft`` cut to its first layer: config num_hidden_layers 1, the ``layers.{i}.*``
+    weights (i >= 1) dropped."""
+    cfg = json.loads((draft / "config.json").read_text())
+    later = tuple(f"layers.{i}." for i in range(1, cfg["num_hidden_layers"]))
+    return draft_copy(draft, out, config={**cfg, "num_hidden_layers": 1}, drop=later)
+
+
+def train_and_diff(draft: Path, serve: Path, train: Path, *extra) -> subprocess.CompletedProcess:
+    """``specdiff record train --target traces/models/target --draft DRAFT --replay SERVE -o TRAIN EXTRA``
+    (asserted to succeed), then ``specdiff diff TRAIN SERVE --format json --no-narrow``: the diff's process."""
+    from specdiff.demo.run import REPO_MODELS
+
+    cli = [sys.executable, "-m", "specdiff.tui"]
+    rec = subprocess.run([*cli, "record", "train", "--target", REPO_MODELS / "target", "--draft", draft,
+                          "--replay", serve, "-o", train, *extra], capture_output=True, text=True)
+    assert rec.returncode == 0, rec.stderr[-2000:]
+    return subprocess.run([*cli, "diff", train, serve, "--format", "json", "--no-narrow"], capture_output=True,
+                          text=True)

@@ -83,6 +83,7 @@ SHARED_WORKER = {
     "server/test_cpu_server.py": "bringup-chain", "tracer/engines/test_sglang_recorder.py": "bringup-chain",
     "demo_models/test_family_models.py": "deepseek-pair", "server/test_family_seed.py": "deepseek-pair",
     "tracer/engines/test_vllm_recorder.py": "vllm", "demo/test_vllm_demo.py": "vllm",  # vLLM's compile cache
+    "server/test_multilayer_vllm_server.py": "vllm",
 }
 
 #: test files whose tests are grouped by the value of one parameter rather than as one file: each
