@@ -68,6 +68,22 @@ def tensor_fingerprint(tensor) -> str:
     return _digest(f"{list(t.shape)};", _sample_bytes(flat[::_stride(n)][:SAMPLE]))
 
 
+def layer_input_norms(layers, norm: str) -> dict[str, str]:
+    """The norm weight each later decoder layer of a multi-layer draft normalises its input with, as the
+    live model computes: ``{"layers.{i}": tensor_fingerprint}`` for i >= 1 ({} for one layer).
+
+    The engines read different modules there: SGLang 0.5.23 ``hidden_norm`` (llama_eagle3.py:103-105),
+    vLLM 0.32.0 ``input_layernorm`` (llama_eagle3.py:136-138), speculators 0.9.0 a plain decoder layer's
+    ``input_layernorm``; a checkpoint trained for one and served by another is then normalised by a weight
+    training never used, which no per-name weight fact shows (contract ``draft_layer_input_norms``).
+
+    Args:
+        layers: the draft's decoder layers in order (layer 0 first).
+        norm: the attribute holding the norm module a later layer reads (the engine's rule).
+    """
+    return {f"layers.{i}": tensor_fingerprint(getattr(layer, norm).weight) for i, layer in enumerate(layers) if i}
+
+
 def weight_unit(name: str) -> str:
     """The unit a checkpoint tensor belongs to: its decoder layer (``model.layers.3.mlp.up_proj.weight``
     -> ``model.layers.3``), else its module (``model.embed_tokens.weight`` -> ``model.embed_tokens``;
@@ -279,5 +295,5 @@ def checkpoint_fingerprints(model_dir) -> dict[str, str]:
     return out
 
 
-__all__ = ["SAMPLE", "LoadWatch", "checkpoint_fingerprints", "not_provided", "structure", "structure_rows",
-           "tensor_fingerprint", "unit_fingerprints", "weight_unit"]
+__all__ = ["SAMPLE", "LoadWatch", "checkpoint_fingerprints", "layer_input_norms", "not_provided", "structure",
+           "structure_rows", "tensor_fingerprint", "unit_fingerprints", "weight_unit"]

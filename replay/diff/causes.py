@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdiff.tracer.contract import CONTRACT_FIELDS
+from specdiff.tracer.contract_fields import CONTRACT_FIELDS
 
 KINDS = ("bug", "legitimate", "contract", "crash")
 

@@ -182,6 +182,13 @@ FACTS: tuple[FactRow, ...] = (
     FactRow("draft_unloaded.*", "draft.hidden_out", _UNLOADED),
     FactRow("target_unloaded.*lm_head*", "verify", _UNLOADED),
     FactRow("target_unloaded.*", "target.aux", _UNLOADED),
+    # ---- the norm weight each later draft layer normalises its input with, by each side's rule (after the
+    # unloaded rows: a layer the checkpoint left unloaded is the cause, its unloaded norm a consequence) ------
+    FactRow("draft_layer_input_norms.*", "draft.hidden_out", "give every later draft layer the input norm training "
+            "computed with, under the name the serving engine reads: SGLang 0.5.23 layers.{i}.hidden_norm.weight "
+            "(llama_eagle3.py:103-105), vLLM 0.32.0 and speculators layers.{i}.input_layernorm.weight (vLLM "
+            "llama_eagle3.py:136-138); an SGLang-format draft written for vLLM needs hidden_norm copied into "
+            "input_layernorm"),
     # ---- module structure as built (engine names: compared between traces of one engine) --------------
     FactRow("draft_structure.*fc*", "draft.fc_in", "serve the draft with the config and checkpoint it was trained with"),
     FactRow("draft_structure.*embed_tokens*", "draft.attn_in", "serve the draft with the config and checkpoint it was "

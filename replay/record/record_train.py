@@ -84,9 +84,15 @@ from specdiff.replay.record.train_facts import (
     preflight_facts,
     prenorm_notes,
 )
-from specdiff.replay.record.train_options import AUX_CONVENTION_DEFAULT, CAPTURE_LEVELS, fill_defaults
+from specdiff.replay.record.train_options import (
+    AUX_CONVENTION_DEFAULT,
+    CAPTURE_LEVELS,
+    check_counts,
+    fill_defaults,
+)
 from specdiff.replay.trainers.registry import DEFAULT_TRAINER, load_trainer_draft, require_trainer
-from specdiff.tracer.contract import DEFAULTS_USED, known, target_identity_facts, validate_contract
+from specdiff.tracer.contract import known, target_identity_facts, validate_contract
+from specdiff.tracer.contract_fields import DEFAULTS_USED
 from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.paths import recorded_path
@@ -143,17 +149,6 @@ def _parse_dtype(name: str, what: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def _check_counts(*, steps, topk, probe_positions, max_new_tokens, batch_size, replay) -> None:
-    """Refuse option values that cannot be used as given (one line each, naming the option)."""
-    for opt, value, low in (("--steps", steps, 1), ("--topk", topk, 1), ("--probe-positions", probe_positions, 0),
-                            ("--max-new-tokens", max_new_tokens, 0), ("--batch-size", batch_size, 1)):
-        if value is not None and int(value) < low:
-            raise RecordTrainError(f"{opt} {value}: must be >= {low}")
-    if replay is not None and max_new_tokens:
-        raise RecordTrainError("--max-new-tokens extends --prompts sequences; with --replay the served "
-                               "sequences are replayed exactly as served (leave it out)")
-
-
 def _check_device(device: str | None) -> None:
     """Refuse a ``--device`` torch cannot name or this machine does not have (before the models load)."""
     if device is None:
@@ -203,7 +198,7 @@ def check_train_options(*, aux_layers=None, aux_convention: str | None = None, s
         raise RecordTrainError(f"--aux-convention {aux_convention} says how to read --aux-layers, which is "
                                "missing; give both (e.g. --aux-layers 0,3,6 --aux-convention hf) or neither "
                                "(the draft config's ids in its own convention)")
-    _check_counts(steps=steps, topk=topk, probe_positions=probe_positions, max_new_tokens=max_new_tokens,
+    check_counts(steps=steps, topk=topk, probe_positions=probe_positions, max_new_tokens=max_new_tokens,
                   batch_size=batch_size, replay=replay)
     for opt, name in (("--dtype", dtype), ("--target-dtype", target_dtype)):
         if name is not None:

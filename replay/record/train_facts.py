@@ -59,7 +59,12 @@ def live_facts(target, loaded, options: dict, target_dir) -> dict:
         target_dir: the target's directory (its checkpoint files are what ``from_pretrained`` loaded).
     """
     from specdiff.tracer.config_facts import config_fact, json_safe
-    from specdiff.tracer.weight_facts import checkpoint_fingerprints, structure, unit_fingerprints
+    from specdiff.tracer.weight_facts import (
+        checkpoint_fingerprints,
+        layer_input_norms,
+        structure,
+        unit_fingerprints,
+    )
 
     m = loaded.model
     return {
@@ -68,6 +73,8 @@ def live_facts(target, loaded, options: dict, target_dir) -> dict:
         "target_structure": structure(target, per_unit=True), "draft_structure": structure(m, per_unit=False),
         "target_weights": unit_fingerprints(checkpoint_fingerprints(target_dir)),
         "draft_weights": dict(loaded.weight_fingerprints),
+        # the reference's later layers normalise with hidden_norm, as SGLang does (replay/model/draft_model.py)
+        "draft_layer_input_norms": layer_input_norms(m.decoder_layers(), "hidden_norm"),
         "target_unloaded": list(getattr(target, "specdiff_missing_keys", [])),
         # load_draft refuses a checkpoint without a weight the forward needs; the embedding alone may come
         # from neither the checkpoint nor the target (then random: draft_notes says so)

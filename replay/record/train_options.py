@@ -7,6 +7,8 @@ field ``defaults_used`` (``tracer.contract.DEFAULTS_USED``).
 
 from __future__ import annotations
 
+from specdiff.replay.record.errors import RecordTrainError
+
 DTYPE_NAMES = ("bfloat16", "float32", "float16")
 CAPTURE_LEVELS = ("default", "full")
 #: the value of each option the caller leaves unset; bf16 is the serving dtype, which keeps the
@@ -54,3 +56,18 @@ def describe_defaults(used: dict[str, dict]) -> str:
         flag = f"--{name.replace('_', '-')}" if name in OPTIONS else name  # else a choice with no option
         parts.append(f"{flag} {shown}" + ("" if src == "record train default" else f" ({src})"))
     return "; ".join(parts)
+
+
+def check_counts(*, steps, topk, probe_positions, max_new_tokens, batch_size, replay) -> None:
+    """Refuse option values that cannot be used as given (one line each, naming the option).
+
+    Raises:
+        RecordTrainError: the option and why.
+    """
+    for opt, value, low in (("--steps", steps, 1), ("--topk", topk, 1), ("--probe-positions", probe_positions, 0),
+                            ("--max-new-tokens", max_new_tokens, 0), ("--batch-size", batch_size, 1)):
+        if value is not None and int(value) < low:
+            raise RecordTrainError(f"{opt} {value}: must be >= {low}")
+    if replay is not None and max_new_tokens:
+        raise RecordTrainError("--max-new-tokens extends --prompts sequences; with --replay the served "
+                               "sequences are replayed exactly as served (leave it out)")

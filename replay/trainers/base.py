@@ -38,11 +38,15 @@ class TrainerDraft:
         unloaded: the trainer model's parameters that neither the checkpoint nor the verifier gave a
             value (left as the trainer initialised them; the contract's ``draft_unloaded``), or None
             where the adapter cannot tell (then the reference load's list stands).
+        layer_input_norms: ``tracer.weight_facts.layer_input_norms`` of the trainer's own model (the
+            contract's ``draft_layer_input_norms``), or None: the reference's stands (one layer).
     """
 
     def __init__(self, model: nn.Module, *, trainer: str, version: str, variants: dict | None = None,
-                 notes: list[str] | None = None, config: dict | None = None, unloaded: list[str] | None = None):
+                 notes: list[str] | None = None, config: dict | None = None, unloaded: list[str] | None = None,
+                 layer_input_norms: dict[str, str] | None = None):
         self.model = model
+        self.layer_input_norms = layer_input_norms
         self.unloaded = None if unloaded is None else sorted(unloaded)
         self.trainer, self.version = trainer, version
         self.cls = f"{type(model).__module__}.{type(model).__qualname__}"
@@ -67,7 +71,8 @@ class TrainerDraft:
         return {"engine": self.trainer, "engine_version": self.version, "trainer": self.trainer,
                 "trainer_version": self.version, "trainer_class": self.cls,
                 "trainer_variants": dict(self.variants), "trainer_config": dict(self.config),
-                **({} if self.unloaded is None else {"draft_unloaded": list(self.unloaded)})}
+                **({} if self.unloaded is None else {"draft_unloaded": list(self.unloaded)}),
+                **({} if self.layer_input_norms is None else {"draft_layer_input_norms": self.layer_input_norms})}
 
     def ttt_forward(self, aux_cat: torch.Tensor, input_ids: torch.Tensor, steps: int = 1, *,
                     lengths: torch.Tensor | None = None, pad_id: int = 0) -> TTTOutput:

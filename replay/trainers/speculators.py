@@ -51,6 +51,7 @@ from specdiff.replay.model.weight_files import read_weight_headers
 from specdiff.replay.record.errors import RecordTrainError
 from specdiff.replay.trainers.base import TrainerDraft, unloaded_parameters
 from specdiff.replay.trainers.stages import StageHooks
+from specdiff.tracer.weight_facts import layer_input_norms
 
 __all__ = ["load", "SpeculatorsDraft", "ROPE_POSITION_OFFSET", "config_facts"]
 
@@ -262,6 +263,8 @@ def load(*, target_dir: Path, loaded, dtype: torch.dtype, device: str, version: 
     # by construction: every parameter of the trainer's model that no file, no verifier and no copy above set
     unloaded = unloaded_parameters(model, written, filled | set(_FROM_VERIFIER))
     draft = SpeculatorsDraft(model.to(device=device, dtype=torch.float32).eval(), trainer="speculators",
+                             # a later layer is a plain decoder layer: input_layernorm (models/eagle3/core.py:81-94)
+                             layer_input_norms=layer_input_norms(model.layers, "input_layernorm"),
                              version=version, variants=variants, notes=notes, config=config_facts(model),
                              unloaded=unloaded)
     draft.compute_dtype = dtype

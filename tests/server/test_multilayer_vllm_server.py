@@ -15,6 +15,8 @@ layer (:283-288), the window fact reads every layer.
 
 - served whole: diff exit 0 against ``record train --replay``, every depth recorded, vLLM's counters show
   real drafting; against a training side cut to layer 0 the diff stops at ``draft.hidden_out``;
+- draft2l as written for SGLang (the unused ones in ``layers.1.input_layernorm``): named by the contract's
+  ``draft_layer_input_norms`` (each side's later layers' input norm, read by that side's rule);
 - layer 1's ``layers.1.*`` removed, config still 2 layers: vLLM serves it. ``Eagle3LlamaForCausalLM.
   load_weights`` returns None (llama_eagle3.py:420-469), so ``DefaultModelLoader.load_weights`` skips its
   check for parameters the checkpoint did not initialise (model_loader/default_loader.py:505-518, the
@@ -62,18 +64,19 @@ LAYER1 = sorted(f"model.layers.1.{p}.weight" for p in (
     "post_attention_layernorm", "hidden_norm"))
 
 
-def _for_vllm(out: Path, *, drop: tuple[str, ...] = ()) -> Path:
+def _for_vllm(out: Path, *, drop: tuple[str, ...] = (), norms: bool = True) -> Path:
     """draft2l as vLLM is given it (module doc), written to ``out``: the aux ids in vLLM's key and numbering,
-    each later layer's ``hidden_norm`` also as its ``input_layernorm``; then the ``drop`` prefixes removed."""
+    each later layer's ``hidden_norm`` also as its ``input_layernorm`` (``norms``); then the ``drop`` prefixes
+    removed."""
     from specdiff.demo.scenarios import scenario_ids
     from specdiff.eagle3.config_keys import set_config_value
 
     cfg = json.loads((DRAFT2L / "config.json").read_text())
     ids = scenario_ids(engine="vllm")
     set_config_value(cfg, ids.key, list(ids.correct))
-    norms = {f"layers.{i}.input_layernorm.weight": f"layers.{i}.hidden_norm.weight"
-             for i in range(1, cfg["num_hidden_layers"])}
-    return draft_copy(DRAFT2L, out, config=cfg, copy=norms, drop=drop)
+    copies = {f"layers.{i}.input_layernorm.weight": f"layers.{i}.hidden_norm.weight"
+             for i in range(1, cfg["num_hidden_layers"])} if norms else {}
+    return draft_copy(DRAFT2L, out, config=cfg, copy=copies, drop=drop)
 
 
 def _serve(draft: Path, tmp_path: Path, server_env, *args: str) -> tuple[Path, dict]:
@@ -158,4 +161,25 @@ def test_layer_1_weights_missing_on_vllm_diverge_at_hidden_out_naming_the_unload
     assert cause["cause"] in ("contract.draft_unloaded", "unloaded_params"), cause
     assert "model.layers.1." in cause["message"] and "left as allocated" in cause["message"], cause
     warned = {m["field"] for m in report["contract_mismatches"] if m["severity"] == "warn"}
-    assert warned == {"draft_unloaded.model.layers.1"}, warned
+    # layer 1's input norm is the ones vLLM built, not the hidden_norm training computed with: said too
+    assert warned == {"draft_unloaded.model.layers.1", "draft_layer_input_norms.layers.1"}, warned
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_an_sglang_format_two_layer_draft_on_vllm_is_named_by_the_norm_its_later_layer_reads(tmp_path, server_env):
+    """draft2l as written for SGLang (``layers.1.input_layernorm`` the unused ones, the trained weight in
+    ``hidden_norm``) served by vLLM, which normalises layer 1 with ``input_layernorm`` (llama_eagle3.py:136-138):
+    every weight file agrees tensor by tensor, yet layer 1 computes another function. The contract's
+    ``draft_layer_input_norms`` (read off each side's live layers by its own rule) names it with the fix."""
+    served = _for_vllm(tmp_path / "draft-sglang-norms", norms=False)
+    serve, _ = _serve(served, tmp_path, server_env, "--enforce-eager")
+    proc = train_and_diff(served, serve, tmp_path / "train.trace")
+    report = json.loads(proc.stdout)
+    named = [m for m in report["contract_mismatches"] if m["field"] == "draft_layer_input_norms.layers.1"]
+    assert named and named[0]["severity"] == "warn" and "input_layernorm" in named[0]["fix"], \
+        report["contract_mismatches"]
+    first = report["first_divergence"]
+    if first is not None:  # measured: exit 1 (draft.logits_topk.ids); the fact bears on the draft's layers on
+        assert proc.returncode == 1
+        assert "draft_layer_input_norms.layers.1" in first["contract_bearing"], first

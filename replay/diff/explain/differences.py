@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from specdiff.replay.diff.explain.contract_check import check_contracts
 from specdiff.replay.diff.explain.fact_diff import first_stage, listed_field, shown
-from specdiff.replay.diff.facts import fact_row
+from specdiff.replay.diff.facts import FACTS, fact_row
 from specdiff.replay.diff.types import Explanation, Pair
 from specdiff.tracer.contract import UNKNOWN
 from specdiff.tracer.schema import STAGE_ORDER, spec_for
@@ -62,7 +62,9 @@ def differences_at(traces: Pair, comps: dict, stage: str) -> list[tuple[object, 
             unknown.append((m, None))
         elif at == stage or (STAGE_ORDER.index(at) < idx and not _agrees(comps, at)):
             near.append((m, at))
-    near.sort(key=lambda p: -STAGE_ORDER.index(p[1]))
+    # nearest stage first; at one stage in the fact table's order (a checkpoint's unloaded layer before the
+    # norm it therefore lacks: facts.py)
+    near.sort(key=lambda p: (-STAGE_ORDER.index(p[1]), FACTS.index(fact_row(p[0].field))))
     return near + unknown
 
 

@@ -27,12 +27,14 @@ from specdiff.eagle3.engines import UnknownEngineError, engine_spec
 from specdiff.replay.diff.facts import canonical_value, fact_row, not_compared
 from specdiff.replay.diff.types import ContractMismatch, Pair, side_names
 from specdiff.replay.model.weight_files import canonical_name
-from specdiff.tracer.contract import CONTRACT_FIELDS, UNKNOWN, known
+from specdiff.tracer.contract import UNKNOWN, known
+from specdiff.tracer.contract_fields import CONTRACT_FIELDS
 from specdiff.tracer.schema import STAGE_ORDER
 
 #: facts read whole from the live objects (tracer/contract.py), compared leaf by leaf
 DICT_FACTS = ("draft_config", "target_config", "engine_options")
-WEIGHT_FACTS = ("draft_weights", "target_weights")
+#: fingerprint dicts compared key by key (draft_layer_input_norms: the norm each later draft layer reads)
+WEIGHT_FACTS = ("draft_weights", "target_weights", "draft_layer_input_norms")
 UNLOADED_FACTS = ("draft_unloaded", "target_unloaded")
 STRUCTURE_FACTS = ("draft_structure", "target_structure")
 NEW_FACTS = DICT_FACTS + WEIGHT_FACTS + UNLOADED_FACTS + STRUCTURE_FACTS

@@ -19,6 +19,7 @@ from specdiff.replay.preflight.files import DraftInfo, TargetInfo
 from specdiff.replay.preflight.report import Finding
 from specdiff.replay.preflight.rules.algorithm import check_algorithm
 from specdiff.replay.preflight.rules.aux import check_aux, check_training
+from specdiff.replay.preflight.rules.layers import check_later_input_norms
 from specdiff.replay.preflight.rules.norms import check_norms
 from specdiff.replay.preflight.rules.rope import check_rope
 from specdiff.replay.preflight.rules.tokenizer import check_tokenizer
@@ -96,6 +97,7 @@ RULES: tuple[Rule, ...] = (
          lambda c: check_training(c.captures, c.training_hf, num_layers=c.target.num_layers,
                                   architecture=c.target.architecture)),
     Rule("weights", eagle3_draft, lambda c: check_weights(c.draft, c.target, engines=c.engines)),
+    Rule("later layer input norms", vllm_captured, lambda c: check_later_input_norms(c.draft)),
     Rule("vocab map", eagle3_draft,
          lambda c: check_vocab(c.draft.d2t, c.draft.t2d, draft_vocab_size=c.draft.config.draft_vocab_size,
                                vocab_size=c.target.vocab_size, eos_token_ids=c.target.eos_token_ids)),

@@ -200,7 +200,7 @@ def test_check_on_a_draft_config_missing_a_field_is_one_error_line_with_field_fi
 
 
 def test_record_train_prints_and_stores_the_draft_config_defaults(tmp_path, run_cli):
-    from specdiff.tracer.contract import DEFAULTS_USED
+    from specdiff.tracer.contract_fields import DEFAULTS_USED
     from specdiff.tracer.store import open_trace
 
     prompts = tmp_path / "p.jsonl"

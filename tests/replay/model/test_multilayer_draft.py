@@ -223,3 +223,21 @@ def test_check_says_a_second_layer_beyond_num_hidden_layers_is_skipped(tmp_path,
     assert r.exit_code == 1, r.output
     assert "the checkpoint holds decoder layer(s) [1] but num_hidden_layers is 1" in r.output
     assert "set num_hidden_layers to 2" in r.output
+
+
+def test_check_warns_for_vllm_where_a_later_layers_input_layernorm_is_not_its_hidden_norm(pair, run_cli):
+    """vLLM 0.32.0 normalises layer 1's input with input_layernorm (llama_eagle3.py:136-138), SGLang with
+    hidden_norm (:103-105): a file whose two differ is a vLLM warning with the copy as fix, not an SGLang one;
+    the same file with hidden_norm written into input_layernorm too passes for both."""
+    target, draft = pair
+    f = draft / "model.safetensors"
+    sd = load_file(str(f))
+    sd["layers.1.hidden_norm.weight"] = sd["layers.1.hidden_norm.weight"] * 1.5  # a trained norm, not the ones
+    save_file(sd, str(f))
+    assert not torch.equal(sd["layers.1.hidden_norm.weight"], sd["layers.1.input_layernorm.weight"])
+    args = ("check", "--target", target, "--draft", draft, "--training-layers", "0,4,7", "--engine")
+    r = run_cli(*args, "vllm")
+    assert "weights.later_input_norm" in r.output and "layers.1.input_layernorm.weight" in r.output, r.output
+    assert "weights.later_input_norm" not in run_cli(*args, "sglang").output
+    save_file({**sd, "layers.1.input_layernorm.weight": sd["layers.1.hidden_norm.weight"].clone()}, str(f))
+    assert "weights.later_input_norm" not in run_cli(*args, "vllm").output

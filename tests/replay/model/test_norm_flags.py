@@ -20,7 +20,7 @@ import torch
 from specdiff.eagle3.norms import NORM_FLAGS, NORMS_OFF, apply_fc_norms, read_norm_flags, write_norm_flags
 from specdiff.replay.model.draft_config import Eagle3DraftConfig
 from specdiff.replay.model.draft_model import Eagle3Draft, RMSNorm
-from specdiff.tracer.contract import CONTRACT_FIELDS
+from specdiff.tracer.contract_fields import CONTRACT_FIELDS
 
 
 # ---- the flag table -------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from specdiff.replay.diff.explain.contract_check import check_contracts  # noqa:
 from specdiff.replay.diff.types import Pair  # noqa: E402
 from specdiff.replay.model.target_capture import TargetError, capture_target, load_target  # noqa: E402
 from specdiff.replay.preflight.check import run_preflight  # noqa: E402
-from specdiff.tracer.contract import AUX_CONCAT_ORDER, DEFAULTS_USED, aux_slot_layers  # noqa: E402
+from specdiff.tracer.contract import AUX_CONCAT_ORDER, aux_slot_layers  # noqa: E402
+from specdiff.tracer.contract_fields import DEFAULTS_USED
 from specdiff.tracer.store import TraceWriter, open_trace  # noqa: E402
 
 torch.set_num_threads(2)

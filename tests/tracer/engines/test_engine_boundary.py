@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdiff.tracer.contract import CONTRACT_FIELDS, UNKNOWN, unobservable_engine, validate_contract
+from specdiff.tracer.contract import UNKNOWN, unobservable_engine, validate_contract
+from specdiff.tracer.contract_fields import CONTRACT_FIELDS
 from specdiff.tracer.engines.names import MISSING, EngineAdapter, EngineName
 
 

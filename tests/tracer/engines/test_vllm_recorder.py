@@ -177,7 +177,7 @@ def test_the_contract_says_which_runner_ran_and_where_the_aux_ids_came_from(serv
     assert c["unobservable"] == []  # every declared V1 name resolved in the running vLLM
     # read through LlamaDecoderLayer.self_attn -> LlamaAttention.attn -> Attention.sliding_window: None
     assert c["draft_attention_window"] == [None]
-    from specdiff.tracer.contract import CONTRACT_FIELDS
+    from specdiff.tracer.contract_fields import CONTRACT_FIELDS
 
     # every fact the vLLM recorder writes is declared with its meaning (bos_token_id is popped on write)
     assert set(c) - set(CONTRACT_FIELDS) == set(), set(c) - set(CONTRACT_FIELDS)

@@ -22,7 +22,7 @@ from specdiff.tracer.contract import UNKNOWN
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
 from specdiff.tracer.engines.sglang.contract import read_chain
-from specdiff.tracer.weight_facts import not_provided, structure, unit_fingerprints
+from specdiff.tracer.weight_facts import layer_input_norms, not_provided, structure, unit_fingerprints
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -103,6 +103,9 @@ def live_facts(dw, A: SGLangAdapter, loads: dict, *, weights: bool = True) -> di
     facts.update(_model_facts("target", tmodel, tw, per_unit=True))
     facts.update(_model_facts("draft", dmodel, dw_, per_unit=False,
                               shared_from=None if tmodel is MISSING else tmodel))
+    layers = getattr(getattr(dmodel, "model", None), "layers", None)
+    # a later draft layer normalises its input with hidden_norm (srt/models/llama_eagle3.py:103-105)
+    facts["draft_layer_input_norms"] = UNKNOWN if layers is None else layer_input_norms(layers, "hidden_norm")
     if not weights:
         logger.info("specdiff: SPECDIFF_WEIGHT_FACTS=0: the checkpoints are not fingerprinted; contract weight "
                     "facts are unknown")

@@ -20,7 +20,13 @@ from specdiff.tracer.config_facts import config_fact, options_fact
 from specdiff.tracer.contract import UNKNOWN
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
-from specdiff.tracer.weight_facts import LoadWatch, not_provided, structure, unit_fingerprints
+from specdiff.tracer.weight_facts import (
+    LoadWatch,
+    layer_input_norms,
+    not_provided,
+    structure,
+    unit_fingerprints,
+)
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -106,6 +112,9 @@ def live_facts(runner, A: VLLMAdapter, loads: dict, *, tmodel, dmodel) -> dict:
     dw = None if dmodel in (MISSING, None) else loads.get(id(dmodel))
     facts.update(_facts("target", tmodel, tw, per_unit=True))
     facts.update(_facts("draft", dmodel, dw, per_unit=False, shared_from=None if tmodel is MISSING else tmodel))
+    layers = getattr(getattr(dmodel, "model", None), "layers", None)
+    # a later draft layer normalises its input with input_layernorm (model_executor/models/llama_eagle3.py:136-138)
+    facts["draft_layer_input_norms"] = UNKNOWN if layers is None else layer_input_norms(layers, "input_layernorm")
     return facts
 
 

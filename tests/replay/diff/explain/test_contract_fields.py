@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from specdiff.replay.diff.explain.contract_check import _FIELDS, TARGET_IDENTITY
-from specdiff.tracer.contract import CONTRACT_FIELDS
+from specdiff.tracer.contract_fields import CONTRACT_FIELDS
 from specdiff.tracer.store import TraceWriter
 
 BASE = {
