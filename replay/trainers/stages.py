@@ -116,8 +116,9 @@ class StageHooks:
         depths = [d for d in self.depths if d]
         if self.fc_in is None or not depths:
             raise RuntimeError("the trainer's forward did not run the draft's fc / lm_head")
+        layer_outs = [f"layer_out.{i}" for i in range(len(self._layers))]
         for k, d in enumerate(depths):
-            lacking = [n for n in _PER_DEPTH if n not in d]
+            lacking = [n for n in (*_PER_DEPTH, *layer_outs) if n not in d]
             if lacking:
                 raise RuntimeError(f"depth {k}: the trainer's forward did not run {', '.join(lacking)}")
         lengths = lengths.to(torch.int64).cpu()
@@ -129,5 +130,5 @@ class StageHooks:
         res["tokens"] = [t.to(torch.int64) for t in res["tokens"]]
         res["positions"] = [p.to(torch.int64).expand(len(lengths), T) for p in res["positions"]]
         valid = [(ar + 1 + k < lengths[:, None]).to(dev) for k in range(len(depths))]
-        res["layer_out"] = [[unpack(d[f"layer_out.{i}"]) for i in range(len(self._layers))] for d in depths]
+        res["layer_out"] = [[unpack(d[n]) for n in layer_outs] for d in depths]
         return TTTOutput(fc_in=fc_in, fc_out=unpack(self.fc_out), valid=valid, lengths=lengths, d2t=d2t, **res)
