@@ -50,6 +50,11 @@ os.environ.update(WRITER_PRIORITY)
 SERVER_START = {"SPECDIFF_SGLANG_START": "fork"}
 os.environ.update(SERVER_START)
 
+# Two workers on two cores: an OpenMP thread that spins while it waits takes the core the other worker's
+# server needs (two demo runs side by side: 312 s spinning, 120 s passive). The Makefile sets it for the
+# workers themselves; this keeps it for a plain `pytest` run's servers and subprocesses.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def pytest_collection_finish(session):
     """Start this worker's SGLang zygote (tracer/engines/sglang/cpu/zygote.py) when a selected test
