@@ -210,10 +210,11 @@ def specforge_exported_draft(draft_dir: Path, out: Path) -> Path:
 
 # ---- draft checkpoints and the record-train + diff round of the server tests ----------------------------
 def draft_copy(src: Path, out: Path, *, config: dict | None = None, copy: dict[str, str] | None = None,
-               drop: tuple[str, ...] = ()) -> Path:
+               ones: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> Path:
     """A copy of the draft checkpoint ``src`` (config.json + model.safetensors) written to ``out``: the config
     replaced by ``config`` when given, each ``copy`` {name: source name} tensor written as a clone of the
-    source tensor, then every tensor whose name starts with a ``drop`` prefix left out. Returns ``out``."""
+    source tensor, each ``ones`` tensor as ones of its shape and dtype, then every tensor whose name starts with
+    a ``drop`` prefix left out. Returns ``out``."""
     from safetensors.torch import load_file, save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -221,6 +222,7 @@ def draft_copy(src: Path, out: Path, *, config: dict | None = None, copy: dict[s
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     sd = load_file(str(src / "model.safetensors"))
     sd.update({name: sd[source].clone() for name, source in (copy or {}).items()})
+    sd.update({name: sd[name].new_ones(sd[name].shape) for name in ones})
     sd = {k: v for k, v in sd.items() if not k.startswith(drop)}
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out

@@ -53,6 +53,8 @@ from specdiff.replay.model.weight_files import (
     canonical_name,
     expected_shapes,
     ignored_key,
+    later_input_norm_aliases,
+    later_input_norm_note,
     load_bin,
     unreadable,
     weight_files,
@@ -222,7 +224,12 @@ def load_draft(path: str | Path, *, dtype: torch.dtype = torch.float32,
     origin: dict[str, str] = {}
     unexpected: list[str] = []
     expected = expected_shapes(cfg)
+    aliases = later_input_norm_aliases(sd_file)
     for name, t in sd_file.items():
+        if name in aliases:
+            canon[aliases[name]], origin[aliases[name]] = t, name
+            notes.append(later_input_norm_note(name, aliases[name]))
+            continue
         if ignored_key(name):
             notes.append(f"ignored {name}")
             continue
@@ -236,7 +243,7 @@ def load_draft(path: str | Path, *, dtype: torch.dtype = torch.float32,
     missing = [k for k in expected if k not in canon and not (k == "lm_head.weight" and lm_from_target)]
     problems = []
     if missing:
-        problems.append("missing keys: " + ", ".join(missing) + _missing_hint(missing, sd_file))
+        problems.append("missing keys: " + ", ".join(missing))
     if unexpected:
         problems.append("unexpected keys: " + ", ".join(sorted(unexpected)))
     for c, t in canon.items():
@@ -289,19 +296,6 @@ def load_draft(path: str | Path, *, dtype: torch.dtype = torch.float32,
                        weight_fingerprints={n: tensor_fingerprint(t) for n, t in sd_file.items()})
 
 
-def _missing_hint(missing: list[str], file_keys) -> str:
-    """Why a later layer's ``hidden_norm`` may be missing: speculators 0.9.0 trains layers i >= 1 as
-    transformers LlamaDecoderLayers, whose input norm is ``input_layernorm``; SGLang 0.5.23 normalises
-    a later layer's input with ``hidden_norm`` (llama_eagle3.py:103-105) and, without that key, serves it as allocated."""
-    moved = [k for k in missing if k.startswith("layers.") and k.endswith(".hidden_norm.weight")
-             and k.replace("hidden_norm", "input_layernorm") in file_keys]
-    if not moved:
-        return ""
-    return (f" ({', '.join(k.replace('hidden_norm', 'input_layernorm') for k in moved)} is there: SGLang 0.5.23 "
-            "normalises layer i >= 1's input with hidden_norm (llama_eagle3.py:103-105), never input_layernorm; "
-            "rename it to hidden_norm if it is that layer's input norm)")
-
-
 def _check_d2t(d2t: torch.Tensor, vocab_size: int, notes: list[str]) -> None:
     r = read_d2t(d2t, vocab_size=vocab_size)
     if r.is_arange:
@@ -335,8 +329,8 @@ def save_draft(model: Eagle3Draft, directory: str | Path, format: str = "specfor
     """Write ``model`` as config.json + model.safetensors in ``format``.
 
     Args:
-        format: 'specforge' (SGLang-servable: ``midlayer.*``, ``layers.{i}.*`` for i >= 1 with the
-            unused ``input_layernorm`` SGLang allocates written as ones, ids in ``eagle_config`` in the SGLang
+        format: 'specforge' (SGLang-servable: ``midlayer.*``, ``layers.{i}.*`` for i >= 1 with the layer's
+            input norm as ``hidden_norm`` and ``input_layernorm`` both, see below, ids in ``eagle_config`` in the SGLang
             convention, no embedding unless ``include_embed``) or 'speculators' (``layers.0.*``,
             ``embed_tokens``, top-level ids in the vLLM convention, ``speculators_config``).
         verifier: target path/name for ``speculators_config.verifier.name_or_path``.
@@ -362,12 +356,12 @@ def save_draft(model: Eagle3Draft, directory: str | Path, format: str = "specfor
         if format == "speculators" and name.startswith("midlayer."):
             name = "layers.0." + name[len("midlayer."):]
         sd[name] = t.clone()
-    if format == "specforge":
-        # SGLang 0.5.23 builds an input_layernorm in every layer (llama.py LlamaDecoderLayer) that layers
-        # i >= 1 never call (llama_eagle3.py:103-105): written as ones (RMSNorm's init, layernorm.py:481), so the served draft has
-        # no parameter left as allocated (the load path's draft_unloaded stays empty); load_draft ignores it
-        for i in range(1, cfg.num_hidden_layers):
-            sd[f"layers.{i}.input_layernorm.weight"] = torch.ones_like(sd[f"layers.{i}.hidden_norm.weight"])
+    # A later layer's input norm under both names: SGLang 0.5.23 reads hidden_norm (llama_eagle3.py:103-105) and
+    # builds an input_layernorm it never calls; vLLM 0.32.0 (llama_eagle3.py:136-138) and speculators 0.9.0's
+    # plain decoder layer (models/eagle3/core.py:81-94) read input_layernorm. One file then serves both engines
+    # and leaves no parameter as allocated (draft_unloaded stays empty); load_draft reads hidden_norm
+    for i in range(1, cfg.num_hidden_layers):
+        sd[f"layers.{i}.input_layernorm.weight"] = sd[f"layers.{i}.hidden_norm.weight"].clone()
     ids = _ids_for(cfg, "sglang" if format == "specforge" else "speculators", target_num_layers)
     wdtype = str(dtype or model.fc.weight.dtype).replace("torch.", "")
     cfg.write(directory, format, aux_ids=ids, torch_dtype=wdtype, verifier=verifier)

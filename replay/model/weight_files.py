@@ -23,7 +23,7 @@ from specdiff.replay.model.draft_config import CheckpointError
 if TYPE_CHECKING:
     from specdiff.replay.model.draft_config import Eagle3DraftConfig
 
-__all__ = ["IGNORED_KEYS", "OPTIONAL_SHAPES", "canonical_name", "expected_shapes", "ignored_key", "layer_keys", "load_bin", "read_weight_headers",
+__all__ = ["IGNORED_KEYS", "OPTIONAL_SHAPES", "canonical_name", "expected_shapes", "ignored_key", "later_input_norm_aliases", "later_input_norm_note", "layer_keys", "load_bin", "read_weight_headers",
            "unreadable", "weight_files"]
 
 #: keys speculators writes or keeps that the draft forward does not use (engines skip them too)
@@ -132,6 +132,33 @@ def ignored_key(name: str) -> bool:
     ``layers.{i}.input_layernorm.weight`` of a layer i >= 1 (SGLang 0.5.23 llama_eagle3.py:103-105
     normalises a later layer's input with its ``hidden_norm``; the loaded input_layernorm is unused)."""
     return name in IGNORED_KEYS or name.endswith("rotary_emb.inv_freq") or bool(_LATER_INPUT_NORM.match(name))
+
+
+def later_input_norm_aliases(names) -> dict[str, str]:
+    """File key -> canonical ``layers.{i}.hidden_norm.weight`` for each later layer i >= 1 whose file names its
+    input norm ``input_layernorm`` only (no ``hidden_norm``): a speculators-format draft. speculators 0.9.0
+    builds a later layer as a plain decoder layer normalising its input with ``input_layernorm``
+    (models/eagle3/core.py:81-94) and vLLM 0.32.0 reads it there (llama_eagle3.py:136-138), the role
+    ``hidden_norm`` plays in SGLang 0.5.23 (llama_eagle3.py:103-105), which then serves the norm as built.
+
+    Args:
+        names: the checkpoint's tensor names (any iterable of str).
+    """
+    names = set(names)
+    out = {}
+    for name in names:
+        m = _LATER_INPUT_NORM.match(name)
+        if m and f"{m.group(1) or ''}layers.{m.group(2)}.hidden_norm.weight" not in names:
+            out[name] = f"layers.{m.group(2)}.hidden_norm.weight"
+    return out
+
+
+def later_input_norm_note(file_key: str, canon: str) -> str:
+    """The note a checkpoint's loading keeps for ``later_input_norm_aliases``' reading of ``file_key``."""
+    i = canon.split(".")[1]
+    return (f"{file_key} read as layer {i}'s input norm: the file has no layers.{i}.hidden_norm (speculators 0.9.0's "
+            "later layers normalise with input_layernorm, models/eagle3/core.py:81-94, as vLLM 0.32.0 reads it, "
+            f"llama_eagle3.py:136-138; SGLang 0.5.23 reads hidden_norm, llama_eagle3.py:103-105, and serves it as built)")
 
 
 def layer_keys(i: int, cfg: Eagle3DraftConfig) -> dict[str, tuple[int, ...]]:

@@ -5,17 +5,18 @@ training side recorded by the reference forward, and the same draft served with 
 vLLM builds ``num_hidden_layers`` draft layers (model_executor/models/llama_eagle3.py:198-208) and chains them
 as SGLang does but for one norm: a layer i >= 1 normalises its input with ``input_layernorm``
 (:131-138), SGLang 0.5.23 and the reference with ``hidden_norm`` (srt/models/llama_eagle3.py:97-105).
-draft2l is in SGLang's format: its ``layers.1.input_layernorm`` is the ones SGLang allocates and never reads
-(replay/model/checkpoint.py ``save_draft``), so vLLM served as is computes another layer 1 (measured: exit 1 at
-``draft.logits_topk.ids``, draft.hidden_out 0.042 of rel 0.05, 'no known cause'). The copy vLLM is given here
-therefore carries layer 1's trained ``hidden_norm`` in ``input_layernorm`` too, and the aux ids in vLLM's key
-and numbering (top-level ids [0, 3, 6], as test_vllm_recorder.py serves the one-layer draft). The recorder
+``save_draft`` writes a later layer's trained ``hidden_norm`` into its ``input_layernorm`` too (SGLang never
+reads that one), so draft2l serves on both engines as written; an SGLang-only file holds the ones SGLang
+allocates there, and vLLM then computes another layer 1 (measured: exit 1 at ``draft.logits_topk.ids``,
+draft.hidden_out 0.042 of rel 0.05, 'no known cause' before the contract read each side's norm). The copy vLLM
+is given here has the aux ids in vLLM's key and numbering (top-level ids [0, 3, 6], as test_vllm_recorder.py
+serves the one-layer draft). The recorder
 needs nothing for two layers: ``draft.hidden_out`` is the draft forward's pre-norm output after the last
 layer (:283-288), the window fact reads every layer.
 
 - served whole: diff exit 0 against ``record train --replay``, every depth recorded, vLLM's counters show
   real drafting; against a training side cut to layer 0 the diff stops at ``draft.hidden_out``;
-- draft2l as written for SGLang (the unused ones in ``layers.1.input_layernorm``): named by the contract's
+- draft2l as an SGLang-only exporter writes it (the unused ones in ``layers.1.input_layernorm``): named by the contract's
   ``draft_layer_input_norms`` (each side's later layers' input norm, read by that side's rule);
 - layer 1's ``layers.1.*`` removed, config still 2 layers: vLLM serves it. ``Eagle3LlamaForCausalLM.
   load_weights`` returns None (llama_eagle3.py:420-469), so ``DefaultModelLoader.load_weights`` skips its
@@ -64,19 +65,18 @@ LAYER1 = sorted(f"model.layers.1.{p}.weight" for p in (
     "post_attention_layernorm", "hidden_norm"))
 
 
-def _for_vllm(out: Path, *, drop: tuple[str, ...] = (), norms: bool = True) -> Path:
-    """draft2l as vLLM is given it (module doc), written to ``out``: the aux ids in vLLM's key and numbering,
-    each later layer's ``hidden_norm`` also as its ``input_layernorm`` (``norms``); then the ``drop`` prefixes
-    removed."""
+def _for_vllm(out: Path, *, drop: tuple[str, ...] = (), sglang_only: bool = False) -> Path:
+    """draft2l as vLLM is given it (module doc), written to ``out``: the aux ids in vLLM's key and numbering;
+    ``sglang_only``: each later layer's ``input_layernorm`` the ones SGLang builds and never reads; then the
+    ``drop`` prefixes removed."""
     from specdiff.demo.scenarios import scenario_ids
     from specdiff.eagle3.config_keys import set_config_value
 
     cfg = json.loads((DRAFT2L / "config.json").read_text())
     ids = scenario_ids(engine="vllm")
     set_config_value(cfg, ids.key, list(ids.correct))
-    copies = {f"layers.{i}.input_layernorm.weight": f"layers.{i}.hidden_norm.weight"
-             for i in range(1, cfg["num_hidden_layers"])} if norms else {}
-    return draft_copy(DRAFT2L, out, config=cfg, copy=copies, drop=drop)
+    ones = tuple(f"layers.{i}.input_layernorm.weight" for i in range(1, cfg["num_hidden_layers"])) if sglang_only else ()
+    return draft_copy(DRAFT2L, out, config=cfg, ones=ones, drop=drop)
 
 
 def _serve(draft: Path, tmp_path: Path, server_env, *args: str) -> tuple[Path, dict]:
@@ -96,7 +96,7 @@ def _serve(draft: Path, tmp_path: Path, server_env, *args: str) -> tuple[Path, d
 
 
 def test_the_vllm_lines_this_file_relies_on_hold_what_it_says():
-    """No engine: the installed wheel's lines behind ``_for_vllm``'s norm copy and the unloaded layer (module doc)."""
+    """No engine: the installed wheel's lines behind the later layers' input norm and the unloaded layer (module doc)."""
     def line(path, n):
         return (SITE / path).read_text().splitlines()[n - 1].strip()
 
@@ -168,11 +168,11 @@ def test_layer_1_weights_missing_on_vllm_diverge_at_hidden_out_naming_the_unload
 @pytest.mark.server
 @pytest.mark.slow
 def test_an_sglang_format_two_layer_draft_on_vllm_is_named_by_the_norm_its_later_layer_reads(tmp_path, server_env):
-    """draft2l as written for SGLang (``layers.1.input_layernorm`` the unused ones, the trained weight in
+    """draft2l as an SGLang-only exporter writes it (``layers.1.input_layernorm`` the unused ones, the trained weight in
     ``hidden_norm``) served by vLLM, which normalises layer 1 with ``input_layernorm`` (llama_eagle3.py:136-138):
     every weight file agrees tensor by tensor, yet layer 1 computes another function. The contract's
     ``draft_layer_input_norms`` (read off each side's live layers by its own rule) names it with the fix."""
-    served = _for_vllm(tmp_path / "draft-sglang-norms", norms=False)
+    served = _for_vllm(tmp_path / "draft-sglang-norms", sglang_only=True)
     serve, _ = _serve(served, tmp_path, server_env, "--enforce-eager")
     proc = train_and_diff(served, serve, tmp_path / "train.trace")
     report = json.loads(proc.stdout)

@@ -97,7 +97,7 @@ RULES: tuple[Rule, ...] = (
          lambda c: check_training(c.captures, c.training_hf, num_layers=c.target.num_layers,
                                   architecture=c.target.architecture)),
     Rule("weights", eagle3_draft, lambda c: check_weights(c.draft, c.target, engines=c.engines)),
-    Rule("later layer input norms", vllm_captured, lambda c: check_later_input_norms(c.draft)),
+    Rule("later layer input norms", eagle3_draft, lambda c: check_later_input_norms(c.draft, engines=c.engines)),
     Rule("vocab map", eagle3_draft,
          lambda c: check_vocab(c.draft.d2t, c.draft.t2d, draft_vocab_size=c.draft.config.draft_vocab_size,
                                vocab_size=c.target.vocab_size, eos_token_ids=c.target.eos_token_ids)),

@@ -9,7 +9,13 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from specdiff.replay.model.weight_files import OPTIONAL_SHAPES, canonical_name, expected_shapes, ignored_key
+from specdiff.replay.model.weight_files import (
+    OPTIONAL_SHAPES,
+    canonical_name,
+    expected_shapes,
+    ignored_key,
+    later_input_norm_aliases,
+)
 from specdiff.replay.preflight.engines import sglang_served_dtype
 from specdiff.replay.preflight.files import DraftInfo, TargetInfo
 from specdiff.replay.preflight.report import Finding
@@ -39,7 +45,11 @@ def _sort_keys(draft: DraftInfo, expected: dict) -> tuple[dict[str, str], list[s
     """The checkpoint's keys as (canonical name -> file name of the known ones, unexpected, ignored)."""
     canon: dict[str, str] = {}
     unexpected, ignored = [], []
+    aliases = later_input_norm_aliases(draft.tensors)
     for name in draft.tensors:
+        if name in aliases:  # a speculators-format later layer's input norm (replay/preflight/rules/layers.py)
+            canon[aliases[name]] = name
+            continue
         if ignored_key(name):
             ignored.append(name)
             continue

@@ -154,31 +154,38 @@ def test_a_missing_layer_1_weight_is_one_line_naming_the_key(tmp_path):
     assert "\n" not in msg and "missing keys: layers.1.mlp.up_proj.weight" in msg
 
 
-def test_speculators_input_layernorm_in_a_later_layer_is_refused_with_sglangs_reason(tmp_path):
-    """speculators 0.9.0 trains layer 1 as a transformers LlamaDecoderLayer (input norm
-    ``input_layernorm``); SGLang 0.5.23 normalises layer 1's input with ``hidden_norm``
-    (llama_eagle3.py:103-105) and, without that key, serves it as allocated."""
-    save_draft(_random(_cfg(num_hidden_layers=2)), tmp_path, "speculators")
+def test_a_speculators_format_later_layer_is_read_by_its_input_layernorm(tmp_path):
+    """speculators 0.9.0 trains layer 1 as a plain decoder layer (input norm ``input_layernorm``,
+    models/eagle3/core.py:81-94), as vLLM 0.32.0 reads it (llama_eagle3.py:136-138): a file with no
+    ``layers.1.hidden_norm`` loads with that tensor as layer 1's input norm, says so, and computes what the
+    model that wrote it computes."""
+    model = _random(_cfg(num_hidden_layers=2))
+    with torch.no_grad():
+        model.layers["1"].hidden_norm.weight.uniform_(0.5, 1.5)  # a trained norm, not RMSNorm's ones
+    save_draft(model, tmp_path, "speculators")
     f = tmp_path / "model.safetensors"
     sd = load_file(str(f))
-    sd["layers.1.input_layernorm.weight"] = sd.pop("layers.1.hidden_norm.weight")
+    assert torch.equal(sd["layers.1.input_layernorm.weight"], sd["layers.1.hidden_norm.weight"])  # both names
+    del sd["layers.1.hidden_norm.weight"]
     save_file(sd, str(f))
-    with pytest.raises(CheckpointError) as e:
-        load_draft(tmp_path)
-    msg = str(e.value)
-    assert "\n" not in msg and "missing keys: layers.1.hidden_norm.weight" in msg
-    assert "layers.1.input_layernorm.weight is there" in msg and "llama_eagle3.py:103-105" in msg
+    loaded = load_draft(tmp_path)
+    assert any(n.startswith("layers.1.input_layernorm.weight read as layer 1's input norm") for n in loaded.notes)
+    aux, ids = torch.randn(1, 5, 72), torch.randint(0, 40, (1, 5))
+    torch.testing.assert_close(loaded.model.ttt_forward(aux, ids, 2).logits[1], model.ttt_forward(aux, ids, 2).logits[1])
 
 
-def test_an_unused_later_input_layernorm_is_written_for_sglang_and_ignored_on_load(tmp_path):
-    """SGLang's later layers own an input_layernorm their forward never calls: the specforge export
-    writes it (ones) so SGLang leaves no parameter as allocated; any value there loads, with a note,
-    and changes nothing."""
+def test_a_later_input_layernorm_is_written_as_its_hidden_norm_and_ignored_on_load(tmp_path):
+    """SGLang's later layers own an input_layernorm their forward never calls and vLLM reads: the specforge
+    export writes the layer's hidden_norm there too, so one file serves both engines; where the two differ
+    load_draft reads hidden_norm (SGLang's rule) and notes the other, which changes nothing."""
     model = _random(_cfg(num_hidden_layers=2))
+    with torch.no_grad():
+        model.layers["1"].hidden_norm.weight.uniform_(0.5, 1.5)
     save_draft(model, tmp_path, "specforge", include_embed=True)
     f = tmp_path / "model.safetensors"
-    assert torch.equal(load_file(str(f))["layers.1.input_layernorm.weight"], torch.ones(32))
-    save_file({**load_file(str(f)), "layers.1.input_layernorm.weight": torch.full((32,), 7.0)}, str(f))
+    sd = load_file(str(f))
+    assert torch.equal(sd["layers.1.input_layernorm.weight"], model.layers["1"].hidden_norm.weight)
+    save_file({**sd, "layers.1.input_layernorm.weight": torch.full((32,), 7.0)}, str(f))
     loaded = load_draft(tmp_path)
     assert "ignored layers.1.input_layernorm.weight" in loaded.notes
     aux, ids = torch.randn(1, 5, 72), torch.randint(0, 40, (1, 5))
@@ -241,3 +248,23 @@ def test_check_warns_for_vllm_where_a_later_layers_input_layernorm_is_not_its_hi
     assert "weights.later_input_norm" not in run_cli(*args, "sglang").output
     save_file({**sd, "layers.1.input_layernorm.weight": sd["layers.1.hidden_norm.weight"].clone()}, str(f))
     assert "weights.later_input_norm" not in run_cli(*args, "vllm").output
+
+
+def test_check_names_a_speculators_format_later_layer_for_sglang_only(pair, run_cli):
+    """The other way round: the trained norm in ``layers.1.input_layernorm`` only (speculators' format), which
+    vLLM reads and SGLang never does (it keeps the hidden_norm it built): an SGLang error with the copy as fix,
+    nothing for vLLM, and no 'missing key'."""
+    target, draft = pair
+    f = draft / "model.safetensors"
+    sd = load_file(str(f))
+    sd["layers.1.input_layernorm.weight"] = sd.pop("layers.1.hidden_norm.weight") * 1.5
+    save_file(sd, str(f))
+    args = ("check", "--target", target, "--draft", draft, "--training-layers", "0,4,7", "--engine")
+    r = run_cli(*args, "sglang")
+    assert r.exit_code == 1, r.output
+    out = " ".join(r.output.split())  # the table wraps its evidence
+    assert "weights.later_input_norm layer 1: SGLang normalises its input with layers.1.hidden_norm" in out, out
+    assert "fix: write layers.1.input_layernorm.weight's values into layers.1.hidden_norm.weight" in out
+    assert "is missing" not in r.output
+    r = run_cli(*args, "vllm")
+    assert "weights.later_input_norm" not in r.output and "is missing" not in r.output, r.output
