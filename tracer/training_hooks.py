@@ -31,6 +31,11 @@ role           default module           canonical tensor
                                         ``rotary_emb`` take values and add the TTT step
                                         inside, so name a module whose first input *is* the
                                         rope positions
+``layer_out.{i}`` ``layers.{i+1}.hidden_norm`` first input a depth -> ``draft.layer_out.{i}`` (decoder
+               (``input_layernorm``     layer i's output, i < N-1, of an N-layer draft: the next
+               where the layer has no   layer's input norm reads it whole; SGLang's layers.{i+1}
+               hidden_norm: speculators) hidden_norm, speculators' plain decoder layer's
+                                        input_layernorm, models/eagle3/core.py:81-94)
 ``norm``       ``norm``                 input -> ``draft.hidden_out`` (pre-norm)
 ``lm_head``    ``lm_head``              output -> logits (top-k + logsumexp, or full), ``draft.topk``,
                                         ``draft.topk_target`` (through the model's ``d2t``);
@@ -48,6 +53,7 @@ at depth 0 (fc tensors), t + 1 + k < length at depth k (DESIGN.md "Position pair
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -58,12 +64,14 @@ from specdiff.eagle3.vocab_map import hot_token_ids
 from specdiff.tracer.contract import sha256_array
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.rows import AcceptChain, RowLayout, draft_outputs
-from specdiff.tracer.schema import aux_name
+from specdiff.tracer.schema import aux_name, layer_out_name
 
 __all__ = ["HookError", "Recorder", "attach_recorder", "ADAPTERS", "resolve_name_map"]
 
 ROLES = ("fc", "input_norm", "embed", "hidden_norm", "attn", "rope", "norm", "lm_head")
 _REQUIRED = ("fc", "embed", "hidden_norm", "attn", "norm", "lm_head")
+#: a name map's role for decoder layer i's output (``draft.layer_out.{i}``), besides ``ROLES``
+_LAYER_ROLE = re.compile(r"^layer_out\.(\d+)$")
 _LEVELS = {"topk": "default", "full": "full", "none": "none"}  # logits= -> tracer.rows level
 
 
@@ -71,17 +79,30 @@ class HookError(SpecdiffError):
     """A model the recorder cannot attach to (one line naming the missing modules)."""
 
 
-def _layer_map(prefix: str, layer: str) -> dict[str, str]:
+def _layer_map(model: nn.Module, prefix: str, layer: str) -> dict[str, str]:
     return {"fc": f"{prefix}fc", "input_norm": f"{prefix}input_norm", "embed": f"{prefix}embed_tokens",
             "hidden_norm": f"{prefix}{layer}.hidden_norm", "attn": f"{prefix}{layer}.self_attn.q_proj",
-            "norm": f"{prefix}norm", "lm_head": f"{prefix}lm_head"}
+            "norm": f"{prefix}norm", "lm_head": f"{prefix}lm_head", **_later_layers(model, prefix)}
+
+
+def _later_layers(model: nn.Module, prefix: str) -> dict[str, str]:
+    """``layer_out.{i}`` -> the input norm of decoder layer i+1 (module doc), for each later layer found."""
+    names = dict(model.named_modules())
+    out, i = {}, 0
+    while True:
+        p = f"{prefix}layers.{i + 1}"
+        norm = next((n for n in (f"{p}.hidden_norm", f"{p}.input_layernorm") if n in names), None)
+        if norm is None:
+            return out
+        out[f"layer_out.{i}"] = norm
+        i += 1
 
 
 #: adapter name -> callable(model) -> name map (role -> module path)
 ADAPTERS = {
-    "reference": lambda m: {**_layer_map("", "midlayer"), "rope": "midlayer.self_attn.rotary_emb"},
-    "specforge": lambda m: _layer_map(_prefix(m), "midlayer"),
-    "speculators": lambda m: _layer_map(_prefix(m), "layers.0"),
+    "reference": lambda m: {**_layer_map(m, "", "midlayer"), "rope": "midlayer.self_attn.rotary_emb"},
+    "specforge": lambda m: _layer_map(m, _prefix(m), "midlayer"),
+    "speculators": lambda m: _layer_map(m, _prefix(m), "layers.0"),
 }
 
 
@@ -104,9 +125,9 @@ def resolve_name_map(model: nn.Module, adapter="auto") -> tuple[str, dict[str, s
     """
     names = dict(model.named_modules())
     if isinstance(adapter, Mapping):
-        unknown = sorted(set(adapter) - set(ROLES))
+        unknown = sorted(r for r in adapter if r not in ROLES and not _LAYER_ROLE.match(r))
         if unknown:
-            raise HookError(f"name map roles {unknown} are unknown; roles: {', '.join(ROLES)}")
+            raise HookError(f"name map roles {unknown} are unknown; roles: {', '.join(ROLES)}, layer_out.{{i}}")
         base = resolve_name_map(model, "auto")[1] if not all(r in adapter for r in _REQUIRED) else {}
         return "name_map", {**base, **dict(adapter)}
     if adapter == "auto":
@@ -114,7 +135,7 @@ def resolve_name_map(model: nn.Module, adapter="auto") -> tuple[str, dict[str, s
         layer = "midlayer" if f"{p}midlayer" in names else "layers.0"
         kind = "speculators" if layer == "layers.0" else ("specforge" if p or type(model).__name__ != "Eagle3Draft"
                                                          else "reference")
-        return kind, (ADAPTERS["reference"](model) if kind == "reference" else _layer_map(p, layer))
+        return kind, (ADAPTERS["reference"](model) if kind == "reference" else _layer_map(model, p, layer))
     if adapter not in ADAPTERS:
         raise HookError(f"unknown adapter {adapter!r}; use auto, {', '.join(ADAPTERS)} or a name map")
     return adapter, ADAPTERS[adapter](model)
@@ -154,7 +175,8 @@ class Recorder:
         self.records = 0
         self.max_depth = -1
         names = dict(model.named_modules())
-        missing = [f"{r} ({p})" for r, p in self.name_map.items() if r in _REQUIRED and p not in names]
+        missing = [f"{r} ({p})" for r, p in self.name_map.items()
+                   if (r in _REQUIRED or _LAYER_ROLE.match(r)) and p not in names]
         if missing:
             raise HookError(f"{type(model).__name__}: modules not found for {', '.join(missing)}; "
                             "pass adapter= a name map role -> module path")
@@ -204,6 +226,10 @@ class Recorder:
         if "rope" in m:
             reg(m["rope"].register_forward_pre_hook(self._rope_pre))
         reg(m["norm"].register_forward_pre_hook(self._norm_pre))
+        for role in m:
+            if _LAYER_ROLE.match(role):
+                name = layer_out_name(int(_LAYER_ROLE.match(role).group(1)))
+                reg(m[role].register_forward_pre_hook(lambda _m, a, name=name: self._layer_out(name, a[0])))
         reg(m["lm_head"].register_forward_hook(self._lm_out))
 
     # ---- public -----------------------------------------------------------------------------
@@ -327,6 +353,11 @@ class Recorder:
             self._record("draft.positions", args[0].to(torch.int64), 0, self._depth)
 
     @torch.no_grad()
+    def _layer_out(self, name: str, x: torch.Tensor) -> None:
+        if self._once(name):
+            self._record(name, x, 1, self._depth)
+
+    @torch.no_grad()
     def _norm_pre(self, module, args):
         if self._once("hidden_out"):
             self._record("draft.hidden_out", args[0], 1, self._depth)
@@ -361,7 +392,8 @@ def attach_recorder(model: nn.Module, writer, *, adapter="auto", topk: int = 1, 
             ``Eagle3DraftModel``, specdiff's ``Eagle3Draft``, or any module with a name map.
         writer: an open ``TraceWriter`` (side ``"train"``).
         adapter: ``"auto"``, ``"specforge"``, ``"speculators"``, ``"reference"`` or a mapping
-            role -> module path (roles: fc, input_norm, embed, hidden_norm, attn, norm, lm_head).
+            role -> module path (roles: fc, input_norm, embed, hidden_norm, attn, norm, lm_head, and
+            ``layer_out.{i}``: the module whose first input a depth is decoder layer i's output).
         topk: width of ``draft.topk``; logits: ``"topk"`` (top ``logits_topk`` + logsumexp),
             ``"full"`` or ``"none"``; num_aux: K aux slots (default: the model config's, else 3).
 

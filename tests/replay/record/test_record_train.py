@@ -395,6 +395,8 @@ def test_hooks_record_the_reference_tensors(tmp_path, kind):
     exp = _expected(ref, aux, ids, lengths, steps, seq_ids)
     names = ["tokens", "draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.attn_in",
              "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target"]
+    if layers == 2:  # layer 0's output, read at layer 1's hidden_norm
+        names.append("draft.layer_out.0")
     if kind == "reference":  # only the reference map names a rope module fed the positions
         names.append("draft.positions")
     else:

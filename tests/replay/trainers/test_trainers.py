@@ -407,3 +407,35 @@ def test_a_specforge_exported_draft_is_the_draft_it_was_exported_from(repo_model
     draft = load_trainer_draft("specforge", target_dir=repo_models / "target", loaded=exported, dtype=torch.float32,
                                device="cpu")
     assert draft.trainer == "specforge"
+
+
+def test_attach_recorder_on_speculators_own_two_layer_model_records_each_layers_output(fp32_side_2l, repo_models,
+                                                                                        tmp_path):
+    """A user's own loop (``attach_recorder``, README "Record from your own training loop") on speculators'
+    real two-layer ``Eagle3DraftModel`` running its own packed forward: the auto adapter reads layer 0's output
+    at layer 1's input norm (``input_layernorm``, speculators' plain decoder layer) and writes it as
+    ``draft.layer_out.0``, row for row the reference's within fp32 summation noise; ``draft.hidden_out`` is the
+    last layer's."""
+    _need("speculators")
+    from specdiff.tracer.store import TraceWriter
+    from specdiff.tracer.training_hooks import attach_recorder
+
+    side, ids, lengths, cap = fp32_side_2l
+    draft = load_trainer_draft("speculators", target_dir=repo_models / "target", loaded=side.loaded,
+                               dtype=torch.float32, device="cpu", aux_hf_indices=side.aux.hf_indices)
+    w = TraceWriter(str(tmp_path / "hooks.trace"), side="train")
+    rec = attach_recorder(draft.model, w, logits="none")
+    assert rec.adapter == "speculators" and rec.name_map["layer_out.0"] == "layers.1.input_layernorm"
+    rec.batch(list(range(len(lengths))), lengths, packed=True)
+    draft.ttt_forward(cap.aux_cat, ids, STEPS, lengths=lengths)  # speculators' forward on the packed batch
+    rec.detach()
+    w.close()
+    with torch.no_grad():
+        ref = side.loaded.model.ttt_forward(cap.aux_cat, ids, STEPS, lengths=lengths)
+    tr = open_trace(str(tmp_path / "hooks.trace"))
+    for name, want in (("draft.layer_out.0", [lo[0] for lo in ref.layer_out]), ("draft.hidden_out", ref.hidden_out)):
+        k, got = tr.keys(name), torch.as_tensor(tr.read(name, as_float32=True))
+        assert sorted(set(k["depth"].tolist())) == list(range(STEPS)), name
+        exp = torch.stack([want[d][s, p] for s, p, d in zip(k["seq"], k["pos"], k["depth"], strict=True)])
+        assert len(k["seq"]) == sum(int(v.sum()) for v in ref.valid), name  # every defined row, no other
+        assert _scaled_err(got, exp) < FP32_REL, name
