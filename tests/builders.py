@@ -236,6 +236,27 @@ def first_layer_only(draft: Path, out: Path) -> Path:
     return draft_copy(draft, out, config={**cfg, "num_hidden_layers": 1}, drop=later)
 
 
+def serve_demo_prompts(draft: Path, tmp_path: Path, *extra_args: str, prompts: int = 2,
+                       max_new_tokens: int = 16) -> tuple[Path, list]:
+    """Serve ``draft`` with the demo target on a traced SGLang CPU server (``extra_args``: more server options),
+    the first ``prompts`` demo prompts one after the other; the trace ``tmp_path/serve.trace`` and each
+    request's ``spec_accept_length`` (None where SGLang gave none). Its log: ``tmp_path/server.log``."""
+    import os
+
+    from specdiff.demo.run import REPO_MODELS, demo_prompts
+    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
+
+    serve = tmp_path / "serve.trace"
+    accepted = []
+    with ServerProcess(REPO_MODELS / "target", draft_model_path=draft, spec=SpecSettings(),
+                       env=dict(os.environ, SPECDIFF_TRACE=str(serve)), extra_args=list(extra_args),
+                       log_path=tmp_path / "server.log") as server:
+        for ids in demo_prompts(REPO_MODELS, prompts):
+            out = server.generate(input_ids=ids, max_new_tokens=max_new_tokens)
+            accepted.append(out.get("meta_info", {}).get("spec_accept_length"))
+    return serve, accepted
+
+
 def train_and_diff(draft: Path, serve: Path, train: Path, *extra) -> subprocess.CompletedProcess:
     """``specdiff record train --target traces/models/target --draft DRAFT --replay SERVE -o TRAIN EXTRA``
     (asserted to succeed), then ``specdiff diff TRAIN SERVE --format json --no-narrow``: the diff's process."""

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 
 import pytest
-from builders import draft_copy, first_layer_only, train_and_diff
+from builders import draft_copy, first_layer_only, serve_demo_prompts, train_and_diff
 
-from specdiff.demo.run import REPO_MODELS, demo_prompts
-from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
+from specdiff.demo.run import REPO_MODELS
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -32,14 +30,7 @@ if not (DRAFT2L / "config.json").exists():
 
 def test_a_two_layer_draft_served_by_sglang_matches_its_training_forward(tmp_path):
     assert json.loads((DRAFT2L / "config.json").read_text())["num_hidden_layers"] == 2
-    serve = tmp_path / "serve.trace"
-    env = dict(os.environ, SPECDIFF_TRACE=str(serve))
-    accepted = []
-    with ServerProcess(REPO_MODELS / "target", draft_model_path=DRAFT2L, spec=SpecSettings(), env=env,
-                       log_path=tmp_path / "server.log") as server:
-        for ids in demo_prompts(REPO_MODELS, 2):
-            out = server.generate(input_ids=ids, max_new_tokens=16)
-            accepted.append(out.get("meta_info", {}).get("spec_accept_length"))
+    serve, accepted = serve_demo_prompts(DRAFT2L, tmp_path)
     proc = train_and_diff(DRAFT2L, serve, tmp_path / "train.trace")
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     report = json.loads(proc.stdout)

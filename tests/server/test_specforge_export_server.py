@@ -12,39 +12,24 @@ directory they built from. One server start.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from specdiff.demo.run import REPO_MODELS, demo_prompts
-from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
+from specdiff.demo.run import REPO_MODELS
 from specdiff.tracer.store import open_trace
 
 pytest.importorskip("specforge", reason="SpecForge 0.2.0 is installed by `make install` (--no-deps)")
 
-from builders import specforge_exported_draft  # noqa: E402
+from builders import serve_demo_prompts, specforge_exported_draft, train_and_diff  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
 def test_a_specforge_exported_draft_served_by_sglang_matches_specforge_training(tmp_path):
     exported = specforge_exported_draft(REPO_MODELS / "draft", tmp_path / "exported")
-    serve, train = tmp_path / "serve.trace", tmp_path / "train.trace"
-    env = dict(os.environ, SPECDIFF_TRACE=str(serve))
-    accepted = []
-    with ServerProcess(REPO_MODELS / "target", draft_model_path=exported, spec=SpecSettings(), env=env,
-                       log_path=tmp_path / "server.log") as server:
-        for ids in demo_prompts(REPO_MODELS, 2):
-            out = server.generate(input_ids=ids, max_new_tokens=16)
-            accepted.append(out.get("meta_info", {}).get("spec_accept_length"))
-    cli = [sys.executable, "-m", "specdiff.tui"]
-    rec = subprocess.run([*cli, "record", "train", "--target", REPO_MODELS / "target", "--draft", exported,
-                          "--replay", serve, "-o", train, "--trainer", "specforge"], capture_output=True, text=True)
-    assert rec.returncode == 0, rec.stderr[-2000:]
-    proc = subprocess.run([*cli, "diff", train, serve, "--format", "json", "--no-narrow"], capture_output=True,
-                          text=True)
+    serve, accepted = serve_demo_prompts(exported, tmp_path)
+    train = tmp_path / "train.trace"
+    proc = train_and_diff(exported, serve, train, "--trainer", "specforge")
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert json.loads(proc.stdout)["first_divergence"] is None
     t, s = open_trace(str(train)).contract, open_trace(str(serve)).contract

@@ -14,47 +14,31 @@ srt/models/llama_eagle3.py:286-299) on prompts longer than the window.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+from builders import serve_demo_prompts, train_and_diff
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.demo.verify_fix import served_options, training_options
-from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
 from specdiff.tracer.store import open_trace
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
+DRAFT = REPO_MODELS / "draft"
 W = 8  # >= the 4 draft tokens SGLang requires (srt/arg_groups/speculative_hook.py:427-433)
 
 
-def _train_and_diff(serve, train, *extra) -> subprocess.CompletedProcess:
-    cli = [sys.executable, "-m", "specdiff.tui"]
-    rec = subprocess.run([*cli, "record", "train", "--target", REPO_MODELS / "target", "--draft", REPO_MODELS / "draft",
-                          "--replay", serve, "-o", train, *extra], capture_output=True, text=True)
-    assert rec.returncode == 0, rec.stderr[-2000:]
-    return subprocess.run([*cli, "diff", train, serve, "--format", "json", "--no-narrow"], capture_output=True,
-                          text=True)
-
-
 def test_a_windowed_draft_served_by_sglang_matches_the_reference_with_its_window_and_not_without(tmp_path):
-    serve = tmp_path / "serve.trace"
-    env = dict(os.environ, SPECDIFF_TRACE=str(serve))
-    prompts = demo_prompts(REPO_MODELS, 2)
-    assert min(len(p) for p in prompts) > 2 * W  # the window hides keys of most rows
-    with ServerProcess(REPO_MODELS / "target", draft_model_path=REPO_MODELS / "draft", spec=SpecSettings(), env=env,
-                       extra_args=["--speculative-draft-window-size", str(W)],
-                       log_path=tmp_path / "server.log") as server:
-        for ids in prompts:
-            server.generate(input_ids=ids, max_new_tokens=16)
+    assert min(len(p) for p in demo_prompts(REPO_MODELS, 2)) > 2 * W  # the window hides keys of most rows
+    serve, _ = serve_demo_prompts(DRAFT, tmp_path, "--speculative-draft-window-size", str(W))
     contract = open_trace(str(serve)).contract
     assert contract["draft_attention_window"] == [{"window": W, "distance": "kv"}]
     # what `fix --verify` serves the fixed draft with: the window again, none of the CPU recipe's flags
     assert served_options(contract) == ["--speculative-draft-window-size", str(W)]
 
-    proc = _train_and_diff(serve, tmp_path / "train.trace", "--draft-window", str(W))
+    proc = train_and_diff(DRAFT, serve, tmp_path / "train.trace", "--draft-window", str(W))
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     report = json.loads(proc.stdout)
     assert report["first_divergence"] is None, report["first_divergence"]
@@ -62,7 +46,7 @@ def test_a_windowed_draft_served_by_sglang_matches_the_reference_with_its_window
     fields = {m["field"] for m in report["contract_mismatches"]}
     assert not {"draft_attention_window", "engine_options.speculative_draft_window_size"} & fields, fields
 
-    proc = _train_and_diff(serve, tmp_path / "full.trace")
+    proc = train_and_diff(DRAFT, serve, tmp_path / "full.trace")
     assert proc.returncode == 1, (proc.stdout[-3000:], proc.stderr[-3000:])
     report = json.loads(proc.stdout)
     assert report["first_divergence"]["tensor"] == "draft.hidden_out", report["first_divergence"]
