@@ -362,3 +362,19 @@ def test_every_declared_family_rule_is_the_set_eagle3_layers_to_capture_the_inst
     rule = capture_rule(inner.__new__(inner), wrapper.__new__(wrapper), ["KimiK25ForConditionalGeneration.language_model"])
     assert rule == ("sglang srt/models/deepseek_v2.py:3458 DeepseekV2ForCausalLM.set_eagle3_layers_to_capture "
                     "via KimiK25ForConditionalGeneration.language_model")
+
+
+def test_a_cuda_graph_hides_each_later_layers_output_the_taps_record():
+    """A multi-layer draft's ``draft.layer_out.{i}`` hooks sit on later layers a draft CUDA graph replays
+    without Python hooks, as it does the midlayer's: listed as hidden with the same reason."""
+    from specdiff.tracer.engines.sglang.draft_stages import DraftStageTaps, graph_hidden
+
+    draft = torch.nn.Module()
+    draft.model = torch.nn.Module()
+    draft.model.layers = torch.nn.ModuleList([torch.nn.Identity() for _ in range(3)])
+    taps = DraftStageTaps(snap=lambda t: t, capturing=lambda: False, on_error=lambda *_: None)
+    taps.attach(draft)
+    assert taps.layer_outs == ("draft.layer_out.0", "draft.layer_out.1")
+    hidden = graph_hidden(draft_decode_graph=True, draft_extend_graph=False, layer_outs=taps.layer_outs)
+    assert hidden["draft.layer_out.1"] == hidden["draft.hidden_out"] and "CUDA graph" in hidden["draft.layer_out.0"]
+    assert "draft.layer_out.0" not in graph_hidden(draft_decode_graph=True, draft_extend_graph=False)

@@ -215,11 +215,13 @@ PREFILL_LAST_ONLY = ("draft.logits", "draft.logits_topk.values", "draft.logits_t
                      "draft.topk", "draft.topk_target")
 
 
-def unrecorded_stages(dw, adapter: SGLangAdapter, missing: dict, *, with_graphs: bool = True) -> dict:
+def unrecorded_stages(dw, adapter: SGLangAdapter, missing: dict, *, with_graphs: bool = True,
+                      layer_outs=()) -> dict:
     """Tensor -> why the recorder cannot observe (some of) its rows: a midlayer module SGLang's
     draft lacks (``missing``, from ``DraftStageTaps.attach``), a CUDA graph replay, and the logits
     a prefill draft extend prunes to each request's last row (capture LAST).
 
+    ``layer_outs``: the later layers' ``draft.layer_out.{i}`` the hooks record (a graph hides them too).
     ``with_graphs=False`` at start-up: the draft's graph runners exist only after
     ``_capture_cuda_graphs`` (``Recorder.refresh`` adds them), and reading them earlier would
     report them as missing SGLang names."""
@@ -228,7 +230,8 @@ def unrecorded_stages(dw, adapter: SGLangAdapter, missing: dict, *, with_graphs:
         graph = read_chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner")
         graph_extend = read_chain(adapter, dw, "EagleDraftWorker.cuda_graph_runner_for_draft_extend")
         for name, why in graph_hidden(draft_decode_graph=graph not in (None, MISSING),
-                                      draft_extend_graph=graph_extend not in (None, MISSING)).items():
+                                      draft_extend_graph=graph_extend not in (None, MISSING),
+                                      layer_outs=layer_outs).items():
             out[name] = f"{out[name]}; {why}" if name in out else why
     why = ("a prefill draft extend keeps logits only for each request's last prompt row (SGLang "
            "eagle_worker_v2.py _draft_extend_for_prefill, capture LAST): earlier prompt positions "

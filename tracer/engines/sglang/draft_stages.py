@@ -82,6 +82,8 @@ class DraftStageTaps:
         self._sink: dict | None = None
         self._hooked: set[int] = set()
         self.unrecorded: dict[str, str] = {}
+        #: ``draft.layer_out.{i}`` of each hooked later layer (a CUDA graph replay hides them as it hides STAGES)
+        self.layer_outs: tuple[str, ...] = ()
 
     def attach(self, model) -> dict[str, str]:
         """Register the hooks on ``model`` (idempotent). Returns tensor -> reason for every stage
@@ -100,6 +102,7 @@ class DraftStageTaps:
         layers = _module(model, "model.layers")
         for i, later in enumerate(list(layers)[1:] if isinstance(layers, torch.nn.ModuleList) else ()):
             later.register_forward_pre_hook(lambda _m, a, kw, i=i: self._later_pre(i, a, kw), with_kwargs=True)
+            self.layer_outs += (layer_out_name(i),)
         if attn is not None:
             attn.register_forward_pre_hook(self._attn_pre, with_kwargs=True)
         if norm is not None:
@@ -176,15 +179,16 @@ class DraftStageTaps:
         return None
 
 
-def graph_hidden(*, draft_decode_graph: bool, draft_extend_graph: bool) -> dict[str, str]:
-    """Tensor -> reason for the stages a captured CUDA graph hides from these hooks."""
+def graph_hidden(*, draft_decode_graph: bool, draft_extend_graph: bool, layer_outs=()) -> dict[str, str]:
+    """Tensor -> reason for the stages a captured CUDA graph hides from these hooks (``STAGES`` and the
+    ``layer_outs`` a multi-layer draft's hooks record, ``DraftStageTaps.layer_outs``)."""
     out: dict[str, str] = {}
     if draft_decode_graph:
-        for name in STAGES:
+        for name in (*STAGES, *layer_outs):
             out[name] = ("depth >= 1: the draft steps replay a CUDA graph (no Python hooks run); "
                          "record with SPECDIFF_EAGER_DRAFT=1")
     if draft_extend_graph:
-        for name in STAGES:
+        for name in (*STAGES, *layer_outs):
             reason = ("decode draft extend (depth 0 after verify) replays a CUDA graph; record with "
                       "SPECDIFF_EAGER_DRAFT=1")
             out[name] = f"{out[name]}; {reason}" if name in out else reason

@@ -242,10 +242,13 @@ class Recorder(ServingRecorder):
         """Facts SGLang settles only at the end of start-up (after ``_capture_cuda_graphs``): the
         aux capture (layers_to_capture) and the stages CUDA graphs hide; written before any request."""
         facts = aux_capture_facts(self.adapter, draft_worker)
-        facts["unrecorded_stages"] = unrecorded_stages(draft_worker, self.adapter, self.stage_taps.unrecorded)
+        taps = self.stage_taps
+        facts["unrecorded_stages"] = unrecorded_stages(draft_worker, self.adapter, taps.unrecorded,
+                                                       layer_outs=taps.layer_outs)
         hidden = graph_hidden_stages(draft_worker, self.adapter)
         if known(facts, "unrecorded_stages") and hidden != UNKNOWN:  # the midlayer taps a graph hides too
-            graphs = graph_hidden(draft_decode_graph="tokens" in hidden, draft_extend_graph="draft.fc_out" in hidden)
+            graphs = graph_hidden(draft_decode_graph="tokens" in hidden, draft_extend_graph="draft.fc_out" in hidden,
+                                  layer_outs=taps.layer_outs)
             hidden = sorted(set(hidden) | set(graphs))
         facts["graph_hidden_stages"] = hidden
         self.num_aux = len(known(facts, "aux_hf_indices") or []) or None
