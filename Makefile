@@ -13,7 +13,9 @@ VLLM_STAMP := $(VLLM_VENV)/.specdiff-installed
 # The tests run two pytest-xdist workers on two cores, each starting CPU servers and torch forwards: with
 # OpenMP's default wait policy an idle thread spins for the next parallel region and takes the core the other
 # worker's threads wait for (measured: two demo runs side by side 312 s spinning, 120 s passive; one alone
-# 107 s). PASSIVE changes how threads wait, not how many run or what they compute.
+# 107 s). PASSIVE changes how threads wait, not how many run or what they compute. Only where two workers
+# share the cores: the serial tests run alone, and one of them times a trace writer against its server (with
+# PASSIVE the server outran the writer's first request through a 1 MiB ring: test_recorder_sampling.py).
 TEST_ENV := OMP_WAIT_POLICY=PASSIVE
 
 .PHONY: install demo test test-fast test-families test-seeds lint bench vllm-venv
@@ -63,19 +65,19 @@ test-fast: $(STAMP)
 test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m ruff check .
 	$(TEST_ENV) $(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not serial" $(ARGS) || [ $$? -eq 5 ]
-	$(TEST_ENV) $(PY) -m pytest -m serial $(ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -m serial $(ARGS) || [ $$? -eq 5 ]
 
 # the trained target + draft pairs of every family (3-13 min each to build on 2 cores, cached in
 # .pytest_cache afterwards); `make test` uses the committed DeepSeek-V3 pair (traces/families/deepseek_v3,
 # the seed's family) and builds none (`pytest --family-pairs` builds DeepSeek-V3's afresh too)
 test-families: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest --family-pairs -m family_pair $(ARGS)
+	$(PY) -m pytest --family-pairs -m family_pair $(ARGS)
 
 # the correct family pairs again on other random targets, drafts and prompts (issue 33: a correct pair
 # must stay clean beyond the fixture it was tuned on); not in `make test` (about 5 min per family and seed)
 SEEDS ?= 1 2
 test-seeds: $(STAMP)
-	for s in $(SEEDS); do $(TEST_ENV) $(PY) -m pytest -m server --family-seed $$s --prompt-set b -s \
+	for s in $(SEEDS); do $(PY) -m pytest -m server --family-seed $$s --prompt-set b -s \
 		tests/tracer/engines/test_family_servers.py -k "test_correct_pair_has_no_divergence" $(ARGS) || exit 1; done
 
 lint: $(STAMP)

@@ -52,8 +52,10 @@ os.environ.update(SERVER_START)
 
 # Two workers on two cores: an OpenMP thread that spins while it waits takes the core the other worker's
 # server needs (two demo runs side by side: 312 s spinning, 120 s passive). The Makefile sets it for the
-# workers themselves; this keeps it for a plain `pytest` run's servers and subprocesses.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# workers themselves; this keeps it for a plain `pytest -n 2` run's servers and subprocesses. Not in a run of
+# one process: there nothing competes, and the serial test_recorder_sampling.py times a writer against its server.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_collection_finish(session):
