@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from specdiff.demo.data import load_prompt_lens, load_sequences
 from specdiff.demo.scenarios import CORRECT_SGLANG_IDS, SEED_WRONG_IDS, TRAINED_HF
 from specdiff.demo_models.recipe import TARGET_DIMS
+from specdiff.eagle3.attention_window import KV
 from specdiff.eagle3.aux_layers import default_hf_indices, resolve_aux_ids
 from specdiff.eagle3.norms import NORMS_OFF
 from specdiff.replay.model.checkpoint import save_draft
@@ -132,11 +133,14 @@ def target_to_draft_ids(t2d: torch.Tensor) -> torch.Tensor:
 # ---- model ----------------------------------------------------------------------------------
 def make_draft(target, hot: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
                seed: int = SEED, *, serve_ids=SERVE_IDS, dims: dict = DRAFT_DIMS,
-               num_layers: int = 1) -> Eagle3Draft:
+               num_layers: int = 1, window: int | None = None) -> Eagle3Draft:
     """A fresh fp32 draft: shared, frozen target embedding; lm_head = target lm_head[hot].
 
     ``dims``: the draft's Llama dims (``DRAFT_DIMS`` keys); ``num_layers``: its decoder layers
     (``num_hidden_layers``, chained as SGLang does, ``replay.model.draft_model``).
+
+    ``window``: every layer attends within SGLang's draft window ``W`` (``--speculative-draft-window-size W``,
+    its ``kv`` rule, eagle3/attention_window.py), None: full attention.
 
     ``serve_ids``: the SGLang ``eagle_aux_hidden_state_layer_ids`` written into its config, one
     per aux slot (they must capture the training layers on the target's family: the rule is the
@@ -148,7 +152,8 @@ def make_draft(target, hot: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
         rms_norm_eps=tcfg.rms_norm_eps, rope_theta=_rope_theta(tcfg), rope_scaling=None, **NORMS_OFF,
         max_position_embeddings=tcfg.max_position_embeddings, num_aux=len(serve_ids),
         target_hidden_size=tcfg.hidden_size, eagle_aux_hidden_state_layer_ids=list(serve_ids),
-        aux_convention="sglang")
+        aux_convention="sglang", **({} if window is None else
+                                    {"attention_windows": (window,) * num_layers, "window_distance": KV}))
     torch.manual_seed(seed)
     draft = Eagle3Draft(cfg)
     draft.set_target_embedding(target_embedding(target).float())
@@ -308,7 +313,7 @@ def evaluate(draft: Eagle3Draft, feats: Features, prompt_lens: list[int] | None 
 def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Path, *,
                 steps: int = DRAFT_STEPS, batch: int = BATCH, train_hf_indices=TRAIN_HF_INDICES,
                 serve_ids=SERVE_IDS, heldout_layers: dict | None = None, dims: dict = DRAFT_DIMS,
-                num_layers: int = 1, log=print) -> dict:
+                num_layers: int = 1, window: int | None = None, log=print) -> dict:
     """Train an EAGLE-3 draft from ``target_dir`` + ``data_dir`` and save it to ``out_dir``.
 
     Any family of target works: the draft is trained on HF ``hidden_states`` indices
@@ -316,7 +321,9 @@ def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Pat
     indices under the target family's rule). ``heldout_layers`` names the HF index lists to
     evaluate on the held-out sequences; by default (the Llama demo) the training layers, the
     seed's wrong layers (SGLang ids [2, 5, 6] -> HF [3, 6, 7]) and SGLang's default capture.
-    ``dims`` / ``num_layers``: the draft's shape (``make_draft``; the demo draft2l is 2 layers).
+    ``dims`` / ``num_layers``: the draft's shape (``make_draft``; the demo draft2l is 2 layers). ``window``:
+    trained within SGLang's draft window W (``make_draft``); SGLang 0.5.23 takes it from its server option alone
+    (srt/models/llama_eagle3.py:286-299), so the config is saved without it and the stats say how to serve.
 
     Returns:
         stats dict (vocab coverage, training, held-out evaluations).
@@ -331,9 +338,12 @@ def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Pat
     all_labels = torch.cat([a[1:] for a in feats.argmax])
     coverage = float(t2d[all_labels].float().mean())
     log(f"draft: vocab {len(hot)} ids cover {coverage:.4%} of the target's argmax labels")
-    draft = make_draft(target, hot, d2t, t2d, serve_ids=serve_ids, dims=dims, num_layers=num_layers)
+    draft = make_draft(target, hot, d2t, t2d, serve_ids=serve_ids, dims=dims, num_layers=num_layers, window=window)
     stats = train(draft, feats, steps=steps, batch=batch, log=log)
+    trained = draft.config
+    draft.config = replace(trained, attention_windows=None)  # the window is a server option (docstring)
     save_draft(draft, out_dir, "specforge", dtype=torch.bfloat16)
+    draft.config = trained
 
     held = load_sequences(data_dir, "heldout")
     plens = load_prompt_lens(data_dir, "heldout")
@@ -351,6 +361,8 @@ def build_draft(target_dir: str | Path, data_dir: str | Path, out_dir: str | Pat
             "train_hf_indices": list(train_hf_indices), "serve_ids_sglang": list(serve_ids),
             **({"seed_wrong_ids_sglang": SEED_WRONG_IDS} if demo_layers else {}), "ttt_steps": TTT_STEPS,
             "dims": dims, "num_hidden_layers": num_layers, "seed": SEED, **stats, "heldout": evals,
+            **({} if window is None else {"draft_window": {"window": window, "distance": KV, "serve": [
+                "--speculative-draft-window-size", str(window)], "record_train": ["--draft-window", str(window)]}}),
             "total_seconds": round(time.time() - t0, 1)}
 
 
@@ -358,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m specdiff.demo_models.train_draft --target DIR --data DIR --out DIR``.
 
     ``--layers N --intermediate-size I`` train an N-layer draft (the shipped ``draft2l``: 2 and 512,
-    under 5 MB in bf16); ``--stats FILE`` writes what ``build_draft`` returns as JSON.
+    under 5 MB in bf16); ``--window W`` one within SGLang's draft window (the shipped ``draftw``: 8);
+    ``--stats FILE`` writes what ``build_draft`` returns as JSON.
     """
     import argparse
     import json
@@ -370,13 +383,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=DRAFT_STEPS)
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--intermediate-size", type=int, default=DRAFT_DIMS["intermediate_size"])
+    ap.add_argument("--window", type=int, help="train within SGLang's draft window W (serve it with "
+                    "--speculative-draft-window-size W; record train --draft-window W)")
     ap.add_argument("--stats")
     args = ap.parse_args(argv)
     dims = {**DRAFT_DIMS, "intermediate_size": args.intermediate_size}
     # a non-default shape is evaluated on its training layers only (the seed-bug layers are the 1-layer demo's)
-    held = None if args.layers == 1 and dims == DRAFT_DIMS else {"train_layers": TRAIN_HF_INDICES}
+    held = None if args.layers == 1 and dims == DRAFT_DIMS and args.window is None else {
+        "train_layers": TRAIN_HF_INDICES}
     stats = build_draft(args.target, args.data, args.out, steps=args.steps, dims=dims, num_layers=args.layers,
-                        heldout_layers=held)
+                        heldout_layers=held, window=args.window)
     if args.stats:
         Path(args.stats).write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
     return 0

@@ -425,6 +425,8 @@ class Eagle3DraftConfig:
             dims["rope_is_neox_style"] = False
         dims["rope_scaling"] = self.rope_scaling
         if self.attention_windows is not None:  # speculators' keys (attention_window.config_windows)
+            if self.window_distance != PREFIX:  # the keys would read back as another window at depth >= 1
+                self._fail("window_distance", "is 'kv'", "serve SGLang's window with --speculative-draft-window-size")
             sizes = {w for w in self.attention_windows if w is not None}
             if len(sizes) != 1:
                 self._fail("attention_windows", f"{self.attention_windows} has several sizes", "give every "

@@ -90,6 +90,15 @@ def test_the_windows_round_trip_through_both_config_formats_and_a_bad_one_names_
     assert e.value.field == "layer_types" and "sliding_window is 0" in str(e.value)
 
 
+def test_sglangs_kv_window_is_not_written_as_speculators_keys(repo_models):
+    """A config holds speculators' prefix rule only: SGLang's kv window written there would read back as another
+    window at depth >= 1 (eagle3/attention_window.py), so writing it is refused, naming the server option."""
+    cfg = dataclasses.replace(load_draft(repo_models / "draft").config, attention_windows=(8,), window_distance=KV)
+    with pytest.raises(DraftConfigError) as e:
+        cfg.to_json("specforge", aux_ids=None, torch_dtype="bfloat16")
+    assert e.value.field == "window_distance" and "--speculative-draft-window-size" in str(e.value)
+
+
 def _windowed_copy(tmp_path, repo_models):
     """The shipped draft with its one layer marked sliding, window 9 (speculators' keys: W = 8)."""
     windowed = tmp_path / "windowed"
