@@ -14,7 +14,8 @@ serves the one-layer draft). The recorder
 needs nothing for two layers: ``draft.hidden_out`` is the draft forward's pre-norm output after the last
 layer (:283-288), the window fact reads every layer.
 
-- served whole: diff exit 0 against ``record train --replay``, every depth recorded, vLLM's counters show
+- served whole: diff exit 0 against ``record train --replay`` (the reference, and ``--trainer speculators``),
+  every depth recorded, vLLM's counters show
   real drafting; against a training side cut to layer 0 the diff stops at ``draft.hidden_out``;
 - draft2l as an SGLang-only exporter writes it (the unused ones in ``layers.1.input_layernorm``): named by the contract's
   ``draft_layer_input_norms`` (each side's later layers' input norm, read by that side's rule);
@@ -131,6 +132,10 @@ def test_a_two_layer_draft_served_by_vllm_matches_its_training_forward(tmp_path,
     assert report["first_divergence"] is None
     assert not report["tensors"]["draft.hidden_out"]["diverged"] and report["tensors"]["draft.hidden_out"]["rows"]
     assert [m for m in report["contract_mismatches"] if m["severity"] != "info"] == [], report["contract_mismatches"]
+    # the training side as speculators computes it (its own Eagle3DraftModel forward, replay/trainers): the same
+    proc = train_and_diff(served, serve, tmp_path / "train-speculators.trace", "--trainer", "speculators")
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert json.loads(proc.stdout)["first_divergence"] is None
 
     # the same serving trace against a training side without layer 1: the diff sees vLLM's second layer
     proc = train_and_diff(first_layer_only(DRAFT2L, tmp_path / "draft1l"), serve, tmp_path / "train1.trace")
