@@ -53,7 +53,6 @@ at depth 0 (fc tensors), t + 1 + k < length at depth k (DESIGN.md "Position pair
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -64,14 +63,18 @@ from specdiff.eagle3.vocab_map import hot_token_ids
 from specdiff.tracer.contract import sha256_array
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.rows import AcceptChain, RowLayout, draft_outputs
-from specdiff.tracer.schema import aux_name, layer_out_name
+from specdiff.tracer.schema import aux_name, layer_out_index
 
 __all__ = ["HookError", "Recorder", "attach_recorder", "ADAPTERS", "resolve_name_map"]
 
 ROLES = ("fc", "input_norm", "embed", "hidden_norm", "attn", "rope", "norm", "lm_head")
 _REQUIRED = ("fc", "embed", "hidden_norm", "attn", "norm", "lm_head")
-#: a name map's role for decoder layer i's output (``draft.layer_out.{i}``), besides ``ROLES``
-_LAYER_ROLE = re.compile(r"^layer_out\.(\d+)$")
+
+
+def _layer_role(role: str) -> int | None:
+    """The decoder layer of a name map's ``layer_out.{i}`` role (``draft.layer_out.{i}``), else None."""
+    return layer_out_index(f"draft.{role}")
+
 _LEVELS = {"topk": "default", "full": "full", "none": "none"}  # logits= -> tracer.rows level
 
 
@@ -125,7 +128,7 @@ def resolve_name_map(model: nn.Module, adapter="auto") -> tuple[str, dict[str, s
     """
     names = dict(model.named_modules())
     if isinstance(adapter, Mapping):
-        unknown = sorted(r for r in adapter if r not in ROLES and not _LAYER_ROLE.match(r))
+        unknown = sorted(r for r in adapter if r not in ROLES and _layer_role(r) is None)
         if unknown:
             raise HookError(f"name map roles {unknown} are unknown; roles: {', '.join(ROLES)}, layer_out.{{i}}")
         base = resolve_name_map(model, "auto")[1] if not all(r in adapter for r in _REQUIRED) else {}
@@ -176,7 +179,7 @@ class Recorder:
         self.max_depth = -1
         names = dict(model.named_modules())
         missing = [f"{r} ({p})" for r, p in self.name_map.items()
-                   if (r in _REQUIRED or _LAYER_ROLE.match(r)) and p not in names]
+                   if (r in _REQUIRED or _layer_role(r) is not None) and p not in names]
         if missing:
             raise HookError(f"{type(model).__name__}: modules not found for {', '.join(missing)}; "
                             "pass adapter= a name map role -> module path")
@@ -227,8 +230,8 @@ class Recorder:
             reg(m["rope"].register_forward_pre_hook(self._rope_pre))
         reg(m["norm"].register_forward_pre_hook(self._norm_pre))
         for role in m:
-            if _LAYER_ROLE.match(role):
-                name = layer_out_name(int(_LAYER_ROLE.match(role).group(1)))
+            if _layer_role(role) is not None:
+                name = f"draft.{role}"
                 reg(m[role].register_forward_pre_hook(lambda _m, a, name=name: self._layer_out(name, a[0])))
         reg(m["lm_head"].register_forward_hook(self._lm_out))
 

@@ -37,8 +37,8 @@ def check_later_input_norms(draft: DraftInfo, *, engines=("sglang", "vllm")) -> 
     pairs = {i: (f"layers.{i}.hidden_norm.weight", f"layers.{i}.input_layernorm.weight") for i in range(1, n)}
     out = []
     if "sglang" in engines:
-        for given in sorted(later_input_norm_aliases(draft.tensors)):
-            i = given.split("layers.")[1].split(".")[0]
+        for given, canon in sorted(later_input_norm_aliases(draft.tensors).items()):
+            i = canon.split(".")[1]  # layers.{i}.hidden_norm.weight
             out.append(Finding(
                 "weights.later_input_norm", "error", "sglang",
                 f"layer {i}: SGLang normalises its input with layers.{i}.hidden_norm (llama_eagle3.py:103-105), "

@@ -464,4 +464,8 @@ def test_hooks_refuse_a_model_without_the_modules(tmp_path):
         attach_recorder(nn.Sequential(nn.Linear(2, 2)), w)
     with pytest.raises(HookError, match="unknown"):
         attach_recorder(_random_draft(), w, adapter={"bogus": "x"})
+    # a layer output role naming a module the model lacks: one line naming the role and the path
+    with pytest.raises(HookError, match=r"modules not found for layer_out\.0 \(layers\.9\.hidden_norm\)") as e:
+        attach_recorder(_random_draft(num_hidden_layers=2), w, adapter={"layer_out.0": "layers.9.hidden_norm"})
+    assert "\n" not in str(e.value)
     w.close()
