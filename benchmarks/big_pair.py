@@ -1,7 +1,7 @@
 """A synthetic production-size trace pair: time to first divergence and the full diff vs a plain read.
 
 Generates, chunk by chunk (never more than one sequence of rows in memory), a training/serving
-pair of bf16 aux hidden states with H=4096 and three slots (8 KiB a slot-row) as the recorders
+pair of bf16 aux hidden states with H=4096 (``--hidden``: Kimi-K2's 7168) and three slots (8 KiB a slot-row at 4096) as the recorders
 write them, ``--gib`` GiB of raw rows per side (the issue-14 target is 20 GiB; default 2 so it
 fits a small machine's disk: check ``df -h`` first; on-disk size is ~0.8x raw):
 
@@ -37,20 +37,21 @@ H, K, SEQ_LEN = 4096, 3, 512
 ROW_BYTES = K * H * 2  # one position: three bf16 slots
 
 
-def build(root: str, *, gib: float, kind: str) -> tuple[str, str]:
-    """Write the pair under ``root``; memory: one sequence of rows per side at a time."""
+def build(root: str, *, gib: float, kind: str, hidden: int = H) -> tuple[str, str]:
+    """Write the pair under ``root`` with aux rows ``hidden`` wide; memory: one sequence of rows per
+    side at a time."""
     import torch
 
     from specdiff.tracer.schema import aux_name
     from specdiff.tracer.store import TraceWriter
 
-    positions = max(int(gib * (1 << 30)) // ROW_BYTES, SEQ_LEN)
+    positions = max(int(gib * (1 << 30)) // (K * hidden * 2), SEQ_LEN)
     n_seqs = -(-positions // SEQ_LEN)
     rng = np.random.default_rng(0)
-    base = rng.standard_normal((K + 1, SEQ_LEN, H), dtype=np.float32)  # layers, rolled per sequence
-    noise = 1 + 1e-3 * rng.standard_normal((1, H), dtype=np.float32)
+    base = rng.standard_normal((K + 1, SEQ_LEN, hidden), dtype=np.float32)  # layers, rolled per sequence
+    noise = 1 + 1e-3 * rng.standard_normal((1, hidden), dtype=np.float32)
     paths = (os.path.join(root, "train.trace"), os.path.join(root, "serve.trace"))
-    contract = {"num_layers": 8, "hidden_size": H, "dtype": "bfloat16", "spec_steps": 3}
+    contract = {"num_layers": 8, "hidden_size": hidden, "dtype": "bfloat16", "spec_steps": 3}
     hf = ([0, 3, 6], [3, 6, 7] if kind == "seed" else [0, 3, 6])
     writers = [TraceWriter(p, side=side, contract={**contract, "aux_hf_indices": ids}, overwrite=True)
                for p, side, ids in zip(paths, ("train", "serve"), hf)]
@@ -94,6 +95,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gib", type=float, default=2.0, help="raw GiB of aux rows per trace (issue 14: 20)")
     ap.add_argument("--kind", choices=["seed", "equal"], default="seed")
+    ap.add_argument("--hidden", type=int, default=H, help="aux row width (Llama-3-8B 4096, Kimi-K2 7168)")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where to write the pair")
     ap.add_argument("--keep", action="store_true", help="keep the traces (printed path)")
     ap.add_argument("--pair", default=None, metavar="DIR",
@@ -114,8 +116,8 @@ def main() -> None:
             print(f"the pair in {work}: {sum(_du(p) for p in paths) / (1 << 30):.2f} GiB on disk")
         else:
             t0 = time.perf_counter()
-            paths = build(work, gib=args.gib, kind=args.kind)
-            print(f"built a {args.kind} pair of 2 x {args.gib:g} GiB raw bf16 aux rows (H={H}, {K} slots) in "
+            paths = build(work, gib=args.gib, kind=args.kind, hidden=args.hidden)
+            print(f"built a {args.kind} pair of 2 x {args.gib:g} GiB raw bf16 aux rows (H={args.hidden}, {K} slots) in "
                   f"{time.perf_counter() - t0:.0f} s: {sum(_du(p) for p in paths) / (1 << 30):.2f} GiB on disk")
         read = _child("read", paths)
         diff = _child("diff", paths)

@@ -89,15 +89,25 @@ MODES = {"off": {}, "twin": {}, "default": {"SPECDIFF_CAPTURE": "default"}, "ful
 GOALS = {"default": 0.9, "full": 0.5, "sample10": 0.97}  # issue 24, CPU server
 
 
-def process_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) so far of the server ``pid`` and every process under it, by
-    role: ``scheduler`` (SGLang's scheduler: the serving thread and torch's), ``writer`` (specdiff's
+def process_cpu(srv) -> dict[str, float]:
+    """CPU seconds (user + system) so far of server ``srv``'s process, every process under it and
+    its trace's writer process (out of the server's tree: tracer/engines/writer/alive.py), by role:
+    ``scheduler`` (SGLang's scheduler: the serving thread and torch's), ``writer`` (specdiff's
     writer process), ``other`` (HTTP server, tokenizer, detokenizer)."""
     import psutil  # comes with distributed (a specdiff dependency)
 
+    from specdiff.tracer.engines.writer.alive import writer_pids
+
     out = {"scheduler": 0.0, "writer": 0.0, "other": 0.0}
-    root = psutil.Process(pid)
-    for p in [root, *root.children(recursive=True)]:
+    root = psutil.Process(srv.pid)
+    trace = (srv.env or {}).get("SPECDIFF_TRACE")
+    writers = []
+    for pid in writer_pids(trace) if trace else []:
+        try:
+            writers.append(psutil.Process(pid))
+        except psutil.Error:  # exited meanwhile
+            pass
+    for p in [root, *root.children(recursive=True), *writers]:
         try:
             t = p.cpu_times()
             role = ("writer" if "specdiff.tracer.engines.writer.child" in " ".join(p.cmdline())
@@ -113,10 +123,10 @@ def settle_writers(servers: dict, timeout_s: float = 60.0) -> None:
     journals its progress once a second), so the rounds measure steady recording, not a trace's
     one-off set-up (the warm-up's rows, creating its arrays); says so when it gives up."""
     t_end = time.monotonic() + timeout_s
-    last = tuple(process_cpu(srv.pid)["writer"] for srv in servers.values())
+    last = tuple(process_cpu(srv)["writer"] for srv in servers.values())
     while time.monotonic() < t_end:
         time.sleep(1.0)
-        now = tuple(process_cpu(srv.pid)["writer"] for srv in servers.values())
+        now = tuple(process_cpu(srv)["writer"] for srv in servers.values())
         if all(b - a < 0.02 for a, b in zip(last, now, strict=True)):
             return
         last = now
@@ -158,7 +168,7 @@ def run_sglang(target, draft, args, workdir: Path) -> dict:
             # trace creates its arrays now, not inside the measured rounds
             srv.generate("x = 1\n", max_new_tokens=8, custom_params={MARK_KEY: True})
         settle_writers(servers)
-        cpu0 = {m: process_cpu(srv.pid) for m, srv in servers.items()}
+        cpu0 = {m: process_cpu(srv) for m, srv in servers.items()}
         batches = list(range(0, len(prompts), args.batch))
         for r in range(args.rounds):
             # rids unique per round: the 10 % sample is a different tenth each round
@@ -180,7 +190,7 @@ def run_sglang(target, draft, args, workdir: Path) -> dict:
                 accept[m].append(toks[m] / max(verify[m], 1))
                 tokens[m] += toks[m]
         settle_writers(servers)  # the rounds' rows written: their CPU is counted
-        cpu1 = {m: process_cpu(srv.pid) for m, srv in servers.items()}
+        cpu1 = {m: process_cpu(srv) for m, srv in servers.items()}
     finally:
         for srv in servers.values():
             srv.stop()

@@ -19,7 +19,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -159,13 +160,31 @@ def serve_and_trace(*, models: Path, served_draft: Path, trace: Path, prompts: l
                               spec=launch.SpecSettings(**(spec or {})), extra_args=list(extra_args),
                               env=env, log_path=log_path) as server:
         click.echo(f"    SGLang up (pid {server.pid}, {server.startup_s:.0f} s); log {log_path}")
-        with click.progressbar(prompts, label="    prompts", file=sys.stderr) as bar:
+        with prompt_progress(prompts) as bar:
             for ids in bar:
                 out = server.generate(input_ids=ids, max_new_tokens=max_new_tokens)
                 results.append({"output_ids": out["output_ids"], "meta_info": out["meta_info"]})
     if not wait_closed(trace):
         click.echo(f"    the trace writer did not close {trace} within {CLOSE_TIMEOUT_S:.0f} s: read as far as written")
     return results
+
+
+@contextmanager
+def prompt_progress(prompts: list[list[int]]) -> Iterator[Iterable[list[int]]]:
+    """``prompts`` to iterate while they are served, their progress on stderr: a bar on a terminal, else
+    one line per prompt served (``    prompt 3/8 served``; click's bar without a terminal prints its label
+    alone, a bare ``prompts`` line)."""
+    if sys.stderr.isatty():
+        with click.progressbar(prompts, label="    prompts", file=sys.stderr) as bar:
+            yield bar
+        return
+
+    def lines() -> Iterator[list[int]]:
+        for i, ids in enumerate(prompts, 1):
+            yield ids
+            click.echo(f"    prompt {i}/{len(prompts)} served", err=True)
+
+    yield lines()
 
 
 #: how long the trace writer may take to close a trace once its server stopped
@@ -218,7 +237,7 @@ def serve_and_trace_vllm(*, models: Path, served_draft: Path, trace: Path, promp
                                     num_speculative_tokens=num_speculative_tokens) as server:
         click.echo(f"    vLLM up (pid {server.pid}, {server.startup_s:.0f} s); log {log_path}")
         before = launcher.spec_decode_stats(server.metrics())
-        with click.progressbar(prompts, label="    prompts", file=sys.stderr) as bar:
+        with prompt_progress(prompts) as bar:
             for ids in bar:
                 try:
                     server.generate(input_ids=ids, max_new_tokens=max_new_tokens)

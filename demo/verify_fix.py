@@ -71,12 +71,12 @@ REEXPRESSED = {"aux_slot_permutation"}
 
 def served_options(contract: dict) -> list[str]:
     """The SGLang flags the operator gave the recorded server that change what it computes (the options
-    replay/diff/facts.py has a row for, read from the contract's ``engine_options_given``), so the fixed
+    replay/diff/contract/facts.py has a row for, read from the contract's ``engine_options_given``), so the fixed
     draft is served as the broken one was: ``["--speculative-draft-window-size", "8"]``. A true flag is
     given bare, a false one left out (SGLang's store_true flags), a dict or list as JSON."""
     import json
 
-    from specdiff.replay.diff.facts import fact_row
+    from specdiff.replay.diff.contract.facts import fact_row
     from specdiff.tracer.contract import known
 
     out: list[str] = []
@@ -116,17 +116,17 @@ def _fmt(x: float | None) -> str:
 
 def estimate(report, cause: str) -> tuple[float | None, str]:
     """(accept length, words): what ``diff --graft`` predicts serving accepts with ``cause`` fixed, the
-    substitution of the input the fix changes (replay/fix/plan.py ``GRAFT_INPUT``); (None, why) when
+    substitution of the input the fix changes (its replay/diff/causes.py row's ``graft_input``); (None, why) when
     the graft cannot run (no draft checkpoint here, nothing to replay) or no input stands for the cause."""
+    from specdiff.replay.diff.causes import cause_row
     from specdiff.replay.diff.rerun.graft import graft
-    from specdiff.replay.fix.plan import GRAFT_INPUT
     from specdiff.tracer.errors import SpecdiffError
 
-    name = GRAFT_INPUT.get(cause)
-    if name is None:
+    name = cause_row(cause).graft_input
+    if not name:
         return None, f"no graft input stands for {cause}"
     try:
-        found = next((g for g in graft(report) if g.name == name), None)
+        found = next((g for g in graft(report.inputs) if g.name == name), None)
     except SpecdiffError as e:  # GraftError, a checkpoint not found here
         return None, f"the graft could not run: {e}"
     if found is None:
@@ -204,6 +204,8 @@ def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None, opt
     if compared < len(prompts):  # a pair that lost requests proves nothing about them
         return Verdict(False, f"fix not verified: only {compared} of the {len(prompts)} served sequences were "
                               f"recorded on both sides (see {workdir / 'server.log'})", b, a, t, est, None, None, paths)
+    if not after.diverged and not after.conclusive:  # cut off, damaged or nothing compared: no proof either way
+        return Verdict(False, f"fix not verified: {after.verdict()}", b, a, t, est, None, None, paths)
     if not after.diverged:
         return Verdict(True, f"fix verified: no divergence; {accept}", b, a, t, est, None, None, paths)
     first = after.first.name if after.first is not None else "the crash"

@@ -36,6 +36,16 @@ class EngineSpec:
         serve_args_hint: what ``record serve --engine <name> -- ...`` needs at least (its error says it).
         checkpoint_formats: the draft checkpoint layouts it has a model class for ('specforge',
             'speculators'; ``replay.model.draft_config.detect_format`` names them).
+        fc_width_site: where its draft sizes the fc input by the configured aux ids (a crash on a
+            dropped aux id cites it); empty where not read.
+        models_owner: the ``owned_by`` its OpenAI ``/v1/models`` answers with, by which ``record client`` tells
+            the engine behind a URL; empty: the engine answered otherwise (the default engine then).
+        completions_api: ``record client`` sends plain prompts through the OpenAI ``/v1/completions`` (its
+            replies carry no acceptance) instead of the engine's native ``/generate`` (``meta_info``).
+        acceptance_counters: the engine counts acceptance only in its Prometheus counters, so a request's
+            acceptance is the counters' change while it runs alone.
+        fix_options: the server options ``specdiff fix`` may write for it (replay/fix/plan.py
+            ``OPTION_PLANNERS``): a cause whose fix is another option has no mechanical fix on it.
     """
 
     name: str
@@ -50,6 +60,11 @@ class EngineSpec:
     aux_id_words: str = ""
     serve_args_hint: str = ""
     checkpoint_formats: tuple[str, ...] = ("specforge",)
+    fc_width_site: str = ""
+    fix_options: tuple[str, ...] = ()
+    models_owner: str = ""
+    completions_api: bool = False
+    acceptance_counters: bool = False
 
     @property
     def label(self) -> str:
@@ -75,6 +90,9 @@ SGLANG = EngineSpec(
     serve_args_hint="at least --model-path and --speculative-draft-model-path",
     # only LlamaForCausalLMEagle3 (srt/models/llama_eagle3.py): no model class for the speculators layout
     checkpoint_formats=("specforge",),
+    fc_width_site="srt/models/llama_eagle3.py:156-161 num_aux_hidden_states = len(ids)",
+    # the draft window (llama_eagle3.py:286-299), the algorithm, the dtype: server_args.py
+    fix_options=("--speculative-draft-window-size", "--speculative-algorithm", "--dtype"),
 )
 
 VLLM = EngineSpec(
@@ -90,12 +108,18 @@ VLLM = EngineSpec(
     serve_args_hint="the target model first and --speculative-config",
     # Eagle3LlamaForCausalLM, and the speculators layout through speculators/algos.py (eagle3 -> the same class)
     checkpoint_formats=("specforge", "speculators"),
+    # entrypoints/openai/models: owned_by 'vllm'; no /generate; acceptance in v1/spec_decode/metrics.py's counters
+    models_owner="vllm", completions_api=True, acceptance_counters=True,
 )
 
 #: name -> spec of every engine specdiff records, sorted by name
 REGISTRY: dict[str, EngineSpec] = {s.name: s for s in sorted((SGLANG, VLLM), key=lambda s: s.name)}
 #: the engines' names, sorted (the ``--engine`` choices, the engines ``aux_layers.engine_capture`` models)
 ENGINES: tuple[str, ...] = tuple(REGISTRY)
+
+
+#: the engine a server that names no known owner is taken for (SGLang answers /v1/models without one of ours)
+DEFAULT_SERVER = SGLANG
 
 
 def engine_spec(name: str) -> EngineSpec:

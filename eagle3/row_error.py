@@ -1,6 +1,6 @@
 """The per-row relative error every comparison of two row sets uses: ``||x - y|| / max(||x||, ||y||)``.
 
-One definition for the diff (replay/diff/compare/metrics.py ``relative_error``, and its streamed form
+One definition for the diff (replay/diff/measure/metrics.py ``relative_error``, and its streamed form
 in compare/blocks.py) and for ``record train``'s noise floor (replay/record/noise_floor.py), which
 measures the same quantity between its own bf16 and float32 runs: a floor in another metric would
 not bound what the diff measures.

@@ -268,3 +268,40 @@ def train_and_diff(draft: Path, serve: Path, train: Path, *extra) -> subprocess.
     assert rec.returncode == 0, rec.stderr[-2000:]
     return subprocess.run([*cli, "diff", train, serve, "--format", "json", "--no-narrow"], capture_output=True,
                           text=True)
+
+
+def write_stored_features(out: Path, fmt: str, tokens: list, slots: list, last: list, *, gz: bool = False) -> Path:
+    """A trainer's stored features in its own file format, in ``out`` (returned), one sample per sequence.
+
+    ``tokens[i]`` int [T]; ``slots[i]`` [T, K, H] the aux hidden states in the files' concat order; ``last[i]``
+    [T, H] the last hidden state the format stores (SpecForge: after the final norm, speculators: vLLM id L,
+    before it). SpecForge (``fmt`` ``"specforge"``): SpecForge 0.2.0's own writer, ``LocalFeatureStore`` with a
+    dump dir (runtime/data_plane/feature_store.py:398-402: ``torch.save`` of the tensors to
+    ``{sample_id}.ckpt``), the dict ``scripts/prepare_hidden_states.py`` persists ({input_ids [T], loss_mask [T],
+    hidden_state [1, T, H], aux_hidden_state [1, T, K*H]}); ``gz``: its compressed form instead,
+    ``torch.save`` into ``gzip.open`` (prepare_hidden_states.py:474-478), ``data_{i}.ckpt.gz``. speculators:
+    ``hs_{i}.safetensors`` as vLLM 0.32.0's extract_hidden_states connector writes it
+    (example_hidden_states_connector.py:415-418, ``save_file``): {hidden_states [T, K+1, H], token_ids [T]}.
+    """
+    import gzip
+
+    import torch
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for i, (ids, aux, lh) in enumerate(zip(tokens, slots, last, strict=True)):
+        ids = torch.as_tensor(np.asarray(ids), dtype=torch.int64)
+        if fmt == "speculators":
+            save_file({"hidden_states": torch.cat([aux, lh[:, None]], 1).contiguous(), "token_ids": ids},
+                      str(out / f"hs_{i}.safetensors"))
+            continue
+        record = {"input_ids": ids, "loss_mask": torch.ones(len(ids), dtype=torch.long),
+                  "hidden_state": lh[None].contiguous(), "aux_hidden_state": aux.flatten(1)[None].contiguous()}
+        if gz:
+            with gzip.open(out / f"data_{i}.ckpt.gz", "wb") as fh:
+                torch.save(record, fh)
+        else:
+            from specforge.runtime.data_plane.feature_store import LocalFeatureStore
+
+            LocalFeatureStore(dump_dir=str(out)).put(record, sample_id=f"data_{i}", metadata={})
+    return out

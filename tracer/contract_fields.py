@@ -25,6 +25,13 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "trainer_variants": ((dict,), "training side: fact -> value where the trainer computes what the reference's "
                                   "default does not (e.g. rope_position_offset 1); {} when it agrees"),
     "specforge_contract": ((dict,), "training side: what SpecForge recorded of the run, as read (checkpoint provenance, capture contract), and each disagreement with this recording (replay/record/specforge_contract.py)"),
+    "features": ((dict,), "training side recorded from a trainer's stored features (record train --features): "
+                          "format, directory, reader, dtype, the capture layers and where they came from, the "
+                          "target tensors read (replay/record/record_features.py)"),
+    "engine_target": ((dict,), "training side whose target ran in a serving engine (record train --target-backend "
+                               "sglang): the engine, device, dtype and server arguments as given, the engine's capture "
+                               "ids, the HF indices they capture and where they came from, the slot order "
+                               "(replay/record/engine_target.py)"),
     "trainer_config": ((dict,), "training side: what the trainer's own config of the draft says (speculators: "
                                 "algorithm, speculative_tokens, verifier, aux ids, norm flags, layer_types)"),
     "num_layers": ((int,), "target decoder layers L"),
@@ -65,7 +72,7 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                                     "head_size of its rotary_emb, srt/models/llama.py:199-200)"),
     "embed_fingerprint": ((str,), "dtype-independent hash of the embedding the draft multiplies by (values rounded "
                                   "through float16 then bfloat16): equal for one checkpoint held in bf16, fp16 or "
-                                  "fp32 (replay/diff/explain/contract_check.py WEIGHT_HASHES)"),
+                                  "fp32 (replay/diff/contract/check.py WEIGHT_HASHES)"),
     "lm_head_fingerprint": ((str,), "dtype-independent hash of the draft's lm_head (as embed_fingerprint)"),
     "bos_added": ((bool, str, type(None)), "every prompt starts with BOS (False: none does; 'mixed'; None: "
                                           "no prompt) - bos_added_fact"),
@@ -171,6 +178,30 @@ CONTRACT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "draft_unloaded": (_list, "draft parameters the model built that its checkpoint did not provide: their values "
                               "left as allocated"),
     "target_unloaded": (_list, "target parameters the model built that its checkpoint did not provide"),
+    # ---- state besides the parameters, read off the live models after loading (tracer/state_facts.py) ----
+    "draft_buffers": ((dict,), "serving: every registered buffer of the draft as live after loading, persistent "
+                               "or not: buffer name (the engine's module path; a shared buffer under each) -> "
+                               "tensor_fingerprint, 'meta' (no storage) or 'unknown'; between traces of one "
+                               "engine only (record train's are covered by draft_rope / d2t_sha256)"),
+    "target_buffers": ((dict,), "every registered buffer of the target as live after loading (as draft_buffers)"),
+    "draft_rope": ((dict,), "layers.{i} -> fingerprint of the rope table draft layer i applies, in one layout on "
+                            "every side: cat(cos, sin) [P, rotary_dim], positions 0..P-1, P = min(4096, "
+                            "max_position_embeddings) (SGLang: the rotary's cos_sin_cache; training: computed "
+                            "as its forward does); 'unknown' per layer where unreadable"),
+    "target_rope": ((dict,), "layers.{i} -> fingerprint of the rope table target layer i applies (as draft_rope)"),
+    "draft_rope_shared": ((dict,), "serving: layers.{i} of each draft layer whose rotary module is a target layer's own "
+                                   "object -> that target layer (SGLang 0.5.23 get_rope caches one rotary per "
+                                   "rope setting, srt/layers/rotary_embedding/factory.py:158-170); {} when none"),
+    "target_config_overrides": ((dict,), "config key an engine option overrode -> {'value': as the engine built "
+                                         "with, 'source': the option ('json_model_override_args', "
+                                         "'context_length'; vLLM 'hf_overrides')}; 'context_len' is SGLang's "
+                                         "context length when --context-length gave it; {} when none"),
+    "draft_config_overrides": ((dict,), "the draft's config keys an engine option overrode (as "
+                                        "target_config_overrides)"),
+    "draft_input_ids_vocab": ((str,), "the vocabulary of draft.input_ids (what a draft step is fed): 'target' "
+                                      "(target ids: SGLang after hot_token_id, eagle_worker_v2.py:757-758, "
+                                      ":897-898; vLLM after compute_logits' d2t scatter; training the token "
+                                      "sequence) or 'draft' (draft-vocab ids, before any map)"),
 }
 
 __all__ = ["CONTRACT_FIELDS", "DEFAULTS_USED"]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from specdiff.tracer.contract import known
 
-__all__ = ["RELATIVE_TO_ENV", "recorded_path", "ContractPath", "contract_path", "is_model_dir"]
+__all__ = ["RELATIVE_TO_ENV", "recorded_path", "ContractPath", "contract_path", "is_model_dir", "same_store"]
 
 #: environment variable: record paths under this directory relative to it (shipped example traces)
 RELATIVE_TO_ENV = "SPECDIFF_RECORD_RELATIVE_TO"
@@ -46,6 +46,19 @@ def recorded_path(value) -> str:
         if rel != ".." and not rel.startswith(".." + os.sep):
             return rel
     return p
+
+
+def same_store(a, b) -> bool:
+    """Whether two trace paths name the same store: the same file-system object (``os.path.samefile``:
+    relative paths, ``..`` and symlinks followed), or, for a URL, the same string. A path that names
+    nothing here is no store (False)."""
+    a, b = str(a), str(b)
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def is_model_dir(p: Path) -> bool:

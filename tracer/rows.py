@@ -331,6 +331,8 @@ def ttt_rows(batch: RowBatch, layout: RowLayout, out, *, level: str = "default",
         idx = layout.defined(d)
         for attr, name, feat in _DEPTH_TENSORS:
             batch.add_rows(name, layout.take(getattr(out, attr)[d], idx, feat), layout, idx, depth=d)
+        if d:  # what the forward embedded at depth d: the draft's input ids (schema draft.input_ids)
+            batch.add_rows("draft.input_ids", layout.take(out.tokens[d], idx, 0), layout, idx, depth=d)
         for i, h in enumerate(out.layer_out[d] if getattr(out, "layer_out", None) else ()):
             batch.add_rows(layer_out_name(i), layout.take(h, idx, 1), layout, idx, depth=d)
         label = labels[torch.as_tensor(layout.label_index(idx, d))] if labels is not None else None

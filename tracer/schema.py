@@ -78,6 +78,13 @@ class TensorSpec:
 _SPECS: tuple[TensorSpec, ...] = (
     TensorSpec("tokens", "tokens", (), "int", True,
                "Draft input token at (t, k): x_{t+1+k} (EAGLE-3 position pairing)."),
+    TensorSpec("draft.input_ids", "tokens", (), "int", True,
+               "The token id the draft was fed at depth k >= 1 (its embedding's input), every row the "
+               "engine ran (every tree branch, in the rows' order), in the vocabulary the contract's "
+               "draft_input_ids_vocab names. Serving: the engine's own draft-step input, SGLang 0.5.23 "
+               "after the hot_token_id map (eagle_worker_v2.py:757-758, :897-898: target ids), vLLM 0.32.0 "
+               "the previous step's draft token (target ids); training: the teacher-forced x_{t+1+k} its "
+               "forward embeds. Its rope position is draft.positions of the same row."),
     TensorSpec("target.aux.{j}", "target.aux", ("hidden",), "float", False,
                "Aux hidden state slot j at position t, as fed to the draft. Slot j is the j-th "
                "captured layer in ascending layer order (SGLang aux_hidden_states.py concat order)."),
@@ -218,7 +225,8 @@ def spec_for(name: str) -> TensorSpec:
 def sort_key(name: str) -> tuple[int, int, str]:
     """Order tensor names by stage, then aux slot, then name (the first-divergence order).
 
-    Probes sort after the aux slots: they are evidence, not something the draft consumed. The
+    ``draft.input_ids`` sorts after ``tokens`` (same stage). Probes sort after the aux slots: they are
+    evidence, not something the draft consumed. The
     outputs of a multi-layer draft's earlier layers sort before ``draft.hidden_out`` (the last
     layer's), in layer order: the first layer that differs is the one shown.
     """
@@ -228,6 +236,8 @@ def sort_key(name: str) -> tuple[int, int, str]:
     layer = layer_out_index(name)
     sub = slot if slot is not None else (1000 + probe if probe is not None else
                                          (layer - 1000 if layer is not None else -1))
+    if name == "draft.input_ids":  # what each depth was fed, after the token stream it is judged against
+        sub = 0
     return (spec.stage_index, sub, name)
 
 

@@ -339,6 +339,8 @@ class Recorder:
     def _embed_pre(self, module, args):
         if self._once("embed"):
             self._record("tokens", args[0], 0, self._depth)
+            if self._depth:  # the ids the trainer's embedding read at depth >= 1 (schema draft.input_ids)
+                self._record("draft.input_ids", args[0], 0, self._depth)
 
     @torch.no_grad()
     def _hidden_pre(self, module, args):

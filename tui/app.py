@@ -21,11 +21,14 @@ from textual.widgets import DataTable, Footer, Input, ProgressBar, Sparkline, St
 
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tui import keys, panes
+from specdiff.tui.cli import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK
 from specdiff.tui.commands import PRESETS, SpecdiffCommands
+from specdiff.tui.default_dirs import default_dir
+from specdiff.tui.export_actions import ExportActions
 from specdiff.tui.fix_actions import FixActions
 from specdiff.tui.grid import PipelineGrid, legend
 from specdiff.tui.messages import DiffEarly, DiffFailed, DiffPartial, DiffProgress, DiffReady
-from specdiff.tui.screens import ErrorScreen, ExportScreen, HelpScreen
+from specdiff.tui.screens import ErrorScreen, HelpScreen
 from specdiff.tui.view import Sel, ViewModel, basename, load_tokenizer
 
 if TYPE_CHECKING:
@@ -39,11 +42,9 @@ class Paths(NamedTuple):
     x: str
     y: str
 
-EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
-
 
 # ---- the app ---------------------------------------------------------------------------------
-class SpecdiffApp(FixActions, App):
+class SpecdiffApp(FixActions, ExportActions, App):
     """Two traces, aligned and compared by the diff engine, shown as a pipeline grid."""
 
     TITLE = "specdiff"
@@ -72,7 +73,14 @@ class SpecdiffApp(FixActions, App):
     #detail, #explain { width: 1fr; border: round $primary-darken-2; padding: 0 1; }
     #detail:focus-within, #explain:focus-within { border: round $accent; }
     #spark { height: 2; margin: 0 0 1 0; }
+    Screen.-short #top { height: 3fr; }
+    Screen.-short #bottom { min-height: 6; }
+    Screen.-short #legend { display: none; }
+    Screen.-short #spark { height: 1; margin: 0; }
     """
+    # under 32 rows (an 80x24 terminal) the grid takes three quarters of the panes' height and the legend
+    # goes (the keys screen, ?, explains every cell symbol): 9 of the shipped pair's 16 rows, not 4
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     BINDINGS = keys.BINDINGS  # tui/keys.py: the footer's, and every one on the keys screen (?)
     COMMANDS = App.COMMANDS | {SpecdiffCommands}  # specdiff's actions in the palette (tui/commands.py)
@@ -83,14 +91,14 @@ class SpecdiffApp(FixActions, App):
         self.paths = Paths(str(trace_a), str(trace_b))
         self.preset = preset
         self.overrides = overrides
-        # exports go under the first trace's folder unless the user picks another (``e``)
-        self.export_root = Path(export_root) if export_root is not None else \
-            Path(str(trace_a)).resolve().parent / "specdiff-exports"
+        # exports go under the first trace's folder (the checkout's ignored specdiff-out/ for a pair inside it,
+        # tui/default_dirs.py) unless the user picks another (``e``)
+        self.export_root = Path(export_root) if export_root is not None else default_dir(trace_a, "specdiff-exports")
         self.traces = None  # Pair of opened traces, once the worker opened them
         self.report: DiffReport | None = None
         self.vm: ViewModel | None = None
         self.sel: Sel | None = None
-        self.depths = False
+        self._depths = False
         self.filter_text = ""
         self.error: str | None = None
         self.exported: Path | None = None
@@ -125,6 +133,19 @@ class SpecdiffApp(FixActions, App):
                 ex.border_title = "Explain"
                 yield Static("", id="explain-body")
         yield Footer()
+
+    @property
+    def depths(self) -> bool:
+        """Whether the grid shows the rows of every draft depth (``d``), not depth 0 only."""
+        return self._depths
+
+    @depths.setter
+    def depths(self, shown: bool) -> None:
+        # the header says it whoever opens them: ``d``, or a selection at depth >= 1 (``n``, ``]``, the
+        # first divergence, the grid filling in)
+        self._depths = shown
+        for title in self.query("#title"):
+            title.update(self._title())
 
     def _title(self) -> str:
         return (f"specdiff  {basename(self.paths.x)} ↔ {basename(self.paths.y)}   "
@@ -200,7 +221,7 @@ class SpecdiffApp(FixActions, App):
         self.query_one("#progress", ProgressBar).add_class("done")
         verdict = self.query_one("#verdict", Static)
         verdict.update(msg.report.verdict(short=True))  # the cause in full is the Explain pane's first line
-        bad = msg.report.diverged or msg.report.incomplete
+        bad = msg.report.diverged or not msg.report.conclusive
         verdict.set_class(bad, "diverged")
         verdict.set_class(not bad, "clean")
         alert, fix = panes.alert_line(msg.report), panes.fix_line(msg.report)
@@ -355,7 +376,6 @@ class SpecdiffApp(FixActions, App):
         self.depths = not self.depths
         sel = self.sel if self.depths else Sel(self.sel.name, 0, self.sel.pair, self.sel.pos)
         self.select(sel)
-        self.query_one("#title", Static).update(self._title())
         if self.depths:  # most deeper cells are empty on an engine side: say why before anyone asks
             why = self.vm.depth_note()
             if why:
@@ -408,42 +428,30 @@ class SpecdiffApp(FixActions, App):
         if self.vm is not None and self.sel is not None:
             self.query_one(PipelineGrid).show(self.vm, self.vm.rows(depths=self.depths, text=text), self.sel)
 
-    def action_export(self) -> None:
-        """``e``: ask where (the last folder used, at first under the first trace's folder), then export."""
-        if self.vm is None or self.sel is None:
-            return
-        self.push_screen(ExportScreen(self.export_root, self.sel), self._export_to)
-
-    def _export_to(self, root: str | None) -> None:
-        if not root or self.vm is None or self.sel is None:
-            return
-        from specdiff.tui.export import export_slice
-
-        self.export_root = Path(root).expanduser()
-        try:
-            self.exported = export_slice(self.vm, self.sel, root=self.export_root)
-        except (SpecdiffError, OSError) as exc:
-            self.notify(f"export failed: {exc}", severity="error")
-            return
-        self.notify(f"exported to {self.exported}", title="export")
-
     def action_help(self) -> None:
         self.push_screen(HelpScreen(keys.keys_help([*self.BINDINGS, *PipelineGrid.BINDINGS], self.get_key_display)))
 
     def action_quit_app(self) -> None:
+        """``q``: exit with the verdict's code (``exit_code``)."""
+        self.exit(return_code=self.exit_code())
+
+    async def action_quit(self) -> None:
+        """ctrl+q (Textual's own quit binding): the same exit as ``q``, never a bare 0."""
+        self.action_quit_app()
+
+    def action_help_quit(self) -> None:
+        """Ctrl-C (Textual binds it to a "press ctrl+q to quit" notice): the command's interrupt, exit 130,
+        which ``terminal.run_app`` raises as KeyboardInterrupt for the CLI's one ``interrupted:`` line."""
+        self.exit(return_code=EXIT_INTERRUPTED)
+
+    def exit_code(self) -> int:
+        """2 after an error screen; 0 only once the report says the traces agree; else 1: a divergence was
+        shown, the report is inconclusive, or the diff is still deciding (no report yet: never 0 before it)."""
         if self.error is not None:
-            self.exit(return_code=EXIT_BAD_INPUT)
-        elif self.report is not None and (self.report.diverged or self.report.incomplete):
-            self.exit(return_code=EXIT_DIVERGED)
-        else:
-            self.exit(return_code=EXIT_OK)
+            return EXIT_BAD_INPUT
+        if self.report is None or self.report.diverged or not self.report.conclusive:
+            return EXIT_DIVERGED
+        return EXIT_OK
 
     def action_quit_bad(self) -> None:
         self.exit(return_code=EXIT_BAD_INPUT)
-
-
-def run_app(trace_a: str, trace_b: str, *, preset: str = "default", overrides: dict | None = None) -> int:
-    """Run the app; exit code 0 no divergence, 1 divergence, 2 bad input (error screen shown)."""
-    app = SpecdiffApp(trace_a, trace_b, preset=preset, overrides=overrides)
-    app.run()
-    return app.return_code or 0

@@ -61,6 +61,19 @@ def on_interrupt(what: str) -> None:
         ctx.meta[_INTERRUPT_KEY] = what
 
 
+def refuse_the_same_trace(trace_a, trace_b) -> None:
+    """``diff`` or ``view`` of a trace against itself agrees by construction (it was a silent exit 0).
+
+    Raises:
+        SpecdiffError: one line naming the trace and what to give instead.
+    """
+    from specdiff.tracer.paths import same_store
+
+    if same_store(trace_a, trace_b):
+        raise SpecdiffError(f"TRACE_A and TRACE_B are the same trace ({trace_b}): a trace always agrees with itself; "
+                            "give the training trace and the serving trace")
+
+
 def _bad_input(exc: click.ClickException, ctx: click.Context | None) -> None:
     """One ``specdiff: error:`` line for a click usage error (click prints four), exit 2."""
     msg = " ".join(exc.format_message().split()).rstrip(".")

@@ -52,13 +52,15 @@ def _status(cap, judged: bool) -> str:
     return {"ok": "ok", "crash": "would CRASH", "fc-skipped": "would skip fc"}[cap.outcome] + "; not for this engine"
 
 
-def _table(findings, width: int) -> list[str]:
-    """Findings as table rows (severity, engine, kind, evidence and fix wrapped under it)."""
+def _table(findings, width: int, *, counted: bool = True) -> list[str]:
+    """Findings as table rows (severity, engine, kind, evidence and fix wrapped under it); the severity
+    in parentheses where the finding is not ``counted`` (an engine the verdict does not judge)."""
     lines = []
     ind = " " * 41
     for f in findings:
         body = textwrap.wrap(f.message, width=max(40, width - 41)) or [""]
-        lines.append(f"{f.severity:8s} {f.engine:6s} {f.kind:24s} {body[0]}")
+        severity = f.severity if counted else f"({f.severity})"
+        lines.append(f"{severity:8s} {f.engine:6s} {f.kind:24s} {body[0]}")
         lines += [ind + b for b in body[1:]]
         if f.fix:
             lines += [ind + b for b in textwrap.wrap("fix: " + f.fix, width=max(40, width - 41))]
@@ -127,13 +129,17 @@ def render_text(report: PreflightReport, *, width: int = 110) -> str:
     for eng, v in judged.items():
         own = [f for f in report.findings if f.engine == eng and not v.judged]
         if own:
-            lines += ["", f"{_LABEL[eng]}: not for this engine; what would break if the draft were served there "
-                          f"(information, --engine {eng} judges it):", *_table(own, width)]
+            lines += [""] + textwrap.wrap(
+                f"{_LABEL[eng]}: not for this engine; what would break if the draft were served there (information, "
+                f"not counted: the severity in parentheses is what it would be there; --engine {eng} judges it):",
+                width=width, subsequent_indent="  ") + _table(own, width, counted=False)
     if report.unchecked:
         lines.append("")
         for u in report.unchecked:
             lines += textwrap.wrap(f"not checked: {u.message}", width=width, subsequent_indent="  ")
-    lines += ["", *_verdict_lines(report, width), "", _counted(report.counts)]
+    uncounted = [f"{_LABEL[e]} {_counted(v.counts)}" for e, v in judged.items() if not v.judged and any(v.counts.values())]
+    lines += ["", *_verdict_lines(report, width), "",
+              _counted(report.counts) + (f" (not counted, information: {'; '.join(uncounted)})" if uncounted else "")]
     return "\n".join(lines)
 
 

@@ -49,7 +49,7 @@ def _scenarios_epilog(width: int = 78) -> str:
                    "WORKDIR/SCENARIO/fixed-draft, serve it again (SGLang) and print the verdict "
                    "(\"fix verified: no divergence; accept length ...\"). Exit 0 only when it verified.")
 def demo(scenario, no_tui, workdir, family, models, engine, prompts, max_new_tokens, verify_fix):
-    """Watch specdiff find a training-vs-serving mismatch in a real SGLang server (CPU, ~2 minutes).
+    """Watch specdiff find a training-vs-serving mismatch in a real SGLang server (CPU; 4 min 20 s on 2 cores).
 
     "--family deepseek_v3 --scenario seed" replays the motivating bug on its own architecture
     (MLA + MoE, SGLang's deepseek aux-id rule): a draft trained on [embedding, L3, L6] served

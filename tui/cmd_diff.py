@@ -8,9 +8,9 @@ from contextlib import nullcontext
 
 import click
 
-from specdiff.replay.diff.compare.tolerance import PRESETS, parse_overrides
+from specdiff.replay.diff.measure.tolerance import PRESETS, parse_overrides
 from specdiff.tracer.errors import SpecdiffError
-from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli, on_interrupt
+from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli, on_interrupt, refuse_the_same_trace
 
 
 @cli.command()
@@ -51,9 +51,9 @@ def diff(trace_a, trace_b, fmt, output, preset, tol, graft, draft_dir, target_di
 
     Leads with the first diverging tensor and its explanation, then the contract mismatches,
     then acceptance on both sides. A damaged chunk costs only its own rows (marked unreadable; each
-    damaged part is one line under "damage"). Exit code: 0 equivalent within tolerance, 1 a
-    divergence was found or recorded rows could not be read, 2 bad input, 130 interrupted (no
-    report written).
+    damaged part is one line under "damage"; a trace its writer never closed is named in the first
+    line). Exit code: 0 equivalent within tolerance, 1 a divergence was found, recorded rows could
+    not be read or a trace was cut off (not closed), 2 bad input, 130 interrupted (no report written).
 
     The report is printed on a terminal too; `specdiff view A B` opens the app on the same pair.
     With --workers or --dask the chunks are compared on Dask workers straight from the stores;
@@ -61,6 +61,7 @@ def diff(trace_a, trace_b, fmt, output, preset, tol, graft, draft_dir, target_di
     """
     on_interrupt("no report was written" + (f"; {output} is as it was" if output else ""))
     overrides = parse_overrides(tol)
+    refuse_the_same_trace(trace_a, trace_b)
     if workers is not None and dask_address is not None:
         raise click.UsageError("give --workers N (a local cluster) or --dask ADDRESS (a running one), not both")
     on_dask = workers is not None or dask_address is not None
@@ -113,7 +114,7 @@ def diff(trace_a, trace_b, fmt, output, preset, tol, graft, draft_dir, target_di
 
         if fmt != "json":
             click.echo("  grafting (re-running the training draft on serving's inputs)...", err=True)
-        report.grafts = run_graft(report, draft_path=draft_dir, target_path=target_dir)
+        report.grafts = run_graft(report.inputs, draft_path=draft_dir, target_path=target_dir)
     text = render_json(report) if fmt == "json" else render_text(report)
     if output is None:
         click.echo(text)
@@ -124,5 +125,5 @@ def diff(trace_a, trace_b, fmt, output, preset, tol, graft, draft_dir, target_di
             write_text_atomic(output, text + "\n")
         except OSError as e:
             raise SpecdiffError(f"-o {output}: cannot write the report ({e.strerror or e})") from None
-    # A damaged trace that lost compared rows is never "equivalent" (the verdict says why).
-    sys.exit(EXIT_DIVERGED if report.diverged or report.incomplete else EXIT_OK)
+    # A damaged trace that lost compared rows, or a cut-off one, is never "equivalent" (the verdict says why).
+    sys.exit(EXIT_DIVERGED if report.diverged or not report.conclusive else EXIT_OK)

@@ -35,7 +35,9 @@ def fix(train_trace, serve_trace, out, fmt, overwrite, verify, workdir):
     unchanged and the options to serve it with. Prints the change as a diff of config keys, tensor names
     and server options. The served draft is never edited.
 
-    Exit code: 0 the fix was written, or nothing diverged ("nothing to fix", nothing written);
+    Exit code: 0 the fix was written, or nothing diverged ("nothing to fix", nothing written); 1 nothing
+    diverged but the pair shows no agreement either (a trace cut off or damaged, or no row compared: diff's
+    verdict, nothing written);
     2 no mechanical fix exists (an engine crash, a cause in other weights, a fix that needs the
     trained weights; one line says why), OUT exists, or bad input; 130 interrupted (OUT as it was).
     With --verify: 0 the fix verified (no divergence), 1 the re-served pair still diverges.
@@ -50,6 +52,13 @@ def fix(train_trace, serve_trace, out, fmt, overwrite, verify, workdir):
         raise click.UsageError(f"-o {out} exists; give a new folder or --overwrite")
     report = diff_traces(train_trace, serve_trace)
     plan = plan_fix(report)
+    if plan is None and not report.conclusive:  # cut off, damaged or nothing compared: not agreement
+        if fmt == "json":
+            click.echo(json.dumps({"fix_format": FIX_FORMAT, "cause": None, "out": None, "verdict": report.verdict()}))
+        else:
+            click.echo(f"nothing to fix found, but the traces do not show agreement: {report.verdict()} "
+                       "(nothing written)")
+        sys.exit(EXIT_DIVERGED)
     if plan is None:
         if fmt == "json":
             click.echo(json.dumps({"fix_format": FIX_FORMAT, "cause": None, "out": None}))
@@ -66,11 +75,12 @@ def fix(train_trace, serve_trace, out, fmt, overwrite, verify, workdir):
         click.echo(change_text(plan, out))
     on_interrupt(f"{out} is written; the verification did not finish")
     from specdiff.demo.verify_fix import verify_fix
+    from specdiff.eagle3.engines import REGISTRY, SGLANG
     from specdiff.tracer.contract import known
 
     where = Path(workdir) if workdir else out.parent / f"{out.name}-verify"
     served = report.traces.y if report.traces.y.side == "serve" else report.traces.x
-    engine = "vLLM" if known(served.contract, "engine") == "vllm" else "SGLang"
+    engine = REGISTRY.get(str(known(served.contract, "engine")), SGLANG).title  # no fact: an SGLang trace
     click.echo(f"verifying: serving {out} on a CPU {engine} server, recording into {where} (minutes)", err=True)
     verdict = verify_fix(report, out, where, cause=plan.cause, options=plan.options)
     if fmt == "json":

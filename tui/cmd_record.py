@@ -34,6 +34,7 @@ from specdiff.tui.serve_http import (
     read_prompts,
     server_alive,
     server_engine,
+    unreachable_message,
     vllm_completion,
     vllm_counters,
     vllm_spec_stats,
@@ -98,8 +99,11 @@ def serve_command(engine: str, serve_args, *, cpu: bool, env: dict[str, str]) ->
 def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, sample, sglang_args):
     """Start an SGLang or vLLM server with tracing on and wait (Ctrl-C stops it and closes the trace).
 
-    Exit code: 0 once the server stopped (Ctrl-C here is how to stop it: the trace is closed whole),
-    2 bad input, or a server that exited on its own before it wrote a trace (its error line).
+    Once the server stopped it waits for the trace writer to write what the server handed it and
+    close the trace, saying how far it got, then how many requests the trace holds and whether it
+    is closed. Exit code: 0 once the server stopped (Ctrl-C here is how to stop it: the trace is
+    closed whole), 2 bad input, or a server that exited on its own before it wrote a trace (its
+    error line), 130 a second Ctrl-C while waiting for the writer (it goes on and closes the trace).
 
     \b
     Examples:
@@ -121,7 +125,8 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, samp
     env = trace_env(path, capture, logits_topk, rids, eager_draft, sample=sample)
     argv, env = serve_command(engine, sglang_args, cpu=cpu, env=env)
     click.echo(f"specdiff: tracing to {path} (capture {capture}); the trace is finalized when the "
-               f"server stops (Ctrl-C here, or SIGTERM to pid shown below)")
+               f"server stops (Ctrl-C here, or SIGTERM to this process, pid {os.getpid()}: it stops the server "
+               f"and waits for the trace to close)")
     # the server's stderr passes through (the user sees its log as before) and its tail is kept, so
     # a server that refuses to start is reported with its own error line, not a guess
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stderr=subprocess.PIPE)
@@ -156,7 +161,59 @@ def serve(engine, cpu, trace_path, capture, logits_topk, rids, eager_draft, samp
         said = error or next((ln.strip() for ln in reversed(tail) if ln.strip()), "no log line")
         raise SpecdiffError(f"the {spec.title} server exited ({rc}) before it served: {said}; no trace was "
                             f"written (fix what {spec.title} says, then run again)")
-    click.echo(f"specdiff: server exited ({rc}); {_trace_state(path, error)}")
+    click.echo(f"specdiff: server exited ({rc})")
+    left = wait_for_trace(path)
+    click.echo(f"specdiff: {_trace_state(path, error, writing=left)}")
+
+
+#: how long ``record serve`` waits for the trace writer to close the trace after the server exited
+CLOSE_WAIT_S = 900.0
+
+
+def wait_for_trace(path: str, *, timeout_s: float = CLOSE_WAIT_S, every_s: float = 2.0) -> list[int]:
+    """After the server exited, wait for the trace's writer processes (they outlive the server's
+    process tree and close the trace once they wrote what the server handed them:
+    tracer/engines/writer/child.py) to exit, at most ``timeout_s`` s, saying every ``every_s`` s how
+    far the trace got (records, requests). Ctrl-C or SIGTERM stops the wait (exit 130; the writer goes
+    on). Returns the pids of the writers still running at the end (empty: none left)."""
+    from specdiff.tracer.engines.writer.alive import wait_for_writers, writer_pids
+
+    pids = writer_pids(path)
+    if not pids:
+        return []
+    pid_s = ", ".join(map(str, pids))
+    click.echo(f"specdiff: waiting for the trace writer (pid {pid_s}) to write what the server handed it and "
+               f"close {path} (at most {timeout_s:.0f} s; Ctrl-C stops waiting, the writer goes on)")
+    on_interrupt(f"stopped waiting for the trace writer (pid {pid_s}); it goes on and closes {path} when it "
+                 f"has written what it holds (specdiff info {path} shows how far it got)")
+
+    def _stop(_signum, _frame):
+        raise KeyboardInterrupt
+
+    def _progress(_pids, waited):
+        click.echo(f"specdiff: {waited:4.0f} s: {_written(path)} so far")
+
+    old = signal.signal(signal.SIGTERM, _stop)
+    try:
+        left = wait_for_writers(path, timeout_s=timeout_s, on_wait=_progress, every_s=every_s)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if left:
+        click.echo(f"specdiff: the trace writer (pid {', '.join(map(str, left))}) still writes after "
+                   f"{timeout_s:.0f} s; it goes on and closes {path} when done (specdiff info {path} shows "
+                   f"how far it got)", err=True)
+    return left
+
+
+def _written(path: str) -> str:
+    """``N records, M requests written`` of the trace at ``path`` as it stands (or why it does not open)."""
+    from specdiff.tracer.store import open_trace
+
+    try:
+        t = open_trace(path)
+    except SpecdiffError as exc:
+        return f"the trace does not open yet ({exc})"
+    return f"{t.records} records, {len(t.sequences)} requests written"
 
 
 def _relay_stderr(stream, tail, untraced: UntracedWatch | None = None) -> None:
@@ -230,7 +287,9 @@ def engine_error_line(lines) -> str | None:
     return None
 
 
-def _trace_state(path: str, error: str | None = None) -> str:
+def _trace_state(path: str, error: str | None = None, *, writing: list[int] | None = None) -> str:
+    """What the trace at ``path`` holds once the server is gone: its requests (sequences), records
+    and whether it was closed; ``writing``: pids of its writers still running (``wait_for_trace``)."""
     if not os.path.exists(path):
         if error:
             return f"no trace at {path}; the server's last error: {error}"
@@ -240,8 +299,13 @@ def _trace_state(path: str, error: str | None = None) -> str:
         from specdiff.tracer.store import open_trace
 
         t = open_trace(path)
-        state = "closed cleanly" if t.closed else "not closed (readable up to its last record)"
-        return f"trace {path}: {len(t.sequences)} sequences, {t.records} records, {state}"
+        if t.closed:
+            state = "closed"
+        elif writing:
+            state = f"not closed yet (its writer, pid {', '.join(map(str, writing))}, still writes)"
+        else:
+            state = "not closed: cut off (no writer is left to close it), readable up to its last record"
+        return f"trace {path}: {len(t.sequences)} requests (sequences), {t.records} records, {state}"
     except SpecdiffError as exc:
         return f"trace {path} does not open: {exc}"
 
@@ -249,8 +313,13 @@ def _trace_state(path: str, error: str | None = None) -> str:
 @record.command("client")
 @click.option("--url", required=True, help="SGLang or vLLM server, e.g. http://127.0.0.1:30000 (vLLM: its "
               "OpenAI server, found by /v1/models)")
-@click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--prompts", "prompts_path", default=None, type=click.Path(dir_okay=False),
               help="JSONL: one prompt per line ({\"text\": ...} or {\"input_ids\": [...]}).")
+@click.option("--prompts-from-features", "features_dir", default=None, metavar="DIR",
+              help="Instead of --prompts: send each token sequence a trainer stored with its features (SpecForge "
+                   "*.ckpt / *.ckpt.gz, speculators hs_{i}.safetensors; as record train --features reads them), "
+                   "in the trainer's order, as input_ids: the server's prefill then covers every stored position, "
+                   "so its trace pairs with the features trace row for row.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--ignore-eos", is_flag=True, help="Generate max-new-tokens even past EOS.")
@@ -261,7 +330,7 @@ def _trace_state(path: str, error: str | None = None) -> str:
 @click.option("--trace", "trace_path", default=None, metavar="PATH",
               help="The server's trace, named if the server dies (default: the trace the server registered "
                    "for its port on this machine).")
-def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurrency, chat, trace_path):
+def client(url, prompts_path, features_dir, max_new_tokens, temperature, ignore_eos, concurrency, chat, trace_path):
     """Send prompts to a running traced server and print each request's accept length.
 
     Writes nothing itself: the server's trace grows as requests run and is finalized when
@@ -272,20 +341,36 @@ def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurren
                  "the rest were not sent")
     if not re.match(r"https?://", url):
         raise SpecdiffError(f"--url {url}: give the server's URL with its scheme, e.g. http://{url}")
-    prompts = read_prompts(prompts_path)
+    if (prompts_path is None) == (features_dir is None):
+        raise SpecdiffError("give exactly one of --prompts FILE.jsonl or --prompts-from-features DIR")
+    if features_dir is not None:
+        if chat:
+            raise SpecdiffError("--chat renders messages with the server's template; --prompts-from-features sends "
+                                "the stored token ids as they are: leave --chat out")
+        from specdiff.replay.record.feature_files import stored_prompts
+
+        prompts = stored_prompts(features_dir)
+    else:
+        prompts = read_prompts(prompts_path)
     results: list[dict | None] = [None] * len(prompts)
 
-    engine, model = server_engine(url)
-    if engine == "vllm" and not chat:
+    try:
+        engine, model = server_engine(url)
+    except ServerGoneError as exc:  # nothing answered: no server there, or one that died (a trace says which)
+        raise SpecdiffError(unreachable_message(url, reason=exc.reason, trace=trace_path)) from None
+    from specdiff.eagle3.engines import engine_spec
+
+    spec = engine_spec(engine)
+    if spec.completions_api and not chat:
         import functools
 
         send = functools.partial(vllm_completion, model=model)
     else:
         send = chat_completion if chat else generate
-    # vLLM reports acceptance in its counters only (v1/spec_decode/metrics.py): one request at a
-    # time, the counters' change is that request's acceptance, per draft position.
-    per_request = engine == "vllm" and concurrency <= 1
-    first_counters = vllm_counters(url) if engine == "vllm" else {}
+    # an engine that reports acceptance in its counters only (vLLM: v1/spec_decode/metrics.py): one request at
+    # a time, the counters' change is that request's acceptance, per draft position.
+    per_request = spec.acceptance_counters and concurrency <= 1
+    first_counters = vllm_counters(url) if spec.acceptance_counters else {}
 
     def _one(i):
         before = vllm_counters(url) if per_request else None
@@ -325,7 +410,7 @@ def client(url, prompts_path, max_new_tokens, temperature, ignore_eos, concurren
         per_s = f"  per position [{' '.join(f'{p:.2f}' for p in per)}]" if per else ""
         click.echo(f"{i:4d}  rid {meta.get('id', '?')}  tokens {ntok:<5d} verify steps {ct:<5d} "
                    f"accept length {acc_s}{per_s}")
-    if engine == "vllm":
+    if spec.acceptance_counters:
         st = vllm_spec_stats(first_counters, vllm_counters(url))
         if st:
             click.echo(f"vLLM mean accept length {st['mean_accept_length']:.3f} over {len(results)} requests "

@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from specdiff.replay.diff.compare.tolerance import PRESETS, parse_overrides
+from specdiff.replay.diff.measure.tolerance import PRESETS, parse_overrides
 from specdiff.tracer.errors import SpecdiffError
-from specdiff.tui.cli import cli, on_interrupt
+from specdiff.tui.cli import cli, on_interrupt, refuse_the_same_trace
 
 
 @cli.command()
@@ -26,12 +26,14 @@ def view(trace_a, trace_b, preset, tol):
     ? every key, q quit; ctrl+p finds each of these by name.
     Needs a terminal: stdin (keys) and stderr (the screen); without one it refuses (exit 2) and
     `specdiff diff A B` prints the report instead.
-    Exit code: 0 no divergence, 1 a divergence, 2 bad input (an unreadable trace or no
-    terminal: one line on stderr; traces with no common sequence: an error screen), 130
-    interrupted (Ctrl-C while the app starts; in the app q quits).
+    Exit code, however the app is left (q, ctrl+q): 0 only once the report says the traces agree,
+    1 a divergence or the diff still deciding, 2 bad input (an unreadable trace or no terminal: one
+    line on stderr; traces with no common sequence: an error screen), 130 interrupted (Ctrl-C, in
+    the app or while it starts: one line on stderr).
     """
     on_interrupt("the app was closed; nothing was written (view writes only the slices e exports)")
     overrides = parse_overrides(tol)
+    refuse_the_same_trace(trace_a, trace_b)
     from specdiff.tracer.store import open_trace
 
     for path in (trace_a, trace_b):  # a bad path is one line on stderr, not a full-screen app

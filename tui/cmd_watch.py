@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 
 from specdiff.eagle3.aux_layers import CONVENTIONS
-from specdiff.replay.diff.compare.tolerance import PRESETS
-from specdiff.replay.record.train_options import DEFAULTS, DTYPE_NAMES
+from specdiff.replay.diff.measure.tolerance import PRESETS
+from specdiff.replay.record.train_options import DEFAULTS, DEVICE_DEFAULT, DTYPE_NAMES
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tui.cli import EXIT_DIVERGED, EXIT_OK, cli, on_interrupt
 from specdiff.tui.cmd_record_train import _parse_layers
@@ -98,7 +98,7 @@ def _exporter(out: Path):
               help=f"Draft compute dtype (default: {DEFAULTS['dtype']}).")
 @click.option("--target-dtype", type=click.Choice(DTYPE_NAMES), default=None,
               help=f"Target dtype; keep the serving dtype (default: {DEFAULTS['target_dtype']}).")
-@click.option("--device", default=None, help=f"torch device of the training replay (default: {DEFAULTS['device']}).")
+@click.option("--device", default=None, help=f"torch device of the training replay (default: {DEVICE_DEFAULT}).")
 def watch(serve, draft, target, out, once, as_json, prometheus_port, settle, poll, window, preset, aux_layers,
           aux_convention, dtype, target_dtype, device):
     """Watch a live traced server: replay each finished request on the training side, diff it, and

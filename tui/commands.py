@@ -18,7 +18,7 @@ from specdiff.tui.keys import BINDINGS
 
 __all__ = ["COMMANDS", "PRESETS", "Command", "SpecdiffCommands"]
 
-#: the tolerance presets in the order ``t`` cycles them (replay/diff/compare/tolerance.py PRESETS), with
+#: the tolerance presets in the order ``t`` cycles them (replay/diff/measure/tolerance.py PRESETS), with
 #: what each does to every stage's tolerance
 PRESETS = {"strict": "every tolerance x0.2", "default": "dtype-aware tolerances",
            "loose": "every tolerance x5"}

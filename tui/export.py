@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -41,13 +42,15 @@ def _new_folder(root: Path, name: str) -> Path:
     raise OSError(f"{root}: 9999 exports named {name} already; choose another folder")
 
 
-def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".") -> Path:
+def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".",
+                 progress: Callable[[int, int], None] | None = None) -> Path:
     """Write a new export folder for ``sel`` under ``root`` (created if missing); returns its path.
 
     The folder is ``specdiff-export-<tensor>-seq<S>-pos<P>-depth<D>``, with ``-2``, ``-3``, ... added
     when that name exists: an export never replaces an earlier one. It appears whole or not at
     all: written as ``.<name>.partial-<pid>`` beside it and renamed onto the (empty) folder claimed
-    for it; a failure or an interrupt removes both.
+    for it; a failure or an interrupt removes both. ``progress(done, total)`` is called after each
+    tensor of each side is written (``total``: both sides' tensor count).
 
     Raises:
         OSError: ``root`` cannot be created or written.
@@ -57,7 +60,7 @@ def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".") -> Path:
     out = final.with_name(f".{final.name}.partial-{os.getpid()}")
     try:
         out.mkdir()
-        _write_slice(vm, sel, out)
+        _write_slice(vm, sel, out, progress)
         out.replace(final)  # onto the empty claimed folder: one rename (POSIX)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
@@ -67,10 +70,11 @@ def export_slice(vm: ViewModel, sel: Sel, *, root: str | Path = ".") -> Path:
     return final
 
 
-def _write_slice(vm: ViewModel, sel: Sel, out: Path) -> None:
+def _write_slice(vm: ViewModel, sel: Sel, out: Path, progress: Callable[[int, int], None] | None) -> None:
     """``export_slice``'s files (``a.trace``, ``b.trace``, ``metrics.json``) into the empty folder ``out``."""
     r = vm.report
     pair = vm.pairs[sel.pair]
+    total, done = len(r.traces.x.names) + len(r.traces.y.names), 0
     for trace, sid, fname in ((r.traces.x, pair.seq.x, "a.trace"), (r.traces.y, pair.seq.y, "b.trace")):
         # recorder_caught_up_at: the live writer's progress, not a fact of the closed slice (FORMAT.md)
         contract = {k: v for k, v in trace.contract.items() if k not in ("side", "recorder_caught_up_at")}
@@ -86,6 +90,9 @@ def _write_slice(vm: ViewModel, sel: Sel, out: Path) -> None:
                     data = to_torch(trace.take(name, rows), trace.info(name).dtype)
                     w.append(name, data, seq=np.where(own[rows], new, keys["seq"][rows]), pos=keys["pos"][rows],
                              depth=keys["depth"][rows], iter=keys["iter"][rows])
+                done += 1
+                if progress is not None:
+                    progress(done, total)
     code, i = vm.cell(sel)
     comp = r.comparisons.get(sel.name)
     cell = {"status": CELLS[code][2]}

@@ -12,6 +12,7 @@ from textual import work
 from textual.widgets import Static
 
 from specdiff.tracer.errors import SpecdiffError
+from specdiff.tui.default_dirs import default_dir
 from specdiff.tui.screens import FolderScreen
 
 __all__ = ["FixActions"]
@@ -50,7 +51,7 @@ class FixActions:
             self.notify("nothing to fix: the traces agree within tolerance", title="write fix")
             return
         self.fix_plan = plan
-        default = _free(Path(self.paths.y).resolve().parent / "fixed-draft")
+        default = _free(default_dir(self.paths.y, "fixed-draft"))  # beside the serving trace (tui/default_dirs.py)
         self.push_screen(FolderScreen(f"write the fix for {plan.cause} (a corrected copy of {plan.source.name}) "
                                       "into the new folder (enter writes, escape cancels):", default, "fix-dir"),
                          self._write_fix_to)

@@ -41,18 +41,22 @@ BINDINGS = [
     Binding("slash", "filter", "filter", show=False, tooltip="filter the grid's tensors by name (escape clears)"),
     Binding("e", "export", "export",
             tooltip="export the selected slice (both sides' rows + metrics.json) into a new folder under one "
-                    "you choose (at first, under the first trace's folder)"),
+                    "you choose (at first, under the first trace's folder; for traces inside the specdiff checkout, "
+                    "under its ignored specdiff-out/)"),
     Binding("x", "explain", "explain", show=False,
             tooltip="open the explanation: focus the Explain pane (cause, evidence, fix), from its top"),
     Binding("w", "write_fix", "write fix", show=False,
             tooltip="write the fix of the first divergence's cause (what `specdiff fix` writes: a corrected copy "
-                    "of the served draft) into a new folder you choose"),
+                    "of the served draft) into a new folder you choose (at first, beside the serving trace; for traces "
+                    "inside the specdiff checkout, under its ignored specdiff-out/)"),
     Binding("v", "verify_fix", "verify fix", show=False,
             tooltip="serve the fix w wrote on a CPU SGLang server with the recorded prompts, record and diff both "
                     "sides again (minutes); the verdict replaces the verdict line"),
     Binding("question_mark", "help", "keys", tooltip="this list of every key"),
     Binding("escape", "back", "back", show=False, tooltip="back to the grid (and clear the filter)"),
-    Binding("q", "quit_app", "quit", tooltip="quit (exit code 1 when the traces diverge, else 0)"),
+    Binding("q", "quit_app", "quit",
+            tooltip="quit: exit code 0 only once the report says the traces agree, else 1 (a divergence, or "
+                    "the diff still deciding); ctrl+q the same; ctrl+c: 130"),
 ]
 
 #: keys that are not the app's own bindings: Textual's focus cycling and command palette

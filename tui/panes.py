@@ -112,12 +112,13 @@ def _float_values(vm: ViewModel, sel: Sel, rows: tuple[int, int]) -> tuple[Group
 
 
 def _pool(d: np.ndarray, n: int = 120) -> list[float]:
-    """Max-pool ``d`` to at most ``n`` points (the sparkline's width)."""
+    """Max-pool ``d`` (float [m]) to at most ``n`` points (the sparkline's width): point j is the max of
+    elements ``[j*m//n, (j+1)*m//n)``, every bin non-empty and every element in one bin, so the line
+    ends at the row's last elements (padding the row to a multiple of ``n`` drew a flat tail of zeros)."""
     if d.size <= n:
         return d.astype(float).tolist()
-    k = -(-d.size // n)
-    pad = np.full(k * n - d.size, 0.0)
-    return np.concatenate([d, pad]).reshape(n, k).max(1).astype(float).tolist()
+    starts = np.arange(n) * d.size // n
+    return np.maximum.reduceat(d, starts).astype(float).tolist()
 
 
 def _topk_lines(vm: ViewModel, labels, ix, iy, *, decode: bool) -> Text:

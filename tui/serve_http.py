@@ -99,17 +99,30 @@ def chat_completion(url: str, prompt: dict, *, max_new_tokens: int, temperature:
 
 
 def server_engine(url: str, *, timeout_s: float = 10.0) -> tuple[str, str | None]:
-    """``(engine, model)`` of the OpenAI-compatible server at ``url``: ``('vllm', id)`` when its
-    ``/v1/models`` says the model is owned by vLLM (vLLM 0.32 entrypoints/openai/models: owned_by
-    'vllm'), else ``('sglang', id or None)``."""
+    """``(engine, model)`` of the OpenAI-compatible server at ``url``: the engine whose ``EngineSpec.models_owner``
+    its ``/v1/models`` names as the model's owner (vLLM 0.32 entrypoints/openai/models: owned_by 'vllm'), else
+    ``eagle3.engines.DEFAULT_SERVER``'s (SGLang) with the id or None. The first request ``record client`` sends.
+
+    Raises:
+        ServerGoneError: nothing answers at ``url`` (refused, unresolved, timed out): no server is there
+            (it was reported as a server that "died during request 0").
+    """
     import requests
 
     try:
-        data = requests.get(url.rstrip("/") + "/v1/models", timeout=timeout_s).json().get("data") or []
-    except (requests.RequestException, ValueError, AttributeError):
-        return "sglang", None
+        answer = requests.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+    except requests.RequestException as exc:
+        reason = request_failure(exc)
+        raise ServerGoneError(unreachable_message(url, reason=reason, trace=None), reason=reason) from None
+    from specdiff.eagle3.engines import DEFAULT_SERVER, REGISTRY
+
+    try:
+        data = answer.json().get("data") or []
+    except (ValueError, AttributeError):
+        return DEFAULT_SERVER.name, None
     first = data[0] if data and isinstance(data[0], dict) else {}
-    return ("vllm" if first.get("owned_by") == "vllm" else "sglang"), first.get("id")
+    owners = {s.models_owner: s.name for s in REGISTRY.values() if s.models_owner}
+    return owners.get(first.get("owned_by"), DEFAULT_SERVER.name), first.get("id")
 
 
 def vllm_completion(url: str, prompt: dict, *, model: str, max_new_tokens: int, temperature: float,
@@ -163,6 +176,20 @@ def server_alive(url: str, *, timeout_s: float = 5.0) -> bool:
     except requests.RequestException:
         return False
     return True
+
+
+def unreachable_message(url: str, *, reason: str, trace: str | None) -> str:
+    """The one line ``record client`` prints when nothing answers at ``url`` before any request: no server
+    is there (``no server answers at URL (Connection refused); ...``), unless a trace says one ran there
+    (``trace`` as given with ``--trace`` and present, else the one registered for the URL's port on this
+    machine, tracer/live.py): then it died, and :func:`died_message` names its trace and crash."""
+    from specdiff.tracer.live import trace_of_server
+
+    known = trace if trace is not None and os.path.exists(trace) else trace_of_server(url)
+    if known is None:
+        return (f"no server answers at {url} ({reason}); start it first (specdiff record serve ... -- SERVER ARGS) "
+                "or check --url")
+    return died_message(url, request=0, reason=reason, trace=known)
 
 
 def died_message(url: str, *, request: int, reason: str, trace: str | None) -> str:

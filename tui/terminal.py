@@ -5,7 +5,8 @@ terminal on both it waits for keys that never come or draws escape codes into a 
 Once the app has the terminal, Ctrl-C is a key it reads; before (while it starts) the terminal
 still turns it into SIGINT, and a KeyboardInterrupt raised inside the app's running event loop
 leaves its tasks pending ("Task was destroyed but it is pending!") and prints tracebacks.
-:func:`run_app` turns that SIGINT into the app's own exit instead.
+:func:`run_app` turns that SIGINT into the app's own exit instead, and raises both ways of
+Ctrl-C (the signal, or the key the app exits on with 130) as KeyboardInterrupt for the CLI's line.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import signal
 import sys
 import threading
 from typing import TYPE_CHECKING
+
+from specdiff.tui.cli import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -34,7 +37,8 @@ def run_app(app: App) -> int:
     as Python's default handler does. The previous handler is back when this returns.
 
     Raises:
-        KeyboardInterrupt: Ctrl-C (SIGINT) while the app started, ran or closed.
+        KeyboardInterrupt: Ctrl-C (SIGINT) while the app started, ran or closed, or the app exited with
+            130 (``EXIT_INTERRUPTED``: the app's own Ctrl-C key, tui/app.py ``action_help_quit``).
     """
     interrupted = False
 
@@ -56,6 +60,6 @@ def run_app(app: App) -> int:
     finally:
         if main:
             signal.signal(signal.SIGINT, previous)
-    if interrupted:
+    if interrupted or app.return_code == EXIT_INTERRUPTED:
         raise KeyboardInterrupt
     return app.return_code or 0

@@ -295,16 +295,6 @@ class ViewModel:
             return self.first
         return Sel(self.names[0] if self.names else "tokens", 0, 0, 0)
 
-    def divergence_step(self, current: Sel, step: int) -> Sel | None:
-        """The next (step=1) / previous (step=-1) divergence from ``current`` in report order."""
-        if not self.divergences:
-            return None
-        try:
-            i = self.divergences.index(current)
-        except ValueError:
-            i = -1 if step > 0 else 0
-        return self.divergences[(i + step) % len(self.divergences)]
-
     def tensor_step(self, current: Sel, step: int) -> Sel | None:
         """The first failing row of the next (step=1) / previous (step=-1) diverged tensor in dataflow
         order, wrapping around (``n`` / ``N``); None when nothing diverged."""

@@ -7,7 +7,7 @@ each fills, and the module that computes it:
 ====  ==========================  ===============  ===================================================
  #    stage                       report field     module (under replay/diff/)
 ====  ==========================  ===============  ===================================================
- 1    refuse different targets    (raises)         explain/contract_check.refuse_different_targets
+ 1    refuse different targets    (raises)         contract/check.refuse_different_targets
  2    name the sides              labels           types.side_names
  3    a side's engine crashed     crash            ``crash_record`` (here); a side that crashed before
                                                    recording any sequence ends the pipeline here
@@ -15,28 +15,37 @@ each fills, and the module that computes it:
  4    layouts                     (feeds 5, 6)     align/structure.structure_mismatches
  5    align sequences             alignment        align/align.align_sequences
  6    compare every tensor        comparisons      compare/compare.compare_all: rows compared in
-                                                   compare/ (blocks, metrics, tolerance, early), judged
-                                                   in judge/ (inherited, then the first of
-                                                   ``judge.JUDGES``: topk_ties, routing, context, then
-                                                   groups); judge/context_proof re-runs the draft when
+                                                   compare/ (blocks, early) with measure/ (metrics,
+                                                   tolerance), judged in judge/ (inherited, then
+                                                   the first of ``judge.JUDGES``: topk_ties, routing,
+                                                   context, then groups); judge/context_proof re-runs
+                                                   the draft (runner.py) when
                                                    the context judge asks
  7    first divergence            first            compare/compare.first_divergence, then
                                   reexecution      rerun/reexec.decide (a draft stage serving's own
                                                    inputs reproduce is moved past: inherited);
-                                                   explain/crash.crash_divergence (where the crashed
+                                                   contract/crash.crash_divergence (where the crashed
                                                    side stopped)
  8    explain it                  explanations     explain.explain (``explain.CHECKS`` in order);
-                                                   explain/crash.crash_explanations when the crash leads
- 9    contract check              contract         explain/contract_check.check_contracts (before 7:
-                                                   the re-run reads it)
+                                                   contract/crash.crash_explanations when the crash leads
+ 9    contract check              contract         contract/check.check_contracts, run once,
+                                                   after 2 (``types.DiffInputs`` carries it to the
+                                                   re-runs of 6, 7, 12 and to 8)
  10   acceptance                  acceptance       compare/acceptance.acceptance
- 11   pre-flight findings         findings         explain/findings.matching_findings / crash_findings;
-                                                   explain/crash.crash_cause (the crash's cause);
-                                  unfound_paths    explain/findings.unfound_paths (model paths not found)
+                                  outcome          compare/outcome.outcome_gap (serving's accept decisions
+                                                   against training's at the same verify steps)
+ 11   pre-flight findings         findings         contract/findings.matching_findings / crash_findings;
+                                                   contract/crash.crash_cause (the crash's cause);
+                                  unfound_paths    contract/findings.unfound_paths (model paths not found)
  12   narrow an unexplained one   narrowing        rerun/narrow.narrow_or_reason (re-runs the draft)
 ====  ==========================  ===============  ===================================================
 
 Every cause an explanation, a judge or a crash can name is a row of causes.py.
+
+The stages after alignment read one ``types.DiffInputs`` (traces, labels, alignment, contract), never a
+report being built. The folders import in the order they run (tests/architecture/test_layering.py
+``LAYERS``): types and causes, measure/, align/, contract/, runner.py (the draft re-run's setup),
+judge/, compare/, rerun/, explain/, then this module, result.py and report.py.
 
 Rendering is elsewhere: replay/diff/report.py (text, JSON) and tui/ (the app) only read the report.
 ``specdiff diff --graft`` adds ``grafts`` afterwards (tui/cmd_diff.py, replay/diff/rerun/graft.py).
@@ -49,15 +58,16 @@ from specdiff.replay.diff.align.structure import structure_mismatches
 from specdiff.replay.diff.align.token_format import decoder, load_tokenizer
 from specdiff.replay.diff.compare.acceptance import Acceptance, acceptance
 from specdiff.replay.diff.compare.compare import compare_all, first_divergence
+from specdiff.replay.diff.compare.outcome import outcome_gap
+from specdiff.replay.diff.contract.check import check_contracts, refuse_different_targets
+from specdiff.replay.diff.contract.crash import crash_cause, crash_divergence, crash_explanations
+from specdiff.replay.diff.contract.findings import crash_findings, matching_findings, unfound_paths
 from specdiff.replay.diff.explain import explain
-from specdiff.replay.diff.explain.contract_check import check_contracts, refuse_different_targets
-from specdiff.replay.diff.explain.crash import crash_cause, crash_divergence, crash_explanations
-from specdiff.replay.diff.explain.findings import crash_findings, matching_findings, unfound_paths
 from specdiff.replay.diff.judge.context_proof import ContextProver
 from specdiff.replay.diff.rerun.narrow import narrow_or_reason
 from specdiff.replay.diff.rerun.reexec import decide
 from specdiff.replay.diff.result import DiffReport
-from specdiff.replay.diff.types import Alignment, Pair, side_names
+from specdiff.replay.diff.types import Alignment, DiffInputs, Pair, side_names
 from specdiff.tracer.schema import ordered
 from specdiff.tracer.store import open_trace
 
@@ -107,33 +117,31 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
     default, or ``ExecutorBlocks`` on Dask workers); the report is the same either way.
 
     Raises:
-        DifferentTargetsError: the traces' target identity facts differ (contract_check), before
+        DifferentTargetsError: the traces' target identity facts differ (contract/check.py), before
             anything is compared.
     """
     refuse_different_targets(traces)  # traces of two different targets: nothing below is meaningful
     labels = side_names(traces)  # by engine (and version) when two engines served
+    contract = check_contracts(traces)  # once per diff: re-execution and the explanations read it
     crash = crash_record(traces, labels)
     if crash is not None and not (traces.x.sequences and traces.y.sequences):
-        return crash_only(traces, labels, crash)
+        return crash_only(traces, labels, crash, contract)
     structure = structure_mismatches(traces, labels)
     alignment, alignment_error = align(traces, structure)
+    inputs = DiffInputs(traces, labels, alignment, contract)
     # the draft re-run a context judgement asks for when too few rows show the attention agrees
-    prove = ContextProver(_report(traces, labels, alignment=alignment, comparisons={}, first=None, explanations=[],
-                                  contract=[]), draft_path=draft_path, target_path=target_path) if narrow else None
+    prove = ContextProver(inputs, draft_path=draft_path, target_path=target_path) if narrow else None
     comparisons = compare_all(traces, alignment, preset=preset, overrides=overrides, progress=progress,
                               structure=structure, on_first=on_first, on_rows=on_rows, runner=runner,
                               prove_context=prove,
                               on_partial=None if on_partial is None else lambda comps, early:
                               on_partial(partial_report(traces, labels, alignment, comps, early)))
-    contract = check_contracts(traces)
     first, reexec = first_divergence(comparisons), None
     if narrow:  # a draft stage is the first divergence only where re-execution does not reproduce serving
-        first, reexec = decide(lambda f: _report(traces, labels, alignment=alignment, comparisons=comparisons,
-                                                 first=f, explanations=[], contract=contract),
-                               comparisons, draft_path=draft_path, target_path=target_path)
+        first, reexec = decide(inputs, comparisons, draft_path=draft_path, target_path=target_path)
     if crash is not None:  # where the crashed side stopped; the crash leads unless a value diverged earlier
         first, crash = crash_divergence(traces, labels, alignment, comparisons, first, crash)
-    explanations = explain(traces, alignment, comparisons, first)
+    explanations = explain(inputs, comparisons, first)
     accepted = acceptance(traces, alignment)
     findings = relevant_findings(traces, labels, first, crash, contract)  # and the crash's cause
     report = _report(
@@ -148,10 +156,19 @@ def diff_opened(traces: Pair, *, preset: str = "default", overrides: dict | None
         crash=crash,
         unfound_paths=unfound_paths(traces, labels, draft_given=draft_path is not None),
         reexecution=reexec,
+        cut_off=cut_off_traces(traces, labels),
+        outcome=outcome_gap(traces, alignment, labels),
     )
     # the last stage reads the report built so far (the draft, the failing rows, the contract)
     report.narrowing = narrowing(report, draft_path=draft_path, target_path=target_path, done=reexec) if narrow else None
     return report
+
+
+def cut_off_traces(traces: Pair, labels: Pair) -> list[dict]:
+    """``{"label", "sequences", "records"}`` of each trace its writer never closed (a server killed
+    before its writer wrote everything, or a trace still being written): what it lacks is not compared."""
+    return [{"label": label, "sequences": len(t.sequences), "records": int(t.records)}
+            for label, t in ((labels.x, traces.x), (labels.y, traces.y)) if not t.closed]
 
 
 def crash_record(traces: Pair, labels: Pair) -> dict | None:
@@ -164,12 +181,13 @@ def crash_record(traces: Pair, labels: Pair) -> dict | None:
     return None
 
 
-def crash_only(traces: Pair, labels: Pair, crash: dict) -> DiffReport:
+def crash_only(traces: Pair, labels: Pair, crash: dict, contract: list) -> DiffReport:
     """The report when a side crashed before recording any sequence: nothing to align or compare;
-    the crash is the divergence, explained by the contract and the pre-flight findings."""
+    the crash is the divergence, explained by the contract (``contract``: its mismatches) and the
+    pre-flight findings."""
     nothing = Alignment((), Pair((), ()))
     _, crash = crash_divergence(traces, labels, nothing, {}, None, crash)
-    contract, findings = check_contracts(traces), crash_findings(traces, crash)
+    findings = crash_findings(traces, crash)
     crash["cause"] = crash_cause(traces, labels, crash, findings, contract)
     return _report(traces, labels, alignment=nothing, comparisons={}, first=None,
                    explanations=crash_explanations(crash, None), contract=contract, findings=findings, crash=crash,
@@ -218,7 +236,7 @@ def narrowing(report: DiffReport, *, draft_path: str | None = None, target_path:
     if done is not None and done.steps and done.steps[-1].stage == first.name and done.narrowing is not None:
         return done.narrowing
 
-    return narrow_or_reason(report, draft_path=draft_path, target_path=target_path)
+    return narrow_or_reason(report.inputs, report.comparisons, first, draft_path=draft_path, target_path=target_path)
 
 
 def partial_report(traces: Pair, labels: Pair, alignment: Alignment, comps: dict, early) -> DiffReport:

@@ -9,7 +9,7 @@ import json
 import textwrap
 
 from specdiff.replay.diff.compare.acceptance import Acceptance
-from specdiff.replay.diff.explain.crash import crash_text
+from specdiff.replay.diff.contract.crash import crash_text
 from specdiff.replay.diff.judge.groups import GROUP_ALPHA, GROUP_FAR
 from specdiff.replay.diff.result import DiffReport
 from specdiff.replay.diff.textwidth import output_width
@@ -32,6 +32,20 @@ def _acc_rows(labels: Pair, acc: Pair) -> list[str]:
     rows = [line(labels.x, acc.x), line(labels.y, acc.y)]
     if acc.x.mean_accept_length is not None and acc.y.mean_accept_length is not None:
         rows.append(f"  gap       {acc.x.mean_accept_length - acc.y.mean_accept_length:+.2f} tokens per verify step")
+    return rows
+
+
+def _outcome_rows(report) -> list[str]:
+    """Only when the acceptance gap is the verdict (``DiffReport.outcome_differs``): every depth of the paired
+    verify steps, so the depths that agree are seen beside those that do not."""
+    if not report.outcome_differs:
+        return []
+    s, t = report.outcome.labels
+    rows = [f"  at the same {report.outcome.steps} verify steps ({s} against {t}'s chain at each step's root):"]
+    for d in report.outcome.depths:
+        rows.append(f"    depth {d.depth}: {s} {d.serving / d.steps:.2f}, {t} {d.training / d.steps:.2f}, gap "
+                    f"{d.gap:+.2f} ± {d.half_width:.2f} ({d.only_serving} steps only {s} accepted, {d.only_training} "
+                    f"only {t}; McNemar p {d.p_value:.1e})")
     return rows
 
 
@@ -203,7 +217,8 @@ def render_text(report: DiffReport, *, width: int | None = None) -> str:
         out += ["", "pre-flight findings (specdiff check) that bear on it",
                 *[f"  [{f['severity']}] {f['kind']}: {f['message']}" for f in report.findings]]
     out += _legitimate_rows(report)
-    out += ["", "acceptance (over the aligned positions)", *_acc_rows(report.labels, report.acceptance)]
+    out += ["", "acceptance (over the aligned positions)", *_acc_rows(report.labels, report.acceptance),
+            *_outcome_rows(report)]
     if report.grafts is not None:
         out += ["", *_graft_rows(report.grafts)]
     out = _wrap(out, width)
@@ -262,7 +277,9 @@ def _legitimate_rows(report: DiffReport) -> list[str]:
             src = ", ".join(f"{k} ({c})" for k, c in v["from"].items())
             out.append(f"  {n:26s} {v['rows']} rows from {src}")
     m = report.margin()
-    if m is not None:
+    if m is not None and m["use"] == 0:  # "0% of the 0 fail fraction" named one tensor of many at nothing
+        out += ["", "margin: every tensor that passed is at 0% of its limits: none of their counted rows fails"]
+    elif m is not None:
         if m["limit"] == "fail_frac":
             words = (f"{m['own_fail_rows']} of {m['counted_rows']} counted rows fail, {m['use']:.0%} of the "
                      f"{m['max_fail_frac']:g} fail fraction allowed")

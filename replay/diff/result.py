@@ -11,11 +11,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from specdiff.replay.diff.explain.crash import crash_verdict
+from specdiff.replay.diff.contract.crash import crash_verdict
 from specdiff.replay.diff.types import (
     DIVERGED,
     Alignment,
     ContractMismatch,
+    DiffInputs,
     Explanation,
     Pair,
     TensorComparison,
@@ -66,7 +67,7 @@ class DiffReport:
             or None when not computed.
         findings: pre-flight findings that bear on the first divergence.
         unfound_paths: one line per model path a contract records that is not found here, with
-            what the report leaves out for it (explain/findings.unfound_paths).
+            what the report leaves out for it (contract/findings.unfound_paths).
         narrowing: when no explanation fits the first divergence: ``replay.narrow.Narrowing`` (which
             serving input, grafted into the training draft, reproduces serving), or the one-line
             reason it could not run; None when not run.
@@ -91,6 +92,18 @@ class DiffReport:
     crash: dict | None = None  # {"label": side, **the contract's crash record}: a side's engine died
     unfound_paths: list = field(default_factory=list)
     reexecution: object = None  # replay/diff/rerun/reexec.py Reexecution, or None
+    #: each trace its writer never closed ({"label", "sequences", "records"}: pipeline.cut_off_traces):
+    #: what it lost is not compared, so "no divergence" is never said over it
+    cut_off: list = field(default_factory=list)
+    #: serving's accept decisions against training's at the same verify steps (compare/outcome.py
+    #: ``OutcomeGap``), or None when the pair is not a serving and a training trace with those rows
+    outcome: object = None
+
+    @property
+    def inputs(self) -> DiffInputs:
+        """What the draft re-runs read of this diff (traces, labels, alignment, contract): ``specdiff diff
+        --graft`` re-runs the draft on them after the report is built (rerun/graft.py)."""
+        return DiffInputs(self.traces, self.labels, self.alignment, self.contract)
 
     @property
     def diverged(self) -> bool:
@@ -195,11 +208,60 @@ class DiffReport:
             return []
         return [m for m in self.contract if m.severity in ("warn", "error")]
 
+    @property
+    def nothing_compared(self) -> bool:
+        """No divergence and no crash, yet no row of any tensor was compared (``stats["rows"]`` 0 everywhere):
+        a serving trace that holds its sequences' tokens and nothing else (a server that died on its first
+        request with no crash recorded), or two traces with no tensor in common. "No divergence" over
+        nothing is no verdict."""
+        return (self.first is None and self.crash is None
+                and not any(c.stats.get("rows", 0) > 0 for c in self.comparisons.values()))
+
+    @property
+    def outcome_differs(self) -> list:
+        """With no divergence and no crash, the depths at which serving's acceptance differs from training's
+        over the same verify steps beyond chance (compare/outcome.py ``OutcomeGap.differing``): the outcome
+        is then evidence of a difference in what was not compared. Empty otherwise."""
+        if self.first is not None or self.crash is not None or self.outcome is None:
+            return []
+        return self.outcome.differing()
+
+    def not_compared_rows(self) -> list[str]:
+        """Each compared tensor whose aligned rows are not all compared (``coverage`` below 1), with its
+        coverage: where an outcome gap with no divergence can come from."""
+        return [f"{n} ({c.stats['coverage']:.0%} of rows compared)" for n, c in self.comparisons.items()
+                if c.stats.get("coverage") is not None and c.stats["coverage"] < 0.995]
+
+    @property
+    def conclusive(self) -> bool:
+        """A clean verdict may stand: nothing lost to damage, no trace cut off (``cut_off``), some row
+        compared (``nothing_compared``) and no acceptance gap beyond chance (``outcome_differs``)."""
+        return not self.incomplete and not self.cut_off and not self.nothing_compared and not self.outcome_differs
+
+    def _cut_words(self) -> str:
+        """The verdict's lead naming each cut-off trace (``cut_off``), or ""."""
+        return "; ".join(f"{c['label']} trace cut off (not closed: it holds {c['sequences']} sequences, "
+                         f"{c['records']} records)" for c in self.cut_off)
+
     def verdict(self, *, short: bool = False) -> str:
-        """The one-line verdict the text report leads with. ``short``: an explained divergence's cause
-        by its name only (``aux_layer_shift``), for the app's header, whose Explain pane says it in full."""
+        """The one-line verdict the text report leads with, led by each cut-off trace (``cut_off``:
+        then never a plain "no divergence"). ``short``: an explained divergence's cause by its name
+        only (``aux_layer_shift``), for the app's header, whose Explain pane says it in full."""
+        cut = self._cut_words()
+        if not cut:
+            return self._verdict(short)
+        if self.first is None and self.crash is None and not self.incomplete:
+            return (f"{cut}: no divergence in what it holds, but what it lost is not compared, so equivalence "
+                    f"is not shown{self._damage_note()}")
+        return f"{cut}; {self._verdict(short)}"
+
+    def _verdict(self, short: bool) -> str:
         if self.first is None and self.crash is not None:
             return crash_verdict(self.crash)
+        if self.nothing_compared:
+            return self._nothing_words() + self._damage_note()
+        if self.outcome_differs:
+            return self._outcome_words() + self._damage_note()
         if self.first is None:
             if self.incomplete:
                 return (f"no divergence in the rows that could be read, but the traces are damaged "
@@ -226,6 +288,26 @@ class DiffReport:
         where = f"seq {w.get('pair')} pos {w.get('pos')}" + (f" depth {w['depth']}" if w.get("depth") else "")
         return f"first divergence: {self.first.name} at {where}{why}{self._reexec_words()}{self._damage_note()}"
 
+    def _nothing_words(self) -> str:
+        """The verdict when no row was compared (``nothing_compared``): what each side holds and what to do."""
+        held = Pair(self.traces.x.records, self.traces.y.records)
+        empty = [lab for lab, n in ((self.labels.x, held.x), (self.labels.y, held.y)) if n == 0]
+        todo = (f"record the {empty[0]} side again (a server that died on its first request leaves its sequences "
+                "and no tensor)" if len(empty) == 1 else
+                "the traces hold no tensor in common: record both sides of one pipeline (record train --replay "
+                "SERVE_TRACE)")
+        return (f"nothing compared: no tensor row of the {len(self.alignment.seq_pairs)} aligned sequences is held "
+                f"by both sides ({self.labels.x} {held.x} records, {self.labels.y} {held.y}), so equivalence is not "
+                f"shown; {todo}")
+
+    def _outcome_words(self) -> str:
+        """The verdict of an acceptance gap with no divergence (``outcome_differs``)."""
+        left = self.not_compared_rows()
+        where = (f"; not compared: {', '.join(left[:4])}" + (f" (+{len(left) - 4} more)" if len(left) > 4 else "")
+                 if left else "; every aligned row of every tensor was compared")
+        return (f"the outcome differs: no tensor diverged, yet serving accepts differently from training at the "
+                f"same steps ({self.outcome.words()}){where}")
+
     def _reexec_words(self) -> str:
         """The verdict's clause on the draft stages re-execution moved past (rerun/reexec.py), or ""."""
         return self.reexecution.words() if self.reexecution is not None else ""
@@ -250,6 +332,9 @@ class DiffReport:
             "verdict": self.verdict(),
             "diverged": self.diverged,
             "incomplete": self.incomplete,
+            **({"cut_off": self.cut_off} if self.cut_off else {}),  # only then: other reports' JSON as it was
+            **({"nothing_compared": True} if self.nothing_compared else {}),  # likewise
+            **({"outcome_differs": [asdict(d) for d in self.outcome_differs]} if self.outcome_differs else {}),
             "crash": self.crash,
             "damage": [{"message": d.message(), **asdict(d)} for d in self.damage],
             "labels": [self.labels.x, self.labels.y],

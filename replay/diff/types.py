@@ -410,3 +410,28 @@ class ContractMismatch:
 def bearing_on(mismatches: list[ContractMismatch], stage: str) -> list[ContractMismatch]:
     """The mismatches that bear on a first divergence at ``stage`` (unknown facts included)."""
     return [m for m in mismatches if m.bears_on(stage)]
+
+
+@dataclass(frozen=True)
+class DiffInputs:
+    """What the stages after alignment read of a diff, built once by the pipeline (replay/diff/pipeline.py)
+    and handed down: the context prover (judge/context_proof.py), the draft runner (runner.py), re-execution
+    and the narrowing (rerun/), the explanations (explain/). Nothing in it is an output of those stages.
+
+    Attributes:
+        traces: the opened traces (``Pair`` of tracer.store traces).
+        labels: how the sides are named (``side_names``).
+        alignment: the sequence pairs (align/align.py).
+        contract: the contract mismatches, most severe first (contract/check.py ``check_contracts``,
+            run once per diff).
+    """
+
+    traces: Pair
+    labels: Pair
+    alignment: Alignment
+    contract: list[ContractMismatch]
+
+    @property
+    def paths(self) -> Pair[str]:
+        """Each trace's path (or fsspec URL)."""
+        return self.traces.map(lambda t: t.path)

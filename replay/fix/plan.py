@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from specdiff.eagle3.config_keys import config_value
+from specdiff.eagle3.engines import REGISTRY
 from specdiff.eagle3.norms import NORM_FLAGS, read_norm_flags
 from specdiff.replay.diff.causes import cause_row
 from specdiff.replay.diff.explain.aux import aux_fix
@@ -39,7 +40,7 @@ from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.paths import contract_path, is_model_dir
 
 __all__ = ["ConfigEdit", "FixPlan", "NoMechanicalFix", "OptionEdit", "TensorEdit", "plan_fix", "PLANNERS",
-           "OPTION_PLANNERS", "GRAFT_INPUT", "apply_options"]
+           "OPTION_PLANNERS", "apply_options"]
 
 
 class NoMechanicalFix(SpecdiffError):
@@ -142,19 +143,6 @@ class _Sides:
         return None
 
 
-#: causes that have no mechanical fix, and why, in words (the default: the cause's kind and meaning)
-REASONS = {
-    "embed_source": "the draft needs the embedding it was trained with, which is another model's weights",
-    "lm_head_source": "the draft needs its trained lm_head, which the served checkpoint does not hold",
-    "hidden_half": "the hidden half of the attention input differs: no config key or buffer says how",
-    "spec_topk": "it is a recording option (record train --topk), not the draft",
-    "logits_topk": "it is a recording option, not the draft",
-    "token_format": "it is how the prompts were tokenized, not the draft",
-    "nonfinite_weights": "the trained weights are needed to replace the non-finite ones",
-    "unloaded_params": "the missing tensors are trained weights the served checkpoint does not hold",
-}
-
-
 def plan_fix(report) -> FixPlan | None:
     """The fix of ``report``'s (replay/diff/result.py ``DiffReport``) first divergence; None when
     nothing diverged.
@@ -188,7 +176,7 @@ def plan_fix(report) -> FixPlan | None:
     planner = PLANNERS.get(e.cause)
     options = OPTION_PLANNERS.get(e.cause)
     if planner is None and options is None:
-        why = REASONS.get(e.cause) or (f"a {row.kind} difference: {row.meaning}" if row.kind != "bug"
+        why = row.no_fix or (f"a {row.kind} difference: {row.meaning}" if row.kind != "bug"
                                        else row.meaning)
         raise NoMechanicalFix(f"no mechanical fix for {e.cause} at {first}: {why}")
     found = contract_path(serve, "draft_name", want=is_model_dir)
@@ -324,10 +312,13 @@ def _given(serve, name: str):
     return entry.get("value") if isinstance(entry, dict) else None
 
 
-def _sglang_only(s: _Sides, e) -> None:
+def _offered(s: _Sides, e, option: str) -> None:
+    """Raises NoMechanicalFix unless the serving engine offers ``option`` for a fix (its
+    eagle3/engines.py ``EngineSpec.fix_options``)."""
     engine = known(s.serve.contract, "engine")
-    if engine != "sglang":
-        raise NoMechanicalFix(f"no mechanical fix for {e.cause}: the option it needs is SGLang's; the serving trace "
+    if option not in getattr(REGISTRY.get(str(engine)), "fix_options", ()):
+        owners = " / ".join(spec.title for spec in REGISTRY.values() if option in spec.fix_options)
+        raise NoMechanicalFix(f"no mechanical fix for {e.cause}: the option it needs is {owners}'s; the serving trace "
                               f"was recorded on {engine}")
 
 
@@ -337,7 +328,7 @@ def _window_option(s: _Sides, e) -> list[OptionEdit]:
     step's draft tokens: llama_eagle3.py:286-299, eagle3/attention_window.py ``KV``), or none."""
     from specdiff.eagle3.attention_window import KV
 
-    _sglang_only(s, e)
+    _offered(s, e, "--speculative-draft-window-size")
     windows = known(s.train.contract, "draft_attention_window")
     if not isinstance(windows, list) or not windows:
         raise NoMechanicalFix(f"no mechanical fix for {e.cause}: the training trace records no draft attention window")
@@ -354,13 +345,13 @@ def _window_option(s: _Sides, e) -> list[OptionEdit]:
 
 def _algorithm_option(s: _Sides, e) -> list[OptionEdit]:
     """Serve the EAGLE-3 draft as EAGLE3 (SGLang then feeds it the aux hidden states)."""
-    _sglang_only(s, e)
+    _offered(s, e, "--speculative-algorithm")
     return [OptionEdit("--speculative-algorithm", known(s.serve.contract, "spec_algorithm"), "EAGLE3")]
 
 
 def _dtype_option(s: _Sides, e) -> list[OptionEdit]:
     """Serve in the dtype training computed in (an fp16 overflow is bf16's range away)."""
-    _sglang_only(s, e)
+    _offered(s, e, "--dtype")
     want = known(s.train.contract, "dtype")
     if want is None:  # never a default: the dtype served is the one training recorded computing in
         raise NoMechanicalFix(f"no mechanical fix for {e.cause}: the training trace records no dtype to serve in")
@@ -369,15 +360,6 @@ def _dtype_option(s: _Sides, e) -> list[OptionEdit]:
         raise NoMechanicalFix(f"no mechanical fix for {e.cause}: training computed in float16 too")
     return [OptionEdit("--dtype", _given(s.serve, "dtype"), want)]
 
-
-#: cause id -> the input ``specdiff diff --graft`` substitutes that stands for its fix
-#: (replay/diff/rerun/graft.py ``GraftResult.name``): its accept length is the estimate before a re-run
-GRAFT_INPUT = {
-    "aux_layer_shift": "target.aux_cat", "aux_ids_default": "target.aux_cat", "aux_layer_count": "target.aux_cat",
-    "aux_slot_permutation": "target.aux_cat",
-    "d2t_direct_ids": "draft.d2t", "d2t_missing": "draft.d2t", "d2t_arange": "draft.d2t", "d2t_other_map": "draft.d2t",
-    "norm_before_fc": "norm flags",
-}
 
 #: cause id -> planner(sides, explanation) -> (config edits, tensor edits)
 PLANNERS = {

@@ -28,17 +28,19 @@ class TargetError(SpecdiffError):
     """A target model that cannot be loaded or captured (one clear line)."""
 
 
-def load_target(path: str | Path, *, dtype: torch.dtype = torch.bfloat16):
+def load_target(path: str | Path, *, dtype: torch.dtype = torch.bfloat16, device_map: str | None = None):
     """Load a local HF causal LM (e.g. LlamaForCausalLM) in eval mode, offline. The parameters the
     checkpoint did not provide (transformers' ``missing_keys``: it initialises them) are kept, sorted,
-    as the model's ``specdiff_missing_keys`` (the contract's ``target_unloaded``)."""
+    as the model's ``specdiff_missing_keys`` (the contract's ``target_unloaded``). ``device_map``: passed to
+    ``from_pretrained`` as given (``auto`` spreads the target over the devices accelerate sees); None: not passed."""
     from transformers import AutoModelForCausalLM
     path = Path(path)
     if not (path / "config.json").is_file():
         raise TargetError(f"{path}: no config.json (a local Hugging Face model directory is needed)")
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True,
-                                                           output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, local_files_only=True, output_loading_info=True,
+            **({"device_map": device_map} if device_map is not None else {}))
     except Exception as e:
         raise TargetError(f"cannot load target {path}: {type(e).__name__}: {e}") from None
     model.specdiff_missing_keys = sorted(info.get("missing_keys") or ())

@@ -27,7 +27,7 @@ from specdiff.eagle3.acceptance import AcceptTally
 from specdiff.eagle3.row_error import relative_error
 from specdiff.tracer.schema import spec_for
 
-__all__ = ["FLOOR_TOKENS", "measure_noise_floor", "probe_sequences"]
+__all__ = ["FLOOR_TOKENS", "measure_noise_floor", "probe_sequences", "without_target_floor"]
 
 #: tokens the re-run covers (whole sequences, at least one): enough rows for a stable median of every
 #: stage (a sequence of T tokens gives T rows per aux slot and about T per draft depth)
@@ -66,9 +66,22 @@ def _free_bytes(device: torch.device) -> int:
 
 def _recast(module, dtype: torch.dtype):
     """A copy of ``module`` with its floating parameters and buffers in ``dtype`` (integer buffers,
-    such as d2t, kept)."""
-    twin = copy.deepcopy(module)
-    return twin.to(dtype)
+    such as d2t, kept as copies in theirs); ``module`` is not changed.
+
+    Each floating tensor is converted straight into its copy (``deepcopy``'s memo holds the converted
+    tensor under the original's id), so the copy never exists at the recorded dtype: ``deepcopy`` then
+    ``.to(dtype)`` first held a whole second model at it. The peak is the original plus the copy at
+    ``dtype``; that saves memory where the recorded dtype is the wider one (a float32 recording re-run in
+    bfloat16: no float32 copy). A bfloat16 recording re-run in float32 peaks at the float32 copy either way
+    (measured equal). Tensors shared between modules (a tied embedding) stay one tensor in the copy."""
+    memo: dict[int, object] = {}
+    for t in (*module.parameters(), *module.buffers()):
+        if id(t) in memo or not t.is_floating_point():
+            continue
+        cast = t.detach().to(dtype=dtype, copy=True)
+        memo[id(t)] = torch.nn.Parameter(cast, requires_grad=t.requires_grad) if isinstance(
+            t, torch.nn.Parameter) else cast
+    return copy.deepcopy(module, memo)
 
 
 def _fresh(replayer, target, draft):
@@ -116,8 +129,9 @@ def measure_noise_floor(replayer, seqs, seq_ids: list[int], *, skip: bool = Fals
     ids, lengths = replayer.pad([seqs[i] for i in picked])
     keys = [seq_ids[i] for i in picked]
     base = _fresh(replayer, target, draft)  # the trace's acceptance tallies stay as recorded
-    recorded = base.rows(keys, *base.forward(ids, lengths)).collected()
-    rerun = twin.rows(keys, *twin.forward(ids, lengths)).collected()
+    batch = [seqs[i] for i in picked]
+    recorded = base.rows(keys, *base.forward(ids, lengths, batch)).collected()
+    rerun = twin.rows(keys, *twin.forward(ids, lengths, batch)).collected()
     del twin
     tensors = {}
     for name, (data, *_keys) in recorded.items():
@@ -135,6 +149,16 @@ def measure_noise_floor(replayer, seqs, seq_ids: list[int], *, skip: bool = Fals
             tensors[name] = {"median_rel": float(np.median(rel)), "p90_rel": float(np.quantile(rel, 0.9)),
                              "rows": int(len(rel))}
     return {"method": _method(t_dtype, d_dtype), "sequences": len(picked), "tensors": tensors}
+
+
+def without_target_floor(floor: dict, why: str) -> dict:
+    """The noise floor ``floor`` (``measure_noise_floor``'s dict) without its ``target.*`` stages, its method
+    saying ``why`` they were not measured: a training side whose target states were not computed here (a
+    trainer's stored features, a target run in a serving engine) has no target forward to re-run."""
+    if not floor.get("tensors"):
+        return floor
+    kept = {k: v for k, v in floor["tensors"].items() if not k.startswith("target.")}
+    return {**floor, "tensors": kept, "method": f"{floor['method']}; target.* not measured: {why}"}
 
 
 def _method(target: torch.dtype, draft: torch.dtype) -> str:

@@ -50,9 +50,8 @@ contract field ``defaults_used``.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -66,8 +65,6 @@ from specdiff.replay.model.target_capture import (
     target_lm_head,
     target_num_layers,
 )
-from specdiff.replay.record.errors import RecordTrainError
-from specdiff.replay.record.noise_floor import measure_noise_floor
 from specdiff.replay.record.replayer import LOGITS_TOPK, TrainReplayer
 from specdiff.replay.record.sequences import (
     TrainSequence,
@@ -87,13 +84,16 @@ from specdiff.replay.record.train_facts import (
 from specdiff.replay.record.train_options import (
     AUX_CONVENTION_DEFAULT,
     CAPTURE_LEVELS,
+    check_aux_convention,
     check_counts,
+    check_device,
     fill_defaults,
 )
+from specdiff.replay.record.train_writer import RecordTrainResult, write_train_trace
+from specdiff.replay.trainers.errors import RecordTrainError
 from specdiff.replay.trainers.registry import DEFAULT_TRAINER, load_trainer_draft, require_trainer
 from specdiff.tracer.contract import known, target_identity_facts, validate_contract
 from specdiff.tracer.contract_fields import DEFAULTS_USED
-from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.paths import recorded_path
 from specdiff.tracer.store import TraceWriter
@@ -101,35 +101,6 @@ from specdiff.tracer.store import TraceWriter
 __all__ = ["RecordTrainError", "TrainSequence", "RecordTrainResult", "CAPTURE_LEVELS",
            "LOGITS_TOPK", "sequences_from_trace", "sequences_from_prompts", "resolve_train_aux",
            "TrainReplayer", "TrainSide", "check_train_options", "load_train_side", "record_train"]
-
-@dataclass
-class RecordTrainResult:
-    """What ``record_train`` wrote.
-
-    Attributes:
-        path: the trace.
-        sequences / positions: sequences replayed and their total length.
-        aux: the aux resolution used (training layers).
-        accept_rate: per depth k, the fraction of valid rows with ``draft.accept``.
-        accept_cum_rate: per depth k, the fraction with ``draft.accept_cum``.
-        mean_accept_length: chain accept length 1 + sum_k accept_cum, averaged over positions
-            whose every depth is valid (SGLang's ``spec_accept_length`` counts the bonus token too).
-        seconds: wall time of the replay (model loading excluded).
-        notes: plain-words remarks (draft notes, aux notes).
-        defaults_used: option -> {"value", "source"} for every option the caller left unset.
-    """
-
-    path: str
-    sequences: int
-    positions: int
-    aux: AuxResolution
-    accept_rate: list[float]
-    accept_cum_rate: list[float]
-    mean_accept_length: float
-    seconds: float
-    notes: list[str] = field(default_factory=list)
-    defaults_used: dict[str, dict] = field(default_factory=dict)
-
 
 def _sha256_file(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
@@ -147,20 +118,6 @@ def _parse_dtype(name: str, what: str) -> torch.dtype:
     if name not in DTYPES:
         raise RecordTrainError(f"{what} {name!r}: use one of {', '.join(DTYPES)}")
     return DTYPES[name]
-
-
-def _check_device(device: str | None) -> None:
-    """Refuse a ``--device`` torch cannot name or this machine does not have (before the models load)."""
-    if device is None:
-        return
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise RecordTrainError(f"--device {device!r}: not a torch device; use cpu, cuda or cuda:N") from None
-    count = torch.cuda.device_count() if dev.type == "cuda" else None
-    if count is not None and (count == 0 or (dev.index or 0) >= count):
-        raise RecordTrainError(f"--device {device}: this machine has {count} CUDA device(s); use --device cpu"
-                               + (f" or cuda:0..cuda:{count - 1}" if count else ""))
 
 
 def _aux_defaults(aux_layers, aux_convention, loaded: LoadedDraft, aux: AuxResolution) -> dict[str, dict]:
@@ -194,10 +151,7 @@ def check_train_options(*, aux_layers=None, aux_convention: str | None = None, s
     Raises:
         RecordTrainError: one line naming the option.
     """
-    if aux_convention is not None and aux_layers is None:
-        raise RecordTrainError(f"--aux-convention {aux_convention} says how to read --aux-layers, which is "
-                               "missing; give both (e.g. --aux-layers 0,3,6 --aux-convention hf) or neither "
-                               "(the draft config's ids in its own convention)")
+    check_aux_convention(aux_layers, aux_convention)
     check_counts(steps=steps, topk=topk, probe_positions=probe_positions, max_new_tokens=max_new_tokens,
                   batch_size=batch_size, replay=replay)
     for opt, name in (("--dtype", dtype), ("--target-dtype", target_dtype)):
@@ -207,7 +161,7 @@ def check_train_options(*, aux_layers=None, aux_convention: str | None = None, s
         raise RecordTrainError(f"--capture {capture!r}: use one of {', '.join(CAPTURE_LEVELS)}")
     if aux_convention is not None and aux_convention not in CONVENTIONS:
         raise RecordTrainError(f"--aux-convention {aux_convention!r}: use one of {', '.join(CONVENTIONS)}")
-    _check_device(device)
+    check_device(device)
     if trainer is not None:
         require_trainer(trainer)
 
@@ -232,6 +186,8 @@ class TrainSide:
         trainer: the ``replay.trainers`` draft that computes the forward (``replayer.draft``) when
             ``--trainer`` names one other than specdiff, else None (the reference forward).
         specforge: what SpecForge recorded of the run (``specforge_contract.read_specforge``), or None.
+        amend_facts: called with the computed contract facts last, before they are validated (the
+            features side, which knows its target only from stored files: replay/record/record_features.py).
     """
 
     target_dir: Path
@@ -245,6 +201,7 @@ class TrainSide:
     served: dict
     trainer: object | None = None
     specforge: SpecForgeRecord | None = None
+    amend_facts: Callable[[dict], None] | None = None
 
     def contract(self, seqs: list[TrainSequence], *, out: str, replay: str | None = None) -> tuple[dict, list[str]]:
         """The contract facts of a training trace of ``seqs`` written to ``out`` (validated), and
@@ -299,6 +256,8 @@ class TrainSide:
             if known(served, "aux_hf_indices") is not None:
                 facts["served_aux_hf_indices"] = list(served["aux_hf_indices"])
             notes.extend(prenorm_notes(served, aux, L))
+        if self.amend_facts is not None:
+            self.amend_facts(facts)
         try:
             validate_contract(facts, where=str(out))
         except TraceError as e:
@@ -344,7 +303,7 @@ class TrainSide:
         rep = self.replayer
         for idx in batches_by_length(seqs, int(self.options["batch_size"]), max_batch_tokens):
             ids, lengths = TrainReplayer.pad([seqs[i] for i in idx])
-            cap, tout = rep.forward(ids, lengths)
+            cap, tout = rep.forward(ids, lengths, [seqs[i] for i in idx])
             yield len(idx), rep.rows([seq_ids[i] for i in idx], cap, tout)
 
 
@@ -354,7 +313,8 @@ def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: di
                     capture: str | None = None, probe_positions: int | None = None,
                     max_new_tokens: int | None = None, batch_size: int | None = None,
                     device: str | None = None, extra_defaults: dict | None = None,
-                    trainer: str | None = None, draft_window: int | None = None) -> TrainSide:
+                    trainer: str | None = None, draft_window: int | None = None, target=None,
+                    aux=None, device_map: str | None = None) -> TrainSide:
     """Load the target and the draft checkpoint and resolve the training aux layers and every
     option left None (``train_options.fill_defaults``; steps / topk from ``served``, the serving
     trace's contract). Options are checked first (``check_train_options``).
@@ -363,6 +323,11 @@ def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: di
     ``trainer``: compute the draft forward with this trainer's own model (``replay.trainers``);
     None or ``specdiff``: the reference forward. The reference draft is loaded either way (its
     parsed config and facts are the draft's contract facts). ``draft_window``: ``LoadedDraft.serve_window``.
+    ``target``: a target already at hand that holds its hidden states (record_features' ``FeatureTarget``),
+    used instead of loading one; ``aux``: its layers (a ``TrainAux``), used instead of resolving the
+    training layers (``aux_layers`` / ``aux_convention`` then only said where they came from).
+    ``device_map``: load the transformers target with it (``load_target``) instead of moving it to ``device``;
+    kept in ``engine_options.device_map``.
 
     Raises:
         RecordTrainError / CheckpointError / TargetError: one line each.
@@ -375,21 +340,26 @@ def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: di
     opts, defaults_used = fill_defaults(
         {"steps": steps, "topk": topk, "dtype": dtype, "target_dtype": target_dtype, "capture": capture,
          "probe_positions": probe_positions, "max_new_tokens": max_new_tokens, "batch_size": batch_size,
-         "device": device}, served)
+         "device": device}, served, cuda_available=torch.cuda.is_available())
     ddtype = _parse_dtype(opts["dtype"], "--dtype")
     tdtype = _parse_dtype(opts["target_dtype"], "--target-dtype")
 
     quiet_transformers()
-    target = load_target(target_dir, dtype=tdtype).to(opts["device"])
+    if device_map is not None:  # engine_options.device_map: how the target was spread, as given
+        opts["device_map"] = device_map
+    if target is None and device_map is not None:
+        target = load_target(target_dir, dtype=tdtype, device_map=device_map)
+    elif target is None:
+        target = load_target(target_dir, dtype=tdtype).to(opts["device"])
     L = target_num_layers(target)
-    loaded = load_draft(draft_dir, dtype=ddtype, target_embedding=target_embedding(target).float(),
-                        target_lm_head=target_lm_head(target).float())
+    loaded = load_draft(draft_dir, dtype=ddtype, target_embedding=target_embedding(target),
+                        target_lm_head=target_lm_head(target))
     loaded.model.to(opts["device"])  # nn.Module.to moves the module in place
     if draft_window is not None:
         loaded.serve_window(draft_window)
-    aux = resolve_train_aux(loaded, L, aux_layers, aux_convention,
-                            architecture=target_architecture(target.config.to_dict()))
-    defaults_used = {**_aux_defaults(aux_layers, aux_convention, loaded, aux), **defaults_used,
+    given_aux, aux = aux, aux or resolve_train_aux(loaded, L, aux_layers, aux_convention,
+                                                   architecture=target_architecture(target.config.to_dict()))
+    defaults_used = {**({} if given_aux else _aux_defaults(aux_layers, aux_convention, loaded, aux)), **defaults_used,
                      **(extra_defaults or {}),
                      **{f"draft_config.{k}": v for k, v in loaded.config.defaults_used.items()}}
     if int(opts["topk"]) > loaded.config.draft_vocab_size:
@@ -413,7 +383,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
                  max_new_tokens: int | None = None, batch_size: int | None = None,
                  max_batch_tokens: int = 8192, overwrite: bool = False, device: str | None = None,
                  trainer: str | None = None, draft_window: int | None = None, noise_floor: bool = True,
-                 specforge_checkpoint=None, specforge_config=None,
+                 specforge_checkpoint=None, specforge_config=None, device_map: str | None = None,
                  progress: Callable[[int], None] | None = None,
                  on_start: Callable[[int, RecordTrainResult], None] | None = None) -> RecordTrainResult:
     """Replay sequences through target + draft and write a training-side trace at ``out``.
@@ -433,6 +403,8 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         steps: TTT depths (default: the serving trace's spec_steps, else 3).
         topk: ``draft.topk`` width (default: the serving trace's spec_topk, else 1).
         dtype: draft compute dtype; target_dtype: target dtype (the serving dtype, bf16).
+        device: torch device of both models (default: cuda when torch sees one, else cpu:
+            ``train_options.default_device``; the contract's ``engine_options.device`` holds it).
         capture: ``default`` (top-8 logits + logsumexp) or ``full`` (all draft logits).
         probe_positions: every HF hidden state is recorded at the first this-many positions.
         progress: called with the number of sequences finished after each batch.
@@ -443,6 +415,7 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
         draft_window: the draft attends as SGLang serves it with ``--speculative-draft-window-size``.
         noise_floor: measure the floor a shift is judged against (replay/record/noise_floor.py; False: not).
         specforge_checkpoint / specforge_config: SpecForge's checkpoint and run config to read (specforge_contract).
+        device_map: ``from_pretrained``'s device_map for the target (``auto``: spread over devices), as given.
 
     Raises:
         RecordTrainError / CheckpointError / TargetError / TraceError: one line each.
@@ -465,31 +438,11 @@ def record_train(target_dir: str | Path, draft_dir: str | Path, out: str, *,
     side = load_train_side(target_dir, draft_dir, served=served, aux_layers=aux_layers, aux_convention=aux_convention,
                            steps=steps, topk=topk, dtype=dtype, target_dtype=target_dtype, capture=capture,
                            probe_positions=probe_positions, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                           device=device, extra_defaults=token_defaults, trainer=trainer, draft_window=draft_window)
+                           device=device, extra_defaults=token_defaults, trainer=trainer, draft_window=draft_window,
+                           device_map=device_map)
     side.specforge = specforge
     if int(side.options["max_new_tokens"]) > 0:
         seqs = extend_greedy(side.target, seqs, int(side.options["max_new_tokens"]))
-    facts, notes = side.contract(seqs, out=str(out), replay=replay)
-    writer, seq_ids = side.open_trace(str(out), seqs, facts, overwrite=overwrite)
-    rep = side.replayer
-    result = RecordTrainResult(str(out), len(seqs), int(sum(len(s.tokens) for s in seqs)), side.aux,
-                               [], [], float("nan"), 0.0, notes, side.defaults_used)
-    if on_start:
-        on_start(len(seqs), result)
-    t0 = time.perf_counter()
-    # Appends run on one thread so compression and I/O overlap the next batch's forward;
-    # lossless: a full queue waits, and a write error is raised here by submit / close.
-    aw = AsyncTraceWriter(writer, lambda w, item: item[1].flush(w), max_items=2, lossless=True,
-                          on_written=(lambda item: progress(item[0])) if progress else None)
-    end: dict = {}
-    try:
-        for item in side.batches(seqs, seq_ids, max_batch_tokens=max_batch_tokens):
-            aw.submit(item)
-        end = side.accept_facts()
-        acc, acc_cum, mean = rep.accept_rates()
-        end["noise_floor"] = measure_noise_floor(rep, seqs, seq_ids, skip=not noise_floor)
-    finally:
-        aw.close(timeout_s=None, contract=end)
-    result.accept_rate, result.accept_cum_rate, result.mean_accept_length = acc, acc_cum, mean
-    result.seconds = time.perf_counter() - t0
-    return result
+    return write_train_trace(side, seqs, str(out), replay=replay, overwrite=overwrite,
+                             max_batch_tokens=max_batch_tokens, noise_floor=noise_floor, progress=progress,
+                             on_start=on_start)

@@ -15,9 +15,9 @@ from specdiff.eagle3.acceptance import AcceptTally
 from specdiff.eagle3.aux_layers import AuxResolution
 from specdiff.replay.model.draft_model import Eagle3Draft, TTTOutput
 from specdiff.replay.model.target_capture import TargetCapture, capture_target, target_num_layers
-from specdiff.replay.record.errors import RecordTrainError
 from specdiff.replay.record.sequences import TrainSequence
 from specdiff.replay.record.train_options import CAPTURE_LEVELS
+from specdiff.replay.trainers.errors import RecordTrainError
 from specdiff.tracer.rows import TOPK_WIDTH, RowBatch, RowLayout, target_rows, ttt_rows
 from specdiff.tracer.store import TraceWriter
 
@@ -66,11 +66,18 @@ class TrainReplayer:
         return ids, lengths
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[TargetCapture, TTTOutput]:
-        """The bare forward: target with hidden states, then the draft's TTT forward."""
-        cap = capture_target(self.target, input_ids, self.aux.hf_indices, lengths=lengths,
-                             keep_all=self.probe_positions > 0, prenorm=getattr(self.aux, "prenorm", ()),
-                             top_logits=LOGITS_TOPK)
+    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor,
+                seqs: list[TrainSequence] | None = None) -> tuple[TargetCapture, TTTOutput]:
+        """The bare forward: target with hidden states, then the draft's TTT forward. A target that
+        holds its hidden states already (``capture_batch``: replay/record/feature_target.py, stored
+        features) gives them for the batch's sequences ``seqs`` instead of running."""
+        prenorm = getattr(self.aux, "prenorm", ())
+        if hasattr(self.target, "capture_batch"):
+            cap = self.target.capture_batch(input_ids, lengths, seqs, hf_indices=self.aux.hf_indices,
+                                            prenorm=prenorm, top_logits=LOGITS_TOPK)
+        else:
+            cap = capture_target(self.target, input_ids, self.aux.hf_indices, lengths=lengths,
+                                 keep_all=self.probe_positions > 0, prenorm=prenorm, top_logits=LOGITS_TOPK)
         dev = next(self.draft.parameters()).device
         out = self.draft.ttt_forward(cap.aux_cat.to(dev), input_ids.to(dev), self.steps, lengths=lengths,
                                      pad_id=self.pad_id)

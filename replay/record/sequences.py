@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdiff.replay.record.errors import RecordTrainError
+from specdiff.replay.trainers.errors import RecordTrainError
 from specdiff.tracer.jsonl import iter_jsonl
 from specdiff.tracer.store import open_trace
 

@@ -23,7 +23,7 @@
 Everything is recorded as read (contract field ``specforge_contract``); nothing is filled in. Each value
 is checked against what this recording uses (``SpecForgeRecord.facts``), and each disagreement is one
 named entry with its fix (``disagreements``), which ``record train`` prints and ``specdiff diff`` reports
-as a contract warning of the training side (replay/diff/explain/contract_check.py).
+as a contract warning of the training side (replay/diff/contract/check.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdiff.eagle3.aux_layers import ConventionError, native_aux_ids, resolve_aux_ids
-from specdiff.replay.record.errors import RecordTrainError
+from specdiff.replay.trainers.errors import RecordTrainError
 from specdiff.replay.trainers.registry import TRAINERS, trainer_version
 
 __all__ = ["FIELD", "PROVENANCE_KEY", "STATE_FILE", "SpecForgeRecord", "read_specforge"]

@@ -18,8 +18,8 @@ import dataclasses
 from specdiff.eagle3.aux_layers import AuxResolution, ConventionError, engine_capture, resolve_aux_ids
 from specdiff.eagle3.families import sglang_family_rule
 from specdiff.replay.model.checkpoint import LoadedDraft
-from specdiff.replay.record.errors import RecordTrainError
 from specdiff.replay.record.train_options import AUX_CONVENTION_DEFAULT
+from specdiff.replay.trainers.errors import RecordTrainError
 
 __all__ = ["TrainAux", "resolve_train_aux"]
 

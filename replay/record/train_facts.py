@@ -50,7 +50,7 @@ def draft_config_fact(loaded) -> dict:
 def live_facts(target, loaded, options: dict, target_dir) -> dict:
     """The facts read whole off the training side's live objects (tracer/contract.py: ``target_config``,
     ``draft_config``, ``engine_options``, the structures, the checkpoints' fingerprints on the load path,
-    the parameters the checkpoints did not provide).
+    the parameters the checkpoints did not provide, the buffers and rope tables: ``train_state``).
 
     Args:
         target: the HF target as loaded (``replay.model.target_capture.load_target``).
@@ -58,6 +58,7 @@ def live_facts(target, loaded, options: dict, target_dir) -> dict:
         options: record train's options, filled in (``TrainSide.options``).
         target_dir: the target's directory (its checkpoint files are what ``from_pretrained`` loaded).
     """
+    from specdiff.replay.record.train_state import train_state_facts
     from specdiff.tracer.config_facts import config_fact, json_safe
     from specdiff.tracer.weight_facts import (
         checkpoint_fingerprints,
@@ -79,6 +80,7 @@ def live_facts(target, loaded, options: dict, target_dir) -> dict:
         # load_draft refuses a checkpoint without a weight the forward needs; the embedding alone may come
         # from neither the checkpoint nor the target (then random: draft_notes says so)
         "draft_unloaded": ["embed_tokens.weight"] if getattr(m, "embed_source", None) == "random" else [],
+        **train_state_facts(target, loaded),  # buffers, rope tables, config overrides (none)
     }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from specdiff.replay.record.errors import RecordTrainError
+from specdiff.replay.trainers.errors import RecordTrainError
 
 __all__ = ["TRAINERS", "DEFAULT_TRAINER", "Trainer", "trainer_version", "require_trainer", "load_trainer_draft"]
 

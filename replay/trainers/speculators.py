@@ -48,8 +48,8 @@ import torch
 
 from specdiff.replay.model.draft_model import TTTOutput
 from specdiff.replay.model.weight_files import read_weight_headers
-from specdiff.replay.record.errors import RecordTrainError
 from specdiff.replay.trainers.base import TrainerDraft, unloaded_parameters
+from specdiff.replay.trainers.errors import RecordTrainError
 from specdiff.replay.trainers.stages import StageHooks
 from specdiff.tracer.weight_facts import layer_input_norms
 

@@ -5,9 +5,14 @@ module level, and no product module is over 500 lines.
 Layers, bottom to top (a module may import its own layer and the ones below, never one above):
 eagle3 (the EAGLE-3 rules, engine identities, family table) < tracer's format modules (schema, rows,
 contract) < tracer/store < tracer/engines (recorders and their writers) < replay/model <
-replay/preflight < replay/record and replay/trainers (a trainer's own draft forward) < replay/diff <
-replay/watch and replay/fix (a report's fix) < demo (the end-to-end demo) < tui (CLI and app). demo_models builds the demo's tiny models: it may import every product layer but tui, and
-no product module imports it. Inside replay/diff, types.py and causes.py are the bottom.
+replay/preflight < replay/trainers (a trainer's own draft forward, and record train's error) <
+replay/record < replay/diff < replay/watch and replay/fix (a report's fix) < demo (the end-to-end demo) <
+tui (CLI and app). demo_models builds the demo's tiny models: it may import every product layer but tui,
+and no product module imports it.
+
+Inside replay/diff the folders are layers in the order the diff runs (``DIFF_ORDER``): types.py and
+causes.py (and textwidth.py) < measure/ < align/ < contract/ < runner.py < judge/ < compare/ < rerun/ <
+explain/ < pipeline.py, result.py, report.py.
 ``if TYPE_CHECKING:`` imports count like any other (annotations name the layers they depend on too).
 """
 
@@ -18,16 +23,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("eagle3", "tracer", "replay", "demo", "tui", "demo_models")
+DIFF = "replay/diff/"
+#: replay/diff's layers, bottom to top, in the order the diff runs (its package docstring); the last,
+#: ``replay/diff/`` itself, holds pipeline.py, result.py and report.py
+DIFF_ORDER = (
+    ("types.py", "causes.py", "textwidth.py"), ("measure/",), ("align/",), ("contract/",), ("runner.py",),
+    ("judge/",), ("compare/",), ("rerun/",), ("explain/",), ("",),
+)
+#: the product's layers, bottom to top: each a tuple of path prefixes
+ORDER = (
+    ("eagle3/",), ("tracer/",), ("tracer/store/",), ("tracer/engines/",), ("replay/", "replay/model/"),
+    ("replay/preflight/",), ("replay/trainers/",), ("replay/record/",),
+    *(tuple(DIFF + p for p in layer) for layer in DIFF_ORDER),
+    ("replay/watch/", "replay/fix/"), ("demo/",), ("tui/",), ("demo_models/",),
+)
 #: (path prefix, layer): the longest prefix that matches a module's path names its layer
-LAYERS = {
-    "eagle3/": 0, "tracer/": 1, "tracer/store/": 2, "tracer/engines/": 3, "replay/": 4, "replay/model/": 4,
-    "replay/preflight/": 5, "replay/record/": 6, "replay/trainers/": 6, "replay/diff/": 7, "replay/watch/": 8, "replay/fix/": 8, "demo/": 9, "tui/": 10,
-    "demo_models/": 11,
-}
+LAYERS = {prefix: n for n, layer in enumerate(ORDER) for prefix in layer}
 #: pairs a lower layer number alone does not forbid
 FORBIDDEN = (("demo_models/", "tui/"),)
-DIFF = "replay/diff/"
-DIFF_BOTTOM = ("replay/diff/types.py", "replay/diff/causes.py")
 MAX_LINES = 500
 
 
@@ -69,8 +82,8 @@ def _layer(path: Path) -> int:
 
 
 def layering_violations() -> list[str]:
-    """``path:line imports module (why)`` for every import that goes up a layer, or that the diff's
-    bottom (types, causes) makes into the rest of the diff."""
+    """``path:line imports module (a layer above)`` for every import, at module level or inside a
+    function, that goes up a layer (``LAYERS``; inside replay/diff, up the order the diff runs)."""
     modules, out = _modules(), []
     for path in modules.values():
         rel = path.relative_to(ROOT).as_posix()
@@ -79,9 +92,6 @@ def layering_violations() -> list[str]:
             if _layer(modules[target]) > _layer(path) or any(rel.startswith(a) and trel.startswith(b)
                                                              for a, b in FORBIDDEN):
                 out.append(f"{rel}:{line} imports {target} (a layer above)")
-            elif rel in DIFF_BOTTOM and trel.startswith(DIFF) and trel not in DIFF_BOTTOM \
-                    and not trel.endswith("__init__.py"):
-                out.append(f"{rel}:{line} imports {target} (types and causes are the diff's bottom)")
     return sorted(out)
 
 
@@ -175,3 +185,25 @@ def test_the_checks_can_fail(tmp_path, monkeypatch):
         in import_cycles()
     assert oversized() == ["tracer/engines/_zz_layer_probe_back.py: 501 lines"]
     assert lazy_diff_imports() == ["replay/diff/_zz_lazy_probe.py:2 specdiff.replay.diff.types"]
+
+
+def test_the_diff_runs_up_its_folders_and_the_check_sees_an_import_back_down(tmp_path, monkeypatch):
+    # the layers inside replay/diff climb in the order the diff runs; a judge reaching up into compare/
+    # from inside a function and a measure module reaching up into align/ are each reported, a judge
+    # reading the runner below it is not
+    stages = ("types.py", "measure/metrics.py", "align/align.py", "contract/check.py", "runner.py",
+              "judge/context_proof.py", "compare/compare.py", "rerun/narrow.py", "explain/aux.py", "pipeline.py")
+    layers = [_layer(ROOT / DIFF / s) for s in stages]
+    assert layers == sorted(set(layers)) and _layer(ROOT / DIFF / "causes.py") == layers[0]
+    assert _layer(ROOT / DIFF / "result.py") == _layer(ROOT / DIFF / "report.py") == layers[-1]
+    root = copy_of_the_product(tmp_path)
+    monkeypatch.setitem(globals(), "ROOT", root)
+    (root / "replay" / "diff" / "judge" / "_zz_up.py").write_text(
+        "def f():\n    from specdiff.replay.diff.compare import compare  # noqa: F401\n")
+    (root / "replay" / "diff" / "measure" / "_zz_up.py").write_text(
+        "from specdiff.replay.diff.align.align import match_rows  # noqa: F401\n")
+    (root / "replay" / "diff" / "judge" / "_zz_down.py").write_text(
+        "from specdiff.replay.diff.runner import prepare  # noqa: F401\n")
+    assert layering_violations() == [
+        "replay/diff/judge/_zz_up.py:2 imports specdiff.replay.diff.compare.compare (a layer above)",
+        "replay/diff/measure/_zz_up.py:1 imports specdiff.replay.diff.align.align (a layer above)"]

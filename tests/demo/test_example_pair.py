@@ -98,8 +98,8 @@ def _ranked_ids_agree(ids_a: np.ndarray, ids_b: np.ndarray, values_a: np.ndarray
 
 
 #: tensors the recorders gained after the shipped pair was recorded (issue 33: the target's top-k
-#: logits, tracer/engines/target_logits.py)
-RECORDED_SINCE = ("target.logits_topk.values", "target.logits_topk.ids")
+#: logits, tracer/engines/target_logits.py; issue 45: what each draft step was fed, draft.input_ids)
+RECORDED_SINCE = ("target.logits_topk.values", "target.logits_topk.ids", "draft.input_ids")
 
 
 def _assert_same_pair(made: Path) -> None:
@@ -152,6 +152,12 @@ def _assert_same_pair(made: Path) -> None:
         # holds must still be recorded alike; re-recording it (regenerate.py) also needs the golden
         # JSON, the app's snapshots and `info`'s printing of the new dict facts redone.
         assert set(ca) <= set(cb), f"{side}: the script no longer records {sorted(set(ca) - set(cb))}"
+        # record train now says why it chose its --device default (the machine: train_options.py), newer
+        # wording than the shipped pair's: each default it holds must still be used with the same value
+        for c in (ca, cb):
+            if isinstance(c.get("defaults_used"), dict):
+                c["defaults_used"] = {k: v.get("value") if isinstance(v, dict) else v
+                                      for k, v in c["defaults_used"].items()}
         differ = [k for k in ca if json.dumps(ca[k], sort_keys=True) != json.dumps(cb[k], sort_keys=True)
                   and not isinstance(ca[k], float)]
         assert differ == [], f"{side}: contract facts differ from the shipped pair: {differ}"

@@ -339,8 +339,8 @@ def test_every_family_rule_cites_its_source():
 # ---- record train reads SGLang ids by the target's rule -------------------------------------------
 def test_record_train_aux_reads_sglang_ids_by_the_targets_rule(tmp_path, draft_src):
     from specdiff.replay.model.checkpoint import load_draft
-    from specdiff.replay.record.errors import RecordTrainError
     from specdiff.replay.record.train_aux import resolve_train_aux
+    from specdiff.replay.trainers.errors import RecordTrainError
 
     _, draft = _pair(tmp_path, draft_src, "deepseek_v3", [0, 3, 6])
     loaded = load_draft(draft)

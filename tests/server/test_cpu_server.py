@@ -97,7 +97,7 @@ def test_greedy_eagle3_output_equals_non_speculative_output_up_to_the_first_near
     the draft tree vs a 1-token decode), so they agree by design only until the plain run's
     top-2 logit margin is within the dtype's resolution (``replay.tolerance.first_near_tie``);
     past a near tie, which token wins depends on the CPU's matmul kernels."""
-    from specdiff.replay.diff.compare.tolerance import first_near_tie
+    from specdiff.replay.diff.measure.tolerance import first_near_tie
 
     dtype, plain_outputs, plain_top2 = plain_run
     with _speculating(request, model_root, spec, dtype) as srv:
@@ -131,7 +131,7 @@ def _speculating(request, model_root: Path, spec: SpecSettings, dtype: str):
 
 
 def test_near_tie_rule_on_constructed_logits():
-    from specdiff.replay.diff.compare.tolerance import NEAR_TIE_ULPS, first_near_tie, is_near_tie, logit_ulp
+    from specdiff.replay.diff.measure.tolerance import NEAR_TIE_ULPS, first_near_tie, is_near_tie, logit_ulp
 
     # bf16 keeps 8 significant bits: logits in [2, 4) are spaced 2**-6 apart, in [8, 16) 2**-4.
     assert logit_ulp(3.0, dtype="bfloat16") == 2.0 ** -6
@@ -174,7 +174,7 @@ def test_standin_attention_matches_sglang_torch_native_backend_in_fp32(model_roo
     with SGLang's own torch_native attention. Two attention kernels agree up to the first near
     tie (``replay.tolerance.first_near_tie``); in float32 this tiny model has none, so every
     token is compared (in bf16 a random model's near-tied logits flip between implementations)."""
-    from specdiff.replay.diff.compare.tolerance import first_near_tie
+    from specdiff.replay.diff.measure.tolerance import first_near_tie
 
     standin, top2 = plain_runs("float32")  # the stand-ins are the CPU server's default backend
     with ServerProcess(model_root / "target",
@@ -197,3 +197,34 @@ def test_a_cuda_server_runs_sglangs_own_launcher_without_the_cpu_recipe(tmp_path
     assert env == {"SPECDIFF_TRACE": "x"}  # no CPU stand-ins on PYTHONPATH
     with pytest.raises(ServerError, match="'tpu'"):
         ServerProcess(tmp_path / "t", device="tpu", port=1).command()
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "speculators"])
+def test_record_client_sends_each_stored_token_sequence_in_the_trainers_order(request, run_cli, tmp_path, fmt):
+    # the session's shared chain server answers the stored sequences as prompts; each request's reply says how
+    # many prompt tokens it took, so the stored ids are what was sent, in the trainer's file order
+    import numpy as np
+    import requests
+    import torch
+    from builders import write_stored_features
+
+    srv = request.getfixturevalue("bringup_chain_server").fresh()
+    rng = np.random.default_rng(3)
+    tokens = [rng.integers(1, 200, size=n) for n in (9, 14, 6)]
+    hidden = [torch.zeros(len(t), 3, 8) for t in tokens]
+    out = write_stored_features(tmp_path / fmt, fmt, tokens, hidden, [h[:, 0] for h in hidden])
+    seen = []
+    post = requests.post
+
+    def recording(url, *a, **kw):  # the request as it leaves the client, then the real answer
+        if url.endswith("/generate"):
+            seen.append(list((kw.get("json") or {}).get("input_ids") or []))
+        return post(url, *a, **kw)
+
+    request.getfixturevalue("monkeypatch").setattr(requests, "post", recording)
+    res = run_cli("record", "client", "--url", srv.url, "--prompts-from-features", out, "--max-new-tokens", "4")
+    assert res.exit_code == 0, res.output
+    assert seen == [t.tolist() for t in tokens]
+    lines = [ln for ln in res.stdout.splitlines() if ln.lstrip()[:1].isdigit()]
+    assert len(lines) == 3 and all(" tokens 4 " in ln for ln in lines), res.stdout
+    assert "mean accept length " in res.stdout

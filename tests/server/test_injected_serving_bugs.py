@@ -117,11 +117,11 @@ def test_control_chunked_prefill_and_radix_repeats_without_a_bug_are_clean(tmp_p
     # the draft re-run (narrow, graft, the context proof) covers the repeats too: their cached prefix
     # holds no aux row, so it is taken from the serving rows of the request that computed it
     from specdiff.replay.diff.pipeline import diff_traces
-    from specdiff.replay.diff.rerun.rerun import replay_plan, sides
+    from specdiff.replay.diff.runner import replay_plan, sides
 
     rep = diff_traces(str(train), str(serve), narrow=False)
-    tr, sv = sides(rep)
-    plan = {s.seq_train: s for s in replay_plan(rep, tr, sv)}
+    tr, sv = sides(rep.inputs)
+    plan = {s.seq_train: s for s in replay_plan(rep.inputs, tr, sv)}
     assert len(plan) == len(rep.alignment.seq_pairs), (len(plan), len(rep.alignment.seq_pairs))
     keys = trace.keys("target.aux_cat")
     for p in rep.alignment.seq_pairs:

@@ -56,8 +56,8 @@ def test_crash_requests_keep_the_ids_read_and_say_unknown_otherwise(fc_crash):
 def test_replay_takes_a_crashing_prompt_from_the_crash_record_when_no_sequence_was_written(tmp_path, fc_crash):
     """The vLLM recorder (and any engine that died before its writer ran) leaves the ids only in the
     crash record: the replay reads them there; ids it never read are said, not guessed."""
-    from specdiff.replay.record.errors import RecordTrainError
     from specdiff.replay.record.sequences import sequences_from_trace
+    from specdiff.replay.trainers.errors import RecordTrainError
 
     def serve(name, prompts):
         tw = TraceWriter(str(tmp_path / name), side="serve", contract={"engine": "vllm"})

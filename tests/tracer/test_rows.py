@@ -90,6 +90,8 @@ def test_record_train_rows_are_the_reference_forward_values_in_batch_order(tmp_p
                                     ("draft.positions", o.positions), ("draft.attn_in", o.attn_in),
                                     ("draft.hidden_out", o.hidden_out), ("draft.logits", o.logits)):
                         put(name, i, t, d, x[d][b, t])
+                    if d:  # what the forward embedded at depth d >= 1
+                        put("draft.input_ids", i, t, d, o.tokens[d][b, t])
     assert set(want) | {"draft.topk", "draft.topk_target", "draft.accept", "draft.accept_cum", "draft.d2t"} \
         == set(tr.names)
     # keys and order: batch by batch, depth by depth, row b then position t

@@ -27,7 +27,7 @@ def paths(tmp_path_factory, aux_traces) -> dict[str, str]:
     return {"a": aux_traces.write(root / "a.trace", side="train", hf=[0, 3, 6]),
             "b": aux_traces.write(root / "b.trace", side="serve", hf=[3, 6, 7]),
             "file": str(root / "afile"), "empty": str(root / "empty"), "missing": str(root / "missing"),
-            "prompts": str(root / "p.jsonl"), "tmp": str(root)}
+            "prompts": str(root / "p.jsonl"), "tmp": str(root), "tmp_name": root.name}
 
 
 #: (argv with {placeholders}, what the one line says: a regex searched after "specdiff: error: ")
@@ -77,6 +77,15 @@ BAD_INPUT = [
     ("record client --url localhost:1 --prompts {prompts}",
      r"^--url localhost:1: give the server's URL with its scheme, e.g. http://localhost:1$"),
     ("record client --url http://127.0.0.1:9 --prompts {missing}", r"cannot read prompts"),
+    # issue 46: no server at the URL was "the server at URL died during request 0"
+    ("record client --url http://127.0.0.1:9 --prompts {prompts}",
+     r"^no server answers at http://127.0.0.1:9 \(Connection refused\); start it first \(specdiff record serve "
+     r"\.\.\. -- SERVER ARGS\) or check --url$"),
+    # issue 46: a trace against itself agreed by construction, a silent exit 0
+    ("diff {a} {a}", r"^TRACE_A and TRACE_B are the same trace \(.*a\.trace\): a trace always agrees with itself; "
+                     r"give the training trace and the serving trace$"),
+    ("diff {a} {tmp}/./a.trace", r"the same trace"),
+    ("view {b} {tmp}/../{tmp_name}/b.trace", r"the same trace"),
     ("demo --workdir {file} --no-tui", r"^--workdir .*afile: cannot create .*afile/seed \(Not a directory\)$"),
     # no terminal: view refuses rather than waiting for keys that never come
     ("view {a} {b}", r"^view needs a terminal \(the app reads keys from stdin and draws on stderr\); for the "

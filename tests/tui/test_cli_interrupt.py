@@ -301,7 +301,7 @@ def test_an_interrupted_export_leaves_no_folder(monkeypatch, tmp_path):
     from specdiff.tui import export
     from specdiff.tui.view import Sel
 
-    def half(vm, sel, out):
+    def half(vm, sel, out, progress=None):
         (out / "a.trace").mkdir()
         raise KeyboardInterrupt
 
@@ -309,7 +309,7 @@ def test_an_interrupted_export_leaves_no_folder(monkeypatch, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         export.export_slice(None, Sel("target.aux.0", 0, 0, 1), root=tmp_path)
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(export, "_write_slice", lambda vm, sel, out: (out / "metrics.json").write_text("{}"))
+    monkeypatch.setattr(export, "_write_slice", lambda vm, sel, out, progress=None: (out / "metrics.json").write_text("{}"))
     done = export.export_slice(None, Sel("target.aux.0", 0, 0, 1), root=tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == [done.name] == ["specdiff-export-target.aux.0-seq0-pos1-depth0"]
     assert (done / "metrics.json").read_text() == "{}"

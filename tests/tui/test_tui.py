@@ -366,8 +366,7 @@ def test_shipped_pair_snapshot_shows_the_layer_match_table(snap_compare, tui):
 @needs_example
 async def test_d_says_why_the_deeper_rows_are_empty_on_the_shipped_pair(tmp_path, tui):
     app = _example_app(tmp_path)
-    said = []
-    app.notify = lambda message, **kw: said.append(message)
+    said = tui.notices(app)
     async with app.run_test(size=(120, 40)) as pilot:
         await tui.wait_for(pilot, tui.ready(app))
         await pilot.press("d")

@@ -38,7 +38,8 @@ async def test_recorded_seed_pair_opens_on_the_layer_shift(tmp_path, tui):
         await pilot.press("f", "e")
         await tui.wait_for(pilot, lambda: app.screen.query("#export-dir"))
         await pilot.press("enter")
-        await tui.wait_for(pilot, lambda: any(tmp_path.glob("specdiff-export-*")), timeout=30)
+        # the export runs in a worker and renames its folder into place once whole (tui/export.py)
+        await tui.wait_for(pilot, lambda: any(tmp_path.glob("specdiff-export-*/b.trace")), timeout=60)
         export = next(tmp_path.glob("specdiff-export-*"))
         assert open_trace(str(export / "b.trace")).rows("target.aux.0") > 0
         await pilot.press("q")

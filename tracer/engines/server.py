@@ -61,7 +61,8 @@ class EngineServer:
 
     ``with ServerProcess(target, draft_model_path=draft) as srv: srv.generate(...)``.
     The process runs in its own session; :meth:`stop` sends SIGTERM to that process group
-    (the server and the processes it spawned), then SIGKILL after ``grace_s``.
+    (the server and the processes it spawned), then SIGKILL after ``grace_s``, and waits (at most
+    ``writer_wait_s``) for the trace writer of ``env``'s ``SPECDIFF_TRACE`` to finish.
     The log (stdout and stderr) goes to ``log_path`` (a temp file by default), and its last
     lines are part of every start-up error. Subclasses implement ``command``.
     """
@@ -73,6 +74,8 @@ class EngineServer:
     port: int | None = None
     startup_timeout_s: float = 300.0
     grace_s: float = 15.0
+    #: how long ``stop`` waits for the trace's writer processes after the server is gone
+    writer_wait_s: float = 300.0
     log_path: str | os.PathLike | None = None
     python: str | None = None
     env: Mapping[str, str] | None = None
@@ -193,6 +196,14 @@ class EngineServer:
         while self._group_alive() and time.monotonic() < deadline:
             time.sleep(0.1)
         self._signal_group(signal.SIGKILL)
+        # The trace writer is in neither the group nor the tree (tracer/engines/writer/child.py
+        # ``detach``): it writes what it was handed, closes the trace and exits; wait for that, so the
+        # trace a caller opens after stop() is the whole of it.
+        trace = (self.env or {}).get("SPECDIFF_TRACE")
+        if trace:
+            from specdiff.tracer.engines.writer.alive import wait_for_writers
+
+            wait_for_writers(trace, timeout_s=self.writer_wait_s)
         return proc.returncode
 
     def _group_alive(self) -> bool:

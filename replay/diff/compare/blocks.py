@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdiff.replay.diff.compare import metrics
+from specdiff.replay.diff.measure import metrics
 from specdiff.replay.diff.types import Pair
 from specdiff.tracer.errors import TraceError
 from specdiff.tracer.store import open_trace

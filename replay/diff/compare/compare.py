@@ -23,16 +23,17 @@ from dataclasses import replace
 import numpy as np
 
 from specdiff.replay.diff.align.align import match_rows, pack_keys
-from specdiff.replay.diff.compare import blocks, metrics
+from specdiff.replay.diff.compare import blocks
 from specdiff.replay.diff.compare.early import FirstDivergenceWatch, divergence_key
-from specdiff.replay.diff.compare.tolerance import (
+from specdiff.replay.diff.judge import Judging, Scene, groups, inherited, judging_for, routing, shift
+from specdiff.replay.diff.judge.prefix_carry import CachedPrefixes
+from specdiff.replay.diff.measure import metrics
+from specdiff.replay.diff.measure.tolerance import (
     Tolerance,
     apply_overrides,
     compute_dtype,
     default_tolerance,
 )
-from specdiff.replay.diff.judge import Judging, Scene, groups, inherited, judging_for, routing, shift
-from specdiff.replay.diff.judge.prefix_carry import CachedPrefixes
 from specdiff.replay.diff.types import (
     CLOSE,
     DIVERGED,

@@ -1,8 +1,8 @@
 """Every difference named: where no known mistake's transform closes the gap at the first divergence,
 the explanation names the recorded facts that differ and act at or before that stage.
 
-The contract comparison (contract_check.check_contracts, and fact_diff for every fact no one worded)
-gives each warning its fact; the fact table (replay/diff/facts.py ``FACTS``) gives the first stage a fact
+The contract comparison (replay/diff/contract/check.py check_contracts, and fact_diff for every fact no one worded)
+gives each warning its fact; the fact table (replay/diff/contract/facts.py ``FACTS``) gives the first stage a fact
 acts in and its fix. A fact acting at or before the first diverging stage can be why the rows differ
 there, unless it acts before it at a stage whose recorded rows agree (then it changed nothing there,
 explain/contract.py's reasoning); a fact no table lists (stage unknown) is named too, after them. These explanations are marked
@@ -12,10 +12,9 @@ re-run on serving's inputs, replay/diff/rerun/narrow.py) still runs after them.
 
 from __future__ import annotations
 
-from specdiff.replay.diff.explain.contract_check import check_contracts
-from specdiff.replay.diff.explain.fact_diff import first_stage, listed_field, shown
-from specdiff.replay.diff.facts import FACTS, fact_row
-from specdiff.replay.diff.types import Explanation, Pair
+from specdiff.replay.diff.contract.fact_diff import first_stage, listed_field, shown
+from specdiff.replay.diff.contract.facts import FACTS, fact_row
+from specdiff.replay.diff.types import ContractMismatch, Explanation, Pair
 from specdiff.tracer.contract import UNKNOWN
 from specdiff.tracer.schema import STAGE_ORDER, spec_for
 
@@ -47,14 +46,15 @@ def _above_noise(comps: dict, stage: str | None) -> tuple[str, ...]:
                  and c.shift is not None and c.shift.above_noise)[:1]
 
 
-def differences_at(traces: Pair, comps: dict, stage: str) -> list[tuple[object, str | None]]:
+def differences_at(traces: Pair, comps: dict, stage: str,
+                   contract: list[ContractMismatch]) -> list[tuple[object, str | None]]:
     """``(ContractMismatch, first stage or None)`` of every warning / error whose fact acts at ``stage``, or
     before it at a stage whose rows were not compared (``STAGE_ORDER``; one whose rows agree rules the
     fact out: explain/contract.py's reasoning), nearest first; then the ones whose stage is unknown (no
-    ``FACTS`` row)."""
+    ``FACTS`` row). ``contract``: the diff's contract mismatches (contract/check.py, checked once per diff)."""
     idx = STAGE_ORDER.index(stage)
     near, unknown = [], []
-    for m in check_contracts(traces):
+    for m in contract:
         if m.severity not in ("warn", "error") or _unknown(m.x) or _unknown(m.y):
             continue
         at = first_stage(m.field, traces) if fact_row(m.field) is not None else None
@@ -68,14 +68,14 @@ def differences_at(traces: Pair, comps: dict, stage: str) -> list[tuple[object, 
     return near + unknown
 
 
-def explain_differences(traces: Pair, comps: dict, first) -> list[Explanation]:
+def explain_differences(traces: Pair, comps: dict, first, contract: list[ContractMismatch]) -> list[Explanation]:
     """One ``named_only`` ``Explanation`` per recorded fact that differs and acts at or before ``first``'s
     stage (``differences_at``; at most ``LIMIT``, the last saying how many more the contract block lists);
     empty when ``first`` is not a values divergence or no fact differs."""
     if first is None or first.kind != "values":
         return []
     stage = spec_for(first.name).stage
-    found = differences_at(traces, comps, stage)
+    found = differences_at(traces, comps, stage, contract)
     out = []
     for m, at in found[:LIMIT]:
         said = "(acts from " in m.message or "stage unknown" in m.message  # fact_diff's messages say where

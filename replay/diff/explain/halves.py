@@ -4,9 +4,9 @@ when the draft's hidden states agree but its logits do not."""
 from __future__ import annotations
 
 from specdiff.replay.diff.causes import fix_of
-from specdiff.replay.diff.compare import metrics
-from specdiff.replay.diff.explain.contract_check import same_weights
+from specdiff.replay.diff.contract.check import same_weights
 from specdiff.replay.diff.explain.sample import at_depth, sample_rows
+from specdiff.replay.diff.measure import metrics
 from specdiff.replay.diff.types import Explanation, Pair, TensorComparison, side_names
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from specdiff.replay.diff.causes import fix_of
-from specdiff.replay.diff.explain.contract_check import weights_dtype
+from specdiff.replay.diff.contract.check import weights_dtype
 from specdiff.replay.diff.types import Explanation, Pair
 from specdiff.tracer.contract import known
 from specdiff.tracer.paths import contract_path

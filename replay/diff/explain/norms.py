@@ -6,8 +6,8 @@ import numpy as np
 
 from specdiff.replay.diff.align.align import match_rows
 from specdiff.replay.diff.causes import fix_of
-from specdiff.replay.diff.compare import metrics
 from specdiff.replay.diff.explain.sample import sample_rows
+from specdiff.replay.diff.measure import metrics
 from specdiff.replay.diff.types import Alignment, Explanation, Pair, TensorComparison, side_names
 from specdiff.tracer.contract import known
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from specdiff.replay.diff.causes import fix_of
-from specdiff.replay.diff.compare import metrics
 from specdiff.replay.diff.explain.sample import MAX_ROWS, at_depth, sample_rows
+from specdiff.replay.diff.measure import metrics
 from specdiff.replay.diff.types import Alignment, Explanation, Pair, TensorComparison, side_names
 
 

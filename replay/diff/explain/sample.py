@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdiff.replay.diff.align.align import match_rows
-from specdiff.replay.diff.compare import metrics
+from specdiff.replay.diff.measure import metrics
 from specdiff.replay.diff.types import Alignment, Pair
 
 MAX_ROWS = 2048

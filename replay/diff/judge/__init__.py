@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdiff.replay.diff.compare.tolerance import compute_dtype, looser_dtype
 from specdiff.replay.diff.judge import context, shift
 from specdiff.replay.diff.judge.context import ContextJudge
 from specdiff.replay.diff.judge.inherited import Inheritance
 from specdiff.replay.diff.judge.prefix_carry import CachedPrefixes
 from specdiff.replay.diff.judge.routing import RoutingJudge, TargetFamily
 from specdiff.replay.diff.judge.topk_ties import TiesJudge
+from specdiff.replay.diff.measure.tolerance import compute_dtype, looser_dtype
 from specdiff.replay.diff.types import Pair, TensorComparison
 from specdiff.tracer.schema import spec_for
 
@@ -115,7 +115,7 @@ def judging_for(name: str, scene: Scene, tolerance, match, *, inheritance: tuple
 
 def _floor(name: str, traces: Pair) -> tuple | None:
     """The pair's noise floor of float tensor ``name`` (shift.pair_floor at the looser of the sides' compute
-    dtypes: a float32 logsumexp computed from bf16 logits carries bf16 rounding, compare/tolerance.py)."""
+    dtypes: a float32 logsumexp computed from bf16 logits carries bf16 rounding, measure/tolerance.py)."""
     if spec_for(name).kind != "float":
         return None
     return shift.pair_floor(traces, name, looser_dtype(compute_dtype(traces.x, name), compute_dtype(traces.y, name)))

@@ -5,7 +5,7 @@ The context rule reads the rows before every context source as evidence that the
 attention over agreeing context agrees on both sides. When the sources come at the first positions
 of every sequence (issue 20, GPT-OSS: router near ties at seq 0 pos 1, seq 1 pos 5, seq 2 pos 7
 left 8 of 128 draft rows before every source), that evidence is missing. A re-run supplies it
-directly: the draft as trained (``replay.rerun.prepare``: the training contract's draft_name,
+directly: the draft as trained (``runner.prepare``: the training contract's draft_name,
 training's vocab map and norm flags) is re-run, teacher-forced, on every sequence that holds a
 failing row, once on training's recorded inputs (``target.aux_cat`` and tokens) and once on
 serving's. When the first re-run reproduces training's rows and the second serving's, on every
@@ -36,9 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdiff.replay.diff.align.align import match_rows, pack_keys
-from specdiff.replay.diff.compare import metrics
-from specdiff.replay.diff.compare.tolerance import is_near_tie
-from specdiff.replay.diff.rerun.rerun import RerunError, batch_inputs, computed_rows, prepare, with_norm_flags
+from specdiff.replay.diff.measure import metrics
+from specdiff.replay.diff.measure.tolerance import is_near_tie
+from specdiff.replay.diff.runner import RerunError, batch_inputs, computed_rows, prepare, with_norm_flags
+from specdiff.replay.diff.types import DiffInputs
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.schema import spec_for
 
@@ -79,19 +80,18 @@ class ReplayProof:
 class ContextProver:
     """``prove(comp, idx)`` for ``context.context_rows``; loads the draft once, on first use.
 
-    ``report``: a DiffReport with ``traces``, ``labels`` and ``alignment`` (the comparisons are
-    not read: the prover runs while they are computed). ``draft_path`` / ``target_path``: as
-    ``replay.rerun.prepare``.
+    ``inputs``: the diff's ``types.DiffInputs`` (the prover runs while the comparisons are computed).
+    ``draft_path`` / ``target_path``: as ``runner.prepare``.
     """
 
-    def __init__(self, report, *, draft_path: str | None = None, target_path: str | None = None):
-        self.report, self.draft_path, self.target_path = report, draft_path, target_path
+    def __init__(self, inputs: DiffInputs, *, draft_path: str | None = None, target_path: str | None = None):
+        self.inputs, self.draft_path, self.target_path = inputs, draft_path, target_path
         self.run, self.error = None, None
 
     def _prepared(self):
         if self.run is None and self.error is None:
             try:
-                self.run = prepare(self.report, draft_path=self.draft_path, target_path=self.target_path,
+                self.run = prepare(self.inputs, draft_path=self.draft_path, target_path=self.target_path,
                                    error=RerunError)
             except SpecdiffError as exc:
                 self.error = f"the draft re-run cannot run: {exc}"
@@ -106,13 +106,13 @@ class ContextProver:
         if run is None:
             return self.error
         try:
-            return prove(self.report, run, comp, idx)
+            return prove(self.inputs, run, comp, idx)
         except (RuntimeError, ValueError, IndexError) as exc:  # optional evidence: never abort the diff
             return f"the draft re-run failed ({type(exc).__name__}: {exc})"
 
 
-def prove(report, run, comp, idx: np.ndarray) -> ReplayProof | str:
-    """Re-run ``run`` (replay.rerun.Rerun) on both sides' inputs; the module doc's proof for rows
+def prove(inputs: DiffInputs, run, comp, idx: np.ndarray) -> ReplayProof | str:
+    """Re-run ``run`` (runner.Rerun) on both sides' inputs; the module doc's proof for rows
     ``idx`` of ``comp`` (``types.TensorComparison``), or why it does not hold. The
     draft's top-1 id (``IDS``) at the same rows is checked too: later stages inherit the rows."""
     import torch
@@ -122,16 +122,16 @@ def prove(report, run, comp, idx: np.ndarray) -> ReplayProof | str:
     if not len(idx):
         return "no rows to re-run"
     pairs = set(m.pair[idx].tolist())
-    index_of = {getattr(p.seq, run.tr): p.index for p in report.alignment.seq_pairs}
+    index_of = {getattr(p.seq, run.tr): p.index for p in inputs.alignment.seq_pairs}
     seqs = [s for s in run.plan if index_of.get(s.seq_train) in pairs]
     steps = int(m.depth[idx].max()) + 1
-    checks = [_Check(report, run, comp.name, m, idx)]
+    checks = [_Check(inputs, run, comp.name, m, idx)]
     ids = next((n for n in IDS if all(n in t.names for t in (run.ttrace, run.strace))), None)
     if ids is not None:
-        checks.append(_Check(report, run, ids, match_rows(report.traces, report.alignment, ids), idx, among=m))
+        checks.append(_Check(inputs, run, ids, match_rows(inputs.traces, inputs.alignment, ids), idx, among=m))
     dev = next(run.model.parameters()).device
     for b0 in range(0, len(seqs), BATCH):
-        batch = batch_inputs(report, run, seqs[b0:b0 + BATCH])
+        batch = batch_inputs(inputs, run, seqs[b0:b0 + BATCH])
         outs = {}
         for side in ("train", "serve"):
             with with_norm_flags(run.model, run.flags["train"]), torch.no_grad():
@@ -159,7 +159,7 @@ class _Check:
     recorded values, and the re-run's error on each (float: relative error; ids: the top-1 differs
     beyond a near tie in the re-run's logits)."""
 
-    def __init__(self, report, run, name: str, match, idx: np.ndarray, among=None):
+    def __init__(self, inputs: DiffInputs, run, name: str, match, idx: np.ndarray, among=None):
 
         self.name, self.match, self.ids = name, match, spec_for(name).kind != "float"
         self.dtype = str(run.dtype).removeprefix("torch.")
@@ -170,7 +170,7 @@ class _Check:
             rows = np.nonzero(np.isin(pack_keys(match.pair, match.pos, match.depth), want))[0]
         self.rows = rows
         take = "take" if self.ids else "take_float"
-        self.recorded = {k: getattr(getattr(report.traces, getattr(run, a)), take)(name, getattr(match.rows, getattr(run, a))[rows])
+        self.recorded = {k: getattr(getattr(inputs.traces, getattr(run, a)), take)(name, getattr(match.rows, getattr(run, a))[rows])
                          for k, a in (("train", "tr"), ("serve", "sv"))}
         if self.ids:  # the recorders' top-k lists lead with the top-1 id
             self.recorded = {k: np.asarray(v).reshape(len(rows), -1)[:, 0] if len(rows) else np.zeros(0, np.int64)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdiff.replay.diff.compare.tolerance import compute_dtype, is_near_tie, looser_dtype
+from specdiff.replay.diff.measure.tolerance import compute_dtype, is_near_tie, looser_dtype
 from specdiff.replay.diff.types import row_lines
 
 #: the id tensors chosen from a model's logits -> the recorded top-k logits they are judged by

@@ -30,7 +30,8 @@ import numpy as np
 
 from specdiff.eagle3.acceptance import AcceptTally, chain_accept
 from specdiff.eagle3.norms import NORM_FLAGS as _NORMS
-from specdiff.replay.diff.rerun.rerun import RerunError, batch_inputs, prepare, sides, with_norm_flags
+from specdiff.replay.diff.runner import RerunError, batch_inputs, prepare, sides, with_norm_flags
+from specdiff.replay.diff.types import DiffInputs
 from specdiff.tracer.contract import known
 
 __all__ = ["GraftError", "GraftResult", "graft", "NORM_FLAGS"]
@@ -77,14 +78,14 @@ class GraftResult:
 
 # ---- inputs ----------------------------------------------------------------------------------
 # ---- the replay ------------------------------------------------------------------------------
-def graft(report, *, draft_path: str | None = None, target_path: str | None = None,
+def graft(inputs: DiffInputs, *, draft_path: str | None = None, target_path: str | None = None,
           steps: int | None = None) -> list:
     """Re-run the training-side reference forward on serving's inputs, one training input
     substituted at a time; ``GraftResult`` per substitution, ranked by accept length (best first).
 
     Args:
-        report: a DiffReport (training and serving sides told apart by its labels; A = training
-            when both traces are of the same side).
+        inputs: the diff's (``DiffReport.inputs``; training and serving sides told apart by its labels;
+            A = training when both traces are of the same side).
         draft_path: the draft checkpoint as trained (default: the training contract's draft_name).
         target_path: the target, needed only when the draft shares its embedding / lm_head
             (default: the training contract's model_name).
@@ -100,10 +101,10 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
     from specdiff.replay.model.draft_model import ttt_labels
     from specdiff.tracer.rows import draft_top_ids
 
-    tr, _ = sides(report)
-    if "target.argmax" not in getattr(report.traces, tr).names:
-        raise GraftError(f"{getattr(report.traces, tr).path}: no target.argmax rows (the acceptance labels)")
-    run = prepare(report, draft_path=draft_path, target_path=target_path, error=GraftError)
+    tr, _ = sides(inputs)
+    if "target.argmax" not in getattr(inputs.traces, tr).names:
+        raise GraftError(f"{getattr(inputs.traces, tr).path}: no target.argmax rows (the acceptance labels)")
+    run = prepare(inputs, draft_path=draft_path, target_path=target_path, error=GraftError)
     ttrace, model, plan, d2t, flags = run.ttrace, run.model, run.plan, run.d2t, run.flags
     steps = int(steps or known(ttrace.contract, "spec_steps") or 3)
 
@@ -119,7 +120,7 @@ def graft(report, *, draft_path: str | None = None, target_path: str | None = No
     dev = next(model.parameters()).device
     for b0 in range(0, len(plan), BATCH):
         seqs = plan[b0:b0 + BATCH]
-        batch = batch_inputs(report, run, seqs)  # training's tokens: the acceptance labels are training's
+        batch = batch_inputs(inputs, run, seqs)  # training's tokens: the acceptance labels are training's
         ids, aux, lengths = batch.ids["train"], batch.aux, batch.lengths
         B, T = ids.shape
         argmax = torch.full((B, T), -100, dtype=torch.int64)

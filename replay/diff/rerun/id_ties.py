@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdiff.eagle3.vocab_map import hot_token_ids
-from specdiff.replay.diff.compare.tolerance import compute_dtype, is_near_tie, looser_dtype
-from specdiff.replay.diff.rerun.rerun import LOGITS, computed_rows
+from specdiff.replay.diff.measure.tolerance import compute_dtype, is_near_tie, looser_dtype
+from specdiff.replay.diff.runner import LOGITS, computed_rows
 
 TOPK_IDS, TOPK_VALUES = "draft.logits_topk.ids", "draft.logits_topk.values"
 
@@ -93,17 +93,17 @@ class TieProof:
     dtype: str
 
     @classmethod
-    def load(cls, report, ids, vals, strace) -> TieProof:
+    def load(cls, traces, comparisons: dict, ids, vals, strace) -> TieProof:
         """From serving's ``draft.logits_topk.ids`` / ``.values`` rows at the re-run's positions
-        (``ids``, ``vals``: (batch rows, positions, rows) each, or None); ``report``: the diff's."""
+        (``ids``, ``vals``: (batch rows, positions, rows) each, or None); ``traces``, ``comparisons``
+        (name -> TensorComparison): the diff's."""
         rows = {}
         if ids is not None and vals is not None:
             at = {k: i for i, k in enumerate(zip(vals[0].tolist(), vals[1].tolist(), strict=True))}
             for i, k in enumerate(zip(ids[0].tolist(), ids[1].tolist(), strict=True)):
                 if k in at:
                     rows[k] = (ids[2][i].astype(np.int64), vals[2][at[k]])
-        comp = report.comparisons.get(TOPK_VALUES)
-        traces = report.traces
+        comp = comparisons.get(TOPK_VALUES)
         # a side may lack the top-k logits (``record train --capture full`` keeps the whole logits):
         # the dtype is then the serving side's own, or bf16
         sides = [t for t in (traces.x, traces.y) if TOPK_VALUES in t.names]

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdiff.replay.diff.align.align import match_rows, pack_keys
-from specdiff.replay.diff.compare import metrics
+from specdiff.replay.diff.measure import metrics
 from specdiff.replay.diff.rerun import id_ties
-from specdiff.replay.diff.rerun.rerun import (
+from specdiff.replay.diff.runner import (
     RerunError,
     batch_inputs,
     computed_rows,
@@ -35,6 +35,7 @@ from specdiff.replay.diff.rerun.rerun import (
     sides,
     with_norm_flags,
 )
+from specdiff.replay.diff.types import DiffInputs
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.schema import layer_out_index
 
@@ -128,21 +129,24 @@ def failing_rows(first) -> tuple[int, set]:
     return d, set(zip(first.match.pair[bad].tolist(), first.match.pos[bad].tolist(), strict=True))
 
 
-def narrow(report, *, draft_path: str | None = None, target_path: str | None = None) -> Narrowing:
+def narrow(inputs: DiffInputs, comparisons: dict, first, *, draft_path: str | None = None,
+           target_path: str | None = None) -> Narrowing:
     """Re-run the training draft on the first diverging sequences with each serving input grafted in.
+
+    ``inputs``: the diff's (types.DiffInputs); ``comparisons``: name -> TensorComparison; ``first``: the
+    first divergence (a ``values`` TensorComparison).
 
     Raises:
         NarrowError: no draft checkpoint, no aux rows on both sides, nothing to compare.
         CheckpointError: the checkpoint cannot be loaded.
     """
-    tr, sv = sides(report)
-    strace = getattr(report.traces, sv)
+    tr, sv = sides(inputs)
+    strace = getattr(inputs.traces, sv)
     stages = recorded_stages(strace.names)
     if not stages:
         raise NarrowError(f"{strace.path}: serving recorded no draft stage to compare a re-run with")
     import torch
 
-    first = report.first
     if first is None or first.kind != "values":
         raise NarrowError("no value divergence to narrow")
     if not computed(first.name) and first.name.startswith("draft."):
@@ -153,19 +157,19 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     depth, failing = failing_rows(first)
     if not failing:
         raise NarrowError(f"{first.name} has no failing row at depth {depth} to re-run")
-    run = prepare(report, draft_path=draft_path, target_path=target_path, error=NarrowError)
-    traces, model, d2t, flags = report.traces, run.model, run.d2t, run.flags
+    run = prepare(inputs, draft_path=draft_path, target_path=target_path, error=NarrowError)
+    traces, model, d2t, flags = inputs.traces, run.model, run.d2t, run.flags
     first_pair = (first.first_where or {}).get("pair", 0)
-    pair_idx = {getattr(p.seq, tr): p.index for p in report.alignment.seq_pairs}
+    pair_idx = {getattr(p.seq, tr): p.index for p in inputs.alignment.seq_pairs}
     bad_pairs = {p for p, _ in failing}
     # every sequence that holds a failing row the re-run reaches (its leading positions with aux rows)
     holding = [s for s in run.plan if any(pair_idx[s.seq_train] == p and t < s.n for p, t in failing)]
     if not holding:
         raise NarrowError(f"no failing row of {first.name} lies in the leading positions with aux rows on both "
                           f"sides of its sequence (pairs {sorted(bad_pairs)[:4]}): nothing to re-run there")
-    plan = sorted(holding, key=lambda s: (s.seq_train != _seq_of(report, first_pair, tr)))[:MAX_SEQS]
+    plan = sorted(holding, key=lambda s: (s.seq_train != _seq_of(inputs, first_pair, tr)))[:MAX_SEQS]
 
-    batch = batch_inputs(report, run, plan)
+    batch = batch_inputs(inputs, run, plan)
     ids, aux, lengths = batch.ids, batch.aux, batch.lengths
     tokens_differ = not torch.equal(ids["train"], ids["serve"])
 
@@ -187,7 +191,7 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     want = np.array(sorted(pack_keys(np.array([p]), np.array([t]), np.zeros(1, np.int64))[0] for p, t in failing))
 
     def serving_rows(name):
-        m = match_rows(traces, report.alignment, name)
+        m = match_rows(traces, inputs.alignment, name)
         by_depth = spec_for(name).by_depth
         keep = m.depth == (depth if by_depth else 0)
         keep &= np.isin(pack_keys(m.pair, m.pos, np.zeros_like(m.depth)), want)
@@ -200,14 +204,14 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
 
     recorded = {name: r for name in stages if (r := serving_rows(name)) is not None}
     stages = tuple(s for s in stages if s in recorded)
-    ties = id_ties.TieProof.load(report, serving_rows(id_ties.TOPK_IDS), serving_rows(id_ties.TOPK_VALUES), strace)
+    ties = id_ties.TieProof.load(traces, comparisons, serving_rows(id_ties.TOPK_IDS), serving_rows(id_ties.TOPK_VALUES), strace)
     if computed(first.name):
         if first.name not in stages:
             raise NarrowError(f"serving recorded no {first.name} row at depth {depth} on the failing positions the "
                               "re-run reaches")
         from_stage = first.name
     else:
-        diverged = [s for s in stages if s in report.comparisons and report.comparisons[s].diverged]
+        diverged = [s for s in stages if s in comparisons and comparisons[s].diverged]
         from_stage = diverged[0] if diverged else stages[0]
     judged = stages[stages.index(from_stage):]
 
@@ -241,14 +245,14 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
                 scores[st], matches[st] = disagree, disagree <= 1 - ID_AGREE
             else:
                 rel = float(metrics.relative_error(xs, ys).mean())
-                tol = report.comparisons[st].tolerance.rel if st in report.comparisons else 0.05
+                tol = comparisons[st].tolerance.rel if st in comparisons else 0.05
                 scores[st], matches[st] = rel, rel <= tol
         v = Variant(name, scores, matches, all(matches[s] for s in judged))
         if name == UPSTREAM:
             res.upstream = v
         else:
             res.variants.append(v)
-    res.contract_fields = [f"{m.field} ({m.x} vs {m.y})" for m in report.contract]
+    res.contract_fields = [f"{m.field} ({m.x} vs {m.y})" for m in inputs.contract]
     # a substitution of an input serving holds as training does changes nothing: with the ids' tie
     # allowance it may reproduce serving as training's own inputs do, but the difference cannot enter there
     def same(x, y) -> bool:
@@ -284,17 +288,18 @@ def narrow(report, *, draft_path: str | None = None, target_path: str | None = N
     return res
 
 
-def _seq_of(report, pair_index: int, attr: str) -> int:
-    for p in report.alignment.seq_pairs:
+def _seq_of(inputs: DiffInputs, pair_index: int, attr: str) -> int:
+    for p in inputs.alignment.seq_pairs:
         if p.index == pair_index:
             return getattr(p.seq, attr)
     return -1
 
 
-def narrow_or_reason(report, **kw) -> Narrowing | str:
-    """``narrow(report)``, or the one-line reason it could not run (never raises SpecdiffError)."""
+def narrow_or_reason(inputs: DiffInputs, comparisons: dict, first, **kw) -> Narrowing | str:
+    """``narrow(inputs, comparisons, first)``, or the one-line reason it could not run (never raises
+    SpecdiffError)."""
     try:
-        return narrow(report, **kw)
+        return narrow(inputs, comparisons, first, **kw)
     except SpecdiffError as exc:
         return str(exc)
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from specdiff.replay.diff.compare.compare import first_divergence
 from specdiff.replay.diff.judge.inherited import feeds
 from specdiff.replay.diff.rerun.narrow import Narrowing, narrow_or_reason
+from specdiff.replay.diff.types import DiffInputs
 
 REPRODUCED, NOT_REPRODUCED, NOT_RUN = "reproduced", "not_reproduced", "not_run"
 #: the inputs ``Narrowing.upstream`` takes from serving, by the narrowing's variant of each alone
@@ -86,18 +87,18 @@ class Reexecution:
                        f"{' and '.join(s.inputs)}" for s in self.inherited)
 
 
-def decide(report_for, comparisons: dict, *, draft_path: str | None = None,
+def decide(inputs: DiffInputs, comparisons: dict, *, draft_path: str | None = None,
            target_path: str | None = None) -> tuple[object, Reexecution]:
     """(first divergence, ``Reexecution``) of ``comparisons`` (name -> TensorComparison) by the
     module doc's rule; the stages moved past are marked so in ``comparisons`` (``diverged`` False,
-    ``stats["reproduced_by_reexecution"]``: their rows failed, re-execution showed why). ``report_for(first)``: the report as it stands with ``first`` as its first
-    divergence (what ``narrow`` reads: traces, alignment, comparisons, contract). Never raises
+    ``stats["reproduced_by_reexecution"]``: their rows failed, re-execution showed why). ``inputs``: the
+    diff's (types.DiffInputs), which ``narrow`` reads with ``comparisons`` and each candidate. Never raises
     SpecdiffError: a re-run that cannot run is a ``not_run`` step."""
     out = Reexecution()
     moved: set[str] = set()
     first = first_divergence(comparisons)
     while first is not None and first.kind == "values" and first.name.startswith("draft."):
-        n = narrow_or_reason(report_for(first), draft_path=draft_path, target_path=target_path)
+        n = narrow_or_reason(inputs, comparisons, first, draft_path=draft_path, target_path=target_path)
         out.narrowing = n
         step = _step(first.name, n, comparisons)
         out.steps.append(step)

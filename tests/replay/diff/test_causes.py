@@ -6,8 +6,8 @@ The cause ids the code can produce are found by reading replay/diff's source (an
 - the first argument of every ``Explanation(...)``: a string, an f-string (its literal prefix is a
   family, e.g. ``contract.``), or a loop variable over a literal table of tuples (explain/vocab.py);
 - the string every ``cause`` property returns (the legitimate differences of judge/, groups);
-- the ``"kind"`` of every crash cause (explain/crash.py), which becomes the explanation's cause;
-- ``contract.<field>`` for every field explain/contract.py ``STAGE_CAUSES`` can name.
+- the ``"kind"`` of every crash cause (contract/crash.py), which becomes the explanation's cause;
+- ``contract.<field>`` for every field contract/facts.py ``STAGE_CAUSES`` can name.
 
 The demo scenarios' expected causes (demo/scenarios.py) must be rows too.
 """
@@ -22,7 +22,7 @@ import pytest
 
 from specdiff.demo.scenarios import ENGINE_SCENARIOS, SCENARIOS
 from specdiff.replay.diff.causes import CAUSES, KINDS, cause_row
-from specdiff.replay.diff.explain.contract import STAGE_CAUSES
+from specdiff.replay.diff.contract.facts import STAGE_CAUSES
 from specdiff.replay.diff.judge.context import ContextRows
 from specdiff.replay.diff.judge.groups import Concentration
 from specdiff.replay.diff.judge.routing import RoutingFlips

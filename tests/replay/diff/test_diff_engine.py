@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from specdiff.replay.diff.align.align import AlignmentError, align_sequences
-from specdiff.replay.diff.compare import metrics
-from specdiff.replay.diff.compare.tolerance import ToleranceError, default_tolerance, parse_overrides
+from specdiff.replay.diff.measure import metrics
+from specdiff.replay.diff.measure.tolerance import ToleranceError, default_tolerance, parse_overrides
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
 from specdiff.replay.diff.types import Pair

@@ -62,7 +62,7 @@ def test_a_fact_an_older_recorder_left_unknown_is_not_blamed_on_the_sglang_versi
     # fix is a re-record. A fact the engine's unobservable list names keeps the version fix.
     from types import SimpleNamespace
 
-    from specdiff.replay.diff.explain.contract_check import check_contracts
+    from specdiff.replay.diff.contract.check import check_contracts
     from specdiff.replay.diff.types import Pair
     from specdiff.tracer.contract import unknown_facts
 
@@ -136,7 +136,7 @@ def test_aux_concat_order_is_said_only_when_the_order_differs(train_order, said)
     # training [0, 3, 6] vs serving [3, 6, 7]: the layers differ (aux_hf_indices says so), the order does not
     from types import SimpleNamespace
 
-    from specdiff.replay.diff.explain.contract_check import check_contracts
+    from specdiff.replay.diff.contract.check import check_contracts
     from specdiff.replay.diff.types import Pair
 
     train = {"side": "train", "aux_hf_indices": sorted(train_order), "aux_concat_order": train_order}
@@ -145,3 +145,17 @@ def test_aux_concat_order_is_said_only_when_the_order_differs(train_order, said)
                                                     SimpleNamespace(contract=serve, side="serve")))]
     assert fields.count("aux_hf_indices") == 1
     assert ("aux_concat_order" in fields) is said
+
+
+def test_the_margin_line_says_when_no_passing_tensor_used_any_limit(tmp_path, aux_traces):
+    # the seed's mistake: every float tensor diverges, the id tensors that pass have no failing row; the line
+    # named the first of them, tokens, "0 of 36 counted rows fail, 0% of the 0 fail fraction allowed"
+    from specdiff.replay.diff.pipeline import diff_traces
+    from specdiff.replay.diff.report import render_text
+
+    a = aux_traces.write(tmp_path / "train.trace", side="train", hf=[0, 3, 6], probes=True)
+    b = aux_traces.write(tmp_path / "serve.trace", side="serve", hf=[3, 6, 7])
+    report = diff_traces(a, b, narrow=False)
+    assert report.first is not None and report.margin()["use"] == 0
+    lines = [ln for ln in render_text(report).splitlines() if ln.startswith("margin:")]
+    assert lines == ["margin: every tensor that passed is at 0% of its limits: none of their counted rows fails"]

@@ -209,7 +209,7 @@ def test_trace_rows_of_a_ttt_forward_follow_the_eagle3_pairing():
     rows = _rows(batch)
     assert set(rows) == {"draft.fc_in", "draft.fc_out", "tokens", "draft.hidden_in", "draft.positions",
                          "draft.attn_in", "draft.hidden_out", "draft.logits", "draft.topk", "draft.topk_target",
-                         "draft.accept", "draft.accept_cum"}
+                         "draft.accept", "draft.accept_cum", "draft.input_ids"}
     from specdiff.tracer.schema import spec_for
     for name in rows:
         spec_for(name)  # every name is canonical
@@ -298,6 +298,22 @@ def test_specforge_round_trip(tmp_path):
     assert facts["norm_before_fc"] and facts["fc_norm"] and facts["d2t_sha256"] and facts["t2d_sha256"]
     from specdiff.tracer.contract import validate_contract
     validate_contract(facts, where="test")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_target_embedding_loads_the_same_in_the_targets_dtype_as_in_float32(tmp_path, dtype):
+    # record train hands the target's embedding (and lm_head, copied by the same _copy_target_weight) over in
+    # the target's own dtype: a float32 copy of each (V*H*4 bytes: 2.1 GB at a Llama-3-8B vocab) held the same
+    # values, since bf16 -> fp32 is exact
+    model = _ckpt_model()
+    save_draft(model, tmp_path, "specforge")
+    emb = torch.randn(model.config.vocab_size, model.config.hidden_size).to(torch.bfloat16)
+    wide = load_draft(tmp_path, dtype=dtype, target_embedding=emb.float())
+    narrow = load_draft(tmp_path, dtype=dtype, target_embedding=emb)
+    assert narrow.model.embed_source == "target"
+    a, b = wide.model.state_dict(), narrow.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+    assert torch.equal(b["embed_tokens.weight"].float(), emb.float().to(dtype).float())
 
 
 def test_speculators_round_trip_converts_ids(tmp_path):

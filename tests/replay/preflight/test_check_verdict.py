@@ -50,6 +50,18 @@ def test_readme_example_passes_the_committed_sglang_draft(repo_models, run_cli):
     assert lines[-1].startswith("0 error(s)")
 
 
+def test_the_correct_draft_prints_no_error_row_above_its_0_errors(repo_models, run_cli):
+    # the vLLM findings of an SGLang draft are information: their severity is shown in parentheses and the
+    # summary says they were not counted, so no "error" row sits above "ok: 0 error(s)"
+    r = run_cli("check", "--target", repo_models / "target", "--draft", repo_models / "draft")
+    lines = r.output.splitlines()
+    assert r.exit_code == 0 and not [ln for ln in lines if ln.startswith(("error ", "warn "))]
+    uncounted = [ln.split()[0] for ln in lines if ln.startswith("(")]
+    assert sorted(uncounted) == ["(error)", "(error)", "(error)", "(info)", "(warn)"]
+    assert lines[-1] == "0 error(s), 0 warning(s), 2 info (not counted, information: vLLM 0.32.0 3 error(s), " \
+                        "1 warning(s), 2 info)"
+
+
 def test_readme_example_json_verdicts(repo_models, run_cli):
     code, d = _json(run_cli, "--target", repo_models / "target", "--draft", repo_models / "draft")
     assert code == 0

@@ -160,15 +160,41 @@ OTHER = {"target_architecture": "DeepseekV3ForCausalLM", "target_config_sha256":
 
 @pytest.mark.parametrize("field", IDENTITY)
 def test_each_identity_fact_that_differs_is_named_with_both_values(tmp_path, field, run_cli):
+    # other weights are another model; with other weights, every identity fact that differs is named
+    weights = {"target_weights_fingerprint": OTHER["target_weights_fingerprint"]}
     train = _synthetic(tmp_path / "t.trace", "train", BASE)
-    serve = _synthetic(tmp_path / "s.trace", "serve", {**BASE, field: OTHER[field]}, diverge=True)
+    serve = _synthetic(tmp_path / "s.trace", "serve", {**BASE, field: OTHER[field], **weights}, diverge=True)
     r = run_cli("diff", train, serve, "--format", "text")
     assert r.exit_code == 2, r.output
-    x, y = BASE[field], OTHER[field]
-    if isinstance(x, str) and len(x) == 64:
-        x, y = x[:12], y[:12]
-    assert r.output.strip() == (f"specdiff: error: traces of different targets: {field} {x} (training) vs {y} "
-                                "(serving); nothing is compared (record both sides on the same target model)")
+    said = [f"{f} {_said(BASE[f])} (training) vs {_said(OTHER[f])} (serving)" for f in IDENTITY
+            if f in (field, "target_weights_fingerprint")]
+    assert r.output.strip() == (f"specdiff: error: traces of different targets: {'; '.join(said)}; nothing is "
+                                "compared (record both sides on the same target model)")
+
+
+def _said(v):
+    return v[:12] if isinstance(v, str) and len(v) == 64 else v
+
+
+@pytest.mark.parametrize("field", [f for f in IDENTITY if f != "target_weights_fingerprint"])
+def test_the_same_weights_with_another_config_are_one_target_and_a_contract_difference(tmp_path, field, run_cli):
+    # issue 45 item 3: a rope override at serving (--json-model-override-args) changed the config hash, and the
+    # diff refused the pair as two targets; the weights agree, so the override is the mistake, said as one
+    train = _synthetic(tmp_path / "t.trace", "train", BASE)
+    serve = _synthetic(tmp_path / "s.trace", "serve", {**BASE, field: OTHER[field]}, diverge=True)
+    r = run_cli("diff", train, serve, "--format", "json")
+    assert r.exit_code == 1, r.output  # compared: the rows diverge at the target's aux
+    j = json.loads(r.stdout)
+    assert j["first_divergence"]["tensor"] == "target.aux.0"
+    warned = {m["field"]: m for m in j["contract_mismatches"] if m["severity"] == "warn"}
+    assert set(warned) == {field}, warned
+    m = warned[field]
+    said = {"target_architecture": "'Qwen3MoeForCausalLM', serving 'DeepseekV3ForCausalLM'",
+            "target_config_sha256": "cccccccccccc, serving dddddddddddd", "target_num_experts": "4, serving 8",
+            "target_experts_per_token": "2, serving None"}[field]
+    assert m["message"] == f"{field}: training {said} (acts from target.aux)", m["message"]
+    assert "--json-model-override-args" in m["fix"] and m["stages"][0] == "target.aux"
+    assert f"contract.{field}" in [e["cause"] for e in j["explanations"]]
 
 
 def test_every_differing_identity_fact_is_in_the_one_line(tmp_path, run_cli):
@@ -242,7 +268,7 @@ def test_gpt_oss_prenorm_slot_is_the_final_norms_input(gpt_oss, run_cli):
 
     # the pre-flight check reads training's layers as HF indices, where slot 2 would be hidden_states[8]: neither
     # the findings stored by record train nor those diff computes on the serving pair may claim a mismatch
-    from specdiff.replay.diff.explain.findings import findings_of_kinds
+    from specdiff.replay.diff.contract.findings import findings_of_kinds
     from specdiff.replay.diff.types import Pair
 
     assert not [f for f in c["findings"] if f["kind"].startswith("training.")], c["findings"]
@@ -332,8 +358,8 @@ def test_ids_that_name_the_prenorm_output_in_their_convention(gpt_oss, ids, conv
 ])
 def test_ids_no_engine_captures_keep_their_refusal(gpt_oss, ids, convention, architecture, message):
     from specdiff.replay.model.checkpoint import load_draft
-    from specdiff.replay.record.errors import RecordTrainError
     from specdiff.replay.record.train_aux import resolve_train_aux
+    from specdiff.replay.trainers.errors import RecordTrainError
 
     _, draft, _ = gpt_oss
     with pytest.raises(RecordTrainError, match="aux layers: ") as e:

@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 from specdiff.demo.scenarios import TRAINED_HF, reorder_fc_blocks, write_served_draft  # noqa: E402
 from specdiff.eagle3.aux_layers import ConventionError, resolve_aux_ids  # noqa: E402
-from specdiff.replay.diff.explain.contract_check import check_contracts  # noqa: E402
+from specdiff.replay.diff.contract.check import check_contracts  # noqa: E402
 from specdiff.replay.diff.types import Pair  # noqa: E402
 from specdiff.replay.model.target_capture import TargetError, capture_target, load_target  # noqa: E402
 from specdiff.replay.preflight.check import run_preflight  # noqa: E402
@@ -160,7 +160,8 @@ def test_every_default_filled_in_is_printed_and_stored(tmp_path, run_cli):
     res = run_cli("record", "train", "--target", str(TARGET), "--draft", str(DRAFT), "--replay", str(serve),
                 "-o", str(out), "--dtype", "float32", "--probe-positions", "0")
     assert res.exit_code == 0, res.output
-    used = open_trace(str(out)).contract[DEFAULTS_USED]
+    contract = open_trace(str(out)).contract
+    used = contract[DEFAULTS_USED]
     assert used["steps"] == {"value": 2, "source": "the serving trace's spec_steps"}
     assert used["topk"] == {"value": 2, "source": "the serving trace's spec_topk"}
     assert used["target_dtype"] == {"value": "bfloat16", "source": "record train default"}
@@ -169,6 +170,22 @@ def test_every_default_filled_in_is_printed_and_stored(tmp_path, run_cli):
     assert "dtype" not in used and "probe_positions" not in used  # given, not defaulted
     line = next(x for x in res.stderr.splitlines() if x.startswith("defaults used: "))
     assert "--steps 2 (the serving trace's spec_steps)" in line and "--target-dtype bfloat16" in line
+    # --device follows the machine (issue 46: it was cpu on a GPU machine), and the trace says what was used
+    cuda = torch.cuda.is_available()
+    assert used["device"] == {"value": "cuda" if cuda else "cpu",
+                              "source": f"record train default: torch sees {'a' if cuda else 'no'} CUDA device"}
+    assert contract["engine_options"]["device"] == used["device"]["value"]
+    assert f"--device {used['device']['value']} (record train default: torch sees" in line
+
+
+def test_the_default_device_is_cuda_where_torch_sees_one():
+    from specdiff.replay.record.train_options import fill_defaults
+
+    for cuda, device in ((True, "cuda"), (False, "cpu")):
+        values, used = fill_defaults({"device": None, "dtype": None}, {}, cuda_available=cuda)
+        assert values["device"] == used["device"]["value"] == device and values["dtype"] == "bfloat16"
+    values, used = fill_defaults({"device": "cpu"}, {}, cuda_available=True)  # given: used as given
+    assert values["device"] == "cpu" and "device" not in used
 
 
 @needs_models

@@ -168,7 +168,7 @@ def test_speculators_windowed_layers_compute_the_references_prefix_rule(fp32_sid
     _need("speculators")
     import dataclasses
 
-    from specdiff.replay.record.errors import RecordTrainError
+    from specdiff.replay.trainers.errors import RecordTrainError
 
     side, ids, lengths, cap = fp32_side
     loaded, saved = side.loaded, side.loaded.config
@@ -361,7 +361,7 @@ def test_specforge_refuses_a_draft_its_class_cannot_hold_in_one_line(fp32_side, 
     _need("specforge")
     import dataclasses
 
-    from specdiff.replay.record.errors import RecordTrainError
+    from specdiff.replay.trainers.errors import RecordTrainError
 
     side = fp32_side[0]
     cfg = dataclasses.replace(side.loaded.config, norm_before_fc=True, norm_before_residual=True)
@@ -376,7 +376,7 @@ def test_specforge_refuses_a_draft_its_class_cannot_hold_in_one_line(fp32_side, 
 @pytest.mark.slow
 def test_two_trainers_traces_differ_in_no_contract_fact_for_their_trainer_facts(recorded):
     """trainer / trainer_version / trainer_class / trainer_config / trainer_variants are provenance
-    (replay/diff/facts.py NOT_COMPARED): what they change is compared as the stages (draft.positions)."""
+    (replay/diff/contract/facts.py NOT_COMPARED): what they change is compared as the stages (draft.positions)."""
     _need("specforge")
     _need("speculators")
     report = diff_traces(str(recorded["specforge"][0]), str(recorded["speculators"][0]), narrow=False)

@@ -19,7 +19,7 @@ one server is alive at any time, 10 starts in all. On those runs:
 - serving: every request completes with accept lengths reported; every served greedy token is the
   target's own greedy token (transformers, float32, teacher-forced on the served sequence) or a
   bfloat16 near tie of it (``FLOAT32_CHECKED``); speculative greedy output equals the plain output
-  up to the first near tie of the plain run (``replay.diff.compare.tolerance.first_near_tie``);
+  up to the first near tie of the plain run (``replay.diff.measure.tolerance.first_near_tie``);
 - the live contract (written at start-up, before any request) names what the family's SGLang model
   file captures, and every recorded aux slot is nearest the HF hidden state the contract names
   (GPT-OSS's index L is the last layer's output before the final norm, ``aux_prenorm_indices``).
@@ -290,7 +290,7 @@ class _ForcedRouting:
         """The (layer, position <= q, margin) of a router near tie whose other choice makes ``token``
         the greedy at position ``q`` (within a bf16 near tie), or None: a bf16 engine that routed
         that token the other way served ``token`` legitimately."""
-        from specdiff.replay.diff.compare.tolerance import is_near_tie
+        from specdiff.replay.diff.measure.tolerance import is_near_tie
 
         self.logits(ids)
         candidates = sorted((float(m[pos]), layer, pos) for layer, m in self.margins.items()
@@ -324,7 +324,7 @@ def test_served_greedy_tokens_are_the_targets_own_greedy_tokens(family_servers, 
     the position itself; flipped, the served token leads by 0.15)."""
     from transformers import AutoModelForCausalLM
 
-    from specdiff.replay.diff.compare.tolerance import is_near_tie
+    from specdiff.replay.diff.measure.tolerance import is_near_tie
 
     runs = family_servers(family, mode)
     ref = _ForcedRouting(AutoModelForCausalLM.from_pretrained(runs.target, dtype=torch.float32).eval())
@@ -355,7 +355,7 @@ def test_served_greedy_tokens_are_the_targets_own_greedy_tokens(family_servers, 
 @pytest.mark.parametrize("mode", SPEC_MODES)
 @pytest.mark.parametrize("family", PLAIN_FAMILIES)
 def test_speculative_greedy_equals_plain_greedy_up_to_the_first_near_tie(family_servers, family, mode):
-    from specdiff.replay.diff.compare.tolerance import first_near_tie
+    from specdiff.replay.diff.measure.tolerance import first_near_tie
 
     plain_run, spec_run = family_servers(family, "plain"), family_servers(family, mode)
     compared = 0

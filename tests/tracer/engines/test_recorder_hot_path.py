@@ -242,7 +242,7 @@ def _recorder_writer_fact(tmp_path, monkeypatch, **opts):
     rec = Recorder(Options(path=str(path), **opts), SGLangAdapter("0.5.23", log=lambda m: None))
     rec.open({"hidden_size": 8}, [], side={"hidden_size": 8, "num_aux": 3, "topk": 1})
     live = rec.writer.facts()
-    pid = getattr(getattr(rec.writer, "proc", None), "pid", None)
+    pid = getattr(rec.writer, "writer_pid", None)  # the writer process (ProcessTraceWriter)
     if pid is not None:  # the writer process's priority, read from outside it while it runs
         assert live["nice"] == os.getpriority(os.PRIO_PROCESS, pid)
         group = _autogroup_nice(pid)

@@ -2,8 +2,9 @@
 
 Servers (stopped by PID through ``ServerProcess``): the untraced chain (the session's shared
 ``bringup_chain_server``, tests/conftest.py), and module-scoped: traced chain (random bring-up
-pair) and traced topk-2 tree (the always-accepted "oracle" pair, so accepted paths are longer than
-one token)
+pair; served through ``specdiff record serve`` and stopped by SIGTERM to it while its writer is
+held back) and traced topk-2 tree (the always-accepted "oracle" pair, so accepted paths are longer
+than one token).
 The topk-2 server is SIGKILLed mid-request at the end to show that a killed server's trace
 opens. Run with ``pytest -m server``. The first tests in this file need no server.
 """
@@ -11,7 +12,10 @@ opens. Run with ``pytest -m server``. The first tests in this file need no serve
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +27,7 @@ from builders import assert_target_logits_hold_the_greedy_token
 
 from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.sglang.attribution import _parents
+from specdiff.tracer.engines.writer.alive import wait_for_writers, writer_pids
 from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
 from specdiff.tracer.store import TraceWriter, open_trace
 
@@ -206,24 +211,64 @@ def untraced(bringup_chain_server):
 
 @pytest.fixture(scope="module")
 def traced(models, tmp_path_factory, run_cli, server_env):
-    path = tmp_path_factory.mktemp("rec") / "chain.trace"
-    t0 = time.monotonic()
-    # SGLang's own spawn, as a user runs it (the suite's other servers fork: tests/conftest.py SERVER_START)
-    srv = _server(server_env, models["target"], models["draft"], _chain(), trace=path, SPECDIFF_SGLANG_START="spawn")
-    srv.start()
+    """The traced chain served as a user runs it (issue 44 part 4): ``specdiff record serve --cpu``
+    (SGLang's own spawn), stopped by SIGTERM to record serve as its banner offers while its trace
+    writer lags as far as it can: the writer process handles no capture while a pause file exists
+    (``SPECDIFF_WRITER_TEST_PAUSE_FILE``, read by tracer/engines/writer/child.py only), from before
+    the first request until record serve, the server gone (SGLang's stop SIGKILLs the server's process
+    tree: tokenizer_manager.py:3559), has said twice how far the trace got. Every finished request
+    must still be written and the trace closed."""
+    from specdiff.tracer.engines.server import free_port
+    from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess
+
+    root = tmp_path_factory.mktemp("rec")
+    path, pause, log = root / "chain.trace", root / "writer.pause", root / "record-serve.log"
+    pause.touch()
+    port = free_port()
+    argv = [sys.executable, "-m", "specdiff.tui", "record", "serve", "--cpu", "--trace", str(path), "--",
+            "--model-path", str(models["target"]), "--host", "127.0.0.1", "--port", str(port),
+            *_chain().args(models["draft"])]
+    env = server_env(SPECDIFF_SGLANG_START="spawn", SPECDIFF_WRITER_TEST_PAUSE_FILE=str(pause))
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    srv = ServerProcess(models["target"], port=port, log_path=log)  # talks to record serve's server
+    srv.proc = proc
+    stopped = False
     try:
+        deadline = time.monotonic() + srv.startup_timeout_s
+        while not _healthy(srv.url):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.5)
         # one /generate call with 2 prompts: SGLang batches them (concurrent requests)
         out = srv.generate(PROMPTS, max_new_tokens=MAX_NEW)
         # `specdiff record client` against the same traced server
-
-
-        prompts = path.parent / "prompts.jsonl"
+        prompts = root / "prompts.jsonl"
         prompts.write_text('{"text": "for i in range(3):"}\n')
         client = run_cli("record", "client", "--url", srv.url, "--prompts", prompts, "--max-new-tokens", "5")
+        held = len(open_trace(str(path)).sequences)  # what the trace held when the stop came
+        proc.send_signal(signal.SIGTERM)
+        stopped = True
+        deadline = time.monotonic() + 180
+        while log.read_text(errors="replace").count(" so far") < 2 and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        waited = log.read_text(errors="replace")
     finally:
-        srv.stop()
-    return {"out": out, "path": path, "seconds": time.monotonic() - t0, "startup_s": srv.startup_s,
-            "client": client}
+        pause.unlink(missing_ok=True)
+        if not stopped and proc.poll() is None:  # failed before the stop: stop it (record serve forwards it)
+            proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(300)
+    said = log.read_text(errors="replace")
+    return {"out": out, "path": path, "client": client, "held": held, "waited": waited, "said": said, "rc": rc}
+
+
+def _healthy(url: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(url + "/health", timeout=5).status_code == 200
+    except requests.RequestException:  # not listening yet
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -245,40 +290,16 @@ def tree(models, tmp_path_factory, server_env):
         deadline = time.monotonic() + 120
         while open_trace(str(path)).rows("verify.accept_length") < rows_before + 3 and time.monotonic() < deadline:
             time.sleep(0.2)
-        writers = _writer_processes(srv.pid)
+        assert writer_pids(str(path)), "the trace's writer process runs"
         os.killpg(srv.pid, signal.SIGKILL)  # the whole server: no atexit, no SIGTERM handler
         srv.proc.wait(30)
         th.join(30)
-        # the writer process (a session of its own, nice 19) writes what the ring holds, then exits:
-        # on a loaded machine that comes well after the kill, so the trace is read once it is gone
-        deadline = time.monotonic() + 180
-        while any(os.path.exists(f"/proc/{w}") for w in writers) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        # the writer process (out of the server's tree, nice 19) writes what the ring holds, then
+        # exits: on a loaded machine that comes well after the kill, so the trace is read once it is gone
+        assert wait_for_writers(str(path), timeout_s=180) == []
     finally:
         srv.stop()
     return {"out": out, "path": path, "closed_before_kill": closed_before, "rows_before": rows_before}
-
-
-def _writer_processes(root: int) -> list[int]:
-    """Pids of the trace writer processes (tracer/engines/writer/child.py) under process ``root``."""
-    kids: dict[int, list[int]] = {}
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        kids.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        todo += kids.get(pid, [])
-        try:
-            if b"specdiff.tracer.engines.writer.child" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            pass
-    assert out, f"no trace writer process under the server (pid {root})"
-    return out
 
 
 #: Loaded by the server's Python at start-up (a ``sitecustomize`` on PYTHONPATH): after SGLang
@@ -488,6 +509,22 @@ def test_chain_trace_accept_lengths_tokens_and_rids(traced):
 
 
 @server
+def test_a_stop_while_the_writer_lags_keeps_every_finished_request(traced):
+    """SIGTERM to record serve while its writer had written none of the 3 finished requests: the
+    writer outlives SGLang's kill of the server's process tree, record serve waits for it saying how
+    far the trace got, and the trace holds all 3, closed (issue 44 part 4: it kept 1 of 8)."""
+    said, path = traced["said"], traced["path"]
+    assert traced["held"] == 0 and traced["rc"] == 0, said[-3000:]
+    assert "specdiff: waiting for the trace writer (pid " in traced["waited"], said[-3000:]
+    assert traced["waited"].index("specdiff: server exited (") < traced["waited"].index("waiting for the trace writer")
+    assert re.search(r"specdiff: +\d+ s: \d+ records, 0 requests written so far", traced["waited"]), said[-3000:]
+    trace = open_trace(str(path))
+    assert trace.closed and len(trace.sequences) == 3
+    assert f"specdiff: trace {path}: 3 requests (sequences), {trace.records} records, closed" in said, said[-3000:]
+    assert writer_pids(str(path)) == []
+
+
+@server
 def test_record_client_reports_accept_lengths(traced):
     r = traced["client"]
     assert r.exit_code == 0, r.output
@@ -641,7 +678,7 @@ COMPUTATION_FIELDS = ("spec_algorithm", "aux_hf_indices", "aux_concat_order", "e
 
 @server
 def test_serving_and_training_contracts_agree_field_by_field_on_a_correct_pair(traced, models, tmp_path):
-    from specdiff.replay.diff.explain.contract_check import check_contracts
+    from specdiff.replay.diff.contract.check import check_contracts
     from specdiff.replay.diff.types import Pair
     from specdiff.replay.record.record_train import record_train
 

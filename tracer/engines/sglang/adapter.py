@@ -47,7 +47,7 @@ _P = "sglang.srt."
 _EW2 = _P + "speculative.eagle_worker_v2"
 
 
-_ALL_DRAFT = ("tokens", "draft.fc_in", "draft.fc_out", "draft.hidden_out", "draft.logits",
+_ALL_DRAFT = ("tokens", "draft.input_ids", "draft.fc_in", "draft.fc_out", "draft.hidden_out", "draft.logits",
               "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp")
 _VERIFY = ("verify.accept_length", "verify.accept_index", "verify.accepted_tokens", "verify.predict",
            "target.argmax")
@@ -207,6 +207,15 @@ NAMES: tuple[EngineName, ...] = (
        facts=("num_layers", "hidden_size", "vocab_size", "draft_hidden_size", "aux_native_ids")),
     _n("ModelConfig.dtype", _P + "configs.model_config.ModelConfig", "instance", "srt/configs/model_config.py",
        "compute dtype", facts=("dtype",)),
+    _n("ModelConfig.model_override_args", _P + "configs.model_config.ModelConfig", "instance",
+       "srt/configs/model_config.py:612", "the parsed --json-model-override-args the config was built with",
+       facts=("target_config_overrides", "draft_config_overrides")),
+    _n("ModelConfig.context_len", _P + "configs.model_config.ModelConfig", "instance",
+       "srt/configs/model_config.py:1291-1325", "the context length the engine settled",
+       facts=("target_config_overrides", "draft_config_overrides")),
+    _n("ServerArgs.context_length", _P + "server_args.ServerArgs", "field", "srt/arg_groups/fields/model.py:110",
+       "the operator's --context-length (None: the config's)", facts=("target_config_overrides",
+                                                                       "draft_config_overrides")),
     *_target_layout_names(),
     _n("LlamaForCausalLMEagle3.model", _P + "models.llama_eagle3.LlamaForCausalLMEagle3", "instance",
        "srt/models/llama_eagle3.py:292", "the draft's inner model (fc, norms)",

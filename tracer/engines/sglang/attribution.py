@@ -310,6 +310,8 @@ def _write_decode(rec, tw, cap, out, touched) -> None:
             perm, on_path = orders[i + 1]
             rows = b * k + perm
             _add_draft_rows(rec, out, df, rows, sid, Lb - 1, i + 1, it, tokens=on_path)
+            if df.input_ids is not None:  # every branch as fed (mapped by hot_token_id), on the path or not
+                out.add("draft.input_ids", df.input_ids[rows], seq=sid, pos=Lb - 1, depth=i + 1, iter=it)
             if df.topk_ids is not None:
                 out.add("draft.topk", df.topk_ids[rows], seq=sid, pos=Lb - 1, depth=i + 1, iter=it)
         for i, ids in cap.select:

@@ -8,7 +8,8 @@
   each with its default (the msgspec field default);
 - ``draft_structure`` / ``target_structure``: the parameters of each model as built;
 - ``draft_weights`` / ``target_weights`` / ``draft_unloaded`` / ``target_unloaded``: from the load
-  path (``plugin._around_load_weights`` watches ``DefaultModelLoader.load_weights_only``).
+  path (``plugin._around_load_weights`` watches ``DefaultModelLoader.load_weights_only``);
+- the buffers, rope tables and config overrides of ``state_facts``.
 
 Every fact that cannot be read is ``unknown``, with one warning line.
 """
@@ -22,6 +23,7 @@ from specdiff.tracer.contract import UNKNOWN
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
 from specdiff.tracer.engines.sglang.contract import read_chain
+from specdiff.tracer.engines.sglang.state_facts import state_facts
 from specdiff.tracer.weight_facts import layer_input_norms, not_provided, structure, unit_fingerprints
 
 logger = logging.getLogger("specdiff.tracer")
@@ -106,6 +108,7 @@ def live_facts(dw, A: SGLangAdapter, loads: dict, *, weights: bool = True) -> di
     layers = getattr(getattr(dmodel, "model", None), "layers", None)
     # a later draft layer normalises its input with hidden_norm (srt/models/llama_eagle3.py:103-105)
     facts["draft_layer_input_norms"] = UNKNOWN if layers is None else layer_input_norms(layers, "hidden_norm")
+    facts.update(state_facts(dw, A))  # buffers, rope tables, config overrides (state_facts.py)
     if not weights:
         logger.info("specdiff: SPECDIFF_WEIGHT_FACTS=0: the checkpoints are not fingerprinted; contract weight "
                     "facts are unknown")

@@ -32,7 +32,7 @@ _V2 = _W + "gpu."
 _ML = "vllm.model_executor.model_loader.default_loader."
 
 _AUX = ("target.aux.{j}", "target.aux_cat")
-_DRAFT = ("tokens", "draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.positions", "draft.hidden_out",
+_DRAFT = ("tokens", "draft.input_ids", "draft.fc_in", "draft.fc_out", "draft.hidden_in", "draft.positions", "draft.hidden_out",
           "draft.logits_topk.values", "draft.logits_topk.ids", "draft.logsumexp", "draft.topk",
           "draft.topk_target")
 _VERIFY = ("verify.accept_length", "verify.accepted_tokens", "verify.accept_index", "verify.draft_tokens",

@@ -302,6 +302,8 @@ class Recorder(ServingRecorder):
 def _add_forward(out: RowBatch, f: DraftForward, sel, seq, pos, depth, it, *, tokens=True) -> None:
     if tokens and f.input_ids is not None:
         out.add("tokens", f.input_ids[sel].to(torch.int64), seq=seq, pos=pos, depth=depth, iter=it)
+    if depth and f.input_ids is not None:  # what the step was fed (schema draft.input_ids)
+        out.add("draft.input_ids", f.input_ids[sel].to(torch.int64), seq=seq, pos=pos, depth=depth, iter=it)
     if f.positions is not None and f.positions.dim() == 1:
         out.add("draft.positions", f.positions[sel].to(torch.int64), seq=seq, pos=pos, depth=depth, iter=it)
     if f.hidden_in is not None:

@@ -6,20 +6,23 @@ V1 runner), read at start-up next to ``contract.contract_from_runner``:
 - ``engine_options``: every field of the runner's ``VllmConfig`` (config/vllm.py:341: model, cache,
   parallel, scheduler, speculative, ... configs), JSON-safe. vLLM keeps no record of which options were
   given, so there is no ``engine_options_given``: against another engine or training they are not compared
-  (replay/diff/explain/fact_diff.py says so);
+  (replay/diff/contract/fact_diff.py says so);
 - the structures as built, and the weight facts of the load path: ``plugin`` wraps
   ``DefaultModelLoader.load_weights`` (model_loader/default_loader.py:485), whose weight iterator
-  (``get_all_weights``, :367) ``tracer.weight_facts.LoadWatch`` fingerprints.
+  (``get_all_weights``, :367) ``tracer.weight_facts.LoadWatch`` fingerprints;
+- every buffer and each decoder layer's rope table of the live models (``tracer.state_facts.engine_state``),
+  the config keys ``hf_overrides`` set (``hf_overrides``) and the vocabulary a draft step is fed in.
 """
 
 from __future__ import annotations
 
 import logging
 
-from specdiff.tracer.config_facts import config_fact, options_fact
+from specdiff.tracer.config_facts import config_fact, json_safe, options_fact
 from specdiff.tracer.contract import UNKNOWN
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.vllm.adapter import VLLMAdapter
+from specdiff.tracer.state_facts import engine_state
 from specdiff.tracer.weight_facts import (
     LoadWatch,
     layer_input_norms,
@@ -115,7 +118,33 @@ def live_facts(runner, A: VLLMAdapter, loads: dict, *, tmodel, dmodel) -> dict:
     layers = getattr(getattr(dmodel, "model", None), "layers", None)
     # a later draft layer normalises its input with input_layernorm (model_executor/models/llama_eagle3.py:136-138)
     facts["draft_layer_input_norms"] = UNKNOWN if layers is None else layer_input_norms(layers, "input_layernorm")
+    facts.update(engine_state(None if tmodel is MISSING else tmodel, None if dmodel is MISSING else dmodel))
+    facts["target_config_overrides"] = hf_overrides(mc)
+    facts["draft_config_overrides"] = hf_overrides(dmc)
+    # a draft step is fed the previous step's argmax over the logits compute_logits scattered into the
+    # target vocab (model_executor/models/llama_eagle3.py:378-395): target ids
+    facts["draft_input_ids_vocab"] = "target"
     return facts
 
 
-__all__ = ["live_facts", "watched_load"]
+def hf_overrides(mc) -> dict | str:
+    """Config key -> ``{"value": as vLLM built the config, "source": "hf_overrides"}`` of one ModelConfig's
+    ``hf_overrides`` (config/model.py:344, applied at :605-619) ({} when none); ``unknown`` when the
+    config is unreadable or the overrides are a function (what it changed is not listed)."""
+    if mc is MISSING or mc is None:
+        return UNKNOWN
+    over, hf = getattr(mc, "hf_overrides", None), getattr(mc, "hf_config", None)
+    if getattr(over, "__qualname__", None) == "SpeculativeConfig.hf_config_override":
+        # the draft's: vLLM's own EAGLE config conversion (already in draft_config); an operator's dict
+        # --hf-overrides stays target-only (config/speculative.py:1084-1106, :1283-1287)
+        return {}
+    if not isinstance(over, dict) or hf is None:
+        return UNKNOWN
+    out = {}
+    for key in over:
+        value = getattr(hf, key, MISSING)
+        out[key] = {"value": UNKNOWN if value is MISSING else json_safe(value), "source": "hf_overrides"}
+    return out
+
+
+__all__ = ["hf_overrides", "live_facts", "watched_load"]

@@ -4,7 +4,9 @@ off the thread that captured them.
 ``thread``: ``AsyncTraceWriter``, a bounded queue drained by one thread (lossy for serving,
 lossless for ``record train``). ``process``: ``ProcessTraceWriter``, the server's handle on a writer
 process; ``child``: that process (``python -m specdiff.tracer.engines.writer.child``, with
-``WriterSide``, the recorder state it holds); ``ring``: the shared-memory ring between the two.
+``WriterSide``, the recorder state it holds; it leaves the server's process tree, so an engine's
+stop does not kill it while it writes); ``ring``: the shared-memory ring between the two; ``alive``:
+finding and waiting for a trace's writer processes from outside the server (``record serve``).
 ``open_writer`` picks one for a serving recorder.
 """
 

@@ -3,15 +3,24 @@ captures from the shared-memory ring (``ring``), attributes them to rows and wri
 the server's process (``process.ProcessTraceWriter`` starts it). ``WriterSide`` is the recorder's
 state as this process holds it.
 
-Protocol: the parent pickles a spec to stdin (ring path, wake-up pipe fd, trace path, contract,
-handler, ``WriterSide`` arguments, first appends); this process answers ``ready <priority JSON>`` (its
-priority read back: ``priority``, and ``nice_why``) or ``error <message>`` on stdout once the trace is open, and ``closed`` after the close record. Ring
-records are ``("item", item, dropped rids)`` or ``("close", contract facts, dropped rids)``.
+Protocol: the parent pickles a spec to stdin (ring path, wake-up and close pipe fds, trace path,
+contract, handler, ``WriterSide`` arguments, first appends); this process answers ``ready <JSON>``
+(its pid, its priority read back: ``priority``, and ``nice_why``) or ``error <message>`` on stdout
+once the trace is open, and ``closed`` (or ``error closing``) after it closed the trace. Ring records
+are ``("item", item, dropped rids)``. The close comes through a pipe of its own (``send_close``, ``CloseInbox``), never
+through the ring: a ring that a lagging writer left full has no room for it, and the close must not
+wait for room while the engine's stop runs out of time.
 
-When the parent dies (kill -9: the wake-up pipe reads EOF) it writes what the ring holds and exits
-without closing the trace: the trace is what a killed server leaves, journaled up to its last
-record. Tests make the writer fall behind with ``SPECDIFF_WRITER_TEST_DELAY_S`` (sleep that long
-before each item) or ``SPECDIFF_WRITER_TEST_PAUSE_FILE`` (handle no item while that file exists);
+It outlives the server's process tree (``detach``): an engine that stops by SIGKILLing its
+descendants (SGLang 0.5.23 ``kill_process_tree``, ``srt/utils/common.py:2507-2564``, called by
+its SIGTERM watchdog, ``srt/managers/tokenizer_manager.py:3559``, and at ``launch_server.py:86``)
+no longer kills it while it still writes what the server handed it. Once the close arrived it writes everything the ring holds, then the close
+(the trace is closed, whether or not the server still runs); when the parent dies without a close
+(kill -9: the wake-up pipe reads EOF) it writes what the ring holds and exits without closing the
+trace: the trace is what a killed server leaves, journaled up to its last record.
+
+Tests make the writer fall behind with ``SPECDIFF_WRITER_TEST_DELAY_S`` (sleep that long before each
+item) or ``SPECDIFF_WRITER_TEST_PAUSE_FILE`` (handle no item while that file exists);
 ``SPECDIFF_WRITER_NICE`` sets this process's niceness (default ``NICE``).
 """
 
@@ -25,6 +34,7 @@ import pickle
 import re
 import select
 import signal
+import struct
 import sys
 import time
 
@@ -151,12 +161,78 @@ def priority(tid: int = 0) -> dict:
     return {"nice": nice, "autogroup_nice": group}
 
 
+def detach() -> None:
+    """Leave the server's process tree: fork, and the first process (the one the server started,
+    already a session of its own) exits at once, so this one's parent becomes init or the nearest
+    child subreaper. psutil's ``children()``, which follows parent pids (not sessions or process
+    groups), then no longer lists it under the server, so the engine's stop does not SIGKILL it
+    (module doc). The server waits for it through its stdout pipe and a pidfd
+    (``process.ProcessTraceWriter``), the stop's watchers through its command line (``alive``)."""
+    if os.fork():
+        os._exit(0)  # the server reaps this one at once (ProcessTraceWriter)
+
+
+#: the close message's frame: its pickle's length, then the pickle (``send_close``)
+_FRAME = struct.Struct("<Q")
+
+
+def send_close(fd: int, message, deadline: float | None) -> bool:
+    """Write ``message`` (``("close", contract facts, dropped rids, contract updates)``) to the close
+    pipe ``fd`` (non-blocking) as one frame, until ``deadline`` (``time.monotonic()``); True when all
+    of it was written. False when the writer process is gone (the pipe is broken) or time ran out.
+    The server's side; ``read_close`` is this process's."""
+    data = pickle.dumps(message, protocol=5)
+    data = memoryview(_FRAME.pack(len(data)) + data)
+    while data:
+        try:
+            data = data[os.write(fd, data):]
+        except BlockingIOError:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        except OSError:  # BrokenPipeError: the writer process is gone
+            return False
+    return True
+
+
+class CloseInbox:
+    """This process's end of the close pipe (non-blocking): ``read()`` takes what arrived;
+    ``message`` is the close once all of its frame is in, ``eof`` once the server's end is closed
+    (it closed it after the message, or died)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self.buf = bytearray()
+        self.message = None
+        self.eof = False
+
+    def read(self) -> None:
+        while not self.eof and self.message is None:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self.eof = True
+                return
+            self.buf += chunk
+            if len(self.buf) >= _FRAME.size:
+                (n,) = _FRAME.unpack_from(self.buf)
+                if len(self.buf) >= _FRAME.size + n:
+                    self.message = pickle.loads(bytes(self.buf[_FRAME.size:_FRAME.size + n]))
+
+
 def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the server decides when this ends
         signal.signal(sig, signal.SIG_IGN)
+    detach()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="specdiff writer: %(message)s")
     nice_why = _lower_priority()
     spec = pickle.loads(sys.stdin.buffer.read())
+    from specdiff.tracer.engines.writer.alive import pidfd
+
+    parent = pidfd(spec["parent"])  # alive now: it waits for our answer
     from specdiff.tracer.engines.writer.ring import Ring
 
     ring = Ring(spec["ring"])
@@ -177,14 +253,15 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
         _say(f"error {exc}" if type(exc).__name__ == "TraceError" else f"error {type(exc).__name__}: {exc}")
         return 2
-    _say("ready " + json.dumps({**priority(), "nice_why": nice_why}))
+    _say("ready " + json.dumps({"pid": os.getpid(), **priority(), "nice_why": nice_why}))
     global _cpu0
     _cpu0 = time.process_time()  # start-up (imports, opening the trace) is not writing
     delay = float(os.environ.get("SPECDIFF_WRITER_TEST_DELAY_S") or 0.0)
     pause = os.environ.get("SPECDIFF_WRITER_TEST_PAUSE_FILE") or None
     wake = spec["wake_fd"]
+    inbox = CloseInbox(spec["close_fd"])
     parent_gone = failed = False
-    listed = marked = 0.0
+    listed = marked = looked_in = 0.0
 
     def journal(write) -> None:
         """``write()`` a journal-only entry (progress, listing); a store that fails then stops
@@ -206,6 +283,15 @@ def main() -> int:
         looked = time.time()  # before the look: a capture put after it is not covered by a mark
         got = ring.get()
         if got is None:
+            inbox.read()  # a close sent after the ring's last item: the ring was empty when it came
+            if inbox.message is not None:  # every item put before it is written: close
+                _, facts, notices, controls = inbox.message
+                side.drop(notices)
+                for update in controls if not failed else ():  # contract updates the ring had no room for
+                    journal(lambda u=update: (tw.set_contract(**u.facts), side.contract_update(u.facts)))
+                ok = _close(tw, side, facts, failed)
+                _say("closed" if ok else "error closing")
+                return 0 if ok else 1
             if parent_gone:
                 if not failed:
                     mark(None)  # all written: a watcher may settle requests by its own clock
@@ -213,20 +299,16 @@ def main() -> int:
                 return 0
             if not failed and time.monotonic() - marked >= PROGRESS_EVERY_S:
                 mark(looked)
-            ready, _, _ = select.select([wake], [], [], PROGRESS_EVERY_S)
-            if ready and os.read(wake, 1 << 16) == b"":
+            watch = [wake] + ([inbox.fd] if not inbox.eof else []) + ([parent] if parent is not None else [])
+            ready, _, _ = select.select(watch, [], [], PROGRESS_EVERY_S)
+            if wake in ready and os.read(wake, 1 << 16) == b"":
                 parent_gone = True
-            elif not ready and os.getppid() != spec["parent"]:
+            if parent is not None and parent in ready:
                 parent_gone = True
             continue
         (kind, payload, notices), total = got
         t0 = time.perf_counter_ns()
         side.drop(notices)
-        if kind == "close":
-            ok = _close(tw, side, payload, failed)
-            ring.release(total, time.perf_counter_ns() - t0)
-            _say("closed" if ok else "error closing")
-            return 0 if ok else 1
         if not failed:
             try:
                 if delay:
@@ -253,6 +335,9 @@ def main() -> int:
         ring.release(total, time.perf_counter_ns() - t0)
         if not failed and time.monotonic() - marked >= PROGRESS_EVERY_S:
             mark(ring.put_at)  # busy too: a writer that is always a record behind still says how far it got
+        if time.monotonic() - looked_in >= 0.2:  # busy: take a large close off the pipe, so it is never full
+            looked_in = time.monotonic()
+            inbox.read()
 
 
 def _close(tw, side, facts: dict, failed: bool) -> bool:

@@ -10,6 +10,12 @@ CUDA event on a publisher thread, never on the serving thread. Each writer says 
 (``facts()``: the contract's ``recorder_writer``).
 
 It is lossy as the thread writer is (``thread``): drops are of whole requests.
+
+The writer process is no child of the server's (``child.detach``: an engine's stop that SIGKILLs
+its process tree must not kill it while it writes what the ring holds); this side knows it by its
+pid (``writer_pid``), waits for it through a pidfd (Linux >= 5.3; else by signal 0 to the pid) and
+reads its answers on its stdout pipe. ``close`` hands it the close through a pipe of its own
+(``child.send_close``), so a full ring never keeps a stop from closing the trace.
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import select
 import threading
 import time
+
+from specdiff.tracer.engines.writer.alive import WRITER_MODULE, pidfd
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -79,16 +88,24 @@ class ProcessTraceWriter:
         self.ring = Ring(ring_path, size, create=True)
         # Its own session: a signal to the server's process group (SIGTERM to stop, even SIGKILL)
         # leaves the writer to finish what the ring holds; it exits when the server is gone.
+        # Its own session, and (child.detach) out of the server's process tree: neither a signal to
+        # the server's process group nor the engine's kill of its descendants reaches it.
         rfd, self._wake_fd = os.pipe()
         os.set_blocking(self._wake_fd, False)
+        cfd, self._close_fd = os.pipe()
+        os.set_blocking(self._close_fd, False)
+        self.writer_pid: int | None = None  # the writer process (the one Popen started exits at once)
+        self._pidfd: int | None = None
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "specdiff.tracer.engines.writer.child"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(rfd,),
+            # the trace's path on its command line names it to the stop's watchers (alive.writer_pids)
+            self.proc = subprocess.Popen([sys.executable, "-m", WRITER_MODULE, os.path.abspath(path)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(rfd, cfd),
                                          close_fds=True, start_new_session=True)
         finally:
             os.close(rfd)
-        spec = {"ring": ring_path, "wake_fd": rfd, "trace": path, "contract": contract, "handler": handler,
-                "side": side, "first": list(first), "parent": os.getpid()}
+            os.close(cfd)
+        spec = {"ring": ring_path, "wake_fd": rfd, "close_fd": cfd, "trace": path, "contract": contract,
+                "handler": handler, "side": side, "first": list(first), "parent": os.getpid()}
         self.proc.stdin.write(pickle.dumps(spec, protocol=5))
         self.proc.stdin.close()
         line = self._reply(start_timeout_s)
@@ -100,6 +117,9 @@ class ProcessTraceWriter:
 
         #: the writer process's priority as it read it back (child.priority, nice_why)
         self.priority = json.loads(line[len("ready "):] or "{}")
+        self.writer_pid = self.priority.pop("pid", None)
+        self._pidfd = pidfd(self.writer_pid)
+        self.proc.wait()  # the first process, which exited once the writer forked (child.detach)
 
     def _reply(self, timeout_s: float | None) -> str:
         import select
@@ -113,6 +133,8 @@ class ProcessTraceWriter:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        # the writer, where it forked before it failed or gave no answer: it reads EOF on its pipes
+        # at teardown and exits (its answer, if any, named its pid)
         try:
             os.unlink(self.ring.path)
         except FileNotFoundError:
@@ -120,8 +142,12 @@ class ProcessTraceWriter:
         self._teardown()
 
     def _teardown(self) -> None:
-        """Close the wake-up pipe and unmap the ring, keeping its last counts (``_final``)."""
+        """Close the pipes and unmap the ring, keeping its last counts (``_final``)."""
         os.close(self._wake_fd)
+        os.close(self._close_fd)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         self._final = (self.ring.failed, self.ring.written, self.ring.busy_s)
         self.ring.close()
 
@@ -141,9 +167,32 @@ class ProcessTraceWriter:
             return False
         now = time.monotonic()
         if now >= self._alive_until:
-            self._alive = self.proc.poll() is None
+            self._alive = self.writer_alive()
             self._alive_until = now + self.ALIVE_POLL_S
         return self._alive
+
+    def writer_alive(self) -> bool:
+        """The writer process still runs (its pidfd not readable; without one, signal 0 reaches it)."""
+        if self._pidfd is not None:
+            return not select.select([self._pidfd], [], [], 0)[0]
+        if self.writer_pid is None:
+            return self.proc.poll() is None
+        try:
+            os.kill(self.writer_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+    def wait_writer(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the writer process to exit; True when it did."""
+        if self._pidfd is not None:
+            return bool(select.select([self._pidfd], [], [], timeout_s)[0])
+        end = time.monotonic() + timeout_s
+        while self.writer_alive() and time.monotonic() < end:
+            time.sleep(0.01)
+        return not self.writer_alive()
 
     def facts(self) -> dict:
         """Which writer runs (the contract's ``recorder_writer``), read off this object: its ring's
@@ -249,9 +298,13 @@ class ProcessTraceWriter:
 
     # -- close --
     def close(self, *, timeout_s: float | None = 30.0, contract: dict | None = None) -> bool:
-        """Hand ``contract`` facts (and ``dropped_records``) to the writer process, let it write
-        what the ring holds and close the trace; True when it did. Safe to call more than once
-        (later calls return False) and from a signal handler."""
+        """Hand ``contract`` facts (and ``dropped_records``) to the writer process, which writes what
+        the ring holds and closes the trace; True when it said so within ``timeout_s``. Safe to call
+        more than once (later calls return False) and from a signal handler.
+
+        Where it did not answer in time the writer goes on after this process is gone (it is out of
+        the server's process tree: module doc) and closes the trace once it has written the ring;
+        ``record serve`` waits for that (tracer/engines/writer/alive.py)."""
         if self._closed:
             return False
         self._closed = True
@@ -261,23 +314,25 @@ class ProcessTraceWriter:
             self._publisher.join(timeout=timeout_s)
         facts = dict(contract or {}, dropped_records=int(self.dropped))
         self.ring.abandon_stage()  # a capture staged now will not be submitted
+        self._flush()
+        # the updates that never fitted go with the close, after every item in the ring
+        from specdiff.tracer.engines.writer.child import send_close
+
+        sent = self.writer_alive() and send_close(self._close_fd, ("close", facts, self._notices, self._controls),
+                                                  deadline)
         ok = False
-        while self.proc.poll() is None:
-            self._flush()
-            if not self._controls and self.ring.put(("close", facts, self._notices)):
-                self._wake()
-                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                ok = self._reply(left) == "closed"
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            time.sleep(0.005)
-        if not ok:
-            logger.error("specdiff: the trace writer process did not close %s within %s s; the trace "
-                         "stays readable up to its last journaled record", self.path, timeout_s)
-        try:
-            self.proc.wait(timeout=5.0)
-        except Exception:  # noqa: BLE001
-            self.proc.kill()
+        if sent:
+            self._wake()
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ok = self._reply(left) == "closed"
+            if ok:
+                self.wait_writer(5.0)
+            else:
+                logger.warning("specdiff: the trace writer process (pid %s) had not closed %s within %s s; it "
+                             "goes on writing what it was handed and closes the trace on its own",
+                             self.writer_pid, self.path, timeout_s)
+        else:
+            logger.error("specdiff: the trace writer process (pid %s) is gone or took no close; %s stays "
+                         "readable up to its last journaled record", self.writer_pid, self.path)
         self._teardown()
         return ok

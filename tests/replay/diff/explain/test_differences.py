@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from builders import dataflow_pair
 
-from specdiff.replay.diff.facts import fact_row
+from specdiff.replay.diff.contract.facts import fact_row
 from specdiff.replay.diff.pipeline import diff_traces, narrowing
 from specdiff.replay.diff.report import render_text
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from builders import TracePair
 
-from specdiff.replay.diff.explain.contract import STAGE_CAUSES
+from specdiff.replay.diff.contract.facts import STAGE_CAUSES
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
 from specdiff.tracer.schema import STAGE_ORDER, aux_name
@@ -149,8 +149,8 @@ def test_a_rope_difference_does_not_explain_a_later_first_divergence(tmp_path):
 
 
 def test_the_cause_table_names_only_stages_and_contract_facts():
-    from specdiff.replay.diff.explain.contract_check import _FIELDS
+    from specdiff.replay.diff.contract.facts import WORDED
 
     assert set(STAGE_CAUSES) == set(STAGE_ORDER)
     facts = {f for v in STAGE_CAUSES.values() for f in v}
-    assert facts <= set(_FIELDS) | {"aux_dropped_ids"}
+    assert facts <= set(WORDED) | {"aux_dropped_ids"}

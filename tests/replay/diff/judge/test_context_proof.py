@@ -60,7 +60,7 @@ def _failing(pairs, serving: str):
 
 def test_a_draft_that_differs_only_through_its_inputs_is_reproduced_on_both_sides(pairs):
     report, comp, idx = _failing(pairs, "inputs")
-    proof = ContextProver(report)(comp, idx)
+    proof = ContextProver(report.inputs)(comp, idx)
     assert isinstance(proof, ReplayProof), proof
     assert proof.rows == len(idx) and proof.sequences == 2 and proof.ids_rows > 0
     assert proof.training_rel <= comp.tolerance.rel and proof.serving_rel <= comp.tolerance.rel
@@ -85,13 +85,13 @@ def test_serving_rows_the_re_run_does_not_reproduce_on_one_row_are_not_proven(pa
         return out
 
     strace.take_float = take_float
-    got = ContextProver(report)(comp, idx)
+    got = ContextProver(report.inputs)(comp, idx)
     assert isinstance(got, str) and "1 of the" in got and "serving's draft.hidden_out" in got, got
 
 
 def test_a_serving_draft_that_computes_differently_is_not_proven(pairs):
     report, comp, idx = _failing(pairs, "attention")
-    got = ContextProver(report)(comp, idx)
+    got = ContextProver(report.inputs)(comp, idx)
     assert isinstance(got, str) and "does not reproduce serving's draft.hidden_out rows" in got, got
     assert "serving draft computes differently" in got
 
@@ -100,7 +100,7 @@ def test_a_serving_lm_head_that_differs_is_not_proven(pairs):
     """Later stages inherit the proven rows, so the draft's ids there are checked too: a serving
     draft whose lm_head differs (hidden states reproduced, ids not) is not proven."""
     report, comp, idx = _failing(pairs, "lm_head")
-    got = ContextProver(report)(comp, idx)
+    got = ContextProver(report.inputs)(comp, idx)
     assert isinstance(got, str) and "does not reproduce serving's draft.logits_topk.ids rows" in got, got
     assert "top-1 id differs" in got
 
@@ -110,15 +110,15 @@ def test_another_draft_on_the_training_side_is_not_proven(pairs, tmp_path, scale
     reproduces neither side, and the training side is named first."""
     report, comp, idx = _failing(pairs, "inputs")
     other = scaled_copy(REPO_MODELS / "draft", tmp_path / "other", "midlayer.mlp.down_proj.weight", 1.5)
-    got = ContextProver(report, draft_path=str(other))(comp, idx)
+    got = ContextProver(report.inputs, draft_path=str(other))(comp, idx)
     assert isinstance(got, str) and "not the draft training recorded" in got, got
 
 
 def test_without_the_checkpoint_it_says_why(pairs, tmp_path):
     report, comp, idx = _failing(pairs, "inputs")
-    got = ContextProver(report, draft_path=str(tmp_path / "nowhere"))(comp, idx)
+    got = ContextProver(report.inputs, draft_path=str(tmp_path / "nowhere"))(comp, idx)
     assert isinstance(got, str) and got.startswith("the draft re-run cannot run") and "not found" in got, got
-    assert ContextProver(report)(report.comparisons["draft.fc_out"], idx).startswith("a re-run proves only")
+    assert ContextProver(report.inputs)(report.comparisons["draft.fc_out"], idx).startswith("a re-run proves only")
 
 
 def test_a_served_sequences_last_aux_row_is_re_run_with_its_next_token():
@@ -128,7 +128,7 @@ def test_a_served_sequences_last_aux_row_is_re_run_with_its_next_token():
     import torch
 
     from specdiff.replay.diff.align.align import match_rows
-    from specdiff.replay.diff.rerun.rerun import (
+    from specdiff.replay.diff.runner import (
         RerunError,
         batch_inputs,
         computed_rows,
@@ -140,11 +140,11 @@ def test_a_served_sequences_last_aux_row_is_re_run_with_its_next_token():
     if not (seed / "serve.trace").exists():
         pytest.skip("the shipped example pair is absent")
     report = diff_traces(str(seed / "train.trace"), str(seed / "serve.trace"), narrow=False)
-    run = prepare(report, draft_path=str(REPO_MODELS / "draft"), target_path=None, error=RerunError)
+    run = prepare(report.inputs, draft_path=str(REPO_MODELS / "draft"), target_path=None, error=RerunError)
     s = run.plan[0]
     pair = next(p for p in report.alignment.seq_pairs if p.seq.x == s.seq_train)
     assert s.n == pair.length - 1  # the served sequence's last token has no aux row
-    batch = batch_inputs(report, run, [s])
+    batch = batch_inputs(report.inputs, run, [s])
     tokens = report.traces.x.sequence(s.seq_train).tokens
     assert batch.tokens == [s.n + 1] and int(batch.ids["train"][0, s.n]) == int(tokens[s.n])
     b, ok = batch.coords(np.array([pair.index] * 3), np.array([s.n - 1, s.n - 1, s.n]), np.array([0, 1, 0]), True)
@@ -156,5 +156,5 @@ def test_a_served_sequences_last_aux_row_is_re_run_with_its_next_token():
         out = run.model.ttt_forward(batch.aux["train"], batch.ids["train"], 1, lengths=batch.lengths)
     got = computed_rows(out, run.d2t["train"], "draft.hidden_out", b[:1], np.array([s.n - 1]), np.array([0]))
     want = report.traces.x.take_float("draft.hidden_out", m.rows.x[[i]])
-    from specdiff.replay.diff.compare.metrics import relative_error
+    from specdiff.replay.diff.measure.metrics import relative_error
     assert float(relative_error(got, want)[0]) < 0.01

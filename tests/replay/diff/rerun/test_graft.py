@@ -49,7 +49,7 @@ def test_aux_substitution_recovers_the_seed_bug_gap(pair):
     from specdiff.replay.diff.report import render_text
     from specdiff.replay.diff.rerun.graft import GraftResult, graft
     report = diff_traces(str(pair[0]), str(pair[1]))
-    grafts = graft(report)
+    grafts = graft(report.inputs)
     assert [g.name for g in grafts][0] == "target.aux_cat"
     assert all(isinstance(g, GraftResult) for g in grafts)
     by = {g.name: g for g in grafts}
@@ -87,6 +87,6 @@ def test_missing_draft_named_by_the_contract(pair):
     tr = report.traces.x
     tr.contract = {**tr.contract, "draft_name": "/nonexistent/draft"}
     with pytest.raises(GraftError) as e:
-        graft(report)
+        graft(report.inputs)
     msg = str(e.value)
     assert "\n" not in msg and "/nonexistent/draft" in msg and "draft_name" in msg and "--draft" in msg

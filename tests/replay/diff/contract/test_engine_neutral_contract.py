@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from specdiff.replay.diff.explain.contract_check import check_contracts
+from specdiff.replay.diff.contract.check import check_contracts
 from specdiff.replay.diff.types import Pair
 from specdiff.tracer.contract import unknown_facts
 

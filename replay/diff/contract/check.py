@@ -3,7 +3,8 @@
 What invalidates the comparison comes first: two traces whose target identity facts differ
 (``TARGET_IDENTITY``: architecture, config hash, dtype-independent weight fingerprint, MoE
 routing; tracer/contract.py) were recorded on different target models, and
-``refuse_different_targets`` stops the diff with one line before any row is compared. A fact a
+``refuse_different_targets`` stops the diff with one line before any row is compared; where the weights
+agree the target is one model and its other identity facts are contract differences (``one_target_config``). A fact a
 side did not record (an older trace) or recorded as ``unknown`` is not compared, and that is said
 once per side.
 """
@@ -11,8 +12,8 @@ once per side.
 from __future__ import annotations
 
 from specdiff.eagle3.engines import UnknownEngineError, engine_spec
-from specdiff.replay.diff.explain.fact_diff import fact_differences
-from specdiff.replay.diff.facts import fact_row
+from specdiff.replay.diff.contract.fact_diff import fact_differences, mismatch
+from specdiff.replay.diff.contract.facts import WORDED, fact_row
 from specdiff.replay.diff.types import ContractMismatch, Pair, side_names
 from specdiff.tracer.contract import AUX_CONCAT_ORDER, UNKNOWN, known, unknown_facts, unobservable_engine
 from specdiff.tracer.errors import SpecdiffError
@@ -28,102 +29,6 @@ TARGET_IDENTITY = ("target_architecture", "target_config_sha256", "target_weight
 
 class DifferentTargetsError(SpecdiffError):
     """The two traces were recorded on different target models: nothing they hold can be compared."""
-
-
-# Severity: "error" = the two sides cannot agree; "warn" = likely a cause; "info" = worth knowing.
-# Each field: (severity, message template, stages it bears on ("*" = every stage)); its fix is the fact
-# table's (replay/diff/facts.py FACTS), in the engine's own words where ENGINE_FIXES has them.
-_ALL = ("*",)
-_AUX = ("target.aux", "target.aux_cat", "draft.fc_in", "draft.fc_out")
-_DRAFT_IN = ("draft.fc_out", "draft.attn_in", "draft.hidden_out", "draft.logits", "draft.topk")
-_TOK = ("tokens",)
-_ROPE = ("draft.hidden_out", "draft.logits")
-_EMBED = ("draft.attn_in", "draft.hidden_out", "draft.logits")
-_FIELDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "num_layers": ("error", "target layer counts differ ({x} vs {y}): traces of different target models", _ALL),
-    "hidden_size": ("error", "target hidden sizes differ ({x} vs {y}): traces of different target models", _ALL),
-    "vocab_size": ("error", "target vocab sizes differ ({x} vs {y}): traces of different target models", _ALL),
-    "draft_vocab_size": ("error", "draft vocab sizes differ ({x} vs {y}): different drafts",
-                         ("draft.logits", "draft.topk", "draft.topk_target")),
-    "spec_algorithm": ("error", "speculative algorithm: {lx} {x}, {ly} {y}", _AUX + _DRAFT_IN),
-    "aux_hf_indices": ("warn", "{ly} captured HF hidden_states{y}; {lx} used {x}", _AUX),
-    AUX_CONCAT_ORDER: ("warn", "{ly} concatenated the aux slots as HF {y}; {lx} as HF {x}", _AUX),
-    "aux_prenorm_indices": ("warn", "aux slots holding the last layer's output before the final norm: {ly} "
-                            "{y}, {lx} {x} (HF hidden_states[L] is after the norm)", _AUX),
-    "d2t_sha256": ("warn", "the d2t vocab maps differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target", "verify")),
-    "hot_token_id_sha256": ("warn", "the draft->target id maps (hot_token_id) differ ({lx} {xs}, {ly} {ys})",
-                            ("draft.topk_target", "verify")),
-    "t2d_sha256": ("info", "the t2d masks differ ({lx} {xs}, {ly} {ys})", ("draft.topk_target",)),
-    "norm_before_fc": ("warn", "norm before fc: {lx} {x}, {ly} {y}", ("draft.fc_in", "draft.fc_out")),
-    "fc_norm": ("warn", "per-slot fc norm: {lx} {x}, {ly} {y}", ("draft.fc_in", "draft.fc_out")),
-    "norm_output": ("warn", "hidden fed to the next depth normed: {lx} {x}, {ly} {y}",
-                    ("draft.fc_out", "draft.attn_in", "draft.hidden_out", "draft.logits")),
-    "embed_source": ("warn", "draft embedding taken from the {x} on {lx}, from the {y} on {ly}", _EMBED),
-    "embed_sha256": ("warn", "the embeddings the draft multiplies by differ ({lx} {xs}, {ly} {ys})", _EMBED),
-    "lm_head_source": ("warn", "draft lm_head taken from the {x} on {lx}, from the {y} on {ly}",
-                       ("draft.logits", "draft.topk")),
-    "lm_head_sha256": ("warn", "the lm_heads the draft multiplies by differ ({lx} {xs}, {ly} {ys})",
-                       ("draft.logits", "draft.topk")),
-    "rope_theta": ("warn", "draft rope theta: {lx} {x}, {ly} {y}", _ROPE),
-    "rope_scaling": ("warn", "draft rope scaling: {lx} {x}, {ly} {y}", _ROPE),
-    "rope_style": ("warn", "draft rope style: {lx} {x}, {ly} {y}", _ROPE),
-    "partial_rotary_factor": ("warn", "draft partial rotary factor: {lx} {x}, {ly} {y} (the fraction of each "
-                              "head's dims rotated)", _ROPE),
-    "draft_weights_sha256": ("warn", "draft weights differ ({lx} {xs}, {ly} {ys})", _DRAFT_IN),
-    "tokenizer_sha256": ("warn", "tokenizers differ ({lx} {xs}, {ly} {ys})", _TOK),
-    "bos_added": ("warn", "prompts start with BOS: {lx} {x}, {ly} {y}", _TOK),
-    "chat_template_sha256": ("info", "chat templates differ ({lx} {xs}, {ly} {ys})", _TOK),
-    "dtype": ("info", "compute dtypes differ ({lx} {x}, {ly} {y}): tolerances use the looser", _ALL),
-    "spec_steps": ("info", "draft steps differ ({lx} {x}, {ly} {y})", ("draft.topk", "verify")),
-    "spec_topk": ("info", "draft top-k differs ({lx} {x}, {ly} {y})", ("draft.topk", "draft.topk_target", "verify")),
-}
-
-
-#: field -> fix, per serving engine (the ``engine`` contract fact), where the fix names the engine's own
-#: key, numbering or code. SGLang's is also the fix of a trace without the fact (every such trace is
-#: SGLang's: the vLLM recorder always writes it); ``_FIELDS``' own fix is the engine-neutral one.
-ENGINE_FIXES: dict[str, dict[str, str]] = {
-    "sglang": {
-        # the numbering is per model file (eagle3/families.py FamilyRule): the explanation's fix has the ids
-        "aux_hf_indices": "write the training layers into the draft's eagle_config.eagle_aux_hidden_state_layer_ids "
-                          "in SGLang's numbering for this target (plus-one families, e.g. Llama, Qwen3: id = HF "
-                          "index - 1; DeepSeek-V3: the HF index), or record training with the served layers",
-        "aux_prenorm_indices": "feed the same state in slot L on both sides: SGLang's GPT-OSS captures the last "
-                               "layer's output before the final norm for id L (srt/models/gpt_oss.py:726-738); "
-                               "train on that (record train reads the draft's SGLang ids by the target's rule), or "
-                               "choose aux ids without L",
-        "t2d_sha256": "SGLang ignores t2d; make d2t and t2d come from the same vocab map",
-        "norm_before_fc": "set eagle_config.norm_before_fc in the draft config as in training",
-        "norm_output": "set norm_output in the draft config as in training (SGLang: True = feed the normed hidden)",
-        "embed_source": "SGLang shares the target's embedding with an EAGLE-3 draft: train with the target's "
-                        "(frozen) embedding",
-        "embed_sha256": "train and serve with the same target embedding (SGLang uses the target's)",
-        "lm_head_source": "put the trained lm_head into the draft checkpoint (SGLang loads the checkpoint's lm_head "
-                          "unless it has no draft_vocab_size or ties embeddings)",
-        "partial_rotary_factor": "set partial_rotary_factor in the draft config to what training used (SGLang's "
-                                 "llama attention rotates head_dim * partial_rotary_factor dims, "
-                                 "srt/models/llama.py:199)",
-    },
-    # vLLM 0.32.0 (vllm/model_executor/models/...; the V1 runner's key precedence in eagle3.aux_layers)
-    "vllm": {
-        "aux_hf_indices": "write the training layers into the draft config's top-level "
-                          "eagle_aux_hidden_state_layer_ids (vLLM id = HF index; the V1 runner reads it before "
-                          "eagle_config's), or record training with the served layers",
-        "aux_prenorm_indices": "feed the same state in slot L on both sides: vLLM id L captures the last layer's "
-                               "output before the final norm (llama.py:438-441, hidden_states + residual); train "
-                               "on that, or choose aux ids without L",
-        "t2d_sha256": "vLLM skips t2d at load (llama_eagle3.py:426); make d2t and t2d come from the same vocab map",
-        "norm_before_fc": "set norm_before_fc in the draft config as in training (vLLM reads eagle_config's, else "
-                          "the top-level key: llama_eagle3.py:184-188)",
-        "norm_output": "set norm_output in the draft config as in training (vLLM: True = the draft returns the "
-                       "normed hidden only, llama_eagle3.py:286)",
-        "embed_source": "vLLM shares the target's embedding with an EAGLE-3 draft (llm_base_proposer.py:1416 "
-                        "_maybe_share_embeddings): train with the target's (frozen) embedding",
-        "embed_sha256": "train and serve with the same target embedding (vLLM uses the target's when it shares it)",
-        "lm_head_source": "put the trained lm_head into the draft checkpoint (vLLM shares the target's only when "
-                          "the draft has none: llm_base_proposer.py:1508 _maybe_share_lm_head)",
-    },
-}
 
 
 def serving_engines(traces: Pair) -> list:
@@ -144,11 +49,13 @@ def serving_engines(traces: Pair) -> list:
 
 
 def engine_fix(field: str, traces: Pair) -> str:
-    """The fix of ``field`` in the serving engine's own terms (``ENGINE_FIXES``); two engines -> each
-    one's, named; no serving side -> SGLang's (legacy traces), else the fact table's neutral fix
-    (replay/diff/facts.py)."""
+    """The fix of ``field`` in the serving engine's own terms (its fact row's ``engine_fixes``,
+    replay/diff/contract/facts.py); two engines -> each one's, named; no serving side -> SGLang's (every
+    trace without the ``engine`` fact is SGLang's: the vLLM recorder always writes it); else the row's
+    engine-neutral fix."""
     specs = serving_engines(traces) or [engine_spec("sglang")]
-    fixes = [(s, ENGINE_FIXES.get(s.name, {}).get(field, fact_row(field).fix)) for s in specs]
+    row = fact_row(field)
+    fixes = [(s, row.engine_fixes.get(s.name, row.fix)) for s in specs]
     if len(fixes) == 1 or len({f for _, f in fixes}) == 1:
         return fixes[0][1]
     return "; ".join(f"{s.title}: {f}" for s, f in fixes)
@@ -188,7 +95,8 @@ def _weight_hash_mismatch(field: str, x, y, cx: dict, cy: dict, labels: Pair[str
     sides held the weights in one dtype or their dtype-independent fingerprints (``WEIGHT_HASHES``)
     differ; else the same weights in another dtype, a cast (info), said with the fingerprint that
     proves it or with the dtypes that make the bytes differ."""
-    severity, template, stages = _FIELDS[field]
+    row = WORDED[field]
+    severity, template, stages = row.severity, row.message, row.shows
     fp = WEIGHT_HASHES[field]
     fx, fy = known(cx, fp), known(cy, fp)
     dx, dy = weights_dtype(cx), weights_dtype(cy)
@@ -293,7 +201,34 @@ def target_differences(traces: Pair) -> list[tuple[str, object, object]]:
             continue
         if cx[field] != cy[field]:
             out.append((field, cx[field], cy[field]))
+    if one_target_by_weights(traces):  # one target: its config is a contract difference (one_target_config)
+        out = [d for d in out if d[0] == WEIGHTS]
     return out
+
+
+#: the identity fact that decides whether two traces ran one target: only other weights are another model
+WEIGHTS = "target_weights_fingerprint"
+
+
+def one_target_by_weights(traces: Pair) -> bool:
+    """Both traces recorded the target's weight fingerprint (bf16-rounded, dtype-independent: tracer/
+    contract.py), known, and equal: one target, whatever its config says (an engine option such as SGLang's
+    ``--json-model-override-args`` or vLLM's ``--hf-overrides`` changes the config, not the weights)."""
+    cx, cy = traces.x.contract, traces.y.contract
+    return WEIGHTS in cx and WEIGHTS in cy and UNKNOWN not in (cx[WEIGHTS], cy[WEIGHTS]) and cx[WEIGHTS] == cy[WEIGHTS]
+
+
+def one_target_config(traces: Pair, labels: Pair[str]) -> list[ContractMismatch]:
+    """The identity facts other than the weights (architecture, config hash, MoE routing) that differ
+    between two traces of one target (``one_target_by_weights``): each a contract difference from ``target.aux``
+    with its fix, never "different targets" (issue 45 item 3: a served rope override was refused as another
+    model). The config keys themselves are named by ``target_config.*`` and the option that set each by
+    ``target_config_overrides.*`` (fact_diff.py)."""
+    if not one_target_by_weights(traces):
+        return []
+    cx, cy = traces.x.contract, traces.y.contract
+    return [mismatch(f, cx[f], cy[f], labels) for f in TARGET_IDENTITY
+            if f != WEIGHTS and f in cx and f in cy and UNKNOWN not in (cx[f], cy[f]) and cx[f] != cy[f]]
 
 
 def fingerprint_cast_note(traces: Pair, labels: Pair[str]) -> list[ContractMismatch]:
@@ -410,16 +345,18 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
     """
     cx, cy = traces.x.contract, traces.y.contract
     labels = side_names(traces)
-    out: list[ContractMismatch] = _identity_not_compared(traces, labels) + fingerprint_cast_note(traces, labels)
+    out: list[ContractMismatch] = (_identity_not_compared(traces, labels) + fingerprint_cast_note(traces, labels)
+                                   + one_target_config(traces, labels))
     for label, c, is_x in ((labels.x, cx, True), (labels.y, cy, False)):
         for field, why in unknown_facts(c).items():
             if field in TARGET_IDENTITY:
                 continue  # said once, above
             other = (cy if is_x else cx).get(field)
             x, y = (UNKNOWN, other) if is_x else (other, UNKNOWN)
-            stages = _FIELDS[field][2] if field in _FIELDS else ()
+            stages = WORDED[field].shows if field in WORDED else ()
             out.append(_unknown_fact_line(field, why, label, c, stages, x, y))
-    for field, (severity, template, stages) in _FIELDS.items():
+    for field, row in WORDED.items():
+        severity, template, stages = row.severity, row.message, row.shows
         if field not in cx or field not in cy or UNKNOWN in (cx[field], cy[field]):
             continue
         x, y = cx[field], cy[field]
@@ -443,8 +380,8 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
             why, fix = dropped_words(t.contract)
             out.append(ContractMismatch("aux_dropped_ids", "error", dropped, None,
                                         f"{label}: aux ids {dropped} are silently dropped by the engine ({why})",
-                                        _AUX, fix))
+                                        fact_row("aux_dropped_ids").shows, fix))
         out += specforge_warnings(label, t.contract)
-    out += fact_differences(traces, worded=frozenset(_FIELDS) | frozenset(TARGET_IDENTITY) | {"aux_dropped_ids"})
+    out += fact_differences(traces, worded=frozenset(WORDED) | frozenset(TARGET_IDENTITY) | {"aux_dropped_ids"})
     rank = {"error": 0, "warn": 1, "info": 2}
     return sorted(out, key=lambda m: rank[m.severity])

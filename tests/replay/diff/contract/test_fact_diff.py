@@ -1,4 +1,4 @@
-"""Every recorded fact compared key by key (replay/diff/explain/fact_diff.py): a fact the table knows is a
+"""Every recorded fact compared key by key (replay/diff/contract/fact_diff.py): a fact the table knows is a
 warning with its first stage and its fix, any other still a warning ("unlisted difference: KEY: training X,
 serving Y; stage unknown"); the engine's options, the configs, the weights per tensor and per layer, and
 the parameters a model built that its checkpoint did not provide. Synthetic pairs (tests/builders.py) whose
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from builders import dataflow_pair
 
-from specdiff.replay.diff.explain.contract_check import check_contracts
-from specdiff.replay.diff.facts import fact_row
+from specdiff.replay.diff.contract.check import check_contracts
+from specdiff.replay.diff.contract.facts import fact_row
 from specdiff.replay.diff.pipeline import diff_traces
 from specdiff.replay.diff.report import render_text
 from specdiff.replay.diff.types import Pair
@@ -185,3 +185,33 @@ def test_an_engines_own_name_for_the_same_rope_is_no_difference(tmp_path, served
     found, _ = _mismatches(tmp_path, train={"target_config": {"rope_parameters": rope}},
                            serve={"target_config": {"rope_parameters": {**rope, "rope_type": served}}})
     assert ("target_config.rope_parameters.rope_type" in found) is differs, found
+
+
+def test_state_no_checkpoint_holds_is_compared_per_layer_with_its_stage(tmp_path):
+    # a rotary cache lost after load: one layer's rope table differs, weights untouched (tracer/state_facts.py)
+    rope = {f"layers.{i}": f"{i:016x}" for i in range(8)}
+    found, _ = _mismatches(tmp_path, train={"target_rope": rope, "draft_rope": {"layers.0": "a" * 16}},
+                           serve={"target_rope": {**rope, "layers.3": "f" * 16}, "draft_rope": {"layers.0": "b" * 16}})
+    assert found["target_rope.layers.3"].stages[0] == "target.aux" and "rotary" in found["target_rope.layers.3"].fix
+    assert found["draft_rope.layers.0"].stages[0] == "draft.hidden_out"
+    assert not [f for f in found if f.startswith("target_rope.layers.") and f != "target_rope.layers.3"]
+    assert not [f for f in found if f in ("target_rope", "draft_rope")]  # never a whole-dict "unlisted difference"
+
+
+def test_buffers_are_compared_between_traces_of_one_engine_only(tmp_path):
+    buf = {"model.layers.0.self_attn.rotary_emb.cos_sin_cache": "1" * 16}
+    lost = {"model.layers.0.self_attn.rotary_emb.cos_sin_cache": "meta"}
+    same, _ = _mismatches(tmp_path / "one", train={"engine": "sglang", "target_buffers": buf},
+                          serve={"target_buffers": lost})
+    assert same["target_buffers.model.layers.0.self_attn.rotary_emb.cos_sin_cache"].stages[0] == "target.aux"
+    other, _ = _mismatches(tmp_path / "two", train={"target_buffers": buf}, serve={"target_buffers": lost})
+    assert not [f for f in other if f.startswith("target_buffers")]  # each engine names its own buffers
+
+
+def test_a_served_override_is_named_with_its_option_and_stage(tmp_path):
+    override = {"rope_scaling": {"value": {"rope_type": "yarn", "factor": 4.0}, "source": "json_model_override_args"}}
+    found, _ = _mismatches(tmp_path, train={"target_config_overrides": {}},
+                           serve={"target_config_overrides": override})
+    m = found["target_config_overrides.rope_scaling"]
+    assert m.stages[0] == "target.aux" and "json_model_override_args" in m.message and "not overridden" in m.message
+    assert "override" in m.fix

@@ -16,15 +16,15 @@ crashing prompts. The diff then has rows up to the point where the crashed side 
   with the pre-flight finding's per-family reason and fix when the models are at hand; the engine
   source lines that make a dropped id a crash), else the pre-flight finding ranked first for the
   crash (findings.crash_findings), else a contract difference that can act at the stage
-  (explain/contract.py ``causes_at``).
+  (contract/facts.py ``causes_at``).
 """
 
 from __future__ import annotations
 
 from specdiff.eagle3.engines import REGISTRY, engine_spec
 from specdiff.eagle3.families import sglang_family_rule
-from specdiff.replay.diff.explain.contract import causes_at
-from specdiff.replay.diff.explain.contract_check import dropped_words
+from specdiff.replay.diff.contract.check import dropped_words
+from specdiff.replay.diff.contract.facts import causes_at
 from specdiff.replay.diff.types import Alignment, Explanation, Pair
 from specdiff.tracer.contract import known
 from specdiff.tracer.crash import describe_crash
@@ -34,9 +34,6 @@ from specdiff.tracer.schema import STAGE_ORDER, spec_for
 FORWARD_STAGES = (("target", "target.aux"), ("draft decode", "draft.attn_in"), ("draft", "draft.fc_in"))
 _OUTSIDE = "verify"
 
-#: engine -> (name, where its fc is sized by the configured ids), SGLang 0.5.23 / vLLM 0.32.0
-#: engine -> where its draft's fc input width is set from the aux ids (cited in the crash's evidence)
-_FC_SITES = {"sglang": "srt/models/llama_eagle3.py:156-161 num_aux_hidden_states = len(ids)"}
 
 
 def crash_stage(crash: dict) -> str:
@@ -100,7 +97,7 @@ def _dropped_cause(crashed: dict, other: dict, crash: dict, findings: list[dict]
         return None
     engine = str(known(crashed, "engine") or "")
     name = engine_spec(engine).title if engine in REGISTRY else engine or "the engine"
-    fc_site = _FC_SITES.get(engine, "")
+    fc_site = REGISTRY[engine].fc_width_site if engine in REGISTRY else ""  # eagle3/engines.py
     version = known(crashed, "engine_version")
     L = known(crashed, "num_layers")
     i = int(dropped[0])
@@ -151,7 +148,7 @@ def crash_cause(traces: Pair, labels: Pair, crash: dict, findings: list[dict], m
 
     Args:
         findings: pre-flight findings for the crash (findings.crash_findings), likeliest first.
-        mismatches: the contract mismatches (contract_check.check_contracts).
+        mismatches: the contract mismatches (contract/check.py check_contracts).
     """
     side, other, on_y = _crashed(traces, labels, crash)
     cause = _dropped_cause(side.contract, other.contract, crash, findings, labels, on_y)

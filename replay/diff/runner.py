@@ -1,6 +1,7 @@
-"""Re-run the draft as trained on recorded inputs: the setup graft and narrow share.
+"""Re-run the draft as trained on recorded inputs: the setup the context prover (judge/context_proof.py),
+graft and narrow (rerun/) share, read from the diff's ``types.DiffInputs``; it sits below the judges.
 
-Both take the training trace's draft checkpoint (its contract ``draft_name``, or ``--draft``),
+Each takes the training trace's draft checkpoint (its contract ``draft_name``, or ``--draft``),
 the aligned sequences with aux rows on both sides, each side's vocab map (``draft.d2t`` rows) and
 norm flags (contract), and re-run ``Eagle3Draft.ttt_forward`` with inputs taken from one side or
 the other. This module owns that setup (``prepare``); graft ranks substitutions by accept length,
@@ -17,6 +18,7 @@ import numpy as np
 
 from specdiff.eagle3.norms import NORM_FLAGS
 from specdiff.replay.diff.align.align import match_rows, rows_by_value
+from specdiff.replay.diff.types import DiffInputs
 from specdiff.tracer.contract import known
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tracer.paths import contract_path, is_model_dir
@@ -27,9 +29,9 @@ class RerunError(SpecdiffError):
     """The draft cannot be re-run (no checkpoint, no target, nothing to re-run): one clear line."""
 
 
-def sides(report) -> tuple[str, str]:
-    """(training attr, serving attr) of the report's Pair: x/y, swapped when B is the training side."""
-    if report.labels.y == "training" and report.labels.x == "serving":
+def sides(inputs: DiffInputs) -> tuple[str, str]:
+    """(training attr, serving attr) of the diff's Pairs: x/y, swapped when B is the training side."""
+    if inputs.labels.y == "training" and inputs.labels.x == "serving":
         return "y", "x"
     return "x", "y"
 
@@ -87,8 +89,8 @@ def load_trained_draft(train_trace, draft_path, target_path, dtype, *, error: ty
     from specdiff.replay.model.target_capture import load_target, target_embedding, target_lm_head
     quiet_transformers()
     target = load_target(tdir)
-    return load_draft(ddir, dtype=dtype, target_embedding=target_embedding(target).float(),
-                      target_lm_head=target_lm_head(target).float())
+    return load_draft(ddir, dtype=dtype, target_embedding=target_embedding(target),
+                      target_lm_head=target_lm_head(target))
 
 
 def recorded_d2t(trace, vd: int):
@@ -149,7 +151,7 @@ class ReplaySeq:
     rows: dict  # side attr -> aux_cat row indices [n]
 
 
-def replay_plan(report, tr: str, sv: str) -> list[ReplaySeq]:
+def replay_plan(inputs: DiffInputs, tr: str, sv: str) -> list[ReplaySeq]:
     """Every aligned sequence with at least 2 leading positions that have aux rows on both sides.
 
     A serving request whose prefix hit the radix cache has no aux rows at the cached positions:
@@ -158,11 +160,11 @@ def replay_plan(report, tr: str, sv: str) -> list[ReplaySeq]:
     are taken from that request's serving rows (``_CachedPrefix``), training's own rows on the
     training side; a request whose prefix no recorded request computed is left out as before.
     """
-    m = match_rows(report.traces, report.alignment, "target.aux_cat")
+    m = match_rows(inputs.traces, inputs.alignment, "target.aux_cat")
     out = []
     of_pair = rows_by_value(m.pair)
-    prefix = _CachedPrefix(report, tr, sv)
-    for p in report.alignment.seq_pairs:
+    prefix = _CachedPrefix(inputs, tr, sv)
+    for p in inputs.alignment.seq_pairs:
         sel = of_pair.get(p.index, np.zeros(0, np.int64))
         pos = m.pos[sel]
         rows = {"x": m.rows.x[sel], "y": m.rows.y[sel]}
@@ -180,8 +182,8 @@ def replay_plan(report, tr: str, sv: str) -> list[ReplaySeq]:
 class _CachedPrefix:
     """Both sides' ``target.aux_cat`` rows of a serving request's radix-cached prefix (replay_plan)."""
 
-    def __init__(self, report, tr: str, sv: str):
-        self.traces, self.tr, self.sv, self.index = report.traces, tr, sv, {}
+    def __init__(self, inputs: DiffInputs, tr: str, sv: str):
+        self.traces, self.tr, self.sv, self.index = inputs.traces, tr, sv, {}
 
     def _rows(self, attr: str) -> dict:
         """seq -> {pos: row} of the side's depth-0 ``target.aux_cat`` rows (read once)."""
@@ -223,7 +225,7 @@ class _CachedPrefix:
 class Rerun:
     """Everything a re-run needs, read once.
 
-    ``tr`` / ``sv``: the report Pair attribute ("x"/"y") of the training / serving trace; ``model``
+    ``tr`` / ``sv``: the diff's Pair attribute ("x"/"y") of the training / serving trace; ``model``
     the draft as trained (``Eagle3Draft``, ``dtype``); ``plan`` the sequences to re-run; ``d2t`` and
     ``flags``: each side's vocab map (int64 [Vd]; the checkpoint's where a side recorded none) and
     norm flags, keyed "train" / "serve".
@@ -241,8 +243,9 @@ class Rerun:
     flags: dict
 
 
-def prepare(report, *, draft_path: str | None, target_path: str | None, error: type[SpecdiffError]) -> Rerun:
-    """Load the draft as trained and plan a re-run over the report's aligned sequences.
+def prepare(inputs: DiffInputs, *, draft_path: str | None, target_path: str | None,
+            error: type[SpecdiffError]) -> Rerun:
+    """Load the draft as trained and plan a re-run over the diff's aligned sequences.
 
     Raises:
         ``error``: a side without ``target.aux_cat`` rows, or no sequence with aux rows on both
@@ -254,16 +257,16 @@ def prepare(report, *, draft_path: str | None, target_path: str | None, error: t
 
     from specdiff.replay.model.loading import DTYPES
 
-    tr, sv = sides(report)
-    ttrace, strace = getattr(report.traces, tr), getattr(report.traces, sv)
+    tr, sv = sides(inputs)
+    ttrace, strace = getattr(inputs.traces, tr), getattr(inputs.traces, sv)
     for t in (ttrace, strace):
         if "target.aux_cat" not in t.names:
             raise error(f"{t.path}: no target.aux_cat rows; the draft is re-run on recorded aux rows")
     dtype = DTYPES.get(str(known(ttrace.contract, "dtype") or "bfloat16"), torch.bfloat16)
-    command = f"specdiff diff {report.paths.x} {report.paths.y}"  # --draft / --target reach every re-run
+    command = f"specdiff diff {inputs.paths.x} {inputs.paths.y}"  # --draft / --target reach every re-run
     loaded = load_trained_draft(ttrace, draft_path, target_path, dtype, error=error, command=command)
     model, cfg = loaded.model, loaded.config
-    plan = replay_plan(report, tr, sv)
+    plan = replay_plan(inputs, tr, sv)
     if not plan:
         raise error("no aligned sequence has aux rows on both sides at its leading positions")
     ckpt = model.d2t.detach().cpu().clone()
@@ -312,15 +315,15 @@ class Batch:
         return b, ok
 
 
-def batch_inputs(report, run: Rerun, seqs: list) -> Batch:
+def batch_inputs(inputs: DiffInputs, run: Rerun, seqs: list) -> Batch:
     """Both sides' tokens and aux rows of ``seqs`` (ReplaySeq of ``run.plan``) as one batch."""
     import torch
 
     from specdiff.tracer.store.arrays import to_torch
 
-    traces, cfg = report.traces, run.cfg
+    traces, cfg = inputs.traces, run.cfg
     side = {"train": run.tr, "serve": run.sv}
-    pair_of = {getattr(p.seq, run.tr): p for p in report.alignment.seq_pairs}
+    pair_of = {getattr(p.seq, run.tr): p for p in inputs.alignment.seq_pairs}
     toks = []
     for s in seqs:  # x_0..x_n where both sides hold x_n within the pair's common run
         p = pair_of[s.seq_train]

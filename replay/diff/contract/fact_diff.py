@@ -1,11 +1,11 @@
 """Every recorded fact compared key by key: nothing is dropped because nobody listed it.
 
-contract_check.py compares the contract fields it words one by one (``_FIELDS``) and calls this module for
-every other fact both sides recorded, the dict facts read whole from the live objects flattened to
+check.py compares the contract fields it words one by one (facts.py ``WORDED``: the rows with a severity)
+and calls this module for every other fact both sides recorded, the dict facts read whole from the live objects flattened to
 dotted keys (``draft_config.rope_parameters.rope_theta``; tracer/config_facts.py,
 tracer/weight_facts.py), and turns each difference into a ``ContractMismatch``:
 
-- a key the fact table knows (replay/diff/facts.py ``fact_row``) is a warning with its first stage and
+- a key the fact table knows (replay/diff/contract/facts.py ``fact_row``) is a warning with its first stage and
   its fix;
 - any other key is still a warning: ``unlisted difference: KEY: training X, serving Y; stage unknown``;
 - keys never compared are the ones ``facts.not_compared`` names (provenance, recorder bookkeeping,
@@ -24,7 +24,8 @@ line per side says so. Keys only one side's dict holds are listed once, as info.
 from __future__ import annotations
 
 from specdiff.eagle3.engines import UnknownEngineError, engine_spec
-from specdiff.replay.diff.facts import canonical_value, fact_row, not_compared
+from specdiff.replay.diff.contract.facts import canonical_value, fact_row
+from specdiff.replay.diff.contract.not_compared import not_compared
 from specdiff.replay.diff.types import ContractMismatch, Pair, side_names
 from specdiff.replay.model.weight_files import canonical_name
 from specdiff.tracer.contract import UNKNOWN, known
@@ -37,7 +38,14 @@ DICT_FACTS = ("draft_config", "target_config", "engine_options")
 WEIGHT_FACTS = ("draft_weights", "target_weights", "draft_layer_input_norms")
 UNLOADED_FACTS = ("draft_unloaded", "target_unloaded")
 STRUCTURE_FACTS = ("draft_structure", "target_structure")
-NEW_FACTS = DICT_FACTS + WEIGHT_FACTS + UNLOADED_FACTS + STRUCTURE_FACTS
+#: state no checkpoint holds, read off the live models after load (tracer/state_facts.py), compared key by key:
+#: each layer's rope table (comparable across engines and training) and every buffer by the engine's own
+#: module path (between traces of one engine only)
+STATE_FACTS = ("target_rope", "draft_rope")
+BUFFER_FACTS = ("target_buffers", "draft_buffers")
+#: config key -> {value, source}: what an engine option set; a key one side lacks is no override there
+OVERRIDE_FACTS = ("target_config_overrides", "draft_config_overrides")
+NEW_FACTS = DICT_FACTS + WEIGHT_FACTS + UNLOADED_FACTS + STRUCTURE_FACTS + STATE_FACTS + BUFFER_FACTS + OVERRIDE_FACTS
 #: how much of a value a message shows
 SHOWN = 60
 
@@ -120,7 +128,7 @@ def _title(name: str | None) -> str:
 
 
 def _plain_facts(cx: dict, cy: dict, labels: Pair, worded: frozenset) -> list[ContractMismatch]:
-    """Top-level facts neither contract_check (``worded``) nor this module's dict comparisons word."""
+    """Top-level facts neither check.py (``worded``) nor this module's dict comparisons word."""
     out = []
     for key in sorted(set(cx) & set(cy)):
         if key in worded or key in NEW_FACTS or not_compared(key) is not None:
@@ -172,6 +180,22 @@ def _dict_fact(name: str, cx: dict, cy: dict, labels: Pair, one_sided: list[str]
         elif _norm(canonical_value(key, fx[key])) != _norm(canonical_value(key, fy[key])):
             out.append(mismatch(key, fx[key], fy[key], labels))
     return out
+
+
+def _overrides(name: str, cx: dict, cy: dict, labels: Pair) -> list[ContractMismatch]:
+    """One line per config key an engine option set on one side and not (or to another value) on the other:
+    ``{key: {value, source}}``, a key a side lacks is that side's own config value (no override)."""
+    ox, oy = cx[name], cy[name]
+    return [mismatch(f"{name}.{key}", ox.get(key), oy.get(key), labels, xs=_override(ox.get(key)),
+                     ys=_override(oy.get(key)))
+            for key in sorted(set(ox) | set(oy)) if _norm(ox.get(key)) != _norm(oy.get(key))]
+
+
+def _override(entry) -> str:
+    """One side's override as a message shows it: the value, then the option that set it."""
+    if not isinstance(entry, dict):
+        return "not overridden"
+    return f"{shown('', entry.get('value'))} (set by {entry.get('source', 'an unknown option')})"
 
 
 def _given_options(cx: dict, cy: dict, labels: Pair) -> list[ContractMismatch]:
@@ -258,7 +282,7 @@ def _unloaded(name: str, traces: Pair, labels: Pair) -> list[ContractMismatch]:
 
 def fact_differences(traces: Pair, *, worded: frozenset = frozenset()) -> list[ContractMismatch]:
     """Every difference between the two contracts' facts (module doc) but the fields ``worded`` (the ones
-    contract_check compares and words itself), as ``ContractMismatch`` es (warnings, then the info lines),
+    check.py compares and words itself), as ``ContractMismatch`` es (warnings, then the info lines),
     in key order."""
     cx, cy = traces.x.contract, traces.y.contract
     labels = side_names(traces)
@@ -280,7 +304,11 @@ def fact_differences(traces: Pair, *, worded: frozenset = frozenset()) -> list[C
             out += _weights(name, traces, labels, one_sided)
         elif name in UNLOADED_FACTS:
             out += _unloaded(name, traces, labels)
-        elif same_engine:
+        elif name in STATE_FACTS or (name in BUFFER_FACTS and same_engine):
+            out += _dict_fact(name, cx, cy, labels, one_sided)
+        elif name in OVERRIDE_FACTS:
+            out += _overrides(name, cx, cy, labels)
+        elif name in STRUCTURE_FACTS and same_engine:
             out += _structure(name, cx, cy, labels)
     out += _not_recorded(cx, cy, labels)
     if one_sided:

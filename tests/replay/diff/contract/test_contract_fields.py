@@ -13,7 +13,8 @@ import json
 import numpy as np
 import pytest
 
-from specdiff.replay.diff.explain.contract_check import _FIELDS, TARGET_IDENTITY
+from specdiff.replay.diff.contract.check import TARGET_IDENTITY
+from specdiff.replay.diff.contract.facts import WORDED
 from specdiff.tracer.contract_fields import CONTRACT_FIELDS
 from specdiff.tracer.store import TraceWriter
 
@@ -52,10 +53,10 @@ TENSOR_OF_STAGE = {
 
 
 def test_every_compared_field_is_a_declared_contract_field_and_is_exercised():
-    assert set(_FIELDS) <= set(CONTRACT_FIELDS)
-    assert set(CHANGED) == set(_FIELDS), set(_FIELDS) ^ set(CHANGED)
+    assert set(WORDED) <= set(CONTRACT_FIELDS)
+    assert set(CHANGED) == set(WORDED), set(WORDED) ^ set(CHANGED)
     # target identity is compared before everything else (refused, tests/replay/record/test_target_identity.py)
-    assert set(TARGET_IDENTITY) <= set(CONTRACT_FIELDS) and not set(TARGET_IDENTITY) & set(_FIELDS)
+    assert set(TARGET_IDENTITY) <= set(CONTRACT_FIELDS) and not set(TARGET_IDENTITY) & set(WORDED)
 
 
 def _trace(path, side, contract, *, stage, diverge: bool):
@@ -76,7 +77,7 @@ def _trace(path, side, contract, *, stage, diverge: bool):
 
 
 def _primary_stage(field: str) -> str:
-    stages = _FIELDS[field][2]
+    stages = WORDED[field].shows
     return "draft.fc_out" if "*" in stages else stages[0]
 
 
@@ -96,10 +97,10 @@ def test_a_serving_contract_field_that_differs_is_shown_beside_the_first_diverge
     text = run_cli("diff", train, serve, "--format", "text").output
     # said once (errors lead the report, the rest in the contract block), its fix under it
     assert text.count(f"] {field}: ") == 1
-    entry = text.split(f"[{_FIELDS[field][0]}] {field}: ", 1)[1].split("\n\n", 1)[0].split("\n  [", 1)[0]
+    entry = text.split(f"[{WORDED[field].severity}] {field}: ", 1)[1].split("\n\n", 1)[0].split("\n  [", 1)[0]
     said, fix = " ".join(entry.split()).split(" fix: ", 1)
-    assert fix and (_FIELDS[field][0] == "error" or said.endswith(f"(bears on {first['tensor']})"))
-    if _FIELDS[field][0] == "error":
+    assert fix and (WORDED[field].severity == "error" or said.endswith(f"(bears on {first['tensor']})"))
+    if WORDED[field].severity == "error":
         assert text.index(f"] {field}: ") < text.index("\nfirst divergence\n")
 
 

@@ -1,0 +1,235 @@
+"""`record train` at a production width: the target-forward path vs the draft forward on given hidden
+states (what ``--features`` computes), side by side in one run, and the peak RSS of the command.
+
+    python benchmarks/production_train.py                              # Llama-3-8B shape, 2 layers
+    python benchmarks/production_train.py --shape kimi-k2 --layers 2   # Kimi-K2 shape (MLA + MoE, 4 experts)
+    python benchmarks/production_train.py --rss                        # and record train's peak RSS
+    python benchmarks/production_train.py --rss --rss-noise-floor      # the RSS with the noise floor too
+
+Models: a random target of the shape (``demo_models.production``: Llama-3-8B H 4096, vocab 128,256;
+Kimi-K2 H 7168, vocab 163,840, DeepSeek-V3 MLA + MoE) with ``--layers`` decoder layers, and a random
+one-layer EAGLE-3 draft of its width with a 32,000 vocabulary, built once into ``--models`` (kept: a
+2-layer Llama-3-8B shape takes ~3.5 min to draw on 2 cores, 3 GB on disk) and reused.
+
+In this process, ``--seqs`` random sequences of ``--len`` tokens, batch by batch, each batch timed
+three ways in turn (so a busy machine slows all alike): the target forward with hidden states
+(``capture_target``, transformers), the draft's TTT forward on those hidden states
+(``Eagle3Draft.ttt_forward``), and the rows appended to a trace (``TrainReplayer.write``). The
+target-forward path of ``record train`` is all three; the features path (``record train --features``:
+no target) is the last two plus reading the stored hidden states (not timed: it is a file read of
+3 x H x 2 bytes a token). Prints seconds per 1,000 tokens of each and their ratio.
+
+With ``--rss``, ``specdiff record train`` itself, in a fresh process, on ``--rss-seqs`` of those sequences given as
+``--prompts`` input ids (the forward and models of ``--replay``; a serving trace only supplies the
+sequences): its peak RSS (ru_maxrss) against the bytes of the two checkpoints, with
+``--no-noise-floor`` (and, with ``--rss-noise-floor``, with the noise floor, whose float32 copies of
+both models need about 3x the bf16 weights more: replay/record/noise_floor.py ``_recast``). Measured at
+the Llama-3-8B shape, 3 layers (3.97 GiB of checkpoints), without the noise floor: 12.06 GiB, 3.0x. Where
+it goes: the target (3.4 GB), float32 copies of its embedding and lm_head made to hand to the draft
+(replay/record/record_train.py ``target_embedding(target).float()``, ``target_lm_head(target).float()``:
+2 x 2.1 GB, the lm_head one unused by a draft that has its own), and the draft built in float32 before
+its cast (replay/model/checkpoint.py ``load_draft``: ``Eagle3Draft(cfg)`` holds a float32 [V, H]
+embedding, 2.1 GB, and the rest, 1.7 GB). Off by default: a run then stays within ~8 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+#: one ``specdiff record train`` in a fresh interpreter; prints its exit code and peak RSS (KiB)
+PROBE = """
+import json, resource, sys
+from specdiff.tui.cli import cli
+try:
+    cli.main(args=sys.argv[1:], prog_name="specdiff")
+    rc = 0
+except SystemExit as e:
+    rc = e.code or 0
+print(json.dumps({"rc": rc, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def ensure_models(root: Path, shape: str, layers: int, experts: int) -> tuple[Path, Path]:
+    """The shape's target and draft under ``root/<shape>-L<layers>`` (built when absent)."""
+    from specdiff.demo_models.production import SHAPES, build_production_draft, build_production_target
+    from specdiff.eagle3.aux_layers import native_aux_ids
+
+    d = root / (f"{shape}-L{layers}" + ("" if SHAPES[shape]["arch"] == "llama" else f"-E{experts}"))
+    target, draft = d / "target", d / "draft"
+    if not (d / "READY").is_file():
+        t0 = time.time()
+        build_production_target(shape, target, layers=layers, experts=experts)
+        arch = json.loads((target / "config.json").read_text())["architectures"][0]
+        hf = [0, layers // 2, layers - 1]  # the embedding output, a middle and a late layer's output (HF index)
+        build_production_draft(shape, draft, aux_ids=native_aux_ids(hf, "sglang", num_layers=layers, architecture=arch))
+        (d / "READY").write_text(f"built in {time.time() - t0:.0f} s\n")
+        print(f"models: built {d} in {time.time() - t0:.0f} s")
+    else:
+        print(f"models: {d} (built earlier)")
+    return target, draft
+
+
+def _bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.glob("*.safetensors"))
+
+
+def time_paths(target_dir: Path, draft_dir: Path, *, seqs: int, length: int, batch: int, steps: int) -> dict:
+    """Seconds of the target forward, the draft TTT forward and the row appends over ``seqs``
+    random sequences, interleaved batch by batch."""
+    from specdiff.replay.model.checkpoint import load_draft
+    from specdiff.replay.model.target_capture import (
+        capture_target,
+        load_target,
+        target_embedding,
+        target_lm_head,
+    )
+    from specdiff.replay.record.replayer import LOGITS_TOPK, TrainReplayer
+    from specdiff.replay.record.sequences import TrainSequence
+    from specdiff.replay.record.train_aux import resolve_train_aux
+    from specdiff.tracer.store import TraceWriter
+
+    target = load_target(target_dir, dtype=torch.bfloat16)
+    loaded = load_draft(draft_dir, dtype=torch.bfloat16, target_embedding=target_embedding(target),
+                        target_lm_head=target_lm_head(target))
+    L = int(target.config.num_hidden_layers)
+    aux = resolve_train_aux(loaded, L, architecture=target.config.architectures[0])
+    rep = TrainReplayer(target, loaded.model, aux, steps=steps, capture="default", probe_positions=0)
+    rng = np.random.default_rng(0)
+    V = int(target.config.vocab_size)
+    data = [TrainSequence(rng.integers(3, V, length), 16, f"s{i}", i) for i in range(seqs)]
+    batches = [data[i:i + batch] for i in range(0, len(data), batch)]
+    rep.forward(*TrainReplayer.pad(batches[0][:1]))  # warm-up
+    tmp = Path(tempfile.mkdtemp(prefix="specdiff-prodtrain-"))
+    w = TraceWriter(str(tmp / "t.trace"), side="train", contract={"engine": "specdiff-reference"})
+    for s in data:
+        w.add_sequence(s.tokens, prompt_len=s.prompt_len, rid=s.rid, seq_id=s.seq_id)
+    t = {"target": 0.0, "draft": 0.0, "rows": 0.0}
+    dev_draft = loaded.model
+    try:
+        for b in batches:
+            ids, lengths = TrainReplayer.pad(b)
+            t0 = time.perf_counter()
+            cap = capture_target(target, ids, aux.hf_indices, lengths=lengths, top_logits=LOGITS_TOPK)
+            t1 = time.perf_counter()
+            out = dev_draft.ttt_forward(cap.aux_cat, ids, steps, lengths=lengths, pad_id=0)
+            t2 = time.perf_counter()
+            rep.write(w, [s.seq_id for s in b], cap, out)
+            t3 = time.perf_counter()
+            t["target"] += t1 - t0
+            t["draft"] += t2 - t1
+            t["rows"] += t3 - t2
+        w.close()
+        t["trace_bytes"] = sum(f.stat().st_size for f in (tmp / "t.trace").rglob("*") if f.is_file())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    t["tokens"] = seqs * length
+    t["layer_active"], t["head"] = active_params(target)
+    return t
+
+
+def active_params(target) -> tuple[float, int]:
+    """(parameters one token multiplies through in a decoder layer, averaged over the layers; the
+    lm_head's): a MoE layer's routed experts count ``num_experts_per_tok / n_routed_experts``."""
+    cfg = target.config
+    routed, k = getattr(cfg, "n_routed_experts", None), getattr(cfg, "num_experts_per_tok", None)
+    total = 0.0
+    for layer in target.model.layers:
+        experts = getattr(getattr(layer, "mlp", None), "experts", None)
+        n_exp = sum(p.numel() for p in experts.parameters()) if experts is not None else 0
+        n_all = sum(p.numel() for p in layer.parameters())
+        total += n_all - n_exp + (n_exp * k / routed if experts is not None and routed else 0)
+    return total / len(target.model.layers), target.lm_head.weight.numel()
+
+
+def rss_of_record_train(target: Path, draft: Path, *, seqs: int, length: int, noise_floor: bool) -> dict:
+    """Peak RSS (KiB) and wall seconds of ``specdiff record train`` in a fresh process."""
+    tmp = Path(tempfile.mkdtemp(prefix="specdiff-prodrss-"))
+    try:
+        V = json.loads((target / "config.json").read_text())["vocab_size"]
+        rng = np.random.default_rng(1)
+        prompts = tmp / "p.jsonl"
+        prompts.write_text("".join(json.dumps({"input_ids": rng.integers(3, V, length).tolist()}) + "\n"
+                                   for _ in range(seqs)))
+        argv = ["record", "train", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+                "-o", str(tmp / "o.trace"), "--batch-size", "2", "--noise-floor" if noise_floor else "--no-noise-floor"]
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "{}"
+        got = json.loads(last) if last.startswith("{") else {}
+        if got.get("rc") != 0:
+            raise SystemExit(f"record train failed (rc {got.get('rc')}): {p.stderr[-2000:]}")
+        return {**got, "wall_s": wall}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    from specdiff.demo_models.production import SHAPES
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=list(SHAPES), default="llama3-8b")
+    ap.add_argument("--layers", type=int, default=3, help="decoder layers (>= 3: three aux slots of distinct layers)")
+    ap.add_argument("--experts", type=int, default=4, help="Kimi-K2: routed experts per layer (of 384)")
+    ap.add_argument("--models", default=str(Path(tempfile.gettempdir()) / "specdiff-production"),
+                    help="where the random models are built once and kept")
+    ap.add_argument("--seqs", type=int, default=2)
+    ap.add_argument("--len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rss-seqs", type=int, default=2)
+    ap.add_argument("--rss-noise-floor", action="store_true", help="also the RSS with the noise floor (needs ~4x "
+                    "the bf16 weights of free memory)")
+    ap.add_argument("--rss", action="store_true", help="also run `specdiff record train` for its peak RSS (Llama-3-8B "
+                    "shape, 3 layers: 12 GiB; Kimi-K2 shape: ~25 GiB, see the docstring)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    s = SHAPES[args.shape]
+    target, draft = ensure_models(Path(args.models), args.shape, args.layers, args.experts)
+    wbytes = _bytes(target) + _bytes(draft)
+    t = time_paths(target, draft, seqs=args.seqs, length=args.len, batch=args.batch, steps=args.steps)
+    k = 1000 / t["tokens"]
+    full = (t["target"] + t["draft"] + t["rows"]) * k
+    feat = (t["draft"] + t["rows"]) * k
+    print(f"{args.shape}: H {s['hidden']}, vocab {s['vocab']}, draft vocab {s['draft_vocab']}, {args.layers} of "
+          f"{s['layers_full']} layers; {args.seqs} x {args.len} tokens, batch {args.batch}, {args.steps} TTT steps, "
+          f"{args.threads} threads; weights {wbytes / 2**30:.2f} GiB (target + draft, bf16)")
+    print(f"per 1,000 tokens: target forward {t['target'] * k:7.2f} s   draft TTT {t['draft'] * k:6.2f} s   "
+          f"rows {t['rows'] * k:5.2f} s   (trace {t['trace_bytes'] * k / 2**20:.1f} MiB)")
+    print(f"record train, target forward path {full:7.2f} s / 1,000 tokens")
+    print(f"record train, features path       {feat:7.2f} s / 1,000 tokens   ratio features / target path "
+          f"{feat / full:.3f}  [measured side by side, batch by batch]")
+    # the target forward's time scaled by the parameters a token multiplies through (decoder layers +
+    # lm_head; a MoE layer's experts at k / n_routed. Kimi-K2 with E < 8 experts here runs all E, the real
+    # model 8 of 384: the projection then undercounts its layers' experts by (8 - E) x 44M a layer)
+    la, head = t["layer_active"], t["head"]
+    scale = (s["layers_full"] * la + head) / (args.layers * la + head)
+    print(f"projected to {s['layers_full']} layers (target forward x {scale:.2f}: active parameters a token, "
+          f"{s['layers_full']} x {la / 1e6:.0f}M + lm_head {head / 1e6:.0f}M over {args.layers} x ...): target path "
+          f"{t['target'] * k * scale + feat:.0f} s, features path {feat:.0f} s / 1,000 tokens, ratio "
+          f"{feat / (t['target'] * k * scale + feat):.3f}")
+    if not args.rss:
+        return 0
+    runs = [False, True] if args.rss_noise_floor else [False]
+    for nf in runs:
+        r = rss_of_record_train(target, draft, seqs=args.rss_seqs, length=args.len, noise_floor=nf)
+        rss = r["maxrss_kib"] * 1024
+        print(f"record train ({'noise floor' if nf else '--no-noise-floor'}): peak RSS {rss / 2**30:.2f} GiB = "
+              f"{rss / wbytes:.2f}x the checkpoints' {wbytes / 2**30:.2f} GiB   ({r['wall_s']:.0f} s, "
+              f"{args.rss_seqs} x {args.len} tokens)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
