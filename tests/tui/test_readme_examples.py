@@ -161,3 +161,30 @@ def test_readme_example_runs_as_written(command, tui):
     assert got == code, f"{command}: exit {got}, the README promises {code}\n{printed[-3000:]}"
     for name in names:
         assert name in printed, f"{command}: the README promises {name!r}\n{printed[-3000:]}"
+
+
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def _readme_report_block() -> tuple[str, str]:
+    """(command, text) of the README's "Reading the report" section: the backticked ``specdiff diff``
+    command it names and the first ``text`` block after it."""
+    section = (ROOT / "README.md").read_text().split("## Reading the report", 1)[1]
+    command = re.search(r"`(specdiff diff [^`]+)`", section).group(1)
+    text = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    return command, text
+
+
+def test_the_readmes_report_is_what_diff_prints_on_the_shipped_pair():
+    """Every line of the report the README explains is what `specdiff diff` prints on the shipped pair
+    today: words, names and layout exactly, numbers as printed (3 significant digits) within 1 % (the
+    stored tensors' BLAS sums may round differently on another CPU)."""
+    command, want = _readme_report_block()
+    got = subprocess.run([sys.executable, "-m", "specdiff.tui", *shlex.split(command)[1:]], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300).stdout
+    want_lines, got_lines = want.rstrip("\n").splitlines(), got.rstrip("\n").splitlines()
+    assert len(got_lines) == len(want_lines), "\n".join(got_lines)
+    for n, (g, w) in enumerate(zip(got_lines, want_lines), 1):
+        assert _NUMBER.split(g) == _NUMBER.split(w), f"README report line {n}:\n  README: {w}\n  printed: {g}"
+        for a, b in zip(_NUMBER.findall(g), _NUMBER.findall(w)):
+            assert float(a) == pytest.approx(float(b), rel=0.01, abs=1e-3), f"README report line {n}: {w}"
