@@ -1,8 +1,8 @@
 """The EAGLE-3 draft config: one class that reads, validates and writes both checkpoint layouts.
 
 Owns ``Eagle3DraftConfig`` (what the reference forward computes with), its ``config.json``
-reader (``from_dict`` / ``from_file``) and writer (``to_json`` / ``write``) for the two formats
-(DESIGN.md "Checkpoint formats"; shared/research/training-side.md):
+reader (``from_dict`` / ``from_file``; one reader per format in ``draft_config_read``) and writer
+(``to_json`` / ``write``) for the two formats (DESIGN.md "Checkpoint formats"; shared/research/training-side.md):
 
 - ``specforge`` (SpecForge export, what SGLang 0.5.23 serves): architectures
   ``["LlamaForCausalLMEagle3"]``, a flat LlamaConfig plus ``draft_vocab_size``,
@@ -30,11 +30,15 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdiff.eagle3.attention_window import DISTANCES, PREFIX, config_windows
-from specdiff.eagle3.norms import FORMATS, NORM_FLAGS, read_norm_flags, write_norm_flags
-from specdiff.replay.model.rope_config import LLAMA_DEFAULT as _LLAMA
+from specdiff.eagle3.attention_window import DISTANCES, PREFIX
+from specdiff.eagle3.norms import FORMATS, NORM_FLAGS, write_norm_flags
+from specdiff.replay.model.draft_config_read import (  # noqa: F401  (_key_path re-exported: its tests)
+    READERS,
+    CheckpointError,
+    DraftConfigError,
+    _key_path,
+)
 from specdiff.replay.model.rope_config import rope_params
-from specdiff.tracer.errors import SpecdiffError
 
 __all__ = ["Eagle3DraftConfig", "CheckpointError", "DraftConfigError", "detect_format", "FORMATS",
            "SPECFORGE_ARCH", "SPECULATORS_ARCHS", "ROPE_TYPES", "rope_params"]
@@ -45,24 +49,7 @@ SPECFORGE_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHS = ("Eagle3DraftModel", "Eagle3Speculator")
 #: rope_scaling types the reference forward implements (``draft_model.rope_inv_freq``)
 ROPE_TYPES = (None, "default", "linear", "llama3")
-#: the dims no engine fills in: absent = error
-_REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "num_hidden_layers")
 _PROVENANCE = ("source", "format", "defaults_used", "notes")
-
-
-class CheckpointError(SpecdiffError):
-    """A draft checkpoint that cannot be loaded as an EAGLE-3 draft (one clear line)."""
-
-
-class DraftConfigError(CheckpointError):
-    """A draft config.json field that is missing or wrong: says which field, which file, the fix.
-
-    Attributes: ``field`` (the config.json key, ``a.b`` = key b inside a), ``file``, ``fix``.
-    """
-
-    def __init__(self, *, field: str, file: str, problem: str, fix: str):
-        self.field, self.file, self.fix = field, file, fix
-        super().__init__(f"draft config {file}: {field}: {problem}; fix: {fix}")
 
 
 def detect_format(raw: dict, *, source: str = "config.json") -> str:
@@ -276,7 +263,8 @@ class Eagle3DraftConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, *, source: str = "config.json", fmt: str | None = None) -> Eagle3DraftConfig:
-        """The config of a config.json dict in either format (detected when ``fmt`` is None).
+        """The config of a config.json dict in either format (detected when ``fmt`` is None), read by
+        that format's reader (``draft_config_read.READERS``).
 
         Absent computation fields take the engine's value and are listed in ``defaults_used``
         (and logged): num_key_value_heads = heads, head_dim = Hd // heads, rms_norm_eps 1e-6,
@@ -289,103 +277,14 @@ class Eagle3DraftConfig:
             DraftConfigError: an absent dim (num_hidden_layers too: SGLang would build transformers'
                 default 32 layers), or a value the forward cannot compute with (field, ``source`` and fix in one line). ``tie_word_embeddings: true``
                 is kept with a note (``specdiff check`` reports it with its fix), not refused.
+            KeyError: ``fmt`` is not one of ``FORMATS``.
         """
         fmt = fmt or detect_format(raw, source=source)
-        dims = raw.get("transformer_layer_config") if fmt == "speculators" else raw
-        if not isinstance(dims, dict):
-            raise DraftConfigError(field="transformer_layer_config", file=source, problem="is missing",
-                                   fix="add the draft's Llama dims under transformer_layer_config")
-        defaults: dict[str, dict] = {}
-        notes: list[str] = []
-
-        def default(name: str, value, why: str):
-            defaults[name] = {"value": value, "source": f"absent from {source}: {why}"}
-            return value
-
-        for name in _REQUIRED:
-            if name not in dims:
-                fix = ('add "num_hidden_layers", the number of decoder layers the draft was trained with '
-                       '(without it SGLang builds transformers\' default 32 layers)'
-                       if name == "num_hidden_layers" else f"add {name} (the draft's {name} as trained)")
-                raise DraftConfigError(field=_key_path(fmt, name), file=source, problem="is missing", fix=fix)
-            if isinstance(dims[name], bool) or not isinstance(dims[name], int) or dims[name] < 1:
-                raise DraftConfigError(field=_key_path(fmt, name), file=source, problem=f"is {dims[name]!r}",
-                                       fix="give a positive integer")
-        tied = bool(raw.get("tie_word_embeddings") or dims.get("tie_word_embeddings"))
-        if tied:
-            notes.append("tie_word_embeddings is true: SGLang 0.5.23 scores the draft with the target's embedding "
-                         "(llama_eagle3.py:303-304, llama.py:917-918), not lm_head.weight")
-        hd, heads = dims["hidden_size"], dims["num_attention_heads"]
-
-        def dim(name: str, fallback, why: str):
-            if dims.get(name) is not None:
-                return dims[name]
-            return default(name, fallback, why)
-
-        kv = dim("num_key_value_heads", heads, f"num_attention_heads ({_LLAMA})")
-        head_dim = dim("head_dim", hd // heads if isinstance(heads, int) and heads else None,
-                       f"hidden_size // num_attention_heads ({_LLAMA}; SGLang llama.py LlamaAttention)")
-        eps = dim("rms_norm_eps", 1e-6, _LLAMA)
-        act = dim("hidden_act", "silu", _LLAMA)
-        theta, scaling = rope_params(dims, default)
-        if fmt == "speculators":
-            ids = raw.get("eagle_aux_hidden_state_layer_ids")
-            convention = "speculators"
-        else:
-            if not isinstance(raw.get("eagle_config") or {}, dict):
-                raise DraftConfigError(field="eagle_config", file=source, problem=f"is {raw['eagle_config']!r}",
-                                       fix='give an object, e.g. {"eagle_aux_hidden_state_layer_ids": [-1, 2, 5]}')
-            ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-            convention = "sglang"
-            if ids is None and raw.get("eagle_aux_hidden_state_layer_ids") is not None:
-                notes.append("top-level eagle_aux_hidden_state_layer_ids "
-                             f"{raw['eagle_aux_hidden_state_layer_ids']} is ignored by SGLang "
-                             "(it reads only eagle_config.eagle_aux_hidden_state_layer_ids)")
-        _check_ids(ids, field=("" if fmt == "speculators" else "eagle_config.") + "eagle_aux_hidden_state_layer_ids",
-                   source=source)
-        if raw.get("num_aux_hidden_states") is not None:
-            num_aux = raw["num_aux_hidden_states"]
-        elif ids:
-            num_aux = len(ids)  # SGLang llama_eagle3.py:159-161: the number of configured ids
-        else:
-            num_aux = default("num_aux", 3, "no num_aux_hidden_states and no aux ids: SGLang 0.5.23 "
-                                            "llama_eagle3.py:156-161 uses 3")
-        th = raw.get("target_hidden_size", dims.get("target_hidden_size"))
-        if th is None:
-            th = default("target_hidden_size", hd, "the draft hidden_size (SGLang 0.5.23 llama_eagle3.py:151-154)")
-        dvs = raw.get("draft_vocab_size")
-        if dvs is None:
-            dvs = default("draft_vocab_size", dims["vocab_size"], "vocab_size, lm_head from the target "
-                                                                  "(SGLang 0.5.23 llama_eagle3.py:306-308)")
-        flags = {}
-        for name, (value, key) in read_norm_flags(raw, fmt).items():
-            flags[name] = value
-            if key is None:
-                default(name, value, f"off ({NORM_FLAGS[name].sources['sglang' if fmt == 'specforge' else fmt]})")
-        if flags["norm_before_residual"]:
-            notes.append("norm_before_residual=true (speculators): SGLang 0.5.23 does not implement it")
-        if fmt == "speculators" and flags["norm_before_fc"] and flags["fc_norm"]:
-            notes.append("norm_before_fc and fc_norm are both true: speculators 0.9.0 refuses the pair "
-                         "(models/eagle3/config.py:90-95); SGLang applies input_norm, then fc_norm")
-        try:
-            windows = config_windows(dims, dims["num_hidden_layers"])
-        except ValueError as e:
-            raise DraftConfigError(field=_key_path(fmt, "layer_types"), file=source, problem=str(e).split("; ")[0],
-                                   fix=str(e).split("; ", 1)[-1]) from None
-        cfg = cls(hidden_size=hd, intermediate_size=dims["intermediate_size"], num_attention_heads=heads,
-                  num_key_value_heads=kv, head_dim=head_dim, vocab_size=dims["vocab_size"], draft_vocab_size=dvs,
-                  rms_norm_eps=eps, rope_theta=theta, rope_scaling=scaling, num_aux=num_aux,
-                  target_hidden_size=th, hidden_act=act, num_hidden_layers=dims["num_hidden_layers"],
-                  lm_head_from_target="draft_vocab_size" in defaults,
-                  max_position_embeddings=int(dims.get("max_position_embeddings", 2048)),
-                  partial_rotary_factor=dims.get("partial_rotary_factor", 1.0),
-                  rope_is_neox_style=dims.get("rope_is_neox_style", True), tie_word_embeddings=tied,
-                  eagle_aux_hidden_state_layer_ids=None if ids is None else [int(i) for i in ids],
-                  aux_convention=convention, source=source, format=fmt, defaults_used=defaults,
-                  notes=notes, attention_windows=windows, **flags)
-        for name, entry in defaults.items():
+        cfg = cls(**READERS[fmt](raw, source))
+        for name, entry in cfg.defaults_used.items():
             log.info("draft config default: %s = %r (%s)", name, entry["value"], entry["source"])
         return cfg
+
 
     # ---- writing -----------------------------------------------------------------------------
     def to_json(self, fmt: str, *, aux_ids: list[int] | None, torch_dtype: str,
@@ -470,31 +369,3 @@ def draft_config_from_dict(raw: dict, fmt: str | None = None, *,
     """``Eagle3DraftConfig.from_dict`` and its notes (raises DraftConfigError naming ``source``)."""
     cfg = Eagle3DraftConfig.from_dict(raw, source=source, fmt=fmt)
     return cfg, list(cfg.notes)
-
-
-def _key_path(fmt: str, name: str) -> str:
-    """config.json key of a config field in ``fmt`` (dims live in transformer_layer_config in speculators)."""
-    if name in NORM_FLAGS:
-        return NORM_FLAGS[name].keys[fmt][0]
-    if name == "num_aux":
-        return "num_aux_hidden_states"
-    if name == "attention_windows":  # read from two keys (eagle3/attention_window.py config_windows)
-        inner = "" if fmt == "specforge" else "transformer_layer_config."
-        return f"{inner}layer_types / {inner}sliding_window"
-    if name in ("draft_vocab_size", "target_hidden_size") or fmt == "specforge":
-        return name
-    return f"transformer_layer_config.{name}"
-
-
-def _check_ids(ids, *, field: str, source: str) -> None:
-    """Refuse aux ids that are not a JSON list of ints (``"2,5,6"``, ``[1.5]``, ``5``); None passes.
-
-    Raises:
-        DraftConfigError: naming ``field`` and, for a string of ints, the list to write instead.
-    """
-    if ids is None or (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
-        return
-    items = ids.replace(" ", "").split(",") if isinstance(ids, str) else []
-    example = (f"[{', '.join(items)}]" if items and all(i.lstrip("-").isdigit() for i in items) else "[2, 5, 6]")
-    raise DraftConfigError(field=field, file=source, problem=f"is {ids!r}, not a list of integers",
-                           fix=f"write a JSON list of integers, e.g. {example}")
