@@ -2,6 +2,8 @@
 
 Every fact is read through the adapter (``adapter``); a fact that cannot be read is
 recorded as ``unknown`` with the reason, never filled in from a config file or a default.
+Beside it: ``reading`` (``read_chain``, ``target_language_model``), ``weight_facts`` (the draft's
+embedding and lm_head), ``rope_facts`` (its rotary embedding).
 """
 
 from __future__ import annotations
@@ -17,22 +19,15 @@ from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.options import Options
 from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
 from specdiff.tracer.engines.sglang.draft_stages import graph_hidden
-from specdiff.tracer.engines.sglang.layouts import ASSUMED_LAYOUT, TARGET_LAYOUTS, TARGET_WRAPPERS
+from specdiff.tracer.engines.sglang.reading import read_chain, target_language_model
+from specdiff.tracer.engines.sglang.rope_facts import rope_facts
+from specdiff.tracer.engines.sglang.weight_facts import weights_facts
 from specdiff.tracer.paths import recorded_path
 
 logger = logging.getLogger("specdiff.tracer")
 
 
 # ---- contract -------------------------------------------------------------------------------
-def read_chain(adapter: SGLangAdapter, obj, *keys: str):
-    """Follow ``keys`` from ``obj`` through the adapter; MISSING as soon as one step is absent."""
-    for key in keys:
-        if obj is MISSING:
-            return MISSING
-        obj = adapter.get(obj, key)
-    return obj
-
-
 def _cfg(cfg, attr: str, fact: str, what: str):
     """A Hugging Face config attribute the engine built its model from, or UNKNOWN (one warning)."""
     if cfg is MISSING:
@@ -58,36 +53,6 @@ def hot_token_id(dw, adapter: SGLangAdapter):
     if hot is None or hot is MISSING:
         return hot
     return hot.detach().to("cpu", torch.int64)
-
-
-def target_language_model(A: SGLangAdapter, tmodel):
-    """``(lm, layout, via, declared)`` of the live target model ``tmodel`` (its ``ModelRunner.model``).
-
-    ``lm`` is the model whose ``set_eagle3_layers_to_capture`` sets ``layers_to_capture``: ``tmodel``
-    itself, or the inner language model a wrapper delegates to (``TARGET_WRAPPERS``, followed
-    through the adapter; ``via`` names the hops, e.g. ``["KimiK25ForConditionalGeneration.language_model"]``).
-    ``layout`` is its ``TargetLayout``; a class that table does not declare is read through
-    ``ASSUMED_LAYOUT`` (Llama's names: most SGLang models use them) with one warning, and
-    ``declared`` is False. ``lm`` is MISSING when ``tmodel`` or a hop is.
-    """
-    via: list[str] = []
-    lm = tmodel
-    while lm is not MISSING and lm is not None and type(lm).__name__ in TARGET_WRAPPERS and len(via) < 4:
-        name = type(lm).__name__
-        key = f"{name}.{TARGET_WRAPPERS[name][1]}"
-        via.append(key)
-        lm = A.get(lm, key)
-    if lm is MISSING or lm is None:
-        return MISSING, ASSUMED_LAYOUT, via, False
-    name = type(lm).__name__
-    layout = TARGET_LAYOUTS.get(name)
-    if layout is None:
-        A.warn_once(f"layout:{name}", f"specdiff: SGLang {A.version} serves the target as {name} "
-                    f"({type(lm).__module__}), whose layout specdiff does not declare (tracer/engines/sglang/"
-                    f"layouts.py TARGET_LAYOUTS): its aux capture, embedding and lm_head are read through "
-                    f"{ASSUMED_LAYOUT.outer_name}'s names, a capture index is taken as the layer's input")
-        return lm, ASSUMED_LAYOUT, via, False
-    return lm, layout, via, True
 
 
 def _configured_aux_ids(dcfg):
@@ -258,57 +223,6 @@ def graph_hidden_stages(dw, adapter: SGLangAdapter):
     return sorted(set(hidden))
 
 
-def _same_tensor(a, b) -> bool:
-    return a is not MISSING and b is not MISSING and a.data_ptr() == b.data_ptr() and a.shape == b.shape
-
-
-def _weight_sha(w, rows, what: str):
-    """weight_sha256 of the first ``rows`` rows, or UNKNOWN (shard of a TP rank, or rows unknown)."""
-    from specdiff.tracer.contract import weight_sha256
-
-    if w is MISSING or not isinstance(rows, int):
-        return UNKNOWN
-    if w.shape[0] < rows:
-        logger.warning("specdiff: the draft's %s holds %d of %d rows on this rank (tensor parallel); "
-                       "its sha256 is unknown", what, w.shape[0], rows)
-        return UNKNOWN
-    return weight_sha256(w, rows=rows)
-
-
-def _weights_facts(A: SGLangAdapter, *, target_runner, dmodel, dinner, vocab, draft_vocab) -> dict:
-    """sha256 and source of the embedding and lm_head the draft multiplies by.
-
-    SGLang 0.5.23 EagleDraftWorker.init_lm_head: an EAGLE-3 draft gets the embedding the target's
-    ``get_embed_and_head`` returns (``set_embed``; the target's is found per family through
-    ``target_language_model``) and keeps its own lm_head unless ``load_lm_head_from_target``; "source" is
-    'target' when the draft's weight is the target's very tensor, else 'draft'.
-    """
-    lm, lay, _via, _ = target_language_model(A, read_chain(A, target_runner, "ModelRunner.model"))
-    tembed = read_chain(A, lm, lay.key("model"), lay.key("embed_tokens"), "VocabParallelEmbedding.weight")
-    thead = read_chain(A, lm, lay.key("lm_head"), "VocabParallelEmbedding.weight")
-    dembed = read_chain(A, dinner, "Eagle3LlamaModel.embed_tokens", "VocabParallelEmbedding.weight")
-    dhead = read_chain(A, dmodel, "LlamaForCausalLMEagle3.lm_head", "VocabParallelEmbedding.weight")
-    out = {"embed_sha256": _weight_sha(dembed, vocab, "embedding"),
-           "lm_head_sha256": _weight_sha(dhead, draft_vocab, "lm_head")}
-    out["embed_source"] = (UNKNOWN if MISSING in (dembed, tembed) else
-                           "target" if _same_tensor(dembed, tembed) else "draft")
-    out["lm_head_source"] = (UNKNOWN if dhead is MISSING or (thead is MISSING and tembed is MISSING) else
-                             "target" if _same_tensor(dhead, thead) or _same_tensor(dhead, tembed) else "draft")
-    return out
-
-
-#: SGLang rotary-embedding class -> (rope_scaling type, adapter keys of its parameters -> fact keys)
-_ROPE_CLASSES = {
-    "RotaryEmbedding": (None, {}),
-    "LinearScalingRotaryEmbedding": ("linear", {"LinearScalingRotaryEmbedding.scaling_factors": "factor"}),
-    "Llama3RotaryEmbedding": ("llama3", {"Llama3RotaryEmbedding.scaling_factor": "factor",
-                                         "Llama3RotaryEmbedding.low_freq_factor": "low_freq_factor",
-                                         "Llama3RotaryEmbedding.high_freq_factor": "high_freq_factor",
-                                         "Llama3RotaryEmbedding.orig_max_position":
-                                             "original_max_position_embeddings"}),
-}
-
-
 def _window_fact(A: SGLangAdapter, dinner):
     """``draft_attention_window`` as each live draft layer's attention holds it
     (``RadixAttention.sliding_window_size``: -1 none, else the farthest key distance seen, counted over the
@@ -322,39 +236,6 @@ def _window_fact(A: SGLangAdapter, dinner):
         if w is MISSING:
             return UNKNOWN
         out.append(None if w is None or int(w) < 0 else {"window": int(w), "distance": KV})
-    return out
-
-
-def _rope_facts(A: SGLangAdapter, dinner) -> dict:
-    """rope_theta / rope_scaling / rope_style / partial_rotary_factor (rotary_dim / head_size, SGLang
-    llama.py:199-200) as the draft's attention applies them (its
-    ``rotary_emb``, built by get_rope from the draft config). Another rope class is recorded by
-    its class name, so it is compared, never guessed."""
-    from specdiff.tracer.contract import rope_scaling_fact
-
-    layers = read_chain(A, dinner, "Eagle3LlamaModel.layers")
-    rot = MISSING if layers is MISSING or len(layers) == 0 else read_chain(
-        A, layers[0], "LlamaDecoderLayer.self_attn", "LlamaAttention.rotary_emb")
-    base = read_chain(A, rot, "RotaryEmbedding.base")
-    neox = read_chain(A, rot, "RotaryEmbedding.is_neox_style")
-    rdim, hsize = read_chain(A, rot, "RotaryEmbedding.rotary_dim"), read_chain(A, rot, "RotaryEmbedding.head_size")
-    out = {"rope_theta": UNKNOWN if base is MISSING else float(base),
-           "rope_style": UNKNOWN if neox is MISSING else ("neox" if neox else "gptj"),
-           "partial_rotary_factor": UNKNOWN if MISSING in (rdim, hsize) or not hsize else int(rdim) / int(hsize)}
-    if rot is MISSING:
-        out["rope_scaling"] = UNKNOWN
-        return out
-    cls = type(rot).__name__
-    if cls not in _ROPE_CLASSES:
-        out["rope_scaling"] = {"type": f"sglang {cls}"}
-        return out
-    kind, params = _ROPE_CLASSES[cls]
-    values = {fact: A.get(rot, key) for key, fact in params.items()}
-    if MISSING in values.values():
-        out["rope_scaling"] = UNKNOWN
-        return out
-    values = {k: (v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v) for k, v in values.items()}
-    out["rope_scaling"] = rope_scaling_fact(kind, **values)
     return out
 
 
@@ -470,9 +351,9 @@ def contract_from_worker(dw, opts: Options, adapter: SGLangAdapter, *, serving=N
     nout = read_chain(A, dinner, "Eagle3LlamaModel.norm_output")
     facts["norm_output"] = UNKNOWN if nout is MISSING else bool(nout)
     facts.update(target_identity_facts(A, target_runner, tcfg))
-    facts.update(_weights_facts(A, target_runner=target_runner, dmodel=dmodel, dinner=dinner,
-                                vocab=facts["vocab_size"], draft_vocab=facts["draft_vocab_size"]))
-    facts.update(_rope_facts(A, dinner))
+    facts.update(weights_facts(A, target_runner=target_runner, dmodel=dmodel, dinner=dinner,
+                               vocab=facts["vocab_size"], draft_vocab=facts["draft_vocab_size"]))
+    facts.update(rope_facts(A, dinner))
     facts["draft_attention_window"] = _window_fact(A, dinner)
     facts.update(_tokenizer_facts(A, serving_config(A) if serving is None else serving))
     facts["depth_coverage"] = ("SGLang drafts depths >= 1 only from the last accepted position of each decode "

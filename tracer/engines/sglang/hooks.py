@@ -31,12 +31,12 @@ from specdiff.tracer.engines.sglang.contract import (
     contract_from_worker,
     graph_hidden_stages,
     hot_token_id,
-    read_chain,
     unrecorded_stages,
 )
 from specdiff.tracer.engines.sglang.draft_stages import DraftStageTaps, graph_hidden
 from specdiff.tracer.engines.sglang.live_facts import live_facts
 from specdiff.tracer.engines.sglang.prefill import PrefillFacts
+from specdiff.tracer.engines.sglang.reading import read_chain
 
 logger = logging.getLogger("specdiff.tracer")
 

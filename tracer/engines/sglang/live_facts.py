@@ -22,7 +22,7 @@ from specdiff.tracer.config_facts import config_fact, given_options, options_fac
 from specdiff.tracer.contract import UNKNOWN
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
-from specdiff.tracer.engines.sglang.contract import read_chain
+from specdiff.tracer.engines.sglang.reading import read_chain
 from specdiff.tracer.engines.sglang.state_facts import state_facts
 from specdiff.tracer.weight_facts import layer_input_norms, not_provided, structure, unit_fingerprints
 

@@ -248,7 +248,7 @@ def _around_iteration(orig, self, batch, *a, **kw):
 
 
 def read_chain(adapter, obj, *keys):
-    from specdiff.tracer.engines.sglang.contract import read_chain as chain
+    from specdiff.tracer.engines.sglang.reading import read_chain as chain
 
     return chain(adapter, obj, *keys)
 

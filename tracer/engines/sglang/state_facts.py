@@ -26,7 +26,7 @@ from specdiff.tracer.config_facts import json_safe
 from specdiff.tracer.contract import UNKNOWN
 from specdiff.tracer.engines.names import MISSING
 from specdiff.tracer.engines.sglang.adapter import SGLangAdapter
-from specdiff.tracer.engines.sglang.contract import read_chain
+from specdiff.tracer.engines.sglang.reading import read_chain
 from specdiff.tracer.state_facts import engine_state
 
 __all__ = ["config_overrides", "state_facts"]
