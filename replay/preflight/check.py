@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from specdiff.eagle3.aux_layers import CONVENTIONS, ConventionError, resolve_aux_ids
 from specdiff.eagle3.config_ids import draft_engines
-from specdiff.eagle3.engines import ENGINES
+from specdiff.eagle3.engines import ENGINES, REGISTRY
 from specdiff.replay.model.weight_files import canonical_name
 from specdiff.replay.preflight.engines import EngineCapture, fc_slots, resolve_engine_capture
 from specdiff.replay.preflight.files import PreflightError, read_draft, read_target
@@ -86,7 +86,7 @@ def run_preflight(target, draft, *, engines=ENGINES, training_layers=None, train
         k_weights = (fc_shape[1] // t.hidden_size if fc_shape is not None and len(fc_shape) == 2
                      and fc_shape[1] % t.hidden_size == 0 else cfg.num_aux)
         for e in engines:
-            k = fc_slots(d.raw) if (e == "sglang" and d.format == "specforge") else k_weights
+            k = fc_slots(d.raw) if (REGISTRY[e].fc_from_config and d.format == "specforge") else k_weights
             captures[e] = resolve_engine_capture(e, raw=d.raw, fmt=d.format, num_layers=t.num_layers, k_fc=k,
                                                  aux_width=t.hidden_size, draft_hidden=cfg.hidden_size,
                                                  architecture=t.architecture)

@@ -30,14 +30,20 @@ from dataclasses import dataclass
 from specdiff.eagle3.aux_layers import ConventionError, engine_capture
 from specdiff.eagle3.config_ids import ConfigIds, config_aux_ids
 from specdiff.eagle3.config_keys import KEY_NESTED, KEY_TOP
-from specdiff.eagle3.engines import REGISTRY
+from specdiff.eagle3.engines import REGISTRY, EngineSpec
 from specdiff.replay.preflight.files import PreflightError
 
-__all__ = ["ENGINE_NAME", "EngineCapture", "resolve_engine_capture", "fc_slots",
+__all__ = ["ENGINE_NAME", "EngineCapture", "resolve_engine_capture", "fc_slots", "checked_specs",
            "read_config_ids", "hf_label", "fmt_hf", "sglang_context_length", "sglang_served_dtype"]
 
 #: engine name (a finding's ``engine``, 'all' for every engine) -> how a report names it
 ENGINE_NAME = {**{name: spec.title for name, spec in REGISTRY.items()}, "all": "all engines"}
+
+
+def checked_specs(engines) -> list[EngineSpec]:
+    """The ``EngineSpec`` of each registered engine in ``engines`` (names, e.g. ('sglang', 'vllm')), in
+    the order given; other names are skipped (the rules judge only the engines specdiff knows)."""
+    return [REGISTRY[e] for e in engines if e in REGISTRY]
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,7 @@ def resolve_engine_capture(engine: str, *, raw: dict, fmt: str, num_layers: int,
         outcome = "crash"
     elif plan.slots == k_fc:
         outcome = "ok"
-    elif engine == "sglang" and plan.slots * aux_width == draft_hidden:
+    elif REGISTRY[engine].fc_skip_at_width and plan.slots * aux_width == draft_hidden:
         outcome = "fc-skipped"
     else:
         outcome = "crash"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specdiff.eagle3.engines import VLLM
 from specdiff.replay.preflight.engines import EngineCapture
 from specdiff.replay.preflight.files import DraftInfo, TargetInfo
 from specdiff.replay.preflight.report import Finding
@@ -77,8 +78,9 @@ def eagle3_draft(c: RuleInputs) -> bool:
 
 
 def vllm_captured(c: RuleInputs) -> bool:
-    """An EAGLE-3 draft checked for vLLM."""
-    return eagle3_draft(c) and "vllm" in c.captures
+    """An EAGLE-3 draft checked for vLLM: ``rules.vllm`` is that one engine's own module (its runners' key
+    precedence), so the rule names the engine through its spec rather than a column."""
+    return eagle3_draft(c) and VLLM.name in c.captures
 
 
 #: every rule family, in the order its findings are reported (before the sort by severity)
@@ -90,7 +92,7 @@ RULES: tuple[Rule, ...] = (
                              aux_width=c.target.hidden_size, training_hf=c.training_hf,
                              architecture=c.target.architecture)),
     Rule("vllm ids", vllm_captured,
-         lambda c: check_vllm_ids(c.captures["vllm"], raw=c.draft.raw, num_layers=c.target.num_layers,
+         lambda c: check_vllm_ids(c.captures[VLLM.name], raw=c.draft.raw, num_layers=c.target.num_layers,
                                   k_weights=c.k_weights, training_hf=c.training_hf,
                                   architecture=c.target.architecture)),
     Rule("training layers", eagle3_draft,

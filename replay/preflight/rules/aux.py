@@ -8,9 +8,11 @@ functions of what ``files`` read and ``engines`` resolved; the id rules come fro
 from __future__ import annotations
 
 from specdiff.eagle3.aux_layers import ConventionError, default_hf_indices, native_aux_ids, resolve_aux_ids
-from specdiff.eagle3.families import sglang_family_rule, vllm_family_note
+from specdiff.eagle3.config_keys import KEY_NESTED, KEY_TOP
+from specdiff.eagle3.engines import REGISTRY
+from specdiff.eagle3.families import sglang_family_rule
 from specdiff.replay.model.draft_config import SPECFORGE_ARCH
-from specdiff.replay.preflight.engines import ENGINE_NAME, EngineCapture, fmt_hf, hf_label
+from specdiff.replay.preflight.engines import ENGINE_NAME, EngineCapture, checked_specs, fmt_hf, hf_label
 from specdiff.replay.preflight.report import Finding
 from specdiff.replay.preflight.rules.wording import rule_text, sglang_ids_fix, slots_text
 
@@ -18,23 +20,29 @@ __all__ = ["check_family", "check_aux", "check_training"]
 
 
 def check_family(captures: dict[str, EngineCapture], architecture: str | None) -> list[Finding]:
-    """Which SGLang rule reads the ids on this target (info), or that it was assumed (warn when
-    the config names an architecture the table does not know); vLLM caveats for the family."""
+    """Per engine captured, in the registry's order: for one whose ids the target's rule reads
+    (``EngineSpec.aux_family_rules``; SGLang) which rule that is (info), or that it was assumed (warn
+    when the config names an architecture the table does not know); for the others, the caveats
+    their capture notes for the family (``EngineCapture.notes``: vLLM's ``vllm_family_note``)."""
     out: list[Finding] = []
-    sg = captures.get("sglang")
-    if sg is not None and sg.outcome != "unsupported":
+    for spec in checked_specs(REGISTRY):
+        cap = captures.get(spec.name)
+        if cap is None:
+            continue
+        if not spec.aux_family_rules:
+            out += [Finding("aux.family", "info", spec.name, note, "") for note in cap.notes]
+            continue
+        if cap.outcome == "unsupported":
+            continue
         fam = sglang_family_rule(architecture)
         if fam.known:
-            out.append(Finding("aux.family", "info", "sglang",
-                               f"target {architecture}: SGLang 0.5.23 reads eagle_config ids by "
+            out.append(Finding("aux.family", "info", spec.name,
+                               f"target {architecture}: {spec.label} reads eagle_config ids by "
                                f"{rule_text(fam)}" + (f"; {fam.note}" if fam.note else ""), ""))
         else:
-            out.append(Finding("aux.family_assumed", "warn" if architecture else "info", "sglang", fam.note,
-                               "check the target's model file in SGLang (set_eagle3_layers_to_capture) before "
-                               "trusting the layers below"))
-    note = vllm_family_note(architecture)
-    if note and "vllm" in captures:
-        out.append(Finding("aux.family", "info", "vllm", note, ""))
+            out.append(Finding("aux.family_assumed", "warn" if architecture else "info", spec.name, fam.note,
+                               f"check the target's model file in {spec.title} (set_eagle3_layers_to_capture) "
+                               "before trusting the layers below"))
     return out
 
 
@@ -94,13 +102,13 @@ def _dropped_ids(eng: str, cap: EngineCapture, *, L: int, architecture: str | No
     name = ENGINE_NAME[eng]
     out: list[Finding] = []
     for i in cap.dropped_ids:
-        if eng == "sglang":
+        if REGISTRY[eng].aux_family_rules:
             why, fix = _sglang_dropped(i, cap, L, architecture)
         else:
             # vLLM 0.32.0 llama.py:427-441: capture points are ids 0 (embeddings) .. L (after layer L-1)
-            why = (f"never matches a layer index (vLLM's ids are 0..{L}; id 0 is the embeddings)" if i < 0
-                   else f"is past vLLM's last capture point, id {L} (after layer {L - 1})")
-            fix = (f"write vLLM ids at the top level: id k = HF index k, 0..{L - 1}"
+            why = (f"never matches a layer index ({name}'s ids are 0..{L}; id 0 is the embeddings)" if i < 0
+                   else f"is past {name}'s last capture point, id {L} (after layer {L - 1})")
+            fix = (f"write {name} ids at the top level: id k = HF index k, 0..{L - 1}"
                    " (HF 0 = embeddings)")
         effect = (f"{name} loses that slot and then fails: {cap.failure}" if cap.failure
                   else f"{name} silently drops that slot")
@@ -111,7 +119,7 @@ def _dropped_ids(eng: str, cap: EngineCapture, *, L: int, architecture: str | No
 def _prenorm_slot(eng: str, cap: EngineCapture, *, L: int, architecture: str | None) -> list[Finding]:
     """The id that captures the last layer's output before the final norm, which no HF index holds."""
     name = ENGINE_NAME[eng]
-    if cap.prenorm_ids and eng == "sglang":
+    if cap.prenorm_ids and REGISTRY[eng].aux_family_rules:
         fam = sglang_family_rule(architecture)
         return [Finding("aux.prenorm_last", "warn", eng,
                         f"{cap.source} id {cap.prenorm_ids[0]} -> capture index {L} under {rule_text(fam)}: "
@@ -133,31 +141,26 @@ def _prenorm_slot(eng: str, cap: EngineCapture, *, L: int, architecture: str | N
 
 def _slot_count(eng: str, cap: EngineCapture, *, L: int, aux_width: int,
                 architecture: str | None) -> list[Finding]:
-    """Slots that reach fc against the K it was built for: the crash, or SGLang skipping fc."""
-    name, got = ENGINE_NAME[eng], cap.slots
+    """Slots that reach fc against the K it was built for: the crash (in the engine's words,
+    ``EngineSpec.slot_crash``), or the engine skipping fc."""
+    spec, name, got = REGISTRY[eng], ENGINE_NAME[eng], cap.slots
     if cap.outcome == "crash" and cap.failure:
         return [Finding("aux.slot_count", "error", eng,
                         f"{name} captures {got} slot(s) HF {slots_text(cap, L)} of {cap.slots_expected}: "
                         f"{cap.failure}",
                         f"configure exactly {cap.slots_expected} distinct ids that "
-                        + (rule_text(sglang_family_rule(architecture)) if eng == "sglang" else name)
+                        + (rule_text(sglang_family_rule(architecture)) if spec.aux_family_rules else name)
                         + f" maps to HF 0..{L - 1}")]
     if cap.outcome == "crash":
-        if eng == "sglang":
-            msg = (f"{name} captures {got} slot(s) HF {slots_text(cap, L)} but fc expects "
-                   f"{cap.slots_expected} x {aux_width}: the first request crashes with 'mat1 and mat2 "
-                   f"shapes cannot be multiplied (Nx{got * aux_width} and "
-                   f"{cap.slots_expected * aux_width}xHd)'")
-        else:
-            msg = (f"{name} captures {got} slot(s) HF {slots_text(cap, L)} but fc expects "
-                   f"{cap.slots_expected} x {aux_width}: the first request crashes with \"shape "
-                   f"'[-1, {cap.slots_expected * aux_width}]' is invalid for input of size ...\"")
+        crash = spec.slot_crash.format(got=got * aux_width, want=cap.slots_expected * aux_width)
+        msg = (f"{name} captures {got} slot(s) HF {slots_text(cap, L)} but fc expects "
+               f"{cap.slots_expected} x {aux_width}: the first request crashes with {crash}")
         return [Finding("aux.slot_count", "error", eng, msg,
                         f"configure exactly {cap.slots_expected} distinct in-range ids for {name}")]
     if cap.outcome == "fc-skipped":
         return [Finding("aux.slot_count", "error", eng,
                         f"{name} captures {got} slot(s) whose width {got * aux_width} equals the draft "
-                        "hidden size: SGLang skips fc and feeds the raw target state (no error, "
+                        f"hidden size: {name} skips fc and feeds the raw target state (no error, "
                         "acceptance collapses)",
                         f"configure exactly {cap.slots_expected} distinct in-range ids")]
     return []
@@ -183,25 +186,27 @@ def _default_or_order(eng: str, cap: EngineCapture, *, L: int,
 
 def _across_engines(captures: dict[str, EngineCapture], *, e_ids, t_ids, L: int,
                     training_hf: tuple[int, ...] | None) -> list[Finding]:
-    """SGLang and vLLM fed other layers from the same config: two keys that disagree, or (with no
-    training layers to judge by) two engines that do."""
+    """The engine reading eagle_config's ids and the one reading the top-level ids
+    (``EngineSpec.aux_ids_key``: SGLang, vLLM) fed other layers from the same config: two keys
+    that disagree, or (with no training layers to judge by) two engines that do."""
     out: list[Finding] = []
-    if e_ids and t_ids is not None and "sglang" in captures and "vllm" in captures \
-            and captures["sglang"].outcome == "ok" and captures["vllm"].outcome == "ok" \
-            and captures["sglang"].hf_indices != captures["vllm"].hf_indices:
-        out.append(Finding("aux.conflicting_keys", "warn", "all",
-                           f"eagle_config ids {list(e_ids)} (read by SGLang) and top-level ids {list(t_ids)} "
-                           "(read by vLLM) name different layers",
-                           "make both keys resolve to the training layers"))
     ok = {e: c for e, c in captures.items() if c.outcome == "ok"}
-    if training_hf is None and len(ok) == 2 and ok["sglang"].hf_indices != ok["vllm"].hf_indices \
-            and not any(f.kind == "aux.conflicting_keys" for f in out):
+    by_key = {s.aux_ids_key: s for s in checked_specs(ok)}
+    nested, top = by_key.get(KEY_NESTED), by_key.get(KEY_TOP)
+    if nested is None or top is None or ok[nested.name].hf_indices == ok[top.name].hf_indices:
+        return out
+    if e_ids and t_ids is not None:
+        out.append(Finding("aux.conflicting_keys", "warn", "all",
+                           f"eagle_config ids {list(e_ids)} (read by {nested.title}) and top-level ids {list(t_ids)} "
+                           f"(read by {top.title}) name different layers",
+                           "make both keys resolve to the training layers"))
+    elif training_hf is None:
         out.append(Finding("aux.engines_disagree", "warn", "all",
-                           f"SGLang captures HF {fmt_hf(ok['sglang'].hf_indices, L)} but vLLM captures HF "
-                           f"{fmt_hf(ok['vllm'].hf_indices, L)} from the same config: the draft is right "
-                           "for at most one of them",
-                           "state the training layers with --training-layers; write SGLang ids in "
-                           "eagle_config and vLLM ids (HF indices) at the top level"))
+                           f"{nested.title} captures HF {fmt_hf(ok[nested.name].hf_indices, L)} but {top.title} "
+                           f"captures HF {fmt_hf(ok[top.name].hf_indices, L)} from the same config: the draft is "
+                           "right for at most one of them",
+                           f"state the training layers with --training-layers; write {nested.title} ids in "
+                           f"eagle_config and {top.title} ids (HF indices) at the top level"))
     return out
 
 
@@ -256,16 +261,17 @@ def check_training(captures: dict[str, EngineCapture], training_hf: tuple[int, .
                                f"{fmt_hf(training_hf, L)} ({pairs}): fc multiplies each slot by the weights "
                                "trained for another layer", reorder))
             continue
-        if eng == "sglang":
+        spec = REGISTRY[eng]
+        if spec.aux_family_rules:
             if L in training_hf or any(i > L for i in training_hf):
-                fix = "SGLang cannot capture the final-norm output (HF L): retrain on other layers"
+                fix = f"{name} cannot capture the final-norm output (HF L): retrain on other layers"
             else:
                 fix = sglang_ids_fix(ascending, L, architecture)
         else:
             if any(i >= L for i in training_hf):
-                fix = "vLLM captures only HF 0..L-1: retrain on other layers"
+                fix = f"{name} captures only HF 0..L-1: retrain on other layers"
             else:
-                fix = f"set top-level eagle_aux_hidden_state_layer_ids = {ascending}"
+                fix = f"set {spec.aux_ids_key} = {ascending}"
         if list(training_hf) != ascending:
             fix += f"; also: {reorder}"
         out.append(Finding("training.mismatch", "error", eng,

@@ -11,21 +11,27 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdiff.eagle3.engines import ENGINES
 from specdiff.replay.model.weight_files import later_input_norm_aliases, read_weight_headers
+from specdiff.replay.preflight.engines import checked_specs
 from specdiff.replay.preflight.files import DraftInfo
 from specdiff.replay.preflight.report import Finding
 
 __all__ = ["check_later_input_norms"]
 
+#: the two names of a later layer's input norm, ``layers.{i}.<name>.weight`` (``EngineSpec.later_input_norm``)
+HIDDEN_NORM, INPUT_NORM = "hidden_norm", "input_layernorm"
 
-def check_later_input_norms(draft: DraftInfo, *, engines=("sglang", "vllm")) -> list[Finding]:
-    """Each later layer's input norm against the engines' rules (module doc):
 
-    - vLLM (a warning): ``input_layernorm`` absent or not the layer's ``hidden_norm``, where the file has a
-      ``hidden_norm`` (an SGLang-format draft);
-    - SGLang (an error): no ``hidden_norm``, the norm in ``input_layernorm`` only (a speculators-format draft,
-      ``weight_files.later_input_norm_aliases``): SGLang serves the norm as it built it (ones) and never reads
-      the trained one.
+def check_later_input_norms(draft: DraftInfo, *, engines=ENGINES) -> list[Finding]:
+    """Each later layer's input norm against the norm each engine reads there (``EngineSpec.later_input_norm``;
+    module doc):
+
+    - an engine reading ``input_layernorm`` (vLLM; a warning): ``input_layernorm`` absent or not the layer's
+      ``hidden_norm``, where the file has a ``hidden_norm`` (an SGLang-format draft);
+    - an engine reading ``hidden_norm`` (SGLang; an error): no ``hidden_norm``, the norm in ``input_layernorm``
+      only (a speculators-format draft, ``weight_files.later_input_norm_aliases``): the engine serves the norm
+      as it built it (ones) and never reads the trained one.
 
     Args:
         engines: the engines checked ('sglang', 'vllm').
@@ -34,28 +40,33 @@ def check_later_input_norms(draft: DraftInfo, *, engines=("sglang", "vllm")) -> 
         CheckpointError: the weight files cannot be read (named).
     """
     n = getattr(draft.config, "num_hidden_layers", 1) or 1
-    pairs = {i: (f"layers.{i}.hidden_norm.weight", f"layers.{i}.input_layernorm.weight") for i in range(1, n)}
+    pairs = {i: (f"layers.{i}.{HIDDEN_NORM}.weight", f"layers.{i}.{INPUT_NORM}.weight") for i in range(1, n)}
+    specs = checked_specs(engines)
     out = []
-    if "sglang" in engines:
+    for spec in (s for s in specs if s.later_input_norm == HIDDEN_NORM):
+        name = spec.title
         for given, canon in sorted(later_input_norm_aliases(draft.tensors).items()):
             i = canon.split(".")[1]  # layers.{i}.hidden_norm.weight
             out.append(Finding(
-                "weights.later_input_norm", "error", "sglang",
-                f"layer {i}: SGLang normalises its input with layers.{i}.hidden_norm (llama_eagle3.py:103-105), "
-                f"absent (SGLang keeps the ones it built); the trained norm is in {given} (speculators' and vLLM's "
-                "name for it, llama_eagle3.py:136-138 in vLLM), which SGLang never reads",
+                "weights.later_input_norm", "error", spec.name,
+                f"layer {i}: {name} normalises its input with layers.{i}.hidden_norm (llama_eagle3.py:103-105), "
+                f"absent ({name} keeps the ones it built); the trained norm is in {given} (speculators' and vLLM's "
+                f"name for it, llama_eagle3.py:136-138 in vLLM), which {name} never reads",
                 f"write {given}'s values into layers.{i}.hidden_norm.weight as well (vLLM never reads it; one file "
                 "then serves both)"))
-    if "vllm" not in engines or not any(h in draft.tensors for h, _ in pairs.values()):
+    readers = [s for s in specs if s.later_input_norm == INPUT_NORM]
+    if not readers or not any(h in draft.tensors for h, _ in pairs.values()):
         return out
     _, values = read_weight_headers(draft.path, load=tuple(name for pair in pairs.values() for name in pair))
-    for i, (hidden, given) in pairs.items():
-        if hidden not in values or (given in values and np.array_equal(values[hidden], values[given])):
-            continue
-        said = "absent (vLLM keeps the ones it built)" if given not in values else "not the layer's hidden_norm"
-        out.append(Finding(
-            "weights.later_input_norm", "warn", "vllm",
-            f"layer {i}: vLLM normalises its input with {given} ({said}); SGLang and the reference read {hidden} "
-            f"(llama_eagle3.py:103-105 in SGLang, :136-138 in vLLM): vLLM computes another layer {i}",
-            f"write {hidden}'s values into {given} as well (SGLang never reads it; one file then serves both)"))
+    for spec in readers:
+        name = spec.title
+        for i, (hidden, given) in pairs.items():
+            if hidden not in values or (given in values and np.array_equal(values[hidden], values[given])):
+                continue
+            said = f"absent ({name} keeps the ones it built)" if given not in values else "not the layer's hidden_norm"
+            out.append(Finding(
+                "weights.later_input_norm", "warn", spec.name,
+                f"layer {i}: {name} normalises its input with {given} ({said}); SGLang and the reference read {hidden} "
+                f"(llama_eagle3.py:103-105 in SGLang, :136-138 in vLLM): {name} computes another layer {i}",
+                f"write {hidden}'s values into {given} as well (SGLang never reads it; one file then serves both)"))
     return out

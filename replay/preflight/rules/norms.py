@@ -4,8 +4,10 @@ they need and what each engine does with them (``specdiff.eagle3.norms``).
 
 from __future__ import annotations
 
+from specdiff.eagle3.engines import REGISTRY
 from specdiff.eagle3.norms import NORM_FLAGS, SPECFORGE_NORM_OUTPUT
 from specdiff.replay.model.weight_files import canonical_name
+from specdiff.replay.preflight.engines import checked_specs
 from specdiff.replay.preflight.files import DraftInfo
 from specdiff.replay.preflight.report import Finding
 
@@ -13,7 +15,9 @@ __all__ = ["check_norms"]
 
 
 def check_norms(draft: DraftInfo, *, engines) -> list[Finding]:
-    """norm_before_fc / fc_norm / norm_output / norm_before_residual and the weights they need."""
+    """norm_before_fc / fc_norm / norm_output / norm_before_residual and the weights they need;
+    ``norm_before_residual`` is an error on each engine in ``engines`` that does not read it
+    (``EngineSpec.norm_before_residual``)."""
     cfg, raw = draft.config, draft.raw
     out: list[Finding] = []
     canon = {canonical_name(n) for n in draft.tensors}
@@ -39,8 +43,11 @@ def check_norms(draft: DraftInfo, *, engines) -> list[Finding]:
                            f"norm_output={cfg.norm_output}: in SGLang true means the next draft step gets the "
                            f"normed hidden; {SPECFORGE_NORM_OUTPUT}",
                            "check which hidden (pre- or post-norm) training fed back, and set the flag for SGLang"))
-    if cfg.norm_before_residual and "sglang" in engines:
-        out.append(Finding("norm.norm_before_residual", "error", "sglang",
-                           "norm_before_residual=true (speculators): SGLang 0.5.23 does not implement it "
-                           "(residual = raw hidden)", "serve with vLLM or retrain without it"))
+    if cfg.norm_before_residual:
+        readers = [s.title for s in REGISTRY.values() if s.norm_before_residual]
+        fix = (f"serve with {' or '.join(readers)} or " if readers else "") + "retrain without it"
+        out += [Finding("norm.norm_before_residual", "error", spec.name,
+                        f"norm_before_residual=true (speculators): {spec.label} does not implement it "
+                        "(residual = raw hidden)", fix)
+                for spec in checked_specs(engines) if not spec.norm_before_residual]
     return out

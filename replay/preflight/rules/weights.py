@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from specdiff.eagle3.engines import REGISTRY
 from specdiff.replay.model.weight_files import (
     OPTIONAL_SHAPES,
     canonical_name,
@@ -16,7 +17,7 @@ from specdiff.replay.model.weight_files import (
     ignored_key,
     later_input_norm_aliases,
 )
-from specdiff.replay.preflight.engines import sglang_served_dtype
+from specdiff.replay.preflight.engines import checked_specs, sglang_served_dtype
 from specdiff.replay.preflight.files import DraftInfo, TargetInfo
 from specdiff.replay.preflight.report import Finding
 
@@ -82,6 +83,7 @@ def _missing(cfg, *, expected: dict, canon: dict[str, str]) -> list[Finding]:
 def _shapes(draft: DraftInfo, cfg_t, *, expected: dict, canon: dict[str, str], H: int, engines) -> list[Finding]:
     """Each known parameter's shape against what the config (with the target's dims) implies."""
     cfg = draft.config
+    specs = checked_specs(engines)
     out: list[Finding] = []
     for c, name in canon.items():
         shape = draft.tensors[name][0]
@@ -96,8 +98,8 @@ def _shapes(draft: DraftInfo, cfg_t, *, expected: dict, canon: dict[str, str], H
                        f"(expected {list(want)})")
             elif c == "lm_head.weight":
                 msg = f"lm_head.weight is {list(shape)} but [draft_vocab_size, hidden] = {list(want)}"
-            elif c == "embed_tokens.weight" and "sglang" in engines and "vllm" not in engines:
-                continue  # SGLang replaces it anyway (reported below)
+            elif c == "embed_tokens.weight" and specs and all(s.replaces_draft_embed for s in specs):
+                continue  # every engine checked replaces it anyway (reported below)
             else:
                 msg = f"{name} is {list(shape)} but the config implies {list(want)}"
             out.append(Finding("weights.shape", "error", "all", msg,
@@ -135,17 +137,20 @@ def _extra_layers(cfg, names: list[str]) -> list[Finding]:
 
 
 def _embedding(cfg, *, canon: dict[str, str], H: int, V: int, engines) -> list[Finding]:
-    """The draft's own embed_tokens: replaced by SGLang, or missing where the target's cannot serve."""
+    """The draft's own embed_tokens: replaced by an engine that serves the target's
+    (``EngineSpec.replaces_draft_embed``; SGLang), or missing where the target's cannot serve."""
     out: list[Finding] = []
     has_embed = "embed_tokens.weight" in canon
-    if has_embed and "sglang" in engines and cfg.target_hidden_size == cfg.hidden_size:
+    if has_embed and cfg.target_hidden_size == cfg.hidden_size:
         # set_embed keeps the draft's own embedding only when the hidden sizes differ (llama.py:912-916)
-        out.append(Finding("weights.ignored", "info", "sglang",
-                           "embed_tokens.weight is in the checkpoint but SGLang 0.5.23 replaces it with the "
-                           "target's embedding (speculative/eagle_worker_v2.py:363 -> set_embed, "
-                           "srt/models/llama.py:917-918): a draft trained with its own embedding is served "
-                           "with another one",
-                           "train with the target's embedding frozen, or serve with vLLM"))
+        keep = " or ".join(s.title for s in REGISTRY.values() if not s.replaces_draft_embed)
+        out += [Finding("weights.ignored", "info", spec.name,
+                        f"embed_tokens.weight is in the checkpoint but {spec.label} replaces it with the "
+                        "target's embedding (speculative/eagle_worker_v2.py:363 -> set_embed, "
+                        "srt/models/llama.py:917-918): a draft trained with its own embedding is served "
+                        "with another one",
+                        "train with the target's embedding frozen" + (f", or serve with {keep}" if keep else ""))
+                for spec in checked_specs(engines) if spec.replaces_draft_embed]
     if not has_embed and cfg.hidden_size != H:
         out.append(Finding("weights.embed", "error", "all",
                            f"no embed_tokens.weight: the engines share the target's embedding [{V}, {H}] "
