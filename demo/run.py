@@ -26,7 +26,14 @@ from typing import Any
 
 import click
 
-from specdiff.demo.scenarios import DEMO_FAMILIES, describe, scenario_for, scenario_ids, write_served_draft
+from specdiff.demo.scenarios import (
+    DEMO_ENGINE,
+    DEMO_FAMILIES,
+    describe,
+    scenario_for,
+    scenario_ids,
+    write_served_draft,
+)
 from specdiff.eagle3.engines import ENGINES, engine_spec
 from specdiff.tracer.engines.base import cpu_launcher
 from specdiff.tracer.errors import SpecdiffError
@@ -113,7 +120,8 @@ def demo_prompts(models: Path, n: int) -> list[list[int]]:
 
 
 def check_engine(engine: str, family: str) -> str | None:
-    """The interpreter that serves ``engine`` (None: this one, SGLang).
+    """The interpreter that serves ``engine`` (None: this one; an engine with a venv of its own,
+    ``EngineSpec.own_venv``, is served from that venv: vLLM's).
 
     Raises:
         DemoError: an engine no recorder is registered for, a family the engine's demo does not
@@ -121,7 +129,7 @@ def check_engine(engine: str, family: str) -> str | None:
     """
     if engine not in ENGINES:
         raise DemoError(f"unknown engine {engine!r}; specdiff records: {', '.join(ENGINES)}")
-    if engine == "sglang":
+    if not engine_spec(engine).own_venv:
         return None
     if family != "llama":
         raise DemoError(f"--engine {engine} serves the llama demo pair only (the tiny {family} target was verified "
@@ -269,7 +277,7 @@ def record_train(*, models: Path, serve_trace: Path, out: Path, draft: Path | No
 
 
 def run_demo(*, scenario: str, workdir: Path, models: Path | None = None, prompts: int, max_new_tokens: int,
-             view: Callable[[str, str], None] | None, family: str = "llama", engine: str = "sglang",
+             view: Callable[[str, str], None] | None, family: str = "llama", engine: str = DEMO_ENGINE,
              fix_step: Callable[[Any, Path], tuple[bool, dict]] | None = None) -> int:
     """Run every phase; returns the exit code: 0 when the demo found what the scenario seeded
     (its expected first divergence and cause, or no divergence for ``correct``), 1 when not.

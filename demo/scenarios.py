@@ -25,7 +25,7 @@ from pathlib import Path
 
 from specdiff.eagle3.aux_layers import native_aux_ids
 from specdiff.eagle3.config_keys import KEY_NESTED, set_config_value
-from specdiff.eagle3.engines import engine_spec
+from specdiff.eagle3.engines import SGLANG, engine_spec
 from specdiff.eagle3.fc_blocks import reorder_fc_blocks
 
 #: the demo's target families -> HF architecture of each tiny target (``config.json`` ``architectures[0]``);
@@ -43,6 +43,9 @@ TRAINED_HF = [0, 3, 6]  # HF hidden_states the demo draft was trained on: embedd
 #: what the seed's server captured instead: the training layers shifted by one slot ([embedding, L3,
 #: L31] trained, [L3, L31, L59] served on Kimi-K2; here [emb, L3, L6] trained, [L3, L6, L7] served)
 SEED_SERVED_HF = [3, 6, 7]
+#: the engine the demo was built on and serves by default: its scenarios are ``SCENARIOS`` and its workdirs
+#: carry no engine prefix; another engine's scenarios are in ``ENGINE_SCENARIOS``
+DEMO_ENGINE = SGLANG.name
 CORRECT_SGLANG_IDS = native_aux_ids(TRAINED_HF, "sglang")  # [-1, 2, 5] on the Llama demo target
 SEED_WRONG_IDS = native_aux_ids(SEED_SERVED_HF, "sglang")  # [2, 5, 6] on the Llama demo target
 
@@ -73,17 +76,18 @@ class ScenarioIds:
     literal: list[int]
     literal_hf: list[int]
     rule: str
-    engine: str = "sglang"
+    engine: str = DEMO_ENGINE
     key: str = KEY_NESTED
     literal_key: str = KEY_NESTED
 
     def ids_for(self, hf_order) -> list[int]:
         """Ids that capture HF ``hf_order`` (listed order kept) on this target and engine."""
-        conv = engine_spec(self.engine).aux_convention
-        return native_aux_ids(hf_order, conv, architecture=self.architecture if conv == "sglang" else None)
+        spec = engine_spec(self.engine)
+        return native_aux_ids(hf_order, spec.aux_convention,
+                              architecture=self.architecture if spec.aux_family_rules else None)
 
 
-def scenario_ids(architecture: str | None = None, num_layers: int = 8, engine: str = "sglang") -> ScenarioIds:
+def scenario_ids(architecture: str | None = None, num_layers: int = 8, engine: str = DEMO_ENGINE) -> ScenarioIds:
     """:class:`ScenarioIds` for a target of ``architecture`` with ``num_layers`` layers served by
     ``engine`` (None: the Llama demo target; an architecture SGLang's table lacks gets the plus-one
     rule, as ``sglang_family_rule`` says). vLLM numbers every SupportsEagle3 target alike: id k =
@@ -101,7 +105,7 @@ def scenario_ids(architecture: str | None = None, num_layers: int = 8, engine: s
     def sglang_ids(hf):
         return native_aux_ids(hf, "sglang", num_layers=num_layers, architecture=architecture)
 
-    if spec.aux_convention == "sglang":
+    if spec.aux_family_rules:
         literal = list(TRAINED_HF)
         rule = sglang_family_rule(architecture or "LlamaForCausalLM")
         return ScenarioIds(architecture, sglang_ids(TRAINED_HF), sglang_ids(SEED_SERVED_HF), literal,
@@ -227,7 +231,7 @@ ENGINE_SCENARIOS: dict[str, dict[str, Scenario]] = {"vllm": {
 }}
 
 
-def scenario_for(scenario: str, engine: str = "sglang") -> Scenario:
+def scenario_for(scenario: str, engine: str = DEMO_ENGINE) -> Scenario:
     """The scenario as served by ``engine`` (its summary and expectation in that engine's terms).
 
     Raises:

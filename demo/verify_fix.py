@@ -24,6 +24,7 @@ from specdiff.demo.run import (
     serve_and_trace_vllm,
     vllm_python,
 )
+from specdiff.eagle3.engines import REGISTRY
 
 __all__ = ["Verdict", "demo_fix", "served_options", "training_options", "verify_fix"]
 
@@ -154,8 +155,9 @@ def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None, opt
     traces = report.traces
     train, serve = (traces.x, traces.y) if traces.x.side == "train" else (traces.y, traces.x)
     engine = known(serve.contract, "engine") or "sglang"
-    if engine not in ("sglang", "vllm"):
-        raise DemoError(f"--verify serves SGLang or vLLM on the CPU; the serving trace was recorded on {engine}")
+    if engine not in REGISTRY:
+        raise DemoError(f"--verify serves {' or '.join(s.title for s in REGISTRY.values())} on the CPU; the serving "
+                        f"trace was recorded on {engine}")
     target = _path(serve, "model_name")
     prompts = [[int(t) for t in s.tokens[:s.prompt_len]] for s in serve.sequences]
     new_tokens = min((len(s.tokens) - s.prompt_len for s in serve.sequences), default=0)
@@ -181,7 +183,7 @@ def verify_fix(report, fixed: Path, workdir: Path, cause: str | None = None, opt
     extra = ["--aux-layers", ",".join(str(int(i)) for i in order), "--aux-convention", "hf"] if order else []
     extra += training_options(train.contract)
     with contextlib.redirect_stdout(sys.stderr):  # the demo phases' progress lines: stdout is the verdict (JSON)
-        if engine == "vllm":
+        if REGISTRY[engine].own_venv:  # vLLM, from its venv (run.py check_engine)
             serve_and_trace_vllm(models=target.parent, target=target, served_draft=fixed, trace=new_serve,
                                  prompts=prompts, max_new_tokens=new_tokens, log_path=workdir / "server.log",
                                  python=vllm_python(), cache_root=VLLM_CACHE,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from specdiff.demo.scenarios import SCENARIOS, describe
+from specdiff.demo.scenarios import DEMO_ENGINE, SCENARIOS, describe
 from specdiff.eagle3.engines import ENGINES, VLLM
 from specdiff.tracer.errors import SpecdiffError
 from specdiff.tui.cli import cli, on_interrupt
@@ -38,7 +38,7 @@ def _scenarios_epilog(width: int = 78) -> str:
 @click.option("--models", type=click.Path(path_type=Path), default=None,
               help="The tiny target/draft pair (built there on first use if missing) [default: traces/models "
                    "for llama, traces/families/FAMILY otherwise].")
-@click.option("--engine", type=click.Choice(list(ENGINES)), default="sglang", show_default=True,
+@click.option("--engine", type=click.Choice(list(ENGINES)), default=DEMO_ENGINE, show_default=True,
               help=f"The serving engine. vllm: {VLLM.label} on the CPU from the vLLM venv (make vllm-venv), the llama "
                    "pair only; each scenario in vLLM's key and numbering (top-level eagle_aux_hidden_state_layer_ids, "
                    "id k = HF k); off-by-one is an SGLang-format draft, which crashes vLLM at the first request.")
@@ -66,7 +66,7 @@ def demo(scenario, no_tui, workdir, family, models, engine, prompts, max_new_tok
 
     tui = not no_tui and sys.stdout.isatty() and has_terminal()
     sub = scenario if family == "llama" else f"{family}-{scenario}"
-    sub = sub if engine == "sglang" else f"{engine}-{sub}"
+    sub = sub if engine == DEMO_ENGINE else f"{engine}-{sub}"
     on_interrupt(f"the demo did not finish; {workdir / sub} holds what it wrote so far, not a complete run")
     try:
         (workdir / sub).mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from specdiff.eagle3.aux_layers import AuxResolution, ConventionError, engine_capture, resolve_aux_ids
+from specdiff.eagle3.engines import FAMILY_CONVENTIONS
 from specdiff.eagle3.families import sglang_family_rule
 from specdiff.replay.model.checkpoint import LoadedDraft
 from specdiff.replay.record.train_options import AUX_CONVENTION_DEFAULT
@@ -47,7 +48,7 @@ def _resolve_prenorm(ids, conv: str, num_layers: int, architecture: str | None) 
             convention captures (the engine drops it) or a layer twice.
     """
     L = num_layers
-    if ids is None or conv != "sglang" or architecture is None:
+    if ids is None or conv not in FAMILY_CONVENTIONS or architecture is None:
         # the Llama rule (RULES['sglang']) never reaches the pre-norm output; vLLM / speculators id L and
         # SpecForge id L-1 keep resolve_aux_ids' refusal (tests/replay/record/test_train_order.py pins it)
         return None
@@ -77,7 +78,7 @@ def _resolve_prenorm(ids, conv: str, num_layers: int, architecture: str | None) 
 
 def _family_note(convention: str, architecture: str | None) -> tuple[str, ...]:
     """How SGLang ids were read: the target's rule, or that the plus-one rule was assumed."""
-    if convention != "sglang":
+    if convention not in FAMILY_CONVENTIONS:
         return ()
     fam = sglang_family_rule(architecture)
     if not fam.known:

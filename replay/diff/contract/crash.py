@@ -21,7 +21,8 @@ crashing prompts. The diff then has rows up to the point where the crashed side 
 
 from __future__ import annotations
 
-from specdiff.eagle3.engines import REGISTRY, engine_spec
+from specdiff.eagle3.aux_layers import RULES
+from specdiff.eagle3.engines import REGISTRY
 from specdiff.eagle3.families import sglang_family_rule
 from specdiff.replay.diff.contract.check import dropped_words
 from specdiff.replay.diff.contract.facts import causes_at
@@ -96,15 +97,16 @@ def _dropped_cause(crashed: dict, other: dict, crash: dict, findings: list[dict]
     if not dropped or not str(crash.get("forward", "")).startswith("draft"):
         return None
     engine = str(known(crashed, "engine") or "")
-    name = engine_spec(engine).title if engine in REGISTRY else engine or "the engine"
-    fc_site = REGISTRY[engine].fc_width_site if engine in REGISTRY else ""  # eagle3/engines.py
+    spec = REGISTRY.get(engine)  # eagle3/engines.py; None: an engine specdiff does not know
+    name = spec.title if spec is not None else engine or "the engine"
+    fc_site = spec.fc_width_site if spec is not None else ""
     version = known(crashed, "engine_version")
     L = known(crashed, "num_layers")
     i = int(dropped[0])
     if isinstance(L, int) and i >= L:
         head = f"aux id {i} is past the target's last layer ({L} layers)"
-    elif isinstance(L, int) and i == L - 1 and engine == "sglang":
-        head = f"aux id {i} asks for the output of the target's last layer ({L} layers), which SGLang cannot capture"
+    elif isinstance(L, int) and spec is not None and i - L in RULES[spec.aux_convention].unreached:
+        head = f"aux id {i} asks for the output of the target's last layer ({L} layers), which {name} cannot capture"
     else:
         head = f"aux id {i} names no layer {name} captures" + (f" ({L} layers)" if L else "")
     finding = next((f for f in findings if f.get("kind") == "aux.dropped_id" and f.get("engine") in (engine, "all")
@@ -125,7 +127,8 @@ def _dropped_cause(crashed: dict, other: dict, crash: dict, findings: list[dict]
     message = (f"{head}: {name}{' ' + str(version) if version else ''} {why}" + (f" ({cite})" if cite else "")
                + f", so {slots}" + (f" and it raises at {site_short}" if site_short else ""))
     L_ = L if isinstance(L, int) else None
-    plus_one = engine == "sglang" and sglang_family_rule(known(crashed, "target_architecture")).name == "plus-one"
+    plus_one = (spec is not None and spec.aux_family_rules
+                and sglang_family_rule(known(crashed, "target_architecture")).name == "plus-one")
     fix = (finding or {}).get("fix") or (
         f"use ids in -1..{L_ - 2 if L_ else 'L-2'} (id k = HF k+1; -1 = embeddings)" if plus_one
         else dropped_words(crashed)[1])

@@ -122,7 +122,7 @@ def explain_aux(traces: Pair, alignment: Alignment, tol_rel: float) -> list[Expl
     fix, rule = _aux_fix(o_hf, s_trace, o_trace) if o_hf else ("", "plus-one")
     spec = trace_engine(s_trace)
     if shifted:
-        if spec is None or spec.aux_convention == "sglang":
+        if spec is None or spec.aux_family_rules:
             how = ("SGLang id k captures HF k+1" if rule == "plus-one"
                    else f"SGLang's {rule} rule on this target") + ", vLLM/speculators id k = HF k"
         else:
@@ -213,7 +213,7 @@ def aux_fix(o_hf, s_trace, o_trace) -> AuxFix:
     trace without a registered engine is taken as SGLang's (older traces). Never raises: a target
     no ids fit gives ``key``/``ids`` None and says why in ``text``."""
     spec = trace_engine(s_trace)
-    if spec is None or spec.aux_convention == "sglang":
+    if spec is None or spec.aux_family_rules:
         return _sglang_aux_fix(o_hf, s_trace, o_trace)
     L = known(s_trace.contract, "num_layers") or known(o_trace.contract, "num_layers")
     arch = _target_arch((s_trace, o_trace))
