@@ -9,6 +9,7 @@ import json
 import textwrap
 
 from specdiff.replay.diff.compare.acceptance import Acceptance
+from specdiff.replay.diff.compare.accounting import share
 from specdiff.replay.diff.contract.crash import crash_text
 from specdiff.replay.diff.judge.groups import GROUP_ALPHA, GROUP_FAR
 from specdiff.replay.diff.result import DiffReport
@@ -217,6 +218,7 @@ def render_text(report: DiffReport, *, width: int | None = None) -> str:
         out += ["", "pre-flight findings (specdiff check) that bear on it",
                 *[f"  [{f['severity']}] {f['kind']}: {f['message']}" for f in report.findings]]
     out += _legitimate_rows(report)
+    out += _left_out_rows(report)
     out += ["", "acceptance (over the aligned positions)", *_acc_rows(report.labels, report.acceptance),
             *_outcome_rows(report)]
     if report.grafts is not None:
@@ -296,6 +298,29 @@ def _legitimate_rows(report: DiffReport) -> list[str]:
                    f"chance {g.p:.2g} (a divergence at <= {GROUP_ALPHA:g}), {far:.1f}x the group's noise floor "
                    f"(at >= {GROUP_FAR:g}x)")
     return out
+
+
+def _left_out_rows(report: DiffReport) -> list[str]:
+    """Serving's rows left out, per tensor and depth (``DiffReport.serving_rows``, compare/accounting.py):
+    tensors whose left-out counts are the same share one line (a draft row off training's path is so at
+    every stage of its depth), then what each reason means. Nothing when every row was compared."""
+    acc = report.serving_rows
+    if not acc.left:
+        return []
+    lines: dict[tuple, list[str]] = {}
+    for name, depths in acc.tensors.items():
+        key = tuple((d.depth, d.rows, tuple(d.left_out.items())) for d in depths if d.left)
+        if key:
+            lines.setdefault(key, []).append(name)
+    out = ["", f"{acc.label} rows left out (never counted as agreement): {acc.left} of {acc.rows} rows "
+               f"({share(acc.left, acc.rows)})"]
+    for key, names in lines.items():
+        out.append("  " + "; ".join(f"depth {depth}: {sum(n for _, n in why)} of {rows} ("
+                                    + (acc.label_of(why[0][0]) if len(why) == 1 else
+                                       ", ".join(f"{acc.label_of(r)} {n}" for r, n in why)) + ")"
+                                    for depth, rows, why in key))
+        out.append(f"    at {', '.join(names)}")
+    return out + [f"  {acc.label_of(r)}: {acc.words(r)}" for r in acc.reasons()]
 
 
 def _unreadable_note(report: DiffReport, name: str, c: TensorComparison) -> str:

@@ -1,16 +1,19 @@
 """The diff of two traces as one value (``DiffReport``): built by the pipeline (replay/diff/pipeline.py),
 read by the renderers (replay/diff/report.py: text and JSON) and the app (tui/view.py); nothing downstream
 recomputes. Its properties are lookups into what the pipeline computed (divergent rows, margins, the
-one-line verdict); ``to_json`` is the exact, JSON-safe form of the whole value.
+one-line verdict), but for ``serving_rows``: serving's rows accounted for (compare/accounting.py), counted
+once on first use from the comparisons as they stand; ``to_json`` is the exact, JSON-safe form of the whole value.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 import numpy as np
 
+from specdiff.replay.diff.compare.accounting import RowAccounting, account, share
 from specdiff.replay.diff.contract.crash import crash_verdict
 from specdiff.replay.diff.types import (
     DIVERGED,
@@ -21,6 +24,7 @@ from specdiff.replay.diff.types import (
     Pair,
     TensorComparison,
     bearing_on,
+    serve_side,
 )
 from specdiff.tracer.contract import unknown_facts
 from specdiff.tracer.schema import spec_for
@@ -168,6 +172,23 @@ class DiffReport:
         return {n: {"rows": c.stats["inherited_rows"], "from": c.stats.get("inherited_from", {})}
                 for n, c in self.comparisons.items() if c.stats.get("inherited_rows")}
 
+    @cached_property
+    def serving_rows(self) -> RowAccounting:
+        """Serving's rows of every compared tensor, per draft depth, accounted for (compare/accounting.py):
+        compared (agreeing, failing, inherited, explained) or left out and why. Computed once, on first
+        use (the verdict and the JSON read it), from the comparisons as re-execution left them."""
+        return account(self.traces, self.alignment, self.comparisons, side=serve_side(self.traces),
+                       labels=self.labels)
+
+    def _left_out_words(self) -> str:
+        """The clean verdict's clause when some of serving's rows were not compared, or "": rows left out
+        never count as agreement, so the verdict says over what share of them it holds."""
+        acc = self.serving_rows
+        if not acc.left:
+            return ""
+        return (f" ({acc.label} rows compared: {share(acc.compared, acc.rows)}; {share(acc.left, acc.rows)} left "
+                f"out: see '{acc.label} rows left out')")
+
     def margin(self) -> dict | None:
         """The compared tensor that came closest to a limit without diverging: ``{"tensor",
         "limit", "use"}`` plus its numbers (``use`` 1.0 = at the limit; ``limit``: ``rel``, ``cos``
@@ -276,8 +297,8 @@ class DiffReport:
                        + (f" (+{len(silent) - 1} more)" if len(silent) > 1 else "") + ", see contract warnings"
                        if silent else "")
             return (f"no divergence: {len(self.comparisons)} tensors agree within tolerance over "
-                    f"{len(self.alignment.seq_pairs)} sequences{named}{self._reexec_words()}{close}{differs}"
-                    f"{self._damage_note()}")
+                    f"{len(self.alignment.seq_pairs)} sequences{self._left_out_words()}{named}{self._reexec_words()}"
+                    f"{close}{differs}{self._damage_note()}")
         e0 = self.explanations[0] if self.explanations else None
         why = "" if e0 is None else f" — {e0.cause}" if short else f" — {e0.message}"
         if self.first.kind == "structure":
@@ -354,6 +375,8 @@ class DiffReport:
             **({"paths_not_found": self.unfound_paths} if self.unfound_paths else {}),
             "explained_differences": [{"cause": e.cause, "message": e.message, **asdict(e)} for e in self.legitimate],
             "inherited": self.inherited(),
+            # per compared tensor and depth: serving's rows compared, and those left out with why
+            "serving_rows": self.serving_rows.to_json(),
             "margin": self.margin(),
             "acceptance": {lab: asdict(a) for lab, a in ((self.labels.x, self.acceptance.x),
                                                         (self.labels.y, self.acceptance.y))},
