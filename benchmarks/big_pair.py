@@ -2,7 +2,7 @@
 
 Generates, chunk by chunk (never more than one sequence of rows in memory), a training/serving
 pair of bf16 aux hidden states with H=4096 (``--hidden``: Kimi-K2's 7168) and three slots (8 KiB a slot-row at 4096) as the recorders
-write them, ``--gib`` GiB of raw rows per side (the issue-14 target is 20 GiB; default 2 so it
+write them, ``--gib`` GiB of raw rows per side (the production-size goal is 20 GiB; default 2 so it
 fits a small machine's disk: check ``df -h`` first; on-disk size is ~0.8x raw):
 
 - ``--kind seed`` (default): serving's slot j holds training's slot j+1 (the seed bug: every row
@@ -15,7 +15,7 @@ Then, each in a fresh subprocess, in one run: a plain read of every data array o
 (``on_first``) and the full report; prints both, their ratios to the read, and peak RSS.
 
     python benchmarks/big_pair.py --gib 2 --dir /tmp            # build, measure, delete
-    python benchmarks/big_pair.py --gib 20 --dir /big --keep    # the issue's 20 GiB pair
+    python benchmarks/big_pair.py --gib 20 --dir /big --keep    # the 20 GiB pair of docs/performance.md
     python benchmarks/big_pair.py --pair /big/specdiff-bigpair-XXXX  # measure a kept pair again
 """
 
@@ -93,7 +93,8 @@ def _child(mode: str, paths: list[str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gib", type=float, default=2.0, help="raw GiB of aux rows per trace (issue 14: 20)")
+    ap.add_argument("--gib", type=float, default=2.0,
+                    help="raw GiB of aux rows per trace (production size: 20)")
     ap.add_argument("--kind", choices=["seed", "equal"], default="seed")
     ap.add_argument("--hidden", type=int, default=H, help="aux row width (Llama-3-8B 4096, Kimi-K2 7168)")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where to write the pair")

@@ -1,4 +1,4 @@
-"""Benchmark: what the contract's weight facts cost at recorder start-up (issue 33).
+"""Benchmark: what the contract's weight facts cost at recorder start-up.
 
     python benchmarks/contract_startup.py [--target DIR] [--draft DIR] [--rounds 5]
     python benchmarks/contract_startup.py --server [--rounds 2]

@@ -12,11 +12,11 @@ In the same run, each in a fresh subprocess (page cache warmed by one untimed re
 - **diff**: ``specdiff.replay.diff.pipeline.diff_traces`` (align, compare, first divergence, contract,
   explain, acceptance);
 
-and prints both times, the ratio (goal <= 1.3x, issue 14) and the diff's peak RSS (goal < 1 GiB).
-``--threads 1`` runs the diff on one block thread (what the diff cost before issue 14's pool).
+and prints both times, the ratio (goal <= 1.3x) and the diff's peak RSS (goal < 1 GiB).
+``--threads 1`` runs the diff on one block thread (what the diff cost before its thread pool).
 ``--workers N`` also runs the diff with its blocks on a local Dask cluster of N single-threaded
 worker processes (``specdiff diff --workers N``) and prints its time beside the local one (the
-cluster's start-up is timed apart); ``--scaling`` runs 1, 2 and 4 workers (issue 14 item 5).
+cluster's start-up is timed apart); ``--scaling`` runs 1, 2 and 4 workers.
 
     python benchmarks/diff_throughput.py [--gib 1.0] [--rounds 3] [--dir /tmp] [--keep] [--profile]
                                          [--workers N | --scaling]

@@ -35,7 +35,7 @@ target aux [B*N, 3H] bf16, target logits [B*N, V] fp32, the draft extend's forwa
 
 Projection to the full model (61 layers Kimi-K2, 32 Llama-3-8B): none of these depends on the layer
 count (the recorder reads three aux layers and the draft whatever the depth); only the server's time
-per token grows with it. ``--server-tps`` (default 5,000 tokens/s, the GPU rate issue 44 names) puts
+per token grows with it. ``--server-tps`` (default 5,000 tokens/s, a GPU server's rate) puts
 each cost beside a server's: overhead = serving-thread seconds per token x rate; disk = bytes per token
 x rate. A GPU server's hot path differs (top-k on the device, pinned copies): not measured here.
 """

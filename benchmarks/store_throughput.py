@@ -8,8 +8,8 @@ reads both back cold; the order alternates between rounds so a busy disk or CPU 
 alike. Prints each round's ratios and their median, and the CPU seconds each write spent in this
 process (all threads; the kernel's writeback threads are not counted, the same for both): a
 ratio read on a box that others load is noisy, the CPU cost much less so.
-Goals: store write >= 0.8x numpy (issue 14: the trace's bytes reach the disk once, the journal
-keeps a payload only until its chunk is committed), read >= 0.8x (issue 2).
+Goals: store write >= 0.8x numpy (the trace's bytes reach the disk once: the journal keeps a
+payload only until its chunk is committed), read >= 0.8x.
 
     python benchmarks/store_throughput.py [--gib 1.0] [--rounds 3] [--dir /tmp] [--dtype bfloat16]
 """

@@ -8,8 +8,8 @@ the timing depends on the shapes, not the weights. Each batch runs twice, interl
 the bare ``TrainReplayer.forward`` (target with all hidden states + the draft's TTT forward),
 then the same forward plus every canonical append (default capture, 64 probe positions) to a
 trace in a temporary folder, synchronously (record_train overlaps appends with the next batch on
-a thread, so this is an upper bound). Goal (issue 4): recording adds <= 30 % over the bare forward.
-Last, the noise floor record_train measures once per trace (issue 33), timed against the whole record.
+a thread, so this is an upper bound). Goal: recording adds <= 30 % over the bare forward.
+Last, the noise floor record_train measures once per trace, timed against the whole record.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ training slot j+1's layer) of bf16 aux rows with H=4096 (8 KiB a row, 3 slots a 
   statistics, explanation and acceptance computed, the cursor on the first divergence);
 - ``specdiff diff --format json`` on the same pair: wall time to the report.
 
-    python benchmarks/tui_open.py --size-mib 1024          # the issue's 1 GiB traces
+    python benchmarks/tui_open.py --size-mib 1024          # the 1 GiB traces of docs/performance.md
     python benchmarks/tui_open.py --size-mib 128 --keep    # quicker; keep the traces
 """
 

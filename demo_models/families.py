@@ -1,4 +1,4 @@
-"""Tiny targets of every family EAGLE-3 is served on (issue 20), built offline and deterministically.
+"""Tiny targets of every family EAGLE-3 is served on, built offline and deterministically.
 
 API: ``build_family_target(family, out_dir, *, trained=True) -> Path`` and
 ``build_family_pair(family, out_dir) -> manifest`` (target/, data/, draft/); the first writes a HF model folder

@@ -1,4 +1,4 @@
-"""Random targets and EAGLE-3 drafts of production shapes, a few layers deep (issue 44, benchmarks only).
+"""Random targets and EAGLE-3 drafts of production shapes, a few layers deep (benchmarks only).
 
 ``SHAPES`` holds two real models' published dimensions:
 

@@ -1,6 +1,8 @@
 """The demo pair's recipe: the tiny target's dimensions and the training and data constants that
-``tiny_models`` (target, data) and ``train_draft`` (draft) both build from, measured on 2 CPU cores
-(the measured recipe: DESIGN.md "Demo models", in the project's shared folder)."""
+``tiny_models`` (target, data) and ``train_draft`` (draft) both build from, measured on 2 CPU cores:
+the pair trains in about 8 minutes (target ~4, draft ~3) and, served on SGLang 0.5.23 (chain, 3 steps,
+greedy), has a mean accept length of 3.3-3.4 with the training layer ids, 2.7-2.8 with the seed's layer
+mismatch."""
 
 VOCAB_SIZE = 4096
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"

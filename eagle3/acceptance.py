@@ -9,10 +9,10 @@ hooks, the diff's acceptance table, graft):
   acceptance at depth d (1-based) = fraction of verify steps that accepted at least d drafts.
 - **Training / replay** (greedy chain verify, teacher forced): at TTT depth k (0-based) row t
   is accepted when the draft's mapped top-1 (``i + d2t[i]``, SGLang ``hot_token_id``) equals the
-  target argmax label at t+1+k (DESIGN.md pairing) AND every shallower depth of row t was
-  accepted (``draft.accept_cum``). Per-depth acceptance k = fraction of the counted rows at depth
-  k that are cumulatively accepted; estimated mean accept length = 1 + the sum over depths, the
-  serving quantity (bonus token included) a chain draft would get.
+  target argmax label at t+1+k (the EAGLE-3 position pairing, tracer/schema.py) AND every shallower
+  depth of row t was accepted (``draft.accept_cum``). Per-depth acceptance k = fraction of the
+  counted rows at depth k that are cumulatively accepted; estimated mean accept length = 1 + the sum
+  over depths, the serving quantity (bonus token included) a chain draft would get.
 
 Arrays may be numpy or torch (only ``==``, ``&`` and sums are used). Imports nothing from specdiff.
 """

@@ -61,7 +61,7 @@ def prefix_visible(T: int, depth: int, window: int | None, distance: str, device
     ``window`` is None (causal only, the caller's own mask)."""
     if window is None:
         return None
-    import torch  # here: the CLI reads this module's rules without torch (issue 34)
+    import torch  # here: the CLI reads this module's rules without importing torch
 
     t = torch.arange(T, device=device)[:, None]
     s = torch.arange(T, device=device)[None, :]

@@ -3,7 +3,7 @@
 A contract is a plain dict (msgpack/JSON-safe: str, int, float, bool, None, lists, dicts).
 ``CONTRACT_FIELDS`` (tracer/contract_fields.py) names the known fields, their types and meaning; unknown extra fields are
 kept (recorders may add more) but known ones are type-checked when a trace is written and
-opened. DESIGN.md "The trace model" lists them.
+opened.
 
 A fact the recorder could not read from the live engine objects is the string ``UNKNOWN``
 (``"unknown"``), accepted for every field, and the field ``unobservable`` says which engine

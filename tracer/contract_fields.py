@@ -1,5 +1,5 @@
 """The known contract fields: name -> (accepted Python types, meaning). ``tracer.contract`` checks a
-trace's facts against it (``validate_contract``); DESIGN.md "The trace model" lists them."""
+trace's facts against it (``validate_contract``)."""
 
 from __future__ import annotations
 

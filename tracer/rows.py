@@ -6,10 +6,11 @@ torch hooks on a user's training loop (tracer/training_hooks.py, through the sam
 hook call at a time):
 
 - ``RowLayout``: the (seq, pos) of every flat row of a right-padded [B, T, ...] or packed
-  [sum(lengths), ...] batch, and which rows the EAGLE-3 pairing defines (DESIGN.md "Position
-  pairing"): target and fc rows at t < length (depth 0); by-depth rows at t + 1 + k < length
-  (row t at depth k consumes x_{t+1+k}); the label of row t at depth k is the target argmax at
-  t + 1 + k of the same sequence.
+  [sum(lengths), ...] batch, and which rows the EAGLE-3 pairing defines (the draft's input ids are
+  the target's shifted left by one, SGLang 0.5.23 srt/speculative/eagle_worker_v2.py:995): target
+  and fc rows at t < length (depth 0); by-depth rows at t + 1 + k < length (row t at depth k
+  consumes x_{t+1+k}); the label of row t at depth k is the target argmax at t + 1 + k of the same
+  sequence.
 - ``draft_outputs``: one depth's draft logits as ``draft.logits`` or ``draft.logits_topk.*`` +
   ``draft.logsumexp``, ``draft.topk``, ``draft.topk_target`` and, given labels, ``draft.accept``
   / ``draft.accept_cum`` (the chain rule of ``specdiff.eagle3.acceptance``).

@@ -2,8 +2,7 @@
 
 Every tensor a recorder writes (SGLang plugin, training hooks, reference replay) and every
 tensor the diff reads is a ``TensorSpec`` from this module. A tensor belongs to a *stage* of
-the EAGLE-3 dataflow; ``STAGE_ORDER`` is the order in which "first divergence" is judged
-(DESIGN.md, "The trace model").
+the EAGLE-3 dataflow; ``STAGE_ORDER`` is the order in which "first divergence" is judged.
 
 Rows are keyed by ``(seq, pos, depth, iter)``:
 

@@ -48,7 +48,7 @@ through its ``draft_model.`` prefix. Depth k counts the ``lm_head`` calls since 
 call, so each TTT step's tensors get depth k. Rows are keyed with the batch the caller declares
 (``Recorder.batch``): row (b, t) -> (seq_ids[b], t), or, for packed [1, sum(lengths)] layouts,
 the position inside its sequence. Only rows the EAGLE-3 pairing defines are written: t < length
-at depth 0 (fc tensors), t + 1 + k < length at depth k (DESIGN.md "Position pairing").
+at depth 0 (fc tensors), t + 1 + k < length at depth k (the EAGLE-3 position pairing, tracer/rows.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Files a command writes whole or not at all: an interrupted or failed run never leaves a half
-report that looks complete (issue 34). The text goes to a temporary file beside the target, which
+report that looks complete. The text goes to a temporary file beside the target, which
 is renamed over it once written (``os.replace``: atomic on one POSIX filesystem)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``specdiff diff A B``: the differential report (text or JSON), on a terminal too; the app is
-``specdiff view A B`` (issue 34: diff opened the app on a terminal, though the README calls it a report)."""
+``specdiff view A B`` (the README calls diff a report, so a terminal does not make it open the app)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``specdiff fix TRAIN SERVE -o OUT``: write the corrected copy of the served draft the report's cause
-calls for (issue 32); replay/fix/ holds the plans and the writer."""
+calls for; replay/fix/ holds the plans and the writer."""
 
 from __future__ import annotations
 

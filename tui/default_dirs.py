@@ -1,7 +1,7 @@
 """Where the app writes when the user keeps its default folder (``e`` exports, ``w`` fixes): beside the
 traces, except for traces inside the specdiff checkout (the shipped pair in traces/examples), whose
 outputs go under the checkout's ignored ``specdiff-out/`` (.gitignore), so that trying the README's
-examples leaves the working tree as it was (issue 46 item 4: ``w`` on the shipped pair wrote
+examples leaves the working tree as it was (before this, ``w`` on the shipped pair wrote
 ``traces/examples/seed/fixed-draft``, untracked, and a test expecting that name free then failed).
 """
 

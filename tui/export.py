@@ -8,8 +8,8 @@ Each trace keeps *every* tensor's rows of that sequence (and the rows of no sequ
 map), not only the selected tensor's: the explanation of a divergence reads other tensors as its
 evidence (the training side's ``target.probe.*`` say which HF layer serving captured, the other
 aux slots, the inputs a stage inherits from), so a slice of the selected tensor alone re-diffed
-said "no known mistake's transform closes the gap" where the full pair named the shifted layer ids
-(issue 34). One sequence of every tensor is still small.
+said "no known mistake's transform closes the gap" where the full pair named the shifted layer ids.
+One sequence of every tensor is still small.
 """
 
 from __future__ import annotations

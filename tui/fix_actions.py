@@ -1,4 +1,4 @@
-"""The app's fix actions (issue 32): ``w`` writes what ``specdiff fix`` writes for the report's cause
+"""The app's fix actions: ``w`` writes what ``specdiff fix`` writes for the report's cause
 into a folder you choose, ``v`` serves that fix on a CPU SGLang server, records and diffs both sides
 again (minutes, in a worker thread, its progress in the verdict line) and shows the verdict. The plan,
 the writer and the verification are the CLI's own (replay/fix/, demo/verify_fix.py).

@@ -1,5 +1,5 @@
 """``specdiff fix``: from a diff report's first divergence and its cause, the corrected copy of the
-served draft (issue 32).
+served draft.
 
 - plan.py: cause -> ``FixPlan`` (config keys and tensors to change, each with its new value) or a
   one-line refusal (``NoMechanicalFix``) where no mechanical fix exists;

@@ -1,6 +1,6 @@
 """Load and save EAGLE-3 draft checkpoints (SpecForge/SGLang and speculators formats).
 
-Formats (DESIGN.md "Checkpoint formats"; shared/research/training-side.md); config.json of
+Formats, each with the source it was read from; config.json of
 both is read and written by ``replay.model.draft_config.Eagle3DraftConfig``, the weights here:
 
 - ``specforge`` (what SGLang 0.5.23 serves): ``architectures ["LlamaForCausalLMEagle3"]``, a flat

@@ -2,7 +2,7 @@
 
 Owns ``Eagle3DraftConfig`` (what the reference forward computes with), its ``config.json``
 reader (``from_dict`` / ``from_file``; one reader per format in ``draft_config_read``) and writer
-(``to_json`` / ``write``) for the two formats (DESIGN.md "Checkpoint formats"; shared/research/training-side.md):
+(``to_json`` / ``write``) for the two formats, each with the source it was read from:
 
 - ``specforge`` (SpecForge export, what SGLang 0.5.23 serves): architectures
   ``["LlamaForCausalLMEagle3"]``, a flat LlamaConfig plus ``draft_vocab_size``,

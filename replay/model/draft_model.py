@@ -49,8 +49,9 @@ SpecForge / speculators train it. Every convention below names its source:
 - **windowed attention** (``config.attention_windows``): a layer with window W sees only the depth-0
   keys within W of the query, counted by speculators' rule or SGLang's (eagle3/attention_window.py).
 
-Position pairing (DESIGN.md): row t at depth 0 consumes (h_t, x_{t+1}); at depth k the input
-token is x_{t+1+k} (teacher forcing) and the label is the target's argmax at position t+1+k.
+Position pairing (SGLang 0.5.23 srt/speculative/eagle_worker_v2.py:995 shifts the draft's ids): row
+t at depth 0 consumes (h_t, x_{t+1}); at depth k the input token is x_{t+1+k} (teacher forcing) and
+the label is the target's argmax at position t+1+k.
 """
 
 from __future__ import annotations
@@ -247,7 +248,7 @@ class TTTOutput:
 
 def ttt_labels(target_argmax: torch.Tensor, steps: int, lengths: torch.Tensor | None = None,
                ignore_index: int = -100) -> list[torch.Tensor]:
-    """Per-depth labels [B,T] int64: label(t, k) = target argmax at position t+1+k (DESIGN.md),
+    """Per-depth labels [B,T] int64: label(t, k) = target argmax at position t+1+k,
     ``ignore_index`` where t+1+k >= length. ``target_argmax`` [B,T] int64 is in target ids."""
     B, T = target_argmax.shape
     lengths = torch.full((B,), T) if lengths is None else lengths

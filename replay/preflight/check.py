@@ -41,7 +41,7 @@ def _training_hf(layers, convention: str, num_layers: int, architecture: str | N
         raise PreflightError(f"--training-layers {list(layers)}: {e}") from None
 
 
-#: what ``check`` says when no training layers were given (issue 34: a shifted id list passed silently)
+#: what ``check`` says when no training layers were given (a shifted id list passes every other rule)
 TRAINING_UNCHECKED = Unchecked(
     "training_layers", "--training-layers",
     "whether the layers each engine feeds are the layers the draft was trained on: a draft whose aux ids are "

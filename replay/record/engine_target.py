@@ -19,7 +19,7 @@ on 2 shared cores, 5 x 768 aux rows for a 5-token prompt of the demo target), bu
 (tracer/engines/sglang/cpu/serve.py ``claim_amx``), process-wide changes the launcher keeps inside the server's
 process; ``launch_server`` runs that same Engine behind HTTP, so the computation is the engine's either way.
 
-What an SGLang id captures depends on the target's model file (DESIGN.md "Aux layer ids"): the ids sent are
+What an SGLang id captures depends on the target's model file (eagle3/aux_layers.py's rules): the ids sent are
 ``eagle3.aux_layers.native_aux_ids`` of the training HF indices under the target's SGLang family rule, and what
 SGLang captures for them is predicted by ``engine_capture``; both go into the contract (``engine_target``). The
 engine returns the captured slots in ascending HF order (its layer loop); they are put back into training's

@@ -14,7 +14,7 @@ Two formats, each the tensors a draft was trained on (``record train --features 
   offline_capture/sglang_backend/utils.py:62-90); SpecForge's target head applies the lm_head to it.
   specdiff reads the same bytes the same way but with ``torch.load(weights_only=True)``: SpecForge's
   ``weights_only=False`` would run any pickled code a file holds, and a trace's inputs must be safe to
-  open (DESIGN.md "no pickle anywhere"); a file of tensors (all SpecForge writes) reads identically
+  open, so no pickle runs; a file of tensors (all SpecForge writes) reads identically
   (tests/replay/record/test_features.py compares the two readers).
 - **speculators 0.9.0** offline data: ``hs_{i}.safetensors`` in DIR or DIR/hidden_states (the
   ``generate-offline-data`` default output, cli/generate_offline_data.py:404-409), each written by vLLM's

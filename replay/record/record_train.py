@@ -23,7 +23,7 @@ tolerances against a serving trace stay tight), loads the draft checkpoint in ei
   logits by capture level (``default``: ``draft.logits_topk.{values,ids}`` k=8 and
   ``draft.logsumexp``; ``full``: ``draft.logits``); ``draft.topk``, ``draft.topk_target``;
 - ``draft.d2t``: one row per draft id (seq -1, pos i, value d2t[i]);
-- ``draft.accept`` (mapped draft argmax == target argmax label at depth k, DESIGN.md pairing)
+- ``draft.accept`` (mapped draft argmax == target argmax label at depth k, EAGLE-3 pairing)
   and ``draft.accept_cum`` (accepted at every depth <= k: what a chain draft gets accepted).
 
 Sequences come from a serving trace (``replay``: every served sequence, prompt + generated, with

@@ -14,7 +14,7 @@ from specdiff.replay.trainers.errors import RecordTrainError
 DTYPE_NAMES = ("bfloat16", "float32", "float16")
 CAPTURE_LEVELS = ("default", "full")
 #: the value of each option the caller leaves unset; bf16 is the serving dtype, which keeps the
-#: tolerances against a serving trace tight (DESIGN.md)
+#: tolerances against a serving trace tight (replay/model/target_capture.py gives the measurement)
 DEFAULTS = {"dtype": "bfloat16", "target_dtype": "bfloat16", "capture": "default", "probe_positions": 64,
             "max_new_tokens": 0, "batch_size": 8}
 #: ``--device`` left unset: what this machine has (``default_device``); the help's wording

@@ -108,7 +108,7 @@ class StageHooks:
         """The collected stages as a ``TTTOutput`` over the padded [B, T] batch of ``lengths``.
 
         ``unpack`` turns a collected tensor into [B, T, ...] (a packed trainer's [1, N, ...]);
-        validity is the reference's (row t at depth k: t + 1 + k < length, DESIGN.md).
+        validity is the reference's (row t at depth k: t + 1 + k < length, tracer/rows.py).
 
         Raises:
             RuntimeError: the forward did not run fc, or a depth misses a stage (named).

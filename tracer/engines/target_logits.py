@@ -3,11 +3,11 @@ shared by the SGLang and vLLM recorders.
 
 Why they are recorded: a random or barely trained target has nearly flat logits, so its greedy
 token is often a near tie that the engine's kernels and the training forward round into different
-ids (issue 33: seed 2's tiny DeepSeek-V3 and GPT-OSS pairs, 14-19 of ~180 ``target.argmax`` rows
-flipped where every aux row agreed, half of that target's positions within 0.055 of their runner-up
-logit). With both sides' top-k logits the diff tells such a flip (the two tokens' logits within the
-row's measured logit disagreement) from a target that computes something else
-(replay/diff/judge/topk_ties.py).
+ids (measured on ``make test-seeds`` seed 2's tiny DeepSeek-V3 and GPT-OSS pairs: 14-19 of ~180
+``target.argmax`` rows flipped where every aux row agreed, half of that target's positions within
+0.055 of their runner-up logit). With both sides' top-k logits the diff tells such a flip (the two
+tokens' logits within the row's measured logit disagreement) from a target that computes something
+else (replay/diff/judge/topk_ties.py).
 
 The reduction follows the draft's (tracer/engines/sglang/attribution.py ``reduce_logits`` says
 why): on a CPU server the logits are staged as served and reduced by the writer, off the serving

@@ -18,7 +18,7 @@ CHUNK_BYTES = 4 << 20
 COMMIT_CHUNKS = 4
 # A key chunk spans the data chunks of one commit, so a commit writes whole key chunks: rewriting a
 # part-filled one (read, decode, merge, encode, for each of the 4 columns) cost ~1 s per GiB of
-# rows, a third of the write (issue 14, benchmarks/store_throughput.py).
+# rows, a third of the write (measured with benchmarks/store_throughput.py).
 KEY_CHUNK_FACTOR = COMMIT_CHUNKS
 MAX_KEY_CHUNK_ROWS = 1 << 16  # edge chunks are stored whole: keep them small
 SIDES = ("serve", "train")
@@ -44,7 +44,7 @@ def data_codecs(dtype_name: str):
 
     Float tensors (hidden states, logits) are stored raw with a crc32c checksum: bitshuffle-lz4
     shrank bf16 hidden states to ~0.8 of their size but encoded at ~0.4 GB/s and decoded at
-    ~1.3 GB/s on 2 cores, slower than the disk (benchmarks/store_throughput.py, issue 14), and
+    ~1.3 GB/s on 2 cores, slower than the disk (benchmarks/store_throughput.py), and
     the writer moves full spill files in as raw chunks (journal.py). Ints and bools (token ids, topk
     indices, accept flags) compress well: blosc, as ``compressors``. Traces written with blosc
     float chunks (before this) read the same: zarr takes each array's codecs from its metadata.

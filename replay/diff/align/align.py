@@ -174,7 +174,7 @@ def rows_by_value(values: np.ndarray) -> dict[int, np.ndarray]:
     """value -> the indices (int64, ascending) where int array ``values`` [n] holds it.
 
     One stable sort for all groups: a mask per sequence (``values == s`` in a loop over
-    sequences) costs rows x sequences, which at production size is minutes (issue 14).
+    sequences) costs rows x sequences, which at production size is minutes.
     """
     values = np.asarray(values).reshape(-1)
     if not len(values):

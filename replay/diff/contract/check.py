@@ -221,9 +221,10 @@ def one_target_by_weights(traces: Pair) -> bool:
 def one_target_config(traces: Pair, labels: Pair[str]) -> list[ContractMismatch]:
     """The identity facts other than the weights (architecture, config hash, MoE routing) that differ
     between two traces of one target (``one_target_by_weights``): each a contract difference from ``target.aux``
-    with its fix, never "different targets" (issue 45 item 3: a served rope override was refused as another
-    model). The config keys themselves are named by ``target_config.*`` and the option that set each by
-    ``target_config_overrides.*`` (fact_diff.py)."""
+    with its fix, never "different targets" (a rope scaling set at serving by ``--json-model-override-args``
+    is a config difference on the same weights, not another model). The config keys themselves are
+    named by ``target_config.*`` and the option that set each by ``target_config_overrides.*``
+    (fact_diff.py)."""
     if not one_target_by_weights(traces):
         return []
     cx, cy = traces.x.contract, traces.y.contract
@@ -367,7 +368,7 @@ def check_contracts(traces: Pair) -> list[ContractMismatch]:
         if x == y:
             continue
         if field == AUX_CONCAT_ORDER and _concat_ranks(x) == _concat_ranks(y):
-            continue  # the same order of other layers: aux_hf_indices says which (issue 23: said once)
+            continue  # the same order of other layers: aux_hf_indices says which, so say it once
         fix = engine_fix(field, traces)
         if field in WEIGHT_HASHES:
             out.append(_weight_hash_mismatch(field, x, y, cx, cy, labels, fix))

@@ -4,7 +4,8 @@ A draft row after the attention (``draft.hidden_out`` and later) is computed fro
 attention input (``draft.attn_in``, compared row by row) and from the keys and values of every
 earlier position of its sequence (the draft KV cache), which no recorded row shows. When the
 attention input agrees on every failing row, the difference is in that history; where the failing
-rows lie says whose history (issue 22, measured on SGLang 0.5.23 with bugs put in by a plugin):
+rows lie says whose history (measured on SGLang 0.5.23 with bugs put in by a plugin,
+tests/server/test_injected_serving_bugs.py):
 
 - only rows of decode iterations (after a round boundary), none of the prefill: **stale draft KV**
   — after verify the draft must rewrite the KV of the accepted positions from the target's hidden

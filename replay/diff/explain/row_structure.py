@@ -1,4 +1,4 @@
-"""Explanations read from where the failing rows sit, needing no recorded fact (issue 45 item 4): a first
+"""Explanations read from where the failing rows sit, needing no recorded fact: a first
 divergence that agrees at every sequence's position 0 and fails after it, or at draft depth 0 and fails
 from depth 1.
 

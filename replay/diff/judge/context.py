@@ -8,7 +8,7 @@ draft extend writes after each verify, srt/speculative/eagle_worker_v2.py:1110
 an earlier position's differing K/V reaches every later row of the sequence instead, diluted by
 the weight the attention puts on it.
 
-Measured (issue 20, tiny DeepSeek-V3 target, random draft, traced chain server, 3 prompts x 48
+Measured (tiny DeepSeek-V3 target, random draft, traced chain server, 3 prompts x 48
 tokens): one MoE routing flip at ``target.aux.1`` (seq 0, pos 30; explained) moved that position's
 ``draft.attn_in`` by rel 0.38 (inherited), and 12 later depth-0 ``draft.hidden_out`` rows of the
 same sequence (pos 32-51) by rel 0.05-0.10, against 0.008-0.018 before pos 30: 6.6 % of the
@@ -29,14 +29,14 @@ failing row fits it:
 A failing row with no earlier source in its sequence is never named, and a stage that diverged is
 never a source: a real bug upstream stays the first divergence.
 
-When the sources come so early that the rows before them are too few (issue 20, GPT-OSS: router
+When the sources come so early that the rows before them are too few (measured on GPT-OSS: router
 near ties at positions 1-7 of every prompt left 8 of 128 rows), a re-run of the draft stands in for
 them (replay/diff/judge/context_proof.py, asked through ``context_rows(prove=...)``): the training draft
 re-run on each side's inputs reproduces that side on every row after a source. Those rows are then
 ``carried`` (compare.py): later stages inherit them, passing or not.
 
 The same earlier row moves the *passing* rows after it too, and those set how close the tensor
-came to its limit (``limit_use``, the report's margin). Measured (issue 20, the same DeepSeek-V3
+came to its limit (``limit_use``, the report's margin). Measured (the same DeepSeek-V3
 chain pair): the closest ``draft.hidden_out`` row, rel 0.0491 against the 0.05 limit (use 0.98),
 was seq 0 pos 50, twenty positions after that sequence's flip at pos 30; every row above rel 0.026
 lay after a flip, the rows before every flip reached 0.026 at most (use 0.52). A margin read off

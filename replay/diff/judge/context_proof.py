@@ -3,19 +3,19 @@ differing cached row to show the draft attention agrees (replay/diff/judge/conte
 
 The context rule reads the rows before every context source as evidence that the draft's
 attention over agreeing context agrees on both sides. When the sources come at the first positions
-of every sequence (issue 20, GPT-OSS: router near ties at seq 0 pos 1, seq 1 pos 5, seq 2 pos 7
-left 8 of 128 draft rows before every source), that evidence is missing. A re-run supplies it
-directly: the draft as trained (``runner.prepare``: the training contract's draft_name,
+of every sequence (measured on the tiny GPT-OSS correct pair: router near ties at seq 0 pos 1, seq 1
+pos 5, seq 2 pos 7 left 8 of 128 draft rows before every source), that evidence is missing. A re-run
+supplies it directly: the draft as trained (``runner.prepare``: the training contract's draft_name,
 training's vocab map and norm flags) is re-run, teacher-forced, on every sequence that holds a
 failing row, once on training's recorded inputs (``target.aux_cat`` and tokens) and once on
-serving's. When the first re-run reproduces training's rows and the second serving's, on every
-row after a differing cached row (failing or not), the draft maps the same inputs to the same
-outputs on both sides: the rows differ only because their inputs (the cached rows of earlier
-positions included, recomputed from each side's ``target.aux_cat``) differ, and those differences
-the upstream stages already judged as noise or explained. Passing rows are checked too because
-later stages inherit them (compare.py ``carried``): the draft's logits at a row moved just under
-``draft.hidden_out``'s tolerance may swap a top-k id (measured, issue 20, GPT-OSS chain: 16 such
-rows at rel 0.033-0.048).
+serving's. When the first re-run reproduces training's rows and the second serving's, on every row
+after a differing cached row (failing or not), the draft maps the same inputs to the same outputs on
+both sides: the rows differ only because their inputs (the cached rows of earlier positions
+included, recomputed from each side's ``target.aux_cat``) differ, and those differences the upstream
+stages already judged as noise or explained. Passing rows are checked too because later stages
+inherit them (compare.py ``carried``): the draft's logits at a row moved just under
+``draft.hidden_out``'s tolerance may swap a top-k id (measured on the tiny GPT-OSS chain pair: 16
+such rows at rel 0.033-0.048).
 
 What it cannot hide: a serving draft that computes differently (its attention's rope, mask, scale,
 its KV cache) is not reproduced by the training draft re-run on serving's inputs, so the rows stay

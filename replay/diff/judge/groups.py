@@ -3,7 +3,7 @@
 A tensor diverges over all its rows when more than ``max_fail_frac`` of its counted rows fail
 (compare.py). Real serving bugs hit a structural subset instead: one draft depth, the requests
 whose prefix hit the radix cache, the rows after a round boundary, positions past some index,
-one request. Measured (issue 22, SGLang 0.5.23, topk 2 / 3 steps / 6 draft tokens): the
+one request. Measured (SGLang 0.5.23, topk 2 / 3 steps / 6 draft tokens): the
 multi-step draft attention reads another branch's depth-1 KV for re-ranked depth-2 nodes, and
 exactly those rows fail (4 of ~130 depth-2 rows at rel 0.11-0.19, 0.4 % of all rows, every other
 depth-2 row under 0.02) — under the 2 % allowance, while dropping the allowance flags noise rows

@@ -4,15 +4,15 @@ A bf16 near-tie upstream (an MoE router sending one token to other experts, a gr
 flip) makes a few rows of one stage differ beyond its tolerance; every stage that consumes those
 rows then differs at the same (seq, pos) too. Counting those rows again at each later stage
 turned a difference the upstream stage let through as noise into a "first divergence"
-downstream (issue 20: a correct Qwen3-MoE pair diverged at ``draft.hidden_out``, 21 / 787 rows,
+downstream (measured: a correct tiny Qwen3-MoE pair diverged at ``draft.hidden_out``, 21 / 787 rows,
 every one of them at a position whose ``target.aux.1`` row had flipped). So the first
 divergence is decided on the rows whose inputs agree; the rows whose inputs differ are
 *inherited* and reported, with the tensor they were inherited from.
 
 What feeds what is a graph, ``INPUTS``: each recorded tensor's direct inputs at the same position
-(DESIGN.md "The trace model"; the EAGLE-3 pairing of tracer/rows.py; SGLang llama_eagle3.py), and
+(the dataflow of tracer/schema.py; the EAGLE-3 pairing of tracer/rows.py; SGLang llama_eagle3.py), and
 a row is inherited only from a tensor that reaches it along that graph (``feeds``, its transitive
-closure), never from a tensor it merely follows in stage order (issue 33, item 6: on the seed pair
+closure), never from a tensor it merely follows in stage order (measured on the shipped seed pair
 with ``target.aux.0`` loosened, ``draft.positions`` was "inherited" from the aux slot, though rope
 positions are computed from no hidden state):
 
@@ -30,7 +30,7 @@ positions are computed from no hidden state):
 The target's captures (``target.aux.{j}``, ``target.argmax``) are views of one
 forward the trace does not hold: slot j + 1 does not read slot j's recorded value, it reads the
 residual stream of the layers in between. A forward difference at (pair, pos) (an MoE router
-near-tie, issue 20) shows in every capture from its layer on, but a *capture* difference (another
+near-tie) shows in every capture from its layer on, but a *capture* difference (another
 layer recorded into a slot) shows in that slot only: the seed pair's slots 1 and 2 differ on their
 own. A capture therefore inherits from an earlier capture (``forward_feeds``) only rows that stand
 for a forward difference: rows a named cause explains, or sparse failing rows the earlier capture

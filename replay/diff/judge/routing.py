@@ -4,12 +4,12 @@ On a mixture-of-experts target every layer's router picks the top-k experts of e
 engines compute the router logits with different bf16 rounding (another kernel, batch shape or
 summation order), so a token whose k-th and (k+1)-th expert scores are a near tie goes to
 another expert on each side. That layer's output at that token then differs by far more than
-bf16 noise (issue 20: tiny Qwen3-MoE, 4 experts top-2, ``target.aux.1`` rows at max_rel 0.10;
-GPT-OSS rows up to 0.59), while the layer before it agrees, and the flip is a per-token event:
-isolated positions, a few percent of them.
+bf16 noise (measured on correct pairs served on the CPU recipe: tiny Qwen3-MoE, 4 experts top-2,
+``target.aux.1`` rows at max_rel 0.10; GPT-OSS rows up to 0.59), while the layer before it agrees,
+and the flip is a per-token event: isolated positions, a few percent of them.
 
 The target's own attention then carries a flipped row to the *later* rows of its sequence, in
-every layer between the flip and the slot. Measured (issue 20, tiny GPT-OSS, traced chain server
+every layer between the flip and the slot. Measured (tiny GPT-OSS, traced chain server
 against ``record train``): one layer-0 near tie (seq 2 pos 13, HF float32 router logits of the 2nd
 and 3rd expert 0.0007 apart) moved that row's ``target.aux.1`` (HF 3) by rel 0.39 and the next 9
 rows by rel 0.05-0.06 (a 10-row run), decaying below the 0.05 limit after them; forcing that one
@@ -34,7 +34,7 @@ row of an aux slot j >= 1 whose inputs agree fits it:
   of the same layer, not another layer or garbage;
 - they are few: at most ``ROUTING_MAX_FRAC`` events per row whose inputs agree (the target
   stage's fail fraction on an MoE target; the default bf16 one, 2 %, is below the 2.7-3.9 %
-  measured on the tiny MoE targets of issue 20), and at most ``ROUTING_MAX_ROWS`` of those rows
+  measured on correct tiny Qwen3-MoE and GPT-OSS pairs), and at most ``ROUTING_MAX_ROWS`` of those rows
   in all: a flip never moves most rows.
 
 Slot 0 is never named: no earlier slot shows that the layer before agreed. Those rows are

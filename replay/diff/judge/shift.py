@@ -1,8 +1,8 @@
 """A systematic shift inside the tolerance: most rows well above the pair's own noise floor.
 
 The fixed tolerances (measure/tolerance.py: rel 0.05 for bf16) sit far above rounding noise so
-that no correct pair fails; a difference that moves *every* row a little stays under them. Issue
-33 (item 4): a serving target with other decoder weights moved every aux row to about twice the
+that no correct pair fails; a difference that moves *every* row a little stays under them.
+Measured: a serving target with other decoder weights moved every aux row to about twice the
 pair's noise and the report said "no divergence". Rounding noise is a property of the pair and the
 stage, so the floor is measured, not fixed: ``record train`` re-runs its own forward at the other
 precision (replay/record/noise_floor.py) and records, per float tensor, the median per-row

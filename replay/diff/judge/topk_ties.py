@@ -5,7 +5,7 @@ The draft keeps the k largest logits of each row (``draft.logits_topk.ids``, k =
 different bf16 rounding, so when the k-th and (k+1)-th logits are a near tie
 (``tolerance.is_near_tie``) each side keeps another id at rank k: the id *sets* differ while every
 logit agrees within noise. A random or barely trained draft has nearly flat logits, so this is
-common (issue 20, random drafts on tiny Qwen3 / Qwen3-MoE / DeepSeek-V3 targets served by SGLang
+common (measured: random drafts on tiny Qwen3 / Qwen3-MoE / DeepSeek-V3 targets served by SGLang
 0.5.23: 10-22 of 144 ``draft.logits_topk.ids`` rows, every swap at rank 8 of 8, the two logits
 equal or one bf16 step apart).
 
@@ -15,7 +15,7 @@ or out is a rounding decision at the boundary. The tie band is the wider of the 
 the row's own *measured* logit disagreement: the largest difference between the two sides' logits
 of the ids both hold, at most the tensor's relative tolerance of the k-th logit. When the draft's
 inputs differ within tolerance (on an MoE target, routing near-ties carried by the target's
-attention move aux rows by a few percent: issue 33, tiny DeepSeek-V3, 38 of 144 rows with swaps
+attention move aux rows by a few percent: measured on tiny DeepSeek-V3, 38 of 144 rows with swaps
 0.0625 from the k-th logit 1.844, shared ids' logits up to 0.07 apart), the logits move by that
 much and so may the ids at the boundary; an id the other side's logits also rank there is not a
 difference of its own. A tie holds on both sides: where the other side recorded the swapped id's
@@ -28,9 +28,9 @@ rows from ``draft.topk`` (replay/diff/judge/inherited.py: explained rows are a s
 The target's greedy token (``target.argmax``, k = 1) is judged the same way against both sides'
 ``target.logits_topk`` (tracer/engines/target_logits.py says why they are recorded; compare.py
 ``SKIP`` why they are not compared themselves), named ``target_greedy_near_tie``, row by row
-(``partial``): a random target's logits are as flat as a random draft's (issue 33, seed 2's tiny
-DeepSeek-V3 pair: half its positions within 0.055 of their runner-up, 19 of 180 greedy tokens
-flipped where every aux row agreed).
+(``partial``): a random target's logits are as flat as a random draft's (measured on ``make
+test-seeds`` seed 2's tiny DeepSeek-V3 pair: half its positions within 0.055 of their runner-up, 19
+of 180 greedy tokens flipped where every aux row agreed).
 """
 
 from __future__ import annotations

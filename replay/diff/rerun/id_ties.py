@@ -5,10 +5,11 @@ asks whether it reproduces what serving recorded. For float stages that is a rel
 the id stages (``draft.logits_topk.ids``, ``draft.topk``, ``draft.topk_target``) a plain set
 comparison fails a row on any id, and a random or barely trained draft's logits are nearly flat,
 so the id at rank k is often a near tie that the re-run's kernel (torch on the CPU, fp32 or bf16)
-and the engine's kernel round into different ids. Issue 33, seed 2's tiny DeepSeek-V3 pair: the
-re-run on serving's inputs reproduced ``draft.hidden_out`` (mean rel 0.007) and 16 of the 17
-failing ``draft.logits_topk.ids`` rows; the 17th held another id at rank 8 whose logit sat within
-the row's measured logit noise of the boundary, and the stage was "proven" the first divergence.
+and the engine's kernel round into different ids. Measured on ``make test-seeds`` seed 2's tiny
+DeepSeek-V3 pair: the re-run on serving's inputs reproduced ``draft.hidden_out`` (mean rel 0.007)
+and 16 of the 17 failing ``draft.logits_topk.ids`` rows; the 17th held another id at rank 8 whose
+logit sat within the row's measured logit noise of the boundary, and the stage was "proven" the
+first divergence.
 
 The proof used here has the re-run's whole logit row ``L`` [Vd] (not only its top ids) and
 serving's recorded top-K logits (``draft.logits_topk.ids`` / ``.values``) at the same row. The

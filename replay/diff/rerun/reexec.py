@@ -1,8 +1,8 @@
-"""Re-execution decides the verdict (issue 33, item 1): a draft stage is the first divergence only
+"""Re-execution decides the verdict: a draft stage is the first divergence only
 where the draft, re-run on serving's own inputs, does not reproduce serving there.
 
 Row comparison says *where* the two sides' values differ; it cannot say *why*. A correct MoE pair
-(issue 33: tiny DeepSeek-V3 and Qwen3-MoE targets, 2.4-2.7 % of ``draft.hidden_out`` rows failing
+(measured: random tiny DeepSeek-V3 and Qwen3-MoE targets, 2.4-2.7 % of ``draft.hidden_out`` rows failing
 against 2 %) differs at the draft because the target's routing near-ties moved earlier positions'
 aux rows, which reach later rows through the draft's attention: the narrowing then printed "every
 serving input REPRODUCES serving" under a verdict that blamed the draft. Here the proof decides:

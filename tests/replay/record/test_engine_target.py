@@ -17,7 +17,7 @@ def test_llama_ids_are_hf_minus_one_and_the_listed_order_is_restored():
 
 
 def test_deepseek_reads_its_ids_literally():
-    # deepseek_v2.py: ids read as given unless the first is 1 (DESIGN.md "Aux layer ids")
+    # SGLang 0.5.23 deepseek_v2.py:3458-3473: ids read as given unless the first is 1
     ids, order = sglang_capture_ids([3, 6, 7], num_layers=8, architecture="DeepseekV3ForCausalLM")
     assert ids == [3, 6, 7] and order == [0, 1, 2]
 

@@ -231,7 +231,7 @@ NAMES: tuple[EngineName, ...] = (
        facts=("norm_before_fc",)),
     _n("Eagle3LlamaModel.fc_norm", _P + "models.llama_eagle3.LlamaModel", "instance",
        "srt/models/llama_eagle3.py:189", "per-aux-slot RMSNorms before fc (None = off)", facts=("fc_norm",)),
-    # ---- what decides the draft's computation (contract, step 3 of issue 11) -----------------
+    # ---- what decides the draft's computation (contract facts) ---------------------------------
     _n("EagleDraftWorker.speculative_algorithm", f"{_EW2}.EagleDraftWorker", "instance",
        "srt/speculative/eagle_worker_v2.py:200", "the algorithm the draft runs under (EAGLE skips fc)",
        facts=("spec_algorithm",)),

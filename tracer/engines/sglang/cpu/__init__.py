@@ -6,7 +6,7 @@ unconditionally, but the PyPI ``sglang-kernel`` wheel (which installs a package 
 that provides those ops; putting :data:`STANDIN_PATH` first on ``PYTHONPATH`` of the server
 process makes it shadow the wheel's package. On a GPU none of this is used.
 
-See ``specdiff.tracer.engines.sglang.cpu.launch`` for the launcher and DESIGN.md "Real SGLang on a CPU".
+See ``specdiff.tracer.engines.sglang.cpu.launch`` for the launcher and ``serve.py`` for the AMX override.
 """
 
 from __future__ import annotations

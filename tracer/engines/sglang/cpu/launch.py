@@ -6,7 +6,9 @@ manage the process.
 process handling is the engine-independent ``tracer.engines.server.EngineServer``).
 The server runs through ``serve.py`` (the AMX platform override, then SGLang's own
 ``launch_server``), with the pure-torch ``sgl_kernel`` stand-ins first on ``PYTHONPATH``.
-See DESIGN.md "Real SGLang on a CPU" for why each piece is needed.
+Why each piece is needed: the PyPI ``sglang-kernel`` wheel is CUDA-only (``cpu/__init__.py``), and SGLang
+0.5.23 rewrites ``intel_amx`` to ``torch_native`` on a CPU without AMX
+(``srt/arg_groups/overrides.py:1300-1310``, ``serve.py``).
 """
 
 from __future__ import annotations
