@@ -54,6 +54,7 @@ def held_diff(monkeypatch):
 
 
 async def _quit_before_the_report(pair, key: str, held_diff, tui) -> SpecdiffApp:
+    held_diff.clear()  # held again for this app: an earlier call released it (a fast CPU then landed the report first)
     app = SpecdiffApp(*pair, export_root=Path(pair[0]).parent)
     async with app.run_test(size=SIZE) as pilot:
         await tui.wait_for(pilot, lambda: "opening traces" in tui.static_text(app, "#verdict"))
