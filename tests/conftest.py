@@ -2,14 +2,18 @@
 the Textual pilot helpers. Tests reach specdiff only through its public CLI and public functions;
 nothing here edits the import path and no test module imports another.
 
-Fixtures (each says more in its docstring): ``run_cli`` (``specdiff ARGS`` in-process), the models
-``repo_models`` (``traces/models``), ``bringup_models`` and ``family_models`` (built once, cached in
-pytest's cache; families other than DeepSeek-V3 only with ``--family-pairs``: ``make
-test-families``), ``bringup_chain_server`` (an SGLang CPU server several files share, stopped by PID
-at session end) and ``server_env``, the hand-built traces of ``aux_traces``,
-``fc_crash``, ``tui`` (Textual pilot helpers), ``scaled_copy``, ``assert_golden_seed_diff``, and
-the autouse ``early_first_divergence_equals_the_full_one`` (every in-process diff's early first
-divergence, replay/diff/compare/early.py, equals the full data's).
+Here: the environment every test process and the servers it starts share, the collection hooks
+(``SHARED_WORKER`` groups for pytest-xdist, the SGLang zygote) and the command-line options; the
+fixtures ``run_cli`` (``specdiff ARGS`` in-process), the models ``repo_models`` (``traces/models``),
+``bringup_models`` and ``family_models`` (built once, cached in pytest's cache; families other than
+DeepSeek-V3 only with ``--family-pairs``: ``make test-families``), ``other_layer_target``,
+``scaled_copy``, ``bringup_chain_server`` (an SGLang CPU server several files share, stopped by PID
+at session end) and ``server_env``, ``fc_crash``, and the autouse
+``early_first_divergence_equals_the_full_one`` (every in-process diff's early first divergence,
+replay/diff/compare/early.py, equals the full data's). Registered from tests/support/
+(``pytest_plugins``): the hand-built traces of ``aux_traces`` (aux_traces.py), ``tui`` and
+``anyio_backend`` (tui.py: the Textual pilot helpers) and ``assert_golden_seed_diff`` (golden.py).
+Each fixture says more in its docstring.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: fixture groups kept in their own modules (tests/support/, on the path through pytest's ``pythonpath``)
+pytest_plugins = ["support.aux_traces", "support.golden", "support.tui"]
 
 
 # ---- which tests run by default ------------------------------------------------------------------
@@ -365,84 +371,7 @@ def bringup_chain_server(bringup_models):
         assert srv.proc.poll() is not None, f"server {pid} still running after stop()"
 
 
-# ---- hand-built trace pairs -----------------------------------------------------------------------
-class AuxTraces:
-    """Hand-built traces (real ``TraceWriter`` stores) with aux slots for chosen HF indices.
-
-    One "hidden state" per HF index 0..L and position is drawn once (seed 0): two traces that name
-    the same HF index hold the same values (plus ``noise``), so a layer shift, a permutation, a
-    position shift or a d2t mistake is visible in the rows exactly as the diff engine sees it.
-    Sizes: L = 8 layers, hidden H = 32 (float32), draft vocab VD = 16, sequences of 12 and 9 tokens.
-    """
-
-    L, H, VD = 8, 32, 16
-
-    def __init__(self):
-        rng = np.random.default_rng(0)
-        self.SEQS = [rng.integers(0, 100, size=n) for n in (12, 9)]
-        self.HIDDEN = {s: rng.standard_normal((self.L + 1, len(toks), self.H)).astype(np.float32)
-                       for s, toks in enumerate(self.SEQS)}
-        self.D2T = np.array(sorted(rng.choice(200, self.VD, replace=False)), np.int64) - np.arange(self.VD)
-
-    def write(self, path, *, side, hf, seqs=None, order=None, noise: float | list = 1e-4, probes=False, d2t=None,
-              topk_fn=None, nan_at=None, shift_pos=0, extra_seq=False, fc_in_norm=None, guess_wrong_at=(),
-              facts: dict | None = None) -> str:
-        """A trace at ``path`` holding aux slots for HF indices ``hf`` (in that slot order), tokens,
-        draft top-k ids and their mapped target ids at depths 0 and 1; ``facts``: more contract facts;
-        returns the path."""
-        from specdiff.tracer.schema import aux_name, probe_name
-        from specdiff.tracer.store import TraceWriter
-
-        seqs = self.SEQS if seqs is None else seqs
-        d2t = self.D2T if d2t is None else d2t
-        L, H, VD, HIDDEN = self.L, self.H, self.VD, self.HIDDEN
-        contract = {"num_layers": L, "hidden_size": H, "aux_hf_indices": list(hf), "dtype": "float32",
-                    "draft_vocab_size": VD, "spec_steps": 2, **(facts or {})}
-        with TraceWriter(str(path), side=side, contract=contract, overwrite=True) as w:
-            order = order or list(range(len(seqs)))
-            for s in order:
-                toks = seqs[s]
-                sid = w.add_sequence(toks, prompt_len=4, rid=f"{side}-{s}")
-                n = len(toks) - 1
-                pos = np.arange(n) + shift_pos
-                for j, i in enumerate(hf):
-                    eps = noise[j] if isinstance(noise, list) else noise
-                    rows = HIDDEN[s][i, :n] + eps * np.random.default_rng(s * 10 + j).standard_normal((n, H))
-                    rows = rows.astype(np.float32)
-                    if nan_at is not None and j == 0:
-                        rows[nan_at] = np.nan
-                    w.append(aux_name(j), rows, seq=sid, pos=pos)
-                if fc_in_norm is not None:
-                    cat = np.concatenate([HIDDEN[s][i, :n] for i in hf], axis=1)
-                    if fc_in_norm:
-                        cat = cat / np.sqrt((cat * cat).mean(1, keepdims=True) + 1e-6)
-                    w.append("draft.fc_in", cat.astype(np.float32), seq=sid, pos=pos)
-                if probes:
-                    for i in range(L + 1):
-                        w.append(probe_name(i), HIDDEN[s][i, :n], seq=sid, pos=pos)
-                for depth in range(2):
-                    inputs = toks[1 + depth:1 + depth + n].astype(np.int64)[: n - depth].copy()
-                    draft_ids = (toks[:n - depth] % VD).reshape(-1, 1).copy()
-                    if depth and guess_wrong_at:  # serving drafted its own (wrong) token here
-                        inputs[list(guess_wrong_at)] += 1
-                        draft_ids[list(guess_wrong_at)] = (draft_ids[list(guess_wrong_at)] + 1) % VD
-                    w.append("tokens", inputs, seq=sid, pos=np.arange(n - depth), depth=depth)
-                    w.append("draft.topk", draft_ids, seq=sid, pos=np.arange(n - depth), depth=depth)
-                    mapped = topk_fn(draft_ids, d2t) if topk_fn else draft_ids + d2t[draft_ids]
-                    w.append("draft.topk_target", mapped, seq=sid, pos=np.arange(n - depth), depth=depth)
-            w.append("draft.d2t", d2t, seq=-1, pos=np.arange(len(d2t)))  # a real draft's map is longer than VD
-            if extra_seq:
-                w.add_sequence([999, 998, 997], rid="lonely")
-        return str(path)
-
-
-@pytest.fixture(scope="session")
-def aux_traces() -> AuxTraces:
-    """:class:`AuxTraces`: ``aux_traces.write(path, side=..., hf=[...], ...)``."""
-    return AuxTraces()
-
-
-# ---- Textual pilot helpers ------------------------------------------------------------------------
+# ---- an engine's crash, raised for real --------------------------------------------------------
 def _fc_crash() -> RuntimeError:
     try:
         import torch
@@ -459,103 +388,6 @@ def fc_crash():
     were captured for an fc built for 3 (llama_eagle3.py ``self.fc``: a [7, 512] input against a
     [256, 768] weight, CPU), raised in torch's Linear.forward so its frames carry the shapes."""
     return _fc_crash
-
-
-@pytest.fixture(scope="session")
-def anyio_backend() -> str:
-    """Async tests (``pytest.mark.anyio``: the Textual pilot) run on asyncio."""
-    return "asyncio"
-
-
-async def _wait_for(pilot, predicate, *, timeout: float = 30.0) -> None:
-    """Poll ``predicate`` between pilot pauses (no fixed sleeps); AssertionError after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached within the timeout")
-        await pilot.pause(0.02)
-    await pilot.pause()
-
-
-def _ready(app):
-    """Predicate: the app has its view model and a selection (the report is loaded)."""
-    return lambda: app.vm is not None and app.sel is not None
-
-
-def _plain(renderable, width: int = 110) -> str:
-    """A Rich renderable as plain text (no colour), ``width`` columns."""
-    from rich.console import Console
-
-    with open(os.devnull, "w") as sink:
-        console = Console(width=width, record=True, color_system=None, file=sink)
-        console.print(renderable)
-    return console.export_text()
-
-
-def _static_text(app, selector: str) -> str:
-    """The plain text of the widget ``selector`` (a ``Static``)."""
-    return _plain(app.query_one(selector).content)
-
-
-def _notices(app) -> list[str]:
-    """The messages ``app.notify`` is given from now on, in order (the toast itself is not shown)."""
-    said: list[str] = []
-    app.notify = lambda message, **kw: said.append(message)
-    return said
-
-
-def _on_pty(args: list[str], *, ready: bytes, key: bytes = b"q", cwd: Path = ROOT,
-            timeout: float = 240) -> tuple[int, str]:
-    """``python -m specdiff.tui ARGS`` (the app) on a pseudo-terminal of 120x40: press ``key`` once the
-    screen shows ``ready``; (exit code, everything it drew, escape codes included)."""
-    import fcntl
-    import pty
-    import select
-    import struct
-    import subprocess
-    import sys
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "specdiff.tui", *map(str, args)], cwd=cwd, stdin=slave,
-                            stdout=slave, stderr=slave, env={**os.environ, "TERM": "xterm-256color"},
-                            close_fds=True)
-    os.close(slave)
-    seen, deadline, pressed = b"", time.monotonic() + timeout, False
-    try:
-        while proc.poll() is None and time.monotonic() < deadline:
-            if select.select([master], [], [], 0.5)[0]:
-                try:
-                    seen += os.read(master, 1 << 16)
-                except OSError:  # the app closed the terminal
-                    break
-            if not pressed and ready in seen:
-                os.write(master, key)
-                pressed = True
-        assert pressed, f"the app never showed {ready!r}: {seen[-2000:]!r}"
-        code = proc.wait(timeout=60)
-        while select.select([master], [], [], 0.1)[0]:  # what it printed after the app closed
-            try:
-                data = os.read(master, 1 << 16)
-            except OSError:
-                break
-            if not data:
-                break
-            seen += data
-        return code, seen.decode(errors="replace")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
-
-
-@pytest.fixture(scope="session")
-def tui() -> SimpleNamespace:
-    """Pilot helpers: ``await tui.wait_for(pilot, tui.ready(app))``, ``tui.static_text(app, "#verdict")``,
-    ``tui.plain(renderable)``, ``said = tui.notices(app)``; and the app as a user runs it: ``tui.on_pty(args, ready=b"...", key=b"q")``."""
-    return SimpleNamespace(wait_for=_wait_for, ready=_ready, plain=_plain, static_text=_static_text,
-                           notices=_notices, on_pty=_on_pty)
 
 
 # ---- a check on every in-process diff --------------------------------------------------------
@@ -610,39 +442,3 @@ def scaled_copy():
         return dst
 
     return copy
-
-
-GOLDEN_SEED_DIFF = Path(__file__).parent / "golden" / "seed_diff.json"
-
-
-def _same_json(got, want, where: str) -> None:
-    if isinstance(want, float) and isinstance(got, float):
-        assert got == pytest.approx(want, rel=1e-5, abs=1e-7), where
-        return
-    assert type(got) is type(want), f"{where}: {type(got).__name__} != {type(want).__name__}"
-    if isinstance(want, dict):
-        assert list(got) == list(want), where
-        for k in want:
-            _same_json(got[k], want[k], f"{where}.{k}")
-    elif isinstance(want, list):
-        assert len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want)):
-            _same_json(g, w, f"{where}[{i}]")
-    else:
-        assert got == want, where
-
-
-@pytest.fixture(scope="session")
-def assert_golden_seed_diff():
-    """A check that bytes are ``specdiff diff --format json`` of the shipped seed pair as
-    tests/golden/seed_diff.json holds it: byte-identical on the CPU it was made on; on another CPU
-    the BLAS row dots (np.vecdot) sum in another order and move float32 metrics by a few ulp, so
-    then the same JSON with floats within rel 1e-5 (keys, order, strings, ints, verdicts exact)."""
-    import json
-
-    def check(stdout: bytes) -> None:
-        want = GOLDEN_SEED_DIFF.read_bytes()
-        if stdout != want:
-            _same_json(json.loads(stdout), json.loads(want), "$")
-
-    return check

@@ -6,7 +6,9 @@ pair; served through ``specdiff record serve`` and stopped by SIGTERM to it whil
 held back) and traced topk-2 tree (the always-accepted "oracle" pair, so accepted paths are longer
 than one token).
 The topk-2 server is SIGKILLed mid-request at the end to show that a killed server's trace
-opens. Run with ``pytest -m server``. The first tests in this file need no server.
+opens. Run with ``pytest -m server``. What needs no server is beside it: the plugin and its options
+in test_sglang_plugin.py, what the recorder writes in test_recorder_writes.py, ``record``'s command line in
+tests/tui/test_cmd_record.py.
 """
 
 from __future__ import annotations
@@ -25,151 +27,11 @@ import pytest
 import torch
 from builders import assert_target_logits_hold_the_greedy_token
 
-from specdiff.tracer.engines.options import Options
-from specdiff.tracer.engines.sglang.attribution import _parents
 from specdiff.tracer.engines.writer.alive import wait_for_writers, writer_pids
-from specdiff.tracer.engines.writer.thread import AsyncTraceWriter
-from specdiff.tracer.store import TraceWriter, open_trace
+from specdiff.tracer.store import open_trace
 
 PROMPTS = ["def main():\n    return", "import os\nimport sys\n\nclass "]
 MAX_NEW = 14
-
-
-# ---- no server ------------------------------------------------------------------------------
-def test_options_from_env():
-    assert Options.from_env({}) is None
-    o = Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": "full", "SPECDIFF_LOGITS_TOPK": "4",
-                          "SPECDIFF_RIDS": "^a", "SPECDIFF_EAGER_DRAFT": "1"})
-    assert (o.path, o.capture, o.logits_topk, o.rids, o.eager_draft) == ("/x", "full", 4, "^a", True)
-    # unset or empty: the defaults
-    o = Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": "", "SPECDIFF_LOGITS_TOPK": " "})
-    assert (o.capture, o.logits_topk, o.max_queue_mb, o.rids, o.eager_draft) == ("default", 8, 256, None, False)
-    assert Options.from_env({"SPECDIFF_TRACE": "/x", "SPECDIFF_CAPTURE": " FULL ",
-                             "SPECDIFF_EAGER_DRAFT": "off"}).capture == "full"
-
-
-@pytest.mark.parametrize(("name", "value", "accepted"), [
-    ("SPECDIFF_CAPTURE", "fulll", "default or full"),
-    ("SPECDIFF_LOGITS_TOPK", "eight", "an integer >= 1 (default 8)"),
-    ("SPECDIFF_LOGITS_TOPK", "0", "an integer >= 1 (default 8)"),
-    ("SPECDIFF_MAX_QUEUE_MB", "2GB", "an integer >= 1 (default 256)"),
-    ("SPECDIFF_EAGER_DRAFT", "maybe", "1/true/yes/on or 0/false/no/off"),
-    ("SPECDIFF_RIDS", "req-[", "a Python regular expression (this one: unterminated character set at position 4)"),
-])
-def test_a_bad_environment_value_is_one_error_naming_the_variable_the_value_and_what_is_accepted(name, value,
-                                                                                               accepted):
-    from specdiff.tracer.engines.options import OptionError
-    from specdiff.tracer.errors import SpecdiffError
-
-    with pytest.raises(OptionError) as err:
-        Options.from_env({"SPECDIFF_TRACE": "/x", name: value})
-    assert str(err.value) == f"{name}={value!r} is not valid; accepted values: {accepted}"
-    assert isinstance(err.value, SpecdiffError) and err.value.name == name
-
-
-def test_a_bad_environment_value_refuses_tracing_in_one_log_line_of_the_scheduler(tmp_path, caplog):
-    from specdiff.tracer.engines.sglang import plugin as sglang_plugin
-
-    env = {"SPECDIFF_TRACE": str(tmp_path / "s.trace"), "SPECDIFF_LOGITS_TOPK": "-3"}
-
-    def run_scheduler_process(tp_rank, dp_rank):  # the name load() looks for up the stack
-        return sglang_plugin.load(env)
-
-    with caplog.at_level("WARNING", logger="specdiff.tracer"):
-        assert sglang_plugin.load(env) is False  # not a scheduler: nothing logged
-        assert caplog.records == []
-        assert run_scheduler_process(0, None) is False
-    assert [r.getMessage() for r in caplog.records] == [
-        "specdiff: tracing refused: SPECDIFF_LOGITS_TOPK='-3' is not valid; accepted values: an integer >= 1 "
-        "(default 8); the server runs untraced"]
-    assert sglang_plugin._rec is None and not (tmp_path / "s.trace").exists()
-
-
-def test_plugin_is_inert_outside_the_scheduler(monkeypatch):
-    from specdiff.tracer.engines.sglang import plugin as sglang_plugin
-
-    monkeypatch.delenv("SPECDIFF_TRACE", raising=False)
-    assert sglang_plugin.load() is False
-    # asked for, but not called from SGLang's run_scheduler_process: nothing registered
-    assert sglang_plugin.load({"SPECDIFF_TRACE": "/tmp/never"}) is False
-    assert sglang_plugin._rec is None
-
-
-def test_tree_parents_from_sibling_links():
-    # root 0 -> {1, 2}; 1 -> {3, 4}; 2 -> {5}
-    nt = np.array([1, 3, 5, -1, -1, -1])
-    ns = np.array([-1, 2, -1, 4, -1, -1])
-    assert _parents(nt, ns).tolist() == [-1, 0, 0, 1, 1, 2]
-
-
-def test_async_writer_counts_drops_and_survives_failure(tmp_path):
-    gate = threading.Event()
-
-    def slow(tw, item):
-        gate.wait(5)
-        tw.append("verify.accept_length", np.array([item]), seq=0, pos=item)
-
-    tw = TraceWriter(str(tmp_path / "a.trace"), side="serve")
-    aw = AsyncTraceWriter(tw, slow, max_items=2)
-    results = [aw.submit(i) for i in range(6)]
-    assert results.count(False) >= 3 and aw.dropped == results.count(False)
-    gate.set()
-    assert aw.close()
-    t = open_trace(str(tmp_path / "a.trace"))
-    assert t.closed and t.contract["dropped_records"] == aw.dropped
-    assert t.rows("verify.accept_length") == 6 - aw.dropped
-
-    def broken(tw, item):
-        raise RuntimeError("disk full")
-
-    tw2 = TraceWriter(str(tmp_path / "b.trace"), side="serve")
-    aw2 = AsyncTraceWriter(tw2, broken)
-    aw2.submit(1)
-    for _ in range(100):
-        if aw2.failed:
-            break
-        time.sleep(0.02)
-    assert aw2.failed and not aw2.active and aw2.submit(2) is False
-
-
-def test_a_trace_cut_at_any_journal_write_has_no_target_row_past_its_tokens(tmp_path):
-    """A SIGKILLed server's trace ends at an arbitrary journal write. Seen on SGLang 0.5.20 (CPU,
-    loaded machine): rows of a request's first decode iteration were journaled, its tokens were
-    not, and the target rows at t had no token x_{t+1}. Invariant checked at every write: a
-    ``target.*`` row at t is written only once the sequence holds t + 2 tokens."""
-    from specdiff.tracer.engines.sglang.attribution import IterCapture, write_capture
-    from specdiff.tracer.engines.sglang.hooks import Recorder
-
-    H, K, N = 4, 3, 4  # hidden size, aux layers, draft tokens (chain, topk 1)
-    rec = Recorder(Options(path=str(tmp_path / "k.trace")))
-    rec.hidden_size, rec.num_aux, rec.topk = H, K, 1
-    rec.recorded["r"] = "all"  # what the sampler decides at the request's first hook (no SPECDIFF_SAMPLE)
-    tw = TraceWriter(rec.opts.path, side="serve")
-    violations = []
-    append = tw.append
-
-    def checked_append(name, data, *, seq, pos, **kw):
-        if name.startswith("target."):
-            for sq, t in zip(np.broadcast_to(seq, np.shape(pos)).tolist(), np.ravel(pos).tolist()):
-                if len(tw._sequences[sq].tokens) < t + 2:
-                    violations.append((name, sq, t, len(tw._sequences[sq].tokens)))
-        return append(name, data, seq=seq, pos=pos, **kw)
-
-    tw.append = checked_append
-    prefill = IterCapture(iter=0, kind="prefill", rids=["r"], prompts={"r": [5, 6, 7]}, prefix_lens=[0],
-                          extend_lens=[3])
-    prefill.t.update(target_aux=torch.randn(3, K * H), next_token_ids=torch.tensor([8]))
-    write_capture(rec, tw, prefill)
-    decode = IterCapture(iter=1, kind="decode", rids=["r"])  # committed length 3, accepts 3 of 4
-    decode.t.update(seq_lens=torch.tensor([3]), predict=torch.tensor([9, 10, 11, 12]),
-                    accept_lens=torch.tensor([3]), accept_index=torch.tensor([[0, 1, 2, -1]]),
-                    target_aux=torch.randn(N, K * H), verify_positions=torch.arange(3, 3 + N))
-    write_capture(rec, tw, decode)
-    assert violations == []
-    tw.close()
-    t = open_trace(rec.opts.path)
-    assert t.sequences[0].tokens.tolist() == [5, 6, 7, 8, 9, 10, 11]
-    assert t.rows("target.aux.0") == 3 + 3  # prompt rows + the accepted rows
 
 
 # ---- real servers ---------------------------------------------------------------------------
@@ -567,106 +429,6 @@ def test_tree_trace(tree, models):
     assert np.allclose(np.sort(full, axis=1)[:, ::-1][:, :4], vals)
     lse = torch.logsumexp(torch.as_tensor(full, dtype=torch.float32), dim=1).numpy()
     assert np.allclose(lse, trace.read("draft.logsumexp"), atol=1e-4)
-
-
-# ---- CLI helpers (no server) ----------------------------------------------------------------
-def test_record_serve_command_and_env(tmp_path):
-    from specdiff.tui.cmd_record import serve_command, trace_env
-
-    env = trace_env(str(tmp_path / "t.trace"), "full", 4, "^r", True, base={"PATH": "/bin"})
-    assert env["SPECDIFF_TRACE"].endswith("t.trace") and env["SPECDIFF_CAPTURE"] == "full"
-    assert env["SPECDIFF_LOGITS_TOPK"] == "4" and env["SPECDIFF_RIDS"] == "^r" and env["SPECDIFF_EAGER_DRAFT"] == "1"
-    argv, env2 = serve_command("sglang", ["--model-path", "M"], cpu=False, env=env)
-    assert argv[1:] == ["-m", "sglang.launch_server", "--model-path", "M"] and env2 is env
-    argv, env3 = serve_command("sglang", ["--model-path", "M"], cpu=True, env=env)
-    assert argv[1].endswith("serve.py") and "--device" in argv and argv[-2:] == ["--model-path", "M"]
-    assert env3["SGLANG_USE_CPU_ENGINE"] == "1" and env3["SPECDIFF_TRACE"] == env["SPECDIFF_TRACE"]
-
-
-def test_record_cli_errors_are_one_line(tmp_path, run_cli):
-
-
-    r = run_cli("record", "serve", "--cpu")
-    assert r.exit_code == 2 and "no SGLang arguments" in r.output
-    (tmp_path / "exists.trace").mkdir()
-    r = run_cli("record", "serve", "--trace", str(tmp_path / "exists.trace"), "--", "--model-path", "M")
-    assert r.exit_code == 2 and "already exists" in r.output
-    bad = tmp_path / "p.jsonl"
-    bad.write_text('{"text": "a"}\n{"nope": 1}\n')
-    r = run_cli("record", "client", "--url", "http://127.0.0.1:9", "--prompts", str(bad))
-    assert r.exit_code == 2 and "p.jsonl:2" in r.output
-
-
-def test_read_prompts(tmp_path):
-    from specdiff.tui.serve_http import read_prompts
-
-    p = tmp_path / "p.jsonl"
-    p.write_text('"plain"\n\n{"prompt": "b", "max_new_tokens": 3}\n{"input_ids": [1, 2]}\n')
-    assert read_prompts(str(p)) == [{"text": "plain"}, {"prompt": "b", "max_new_tokens": 3}, {"input_ids": [1, 2]}]
-
-
-def test_async_writer_bounds_queued_bytes(tmp_path):
-    gate = threading.Event()
-
-    class Item:
-        def __init__(self, n):
-            self.n = n
-
-        def nbytes(self):
-            return 600
-
-    def slow(tw, item):
-        gate.wait(5)
-
-    aw = AsyncTraceWriter(TraceWriter(str(tmp_path / "c.trace"), side="serve"), slow, max_items=100, max_bytes=1000)
-    ok = [aw.submit(Item(i)) for i in range(4)]
-    # the first is taken by the thread (or queued), at most one more fits under 1000 bytes
-    assert ok[0] and ok.count(True) <= 2 and aw.dropped == ok.count(False)
-    gate.set()
-    assert aw.close()
-    assert aw.queued_bytes == 0
-
-
-def test_plugin_registers_only_in_scheduler_rank0(monkeypatch, tmp_path, caplog):
-    pytest.importorskip("sglang")
-    from sglang.srt.plugins.hook_registry import HookRegistry
-    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
-
-    from specdiff.tracer.engines.sglang import plugin as sglang_plugin
-
-    registered = []
-
-    def _fresh():
-        monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, t, h, ht: registered.append(t)))
-        monkeypatch.setattr(sglang_plugin, "_install_sigterm", lambda: None)
-        monkeypatch.setattr(sglang_plugin.atexit, "register", lambda *a, **k: None)
-        monkeypatch.setattr(sglang_plugin, "_rec", None)
-
-    _fresh()
-    env = {"SPECDIFF_TRACE": str(tmp_path / "s.trace")}
-
-    def run_scheduler_process(tp_rank, dp_rank):  # the name load() looks for up the stack
-        return sglang_plugin.load(env)
-
-    assert run_scheduler_process(1, None) is False and not registered  # TP rank 1: nothing
-    # an SGLang without an essential name: refused, nothing registered
-    monkeypatch.delattr(EAGLEWorkerV2, "forward_batch_generation")
-    with caplog.at_level("WARNING", logger="specdiff.tracer"):
-        assert run_scheduler_process(0, None) is False
-    assert f"tracing refused: SGLang {_sglang_version()} lacks EAGLEWorkerV2.forward_batch_generation" in caplog.text
-    assert not registered
-    monkeypatch.undo()
-    _fresh()
-    # an SGLang without one non-essential hook target: the others are registered, that one is named
-    monkeypatch.delattr(EagleDraftWorker, "_draft_extend_for_prefill")
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="specdiff.tracer"):
-        assert run_scheduler_process(0, 2) is True
-    gone = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill"
-    assert set(registered) == set(sglang_plugin.HOOKS) - {gone}
-    lines = [r.getMessage() for r in caplog.records if "has no" in r.getMessage()]
-    assert len(lines) == 1 and "EagleDraftWorker._draft_extend_for_prefill" in lines[0] and "draft.topk" in lines[0]
-    assert sglang_plugin._rec.opts.path == str(tmp_path / "s.trace" / "dp2")  # one store per DP replica
 
 
 #: Contract fields that decide the draft's computation, read from live objects on both sides.
