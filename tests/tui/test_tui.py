@@ -1,7 +1,7 @@
 """The interactive diff (``specdiff view``): pilot tests on small synthetic trace pairs, and SVG
 snapshots of the main screen (pytest-textual-snapshot; update with ``--snapshot-update``).
 
-Pairs come from the ``aux_traces`` fixture (tests/conftest.py): the seed bug (training HF [0, 3, 6] with layer
+Pairs come from the ``aux_traces`` fixture (tests/support/aux_traces.py): the seed bug (training HF [0, 3, 6] with layer
 probes vs serving HF [3, 6, 7]) and a correct pair (same layers, other row order, noise).
 """
 

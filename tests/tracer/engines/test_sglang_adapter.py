@@ -265,7 +265,7 @@ def test_an_unknown_fact_passes_contract_validation_and_survives_the_store(tmp_p
 
 
 # ---- recorder options from the environment -----------------------------------------------------
-# A bad value is refused, not replaced: tests/tracer/engines/test_sglang_recorder.py::test_a_bad_environment_value_*
+# A bad value is refused, not replaced: tests/tracer/engines/test_sglang_plugin.py::test_a_bad_environment_value_*
 def test_good_recorder_variables_are_quiet(caplog):
     from specdiff.tracer.engines.options import Options
 
