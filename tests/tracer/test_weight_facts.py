@@ -176,3 +176,23 @@ def test_the_file_reader_reads_every_stored_dtype(tmp_path, dtype):
     got = checkpoint_fingerprints(tmp_path)
     assert got == {"w": tensor_fingerprint(t), "ids": tensor_fingerprint(torch.arange(7)),
                    "mask": tensor_fingerprint(torch.ones(5, dtype=torch.bool))}
+
+
+def test_an_emptied_parameter_is_never_taken_for_another_models(tmp_path):
+    """A weight an engine empties after packing it for its kernel (vLLM 0.32.0 on a CPU: torch.empty(0))
+    has storage pointer 0, as every emptied weight of the target has: that proves no sharing."""
+    import torch
+
+    sd = _checkpoint(tmp_path / "ckpt", layers=1)
+    draft, target = Tiny(layers=2), Tiny(layers=2)
+    watch = LoadWatch(draft)
+    with watch:
+        _engine_load(draft, watch.wrap(iter(sd.items())))
+    left = watch.unwritten()
+    assert "layers.1.qkv.weight" in left
+    for model in (draft, target):  # post-load packing empties every linear weight of both models
+        for layer in model.layers:
+            layer.qkv.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    assert not_provided(left, draft, shared_from=target) == left
+    draft.layers[1].qkv.weight = target.layers[1].qkv.weight  # the target's own object is the target's
+    assert "layers.1.qkv.weight" not in not_provided(left, draft, shared_from=target)

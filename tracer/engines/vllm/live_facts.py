@@ -77,26 +77,21 @@ def unloaded(left: list[str], model, shared_from=None) -> list[str]:
 
     vLLM 0.32.0 hands the draft the target's modules after loading (v1/spec_decode/llm_base_proposer.py
     :1398-1399, e.g. ``del self.model.model.embed_tokens`` then the target's at :1498-1501): a
-    parameter that now *is* one of ``shared_from``'s, or shares its storage (``not_provided``), is the
-    target's. Before that, on a CPU, post-load processing (model_loader/base_loader.py:109) replaces each
+    parameter that now *is* one of ``shared_from``'s, or shares its storage, is the target's
+    (``not_provided``). Before that, on a CPU, post-load processing (model_loader/base_loader.py:109) replaces each
     unquantized linear's weight by ``torch.empty(0)`` once it is packed for the kernel picked
     (layers/linear.py:206-216 -> layers/utils.py:470: AMX sgl-kernel ``weight_packed_linear`` :560-579,
     oneDNN :582-595; torch's linear, the fallback at :603, keeps it). Every
-    such emptied weight, the target's included, has storage pointer 0, so a storage comparison would
-    call a draft linear the loading never wrote "the target's" (measured on an AMX Xeon: a draft whose
-    ``layers.1.*`` the checkpoint lacks listed only layer 1's three norms). An emptied parameter that is
-    not the target's own object holds no values to share: it stays unloaded.
+    such emptied weight, the target's included, has storage pointer 0: ``not_provided`` takes no empty
+    tensor as shared storage (measured on an AMX Xeon: a draft whose ``layers.1.*`` the checkpoint lacks
+    listed only layer 1's three norms before).
 
     Args:
         left: parameter names ``LoadWatch.unwritten`` gave when the loading ended.
         model: the live model (after vLLM's post-load processing).
         shared_from: the target model, for a draft; None for the target itself.
     """
-    params = dict(model.named_parameters())
-    theirs = set() if shared_from is None else {id(p) for p in shared_from.parameters()}
-    emptied = {n for n in left if n in params and params[n].numel() == 0 and id(params[n]) not in theirs}
-    kept = not_provided([n for n in left if n not in emptied], model, shared_from=shared_from)
-    return sorted({*emptied, *kept})
+    return sorted(not_provided(left, model, shared_from=shared_from))
 
 
 def _config(cfg, what: str):
