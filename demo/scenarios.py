@@ -204,8 +204,8 @@ SCENARIOS = {
 #: the scenarios served by vLLM 0.32.0: the same mistakes in vLLM's key and numbering (id k = HF k, the
 #: top-level key read first; gpu_model_runner.py:5268-5283). Off-by-one there is the mirror of SGLang's:
 #: the ids written in SGLang's numbering in eagle_config (an SGLang-format draft as shipped); vLLM reads
-#: them literally, -1 matches no layer, two of three slots reach fc and the first request crashes
-#: (shared/research/vllm-cpu.md: "shape '[-1, 768]' is invalid for input of size 3584").
+#: them literally, -1 matches no layer, two of three slots reach fc and the first request crashes in the
+#: words of the kernel fc runs on (VLLM.slot_crash: AMX's packed linear, oneDNN's reshape or torch's matmul).
 ENGINE_SCENARIOS: dict[str, dict[str, Scenario]] = {"vllm": {
     "seed": dataclasses.replace(SCENARIOS["seed"], summary=(
         "served with top-level eagle_aux_hidden_state_layer_ids {seed} (vLLM id k = HF k: captures HF [3, 6, 7]) "
