@@ -51,6 +51,12 @@ def _draft_copy(repo_models: Path, dst: Path, **config) -> Path:
     return dst
 
 
+#: the servers whose test is about what vLLM loads and which ids it reads, not its compiled forward,
+#: start without torch.compile (measured on 2 cores: 31 s eager, 57-61 s compiled warm, 103-145 s cold;
+#: the fc crash and the aux capture run the same modules either way); the correct pair is served compiled
+EAGER = ["--enforce-eager"]
+
+
 def _server(target, draft, env, **kw):
     from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess
 
@@ -326,7 +332,7 @@ def sglang_format(repo_models, tmp_path_factory, server_env):
     draft = _draft_copy(repo_models, root / "draft")
     trace = root / "nested.trace"
     srv = _server(repo_models / "target", draft, server_env(SPECDIFF_TRACE=str(trace)),
-                  log_path=str(root / "server.log"))
+                  log_path=str(root / "server.log"), extra_args=EAGER)
     srv.start()
     try:
         with pytest.raises(ServerError):
@@ -387,7 +393,7 @@ def fallback(repo_models, tmp_path_factory, server_env):
     draft = _draft_copy(repo_models, root / "draft", eagle_config={"layer_ids": [0, 3, 6]})
     trace = root / "fallback.trace"
     srv = _server(repo_models / "target", draft, server_env(SPECDIFF_TRACE=str(trace)),
-                  log_path=str(root / "server.log"))
+                  log_path=str(root / "server.log"), extra_args=EAGER)
     srv.start()
     try:
         srv.generate(PROMPTS[:4], max_new_tokens=24)
