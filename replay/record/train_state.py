@@ -7,8 +7,16 @@ The tables are computed the way each forward computes them:
 
 - the HF target (transformers 5.19): the model's one rotary module (``LlamaRotaryEmbedding`` and its
   kin, ``model.rotary_emb``) called on positions 0..P-1 with a float32 input, as every decoder layer's
-  attention receives its ``position_embeddings`` from it (modeling_llama.py:389); its cos is
-  ``cat(freqs, freqs)`` times ``attention_scaling``, so the first rotary_dim/2 columns are the table's;
+  attention receives its ``position_embeddings`` from it (modeling_llama.py:389). Its cos and sin come
+  in one of two widths, told apart by the rotary's ``inv_freq`` (one entry per frequency, rotary_dim/2):
+  ``cat(freqs, freqs)`` times ``attention_scaling`` [P, rotary_dim] (Llama and most kin: the first
+  rotary_dim/2 columns are the table's), or one column per frequency [P, rotary_dim/2] (GPT-OSS,
+  modeling_gpt_oss.py:186-192, whose ``_apply_rotary_emb`` rotates the two halves with the same
+  columns: the whole is the table). Taking the first half of GPT-OSS's kept a quarter of its frequencies
+  and fingerprinted another table than SGLang's (measured: a correct tiny GPT-OSS pair, target_rope
+  '15353d4c7cd370be' vs serving's '3059fd69aca0d650'; whole: equal, and equal for GPT-OSS's YaRN,
+  factor 32, ``truncate`` false, against SGLang 0.5.23's ``YaRNScalingRotaryEmbedding`` cache). Any
+  other width, or a doubled table whose halves differ, is ``"unknown"``, not a table;
 - the reference draft: each decoder layer's ``self_attn.rotary_emb`` (``replay/model/draft_model._Rope``:
   cos, sin [1, 1, P, rotary_dim/2], float32 math).
 
@@ -23,7 +31,12 @@ import torch
 
 from specdiff.tracer.state_facts import ROPE_POSITIONS, UNKNOWN, rope_table_fingerprint
 
-__all__ = ["hf_rope_tables", "reference_rope_tables", "train_state_facts"]
+__all__ = ["hf_rope_tables", "per_frequency", "reference_rope_tables", "train_state_facts"]
+
+
+#: how far apart (relative and absolute, float32) the two halves of a doubled table may be: rounding of
+#: one value (cos and sin are at most ``attention_scaling`` ~ 1), far below a frequency's difference
+_SAME = 1e-6
 
 
 def _positions(config) -> int:
@@ -50,11 +63,30 @@ def hf_rope_tables(target) -> dict[str, str]:
         pos = torch.arange(_positions(cfg), device=dev)[None]
         with torch.no_grad():
             cos, sin = rot(torch.zeros(1, dtype=torch.float32, device=dev), pos)
-        half = cos.shape[-1] // 2
-        fp = rope_table_fingerprint(cos[0, :, :half], sin[0, :, :half])
+        table = per_frequency(cos[0], sin[0], getattr(rot, "inv_freq", None))
+        fp = UNKNOWN if table is None else rope_table_fingerprint(*table)
     except Exception:  # noqa: BLE001 - a rotary with another signature: unknown, not guessed
         fp = UNKNOWN
     return {f"layers.{i}": fp for i in range(n)}
+
+
+def per_frequency(cos, sin, inv_freq) -> tuple | None:
+    """An HF rotary's ``cos``, ``sin`` [P, w] as the canonical table's halves [P, rotary_dim/2] (one
+    column per frequency, module doc), or None when the width is not one of the two layouts.
+
+    ``inv_freq``: the rotary's inverse frequencies [rotary_dim/2] (None: not held; then only a doubled
+    table is recognised, by its equal halves). w == len(inv_freq): the table as it is (GPT-OSS);
+    w == 2 * len(inv_freq) and the halves equal: the first half (``cat(freqs, freqs)``)."""
+    w = int(cos.shape[-1])
+    freqs = int(inv_freq.numel()) if isinstance(inv_freq, torch.Tensor) else None
+    if freqs is not None and w == freqs:
+        return cos, sin
+    if (freqs is None and w % 2 == 0) or w == 2 * (freqs or 0):
+        h = w // 2
+        # the halves are one computation on the same angles; a vectorised cos may still round a lane apart
+        if all(torch.allclose(t[:, :h], t[:, h:], rtol=_SAME, atol=_SAME) for t in (cos, sin)):
+            return cos[:, :h], sin[:, :h]
+    return None
 
 
 def reference_rope_tables(draft, config) -> dict[str, str]:

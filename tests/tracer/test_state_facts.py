@@ -158,3 +158,73 @@ def test_a_deepseek_yarn_table_fingerprints_alike_from_transformers_and_sglangs_
     served = cos_sin_cache_fingerprint(types.SimpleNamespace(cos_sin_cache=cache, position_start=0))
     trained = hf_rope_tables(load_target(folder))
     assert set(trained.values()) == {served}
+
+
+#: GPT-OSS's own rope (gpt-oss-20b/120b config.json: YaRN, factor 32, beta 32/1, not truncated), over fewer
+#: original positions so SGLang's cache (original x factor rows) stays small
+_GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                 "original_max_position_embeddings": 256, "rope_theta": 150000.0}
+
+
+def _gpt_oss(rope: dict):
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    cfg = GptOssConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=32, num_local_experts=2, num_experts_per_tok=1,
+                       max_position_embeddings=8192, layer_types=["sliding_attention", "full_attention"],
+                       rope_parameters=dict(rope))
+    return GptOssForCausalLM(cfg)
+
+
+def _sglang_cache(rope: dict, head_dim: int = 32):
+    """The ``cos_sin_cache`` SGLang 0.5.23 builds for this GPT-OSS rope (``get_rope``, factory.py): the base
+    rotary's (base.py ``_compute_cos_sin_cache``, as ``_Rotary``) or ``YaRNScalingRotaryEmbedding``'s, whose
+    __init__ is replayed here (yarn.py:97-135: mscale from the factor, times attn_factor 1) as it needs SGLang's
+    platform; the rotary is built for the original positions and caches them x factor (yarn.py:171-180)."""
+    if rope["rope_type"] == "default":
+        inv = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        freqs = torch.arange(512, dtype=torch.float)[:, None] * inv
+        return torch.cat([freqs.cos(), freqs.sin()], -1)
+    from sglang.srt.layers.rotary_embedding.yarn import YaRNScalingRotaryEmbedding, yarn_get_mscale_simple
+
+    rot = YaRNScalingRotaryEmbedding.__new__(YaRNScalingRotaryEmbedding)
+    rot.head_size = rot.rotary_dim = head_dim
+    rot.max_position_embeddings, rot.base = rope["original_max_position_embeddings"], rope["rope_theta"]
+    rot.scaling_factor, rot.extrapolation_factor, rot.attn_factor = rope["factor"], 1, 1
+    rot.beta_fast, rot.beta_slow, rot.truncate = rope["beta_fast"], rope["beta_slow"], rope["truncate"]
+    rot.mscale = float(yarn_get_mscale_simple(rope["factor"]))
+    return rot._compute_cos_sin_cache()
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 10000.0}, _GPT_OSS_YARN],
+                         ids=["default", "yarn"])
+def test_a_gpt_oss_table_of_one_column_per_frequency_fingerprints_as_sglangs_cache(rope):
+    # transformers' GPT-OSS rotary returns cos and sin [P, rotary_dim/2] (modeling_gpt_oss.py:186-192), not
+    # cat(freqs, freqs): taking its first half fingerprinted a quarter of the frequencies, and a correct tiny
+    # GPT-OSS pair's target_rope differed on every layer (2026-12-07). YaRN's attention scaling (1.35 at
+    # factor 32) is in both tables.
+    import types
+
+    from specdiff.replay.record.train_state import hf_rope_tables
+
+    if rope["rope_type"] == "yarn":
+        pytest.importorskip("sglang")
+    served = cos_sin_cache_fingerprint(types.SimpleNamespace(cos_sin_cache=_sglang_cache(rope), position_start=0))
+    assert set(hf_rope_tables(_gpt_oss(rope)).values()) == {served}
+    # a rope mistake still shows: another theta is another table
+    assert set(hf_rope_tables(_gpt_oss({**rope, "rope_theta": rope["rope_theta"] * 2})).values()) != {served}
+
+
+def test_a_rotary_output_of_another_width_is_unknown_not_a_table():
+    from specdiff.replay.record.train_state import per_frequency
+
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float) / 8))  # 4 frequencies
+    freqs = torch.arange(16, dtype=torch.float)[:, None] * inv
+    cos, sin = freqs.cos(), freqs.sin()
+    doubled = (torch.cat([cos, cos], -1), torch.cat([sin, sin], -1))
+    for got in (per_frequency(cos, sin, inv), per_frequency(*doubled, inv), per_frequency(*doubled, None)):
+        assert got is not None and torch.equal(got[0], cos) and torch.equal(got[1], sin)
+    assert per_frequency(cos[:, :3], sin[:, :3], inv) is None  # neither layout's width
+    assert per_frequency(cos, sin, None) is None  # one column per frequency cannot be told without inv_freq
+    # twice the frequencies wide, but the halves differ: not cat(freqs, freqs)
+    assert per_frequency(torch.cat([cos, cos.flip(-1)], -1), torch.cat([sin, sin.flip(-1)], -1), inv) is None

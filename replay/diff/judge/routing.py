@@ -30,6 +30,13 @@ row of an aux slot j >= 1 whose inputs agree fits it:
   at an earlier slot) decays over many more rows and need only end before its sequence does. A
   real bug at a position range (a wrong window, rope, chunk or layer) fails runs that do not
   decay, or last to the end of the sequence, or most rows;
+- a run whose positions all hold one token (a token repeated, as a random target loops on one) is as
+  many flips as rows, not a flip and its tail: the router sees nearly the same input at each of them,
+  so a near tie at one is a near tie at the next, and each row is an event of its own (no fading, no
+  agreeing row after it asked). Measured (tiny GPT-OSS chain pair on an AVX-512 Xeon): ``target.aux.2``
+  seq 2 pos 66-68, token 221 repeated to the end of the sequence, at rel 0.154, 0.154, 0.155; float32
+  transformers' layer-4 router margins there 0.011, 0.004, 0.012; forcing the runner-up expert at one
+  position brings that row alone to rel 0.033 (the rows around it: 0.032-0.035), at all three all three;
 - each row still points the same way (cosine > 0, rel error < ``ROUTING_MAX_REL``): other experts
   of the same layer, not another layer or garbage;
 - they are few: at most ``ROUTING_MAX_FRAC`` events per row whose inputs agree (the target
@@ -154,7 +161,8 @@ class RoutingFlips:
         fraction: events (runs of consecutive positions: a flip and its carried tail) / rows whose
             inputs agree; bound: ``ROUTING_MAX_FRAC`` used.
         max_rel: the largest relative error among them; longest_run: their longest run of
-            consecutive positions in one sequence; events: the number of runs.
+            consecutive positions in one sequence; events: the number of runs, a run that repeats one
+            token counted row by row (module doc); repeated: the rows of such runs.
         family: ``TargetFamily.words()``.
     """
 
@@ -167,6 +175,7 @@ class RoutingFlips:
     longest_run: int
     family: str
     events: int = 0
+    repeated: int = 0
 
     @property
     def cause(self) -> str:
@@ -177,6 +186,8 @@ class RoutingFlips:
         where = (f"at isolated positions (longest run {self.longest_run})" if self.longest_run <= ROUTING_MAX_RUN
                  else f"in {self.events} events: a flip (at this slot or an earlier one) and the rows after it that the "
                       f"target's attention carries it to (longest run {self.longest_run})")
+        if self.repeated:
+            where += f"; {self.repeated} of them repeat one token, each its own near tie"
         return (f"MoE routing near-tie: {len(self.rows)} {self.tensor} row(s) ({self.fraction:.1%} events per row "
                 f"whose inputs agree, at most {self.bound:.0%} allowed) differ where {self.previous} agrees, {where}, "
                 f"max_rel {self.max_rel:.3g}: bf16 near-ties in the router send these tokens to other experts on "
@@ -193,6 +204,25 @@ def _runs(pair: np.ndarray, pos: np.ndarray) -> list[np.ndarray]:
         return []
     step = (np.diff(pair) == 0) & (np.diff(pos) == 1)
     return np.split(np.arange(len(pair)), np.nonzero(~step)[0] + 1)
+
+
+def _one_token_runs(runs: list[np.ndarray], pair: np.ndarray, pos: np.ndarray,
+                    tokens: dict[int, np.ndarray]) -> tuple[list[np.ndarray], int]:
+    """``runs`` (index arrays into rows sorted by (pair, pos)) with every run longer than
+    ``ROUTING_MAX_RUN`` whose positions all hold one token split into its rows, one event each (module
+    doc), and how many rows were split. ``tokens``: aligned pair -> serving's tokens by aligned position;
+    a run of a pair without them, or past them, stays whole."""
+    out, repeated = [], 0
+    for r in runs:
+        seq = tokens.get(int(pair[r[0]]))
+        p = pos[r]
+        if len(r) > ROUTING_MAX_RUN and seq is not None and p.min() >= 0 and p.max() < len(seq) \
+                and (seq[p] == seq[p[0]]).all():
+            out += [r[i:i + 1] for i in range(len(r))]
+            repeated += len(r)
+        else:
+            out.append(r)
+    return out, repeated
 
 
 def _undecayed(runs: list[np.ndarray], rel: np.ndarray, after_agrees: np.ndarray,
@@ -243,7 +273,8 @@ def _after_upstream(comp, idx: np.ndarray, counted: np.ndarray, carried: dict[in
 
 
 def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
-                  counted: np.ndarray, carried: dict[int, int] | None = None) -> RoutingFlips | str | None:
+                  counted: np.ndarray, carried: dict[int, int] | None = None,
+                  tokens: dict[int, np.ndarray] | None = None) -> RoutingFlips | str | None:
     """The routing near-ties that explain ``candidates`` (bool [n]: the failing rows of
     ``comp``, a ``target.aux.{j}`` comparison, whose inputs agree); when any of them does not fit
     (module doc) nothing is explained and the answer is why, in words (for the report); None when
@@ -252,7 +283,9 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
     ``previous``: the comparison of ``target.aux.{j-1}`` (None: not compared, nothing is
     explained); ``counted``: bool [n], the rows whose inputs agree (the fraction's denominator);
     ``carried``: pair -> its first extended position, for pairs whose radix-cached prefix carries an
-    explained flip of another sequence (judge/prefix_carry.py).
+    explained flip of another sequence (judge/prefix_carry.py); ``tokens``: aligned pair -> serving's
+    tokens by aligned position (judge/prefix_carry.py ``CachedPrefixes.tokens``), to tell a run that
+    repeats one token.
     """
     if not eligible(comp.name, family) or previous is None or not candidates.any():
         return None
@@ -260,7 +293,8 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
     idx = np.nonzero(candidates)[0]
     idx = idx[np.lexsort((m.pos[idx], m.pair[idx]))]  # by (pair, pos): runs are consecutive rows
     readable = int((counted & (comp.status != UNREADABLE)).sum())
-    runs = _runs(m.pair[idx], m.pos[idx])
+    whole = _runs(m.pair[idx], m.pos[idx])
+    runs, repeated = _one_token_runs(whole, m.pair[idx], m.pos[idx], tokens or {})
     frac = len(runs) / readable if readable else 1.0
     if comp.nonfinite[idx].any():
         return "non-finite rows"
@@ -284,7 +318,7 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
         return f"{previous.name} has no row at some of them"
     if (previous.status[order][at] > 1).any():  # DIVERGED or UNREADABLE there
         return f"{previous.name} already differs (or is unreadable) at some of them"
-    run = max(len(r) for r in runs)
+    run = max(len(r) for r in whole)
     flat = _undecayed(runs, comp.score[idx], _next_agrees(comp, idx, counted), _after_upstream(comp, idx, counted, carried or {}))
     if flat is not None:
         r, how = flat
@@ -296,7 +330,7 @@ def routing_flips(comp, previous, family: TargetFamily, candidates: np.ndarray,
             for i in idx]
     j = aux_slot(comp.name)
     return RoutingFlips(comp.name, aux_name(j - 1), rows, frac, bound(comp.tolerance),
-                        float(comp.score[idx].max()), run, family.words(), len(runs))
+                        float(comp.score[idx].max()), run, family.words(), len(runs), repeated)
 
 
 class RoutingJudge:
@@ -316,9 +350,10 @@ class RoutingJudge:
         prefixes = scene.prefixes
         carried = ({p: at for p, (at, _) in prefixes.carried_starts(scene.upstream).items()} if prefixes is not None
                    else {})
+        tokens = prefixes.tokens if prefixes is not None else {}
 
         def judge(comp, candidates):
-            got = routing_flips(comp, previous, family, candidates, counted, carried)
+            got = routing_flips(comp, previous, family, candidates, counted, carried, tokens)
             if isinstance(got, str):
                 comp.stats["routing_not_named"] = got
                 comp.stats["routing_family"] = family.words()  # the report names the family without reading contracts

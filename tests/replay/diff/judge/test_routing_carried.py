@@ -25,14 +25,18 @@ MOE = {"target_architecture": "GptOssForCausalLM", "target_num_experts": 4, "tar
 MEASURED = [0.389, 0.060, 0.064, 0.057, 0.057, 0.056, 0.059, 0.054, 0.055, 0.052, 0.047]
 
 
-def write_pair(root, moved: dict) -> tuple[str, str]:
+def write_pair(root, moved: dict, repeat: tuple = ()) -> tuple[str, str]:
     """Training and serving traces with ``tokens`` and three aux slots; serving is bf16-sized noise
     off training, and ``moved[(seq, pos)] = rel`` moves serving's ``target.aux.1`` row there by
-    ``rel`` (``target.aux.2`` follows it, ``target.aux.0`` agrees)."""
+    ``rel`` (``target.aux.2`` follows it, ``target.aux.0`` agrees). ``repeat``: (seq, first, last)
+    stretches whose positions all hold one token (both sides)."""
     base = {"hidden_size": H, "num_layers": 8, "aux_hf_indices": [0, 3, 8], "dtype": "bfloat16"}
     with TracePair(root, contract=base, serve=MOE) as pair:
         for s in range(N_SEQ):
             toks = pair.rng.integers(0, 1000, T + 1)
+            for rs, lo, hi in repeat:
+                if rs == s:
+                    toks[lo:hi + 1] = toks[lo]
             aux = pair.rng.standard_normal((3, T, H)).astype(np.float32)
             for w in pair.sides(s, toks, prompt_len=4):
                 a = w.jitter(aux)
@@ -79,3 +83,38 @@ def test_a_run_that_does_not_fade_out_is_still_a_divergence(tmp_path, case, move
     assert report.first is not None and report.first.name == "target.aux.1", (case, report.verdict())
     assert not report.legitimate
     assert why in report.first.stats["routing_not_named"], report.first.stats["routing_not_named"]
+
+
+#: the measured flat run (tiny GPT-OSS, AVX-512 Xeon, replay/diff/judge/routing.py module doc): three rows of
+#: one repeated token at the end of a sequence, each its own layer-4 router near tie
+REPEATED = {(3, T - 3): 0.154, (3, T - 2): 0.154, (3, T - 1): 0.155}
+
+
+def test_a_flat_run_of_one_repeated_token_is_as_many_flips_as_rows(tmp_path):
+    # the token repeats from the row before the run (which agrees) to the end of the sequence
+    report = diff_traces(*write_pair(tmp_path, {**ISOLATED, **_measured(), **REPEATED}, repeat=((3, T - 4, T),)),
+                         narrow=False)
+    assert report.first is None, report.verdict()  # before: "they form a run of 3 ... does not fade out"
+    (flip,) = report.legitimate
+    assert flip.repeated == 3 and flip.longest_run == 10
+    assert flip.events == 5 + 3  # the measured flip, four isolated ones, and each repeated row its own
+    assert "3 of them repeat one token, each its own near tie" in flip.message
+
+
+@pytest.mark.parametrize(("case", "repeat"), [
+    ("other tokens", ()),
+    # one token, but the run's first row holds another: a flip and a tail that does not fade
+    ("not one token", ((3, T - 2, T),)),
+])
+def test_a_flat_run_of_other_tokens_is_still_a_divergence(tmp_path, case, repeat):
+    report = diff_traces(*write_pair(tmp_path, {**ISOLATED, **_measured(), **REPEATED}, repeat=repeat), narrow=False)
+    assert report.first is not None and report.first.name == "target.aux.1", (case, report.verdict())
+    assert "more than 0.5 of it" in report.first.stats["routing_not_named"], report.first.stats["routing_not_named"]
+
+
+def test_one_repeated_token_failing_on_many_rows_is_still_a_divergence(tmp_path):
+    # a bug at a position range over a token the target loops on: each row an event, more than routing explains
+    moved = {(3, t): 0.08 for t in range(20, T)}
+    report = diff_traces(*write_pair(tmp_path, {**ISOLATED, **moved}, repeat=((3, 20, T),)), narrow=False)
+    assert report.first is not None and report.first.name == "target.aux.1", report.verdict()
+    assert "routing near-ties may explain" in report.first.stats["routing_not_named"]
