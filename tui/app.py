@@ -176,6 +176,7 @@ class SpecdiffApp(FixActions, ExportActions, App):
             report = diff_opened(self.traces, preset=preset, overrides=self.overrides, progress=progress,
                                  on_first=lambda early: self.post_message(DiffEarly(early)),
                                  on_partial=on_partial if self.report is None else None)
+            report.verdict()  # what it reads once (the serving rows' accounting: key columns) is read here, off the UI thread
             tokenizer, why_not = load_tokenizer(report)
             vm = ViewModel(report, tokenizer=tokenizer, tokenizer_note=why_not)
         except SpecdiffError as exc:

@@ -150,7 +150,9 @@ def account(traces: Pair, alignment: Alignment, comparisons: dict[str, TensorCom
     ``comparisons``, accounted for per draft depth (module doc). Reads each tensor's key columns on both
     sides; tensors that side did not record have no rows. ``labels``: the sides' names."""
     other = "x" if side == "y" else "y"
-    checked = "tokens" in comparisons and comparisons["tokens"].kind != "structure"
+    # a tokens comparison with no row (one side recorded no tokens: compare_all still lists it) checked no path
+    checked = ("tokens" in comparisons and comparisons["tokens"].kind != "structure"
+               and comparisons["tokens"].stats.get("rows", 0) > 0)
     maps = Pair({p.seq.x: (p.index, p.length, p.start.x) for p in alignment.seq_pairs},
                 {p.seq.y: (p.index, p.length, p.start.y) for p in alignment.seq_pairs})
     tensors = {}
@@ -170,13 +172,15 @@ def row_codes(traces: Pair, maps: Pair, comp: TensorComparison, *, side: str,
     rows are then compared only on agreeing token paths, else never)."""
     other = "x" if side == "y" else "y"
     trace, m = getattr(traces, side), getattr(maps, side)
-    if comp.kind == "structure":
-        depth = trace.keys(comp.name, columns=("depth",))["depth"].astype(np.int64)
-        return depth, np.full(len(depth), _CODE["structure"], np.int64)
-    packed, valid = _keyed(trace, comp.name, m)
-    depth = packed & 0xFF  # every row's own depth, paired or not (align.pack_keys: its low byte)
-    keys = trace.keys(comp.name, columns=("seq", "pos"))
+    keys = trace.keys(comp.name, columns=("seq", "pos", "depth"))
     seq, pos = keys["seq"].astype(np.int64), keys["pos"].astype(np.int64)
+    # a key read from a damaged chunk is -1 (tracer/store/reader.py): such a row is unreadable, at depth 0
+    damaged = (seq < 0) | (pos < 0) | (keys["depth"] < 0)
+    if comp.kind == "structure":
+        depth = np.where(damaged, 0, keys["depth"]).astype(np.int64)
+        return depth, np.where(damaged, _CODE["unreadable"], _CODE["structure"]).astype(np.int64)
+    packed, valid = _keyed(trace, comp.name, m)
+    depth = np.where(damaged, 0, packed & 0xFF)  # every row's own depth, paired or not (align.pack_keys: its low byte)
     code = np.full(len(seq), _CODE["not_compared"], np.int64)
     ids = np.array(sorted(m), np.int64)
     start = np.array([m[i][2] for i in ids.tolist()], np.int64)
@@ -198,6 +202,7 @@ def row_codes(traces: Pair, maps: Pair, comp: TensorComparison, *, side: str,
     # paired rows the comparison dropped: depth >= 1 rows off the token path (compare.py _filter_depth)
     deep = firsts[has & (depth[firsts] > 0)] if spec_for(comp.name).by_depth else firsts[:0]
     code[deep] = _CODE["off_path" if path_checked else "unchecked_path"]
+    code[damaged] = _CODE["unreadable"]
     code[getattr(comp.match.rows, side)] = _compared_codes(comp)
     return depth, code
 

@@ -63,6 +63,9 @@ from specdiff.tracer.schema import aux_name, aux_slot
 ROUTING_MAX_FRAC = 0.10
 #: longest run of consecutive failing positions of one sequence that need not decay
 ROUTING_MAX_RUN = 2
+#: longest run of one repeated token counted as that many near ties (module doc; measured: 3 rows);
+#: a longer flat run of one token is judged as any run (a bug over a looping tail stays a divergence)
+ROUTING_MAX_REPEAT = 2 * ROUTING_MAX_RUN
 #: a longer run is a flip and its attention-carried tail: its last row at most this share of its
 #: largest (measured: 0.13-0.27 on tiny GPT-OSS; a bug's run of even rows is near 1)
 ROUTING_TAIL_SHARE = 0.5
@@ -209,15 +212,16 @@ def _runs(pair: np.ndarray, pos: np.ndarray) -> list[np.ndarray]:
 def _one_token_runs(runs: list[np.ndarray], pair: np.ndarray, pos: np.ndarray,
                     tokens: dict[int, np.ndarray]) -> tuple[list[np.ndarray], int]:
     """``runs`` (index arrays into rows sorted by (pair, pos)) with every run longer than
-    ``ROUTING_MAX_RUN`` whose positions all hold one token split into its rows, one event each (module
+    ``ROUTING_MAX_RUN``, and at most ``ROUTING_MAX_REPEAT`` long, whose positions all hold one token split
+    into its rows, one event each (module
     doc), and how many rows were split. ``tokens``: aligned pair -> serving's tokens by aligned position;
     a run of a pair without them, or past them, stays whole."""
     out, repeated = [], 0
     for r in runs:
         seq = tokens.get(int(pair[r[0]]))
         p = pos[r]
-        if len(r) > ROUTING_MAX_RUN and seq is not None and p.min() >= 0 and p.max() < len(seq) \
-                and (seq[p] == seq[p[0]]).all():
+        if ROUTING_MAX_RUN < len(r) <= ROUTING_MAX_REPEAT and seq is not None and p.min() >= 0 \
+                and p.max() < len(seq) and (seq[p] == seq[p[0]]).all():
             out += [r[i:i + 1] for i in range(len(r))]
             repeated += len(r)
         else:
@@ -237,7 +241,8 @@ def _undecayed(runs: list[np.ndarray], rel: np.ndarray, after_agrees: np.ndarray
     over many more rows. Measured (a correct DeepSeek-V3 pair, ``make test-seeds``): a layer flip at
     ``target.aux.1`` seq 3 pos 17 (rel 0.82) left the next rows at 0.035 there and at 0.062, 0.056,
     ..., 0.055 (6 rows over 0.05), then 0.045-0.036 over 16 more at ``target.aux.2``. It must still
-    end before its sequence does."""
+    end before its sequence does. (A short run of one repeated token reaches here split into single
+    rows, ``_one_token_runs``: each its own near tie, with no tail to fade.)"""
     for r in runs:
         if len(r) <= ROUTING_MAX_RUN:
             continue

@@ -31,7 +31,8 @@ EXAMPLE = Path(__file__).resolve().parents[4] / "traces" / "examples" / "seed"
 
 def write_pair(root: Path, *, off_path: bool = False, hide_bug: bool = False, unmatched: bool = False,
                sibling: bool = False, train_gap: bool = False, no_tokens: bool = False, wider: bool = False,
-               head: bool = False, continues: bool = False, moved_aux: bool = False) -> tuple[str, str]:
+               head: bool = False, continues: bool = False, moved_aux: bool = False,
+               serve_tokens_only: bool = False) -> tuple[str, str]:
     """(training path, serving path) under ``root``. Serving's knobs: ``off_path``: its depth-1 token at
     positions ``OFF`` of sequence 0 is its own pick (one more than the true token), so those positions'
     depth 1 and 2 rows are off training's path; ``hide_bug``: its ``draft.hidden_out`` rows there are moved by
@@ -41,7 +42,7 @@ def write_pair(root: Path, *, off_path: bool = False, hide_bug: bool = False, un
     token (another token format); ``continues``: sequence 0 goes on with other tokens from position
     ``OTHER``; ``moved_aux``: ``target.aux.0`` and ``draft.hidden_out`` moved at every row. Training's:
     ``train_gap``: no ``draft.hidden_out`` row at (seq 0, pos 3, depth 0). Both: ``no_tokens``: no
-    ``tokens`` tensor."""
+    ``tokens`` tensor; ``serve_tokens_only``: training records none."""
     rng = np.random.default_rng(0)
     seqs = [rng.integers(10, 1000, T + 1 + DEPTHS) for _ in range(2 + unmatched)]
     hidden = [rng.standard_normal((DEPTHS, T, H)).astype(np.float32) for _ in seqs]
@@ -78,7 +79,8 @@ def write_pair(root: Path, *, off_path: bool = False, hide_bug: bool = False, un
                         h = h + 0.3 * np.abs(h).mean() * noise.standard_normal(h.shape)
                     if serving and wider:
                         h = np.concatenate([h, np.zeros((len(p), 1))], axis=1)
-                    rows = {"draft.hidden_out": h.astype(np.float32), **({} if no_tokens else {"tokens": fed})}
+                    rows = {"draft.hidden_out": h.astype(np.float32), **({} if no_tokens or (serve_tokens_only and not serving)
+                                                                  else {"tokens": fed})}
                     for name, v in rows.items():
                         at = keep if name == "draft.hidden_out" else slice(None)
                         w.append(name, v[at], seq=sid, pos=p[at], depth=np.full(len(p[at]), k))
@@ -199,6 +201,30 @@ def test_a_damaged_chunk_is_left_out_as_unreadable(tmp_path):
     assert_adds_up(report, acc)
     assert rows_left(acc, "unreadable") == report.comparisons["draft.hidden_out"].stats["unreadable_rows"] > 0
     assert sum(d.agree for d in acc.tensors["draft.hidden_out"]) == 0  # never agreement
+
+
+@pytest.mark.parametrize("head", [False, True])
+def test_tokens_on_one_side_only_check_no_path(tmp_path, head):
+    """Training recorded no tokens: no depth >= 1 row was checked against a token path, so none is "off
+    training's path" (with token formats compare_all still lists a tokens comparison, with no row)."""
+    report, acc = accounted(write_pair(tmp_path, serve_tokens_only=True, head=head))
+    assert rows_left(acc, "off_path") == 0
+    assert rows_left(acc, "unchecked_path") > 0
+
+
+@pytest.mark.parametrize("key", ["depth", "seq"])
+def test_a_damaged_key_chunk_is_unreadable_rows_not_a_crash_or_another_depth(tmp_path, key):
+    """A key column read from a damaged chunk is -1 (tracer/store/reader.py): those rows are unreadable,
+    counted at depth 0, and the report still renders (a -1 depth made np.bincount raise)."""
+    paths = write_pair(tmp_path)
+    chunk = Path(paths[1]) / "tensors" / "draft.hidden_out" / key / "c" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:10])
+    report, acc = accounted(paths)
+    depths = [d.depth for d in acc.tensors["draft.hidden_out"]]
+    assert max(depths) < DEPTHS, depths  # no row at depth 255 (-1's low byte)
+    unreadable = sum(d.left_out.get("unreadable", 0) for d in acc.tensors["draft.hidden_out"])
+    assert unreadable > 0 and sum(d.agree for d in acc.tensors["draft.hidden_out"]) == 0
+    assert json.loads(render_json(report))["serving_rows"]["rows"] == acc.rows and render_text(report)
 
 
 def test_rows_whose_inputs_differ_upstream_are_inherited_not_agreement(tmp_path):

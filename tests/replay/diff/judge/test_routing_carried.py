@@ -113,8 +113,21 @@ def test_a_flat_run_of_other_tokens_is_still_a_divergence(tmp_path, case, repeat
 
 
 def test_one_repeated_token_failing_on_many_rows_is_still_a_divergence(tmp_path):
-    # a bug at a position range over a token the target loops on: each row an event, more than routing explains
+    # a bug at a position range over a token the target loops on: longer than ROUTING_MAX_REPEAT, so judged
+    # as any run (it does not fade); split row by row it would be more events than routing explains
     moved = {(3, t): 0.08 for t in range(20, T)}
     report = diff_traces(*write_pair(tmp_path, {**ISOLATED, **moved}, repeat=((3, 20, T),)), narrow=False)
     assert report.first is not None and report.first.name == "target.aux.1", report.verdict()
-    assert "routing near-ties may explain" in report.first.stats["routing_not_named"]
+    assert "does not fade out" in report.first.stats["routing_not_named"]
+
+
+def test_a_longer_flat_run_of_one_repeated_token_is_still_a_divergence(tmp_path):
+    """Past ROUTING_MAX_REPEAT rows a flat run of one token is judged as any run: a bug over a looping tail
+    (five rows at the measured level to the sequence's end) is not split into near ties."""
+    from specdiff.replay.diff.judge.routing import ROUTING_MAX_REPEAT
+
+    flat = {(3, T - k): 0.154 for k in range(1, ROUTING_MAX_REPEAT + 2)}
+    report = diff_traces(*write_pair(tmp_path, {**ISOLATED, **_measured(), **flat},
+                                     repeat=((3, T - ROUTING_MAX_REPEAT - 2, T),)), narrow=False)
+    assert report.first is not None and report.first.name == "target.aux.1", report.verdict()
+    assert "more than 0.5 of it" in report.first.stats["routing_not_named"], report.first.stats["routing_not_named"]
