@@ -18,8 +18,8 @@ an id captures is ``engine_capture``; this module only applies them to a draft c
 - vLLM 0.32.0's V1 runner reads the top-level ``eagle_aux_hidden_state_layer_ids`` and, when that
   is absent or empty, ``eagle_config``'s (v1/worker/gpu_model_runner.py:5268-5283). fc is built
   for K = ``num_aux_hidden_states`` / len(eagle_config ids) / 3 (llama_eagle3.py:209-216): the
-  top-level ids are not counted. Measured crash with a missing slot: ``shape '[-1, K*H]' is
-  invalid`` (shared/research/vllm-cpu.md).
+  top-level ids are not counted. The crash with a missing slot is in the words of the kernel fc runs
+  on (``VLLM.slot_crash``: AMX's packed linear, oneDNN's reshape or torch's matmul, by the CPU).
 """
 
 from __future__ import annotations

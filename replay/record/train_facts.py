@@ -3,7 +3,7 @@ computation as the reference forward runs it (``draft_computation_facts``), the 
 options, structures and weight fingerprints read off the live models (``live_facts``), the
 pre-flight findings on the pair as recorded (``preflight_facts``) and a note where serving's and
 training's last slot differ in pre-norm vs post-norm (``prenorm_notes``).
-``record_train.TrainSide.contract`` gathers them with the rest.
+``train_side.TrainSide.contract`` gathers them with the rest.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def write_train_trace(side, seqs, out: str, *, replay: str | None = None, overwr
                       floor_filter: Callable[[dict], dict] | None = None,
                       progress: Callable[[int], None] | None = None,
                       on_start: Callable[[int, RecordTrainResult], None] | None = None) -> RecordTrainResult:
-    """Write the training trace of ``side`` (a ``record_train.TrainSide``) over ``seqs`` at ``out``.
+    """Write the training trace of ``side`` (a ``train_side.TrainSide``) over ``seqs`` at ``out``.
 
     Args:
         replay: the serving trace the sequences come from (contract ``replay_of``), or None.

@@ -196,3 +196,13 @@ def test_an_emptied_parameter_is_never_taken_for_another_models(tmp_path):
     assert not_provided(left, draft, shared_from=target) == left
     draft.layers[1].qkv.weight = target.layers[1].qkv.weight  # the target's own object is the target's
     assert "layers.1.qkv.weight" not in not_provided(left, draft, shared_from=target)
+
+
+def test_sglangs_tied_weight_check_takes_no_two_empty_tensors_for_one():
+    import torch
+
+    from specdiff.tracer.engines.sglang.weight_facts import _same_tensor
+
+    w = torch.ones(4, 2)
+    assert _same_tensor(w, w) and not _same_tensor(w, torch.ones(4, 2))
+    assert not _same_tensor(torch.empty(0), torch.empty(0))  # both pointers 0: nothing shared

@@ -99,7 +99,7 @@ _QWEN2MOE_INNER = ("layers_to_capture=qwen2_moe.py:1151 start_layer=qwen2_moe.py
                    "embed_tokens=qwen2_moe.py:1115")
 
 #: live target class name -> its layout (SGLang 0.5.23). A class not here is read through
-#: Llama's names, with one warning saying so (contract.target_language_model).
+#: Llama's names, with one warning saying so (reading.target_language_model).
 TARGET_LAYOUTS: dict[str, TargetLayout] = {c: lay for lay in (
     TargetLayout(_M + "llama.LlamaForCausalLM", _M + "llama.LlamaModel", ("LlamaForCausalLM",), _src(
         "model=llama.py:567 lm_head=llama.py:573 capture_aux_hidden_states=llama.py:591 config=llama.py:565 "

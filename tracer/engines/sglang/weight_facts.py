@@ -17,7 +17,9 @@ logger = logging.getLogger("specdiff.tracer")
 
 
 def _same_tensor(a, b) -> bool:
-    return a is not MISSING and b is not MISSING and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+    # an empty tensor's pointer is 0 like every other empty tensor's: it proves no sharing (weight_facts.not_provided)
+    return (a is not MISSING and b is not MISSING and a.numel() > 0 and a.data_ptr() == b.data_ptr()
+            and a.shape == b.shape)
 
 
 def _weight_sha(w, rows, what: str):
