@@ -56,9 +56,14 @@ class EngineSpec:
         slot_crash: the error its first request raises when fewer aux slots arrive than fc was built
             for, quoted as the engine words it; ``{got}`` / ``{want}``: the arriving and the fc input
             widths (K x H).
-        fc_from_config: pre-flight judges the slots it captures against the fc its draft builds from
-            the config (``preflight.engines.fc_slots``); False: against the slots fc.weight holds, a config
-            that builds another fc being a finding of its own (``aux.fc_width``).
+        fc_slots_from_config: the fc a capture meets is the one its draft builds from the config, and pre-flight
+            reads the slot count there (``preflight.engines.fc_slots``: ``num_aux_hidden_states``, else the
+            ``eagle_config`` ids, else 3), a checkpoint whose fc.weight holds another count failing to load
+            (``weights.shape``); False: pre-flight reads the count from fc.weight. Both engines build fc from
+            the config (SGLang 0.5.23 llama_eagle3.py:156-161, vLLM 0.32.0 llama_eagle3.py:209-216); vLLM's
+            config count leaves out the top-level ids it captures from, so a config that builds another fc
+            than fc.weight holds is a finding of its own there (``aux.fc_width``) and its captured slots are
+            judged against the weights.
         later_input_norm: the norm a later draft layer (1..n-1) normalises its input with,
             ``layers.{i}.<later_input_norm>.weight``: a checkpoint whose trained norm sits under the
             other name is served with the ones the engine built.
@@ -92,7 +97,7 @@ class EngineSpec:
     aux_family_rules: bool = False
     fc_skip_at_width: bool = False
     slot_crash: str = ""
-    fc_from_config: bool = False
+    fc_slots_from_config: bool = False
     later_input_norm: str = "input_layernorm"
     norm_before_residual: bool = True
     draft_window_option: str = ""
@@ -134,7 +139,7 @@ SGLANG = EngineSpec(
     # the fc matmul (llama_eagle3.py:247) on fewer slots; measured: tests/tracer/test_crash_first_request.py
     slot_crash="'mat1 and mat2 shapes cannot be multiplied (Nx{got} and {want}xHd)'",
     # fc is built for num_aux_hidden_states / len(eagle_config ids) / 3 slots (llama_eagle3.py:156-161)
-    fc_from_config=True,
+    fc_slots_from_config=True,
     # a later layer's input: hidden_states, residual = self.hidden_norm(hidden_states, residual)
     # (llama_eagle3.py:103-105); input_layernorm normalises only layer 0's embeddings (:101)
     later_input_norm="hidden_norm",
@@ -173,7 +178,7 @@ VLLM = EngineSpec(
                 "failed. {got} vs {want}' (AMX weight_packed_linear), by the kernel vLLM picked for fc"),
     # fc is built from the config too (llama_eagle3.py:209-216, the top-level ids not counted): another
     # count than fc.weight holds fails loading, which rules/vllm.py reports as aux.fc_width
-    fc_from_config=False,
+    fc_slots_from_config=False,
     # a later layer normalises its input with input_layernorm (llama_eagle3.py:136-138); hidden_norm
     # normalises layer 0's target state only (:110-122,134)
     later_input_norm="input_layernorm",

@@ -86,7 +86,7 @@ def run_preflight(target, draft, *, engines=ENGINES, training_layers=None, train
         k_weights = (fc_shape[1] // t.hidden_size if fc_shape is not None and len(fc_shape) == 2
                      and fc_shape[1] % t.hidden_size == 0 else cfg.num_aux)
         for e in engines:
-            k = fc_slots(d.raw) if (REGISTRY[e].fc_from_config and d.format == "specforge") else k_weights
+            k = fc_slots(d.raw) if (REGISTRY[e].fc_slots_from_config and d.format == "specforge") else k_weights
             captures[e] = resolve_engine_capture(e, raw=d.raw, fmt=d.format, num_layers=t.num_layers, k_fc=k,
                                                  aux_width=t.hidden_size, draft_hidden=cfg.hidden_size,
                                                  architecture=t.architecture)

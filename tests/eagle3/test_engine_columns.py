@@ -26,6 +26,11 @@ PINS = [
      "self.input_layernorm(hidden_states, residual)"),
     ("vllm", "norm_before_residual", True, "model_executor/models/llama_eagle3.py", (101, 104),
      "self._residual_norm = self._norm_before_residual"),
+    ("sglang", "fc_slots_from_config", True, "srt/models/llama_eagle3.py", (156, 161),
+     "self.num_aux_hidden_states = len(layer_ids) if layer_ids else 3"),
+    # vLLM builds fc from the config too, its count leaving out the top-level ids: pre-flight reads fc.weight
+    ("vllm", "fc_slots_from_config", False, "model_executor/models/llama_eagle3.py", (209, 216),
+     "self.num_aux_hidden_states = len(layer_ids) if layer_ids else 3"),
     ("sglang", "fc_skip_at_width", True, "srt/models/llama_eagle3.py", (238, 247),
      "if hidden_states.shape[-1] != embeds.shape[-1]:"),
     ("sglang", "draft_window_option", "--speculative-draft-window-size", "srt/models/llama_eagle3.py", (286, 299),
