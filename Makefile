@@ -73,12 +73,12 @@ test: $(STAMP) $(VLLM_STAMP)
 test-families: $(STAMP)
 	$(PY) -m pytest --family-pairs -m family_pair $(ARGS)
 
-# the correct family pairs again on other random targets, drafts and prompts (issue 33: a correct pair
+# the correct family pairs again on other random targets, drafts and prompts (a correct pair
 # must stay clean beyond the fixture it was tuned on); not in `make test` (about 5 min per family and seed)
 SEEDS ?= 1 2
 test-seeds: $(STAMP)
 	for s in $(SEEDS); do $(PY) -m pytest -m server --family-seed $$s --prompt-set b -s \
-		tests/tracer/engines/test_family_servers.py -k "test_correct_pair_has_no_divergence" $(ARGS) || exit 1; done
+		tests/tracer/engines/test_family_correct_pairs.py -k "test_correct_pair_has_no_divergence" $(ARGS) || exit 1; done
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

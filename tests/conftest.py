@@ -81,10 +81,10 @@ def pytest_collection_finish(session):
 
 def pytest_addoption(parser):
     parser.addoption("--family-seed", type=int, default=0, metavar="N",
-                     help="tests/tracer/engines/test_family_servers.py: build each family's random target and "
+                     help="tests/tracer/engines/test_family_*.py: build each family's random target and "
                           "draft with seeds offset by N (0: the fixed seeds CI uses); `make test-seeds`")
     parser.addoption("--prompt-set", choices=("a", "b"), default="a",
-                     help="test_family_servers.py's prompts: a (CI's) or b (another set); `make test-seeds`")
+                     help="the family servers' prompts: a (CI's) or b (another set); `make test-seeds`")
     parser.addoption("--family-pairs", action="store_true",
                      help="also run the tests marked family_pair (they build a trained target + draft of a "
                           "family other than DeepSeek-V3: 3-13 min each on 2 cores); `make test-families`")
@@ -97,11 +97,14 @@ SHARED_WORKER = {
     "demo_models/test_family_models.py": "deepseek-pair", "server/test_family_seed.py": "deepseek-pair",
     "tracer/engines/test_vllm_recorder.py": "vllm", "demo/test_vllm_demo.py": "vllm",  # vLLM's compile cache
     "server/test_multilayer_vllm_server.py": "vllm",
+    # one session-scoped server per (family, mode) read by the three (tracer/engines/conftest.py)
+    **dict.fromkeys(FAMILY_FILES := ("tracer/engines/test_family_servers.py", "tracer/engines/test_family_contract.py",
+                                     "tracer/engines/test_family_correct_pairs.py"), "family-servers"),
 }
 
 #: test files whose tests are grouped by the value of one parameter rather than as one file: each
 #: value's module-scoped servers are started where its tests run, and the values spread over the workers
-SPLIT_BY_PARAM = {"tracer/engines/test_family_servers.py": "family"}
+SPLIT_BY_PARAM = dict.fromkeys(FAMILY_FILES, "family")
 
 
 @pytest.hookimpl(tryfirst=True)  # the groups are in place before pytest-xdist reads them
@@ -121,11 +124,12 @@ def pytest_collection_modifyitems(config, items):
     moved = [f for f in (*SHARED_WORKER, *SPLIT_BY_PARAM) if not (ROOT / "tests" / f).is_file()]
     if moved:  # a renamed file would silently lose its shared server or build
         raise pytest.UsageError(f"tests/conftest.py SHARED_WORKER / SPLIT_BY_PARAM name test files that do not exist: {moved}")
-    group = {it: SHARED_WORKER.get(n, n) for it in items for n in [it.path.relative_to(ROOT / "tests").as_posix()]}
+    file = {it: it.path.relative_to(ROOT / "tests").as_posix() for it in items}
+    group = {it: SHARED_WORKER.get(file[it], file[it]) for it in items}
     rank: dict[str, list] = {}
     for it in items:  # a test's own xdist_group mark (tests/server/test_scenarios.py) overrides its file's
         own = it.get_closest_marker("xdist_group")
-        param = SPLIT_BY_PARAM.get(group[it])
+        param = SPLIT_BY_PARAM.get(file[it])
         if own is not None:
             group[it] = own.args[0] if own.args else own.kwargs["name"]
         elif param and param in getattr(getattr(it, "callspec", None), "params", {}):
