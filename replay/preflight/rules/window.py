@@ -1,7 +1,7 @@
 """The attention-window rule: a draft config that gives its layers a window (``layer_types`` /
 ``sliding_window``, speculators' keys, eagle3/attention_window.py) against what an engine that reads the
-window from a server option only (``EngineSpec.draft_window_option``) builds from it: SGLang 0.5.23 nothing,
-unless the server is given ``--speculative-draft-window-size`` (llama_eagle3.py:286-299).
+window from a server option only (``EngineSpec.draft_window_option``, read at ``draft_window_site``) builds
+from it: nothing, unless the server is given that option. Engines that read the config's keys get no finding.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ __all__ = ["check_window"]
 
 def check_window(draft: DraftInfo, *, engines: tuple[str, ...]) -> list[Finding]:
     """One finding per engine in ``engines`` that reads the window from a server option only
-    (``EngineSpec.draft_window_option``; SGLang) when the draft config gives any layer a window: it serves
-    full attention unless told the window, and with it windows every layer and counts the step's draft
-    tokens (depth >= 1 differs from speculators' rule by construction)."""
+    (``EngineSpec.draft_window_option``) when the draft config gives any layer a window: it serves full
+    attention unless told the window, and with it windows every layer and counts the step's draft tokens
+    (depth >= 1 differs from speculators' rule by construction; SGLang 0.5.23, the one engine with the
+    option, reads it so at llama_eagle3.py:286-299, its size being the config's sliding_window - 1)."""
     windows = draft.config.attention_windows
     told = [s for s in checked_specs(engines) if s.draft_window_option]
     if windows is None or not told:
@@ -43,4 +44,4 @@ def _ignored(spec: EngineSpec, sizes: list[int], where: str, *, every: bool) -> 
     return Finding("window.config_ignored", "warn", spec.name,
                    f"the draft config gives {where} an attention window of {sizes} keys back (layer_types / "
                    f"sliding_window); {spec.label} ignores those keys and serves full attention unless started "
-                   f"with {option} (llama_eagle3.py:286-299)", fix)
+                   f"with {option} ({spec.draft_window_site})", fix)
