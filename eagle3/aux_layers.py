@@ -29,9 +29,9 @@ to HF L.
 - ``vllm`` (vLLM 0.32.0): id 0 is captured before layer 0 (the embeddings), id k >= 1 after layer
   k-1 (``hidden_states + residual``), so id k = HF k for 0..L-1 and id L is the last layer's
   pre-norm output. Top-level key first, else ``eagle_config``'s. Default HF [2, L//2, L-3].
-  Same for every model with the SupportsEagle3 mixin; DeepSeek (deepseek_v2.py:1561,1586) captures
-  without it, the same numbering assumed (``vllm_family_note``: from the research note, vLLM is
-  not installed here).
+  Same for every model with the SupportsEagle3 mixin; DeepSeek captures in its own forward loop
+  (deepseek_v2.py:1561-1568 before layer idx, :1586-1587 the end_layer slot), the same numbering
+  (``vllm_family_note`` says so).
 - ``speculators`` (speculators 0.9.0): the vLLM numbering (its hidden states come from vLLM).
 - ``specforge`` (SpecForge): id k hooks the output of ``layers[k]`` = HF k+1; id L-1 is the last
   layer's pre-norm output. Default ids [1, L//2-1, L-4] = HF [2, L//2, L-3].
@@ -371,7 +371,7 @@ def engine_capture(engine: str, ids, *, num_layers: int, architecture: str | Non
     Unlike ``resolve_aux_ids`` nothing is refused: an engine silently skips an id it never
     reaches, which is what a pre-flight check must predict (sources in ``RULES``). With an
     ``architecture`` SGLang applies that target's rule (``sglang_family_rule``) and vLLM notes
-    where its numbering for that family was not verified (``vllm_family_note``).
+    where that family's model captures in its own forward, not the llama loop (``vllm_family_note``).
 
     Raises:
         ConventionError: an engine not in ``ENGINES``.

