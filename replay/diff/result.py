@@ -187,8 +187,12 @@ class DiffReport:
         acc = self.serving_rows
         if not acc.left:
             return ""
+        # the share over all tensor-rows is diluted by wholly compared tensors (every target.aux row): the
+        # lowest place's share is the one a bug in what was left out would hide behind
+        names, low = acc.places()[0]
         return (f" ({acc.label} rows compared: {share(acc.compared, acc.rows)}; {share(acc.left, acc.rows)} left "
-                f"out: see '{acc.label} rows left out')")
+                f"out; lowest: {share(low.compared, low.rows)} of {acc.place_words(names, low, shown=2)}: see "
+                f"'{acc.label} rows left out')")
 
     def margin(self) -> dict | None:
         """The compared tensor that came closest to a limit without diverging: ``{"tensor",
@@ -249,10 +253,11 @@ class DiffReport:
         return self.outcome.differing()
 
     def not_compared_rows(self) -> list[str]:
-        """Each compared tensor whose aligned rows are not all compared (``coverage`` below 1), with its
-        coverage: where an outcome gap with no divergence can come from."""
-        return [f"{n} ({c.stats['coverage']:.0%} of rows compared)" for n, c in self.comparisons.items()
-                if c.stats.get("coverage") is not None and c.stats["coverage"] < 0.995]
+        """Where serving's rows were left out, one phrase per tensor(s) and depth, least compared first
+        (``serving_rows``: compare/accounting.py ``RowAccounting.places``), e.g. "draft.hidden_out at depth 2:
+        31 of 93 rows left out, off training's path": where an outcome gap with no divergence can come from."""
+        acc = self.serving_rows
+        return [acc.left_words(names, d) for names, d in acc.places()]
 
     @property
     def conclusive(self) -> bool:
@@ -324,9 +329,10 @@ class DiffReport:
 
     def _outcome_words(self) -> str:
         """The verdict of an acceptance gap with no divergence (``outcome_differs``)."""
-        left = self.not_compared_rows()
-        where = (f"; not compared: {', '.join(left[:4])}" + (f" (+{len(left) - 4} more)" if len(left) > 4 else "")
-                 if left else "; every aligned row of every tensor was compared")
+        left, label = self.not_compared_rows(), self.serving_rows.label
+        where = (f"; {label} rows not compared: {'; '.join(left[:3])}"
+                 + (f"; {len(left) - 3} more places (see '{label} rows left out')" if len(left) > 3 else "")
+                 if left else f"; every {label} row of the {len(self.comparisons)} compared tensors was compared")
         return (f"the outcome differs: no tensor diverged, yet serving accepts differently from training at the "
                 f"same steps ({self.outcome.words()}){where}")
 

@@ -136,6 +136,37 @@ class RowAccounting:
         """A reason's words (``REASONS``) with the other side's label."""
         return REASONS[reason][1].format(other=self.other)
 
+    def places(self) -> list[tuple[list[str], DepthRows]]:
+        """Where rows were left out: (tensors, their rows at one depth) for every depth of a tensor with rows
+        left out, the tensors whose rows there are left out alike (the same rows, reasons and counts: a draft
+        row off the other side's path is so at every stage of its depth) sharing one entry; least compared
+        share first, then dataflow and depth order. Empty when every row was compared."""
+        groups: dict[tuple, tuple[list[str], DepthRows]] = {}
+        for name, d in self.left_out():
+            key = (d.depth, d.rows, tuple(sorted(d.left_out.items())))
+            groups.setdefault(key, ([], d))[0].append(name)
+        return sorted(groups.values(), key=lambda g: g[1].compared / g[1].rows)
+
+    def place_words(self, names: list[str], d: DepthRows, *, shown: int = 3) -> str:
+        """A place of ``places`` in words: its first ``shown`` tensors (and how many more), at which depth
+        (for tensors recorded per draft depth), e.g. "draft.hidden_out at depth 2"."""
+        more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
+        at = "" if self.depth_named(names, d) is None else f" at depth {d.depth}"
+        return f"{', '.join(names[:shown])}{more}{at}"
+
+    @staticmethod
+    def depth_named(names: list[str], d: DepthRows) -> int | None:
+        """A place's draft depth as it is named, or None where none of its tensors is recorded per depth
+        (their rows are all at depth 0: naming it would suggest a draft step)."""
+        return d.depth if any(spec_for(n).by_depth for n in names) else None
+
+    def left_words(self, names: list[str], d: DepthRows) -> str:
+        """What was left out at a place of ``places``, e.g. "draft.hidden_out at depth 2: 31 of 93 rows left
+        out, off training's path" (several reasons: each with its rows, most first)."""
+        why = (f", {self.label_of(next(iter(d.left_out)))}" if len(d.left_out) == 1 else
+               ": " + ", ".join(f"{self.label_of(r)} {n}" for r, n in d.left_out.items()))
+        return f"{self.place_words(names, d)}: {d.left} of {d.rows} rows left out{why}"
+
     def to_json(self) -> dict:
         """``{"label", "rows", "compared", "left_out", "tensors": {name: [{"depth", "rows", "agree", "fail",
         "inherited", "explained", "left_out": {reason: rows}}]}}`` (ints and strings only)."""

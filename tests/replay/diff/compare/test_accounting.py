@@ -140,9 +140,10 @@ def test_draft_rows_off_trainings_path_are_left_out_and_the_verdict_names_the_sh
         by_depth = {d.depth: d.left_out for d in acc.tensors[name]}
         assert by_depth == {0: {}, 1: {"off_path": len(OFF)}, 2: {"off_path": len(OFF)}}, name
     assert acc.left == 4 * len(OFF) and not report.diverged  # the moved rows are all off the path
+    # the share over every tensor-row (target.aux.0's, all compared, among them) and the lowest place's
     assert report.verdict() == ("no divergence: 3 tensors agree within tolerance over 2 sequences (serving rows "
-                                f"compared: {share(acc.compared, acc.rows)}; {share(acc.left, acc.rows)} left out: "
-                                "see 'serving rows left out')")
+                                f"compared: {share(acc.compared, acc.rows)}; {share(acc.left, acc.rows)} left out; "
+                                "lowest: 90% of tokens, draft.hidden_out at depth 2: see 'serving rows left out')")
     assert share(acc.compared, acc.rows) == "95%"
     section = render_text(report, width=110).split("\n\nserving rows left out", 1)[1].split("\n\n", 1)[0]
     assert section.splitlines()[:3] == [
@@ -154,6 +155,45 @@ def test_draft_rows_off_trainings_path_are_left_out_and_the_verdict_names_the_sh
         "one of its position").split()
     js = json.loads(render_json(report))["serving_rows"]
     assert js["tensors"]["draft.hidden_out"][2]["left_out"] == {"off_path": 2} and js["left_out"] == acc.left
+
+
+def test_the_places_rows_were_left_out_are_named_least_compared_first(tmp_path):
+    """The outcome verdict's "not compared" (``DiffReport.not_compared_rows``) reads the accounting: each
+    depth with rows left out, the tensors left out alike sharing it, least compared share first."""
+    report, acc = accounted(write_pair(tmp_path, off_path=True, hide_bug=True, unmatched=True))
+    assert [(names, d.depth) for names, d in acc.places()] == [
+        (["tokens", "draft.hidden_out"], 2), (["tokens", "draft.hidden_out"], 1),
+        (["tokens", "target.aux.0", "draft.hidden_out"], 0)]  # T rows each at depth 0, all unmatched: alike
+    assert report.not_compared_rows() == [
+        f"tokens, draft.hidden_out at depth 2: {T - 2 + len(OFF)} of {3 * (T - 2)} rows left out: "
+        f"unmatched {T - 2}, off training's path {len(OFF)}",
+        f"tokens, draft.hidden_out at depth 1: {T - 1 + len(OFF)} of {3 * (T - 1)} rows left out: "
+        f"unmatched {T - 1}, off training's path {len(OFF)}",
+        f"tokens, target.aux.0, draft.hidden_out at depth 0: {T} of {3 * T} rows left out, unmatched"]
+
+
+def test_the_outcome_verdict_names_the_depths_left_out(tmp_path):
+    """An acceptance gap with no divergence names where serving's rows were left out, by tensor and depth
+    (the rows a bug in what later draft steps are fed lives in), not a two-sided coverage per tensor."""
+    report, acc = accounted(write_pair(tmp_path, off_path=True, hide_bug=True))
+
+    class Gap:  # compare/outcome.py OutcomeGap's face: one depth beyond chance
+        def differing(self):
+            return [object()]
+
+        def words(self):
+            return "depth 2: serving 0.30, training 0.83"
+
+    report.outcome = Gap()
+    assert report.verdict() == (
+        "the outcome differs: no tensor diverged, yet serving accepts differently from training at the same steps "
+        "(depth 2: serving 0.30, training 0.83); serving rows not compared: tokens, draft.hidden_out at depth 2: 2 "
+        "of 20 rows left out, off training's path; tokens, draft.hidden_out at depth 1: 2 of 22 rows left out, off "
+        "training's path")
+    (tmp_path / "clean").mkdir()
+    clean, _ = accounted(write_pair(tmp_path / "clean"))
+    clean.outcome = Gap()
+    assert clean.verdict().endswith("; every serving row of the 3 compared tensors was compared")
 
 
 def test_the_off_path_rows_carry_the_bug_the_verdict_cannot_see(tmp_path, monkeypatch):

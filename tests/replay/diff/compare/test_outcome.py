@@ -22,8 +22,8 @@ PROMPT = 8
 def _pair(tmp_path, *, serve_accepts, train_accepts, topk=1, coverage_gap=False):
     """A training and a serving trace of one sequence. Serving verifies at roots 8, 12, 16, ... and accepted
     ``serve_accepts(step)`` drafts there; training's chain at root - 1 accepts ``train_accepts(step)``.
-    Both hold the same ``target.aux.0`` rows (so rows are compared and agree); ``coverage_gap``: serving
-    holds them at half the positions only."""
+    Both hold the same ``target.aux.0`` rows (so rows are compared and agree); ``coverage_gap``: training
+    holds them at half the positions only (serving's other rows have no training row: left out)."""
     rng = np.random.default_rng(0)
     toks = rng.integers(0, 100, size=N)
     aux = rng.standard_normal((N, 16)).astype(np.float32)
@@ -35,7 +35,7 @@ def _pair(tmp_path, *, serve_accepts, train_accepts, topk=1, coverage_gap=False)
         with TraceWriter(str(tmp_path / f"{side}.trace"), side=side, contract=contract, overwrite=True) as w:
             sid = w.add_sequence(toks, prompt_len=PROMPT, rid="r0")
             pos = np.arange(N - 1)
-            if side == "serve" and coverage_gap:
+            if side == "train" and coverage_gap:
                 pos = pos[::2]
             w.append("target.aux.0", aux[pos], seq=sid, pos=pos)
             for i, root in enumerate(roots):
@@ -59,7 +59,8 @@ def test_serving_accepting_less_at_the_last_depth_is_the_outcome_differing(tmp_p
     lead = " ".join(r.stdout.split("\n\n")[0].split())
     assert lead.startswith("the outcome differs: no tensor diverged, yet serving accepts differently from training "
                            "at the same steps (depth 3: serving 0.22, training 1.00 over the same 37 verify steps"), lead
-    assert "not compared: target.aux.0 (50% of rows compared)" in lead, lead
+    # named from serving's accounting (compare/accounting.py): the tensor, its rows left out and why
+    assert lead.endswith("; serving rows not compared: target.aux.0: 79 of 159 rows left out, no training row"), lead
     assert "depth 1: serving 1.00, training 1.00, gap +0.00" in r.stdout  # the depths that agree are shown too
     js = json.loads(run_cli("diff", train, serve, "--format", "json").stdout)
     (d3,) = js["outcome_differs"]
