@@ -32,6 +32,8 @@ target aux [B*N, 3H] bf16, target logits [B*N, V] fp32, the draft extend's forwa
    every ``draft.logsumexp`` row; a sampling fraction keeps whole requests (``RequestSampler`` over
    100,000 request ids: the fraction it really keeps). Raw bytes: the store keeps float rows
    uncompressed, so on disk it is the same plus key columns and one padded chunk a tensor per trace.
+4. **Requests dropped under sustained load**: benchmarks/production_load.py (a real writer process and
+   ring fed by ``hot_path(..., submit=True)`` at multiples of the writer's measured rate).
 
 Projection to the full model (61 layers Kimi-K2, 32 Llama-3-8B): none of these depends on the layer
 count (the recorder reads three aux layers and the draft whatever the depth); only the server's time
@@ -87,15 +89,23 @@ def iteration(shape: dict, *, batch: int, steps: int) -> dict:
             "sample": (i(B * N, hi=V), i(B, hi=N), i(B, N))}
 
 
-def _batch(rids: list[str], seq_lens) -> SimpleNamespace:
-    return SimpleNamespace(reqs=[SimpleNamespace(rid=r, origin_input_ids=[1, 2, 3], sampling_params=None) for r in rids],
-                           forward_iter=0, forward_mode=SimpleNamespace(is_extend=lambda: False),
-                           prefix_lens=None, extend_lens=None, seq_lens=seq_lens)
+def _batch(rids: list[str], seq_lens, prompts: list | None = None) -> SimpleNamespace:
+    """SGLang's ``ScheduleBatch`` as the hooks read it: a decode of ``rids``, or with ``prompts`` (one
+    token list a request) their prefill, no cached prefix."""
+    prefill = prompts is not None
+    reqs = [SimpleNamespace(rid=r, origin_input_ids=prompts[n] if prefill else [1, 2, 3], sampling_params=None,
+                            cached_tokens=0) for n, r in enumerate(rids)]
+    return SimpleNamespace(reqs=reqs, forward_iter=0, forward_mode=SimpleNamespace(is_extend=lambda: prefill),
+                           prefix_lens=[0] * len(rids) if prefill else None,
+                           extend_lens=[len(p) for p in prompts] if prefill else None, seq_lens=seq_lens)
 
 
-def hot_path(rec, it: dict, batch) -> bool:
-    """What the SGLang hooks do on the serving thread in one decode iteration (plugin.py's hook
-    bodies, on stand-in engine objects: ``batch`` is a ``_batch``); True when it was recorded."""
+def hot_path(rec, it: dict, batch, *, submit: bool = False) -> bool:
+    """What the SGLang hooks do on the serving thread in one iteration (plugin.py's hook bodies, on
+    stand-in engine objects: ``batch`` is a ``_batch``): a decode (``iteration``), or a prefill (``it``
+    with ``next_token_ids``, its draft forward's ``mode`` "extend", ``sample`` None: production_load.py).
+    ``submit``: the capture goes to the writer (``Recorder.finish``, as plugin.py ``_around_iteration``
+    ends an iteration), else its staging is abandoned (part 1). True when it was recorded."""
     from specdiff.tracer.engines import target_logits
 
     cap = rec.begin(batch)
@@ -103,12 +113,14 @@ def hot_path(rec, it: dict, batch) -> bool:
         return False
     cap.t["target_aux"] = rec.snap(it["target_aux"])
     target_logits.stage(rec, cap.t, it["target_logits"], rec.opts.logits_topk)
+    if "next_token_ids" in it:  # a prefill's sampled tokens (plugin.py _after_target_forward)
+        cap.t["next_token_ids"] = rec.snap(it["next_token_ids"])
     for k, d in enumerate(it["draft"]):
         rec.fc_sink = [(rec.snap(d["fc"][0]), rec.snap(d["fc"][1]))] if "fc" in d else []
         stages = {name: rec.snap(t) for name, t in d["taps"].items()}  # draft_stages.py taps
         fb = SimpleNamespace(input_ids=d["input_ids"], positions=d["positions"], forward_mode=None)
         lo = SimpleNamespace(hidden_states=d["hidden"], next_token_logits=d["logits"])
-        df = rec.capture_draft_forward("extend_v2" if k == 0 else "decode", fb, lo)
+        df = rec.capture_draft_forward(d.get("mode") or ("extend_v2" if k == 0 else "decode"), fb, lo)
         df.stages = stages
         cap.draft.append(df)
         rec.fc_sink = None
@@ -117,10 +129,13 @@ def hot_path(rec, it: dict, batch) -> bool:
         cap.select.append((k, rec.snap(t)))
     for key, t in it["verify"].items():
         cap.t[key] = rec.snap(t)
-    for key, t in zip(("predict", "accept_lens", "accept_index"), it["sample"], strict=True):
+    for key, t in zip(("predict", "accept_lens", "accept_index"), it["sample"] or (), strict=False):
         cap.t[key] = rec.snap(t)
-    rec.writer.ring.abandon_stage()  # part 2 measures the writer's side
     rec.cur = None
+    if submit:
+        rec.finish(cap, None)  # ProcessTraceWriter.submit: the staged record is put, or its requests dropped
+    else:
+        rec.writer.ring.abandon_stage()  # part 2 measures the writer's side
     return True
 
 
