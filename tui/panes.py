@@ -14,6 +14,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from specdiff.replay.diff.compare.accounting import share
 from specdiff.tracer.schema import spec_for
 from specdiff.tui.view import CELLS, MISSING, NONE, UNOBSERVED, UNREADABLE, Sel, ViewModel
 
@@ -206,7 +207,7 @@ def alert_line(report) -> str | None:
 def explain(vm: ViewModel) -> Group:
     """The Explain pane, most important first: what invalidates the comparison (damage, contract errors),
     the explanation (message, fix, evidence, the slot-vs-layer table), the other contract differences,
-    pre-flight findings, acceptance, grafts. Each thing once."""
+    pre-flight findings, acceptance, serving's rows left out, grafts. Each thing once."""
     r = vm.report
     parts: list = []
     if r.damage:
@@ -253,11 +254,38 @@ def explain(vm: ViewModel) -> Group:
     parts.append(Text(""))
     parts.append(Text("Acceptance (over the aligned positions)", style="bold underline"))
     parts.append(_acceptance(vm))
+    parts += _left_out(r.serving_rows)
     if r.grafts is not None:
         parts.append(Text(""))
         parts.append(Text("Graft", style="bold underline"))
         parts.append(_grafts(r.grafts))
     return Group(*parts)
+
+
+def _left_out(acc) -> list:
+    """Serving's rows left out (``DiffReport.serving_rows``: compare/accounting.py ``RowAccounting``), as the
+    text report's section says them: a heading, the share, one table row per place (the tensors left out
+    alike at one depth: ``places``), least compared first, each place's tensors named below it (a set named
+    once for all its depths: a draft row off training's path is so at every stage), then what each reason
+    means. Nothing when every row was compared."""
+    if not acc.left:
+        return []
+    t = Table(box=None, padding=(0, 1), header_style="bold")
+    t.add_column("depth")
+    t.add_column("left out", justify="right")
+    t.add_column("why")
+    at: dict[tuple[str, ...], list[str]] = {}
+    for names, d in acc.places():
+        depth = acc.depth_named(names, d)
+        why = ", ".join(acc.label_of(r) if len(d.left_out) == 1 else f"{acc.label_of(r)} {n}"
+                        for r, n in d.left_out.items())
+        t.add_row("-" if depth is None else str(depth), f"{d.left} of {d.rows}", why)
+        at.setdefault(tuple(names), []).append("-" if depth is None else str(depth))
+    return [Text(""), Text(f"{acc.label.capitalize()} rows left out", style="bold underline"),
+            Text(f"{acc.left} of {acc.rows} rows ({share(acc.left, acc.rows)}), never counted as agreement"), t,
+            *[Text(f"  at depth {', '.join(ds)}: {', '.join(names)}" if ds != ["-"] else f"  at {', '.join(names)}")
+              for names, ds in at.items()],
+            *[Text(f"{acc.label_of(r)}: {acc.words(r)}", style="dim") for r in acc.reasons()]]
 
 
 def _contract(mismatches: list) -> list[Text]:

@@ -379,3 +379,39 @@ async def test_d_says_why_the_deeper_rows_are_empty_on_the_shipped_pair(tmp_path
         assert coverage in " ".join(tui.static_text(app, "#detail-body").split())
         await pilot.press("d")
         assert "depths: 0 only" in tui.static_text(app, "#title") and app.sel.depth == 0
+
+
+@needs_example
+async def test_the_explain_pane_shows_the_serving_rows_left_out_on_the_shipped_pair(tmp_path, tui):
+    """Serving's rows left out (compare/accounting.py), as the text report's section: the shipped pair's 450 of
+    7,635 rows, all off training's path at depths 1 and 2, never counted as agreement; scrolled to, the section
+    lies whole in the pane."""
+    app = _example_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await tui.wait_for(pilot, tui.ready(app))
+        await pilot.press("x")
+        pane = app.query_one("#explain")
+        lines = [line.rstrip() for line in tui.plain(app.query_one("#explain-body").content,
+                                                      width=pane.scrollable_content_region.width).splitlines()]
+        top = lines.index("Serving rows left out")
+        section = lines[top:(lines + [""]).index("", top)]
+        acc = app.report.serving_rows
+        assert (acc.left, acc.rows) == (450, 7635)
+        assert section[1:5] == ["450 of 7635 rows (6%), never counted as agreement",
+                                " depth  left out  why",
+                                " 2      31 of 93  off training's path",
+                                " 1      14 of 93  off training's path"]  # least compared first
+        assert " ".join(" ".join(section[5:]).split()).startswith(
+            "at depth 2, 1: tokens, draft.hidden_in, draft.positions, draft.attn_in, draft.hidden_out, ")
+        assert "off training's path: the draft was fed another token than training feeds" in " ".join(section)
+        pane.scroll_to(y=top, animate=False, immediate=True)
+        await pilot.pause()
+        assert pane.scroll_y <= top and top + len(section) <= pane.scroll_y + pane.scrollable_content_region.height
+
+
+async def test_a_pair_with_every_row_compared_shows_no_left_out_section(correct_pair, tmp_path, tui):
+    app = SpecdiffApp(*correct_pair, export_root=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await tui.wait_for(pilot, tui.ready(app))
+        assert app.report.serving_rows.left == 0
+        assert "rows left out" not in tui.static_text(app, "#explain-body")
