@@ -110,10 +110,10 @@ def judging_for(name: str, scene: Scene, tolerance, match, *, inheritance: tuple
              if context.consumes_context(name) else None)
     return Judging(scene.counted, inheritance, None if chosen is None else chosen.bind(name, scene),
                    None if chosen is None else chosen.watch_frac(tolerance), moved, row_groups,
-                   _floor(name, scene.traces))
+                   stage_floor(name, scene.traces))
 
 
-def _floor(name: str, traces: Pair) -> tuple | None:
+def stage_floor(name: str, traces: Pair) -> tuple | None:
     """The pair's noise floor of float tensor ``name`` (shift.pair_floor at the looser of the sides' compute
     dtypes: a float32 logsumexp computed from bf16 logits carries bf16 rounding, measure/tolerance.py)."""
     if spec_for(name).kind != "float":
@@ -121,4 +121,4 @@ def _floor(name: str, traces: Pair) -> tuple | None:
     return shift.pair_floor(traces, name, looser_dtype(compute_dtype(traces.x, name), compute_dtype(traces.y, name)))
 
 
-__all__ = ["JUDGES", "Scene", "Judging", "judging_for"]
+__all__ = ["JUDGES", "Scene", "Judging", "judging_for", "stage_floor"]

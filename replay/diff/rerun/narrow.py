@@ -8,7 +8,8 @@ training input and once per serving input substituted: ``target.aux_cat`` (the t
 states), ``tokens`` (the draft's input tokens), ``draft.d2t`` (the vocab map) and the norm flags
 (when the contracts differ). Each run's draft stages are compared with the rows serving recorded
 **at the failing rows' positions and depth** (never a sample that misses them: a depth-1 bug
-re-run at depth 0 finds nothing to reproduce). A substitution that makes the training draft
+re-run at depth 0 finds nothing to reproduce), float stages at their measured noise, not their
+tolerance (rerun/noise.py). A substitution that makes the training draft
 compute what serving computed there is where the difference enters.
 
 The verdict never contradicts the first divergence: when the training inputs alone already give
@@ -29,8 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdiff.replay.diff.align.align import match_rows, pack_keys
+from specdiff.replay.diff.judge import stage_floor
 from specdiff.replay.diff.measure import metrics
-from specdiff.replay.diff.rerun import id_ties
+from specdiff.replay.diff.rerun import id_ties, noise
 from specdiff.replay.diff.runner import (
     RerunError,
     batch_inputs,
@@ -80,14 +82,18 @@ class Variant:
         name: ``training inputs``, ``serving's target.aux_cat`` ..., ``every serving input``.
         scores: stage -> mean relative error (float stages) or top-1 disagreement (id stages)
             against the rows SERVING recorded.
-        matches: stage -> within tolerance of serving's rows.
+        matches: stage -> reproduces serving's rows there: ids within the tie allowance, floats at the
+            stage's noise (rerun/noise.py ``Limit``).
         reproduces: every compared stage from the first diverging one on matches serving.
+        noise: float stage -> the mean of its rows' errors in units of each row's noise floor (where the
+            pair's floor is measured; rerun/noise.py).
     """
 
     name: str
     scores: dict
     matches: dict
     reproduces: bool
+    noise: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -110,6 +116,7 @@ class Narrowing:
             (replay/diff/rerun/reexec.py decides the verdict on it). Not in ``variants``.
         unchanged: the substitutions whose inputs serving holds as training does (never named
             as where the difference enters).
+        limits: float stage -> how its runs were judged (rerun/noise.py ``Limit.words``).
     """
 
     stages: tuple[str, ...]
@@ -123,6 +130,7 @@ class Narrowing:
     contract_fields: list[str] = field(default_factory=list)
     upstream: Variant | None = None
     unchanged: list[str] = field(default_factory=list)
+    limits: dict = field(default_factory=dict)
 
 
 def failing_rows(first) -> tuple[int, set]:
@@ -158,10 +166,11 @@ class NarrowPlan:
         upstream: ``UPSTREAM``'s sources (``UPSTREAM_SOURCES``; ``Narrowing.upstream``).
         unchanged: the substitutions whose inputs serving holds as training does (never named).
         contract_fields: the differing contract fields, ``field (x vs y)``.
-        model / batch / d2t / flags / recorded / ties / comparisons: what the re-runs read: the draft
-            as trained, the batch (``runner.Batch``), each side's vocab map and norm flags ("train" /
+        model / batch / d2t / flags / recorded / ties / comparisons / traces: what the re-runs read: the
+            draft as trained, the batch (``runner.Batch``), each side's vocab map and norm flags ("train" /
             "serve"), serving's rows per stage as (batch row int64 [n], position int64 [n], values
-            float [n, ...]), the tie proof (``id_ties.TieProof``), name -> TensorComparison.
+            float [n, ...]), the tie proof (``id_ties.TieProof``), name -> TensorComparison, the pair
+            (types.Pair: its noise floors).
     """
 
     divergence: str
@@ -183,6 +192,7 @@ class NarrowPlan:
     recorded: dict = field(repr=False)
     ties: object = field(repr=False)
     comparisons: dict = field(repr=False)
+    traces: object = field(default=None, repr=False)
 
     def describe(self) -> str:
         """The plan, one line per step: what is re-run, what is compared, then each run's inputs."""
@@ -258,7 +268,8 @@ def plan_narrowing(inputs: DiffInputs, comparisons: dict, first, *, draft_path: 
                       [s.seq_train for s in seqs], stages, from_stage, stages[stages.index(from_stage):], runs,
                       UPSTREAM_SOURCES, _unchanged(runs, batch.aux, run.d2t, run.flags, tokens_differ),
                       [f"{m.field} ({m.x} vs {m.y})" for m in inputs.contract], model=run.model, batch=batch,
-                      d2t=run.d2t, flags=run.flags, recorded=recorded, ties=ties, comparisons=comparisons)
+                      d2t=run.d2t, flags=run.flags, recorded=recorded, ties=ties, comparisons=comparisons,
+                      traces=inputs.traces)
 
 
 def _sequences(inputs: DiffInputs, run, first, failing: set, tr: str) -> list:
@@ -349,17 +360,14 @@ def _unchanged(runs: dict, aux: dict, d2t: dict, flags: dict, tokens_differ: boo
 
 def run_plan(plan: NarrowPlan) -> Narrowing:
     """Carry out ``plan``: re-run the training draft once per run (``plan.runs``, then ``UPSTREAM``),
-    score each against serving's rows, and conclude."""
-    import torch
-
+    judge each float stage at its noise (``_limits``), score each run against serving's rows, and conclude."""
     res = Narrowing(plan.stages, plan.from_stage, plan.positions, depth=plan.depth, rows=plan.rows)
-    model, batch = plan.model, plan.batch
-    dev = next(model.parameters()).device
-    for name, (a, tk, d, f) in [*plan.runs.items(), (UPSTREAM, plan.upstream)]:
-        with with_norm_flags(model, plan.flags[f]), torch.no_grad():
-            out = model.ttt_forward(batch.aux[a].to(dev), batch.ids[tk].to(dev), plan.depth + 1,
-                                    lengths=batch.lengths)
-        v = _score(plan, name, out, plan.d2t[d])
+    runs = [*plan.runs.items(), (UPSTREAM, plan.upstream)]
+    outs = {name: _forward(plan.model, plan, sources) for name, sources in runs}
+    limits = _limits(plan, outs[UPSTREAM])
+    res.limits = {st: lim.words for st, lim in limits.items()}
+    for name, (_a, _tk, d, _f) in runs:
+        v = _score(plan, name, outs[name], plan.d2t[d], limits)
         if name == UPSTREAM:
             res.upstream = v
         else:
@@ -370,14 +378,53 @@ def run_plan(plan: NarrowPlan) -> Narrowing:
     return res
 
 
-def _score(plan: NarrowPlan, name: str, out, d2t) -> Variant:
+def _forward(model, plan: NarrowPlan, sources: tuple):
+    """``model``'s teacher-forced forward through the plan's depth on the inputs ``sources`` name (the side of
+    each of ``RUN_INPUTS``)."""
+    import torch
+
+    a, tk, _d, f = sources
+    dev = next(model.parameters()).device
+    with with_norm_flags(model, plan.flags[f]), torch.no_grad():
+        return model.ttt_forward(plan.batch.aux[a].to(dev), plan.batch.ids[tk].to(dev), plan.depth + 1,
+                                 lengths=plan.batch.lengths)
+
+
+def _id_stage(name: str) -> bool:
+    return name in ("draft.logits_topk.ids", "draft.topk", "draft.topk_target")
+
+
+def _limits(plan: NarrowPlan, upstream) -> dict:
+    """Float stage -> its ``noise.Limit`` on the plan's failing rows: the pair's floor raised, row by row, to
+    the re-run's own error there between its precision and the other one (``UPSTREAM``'s inputs re-run on a
+    copy of the draft at the other precision; only where some stage's pair floor is measured)."""
+    floats = [st for st in plan.stages if not _id_stage(st)]
+    tol = {st: plan.comparisons[st].tolerance.rel if st in plan.comparisons else 0.05 for st in floats}
+    other = None
+    if plan.traces is not None and any(stage_floor(st, plan.traces) is not None for st in floats):
+        other = _forward(noise.other_precision(plan.model), plan, plan.upstream)
+    d2t = plan.d2t[plan.upstream[2]]
+    out = {}
+    for st in floats:
+        rb, rt, _ = plan.recorded[st]
+        own = None
+        if other is not None:
+            depth = np.full(len(rb), plan.depth)
+            own = noise.row_noise(computed_rows(upstream, d2t, st, rb, rt, depth),
+                                  computed_rows(other, d2t, st, rb, rt, depth))
+        out[st] = (noise.limit(plan.traces, st, tol[st], own, len(rb)) if plan.traces is not None
+                   else noise.Limit(tol[st], None, f"the tolerance rel <= {tol[st]:g}"))
+    return out
+
+
+def _score(plan: NarrowPlan, name: str, out, d2t, limits: dict) -> Variant:
     """Run ``name``'s ``Variant``: its draft output ``out`` (with vocab map ``d2t``) against serving's
-    rows of every compared stage."""
+    rows of every compared stage; float stages judged by ``limits`` (``_limits``)."""
     depth, ties = plan.depth, plan.ties
-    scores, matches = {}, {}
+    scores, matches, ratios = {}, {}, {}
     for st in plan.stages:
         rb, rt, ys = plan.recorded[st]
-        id_stage = st in ("draft.logits_topk.ids", "draft.topk", "draft.topk_target")
+        id_stage = _id_stage(st)
         width = ys.reshape(len(ys), -1).shape[1] if id_stage and len(ys) else 1
         xs = computed_rows(out, d2t, st, rb, rt, np.full(len(rb), depth), width)
         if id_stage:
@@ -397,10 +444,12 @@ def _score(plan: NarrowPlan, name: str, out, d2t) -> Variant:
                 disagree = 1.0
             scores[st], matches[st] = disagree, disagree <= 1 - ID_AGREE
         else:
-            rel = float(metrics.relative_error(xs, ys).mean())
-            tol = plan.comparisons[st].tolerance.rel if st in plan.comparisons else 0.05
-            scores[st], matches[st] = rel, rel <= tol
-    return Variant(name, scores, matches, all(matches[s] for s in plan.judged))
+            rel = metrics.relative_error(xs, ys)
+            scores[st] = float(rel.mean())
+            ratio, matches[st] = limits[st].judge(rel)
+            if ratio is not None:
+                ratios[st] = ratio
+    return Variant(name, scores, matches, all(matches[s] for s in plan.judged), ratios)
 
 
 def _conclusion(res: Narrowing) -> tuple[bool, str]:
@@ -416,7 +465,7 @@ def _conclusion(res: Narrowing) -> tuple[bool, str]:
     if hits:
         return True, (f"substituting {' / '.join(v.name for v in hits)} reproduces serving from {res.from_stage} on: "
                       "the difference enters with that input")
-    if every.reproduces:
+    if every.reproduces and every.name not in res.unchanged:
         return True, ("no single serving input reproduces serving, every serving input together does: "
                       "the difference is a combination of inputs")
     if res.contract_fields:

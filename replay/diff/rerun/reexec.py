@@ -12,18 +12,22 @@ the training draft is re-run (``narrow``) on serving's upstream inputs, ``target
 ``tokens``, with the draft's *own* configuration (training's vocab map and norm flags: serving's
 would be a difference of the draft, not of its inputs; ``Narrowing.upstream``), teacher-forced over
 each sequence from position 0, so the KV history of earlier positions is rebuilt from serving's
-inputs too. Then:
+inputs too. Float stages are judged at their measured noise, not their tolerance (rerun/noise.py): a
+re-run that shows a shift inside the tolerance has not computed what serving did. Then:
 
 - it reproduces what serving recorded on the failing rows, from that stage on: the draft computed
   what serving did on what serving fed it. The stage is not the first divergence; its difference is
   inherited from those inputs (the single substitutions that reproduce it are named, else both
   together), and so are the draft stages computed from it (``inherited.feeds``). The verdict moves
   on to the next diverging tensor, which is judged the same way; "no divergence" when none is left;
-- it does not: the stage stays the first divergence, now proven (``not_reproduced``);
+- it does not, and the narrowing names where the difference lies (a serving input, or the contract
+  fields that differ): the stage stays the first divergence, now proven (``not_reproduced``);
 - it cannot run or cannot decide (no draft checkpoint, no aux rows, a stage the re-run does not
-  compute, or the re-run on training's own inputs already gives serving's values: not the draft
-  training recorded): the stage stays the first divergence by today's row judgement, marked
-  ``not_run`` with the reason.
+  compute; the re-run on training's own inputs already gives serving's values: not the draft
+  training recorded; nothing reproduces serving while the recorded contracts agree: the difference
+  lies in state the re-run does not take from the trace, which proves nothing; or the inputs taken
+  from serving are training's own, so a match comes only from the ids' tie allowance): the stage
+  stays the first divergence by today's row judgement, marked ``not_run`` with the reason.
 
 A first divergence at a target stage or ``tokens`` is not re-executed (the trace holds no target
 forward to re-run) and carries no step: its report is what it always was.
@@ -119,18 +123,40 @@ def _step(stage: str, n: Narrowing | str, comparisons: dict) -> ReexecStep:
         return ReexecStep(stage, NOT_RUN, n)
     up = n.upstream
     where = dict(rows=n.rows, depth=n.depth)
+    rows = f"{n.rows} failing rows of {n.from_stage} at depth {n.depth}"
     if n.variants and n.variants[0].reproduces:  # the re-run is not the draft training recorded
         return ReexecStep(stage, NOT_RUN, n.conclusion, **where)
+    taken = [v.name for v in n.variants if v.name in _INPUT_VARIANTS]
+    if up is not None and up.reproduces and taken and all(v in n.unchanged for v in taken):
+        # serving's aux rows and tokens are training's own: the run on them is training's run, which
+        # reproduces serving only through the ids' tie allowance the training-inputs run is not given
+        same = ", ".join(_INPUT_VARIANTS[v] for v in taken)
+        return ReexecStep(stage, NOT_RUN, f"cannot decide: the inputs the re-run takes from serving ({same}) are "
+                          f"training's own, so the re-run on them is training's run; it matches serving on the {rows} "
+                          "only up to near ties of the ids, and no input shows where the difference enters", **where)
     if up is None or not up.reproduces:
+        if not n.decided:  # nothing reproduces serving and nothing recorded differs: no proof either way
+            return ReexecStep(stage, NOT_RUN, n.conclusion, **where)
         return ReexecStep(stage, NOT_REPRODUCED, f"the draft re-run on serving's inputs does not reproduce serving "
-                          f"on {n.rows} failing rows of {n.from_stage} at depth {n.depth}", **where)
+                          f"on {rows}{_at(n, up)}", **where)
     single = tuple(_INPUT_VARIANTS[v.name] for v in n.variants
                    if v.name in _INPUT_VARIANTS and v.reproduces and v.name not in n.unchanged)
     inputs = single or tuple(_INPUT_VARIANTS.values())
     stages = tuple(s for s in comparisons if s == stage or s in n.stages[n.stages.index(n.from_stage):]
                    or feeds(stage, s))
     return ReexecStep(stage, REPRODUCED, f"the draft re-run on serving's {' and '.join(inputs)} reproduces serving "
-                      f"on {n.rows} failing rows of {n.from_stage} at depth {n.depth}", inputs, stages, **where)
+                      f"on {rows}{_at(n, up)}", inputs, stages, **where)
+
+
+def _at(n: Narrowing, up) -> str:
+    """The clause on how ``n.from_stage`` was judged for the run ``up`` (float stages: rerun/noise.py), or ""."""
+    words = n.limits.get(n.from_stage)
+    if not words or up is None or n.from_stage not in up.scores:
+        return ""
+    ratio = up.noise.get(n.from_stage)
+    got = f"mean rel {up.scores[n.from_stage]:.3g}" + (f", {ratio:.2g}x the rows' noise floors" if ratio is not None
+                                                     else "")
+    return f" ({got}; judged at {words})"
 
 
 __all__ = ["ReexecStep", "Reexecution", "decide", "REPRODUCED", "NOT_REPRODUCED", "NOT_RUN"]
