@@ -8,18 +8,30 @@ systematic but small: a target with other decoder weights moved every aux row to
 pair's noise and passed.
 This module measures the floor the diff judges such a shift against
 (replay/diff/judge/shift.py): ``record train`` re-runs its forward on a few of its sequences with
-float32 copies of target and draft when it recorded in bf16 or fp16 (bf16 copies when it recorded
-in float32), and records per float tensor the median and 90th percentile of the per-row relative
-error between the two runs (the diff's own metric, eagle3/row_error.py).
+target and draft in float32 when it recorded in bf16 or fp16 (in bf16 when it recorded in float32),
+and records per float tensor the median and 90th percentile of the per-row relative error between
+the two runs (the diff's own metric, eagle3/row_error.py).
 
-The re-run needs a second copy of both models at the other precision; when that does not fit in
-the memory the forward runs in (half of what is free), or the trainer's model cannot be copied, the
-floor is recorded as not measured, with the reason.
+No second copy of a model is made (``at_other_precision``): the floating tensors are cast in place for
+the re-run and their very originals put back after (same storage, no rounding), so the trace's models
+are bit for bit what they were. A transformers target, whose modules each read only their own tensors
+in their forward, is cast one module at a time (a forward pre-hook casts the module's own tensors, the
+forward hook restores them): its peak is the model plus its largest module at the other precision, not
+a float32 copy of the whole model (a Llama-3-8B-shape target at 4096 wide with the noise floor peaked
+at about 3x its bf16 weights when both models were copied). The draft (its forward reads its fc's dtype
+outside fc's own forward: replay/model/draft_model.py ``project``) and a target that holds its states
+(stored features, an engine: ``capture_batch``) are cast whole for the re-run; the draft is small beside
+the target. The values are those of float32 copies of both models (tests/replay/record/
+test_noise_floor_copy.py compares them).
+
+When the cast tensors do not fit in the memory the forward runs in (half of what is free), or a
+model's tensors cannot be cast, the floor is recorded as not measured, with the reason.
 """
 
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -28,7 +40,7 @@ from specdiff.eagle3.acceptance import AcceptTally
 from specdiff.eagle3.row_error import relative_error
 from specdiff.tracer.schema import spec_for
 
-__all__ = ["FLOOR_TOKENS", "measure_noise_floor", "probe_sequences", "without_target_floor"]
+__all__ = ["FLOOR_TOKENS", "at_other_precision", "measure_noise_floor", "probe_sequences", "without_target_floor"]
 
 #: tokens the re-run covers (whole sequences, at least one): enough rows for a stable median of every
 #: stage (a sequence of T tokens gives T rows per aux slot and about T per draft depth)
@@ -53,10 +65,6 @@ def _other_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if dtype == torch.float32 else torch.float32
 
 
-def _param_bytes(module, dtype: torch.dtype) -> int:
-    return sum(p.numel() for p in module.parameters()) * torch.empty((), dtype=dtype).element_size()
-
-
 def _free_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
@@ -65,24 +73,125 @@ def _free_bytes(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)
 
 
-def _recast(module, dtype: torch.dtype):
-    """A copy of ``module`` with its floating parameters and buffers in ``dtype`` (integer buffers,
-    such as d2t, kept as copies in theirs); ``module`` is not changed.
+class _CastError(RuntimeError):
+    """A tensor that could not be cast in place (the floor is then recorded as not measured)."""
 
-    Each floating tensor is converted straight into its copy (``deepcopy``'s memo holds the converted
-    tensor under the original's id), so the copy never exists at the recorded dtype: ``deepcopy`` then
-    ``.to(dtype)`` first held a whole second model at it. The peak is the original plus the copy at
-    ``dtype``; that saves memory where the recorded dtype is the wider one (a float32 recording re-run in
-    bfloat16: no float32 copy). A bfloat16 recording re-run in float32 peaks at the float32 copy either way
-    (measured equal). Tensors shared between modules (a tied embedding) stay one tensor in the copy."""
-    memo: dict[int, object] = {}
-    for t in (*module.parameters(), *module.buffers()):
-        if id(t) in memo or not t.is_floating_point():
-            continue
-        cast = t.detach().to(dtype=dtype, copy=True)
-        memo[id(t)] = torch.nn.Parameter(cast, requires_grad=t.requires_grad) if isinstance(
-            t, torch.nn.Parameter) else cast
-    return copy.deepcopy(module, memo)
+
+class _Cast:
+    """Floating tensors held at ``dtype`` until restored: each tensor's ``.data`` is replaced by its cast and the
+    original kept, then put back as it was (the same storage: no rounding, nothing copied back). A tensor shared
+    by two modules (a tied embedding) is cast once while either holds it."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def cast(self, tensors) -> list[int]:
+        """Cast the floating ``tensors`` not at ``dtype`` and not already held; returns their ids (to restore).
+
+        Raises:
+            _CastError: a tensor refused the cast (one line).
+        """
+        done = []
+        for t in tensors:
+            if not t.is_floating_point() or t.dtype == self.dtype or id(t) in self.held:
+                continue
+            try:
+                self.held[id(t)] = (t, t.data)
+                t.data = t.data.to(self.dtype)
+            except RuntimeError as e:
+                self.held.pop(id(t), None)
+                raise _CastError(f"a {tuple(t.shape)} {t.dtype} tensor cannot be cast to {self.dtype}: {e}") from None
+            done.append(id(t))
+        return done
+
+    def restore(self, ids=None) -> None:
+        for i in list(self.held) if ids is None else ids:
+            t, original = self.held.pop(i)
+            t.data = original
+
+
+def _own(module) -> list[torch.Tensor]:
+    return [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+
+
+def _by_module(target) -> bool:
+    """A transformers target is cast module by module; one that holds its states (``capture_batch``) whole."""
+    return isinstance(target, torch.nn.Module) and not hasattr(target, "capture_batch")
+
+
+def _module(model) -> torch.nn.Module:
+    """The ``nn.Module`` of a target or draft (a trainer's ``TrainerDraft`` wraps its model in ``.model``).
+
+    Raises:
+        _CastError: neither is an ``nn.Module``.
+    """
+    if isinstance(model, torch.nn.Module):
+        return model
+    inner = getattr(model, "model", None)
+    if isinstance(inner, torch.nn.Module):
+        return inner
+    raise _CastError(f"{type(model).__name__} holds no torch module to cast")
+
+
+@contextmanager
+def at_other_precision(target, draft, target_dtype: torch.dtype, draft_dtype: torch.dtype):
+    """``(target, draft)`` computing at ``target_dtype`` / ``draft_dtype`` inside the block: the same objects,
+    their floating tensors cast in place (module doc: the target one module at a time during its forward, when
+    ``_by_module``; the draft whole) and every original put back on exit, also when the block raises.
+
+    Raises:
+        _CastError: a tensor could not be cast (everything cast so far is restored first).
+    """
+    whole, by_module = _Cast(draft_dtype), _Cast(target_dtype)
+    handles = []
+    try:
+        whole.cast([*_module(draft).parameters(), *_module(draft).buffers()])
+        if not _by_module(target):
+            whole_t = _Cast(target_dtype)
+            try:
+                whole_t.cast([*_module(target).parameters(), *_module(target).buffers()])
+                yield target, draft
+            finally:
+                whole_t.restore()
+            return
+        stacks: dict[int, list[list[int]]] = {}
+        for m in target.modules():
+            if not any(t.is_floating_point() for t in _own(m)):
+                continue
+
+            def pre(mod, _args):
+                stacks.setdefault(id(mod), []).append(by_module.cast(_own(mod)))
+
+            def post(mod, _args, _out):
+                got = stacks.get(id(mod))
+                if got:
+                    by_module.restore(got.pop())
+
+            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post, always_call=True)]
+        yield target, draft
+    finally:
+        for h in handles:
+            h.remove()
+        by_module.restore()
+        whole.restore()
+
+
+def _cast_bytes(tensors, dtype: torch.dtype) -> int:
+    """Bytes of the floating ``tensors`` (each once) at ``dtype``."""
+    seen = {id(t): t for t in tensors if t.is_floating_point()}
+    return sum(t.numel() for t in seen.values()) * torch.empty((), dtype=dtype).element_size()
+
+
+def _need_bytes(target, draft, target_dtype: torch.dtype, draft_dtype: torch.dtype) -> int:
+    """What the re-run adds to the models: the draft at its other dtype, and the target's largest module (cast
+    module by module) or the whole target (cast whole) at its own."""
+    d = _module(draft)
+    need = _cast_bytes([*d.parameters(), *d.buffers()], draft_dtype)
+    if _by_module(target):
+        return need + max((_cast_bytes(_own(m), target_dtype) for m in target.modules()), default=0)
+    t = _module(target)
+    return need + _cast_bytes([*t.parameters(), *t.buffers()], target_dtype)
 
 
 def _fresh(replayer, target, draft):
@@ -100,7 +209,8 @@ def measure_noise_floor(replayer, seqs, seq_ids: list[int], *, skip: bool = Fals
 
     Args:
         replayer: the ``TrainReplayer`` that recorded the trace (its target and draft at the recorded
-            dtypes; not changed: the re-run uses copies and its own acceptance tallies).
+            dtypes; as they were after: the re-run casts in place and restores, ``at_other_precision``, and
+            keeps its own acceptance tallies).
         seqs: the recorded ``TrainSequence`` list; seq_ids: their trace seq ids.
         skip: record the floor as not measured (``record train --no-noise-floor``).
 
@@ -116,24 +226,27 @@ def measure_noise_floor(replayer, seqs, seq_ids: list[int], *, skip: bool = Fals
     d_dtype = next(draft.parameters()).dtype
     device = next(target.parameters()).device
     other_t, other_d = _other_dtype(t_dtype), _other_dtype(d_dtype)
-    need = _param_bytes(target, other_t) + _param_bytes(draft, other_d)
+    try:
+        need = _need_bytes(target, draft, other_t, other_d)
+    except _CastError as e:
+        return {"method": None, "unmeasured": f"could not cast the models to the other precision: {e}"}
     if need > _free_bytes(device) // 2:
-        return {"method": None, "unmeasured": f"a {other_t} copy of target and draft needs {need / 2**30:.1f} GiB, "
+        return {"method": None, "unmeasured": f"the {other_t} re-run holds {need / 2**30:.1f} GiB more, "
                                               "more than half the free memory"}
     picked = probe_sequences([len(s.tokens) for s in seqs])
     if not picked:
         return {"method": None, "unmeasured": "no sequence to re-run"}
-    try:
-        twin = _fresh(replayer, _recast(target, other_t), _recast(draft, other_d))
-    except Exception as e:  # a trainer's model that cannot be deep-copied: say so, record the trace anyway
-        return {"method": None, "unmeasured": f"could not copy the models at the other precision: {e}"}
     ids, lengths = replayer.pad([seqs[i] for i in picked])
     keys = [seq_ids[i] for i in picked]
     base = _fresh(replayer, target, draft)  # the trace's acceptance tallies stay as recorded
     batch = [seqs[i] for i in picked]
     recorded = base.rows(keys, *base.forward(ids, lengths, batch)).collected()
-    rerun = twin.rows(keys, *twin.forward(ids, lengths, batch)).collected()
-    del twin
+    try:
+        with at_other_precision(target, draft, other_t, other_d) as (t, d):
+            twin = _fresh(replayer, t, d)
+            rerun = twin.rows(keys, *twin.forward(ids, lengths, batch)).collected()
+    except _CastError as e:  # a trainer's model whose tensors refuse the cast: say so, record the trace anyway
+        return {"method": None, "unmeasured": f"could not cast the models to the other precision: {e}"}
     tensors = {}
     for name, (data, *_keys) in recorded.items():
         try:
