@@ -29,8 +29,10 @@ reused for the prefill): real prompts add prefill rows, which lowers the token r
    ticks back to back; ``achieved`` says how fast it went), then ``Recorder.close`` (the writer
    drains its ring and closes the trace). Printed: requests arrived, recorded, dropped
    (``ProcessTraceWriter.dropped_rids``; the closed trace's ``dropped_requests``, which must list
-   the same), the fraction dropped, items dropped, the ring's high-water mark (``Ring.used`` after
-   each submit), and whether every kept request is written whole (its trace sequence holds the
+   the same), the fraction dropped, items (captured iterations) dropped of those submitted, the ring's
+   high-water mark (``Ring.used`` after each submit), ``load``: items submitted a second over the items
+   the writer handled a second of its busy time in that run (the calibration's rate drifts with a
+   shared machine's load; this one is measured side by side), and whether every kept request is written whole (its trace sequence holds the
    tokens served, its ``target.argmax`` rows one per generated token) and every dropped one only a
    prefix (drops are of whole requests: nothing after the drop).
 3. **Sampling**: the same at ``--sample`` (``SPECDIFF_SAMPLE``) at the multiple that dropped most.
@@ -39,7 +41,11 @@ The writer process runs at ``--writer-nice`` (``SPECDIFF_WRITER_NICE``), default
 priority: a server's default (child.py ``NICE`` 19) gives the writer the CPU the server leaves, and on a
 machine that other jobs load it gets almost none (its own autogroup at nice 19: one such run's close
 took minutes), so its rate would measure those jobs. Calibration and load runs share the priority;
-rates and drops still vary with the machine's load, and the multiples are measured side by side.
+rates and drops still vary with the machine's load, and the multiples are measured side by side. The
+serving thread copies with ``--threads`` torch threads, default 1: with 2 on a loaded 2-core machine
+its copies into the ring took longer than the writer's work (a decode iteration's 25 MiB at the
+Llama-3-8B shape: 100-390 ms, against 6-55 ms with one thread), so no multiple was reached; part 1
+measures the copies' cost.
 
 The trace's ``dropped_requests`` lists every request of a dropped item, sampled or not
 (``ProcessTraceWriter._put`` drops ``item.rids``); ``dropped`` and the fraction count the recorded ones.
@@ -170,14 +176,14 @@ def run(shape: dict, it: dict, args, path: Path, *, hz: float | None, seconds: f
                      vocab=shape["vocab"], prefix=prefix)
     rec = open_recorder(shape, path, ring_mb=args.ring_mb, sample=sample)
     w = rec.writer
-    high = 0
+    high = items = 0
 
     def tick() -> float:
-        nonlocal high
+        nonlocal high, items
         hot = 0.0
         for its, batch in sched.tick():
             s = time.perf_counter()
-            hot_path(rec, its, batch, submit=True)
+            items += hot_path(rec, its, batch, submit=True)
             hot += time.perf_counter() - s
             high = max(high, w.ring.used())
         while hz is None and w.ring.used() and w.active:  # closed loop: the writer takes the whole tick
@@ -186,7 +192,7 @@ def run(shape: dict, it: dict, args, path: Path, *, hz: float | None, seconds: f
 
     for _ in range(2 if hz is None else 0):  # warm-up: the writer creates its arrays
         tick()
-    t0, tokens0, ticks, hot = time.perf_counter(), sched.tokens, 0, 0.0
+    t0, tokens0, items0, ticks, hot = time.perf_counter(), sched.tokens, items, 0, 0.0
     while time.perf_counter() - t0 < seconds:
         if hz is not None:  # on schedule; a serving thread behind it runs ticks back to back
             time.sleep(max(0.0, t0 + ticks / hz - time.perf_counter()))
@@ -200,7 +206,10 @@ def run(shape: dict, it: dict, args, path: Path, *, hz: float | None, seconds: f
     got = {"ticks": ticks, "wall_s": wall, "hot_s": hot, "tokens": tokens, "achieved_hz": ticks / wall,
            "arrived": sched.arrived, "recorded": len(rec.recorded), "dropped": len(w.dropped_rids & set(rec.recorded)),
            "dropped_items": w.dropped, "ring_high": high, "ring_bytes": w.ring.size, "writer_failed": w.failed,
-           "writer_live": len(live)}
+           "writer_live": len(live), "items": items - items0,
+           # the load the writer met: items submitted a second against the items it handled a second of its
+           # busy time in this run (ring.busy_s; the ring's count includes the contract updates, ~1 a run)
+           "load": (items - items0) / wall / (w.written / max(w.busy_s, 1e-9))}
     return got | check(path, sched, w.dropped_rids)
 
 
@@ -243,8 +252,8 @@ def report(name: str, shape: dict, args) -> list[dict]:
               f"({cal['ticks']} ticks, {staged / 2**20:.1f} MiB staged a decode iteration; serving thread "
               f"{cal['hot_s'] / max(cal['ticks'], 1) * 1e3:.1f} ms a tick); load average {os.getloadavg()[0]:.1f} on "
               f"{os.cpu_count()} CPUs; writer nice {args.writer_nice}")
-        print(f"  {'multiple':>8} {'sample':>6} {'ticks/s':>7} {'achieved':>8} {'requests':>8} {'recorded':>8} "
-              f"{'dropped':>7} {'fraction':>8} {'items':>5} {'ring high':>13} {'kept whole':>11} {'trace lists':>16}")
+        print(f"  {'multiple':>8} {'sample':>6} {'ticks/s':>7} {'achieved':>8} {'load':>6} {'requests':>8} {'recorded':>8} "
+              f"{'dropped':>7} {'fraction':>8} {'items':>9} {'ring high':>13} {'kept whole':>11} {'trace lists':>16}")
         for m in args.multiples:
             rows.append(_load(name, shape, it, args, tmp, hz, tpt, m, None, len(rows)))
         if args.sample < 1:  # sampled, at the multiple that dropped most
@@ -261,8 +270,8 @@ def _load(name, shape, it, args, tmp: Path, hz: float, tpt: float, m: float, sam
             prefix=f"{name}-{n}")
     r |= {"shape": name, "multiple": m, "sample": sample, "writer_hz": hz, "writer_tps": hz * tpt,
           "fraction": r["dropped"] / max(r["recorded"], 1)}
-    print(f"  {m:7.2f}x {sample or 1.0:6.2f} {m * hz:7.2f} {r['achieved_hz'] / hz:7.2f}x {r['arrived']:8d} "
-          f"{r['recorded']:8d} {r['dropped']:7d} {r['fraction']:8.3f} {r['dropped_items']:5d} "
+    print(f"  {m:7.2f}x {sample or 1.0:6.2f} {m * hz:7.2f} {r['achieved_hz'] / hz:7.2f}x {r['load']:5.2f}x {r['arrived']:8d} "
+          f"{r['recorded']:8d} {r['dropped']:7d} {r['fraction']:8.3f} {r['dropped_items']:4d}/{r['items']:<4d} "
           f"{r['ring_high'] / 2**20:6.0f} MiB {r['ring_high'] / r['ring_bytes']:4.0%} "
           f"{r['kept_whole']:5d}/{r['kept']:<5d} {r['trace_dropped']:5d}, {'same' if r['lists_match'] else 'OTHER':>5}"
           + ("" if r["closed"] else "  trace NOT closed") + ("  WRITER FAILED" if r["writer_failed"] else "")
@@ -283,11 +292,11 @@ def main(argv=None) -> int:
     ap.add_argument("--life", type=int, default=8, help="decode iterations a request lives")
     ap.add_argument("--multiples", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0],
                     help="tick rates, as multiples of the writer's measured rate")
-    ap.add_argument("--duration", type=float, default=6.0, help="seconds of load per multiple")
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds of load per multiple")
     ap.add_argument("--calibrate-s", type=float, default=4.0, help="seconds of the closed-loop writer measurement")
     ap.add_argument("--sample", type=float, default=0.1, help="SPECDIFF_SAMPLE of the last run (1: no such run)")
     ap.add_argument("--ring-mb", type=int, default=256, help="the ring's size (SPECDIFF_MAX_QUEUE_MB, default 256)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the serving thread's copies (module doc)")
     ap.add_argument("--writer-nice", type=int, default=int(os.environ.get("SPECDIFF_WRITER_NICE") or 0),
                     help="the writer process's niceness (SPECDIFF_WRITER_NICE; default 0: module doc)")
     ap.add_argument("--dir", default=None)
