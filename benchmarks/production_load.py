@@ -32,9 +32,10 @@ reused for the prefill): real prompts add prefill rows, which lowers the token r
    the same), the fraction dropped, items (captured iterations) dropped of those submitted, the ring's
    high-water mark (``Ring.used`` after each submit), ``load``: items submitted a second over the items
    the writer handled a second of its busy time in that run (the calibration's rate drifts with a
-   shared machine's load; this one is measured side by side), and whether every kept request is written whole (its trace sequence holds the
-   tokens served, its ``target.argmax`` rows one per generated token) and every dropped one only a
-   prefix (drops are of whole requests: nothing after the drop).
+   shared machine's load; this one is measured side by side), and whether every kept request is
+   written whole (its trace sequence holds the tokens served, its ``target.argmax`` rows one per
+   generated token) and every dropped one only a prefix (drops are of whole requests: nothing after
+   the drop).
 3. **Sampling**: the same at ``--sample`` (``SPECDIFF_SAMPLE``) at the multiple that dropped most.
 
 The writer process runs at ``--writer-nice`` (``SPECDIFF_WRITER_NICE``), default 0 here, the server's
