@@ -1,4 +1,4 @@
-"""Plain zarr / xarray read a trace's ``bfloat16`` arrays with no specdiff import (issue 34, item 5).
+"""Plain zarr / xarray read a trace's ``bfloat16`` arrays with no specdiff import.
 
 specdiff declares its ``bfloat16`` zarr data type in zarr's ``zarr.data_type`` entry-point group
 (pyproject.toml), but zarr 3.1.6 collects that group without ever loading it

@@ -141,15 +141,15 @@ def test_no_test_edits_sys_path():
 @pytest.mark.skipif(not (EXAMPLE / "serve.trace").exists(), reason="the shipped example pair is absent")
 def test_diff_of_the_example_pair_is_byte_identical_to_the_golden_json(assert_golden_seed_diff):
     # The golden file is `specdiff diff ... --format json` on the shipped seed pair, computed by
-    # the code before the issue-13 redesign (commit fb78f8e) on a clean clone: the model paths the
+    # the code before replay/ was split by job (commit fb78f8e) on a clean clone: the model paths the
     # traces name do not exist here, so no pre-flight findings. Regenerated once since, when the
-    # per-row dot products moved from einsum to np.vecdot (issue 14): min_cos / max_rel changed in
+    # per-row dot products moved from einsum to np.vecdot (for speed): min_cos / max_rel changed in
     # their last float32 digits (1-3 ulp), nothing else. Regenerated when the pair was re-recorded
-    # by traces/examples/regenerate.py with repo-relative paths (issue 23): the models the traces
+    # by traces/examples/regenerate.py with repo-relative paths: the models the traces
     # name now exist on a clean clone, so the report holds pre-flight findings. Changed by hand once
     # more with one string: the aux_hf_indices fix names SGLang's per-family numbering; and once with
-    # two strings when the top-k ties judge gained the row's measured logit disagreement (issue 33:
-    # draft.logits_topk.ids' and draft.topk's ties_not_named name that band too). Otherwise
+    # two strings when the top-k ties judge gained the row's measured logit disagreement
+    # (draft.logits_topk.ids' and draft.topk's ties_not_named name that band too). Otherwise
     # regenerate it only when the example pair itself is re-recorded.
     result = subprocess.run(
         [sys.executable, "-m", "specdiff.tui", "diff", "traces/examples/seed/train.trace",

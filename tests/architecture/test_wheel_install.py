@@ -1,5 +1,5 @@
 """A user's own install: the wheel built from the checkout, installed NON-editable in a fresh
-environment, holds every package and runs every command (issue 46 item 1: a hand-written package
+environment, holds every package and runs every command (a hand-written package
 list left ``specdiff.replay.fix`` and ``specdiff.replay.trainers`` out of the wheel; ``record
 train`` and ``fix`` ended in ModuleNotFoundError there, and every other test installs editable).
 

@@ -97,8 +97,8 @@ def _ranked_ids_agree(ids_a: np.ndarray, ids_b: np.ndarray, values_a: np.ndarray
     return bool(np.all((ids_a == ids_b) | near))
 
 
-#: tensors the recorders gained after the shipped pair was recorded (issue 33: the target's top-k
-#: logits, tracer/engines/target_logits.py; issue 45: what each draft step was fed, draft.input_ids)
+#: tensors the recorders gained after the shipped pair was recorded (the target's top-k
+#: logits, tracer/engines/target_logits.py; what each draft step was fed, draft.input_ids)
 RECORDED_SINCE = ("target.logits_topk.values", "target.logits_topk.ids", "draft.input_ids")
 
 
@@ -147,7 +147,7 @@ def _assert_same_pair(made: Path) -> None:
                                          "accept_rate", "accept_cum_rate"}
         ca = {k: _by_sequence(v, a) for k, v in a.contract.items() if k not in skip and not k.endswith("_s")}
         cb = {k: _by_sequence(v, b) for k, v in b.contract.items() if k not in skip and not k.endswith("_s")}
-        # The shipped pair predates the contract recorded by construction (issue 33: whole configs,
+        # The shipped pair predates the contract recorded by construction (whole configs,
         # engine options, weight fingerprints): today's recorder writes facts it lacks. Every fact it
         # holds must still be recorded alike; re-recording it (regenerate.py) also needs the golden
         # JSON, the app's snapshots and `info`'s printing of the new dict facts redone.

@@ -1,4 +1,4 @@
-"""``specdiff demo --engine vllm`` (issue 21 step 5): the demo's scenarios in vLLM's key and numbering,
+"""``specdiff demo --engine vllm``: the demo's scenarios in vLLM's key and numbering,
 served by a real vLLM 0.32.0 CPU engine from the vLLM venv (``.venv-vllm``, ``make vllm-venv``).
 
 One engine start per scenario run (the demo starts and stops its server, as a user's run does):
@@ -107,7 +107,7 @@ def test_demo_engine_vllm_seed_finds_the_shift_with_the_vllm_fix(seed_demo):
 
 @pytest.mark.server
 def test_the_fix_of_the_vllm_seed_is_served_by_vllm_and_verified(seed_demo):
-    """Issue 32: ``fix --verify`` on a vLLM-served trace re-serves the fix on vLLM (not SGLang): the
+    """``fix --verify`` on a vLLM-served trace re-serves the fix on vLLM (not SGLang): the
     draft's top-level key now holds vLLM's [0, 3, 6], no divergence, acceptance back to training's."""
     assert seed_demo.rc == 0, seed_demo.out[-4000:]
     fix = json.loads((seed_demo.dir / "summary.json").read_text())["fix"]

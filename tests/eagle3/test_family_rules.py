@@ -1,4 +1,4 @@
-"""SGLang 0.5.23 aux-id rules per target family (issue 20), pinned to the installed wheel.
+"""SGLang 0.5.23 aux-id rules per target family, pinned to the installed wheel.
 
 SGLang numbers EAGLE-3 aux ids per model file (``set_eagle3_layers_to_capture``): Llama, Qwen3,
 Qwen3-MoE ... add 1; DeepSeek-V2/V3 (Kimi-K2) read the ids literally unless the first is 1;
@@ -118,7 +118,7 @@ def test_check_on_each_family(tmp_path, draft_src, family, correct, shifted):
 
 
 def test_deepseek_minus_one_is_lost_and_the_packed_buffer_crashes(tmp_path, draft_src):
-    # the issue's example: [-1, 2, 5] on DeepSeek-V3 captures two slots (deepseek_v2.py:3473 literal, -1 matches
+    # the motivating bug's config: [-1, 2, 5] on DeepSeek-V3 captures two slots (deepseek_v2.py:3473 literal, -1 matches
     # no layer) and the packer sized for 3 raises on the first request (aux_hidden_states.py:86-89)
     target, draft = _pair(tmp_path, draft_src, "deepseek_v3", [-1, 2, 5])
     report = run_preflight(target, draft, training_layers=list(TRAIN_HF), engines=("sglang",))

@@ -1,4 +1,4 @@
-"""The trained pair of each target family served correctly (issue 20): a tiny trained target with
+"""The trained pair of each target family served correctly (DeepSeek-V3, Qwen3-MoE, GPT-OSS, ...): a tiny trained target with
 an EAGLE-3 draft trained on it (``family_models``, ``specdiff.demo_models.families``), served on
 a real CPU SGLang server with the ids that family's rule reads as the training layers, through
 ``specdiff demo --family F --scenario correct``: the draft is accepted well above 1 token per
@@ -7,8 +7,8 @@ step and ``diff`` finds no divergence (exit 0), every compared tensor under its 
 tests/demo_models/test_family_models.py checks the pairs offline (the draft predicts its target);
 tests/tracer/engines/test_family_servers.py serves random targets with random drafts (kernels, capture, replay);
 this is the two together. DeepSeek-V3's trained pair is served correctly by
-tests/server/test_family_seed.py (the seed's fix re-served); GPT-OSS's correct pair is still an
-open item of issue 20 (tests/tracer/engines/test_family_servers.py's strict xfail), so it is not served here.
+tests/server/test_family_seed.py (the seed's fix re-served); GPT-OSS's correct pair is still not
+served correctly (tests/tracer/engines/test_family_servers.py's strict xfail), so it is not served here.
 
 Each family's pair is built on first use (3-13 min on 2 cores, cached in pytest's cache), so
 these are marked ``family_pair``: ``make test-families``.

@@ -1,4 +1,4 @@
-"""The motivating bug on its own architecture (issue 20): the seed scenario on a DeepSeek-V3 target.
+"""The motivating bug on its own architecture (DeepSeek-V3, the family it was found on): the seed scenario on a DeepSeek-V3 target.
 
 The Kimi-K2 seed: a draft trained on [embedding, L3, L31] served capturing [L3, L31, L59]. Here the
 tiny DeepSeek-V3 pair (``family_models["deepseek_v3"]``: MLA, yarn rope, grouped top-k routing, a
@@ -8,7 +8,7 @@ shifted by one slot) through ``specdiff demo --family deepseek_v3 --scenario see
 SGLang server. specdiff must stop at ``target.aux.*``, explain it as a layer shift and give the
 fix in the DeepSeek rule (ids [0, 3, 6]; the Llama rule's [-1, 2, 5] would leave the packed aux
 buffer short and fail the first request on this target). Re-serving the draft with the ids the
-explanation gives (``specdiff fix``, issue 32) must then agree with training.
+explanation gives (``specdiff fix``) must then agree with training.
 
 Builds the DeepSeek-V3 pair on first use (3-13 min on 2 cores; cached in pytest's cache), then
 two server runs. Run with ``pytest -m server tests/server/test_family_seed.py``.

@@ -1,4 +1,4 @@
-"""``specdiff fix --verify`` on a real CPU SGLang server (issue 32): the shipped seed pair's fix (the
+"""``specdiff fix --verify`` on a real CPU SGLang server: the shipped seed pair's fix (the
 trained aux ids written into a copy of its served draft) served again with the recorded target, settings
 and prompts, both sides recorded again and diffed: no divergence, and serving accepts what training does."""
 

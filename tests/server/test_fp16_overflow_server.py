@@ -1,5 +1,5 @@
-"""A bf16-trained draft served with ``--dtype float16`` on a real SGLang 0.5.23 CPU server (issue 22
-item 5): its activations pass float16's 65504, so serving's ``draft.hidden_out`` goes inf/NaN.
+"""A bf16-trained draft served with ``--dtype float16`` on a real SGLang 0.5.23 CPU server:
+its activations pass float16's 65504, so serving's ``draft.hidden_out`` goes inf/NaN.
 
 The draft is the demo draft with ``midlayer.mlp.down_proj.weight`` scaled by 2000 (weights still
 far below 65504; the MLP output reaches ~1e5), used on BOTH sides, so the only difference is the

@@ -1,5 +1,5 @@
 """Serving bugs put into a real SGLang 0.5.23 CPU server by a test-owned plugin, found as a user would:
-the server traced (``SPECDIFF_TRACE``), ``record train --replay``, ``diff`` (issue 22 "Must show"); and a
+the server traced (``SPECDIFF_TRACE``), ``record train --replay``, ``diff``; and a
 rope mistake in the served draft config only (``partial_rotary_factor``), no plugin needed.
 
 The plugin (tests/server/bug_plugins/specdiff_bug_plugins.py) is loaded through SGLang's own plugin entry

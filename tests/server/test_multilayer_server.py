@@ -1,5 +1,5 @@
 """A two-layer EAGLE-3 draft (``traces/models/draft2l``, ``num_hidden_layers: 2``) served by a real
-SGLang 0.5.23 CPU server against its training side recorded by the reference forward (issue 31).
+SGLang 0.5.23 CPU server against its training side recorded by the reference forward (the multi-layer drafts users train).
 
 SGLang builds and chains both layers (srt/models/llama_eagle3.py:198-204, :253-268); the reference
 chains them the same way (``replay.model.draft_model``). The served trace and ``record train

@@ -1,6 +1,6 @@
 """A two-layer EAGLE-3 draft (``traces/models/draft2l``) served by a real vLLM 0.32.0 CPU server against its
 training side recorded by the reference forward, and the same draft served with layer 1's weights missing
-(issue 31; the SGLang half: test_multilayer_server.py). One server start per served draft.
+(the SGLang half: test_multilayer_server.py). One server start per served draft.
 
 vLLM builds ``num_hidden_layers`` draft layers (model_executor/models/llama_eagle3.py:198-208) and chains them
 as SGLang does but for one norm: a layer i >= 1 normalises its input with ``input_layernorm``

@@ -1,8 +1,8 @@
 """End to end on a real SGLang server (CPU): each built-in scenario served with its mistake,
 recorded by the real recorders, replayed on the training side, and diffed.
 
-This is both issue 5's scenario suite (first divergence *and* explanation per known cause) and
-issue 7's demo test (`specdiff demo --no-tui` for the seed and the correct scenario).
+This is both the scenario suite (first divergence *and* explanation per known cause) and the
+demo's end-to-end test (`specdiff demo --no-tui` for the seed and the correct scenario).
 One demo run per scenario, shared by the tests of that scenario (in one process: ``_RUNS``). The
 tests of scenarios that share a run are one pytest-xdist group; the groups spread the file's seven
 demo runs (~2 min each) over ``make test``'s two workers (tests/conftest.py keeps a test's own group).
@@ -128,7 +128,7 @@ def test_norm_before_fc_on_serving_only(demo_root):
 
 @pytest.mark.xdist_group("scenarios-correct")
 def test_served_trace_matches_training_trace_for_a_correct_pair(demo_root):
-    """Issue 4: training trace of real served sequences == SGLang trace within bf16 tolerance."""
+    """The training trace of real served sequences == SGLang trace within bf16 tolerance."""
     _, _, workdir = run_demo("correct", demo_root)
     report = diff_traces(str(workdir / "train.trace"), str(workdir / "serve.trace"))
     for name in ("target.aux.0", "target.aux.1", "target.aux.2", "draft.fc_out", "draft.topk_target"):
@@ -140,7 +140,7 @@ def test_served_trace_matches_training_trace_for_a_correct_pair(demo_root):
 
 @pytest.mark.xdist_group("scenarios-aux-order")
 def test_aux_concat_order_permutation_is_found_at_the_aux_stage(demo_root):
-    """Issue 11 case 4: a draft trained on HF [6, 0, 3] (in that concat order), served by SGLang,
+    """A mismatch nobody listed (concat order): a draft trained on HF [6, 0, 3] (in that concat order), served by SGLang,
     which concatenates the same layers ascending. `record train --aux-layers 6,0,3 --aux-convention
     hf --replay serve.trace` keeps the order, so the diff finds the permutation at the aux stage
     instead of answering "equivalent"."""

@@ -1,5 +1,5 @@
 """A SpecForge-exported draft served by a real SGLang 0.5.23 CPU server against its training side
-computed by SpecForge 0.2.0's own draft model (issue 31).
+computed by SpecForge 0.2.0's own draft model (the trainer's own forward on the training side).
 
 The shipped draft's weights go through SpecForge's own exporter (specforge/export/to_sglang.py
 ``export_to_sglang``: its training state -> ``save_pretrained`` + legacy rope keys); SGLang serves the

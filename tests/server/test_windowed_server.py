@@ -1,4 +1,4 @@
-"""Windowed draft attention served by a real SGLang 0.5.23 CPU server (issue 31): the demo draft trained within
+"""Windowed draft attention served by a real SGLang 0.5.23 CPU server: the demo draft trained within
 SGLang's draft window 8 (``traces/models/draftw``: ``python -m specdiff.demo_models.train_draft --window 8``)
 served with ``--speculative-draft-window-size 8`` (every draft layer's RadixAttention window,
 srt/models/llama_eagle3.py:286-299) on prompts longer than the window.

@@ -1,4 +1,4 @@
-"""A server that crashes on the first request is debugged to the end (issue 22 item 6).
+"""A server that crashes on the first request is debugged to the end.
 
 The served draft has an aux id past the target's last layer (id 8 on the 8-layer demo target):
 SGLang 0.5.23 starts, then the first request crashes in the draft's fc. The recorder keeps the

@@ -1,6 +1,6 @@
 """Contract paths (tracer/paths.py): recorders write local paths absolute (or relative to
 ``SPECDIFF_RECORD_RELATIVE_TO``), readers find a relative one from the trace's folders whatever the
-working directory, and say which one they could not find (issue 34 item 8)."""
+working directory, and say which one they could not find."""
 
 from __future__ import annotations
 

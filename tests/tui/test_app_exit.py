@@ -1,4 +1,4 @@
-"""The app's exit code is the verdict, however it is left (issue 46 item 3): ``q`` before the report
+"""The app's exit code is the verdict, however it is left: ``q`` before the report
 landed exited 0 ("the traces agree") on a diverged pair, Textual's own ctrl+q exited 0 at any time,
 and Ctrl-C showed Textual's "press ctrl+q to quit" instead of the one line and 130 the CLI promises.
 Now: 1 while a divergence is shown or the diff is still deciding, 0 only once the report says the

@@ -1,8 +1,8 @@
-"""The app's fix actions (issue 32, tui/fix_actions.py): ``w`` writes what ``specdiff fix`` writes into a
+"""The app's fix actions (tui/fix_actions.py): ``w`` writes what ``specdiff fix`` writes into a
 folder the user picks, ``v`` refuses before a fix is written; the palette offers both. ``v``'s
 re-serving on a real CPU SGLang server: tests/server/test_fix_verify.py. Where ``w`` and ``e`` write by
 default (tui/default_dirs.py): beside the traces, or the checkout's ignored specdiff-out/ for the shipped
-pair, so that using them leaves the working tree (and every test) as it was (issue 46 item 4)."""
+pair, so that using them leaves the working tree (and every test) as it was."""
 
 from __future__ import annotations
 

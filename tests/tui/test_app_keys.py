@@ -1,4 +1,4 @@
-"""The app's keys, palette and Sequences pane as a newcomer meets them (issue 34, item 6): every
+"""The app's keys, palette and Sequences pane as a newcomer meets them: every
 binding shown in the footer or on the keys screen (``?``) at 80x24 and 120x40, ``q`` in the footer,
 the keys screen rendered (no raw markup), specdiff's actions in the command palette, and the prompt
 text (not token ids) in the Sequences pane where the target's tokenizer is found.

@@ -1,5 +1,5 @@
-"""Every bad value of every command's options and arguments is one line on stderr and exit 2
-(issue 34): a table over the real CLI, one row per bad input, each asserting the exit code, that
+"""Every bad value of every command's options and arguments is one line on stderr and exit 2:
+a table over the real CLI, one row per bad input, each asserting the exit code, that
 the output is exactly one non-empty line (no traceback, no click usage block) and what the line
 says. Plus the exit-code table the help and README show.
 """
@@ -77,11 +77,11 @@ BAD_INPUT = [
     ("record client --url localhost:1 --prompts {prompts}",
      r"^--url localhost:1: give the server's URL with its scheme, e.g. http://localhost:1$"),
     ("record client --url http://127.0.0.1:9 --prompts {missing}", r"cannot read prompts"),
-    # issue 46: no server at the URL was "the server at URL died during request 0"
+    # no server at the URL was "the server at URL died during request 0"
     ("record client --url http://127.0.0.1:9 --prompts {prompts}",
      r"^no server answers at http://127.0.0.1:9 \(Connection refused\); start it first \(specdiff record serve "
      r"\.\.\. -- SERVER ARGS\) or check --url$"),
-    # issue 46: a trace against itself agreed by construction, a silent exit 0
+    # a trace against itself agreed by construction, a silent exit 0
     ("diff {a} {a}", r"^TRACE_A and TRACE_B are the same trace \(.*a\.trace\): a trace always agrees with itself; "
                      r"give the training trace and the serving trace$"),
     ("diff {a} {tmp}/./a.trace", r"the same trace"),
@@ -108,7 +108,7 @@ def test_bad_input_is_one_line_and_exit_2(run_cli, paths, argv, says):
 
 
 def test_check_on_aux_ids_written_as_a_string_is_one_line_naming_the_list(run_cli, repo_models, tmp_path):
-    # issue 34: eagle_config's ids as "2,5,6" were a ValueError traceback from int(",")
+    # eagle_config's ids as "2,5,6" were a ValueError traceback from int(",")
     draft = tmp_path / "draft"
     shutil.copytree(repo_models / "draft", draft)
     config = json.loads((draft / "config.json").read_text())

@@ -1,5 +1,5 @@
 """Ctrl-C in any command: one line ``specdiff: interrupted: <what was not written>`` on stderr and
-exit 130 (issue 34: click said "Aborted!" and exited 1, the divergence code), and nothing half
+exit 130 (click said "Aborted!" and exited 1, the divergence code), and nothing half
 written left looking complete. KeyboardInterrupt raised inside each command where it works, a
 real SIGINT to ``python -m specdiff.tui diff``, and Ctrl-C while the app starts.
 """
@@ -230,7 +230,7 @@ _VIEW_CTRL_C = textwrap.dedent("""
 
 
 def test_ctrl_c_while_view_opens_is_one_line_without_tracebacks(pair):
-    # issue 34: "Task was destroyed but it is pending!" and two tracebacks, exit 1
+    # it was "Task was destroyed but it is pending!" and two tracebacks, exit 1
     import pty
     import re
 
@@ -287,7 +287,7 @@ _ZARR_IN_FLIGHT = textwrap.dedent("""
 
 
 def test_ctrl_c_with_zarr_reads_in_flight_is_one_line_without_asyncio_reports(pair):
-    # issue 34 item 7, seen again: Ctrl-C 0.5 s into `info` or `view` printed the line, then up to 7833
+    # seen again after the first fix: Ctrl-C 0.5 s into `info` or `view` printed the line, then up to 7833
     # lines of "Task was destroyed but it is pending!" from zarr's loop as the interpreter stopped
     done = subprocess.run([sys.executable, "-c", _ZARR_IN_FLIGHT, pair[0]], capture_output=True, text=True,
                           timeout=120)

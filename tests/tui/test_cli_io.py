@@ -96,7 +96,7 @@ def test_diff_draws_a_progress_bar_on_a_terminal_and_nothing_into_a_pipe(tmp_pat
 
 
 def test_diff_on_a_terminal_prints_the_report_not_the_app(tmp_path, aux_traces):
-    """Issue 34: ``diff A B`` on a terminal opened the app, though the README calls it a report (the
+    """``diff A B`` on a terminal opened the app, though the README calls it a report (the
     app is ``view``). Stdin, stdout and stderr on a pseudo-terminal: the app would wait for keys and
     the run time out."""
     a = aux_traces.write(tmp_path / "a", side="train", hf=[0, 3, 6])

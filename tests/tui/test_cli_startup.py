@@ -1,5 +1,5 @@
 """The CLI answers ``--help``, ``info`` and ``check`` without importing torch, transformers or SGLang
-(issue 34, item 4: ``specdiff --help`` took 5-9 s because torch was imported before click parsed;
+(``specdiff --help`` took 5-9 s because torch was imported before click parsed;
 ``info`` still took 2.5-4 s in ml_dtypes, ``check`` 6 s in torch).
 
 Asserted by design, not by time: each command runs in a fresh interpreter, which then lists the
@@ -107,7 +107,7 @@ def test_check_reads_a_safetensors_draft_without_torch():
 ], ids=["no-sequences", "two-sources", "steps", "convention-alone", "bad-ids", "extend-replay", "features-probe",
         "max-samples", "out-exists", "tp-size-alone", "engine-features", "engine-device-map"])
 def test_record_train_says_a_usage_error_before_torch_loads(args, words, tmp_path):
-    # issue 46: record train imported torch and transformers first, 2-18 s before its one error line
+    # record train imported torch and transformers first, 2-18 s before its one error line
     models = ROOT / "traces" / "models"
     out = ["-o", str(tmp_path / "t.trace")] if "-o" not in args else []
     loaded, printed = _probe("record", "train", "--target", str(models / "target"), "--draft", str(models / "draft"),

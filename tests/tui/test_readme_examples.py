@@ -1,5 +1,5 @@
-"""The READMEs' shell examples run as written (issue 34: "the README's examples run in a test as
-written").
+"""The READMEs' shell examples run as written: each one the
+README shows is run here as it is printed.
 
 Every command of a fenced ``bash`` block in README.md and traces/examples/README.md is either run here
 through the real CLI (``python -m specdiff.tui``, from the repo root, on the shipped example pair and

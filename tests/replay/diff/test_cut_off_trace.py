@@ -1,5 +1,5 @@
-"""A trace its writer never closed (a server killed before its writer wrote everything: issue 44
-part 4) holds only some of what was served: ``diff`` names it in its first line with the sequences
+"""A trace its writer never closed (a server killed before its writer wrote everything)
+holds only some of what was served: ``diff`` names it in its first line with the sequences
 it holds, never says a plain "no divergence" over it, and exits 1; the app's header says the same."""
 
 from __future__ import annotations

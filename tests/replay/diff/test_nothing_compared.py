@@ -1,4 +1,4 @@
-"""Zero rows compared is no verdict (issue 45 item 6): a serving trace closed with its sequences' tokens and no
+"""Zero rows compared is no verdict: a serving trace closed with its sequences' tokens and no
 tensor (a server that died on its first request, no crash recorded) once gave "no divergence: 0 tensors agree",
 exit 0. ``diff`` now says nothing was compared, what each side holds and what to do, exits 1; the app's header
 says the same and its exit code follows."""

@@ -1,4 +1,4 @@
-"""What a newcomer reads first (issue 23): the text report of the shipped example pair says each
+"""What a newcomer reads first: the text report of the shipped example pair says each
 thing once, most important first, within the terminal width; ``specdiff info`` prints facts for
 people (no Python reprs, rounded floats); the help texts describe each option one way."""
 
@@ -56,7 +56,7 @@ def test_diff_of_the_shipped_pair_says_the_headline_once_within_the_width(run_cl
 
 
 def test_a_fact_an_older_recorder_left_unknown_is_not_blamed_on_the_sglang_version():
-    # The example pair shipped before issue 23 (SGLang 0.5.23, in the tested range) held aux_concat_order
+    # The example pair shipped before the pair was re-recorded by regenerate.py (SGLang 0.5.23, in the tested range) held aux_concat_order
     # 'unknown' and no unobservable list: the recorder that wrote it did not record the fact. An engine
     # concatenates its captures in layer order, so the slots are its aux_hf_indices: an info, and the
     # fix is a re-record. A fact the engine's unobservable list names keeps the version fix.

@@ -1,4 +1,4 @@
-"""``specdiff fix TRAIN SERVE -o OUT`` (issue 32) without a server: the shipped seed pair (real recorders)
+"""``specdiff fix TRAIN SERVE -o OUT`` without a server: the shipped seed pair (real recorders)
 and hand-built pairs (real TraceWriter stores) whose contracts name a served draft that the demo's
 scenario writer made from the committed draft (demo/scenarios.py ``write_served_draft``). Each fix is
 held against the draft as trained: the written config keys and tensors must be the trained ones."""

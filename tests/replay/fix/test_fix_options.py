@@ -1,4 +1,4 @@
-"""``specdiff fix`` where the cause is a server option (issue 32; replay/fix/plan.py ``OPTION_PLANNERS``): the
+"""``specdiff fix`` where the cause is a server option (replay/fix/plan.py ``OPTION_PLANNERS``): the
 draft window training computed, as SGLang's ``--speculative-draft-window-size`` or none. Hand-built pairs
 (real TraceWriter stores) whose first divergence is at ``draft.hidden_out`` and whose contracts record each
 side's ``draft_attention_window``; the served draft is the committed demo draft, copied unchanged."""

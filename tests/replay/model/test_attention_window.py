@@ -1,4 +1,4 @@
-"""Windowed draft attention (issue 31): the draft config's ``layer_types`` / ``sliding_window``
+"""Windowed draft attention: the draft config's ``layer_types`` / ``sliding_window``
 (speculators' rule) and SGLang's ``--speculative-draft-window-size`` (``record train --draft-window``)
 in the reference forward, the config files and the contract (eagle3/attention_window.py)."""
 

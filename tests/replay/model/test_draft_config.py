@@ -144,7 +144,7 @@ def test_a_missing_dim_is_an_error_naming_the_field_the_file_and_the_fix(tmp_pat
     ({"rope_is_neox_style": "no"}, "rope_is_neox_style", "true or false"),
     ({"architectures": ["LlamaForCausalLM"]}, "architectures", "LlamaForCausalLMEagle3"),
     ({"fc_norm": "yes"}, None, None),  # truthy as SGLang reads it: not an error
-    # issue 34: values of the wrong type were tracebacks (ValueError, TypeError, AttributeError)
+    # values of the wrong type were tracebacks (ValueError, TypeError, AttributeError)
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": "2,5,6"}}, "eagle_config.eagle_aux_hidden_state_layer_ids",
      "write a JSON list of integers, e.g. [2, 5, 6]"),
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": 5}}, "eagle_config.eagle_aux_hidden_state_layer_ids",

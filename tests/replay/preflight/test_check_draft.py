@@ -180,7 +180,7 @@ def test_bin_weights_are_checked_like_safetensors(pair, run_cli):
     assert r.exit_code == 2 and r.output.startswith("specdiff: error: draft weights ") and "weights_only" in r.output
 
 
-# ---- every rope key SGLang reads, the served dtype, tied embeddings (issue 22) -------------------
+# ---- every rope key SGLang reads, the served dtype, tied embeddings ----------------------------
 def test_max_positions_shorter_than_the_served_context_is_sglangs_refusal_to_start(pair):
     target, draft, _ = pair
     edit_config(draft, lambda c: c.update(max_position_embeddings=64))

@@ -1,4 +1,4 @@
-"""``specdiff check``'s verdict follows the engine the user serves with (issue 34, items 1 and 2).
+"""``specdiff check``'s verdict follows the engine the user serves with (a correct draft passes).
 
 The engine asked for (``--engine sglang|vllm``) is judged; without one (``--engine all``, the
 default) the engines the draft's config is written for are (``eagle3.config_ids.draft_engines``:

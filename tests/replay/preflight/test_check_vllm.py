@@ -13,7 +13,7 @@ from support.preflight_pair import edit_config
 from specdiff.replay.preflight.check import run_preflight
 
 
-# ---- check --engine vllm: vLLM 0.32.0's own advice (issue 21 step 5) ------------------------------
+# ---- check --engine vllm: vLLM 0.32.0's own advice (its key and numbering) ------------------------
 def _nested(ids):
     return lambda c: (c.pop("eagle_aux_hidden_state_layer_ids", None), c.update(eagle_config={
         "eagle_aux_hidden_state_layer_ids": ids}))

@@ -191,7 +191,7 @@ def test_record_train_replays_a_serving_trace_and_full_capture(tmp_path, models,
 
 @pytest.mark.skipif(not (DEMO / "draft2l" / "config.json").is_file(), reason="the two-layer demo draft is not built")
 def test_record_train_runs_the_two_layer_demo_draft(tmp_path, prompts, run_cli):
-    """traces/models/draft2l (num_hidden_layers 2, issue 31) on the demo target: recorded, its
+    """traces/models/draft2l (num_hidden_layers 2) on the demo target: recorded, its
     config fact says 2 layers, and it drafts well (mean accept length well above 1)."""
     out = tmp_path / "train.trace"
     res = run_cli("record", "train", "--target", str(DEMO / "target"), "--draft", str(DEMO / "draft2l"),
@@ -204,7 +204,7 @@ def test_record_train_runs_the_two_layer_demo_draft(tmp_path, prompts, run_cli):
 
 
 def test_record_train_writes_absolute_paths_given_relative_ones(tmp_path, models, run_cli, monkeypatch):
-    """Issue 34 item 8: a trace read from another working directory names the same models."""
+    """A trace read from another working directory names the same models."""
     target, draft = models
     serve = tmp_path / "serve.trace"
     w = TraceWriter(str(serve), side="serve", contract={"engine": "sglang", "spec_steps": 1, "spec_topk": 1})

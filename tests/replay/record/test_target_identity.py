@@ -1,4 +1,4 @@
-"""Target identity (issue 22 item 11, issue 20): ``record train`` records which target it ran, and
+"""Target identity: ``record train`` records which target it ran, and
 ``specdiff diff`` refuses, first and in one line, a pair recorded on two different targets; the
 same weights in another dtype are the same target. GPT-OSS's pre-norm aux slot (SGLang capture
 index L, srt/models/gpt_oss.py:726-738) is replayed from the last layer's output before the final
@@ -178,7 +178,7 @@ def _said(v):
 
 @pytest.mark.parametrize("field", [f for f in IDENTITY if f != "target_weights_fingerprint"])
 def test_the_same_weights_with_another_config_are_one_target_and_a_contract_difference(tmp_path, field, run_cli):
-    # issue 45 item 3: a rope override at serving (--json-model-override-args) changed the config hash, and the
+    # identity by weights: a rope override at serving (--json-model-override-args) changed the config hash, and the
     # diff refused the pair as two targets; the weights agree, so the override is the mistake, said as one
     train = _synthetic(tmp_path / "t.trace", "train", BASE)
     serve = _synthetic(tmp_path / "s.trace", "serve", {**BASE, field: OTHER[field]}, diverge=True)

@@ -1,6 +1,6 @@
 """``record train`` does what training did, as the user said it: the aux concat order is kept
 (``aux_concat_order``), input that cannot be used as given is refused in one line, and every
-default filled in is printed and stored (``defaults_used``). Issue 11, case 4.
+default filled in is printed and stored (``defaults_used``).
 
 The end-to-end case (a draft trained on HF [6, 0, 3] served by a real SGLang server, which
 concatenates ascending) is ``test_aux_concat_order_permutation_is_found_at_the_aux_stage`` in
@@ -105,7 +105,7 @@ def test_reordered_fc_blocks_compute_the_same_on_the_reordered_concat():
 # ---- record train -------------------------------------------------------------------------
 @needs_models
 def test_record_train_keeps_the_users_aux_order_and_says_so(tmp_path, prompts, run_cli):
-    """The issue's report: `--aux-layers 6,0,3 --aux-convention hf` used to print HF [0, 3, 6]."""
+    """As reported: `--aux-layers 6,0,3 --aux-convention hf` used to print HF [0, 3, 6]."""
     draft = write_served_draft("aux-order", DRAFT, tmp_path / "draft-603")
     out = tmp_path / "train.trace"
     res = run_cli("record", "train", "--target", str(TARGET), "--draft", str(draft), "--prompts", str(prompts),
@@ -170,7 +170,7 @@ def test_every_default_filled_in_is_printed_and_stored(tmp_path, run_cli):
     assert "dtype" not in used and "probe_positions" not in used  # given, not defaulted
     line = next(x for x in res.stderr.splitlines() if x.startswith("defaults used: "))
     assert "--steps 2 (the serving trace's spec_steps)" in line and "--target-dtype bfloat16" in line
-    # --device follows the machine (issue 46: it was cpu on a GPU machine), and the trace says what was used
+    # --device follows the machine (it was cpu on a GPU machine), and the trace says what was used
     cuda = torch.cuda.is_available()
     assert used["device"] == {"value": "cuda" if cuda else "cpu",
                               "source": f"record train default: torch sees {'a' if cuda else 'no'} CUDA device"}

@@ -1,4 +1,4 @@
-"""``specdiff watch`` attached to live traced SGLang 0.5.23 servers on this CPU (issue 24 item 3).
+"""``specdiff watch`` attached to live traced SGLang 0.5.23 servers on this CPU (it alerts when serving drifts from training).
 
 Two servers, both the demo pair (``traces/models``) traced with ``SPECDIFF_TRACE``; the watch
 always replays the draft as trained:

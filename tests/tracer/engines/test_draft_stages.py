@@ -159,7 +159,7 @@ def tree(tmp_path_factory, run_cli, server_env):
 
 def _check_stages_on_both_sides(run: dict, *, rerank_bug: bool = False) -> None:
     """``rerank_bug``: a top-k tree, where SGLang 0.5.23's multi-step draft attention gives a depth-2
-    node that re-ranking moved into another column that column's depth-1 KV (issue 22 item 8):
+    node that re-ranking moved into another column that column's depth-1 KV:
     those rows, and only those, may differ, and are then the first divergence with that cause."""
     serve = open_trace(str(run["serve"]))
     assert all(len(p) > 16 for p in run["prompts"])  # every prompt is prefilled in chunks of 16
@@ -316,7 +316,7 @@ def test_app_says_why_a_stage_is_not_observable(chain, tmp_path):
     assert "radix cache" in why
 
 
-# ---- the recorded state and what each draft step was fed (issue 45) -------------------------
+# ---- the recorded state and what each draft step was fed ----------------------------------
 @server
 @needs_models
 def test_both_sides_record_one_rope_table_per_layer_and_the_buffers_as_live(chain):
@@ -401,7 +401,7 @@ def test_a_served_override_is_recorded_with_its_option_and_the_same_weights(chai
 @server
 @needs_models
 def test_a_served_override_is_one_target_with_a_contract_difference_not_another_model(chain, rope_override):
-    # issue 45 item 3: the override changed the config hash, and diff refused the pair as "traces of different
+    # the override changed the config hash, and diff refused the pair as "traces of different
     # targets"; the weights agree, so the pair is compared and the override named key by key with its option
     _, _, served = rope_override
     report = diff_traces(str(chain["train"]), str(served))

@@ -1,4 +1,4 @@
-"""The serving recorders' hot path (issue 24): unsampled requests cost no prompt conversion, a
+"""The serving recorders' hot path (off the server's critical path): unsampled requests cost no prompt conversion, a
 sampled prompt goes to the writer as the engine holds it, CPU copies go once, straight into the
 writer process's ring (``Ring.stage``), and the trace says which writer ran and with what ring."""
 

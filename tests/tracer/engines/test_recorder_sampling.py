@@ -1,4 +1,4 @@
-"""Sampled recording and a writer process that falls behind (issue 24), on one real CPU SGLang server.
+"""Sampled recording and a writer process that falls behind, on one real CPU SGLang server.
 
 The server records ``SPECDIFF_SAMPLE=0.5`` of its requests through the writer process, with a
 1 MiB shared-memory ring: the first phase's requests (chosen by rid hash, or marked by the client

@@ -1,4 +1,4 @@
-"""A server that refuses to start is reported with the engine's own error line (issue 22 item 9).
+"""A server that refuses to start is reported with the engine's own error line.
 
 ``specdiff record serve`` relays the server's stderr and keeps its tail; when the server exits
 before any trace exists and its log ends in a traceback, the command fails (exit 2) with that

@@ -293,7 +293,7 @@ def test_a_target_with_aux_capture_off_feeds_no_aux_states():
     assert c["aux_hf_indices"] == [] and c["aux_dropped_ids"] == [] and not lines
 
 
-# ---- the target's layout per family (issue 20) ---------------------------------------------------------
+# ---- the target's layout per family ------------------------------------------------------------------
 def test_deepseek_layers_are_read_from_deepseeks_own_names_and_its_moe_routing_from_its_config():
     w, _ = _worker(ltc=(0, 3, 6), ids=(0, 3, 6), target_class="DeepseekV3ForCausalLM", inner_class="DeepseekV2Model")
     w.target_worker.model_runner.model.config.n_routed_experts = 4

@@ -73,7 +73,7 @@ def untraced(bringup_chain_server):
 
 @pytest.fixture(scope="module")
 def traced(models, tmp_path_factory, run_cli, server_env):
-    """The traced chain served as a user runs it (issue 44 part 4): ``specdiff record serve --cpu``
+    """The traced chain served as a user runs it: ``specdiff record serve --cpu``
     (SGLang's own spawn), stopped by SIGTERM to record serve as its banner offers while its trace
     writer lags as far as it can: the writer process handles no capture while a pause file exists
     (``SPECDIFF_WRITER_TEST_PAUSE_FILE``, read by tracer/engines/writer/child.py only), from before
@@ -374,7 +374,7 @@ def test_chain_trace_accept_lengths_tokens_and_rids(traced):
 def test_a_stop_while_the_writer_lags_keeps_every_finished_request(traced):
     """SIGTERM to record serve while its writer had written none of the 3 finished requests: the
     writer outlives SGLang's kill of the server's process tree, record serve waits for it saying how
-    far the trace got, and the trace holds all 3, closed (issue 44 part 4: it kept 1 of 8)."""
+    far the trace got, and the trace holds all 3, closed (it kept 1 of 8)."""
     said, path = traced["said"], traced["path"]
     assert traced["held"] == 0 and traced["rc"] == 0, said[-3000:]
     assert "specdiff: waiting for the trace writer (pid " in traced["waited"], said[-3000:]

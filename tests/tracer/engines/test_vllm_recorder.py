@@ -1,4 +1,4 @@
-"""The vLLM recorder (tracer/engines/vllm/) on a real vLLM 0.32 CPU engine (issue 21 steps 2-3).
+"""The vLLM recorder (tracer/engines/vllm/) on a real vLLM 0.32 CPU engine.
 
 vLLM pins torch 2.13.0 (SGLang 2.14.1), so it serves from its own venv, ``.venv-vllm/``
 (``make vllm-venv``; ``make test`` builds it first), with specdiff installed editable there so
@@ -439,7 +439,7 @@ def test_ids_in_a_key_the_runner_ignores_name_the_default_fallback_and_diverge_a
 # fewer (~2 min of make test).
 
 
-# ---- serve vs serve (issue 21 step 4): SGLang and vLLM on the same draft and prompts ------------
+# ---- serve vs serve: SGLang and vLLM on the same draft and prompts ------------
 @pytest.fixture(scope="module")
 def sglang_served(repo_models, tmp_path_factory, server_env):
     """The shipped pair (SGLang format) served by a traced CPU SGLang with the same chain (3 steps,

@@ -1,4 +1,4 @@
-"""The trace writer process outlives the server's process tree (issue 44 part 4): SGLang 0.5.23
+"""The trace writer process outlives the server's process tree: SGLang 0.5.23
 stops by SIGKILLing every descendant psutil lists (``kill_process_tree``, srt/utils/common.py:
 2507-2564), which killed the writer while it lagged and cut the trace. Here a real
 ``ProcessTraceWriter`` in a stand-in server process is held back (``SPECDIFF_WRITER_TEST_PAUSE_FILE``:

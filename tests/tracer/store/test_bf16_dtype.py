@@ -1,5 +1,5 @@
 """zarr's ``bfloat16`` data type without ml_dtypes at open (tracer/store/arrays.py ``BFloat16``):
-ml_dtypes' import cost most of ``specdiff info``'s start-up (issue 34), so opening a trace parses a
+ml_dtypes' import cost most of ``specdiff info``'s start-up, so opening a trace parses a
 bf16 array's metadata, fill value included, without it, and reading values loads it."""
 
 from __future__ import annotations

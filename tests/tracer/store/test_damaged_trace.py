@@ -55,7 +55,7 @@ def chunk_cut_to_10_bytes(t: Path) -> str:
     f = _chunk(t, "target.aux.0")
     size = len(f.read_bytes())
     f.write_bytes(f.read_bytes()[:10])
-    # a raw float chunk (the shipped pair's, issue 14) has one length; blosc's header: see _old_trace
+    # a raw float chunk (the shipped pair's) has one length; blosc's header: see _old_trace
     return (f"{t}: tensor target.aux.0, chunk tensors/target.aux.0/data/c/0/0 is truncated (10 of {size} "
             f"bytes): rows 0-401 are unreadable and not compared; {RECOPY}")
 
@@ -141,7 +141,7 @@ def group_metadata_corrupt(t: Path) -> str:
 
 
 #: kind -> (damage, tensor whose rows it loses or None, found by `info` without --verify: at open, or
-#: by the chunk files' sizes, no value read; issue 34: a cut chunk was not)
+#: by the chunk files' sizes, no value read; a cut chunk was not, once)
 KINDS = {
     "chunk cut to 10 bytes": (chunk_cut_to_10_bytes, "target.aux.0", True),
     "chunk cut in half": (chunk_cut_in_half, "draft.hidden_out", True),
@@ -343,7 +343,7 @@ def _old_trace(path: Path, monkeypatch) -> Path:
 
 
 def test_info_finds_a_cut_chunk_without_reading_a_value(pair, monkeypatch, run_cli):
-    """Issue 34: `info` on a truncated chunk said "none found" unless --verify. The size check reads
+    """`info` on a truncated chunk said "none found" unless --verify. The size check reads
     no chunk's values: zarr's decoding is never called."""
     import zarr
 

@@ -1,4 +1,4 @@
-"""The store's write path (issue 14, store write at disk speed): float chunks stored raw + crc32c,
+"""The store's write path (at disk speed): float chunks stored raw + crc32c,
 each a full spill file moved to its zarr key (tracer/store/journal.py), read back by zarr's own codecs;
 appends of any size; traces with blosc-compressed float chunks still read."""
 
@@ -86,7 +86,7 @@ def test_a_flipped_byte_in_a_raw_chunk_fails_its_checksum_and_costs_only_its_row
 
 
 def test_a_trace_with_blosc_compressed_float_chunks_still_reads(tmp_path, monkeypatch):
-    # how float data was stored before issue 14: blosc bitshuffle-lz4 + crc32c, like every array
+    # how float data was stored before the disk-speed write path: blosc bitshuffle-lz4 + crc32c, like every array
     monkeypatch.setattr(store_layout, "data_codecs", lambda name: store_layout.compressors(STORAGE_DTYPES[name]))
     batches = _batches(torch.bfloat16, SIZES)
     _write(str(tmp_path / "t"), batches)
@@ -135,7 +135,7 @@ def test_commits_never_read_back_a_key_chunk_to_rewrite_it(tmp_path, monkeypatch
 
 
 def test_a_float_trace_is_written_once_its_full_spill_files_become_its_chunks(tmp_path, monkeypatch):
-    # issue 14: the rows' bytes go to a spill file once; a full chunk's file is moved to its zarr key
+    # the rows' bytes go to a spill file once; a full chunk's file is moved to its zarr key
     # (crc appended) instead of being written again, so zarr writes data only for the partial last chunk
     from specdiff.tracer.store.journal import SpillWriter
 

@@ -1,4 +1,4 @@
-"""A trace in the array ecosystem (issue 23): zarr and xarray open a closed trace with its bf16
+"""A trace in the array ecosystem: zarr and xarray open a closed trace with its bf16
 tensors as real ``bfloat16`` values (zarr's data type registry, which the installed
 ``specdiff_zarr_hook.pth`` fills when zarr is imported: no specdiff import) and with no warning (consolidated metadata: no listing, so zarr
 never meets the journal); traces of the older layout still read, and ``specdiff upgrade`` brings

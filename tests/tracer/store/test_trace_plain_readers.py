@@ -1,4 +1,4 @@
-"""A trace in plain zarr / xarray with no specdiff import (issue 34, item 5).
+"""A trace in plain zarr / xarray with no specdiff import.
 
 zarr 3.1.6 collects the ``zarr.data_type`` entry point specdiff declares (pyproject.toml) but never
 loads it, so the install also puts ``specdiff_zarr_hook.pth`` in site-packages (setup.py): at

@@ -1,4 +1,4 @@
-"""Acceptance as evidence (issue 45 item 2): with no tensor diverged, serving accepting fewer drafts than
+"""Acceptance as evidence: with no tensor diverged, serving accepting fewer drafts than
 training's chain at the same verify steps beyond chance is a verdict of its own ("the outcome differs",
 exit 1) naming the depths and the tensors not wholly compared; a correct pair's few near-tie disagreements
 are not. Real zarr stores written by ``TraceWriter``; the pairing rule (training pos = verify pos - 1) is

@@ -141,7 +141,7 @@ def test_a_fact_the_recorder_read_but_could_not_settle_says_why_and_its_own_fix(
     assert line["fix"] == _WINDOW_UNKNOWN["fix"] and "re-record" not in line["fix"]
     assert "cpu_attn.py:178-195" in line["message"]
 
-# ---- target identity facts (issue 20): one computation for both sides ------------------------------
+# ---- target identity facts: one computation for both sides ---------------------------------------
 def test_target_config_sha256_ignores_what_the_engine_adds_and_sees_what_the_model_computes():
     from transformers import Qwen3MoeConfig
 

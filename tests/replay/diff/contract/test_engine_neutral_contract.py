@@ -1,4 +1,4 @@
-"""The contract check speaks the serving engine's language (issue 21 step 5): fixes in its key and
+"""The contract check speaks the serving engine's language: fixes in its key and
 numbering, unknown facts blamed on the engine that hid them, dropped ids in its own words, sides
 named by engine for two engines. Contracts as the two recorders write them; no server needed (the
 real vLLM trace's report is checked in tests/demo/test_vllm_demo.py)."""

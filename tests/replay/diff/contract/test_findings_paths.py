@@ -1,4 +1,4 @@
-"""The diff's pre-flight section does not depend on the working directory (issue 34 item 8): the
+"""The diff's pre-flight section does not depend on the working directory: the
 shipped pair's contracts name repo-relative model paths, found from the traces' own folders; a pair
 moved away from its models says which paths it could not find instead of dropping the section."""
 

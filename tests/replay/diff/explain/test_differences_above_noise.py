@@ -1,4 +1,4 @@
-"""A stage inside its tolerance is not proof that it agrees (issue 33, items 3 and 4).
+"""A stage inside its tolerance is not proof that it agrees.
 
 Two judgements trusted the fixed tolerance where the pair's noise floor (replay/diff/judge/shift.py) or
 the contract say more:

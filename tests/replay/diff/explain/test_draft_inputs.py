@@ -1,4 +1,4 @@
-"""What a later draft step is fed (issue 45 item 1): a serving bug in the ids fed at depth >= 1 diverges at
+"""What a later draft step is fed: a serving bug in the ids fed at depth >= 1 diverges at
 ``draft.input_ids``, the tokens stage, with both ids and the map between them named; a correct pair's fed
 ids agree. Real zarr stores: the session's ``aux_traces`` pair plus ``draft.input_ids`` at depth 1, written
 as each side feeds it (training: the teacher's target id; serving: hot_token_id[previous pick], or the

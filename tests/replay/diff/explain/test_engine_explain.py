@@ -1,4 +1,4 @@
-"""Engine-aware explanations (issue 21 step 4) on hand-built traces whose contracts say which engine
+"""Engine-aware explanations on hand-built traces whose contracts say which engine
 recorded them: the aux fix in the diverging engine's terms, the default fallback named from the
 contract, serve-vs-serve sides named by engine and version, and the culprit engine said."""
 
@@ -91,7 +91,7 @@ def test_without_a_fallback_and_no_matching_layer_nothing_is_claimed(tmp_path, w
     b = write(tmp_path / "b", {**VLLM, "aux_ids_source": "top-level eagle_aux_hidden_state_layer_ids"},
               side="serve", hf=[2, 4, 5])
     report = diff_traces(a, b)
-    # nothing is claimed as the cause; the differing layer list is named (issue 33: every difference named),
+    # nothing is claimed as the cause; the differing layer list is named (every difference is named),
     # marked as named, not proven, so the narrowing still runs
     assert [e.cause for e in report.explanations if not e.named_only] == []
     assert [e.cause for e in report.explanations] == ["contract.aux_hf_indices"]

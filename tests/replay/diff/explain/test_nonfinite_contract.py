@@ -1,5 +1,4 @@
-"""Non-finite values and contract differences as the explanation of a first divergence (issue 22
-items 5, 7, 10): written as real zarr trace pairs (``TraceWriter``) holding the draft's dataflow —
+"""Non-finite values and contract differences as the explanation of a first divergence: written as real zarr trace pairs (``TraceWriter``) holding the draft's dataflow —
 tokens, three aux slots, ``draft.attn_in`` and ``draft.hidden_out`` at depths 0..1 — where serving
 equals training up to bf16-sized noise except for the mistake written in:
 

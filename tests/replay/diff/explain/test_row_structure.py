@@ -1,4 +1,4 @@
-"""Explanations read from the rows' structure (issue 45 item 4): a first divergence whose rows agree at every
+"""Explanations read from the rows' structure: a first divergence whose rows agree at every
 sequence's position 0 and differ after (a rope table lost after load: rotary is the identity at position 0)
 is named position-dependent; one that agrees at draft depth 0 and differs from depth 1 is named
 depth-dependent. Both say where, not what: the narrowing still runs. Real zarr stores (``aux_traces``) with

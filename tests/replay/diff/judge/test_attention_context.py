@@ -10,7 +10,7 @@ Serving equals training up to bf16-sized noise, then:
   fc_out, attn_in and hidden_out of that position differ (same-position inheritance);
 - ``context``: in the sequences of those flips, every later ``draft.hidden_out`` row moves by
   ``context_rel`` (the flipped position's cached K/V, read by the attention) — the pattern measured
-  on the tiny DeepSeek-V3 target (issue 20);
+  on the tiny DeepSeek-V3 target;
 - ``attn_bug``: ``draft.hidden_out`` moved at every position of some sequences (a wrong rope or
   mask in the serving draft).
 """

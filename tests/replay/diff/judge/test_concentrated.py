@@ -1,5 +1,5 @@
 """Failures judged where they concentrate, and named causes for positions and the draft's KV history
-(issue 22), on real pairs of zarr stores written with ``TraceWriter``.
+on real pairs of zarr stores written with ``TraceWriter``.
 
 Each pair carries one EAGLE-3 draft as serving records it: depth-0 rows at every position, deeper
 rows (depths 1-2) only at the positions a round drafted from (every ``DRAFT_EVERY``-th), the prompt's

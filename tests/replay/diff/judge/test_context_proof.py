@@ -70,8 +70,8 @@ def test_a_draft_that_differs_only_through_its_inputs_is_reproduced_on_both_side
 
 @pytest.mark.parametrize("wrong", ["one row off by 10 %", "one row non-finite"])
 def test_serving_rows_the_re_run_does_not_reproduce_on_one_row_are_not_proven(pairs, wrong):
-    """No fail fraction inside the proof: a serving draft bug on a single row (issue 22's kind: 4
-    depth-2 rows of 1000) would hide in one. The serving trace's value of one row is read back
+    """No fail fraction inside the proof: a serving draft bug on a single row (4 depth-2
+    rows of 1000) would hide in one. The serving trace's value of one row is read back
     changed (a non-finite row: a re-run compared with NaN is a miss, never a match)."""
     report, comp, idx = _failing(pairs, "inputs")
     strace, row = report.traces.y, int(comp.match.rows.y[idx[len(idx) // 2]])

@@ -1,4 +1,4 @@
-"""A row is inherited only along the dataflow (issue 33, item 6): from a tensor that computes it,
+"""A row is inherited only along the dataflow: from a tensor that computes it,
 never from one it merely follows in stage order, and never from another capture of the target's
 forward whose rows the user's loosened fail fraction let through.
 

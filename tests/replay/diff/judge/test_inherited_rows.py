@@ -1,4 +1,4 @@
-"""Inherited rows and MoE routing near-ties (issue 20): no false divergence from numerics the
+"""Inherited rows and MoE routing near-ties: no false divergence from numerics the
 target family makes legitimate, and no real bug hidden by them.
 
 Each test writes a real pair of zarr stores (``TraceWriter``) carrying the EAGLE-3 dataflow of
@@ -159,7 +159,7 @@ def test_the_same_flips_on_a_dense_target_are_judged_as_before_at_the_aux_slot(t
 
 
 def test_flips_within_the_fail_fraction_do_not_make_a_draft_tensor_diverge(tmp_path, small_blocks):
-    # The issue's Qwen3-MoE case, on a dense or unknown target too: 8 aux rows (1.6 %, within the
+    # The measured Qwen3-MoE case, on a dense or unknown target too: 8 aux rows (1.6 %, within the
     # fraction) whose positions hold 3.1 % of serving's draft rows (drafted at the first 32).
     rows = [(s, 5 + 3 * (s % 4)) for s in range(N_SEQ)]
     a, b = write_pair(tmp_path, family=None, flips=rows, draft_until=32)
@@ -340,8 +340,8 @@ def test_flips_at_slot_0_are_not_named_routing_near_ties(tmp_path, small_blocks)
 
 
 @pytest.mark.parametrize(("source", "target", "expected"), [
-    # captures of the target's forward read no other capture: their link is forward_feeds (issue 33 item 6,
-    # test_inherited_dataflow.py)
+    # captures of the target's forward read no other capture: their link is forward_feeds (inherited only
+    # along the dataflow: test_inherited_dataflow.py)
     ("tokens", "target.aux.0", True), ("target.aux.0", "target.aux.1", False), ("target.aux.1", "target.aux.0", False),
     ("target.aux.2", "target.aux_cat", True), ("target.aux.1", "target.argmax", False),
     ("draft.hidden_out", "target.argmax", False),  # the target never reads the draft

@@ -1,4 +1,4 @@
-"""MoE routing near-ties carried by the target's own attention (issue 20, GPT-OSS): a flip and the
+"""MoE routing near-ties carried by the target's own attention (GPT-OSS): a flip and the
 decaying run of later rows it moves are one explained event; a run that does not fade out is not.
 
 Measured on the tiny GPT-OSS target served on the CPU recipe (replay/diff/judge/routing.py module doc):

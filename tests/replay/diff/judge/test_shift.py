@@ -1,4 +1,4 @@
-"""A systematic shift inside the tolerance (issue 33 item 4; replay/diff/judge/shift.py, replay/record/
+"""A systematic shift inside the tolerance (replay/diff/judge/shift.py, replay/record/
 noise_floor.py): ``record train`` measures its own forward's bf16 vs float32 gap per stage, and the diff
 calls a stage diverged when most of its rows sit well above that floor, every row inside rel 0.05.
 

@@ -1,4 +1,4 @@
-"""Top-k boundary near-ties (replay/diff/judge/topk_ties.py, issue 20) on real pairs of zarr stores.
+"""Top-k boundary near-ties (replay/diff/judge/topk_ties.py) on real pairs of zarr stores.
 
 A random draft's logits are nearly flat, so its k-th and (k+1)-th logits tie in bf16 and each
 engine keeps another id at rank k. Those rows are named a legitimate difference; a swap whose
@@ -119,7 +119,7 @@ def test_speculative_topk_ties_are_named_and_the_mapped_ids_inherit_them(tmp_pat
 
 
 def test_swaps_within_the_rows_measured_logit_disagreement_are_named(tmp_path):
-    # issue 33's correct DeepSeek-V3 pair: the draft's inputs differ within tolerance (routing
+    # the correct DeepSeek-V3 pair (recorded by the family test): the draft's inputs differ within tolerance (routing
     # near-ties carried by attention), the logits of ids both sides hold differ by up to ~0.07 and
     # an id 0.0625 from the k-th logit swaps in: more than a bf16 tie, within the row's own noise
     a, b = _write(tmp_path, swap_rows=_rows(12), swap_gap=0.06, noise=0.08)

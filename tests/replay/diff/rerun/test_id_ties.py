@@ -1,4 +1,4 @@
-"""Serving's draft ids against a re-run's whole logit row (replay/diff/rerun/id_ties.py, issue 33).
+"""Serving's draft ids against a re-run's whole logit row (replay/diff/rerun/id_ties.py).
 
 Seed 2's tiny DeepSeek-V3 pair: the draft re-run on serving's inputs reproduced 16 of 17 failing
 ``draft.logits_topk.ids`` rows; the 17th kept another id at rank 8 within the row's logit noise,

@@ -32,7 +32,7 @@ def test_a_changed_draft_mlp_is_narrowed_to_the_draft_itself(training_trace, sca
     record_train(REPO_MODELS / "target", draft, str(serve), replay=str(train), probe_positions=0)
     report = diff_traces(str(train), str(serve))
     assert report.first is not None and report.first.name.startswith("draft.")
-    # no known cause is proven; the changed weight is named from the contract's fingerprints (issue 33)
+    # no known cause is proven; the changed weight is named from the contract's weight fingerprints
     assert [e for e in report.explanations if not e.named_only] == []
     assert [e.cause for e in report.explanations][:1] == ["contract.draft_weights"]
     assert "midlayer.mlp.down_proj.weight" in report.explanations[0].message
@@ -78,7 +78,7 @@ def test_without_the_draft_checkpoint_the_report_says_why_it_did_not_narrow(trai
     report = diff_traces(str(a), str(b))
     assert isinstance(report.narrowing, str) and "not found" in report.narrowing
     assert "narrowing not run: draft checkpoint" in render_text(report)
-    # the report says the working command (issue 34 item 8: --draft did nothing without --graft) ...
+    # the report says the working command (--draft did nothing without --graft) ...
     assert report.narrowing.endswith(f"pass the checkpoint: specdiff diff {a} {b} --draft DIR")
     assert [m.split(" recorded in ")[0] for m in report.unfound_paths] == [f"A: draft_name {trained}"]
     # ... and that command narrows

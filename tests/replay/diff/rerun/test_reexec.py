@@ -1,4 +1,4 @@
-"""Re-execution decides the verdict (issue 33, item 1): a draft stage is the first divergence only
+"""Re-execution decides the verdict: a draft stage is the first divergence only
 where the draft, re-run on serving's own inputs, does not reproduce serving there.
 
 Real parts: the committed demo target and draft, ``record_train`` on both sides (as in
