@@ -123,6 +123,7 @@ class ServingRecorder:
         ``WriterSide`` arguments) and record which writer runs: the contract's ``recorder_writer``,
         read off the writer object (``facts()``)."""
         self.writer = open_writer(self.opts, contract, first, self._write, handler=self.HANDLER, side=side)
+        self.writer.recorded = self.recorded  # the one dict, grown by ``choose``: what a drop may list
         self.update_contract(recorder_writer=self.writer.facts())
 
     def close_facts(self) -> dict:

@@ -249,3 +249,26 @@ def test_a_second_close_of_the_writer_process_reads_its_last_counts(tmp_path):
     assert w.close() is False
     assert (w.written, w.failed, w.busy_s) == counts and not w.active and not w.failed
     assert open_trace(str(tmp_path / "t.trace")).closed
+
+
+def test_a_dropped_iteration_lists_only_its_recorded_requests_as_dropped(tmp_path):
+    """A writer drops whole iterations; the requests of one the sampler left out were never to be
+    written and are not "dropped" (benchmarks/production_load.py at sample 0.1 listed 32-50 of them
+    beside 12 recorded ones). The writer is told only the recorded ones, and so is the closed trace."""
+    from types import SimpleNamespace
+
+    from specdiff.tracer.engines.requests import sampling_facts
+    from specdiff.tracer.engines.writer.process import ProcessTraceWriter
+
+    w = ProcessTraceWriter(str(tmp_path / "t.trace"), contract={"hidden_size": 8},
+                           handler="specdiff.tracer.engines.sglang.attribution:write_capture",
+                           side={"hidden_size": 8, "num_aux": 3, "topk": 1}, ring_mb=1)
+    recorded = {"kept-0": REASON_FRACTION}
+    w.recorded = recorded  # as ServingRecorder.open sets it
+    # an iteration of one recorded and one left-out request that cannot fit the 1 MiB ring
+    assert w.submit(SimpleNamespace(rids=["kept-0", "left-0"], payload=b"x" * (2 << 20))) is False
+    assert w.dropped_rids == {"kept-0", "left-0"}  # both stop being captured
+    assert w.close(contract=sampling_facts(recorded, w.dropped_rids)) is True
+    c = open_trace(str(tmp_path / "t.trace")).contract
+    assert c["dropped_requests"] == ["kept-0"] and c["sampled_requests"] == recorded
+    assert sampling_facts(recorded, {"left-0"})["dropped_requests"] == []

@@ -69,6 +69,8 @@ class ProcessTraceWriter:
         self.lossless = False
         self.dropped = 0
         self.dropped_rids: set[str] = set()
+        #: rid -> why, of the requests the recorder records (set by ``ServingRecorder.open``); None: every rid
+        self.recorded: dict | None = None
         self._notices: list[str] = []
         self._controls: list = []  # contract updates that did not fit yet: never dropped
         self._closed = False
@@ -260,7 +262,9 @@ class ProcessTraceWriter:
             self.dropped += 1
             new = [r for r in item.rids if r not in self.dropped_rids]
             self.dropped_rids.update(new)
-            self._notices = self._notices + new
+            # the writer process lists what it is told (its journal's dropped_requests, the last word of a
+            # trace whose server was killed): only the requests the recorder records (requests.sampling_facts)
+            self._notices = self._notices + [r for r in new if self.recorded is None or r in self.recorded]
             return False
         self._notices = []
         self._flush()
