@@ -5,10 +5,10 @@ a real CPU SGLang server with the ids that family's rule reads as the training l
 step and ``diff`` finds no divergence (exit 0), every compared tensor under its limits.
 
 tests/demo_models/test_family_models.py checks the pairs offline (the draft predicts its target);
-tests/tracer/engines/test_family_servers.py serves random targets with random drafts (kernels, capture, replay);
+tests/tracer/engines/test_family_*.py serve random targets with random drafts (kernels, capture, replay);
 this is the two together. DeepSeek-V3's trained pair is served correctly by
-tests/server/test_family_seed.py (the seed's fix re-served); GPT-OSS's correct pair is still not
-served correctly (tests/tracer/engines/test_family_servers.py's strict xfail), so it is not served here.
+tests/server/test_family_seed.py (the seed's fix re-served); GPT-OSS's trained pair is not served here
+(its random correct pair is, in tests/tracer/engines/test_family_correct_pairs.py).
 
 Each family's pair is built on first use (3-13 min on 2 cores, cached in pytest's cache), so
 these are marked ``family_pair``: ``make test-families``.

@@ -252,7 +252,7 @@ def test_gpt_oss_prenorm_slot_is_the_final_norms_input(gpt_oss, run_cli):
     from specdiff.replay.model.target_capture import load_target
 
     target, draft, root = gpt_oss
-    # a serving trace as the SGLang recorder writes it for this pair (tests/tracer/engines/test_family_servers.py checks
+    # a serving trace as the SGLang recorder writes it for this pair (tests/tracer/engines/test_family_contract.py checks
     # the live server says exactly this): slot 2 = capture index 8 = the pre-norm output
     served = {"engine": "sglang", "num_layers": 8, "aux_hf_indices": [0, 3, 8], "aux_concat_order": [0, 3, 8],
               "aux_prenorm_indices": [8], "spec_steps": 2, "spec_topk": 1, "model_name": str(target),
