@@ -69,9 +69,13 @@ def _narrowing_rows(n) -> list[str]:
         return [f"  narrowing not run: {n}"]
     rows = [f"  narrowing: the training draft re-run through depth {n.depth} on {n.positions} positions, compared "
             f"with what serving recorded on {n.rows} failing row(s) from {n.from_stage} on"]
+    judged = n.stages[n.stages.index(n.from_stage):]
     for v in n.variants:
-        worst = max(n.stages[n.stages.index(n.from_stage):], key=lambda s: v.scores[s])
-        mark = "REPRODUCES serving" if v.reproduces else f"differs ({worst} {_fmt(v.scores[worst])})"
+        # the first judged stage the run misses (a float stage at its noise, rerun/noise.py), else the worst
+        worst = next((s for s in judged if not v.matches.get(s, True)), None) or max(judged, key=lambda s: v.scores[s])
+        noise = getattr(v, "noise", {}).get(worst)
+        at = f", {noise:.2g}x its rows' noise floors" if noise is not None else ""
+        mark = "REPRODUCES serving" if v.reproduces else f"differs ({worst} {_fmt(v.scores[worst])}{at})"
         rows.append(f"    {v.name:28s} {mark}")
     rows.append(f"  -> {n.conclusion}")
     return rows

@@ -106,7 +106,7 @@ def test_ids_matched_only_by_their_tie_allowance_on_trainings_own_inputs_are_not
 
 
 def _variant(name: str, reproduces: bool) -> Variant:
-    return Variant(name, {"draft.hidden_out": 0.1}, {"draft.hidden_out": reproduces}, reproduces)
+    return Variant(name, {"draft.hidden_out": 0.03 if reproduces else 0.1}, {"draft.hidden_out": reproduces}, reproduces)
 
 
 def test_a_narrowing_that_cannot_decide_is_not_proof():
@@ -121,6 +121,18 @@ def test_a_narrowing_that_cannot_decide_is_not_proof():
     # with a recorded difference named, the same runs are proof
     n.decided, n.contract_fields = True, ["draft_config.rms_norm_eps (1e-06 vs 7e-05)"]
     assert reexec._step("draft.hidden_out", n, {}).outcome == reexec.NOT_REPRODUCED
+
+
+def test_a_step_judged_at_the_tolerance_says_the_floor_was_not_measured():
+    lim = noise.Limit(0.05, None, "the tolerance rel <= 0.05: the pair's noise floor of draft.hidden_out is not measured")
+    n = Narrowing(("draft.hidden_out",), "draft.hidden_out", 100, rows=8, depth=0,
+                  variants=[_variant(BASE, False), _variant("serving's target.aux_cat", True),
+                            _variant("every serving input", True)], upstream=_variant(UPSTREAM, True),
+                  limits={"draft.hidden_out": lim.words})
+    step = reexec._step("draft.hidden_out", n, {"draft.hidden_out": None})
+    assert step.outcome == reexec.REPRODUCED and step.inputs == ("target.aux_cat",)
+    assert "(mean rel 0.03; judged at the tolerance rel <= 0.05: the pair's noise floor" in step.reason
+    assert "not measured" in step.reason
 
 
 def test_the_limit_is_the_rows_noise_where_measured_and_the_tolerance_where_not():
