@@ -5,6 +5,7 @@ states (what ``--features`` computes), side by side in one run, and the peak RSS
     python benchmarks/production_train.py --shape kimi-k2 --layers 2   # Kimi-K2 shape (MLA + MoE, 4 experts)
     python benchmarks/production_train.py --rss                        # and record train's peak RSS
     python benchmarks/production_train.py --rss --rss-noise-floor      # the RSS with the noise floor too
+    python benchmarks/production_train.py --hidden 2048 --rss --rss-noise-floor   # narrowed: a 24 GiB machine
 
 Models: a random target of the shape (``demo_models.production``: Llama-3-8B H 4096, vocab 128,256;
 Kimi-K2 H 7168, vocab 163,840, DeepSeek-V3 MLA + MoE) with ``--layers`` decoder layers, and a random
@@ -22,14 +23,18 @@ no target) is the last two plus reading the stored hidden states (not timed: it 
 With ``--rss``, ``specdiff record train`` itself, in a fresh process, on ``--rss-seqs`` of those sequences given as
 ``--prompts`` input ids (the forward and models of ``--replay``; a serving trace only supplies the
 sequences): its peak RSS (ru_maxrss) against the bytes of the two checkpoints, with
-``--no-noise-floor`` (and, with ``--rss-noise-floor``, with the noise floor, whose float32 copies of
-both models need about 3x the bf16 weights more: replay/record/noise_floor.py ``_recast``). Measured at
-the Llama-3-8B shape, 3 layers (3.97 GiB of checkpoints), without the noise floor: 12.06 GiB, 3.0x. Where
-it goes: the target (3.4 GB), float32 copies of its embedding and lm_head made to hand to the draft
-(replay/record/record_train.py ``target_embedding(target).float()``, ``target_lm_head(target).float()``:
-2 x 2.1 GB, the lm_head one unused by a draft that has its own), and the draft built in float32 before
-its cast (replay/model/checkpoint.py ``load_draft``: ``Eagle3Draft(cfg)`` holds a float32 [V, H]
-embedding, 2.1 GB, and the rest, 1.7 GB). Off by default: a run then stays within ~8 GiB.
+``--no-noise-floor`` (and, with ``--rss-noise-floor``, with the noise floor, record train's default, which
+re-runs the forward at float32 with the tensors cast in place, the target one module at a time:
+replay/record/noise_floor.py ``at_other_precision``). ``--hidden`` narrows the Llama shape (vocabularies kept)
+for a machine without the memory of the full width.
+
+Measured at the Llama-3-8B shape, 3 layers (3.97 GiB of checkpoints), without the noise floor, before record
+train built the draft at its compute dtype: 12.06 GiB, 3.0x (the draft was built in float32 before its cast:
+``Eagle3Draft(cfg)`` held a float32 [V, H] embedding, 2.1 GB, and the rest, 1.7 GB). At 2048 wide (``--hidden
+2048``, 1.56 GiB of checkpoints; 2026-12-07, the old and new code alternated in one run, two rounds within
+0.01 GiB): with the noise floor 7.34 GiB (4.70x) when it re-ran on float32 copies of both models, 5.60 GiB (3.59x)
+cast in place; without it 4.00 GiB both ways (that peak is reached during the batches; loading alone peaks at
+2.40 GiB built at bf16, 3.52 GiB built at float32).
 """
 
 from __future__ import annotations
@@ -57,6 +62,24 @@ except SystemExit as e:
     rc = e.code or 0
 print(json.dumps({"rc": rc, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """
+
+
+def narrowed(shape: str, hidden: int | None) -> str:
+    """``shape``, or a Llama-3-8B shape narrowed to ``hidden`` (a machine without the memory for the full
+    width): heads of the same head_dim, the MLP scaled with the width, the vocabularies kept. Registered in
+    ``demo_models.production.SHAPES`` under ``<shape>-h<hidden>`` for this process; returns that name."""
+    from specdiff.demo_models.production import SHAPES
+
+    s = SHAPES[shape]
+    if hidden is None or hidden == s["hidden"]:
+        return shape
+    if s["arch"] != "llama" or hidden % s["head_dim"] or (hidden // s["head_dim"]) % s["kv_heads"]:
+        raise SystemExit(f"--hidden {hidden}: only a Llama shape narrows, to a multiple of head_dim x kv_heads "
+                         f"({s['head_dim'] * s['kv_heads']})")
+    name = f"{shape}-h{hidden}"
+    SHAPES[name] = {**s, "hidden": hidden, "heads": hidden // s["head_dim"],
+                    "intermediate": s["intermediate"] * hidden // s["hidden"]}
+    return name
 
 
 def ensure_models(root: Path, shape: str, layers: int, experts: int) -> tuple[Path, Path]:
@@ -181,6 +204,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", choices=list(SHAPES), default="llama3-8b")
     ap.add_argument("--layers", type=int, default=3, help="decoder layers (>= 3: three aux slots of distinct layers)")
     ap.add_argument("--experts", type=int, default=4, help="Kimi-K2: routed experts per layer (of 384)")
+    ap.add_argument("--hidden", type=int, default=None, help="Llama shape: narrow the width to this (vocabularies "
+                    "kept; for a machine without the memory of the full width)")
     ap.add_argument("--models", default=str(Path(tempfile.gettempdir()) / "specdiff-production"),
                     help="where the random models are built once and kept")
     ap.add_argument("--seqs", type=int, default=2)
@@ -189,12 +214,13 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rss-seqs", type=int, default=2)
-    ap.add_argument("--rss-noise-floor", action="store_true", help="also the RSS with the noise floor (needs ~4x "
-                    "the bf16 weights of free memory)")
+    ap.add_argument("--rss-noise-floor", action="store_true", help="also the RSS with the noise floor (at 2048 "
+                    "wide: 3.6x the checkpoints' bytes)")
     ap.add_argument("--rss", action="store_true", help="also run `specdiff record train` for its peak RSS (Llama-3-8B "
                     "shape, 3 layers: 12 GiB; Kimi-K2 shape: ~25 GiB, see the docstring)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    args.shape = narrowed(args.shape, args.hidden)
     s = SHAPES[args.shape]
     target, draft = ensure_models(Path(args.models), args.shape, args.layers, args.experts)
     wbytes = _bytes(target) + _bytes(draft)

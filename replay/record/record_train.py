@@ -51,6 +51,7 @@ contract field ``defaults_used``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -95,6 +96,26 @@ def _parse_dtype(name: str, what: str) -> torch.dtype:
     if name not in DTYPES:
         raise RecordTrainError(f"{what} {name!r}: use one of {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+@contextmanager
+def _built_at(dtype: torch.dtype):
+    """Modules constructed inside are built at ``dtype`` (torch's default floating dtype, put back after).
+
+    ``load_draft`` builds the reference draft at the default dtype and casts it after loading: at float32 a
+    draft with its own [V, H] embedding is built at twice its bf16 size first (measured on a random Llama-3-8B
+    shape narrowed to 2048 wide, 128,256 vocab, benchmarks/production_train.py --hidden 2048: loading its 0.3 GiB
+    bf16 draft took the peak RSS from 0.75 GiB, the target loaded, to 3.52 GiB; built at bf16, to 2.39 GiB).
+    Every tensor the load fills comes from the checkpoint or the target, and the rope's inverse frequencies are
+    computed in float64 (replay/model/draft_model.py ``rope_inv_freq``), so the loaded draft is the same bit for
+    bit (tests/replay/record/test_record_train_memory.py); only a tensor the checkpoint lacks (random, listed in
+    ``draft_unloaded``) is drawn at ``dtype``."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
 
 
 def _aux_defaults(aux_layers, aux_convention, loaded: LoadedDraft, aux: AuxResolution) -> dict[str, dict]:
@@ -188,8 +209,9 @@ def load_train_side(target_dir: str | Path, draft_dir: str | Path, *, served: di
     elif target is None:
         target = load_target(target_dir, dtype=tdtype).to(opts["device"])
     L = target_num_layers(target)
-    loaded = load_draft(draft_dir, dtype=ddtype, target_embedding=target_embedding(target),
-                        target_lm_head=target_lm_head(target))
+    with _built_at(ddtype):
+        loaded = load_draft(draft_dir, dtype=ddtype, target_embedding=target_embedding(target),
+                            target_lm_head=target_lm_head(target))
     loaded.model.to(opts["device"])  # nn.Module.to moves the module in place
     if draft_window is not None:
         loaded.serve_window(draft_window)
