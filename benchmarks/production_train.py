@@ -28,13 +28,12 @@ re-runs the forward at float32 with the tensors cast in place, the target one mo
 replay/record/noise_floor.py ``at_other_precision``). ``--hidden`` narrows the Llama shape (vocabularies kept)
 for a machine without the memory of the full width.
 
-Measured at the Llama-3-8B shape, 3 layers (3.97 GiB of checkpoints), without the noise floor, before record
-train built the draft at its compute dtype: 12.06 GiB, 3.0x (the draft was built in float32 before its cast:
-``Eagle3Draft(cfg)`` held a float32 [V, H] embedding, 2.1 GB, and the rest, 1.7 GB). At 2048 wide (``--hidden
-2048``, 1.56 GiB of checkpoints; 2026-12-07, the old and new code alternated in one run, two rounds within
-0.01 GiB): with the noise floor 7.34 GiB (4.70x) when it re-ran on float32 copies of both models, 5.60 GiB (3.59x)
-cast in place; without it 4.00 GiB both ways (that peak is reached during the batches; loading alone peaks at
-2.40 GiB built at bf16, 3.52 GiB built at float32).
+Measured 2026-12-07 (docs/performance.md "At production width"), Llama-3-8B shape, 3 layers, 3.97 GiB of
+checkpoints: 7.45 GiB without the noise floor (1.88x; 12.06 GiB on 2026-12-06, not reproduced), 11.64-11.67 GiB
+with it (2.93x; the float32 copies it made before, 9.9 GiB, did not fit in half the free memory, so that floor
+went unmeasured). At 2048 wide (``--hidden 2048``, 1.56 GiB), the old code alternated with the new in one run,
+two rounds within 0.01 GiB: 7.34 GiB with the floor on float32 copies, 5.60 GiB cast in place; 4.00 GiB without
+it either way (that peak is reached while the contract facts hash the draft's embedding at float32).
 """
 
 from __future__ import annotations
@@ -217,7 +216,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rss-noise-floor", action="store_true", help="also the RSS with the noise floor (at 2048 "
                     "wide: 3.6x the checkpoints' bytes)")
     ap.add_argument("--rss", action="store_true", help="also run `specdiff record train` for its peak RSS (Llama-3-8B "
-                    "shape, 3 layers: 12 GiB; Kimi-K2 shape: ~25 GiB, see the docstring)")
+                    "shape, 3 layers: 7.5 GiB; Kimi-K2 shape: ~25 GiB, see the docstring)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.shape = narrowed(args.shape, args.hidden)

@@ -17,11 +17,12 @@ the re-run and their very originals put back after (same storage, no rounding), 
 are bit for bit what they were. A transformers target, whose modules each read only their own tensors
 in their forward, is cast one module at a time (a forward pre-hook casts the module's own tensors, the
 forward hook restores them): its peak is the model plus its largest module at the other precision, not
-a float32 copy of the whole model (a Llama-3-8B-shape target at 4096 wide with the noise floor peaked
-at about 3x its bf16 weights when both models were copied). The draft (its forward reads its fc's dtype
-outside fc's own forward: replay/model/draft_model.py ``project``) and a target that holds its states
-(stored features, an engine: ``capture_batch``) are cast whole for the re-run; the draft is small beside
-the target. The values are those of float32 copies of both models (tests/replay/record/
+a float32 copy of the whole model (benchmarks/production_train.py, a Llama-3-8B shape narrowed to 2048 wide,
+1.56 GiB of checkpoints: record train peaked at 7.34 GiB with copies, 5.60 GiB cast in place; at 4096 wide the
+copies, 9.9 GiB, did not fit in half the free memory of a 24 GiB machine and the floor went unmeasured).
+The draft (its forward reads its fc's dtype outside fc's own forward: replay/model/draft_model.py
+``project``) and a target that holds its states (stored features, an engine: ``capture_batch``) are cast
+whole for the re-run; the draft is small beside a full-depth target. The values are those of float32 copies of both models (tests/replay/record/
 test_noise_floor_copy.py compares them).
 
 When the cast tensors do not fit in the memory the forward runs in (half of what is free), or a
