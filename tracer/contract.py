@@ -14,6 +14,7 @@ mistaken for a value.
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 
@@ -108,11 +109,27 @@ def weight_sha256(weight, *, rows: int | None = None) -> str:
 
     float32 so a bf16 serving weight and the same values held in fp32 by training hash alike;
     ``rows`` cuts an engine's vocab padding. Used for ``embed_sha256`` / ``lm_head_sha256``.
+
+    Hashed a block of rows at a time (the same digest: sha256 over consecutive pieces of the bytes): a
+    whole float32 copy plus its bytes doubled the peak memory of ``record train`` on a 128,256-row
+    embedding (measured at 2048 wide: 2.99 -> 4.00 GiB RSS while the contract was built).
     """
     w = weight.detach()
     if rows is not None:
         w = w[:rows]
-    return hashlib.sha256(np.ascontiguousarray(w.float().cpu().numpy()).tobytes()).hexdigest()
+    h = hashlib.sha256()
+    if w.dim() == 0:
+        h.update(np.ascontiguousarray(w.float().cpu().numpy()).tobytes())
+        return h.hexdigest()
+    per_row = max(1, math.prod(w.shape[1:]) * 4)
+    step = max(1, HASH_BLOCK_BYTES // per_row)
+    for i in range(0, w.shape[0], step):
+        h.update(np.ascontiguousarray(w[i:i + step].float().cpu().numpy()).data)
+    return h.hexdigest()
+
+
+#: bytes of float32 rows ``weight_sha256`` converts at a time
+HASH_BLOCK_BYTES = 32 << 20
 
 
 #: Keys of a config's to_dict() left out of config_sha256 (at every depth), so the engine's copy and
