@@ -49,6 +49,7 @@ from specdiff.replay.diff.explain.row_owner import explain_row_owners
 from specdiff.replay.diff.explain.row_structure import explain_row_structure
 from specdiff.replay.diff.explain.sample import Memo
 from specdiff.replay.diff.explain.shift import explain_shift
+from specdiff.replay.diff.explain.stored_features import on_stored_features
 from specdiff.replay.diff.explain.structure import explain_structure, explain_token_format
 from specdiff.replay.diff.explain.vocab import explain_vocab_map
 from specdiff.replay.diff.types import Alignment, DiffInputs, Explanation, Pair, TensorComparison, side_names
@@ -154,7 +155,8 @@ def explain(inputs: DiffInputs, comps: dict[str, TensorComparison],
         if not check.stages(first.name) or (check.fallback and (lead or rest)):
             continue
         (lead if check.lead else rest).extend(check.run(scene))
-    return lead + rest
+    # a cause in a trainer's stored features is fixed in those files (stored_features.py)
+    return on_stored_features(traces, first.name, lead + rest)
 
 
 __all__ = ["explain", "CHECKS", "Check", "Scene"]

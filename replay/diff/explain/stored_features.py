@@ -1,0 +1,50 @@
+"""When the side whose aux rows differ was recorded from a trainer's stored features, the cause is in those
+files, not in the draft or the target: the fix says so.
+
+``record train --features`` (replay/record/record_features.py) writes the stored tensors as ``target.aux.*``
+and records the ``features`` contract fact (format, directory, the capture layers and where they came from).
+Against a target replay of the same tokens, a layer shift (explain/aux.py) or a systematic shift
+(judge/shift.py) at ``target.aux.*`` then means the files are not what this target computes at the recorded
+layers: they hold other layers than their records say, or came from another target revision. The engine-side
+fixes those checks give (change the draft config's layer ids; look for other weights or options) would send
+the user to the wrong place. The row-owner checks (explain/row_owner.py) word their own features fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from specdiff.replay.diff.types import Explanation, Pair
+from specdiff.tracer.contract import known
+
+__all__ = ["STORED_FEATURES_CAUSES", "on_stored_features"]
+
+#: the causes at target.aux.* whose fix is the stored files' when one side is stored features
+STORED_FEATURES_CAUSES = ("aux_layer_shift", "aux_permutation", "systematic_shift")
+
+
+def on_stored_features(traces: Pair, first_name: str, explanations: list[Explanation]) -> list[Explanation]:
+    """``explanations`` with the fix of each ``STORED_FEATURES_CAUSES`` explanation of a ``target.aux.*`` first
+    divergence rewritten to name the stored features, when exactly one side holds them (contract
+    ``features``); unchanged otherwise."""
+    if not first_name.startswith("target.aux"):
+        return explanations
+    feats = traces.map(lambda t: known(t.contract, "features"))
+    if (feats.x is None) == (feats.y is None):
+        return explanations
+    f = feats.x if feats.x is not None else feats.y
+    layers = (f.get("capture_layers") or {})
+    where = f"{f.get('format', 'stored')} features in {f.get('directory', '?')}"
+    said = layers.get("hf_indices")
+    source = layers.get("source")
+    fix = {
+        "aux_layer_shift": (f"the stored features ({where}) hold other layers than their records say "
+                            f"(HF {said}{f', from {source}' if source else ''}): give record train --features the "
+                            "layers they were captured at (--aux-layers, --aux-convention), or regenerate them with "
+                            "the capture the draft is served with"),
+        "systematic_shift": (f"the stored features ({where}) are not what this target computes at the recorded "
+                             "layers (another target revision or dtype stored them?): regenerate them with the "
+                             "target you serve, or diff against a replay of the target they were stored with"),
+    }
+    fix["aux_permutation"] = fix["aux_layer_shift"]
+    return [replace(e, fix=fix[e.cause]) if e.cause in fix else e for e in explanations]
