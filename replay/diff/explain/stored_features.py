@@ -3,7 +3,7 @@ files, not in the draft or the target: the fix says so.
 
 ``record train --features`` (replay/record/record_features.py) writes the stored tensors as ``target.aux.*``
 and records the ``features`` contract fact (format, directory, the capture layers and where they came from).
-Against a target replay of the same tokens, a layer shift (explain/aux.py) or a systematic shift
+Against a target replay of the same tokens (the other side a training trace too), a layer shift (explain/aux.py) or a systematic shift
 (judge/shift.py) at ``target.aux.*`` then means the files are not what this target computes at the recorded
 layers: they hold other layers than their records say, or came from another target revision. The engine-side
 fixes those checks give (change the draft config's layer ids; look for other weights or options) would send
@@ -26,11 +26,13 @@ STORED_FEATURES_CAUSES = ("aux_layer_shift", "aux_permutation", "systematic_shif
 def on_stored_features(traces: Pair, first_name: str, explanations: list[Explanation]) -> list[Explanation]:
     """``explanations`` with the fix of each ``STORED_FEATURES_CAUSES`` explanation of a ``target.aux.*`` first
     divergence rewritten to name the stored features, when exactly one side holds them (contract
-    ``features``); unchanged otherwise."""
+    ``features``) and both are training traces (the other a target replay); unchanged otherwise."""
     if not first_name.startswith("target.aux"):
         return explanations
     feats = traces.map(lambda t: known(t.contract, "features"))
-    if (feats.x is None) == (feats.y is None):
+    if (feats.x is None) == (feats.y is None) or traces.x.side != "train" or traces.y.side != "train":
+        # against serving the stored features are training's side as any training trace is: a layer shift
+        # there is the draft's served ids (the seed's mistake), fixed in the draft config as ever
         return explanations
     f = feats.x if feats.x is not None else feats.y
     layers = (f.get("capture_layers") or {})
