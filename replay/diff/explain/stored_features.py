@@ -17,14 +17,16 @@ from dataclasses import replace
 from specdiff.replay.diff.types import Explanation, Pair
 from specdiff.tracer.contract import known
 
-__all__ = ["STORED_FEATURES_CAUSES", "on_stored_features"]
+__all__ = ["LAYER_CAUSES", "on_stored_features"]
 
-#: the causes at target.aux.* whose fix is the stored files' when one side is stored features
-STORED_FEATURES_CAUSES = ("aux_layer_shift", "aux_permutation", "systematic_shift")
+#: the causes at target.aux.* that say the aux rows hold other layers (explain/aux.py: a shift, a permutation
+#: of the slots, another capture) or other values (judge/shift.py), whose fix is the stored files' when one
+#: side is stored features
+LAYER_CAUSES = ("aux_layer_shift", "aux_slot_permutation", "aux_capture_differs")
 
 
 def on_stored_features(traces: Pair, first_name: str, explanations: list[Explanation]) -> list[Explanation]:
-    """``explanations`` with the fix of each ``STORED_FEATURES_CAUSES`` explanation of a ``target.aux.*`` first
+    """``explanations`` with the fix of each ``LAYER_CAUSES`` or ``systematic_shift`` explanation of a ``target.aux.*`` first
     divergence rewritten to name the stored features, when exactly one side holds them (contract
     ``features``) and both are training traces (the other a target replay); unchanged otherwise."""
     if not first_name.startswith("target.aux"):
@@ -39,14 +41,12 @@ def on_stored_features(traces: Pair, first_name: str, explanations: list[Explana
     where = f"{f.get('format', 'stored')} features in {f.get('directory', '?')}"
     said = layers.get("hf_indices")
     source = layers.get("source")
-    fix = {
-        "aux_layer_shift": (f"the stored features ({where}) hold other layers than their records say "
-                            f"(HF {said}{f', from {source}' if source else ''}): give record train --features the "
-                            "layers they were captured at (--aux-layers, --aux-convention), or regenerate them with "
-                            "the capture the draft is served with"),
-        "systematic_shift": (f"the stored features ({where}) are not what this target computes at the recorded "
-                             "layers (another target revision or dtype stored them?): regenerate them with the "
-                             "target you serve, or diff against a replay of the target they were stored with"),
-    }
-    fix["aux_permutation"] = fix["aux_layer_shift"]
+    layer_fix = (f"the stored features ({where}) hold other layers than their records say "
+                 f"(HF {said}{f', from {source}' if source else ''}): give record train --features the layers they "
+                 "were captured at (--aux-layers, --aux-convention), or regenerate them with the capture the draft is "
+                 "served with")
+    fix = dict.fromkeys(LAYER_CAUSES, layer_fix)
+    fix["systematic_shift"] = (f"the stored features ({where}) are not what this target computes at the recorded "
+                               "layers (another target revision or dtype stored them?): regenerate them with the "
+                               "target you serve, or diff against a replay of the target they were stored with")
     return [replace(e, fix=fix[e.cause]) if e.cause in fix else e for e in explanations]

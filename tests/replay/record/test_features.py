@@ -288,11 +288,12 @@ def mismatched(demo, floored, run_cli, tmp_path_factory, other_layer_target) -> 
 
     ``revision``: stored by a target whose layer-5 weights differ (another revision: moved by 0.4 of their std,
     ``other_layer_target``); ``layers``: the demo target's own states at HF [3, 6, 7] where the records say
-    [0, 3, 6]."""
+    [0, 3, 6]; ``permuted``: its states at HF [3, 0, 6] (two slots swapped)."""
     root = tmp_path_factory.mktemp("mismatched")
     other = other_layer_target(demo["target"], root / "target-rev", layer=5, scale=0.4)
     files = {"revision": _features(demo, root / "rev", states=_hidden_states(other, demo["tokens"])),
-             "layers": _features(demo, root / "layers", hf=[3, 6, 7])}
+             "layers": _features(demo, root / "layers", hf=[3, 6, 7]),
+             "permuted": _features(demo, root / "permuted", hf=[3, 0, 6])}
     reports = {}
     for kind, feats in files.items():
         trace = root / f"{kind}.trace"
@@ -327,10 +328,10 @@ def test_features_of_other_layers_are_the_layer_shift_with_the_layers_the_files_
         assert f"B slot {j} = A HF hidden_states[{hf}]" in lead["message"], lead["message"]
 
 
-@pytest.mark.parametrize("kind", ["revision", "layers"])
+@pytest.mark.parametrize("kind", ["revision", "layers", "permuted"])
 def test_the_cause_of_mismatched_features_names_the_stored_features(mismatched, kind):
     """The fix of a layer shift or a systematic shift on a features trace is in the stored files (the draft
     config's ids or the target's weights were the fix before: the wrong place; explain/stored_features.py)."""
     lead = mismatched[kind]["explanations"][0]
     assert lead["fix"].startswith("the stored features (") and "features in " in lead["fix"], lead
-    assert ("--aux-layers" in lead["fix"]) == (kind == "layers"), lead["fix"]
+    assert ("--aux-layers" in lead["fix"]) == (kind != "revision"), lead["fix"]
