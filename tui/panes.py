@@ -277,9 +277,7 @@ def _left_out(acc) -> list:
     at: dict[tuple[str, ...], list[str]] = {}
     for names, d in acc.places():
         depth = acc.depth_named(names, d)
-        why = ", ".join(acc.label_of(r) if len(d.left_out) == 1 else f"{acc.label_of(r)} {n}"
-                        for r, n in d.left_out.items())
-        t.add_row("-" if depth is None else str(depth), f"{d.left} of {d.rows}", why)
+        t.add_row("-" if depth is None else str(depth), f"{d.left} of {d.rows}", acc.reason_words(d))
         at.setdefault(tuple(names), []).append("-" if depth is None else str(depth))
     return [Text(""), Text(f"{acc.label.capitalize()} rows left out", style="bold underline"),
             Text(f"{acc.left} of {acc.rows} rows ({share(acc.left, acc.rows)}), never counted as agreement"), t,

@@ -160,11 +160,17 @@ class RowAccounting:
         (their rows are all at depth 0: naming it would suggest a draft step)."""
         return d.depth if any(spec_for(n).by_depth for n in names) else None
 
+    def reason_words(self, d: DepthRows) -> str:
+        """Why ``d``'s rows were left out: its one reason's label, or each reason's label with its rows
+        ("off training's path 14, unmatched 2")."""
+        if len(d.left_out) == 1:
+            return self.label_of(next(iter(d.left_out)))
+        return ", ".join(f"{self.label_of(r)} {n}" for r, n in d.left_out.items())
+
     def left_words(self, names: list[str], d: DepthRows) -> str:
         """What was left out at a place of ``places``, e.g. "draft.hidden_out at depth 2: 31 of 93 rows left
         out, off training's path" (several reasons: each with its rows, most first)."""
-        why = (f", {self.label_of(next(iter(d.left_out)))}" if len(d.left_out) == 1 else
-               ": " + ", ".join(f"{self.label_of(r)} {n}" for r, n in d.left_out.items()))
+        why = f"{', ' if len(d.left_out) == 1 else ': '}{self.reason_words(d)}"
         return f"{self.place_words(names, d)}: {d.left} of {d.rows} rows left out{why}"
 
     def to_json(self) -> dict:
