@@ -17,67 +17,23 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.demo.scenarios import write_served_draft
-from specdiff.tracer.engines.sglang.cpu.launch import ServerProcess, SpecSettings
+from support.bug_server import CHUNK, diff_both, injected, serve_traced
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 if not (REPO_MODELS / "draft" / "config.json").exists():
     pytest.skip("the demo models are not built", allow_module_level=True)
 
-PLUGIN_DIR = Path(__file__).resolve().parent / "bug_plugins"
-CHUNK = 16
-NEW_TOKENS = 16
-
-
-def specdiff(*args, timeout=900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specdiff.tui", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
-
 
 @pytest.fixture(scope="module")
 def served_draft(tmp_path_factory) -> Path:
     return write_served_draft("correct", REPO_MODELS / "draft", tmp_path_factory.mktemp("draft") / "draft")
-
-
-def entry_point_dir(root: Path) -> Path:
-    """A ``specdiff_bug_plugins-0.dist-info`` under ``root`` that declares the plugin's ``load`` in SGLang's
-    ``sglang.srt.plugins`` group (what SGLang's ``load_plugins`` reads, srt/plugins/__init__.py): with
-    ``root`` and ``PLUGIN_DIR`` on the server's ``PYTHONPATH``, ``importlib.metadata`` finds it as it
-    finds an installed plugin's. Returns ``root``."""
-    info = root / "specdiff_bug_plugins-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: specdiff-bug-plugins\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nspecdiff_bugs = specdiff_bug_plugins:load\n")
-    return root
-
-
-def serve_traced(tmp_path: Path, served_draft: Path, server_env, bug: str | None) -> tuple[Path, Path]:
-    """Serve 2 demo prompts twice each (greedy) with ``bug`` put in; returns (train, serve) traces."""
-    eps = entry_point_dir(tmp_path / "entry-points")
-    serve = tmp_path / "serve.trace"
-    env = server_env(SPECDIFF_TRACE=str(serve), PYTHONPATH=f"{eps}:{PLUGIN_DIR}")
-    if bug:
-        env["SPECDIFF_TEST_BUG"] = bug
-    with ServerProcess(REPO_MODELS / "target", draft_model_path=served_draft, spec=SpecSettings(), env=env,
-                       extra_args=["--chunked-prefill-size", str(CHUNK), "--dtype", "bfloat16"],
-                       log_path=tmp_path / "server.log") as server:
-        for ids in demo_prompts(REPO_MODELS, 2):
-            for _ in range(2):
-                out = server.generate(input_ids=ids, max_new_tokens=NEW_TOKENS)
-                assert out["meta_info"]["completion_tokens"] == NEW_TOKENS
-    train = tmp_path / "train.trace"
-    rec = specdiff("record", "train", "--target", REPO_MODELS / "target", "--draft", REPO_MODELS / "draft",
-                   "--replay", serve, "-o", train)
-    assert rec.returncode == 0, rec.stderr[-2000:]
-    return train, serve
 
 
 def logged_cache_hits(tmp_path: Path) -> list[int]:
@@ -87,12 +43,7 @@ def logged_cache_hits(tmp_path: Path) -> list[int]:
     return [int(n) for n in re.findall(r"Prefill batch.*?#cached-token: (\d+)", log) if int(n)]
 
 
-def diff(train: Path, serve: Path) -> tuple[subprocess.CompletedProcess, dict, str]:
-    proc = specdiff("diff", train, serve, "--format", "json")
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    text = specdiff("diff", train, serve, "--format", "text").stdout
-    print(text)  # the report a user reads, kept in the test log
-    return proc, json.loads(proc.stdout), text
+diff = diff_both  # the name the tests below read
 
 
 def test_control_chunked_prefill_and_radix_repeats_without_a_bug_are_clean(tmp_path, served_draft, server_env):
@@ -138,7 +89,7 @@ def found(tmp_path, served_draft, server_env, bug) -> tuple[dict, str]:
     """Serve with ``bug``, diff: exit 1, the plugin really ran, no narrowing that could contradict the
     named cause (it runs only when no cause is named). Returns the JSON report and the text."""
     proc, report, text = diff(*serve_traced(tmp_path, served_draft, server_env, bug))
-    assert f"specdiff_bug_plugins: {bug} injected" in (tmp_path / "server.log").read_text()
+    assert injected(tmp_path, bug)
     assert proc.returncode == 1, text
     assert report["explanations"], text
     assert report["narrowing"] is None, report["narrowing"]

@@ -37,6 +37,9 @@ KINDS = ("positions", "chunk_token", "cache_hit_kv", "stale_kv")
 #: SGLang's own registered reverts of the PRs that fixed these bugs (srt/debug_utils/pr_fix_toggle.py)
 REVERT_PR = {"positions": 25015, "chunk_token": 26329}
 _EW2 = "sglang.srt.speculative.eagle_worker_v2"
+#: modules beside this one that add kinds, one concern each: their ``HOOKS`` maps a kind to the function
+#: that registers its hook (called in every process SGLang starts, like ``load``)
+KIND_MODULES = ("specdiff_feed_bugs", "specdiff_state_bugs")
 _applied = False
 _acted: set[str] = set()
 
@@ -104,13 +107,27 @@ def _revert_once(orig, self, *a, **kw):
     return orig(self, *a, **kw)
 
 
+def more_kinds() -> dict:
+    """Every kind of ``KIND_MODULES``: {kind: register()}."""
+    import importlib
+
+    hooks: dict = {}
+    for name in KIND_MODULES:
+        hooks.update(importlib.import_module(name).HOOKS)
+    return hooks
+
+
 def load() -> None:
     """SGLang plugin entry point: register the hook of ``$SPECDIFF_TEST_BUG`` (module doc)."""
     kind = os.environ.get(ENV)
     if not kind:
         return
-    if kind not in KINDS:
-        raise ValueError(f"{ENV}={kind!r}: one of {', '.join(KINDS)}")
+    more = more_kinds()
+    if kind not in KINDS and kind not in more:
+        raise ValueError(f"{ENV}={kind!r}: one of {', '.join((*KINDS, *more))}")
+    if kind in more:
+        more[kind]()
+        return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     if kind in REVERT_PR:
