@@ -12,18 +12,18 @@ target and draft in float32 when it recorded in bf16 or fp16 (in bf16 when it re
 and records per float tensor the median and 90th percentile of the per-row relative error between
 the two runs (the diff's own metric, eagle3/row_error.py).
 
-No second copy of a model is made (``at_other_precision``): the floating tensors are cast in place for
-the re-run and their very originals put back after (same storage, no rounding), so the trace's models
-are bit for bit what they were. A transformers target, whose modules each read only their own tensors
-in their forward, is cast one module at a time (a forward pre-hook casts the module's own tensors, the
-forward hook restores them): its peak is the model plus its largest module at the other precision, not
-a float32 copy of the whole model (benchmarks/production_train.py, a Llama-3-8B shape narrowed to 2048 wide,
-1.56 GiB of checkpoints: record train peaked at 7.34 GiB with copies, 5.60 GiB cast in place; at 4096 wide the
-copies, 9.9 GiB, did not fit in half the free memory of a 24 GiB machine and the floor went unmeasured).
-The draft (its forward reads its fc's dtype outside fc's own forward: replay/model/draft_model.py
-``project``) and a target that holds its states (stored features, an engine: ``capture_batch``) are cast
-whole for the re-run; the draft is small beside a full-depth target. The values are those of float32 copies of both models (tests/replay/record/
-test_noise_floor_copy.py compares them).
+No second copy of a model is made (``at_other_precision``, on replay/model/other_precision.py): the floating
+tensors are cast in place for the re-run and their very originals put back after (same storage, no rounding),
+so the trace's models are bit for bit what they were. A transformers target, whose modules each read only their
+own tensors in their forward, is cast one module at a time (``cast_by_module``): its peak is the model plus its
+largest module at the other precision, not a float32 copy of the whole model (benchmarks/production_train.py, a
+Llama-3-8B shape narrowed to 2048 wide, 1.56 GiB of checkpoints: record train peaked at 7.34 GiB with copies,
+5.60 GiB cast in place; at 4096 wide the copies, 9.9 GiB, did not fit in half the free memory of a 24 GiB
+machine and the floor went unmeasured). The draft (its forward reads its fc's dtype outside fc's own forward:
+replay/model/draft_model.py ``fc_input``) and a target that holds its states (stored features, an engine:
+``capture_batch``) are cast whole (``cast_whole``), but for an embedding read only by its lookup, whose output
+is cast instead (bit for bit the same rows, without the table at float32). The values are those of float32
+copies of both models (tests/replay/record/test_noise_floor_copy.py compares them).
 
 When the cast tensors do not fit in the memory the forward runs in (half of what is free), or a
 model's tensors cannot be cast, the floor is recorded as not measured, with the reason.
@@ -32,13 +32,21 @@ model's tensors cannot be cast, the floor is recorded as not measured, with the 
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import torch
 
 from specdiff.eagle3.acceptance import AcceptTally
 from specdiff.eagle3.row_error import relative_error
+from specdiff.replay.model.other_precision import (
+    CastError,
+    cast_by_module,
+    cast_whole,
+    largest_module_bytes,
+    other_dtype,
+    whole_cast_bytes,
+)
 from specdiff.tracer.schema import spec_for
 
 __all__ = ["FLOOR_TOKENS", "at_other_precision", "measure_noise_floor", "probe_sequences", "without_target_floor"]
@@ -62,10 +70,6 @@ def probe_sequences(lengths: list[int], *, tokens: int = FLOOR_TOKENS, most: int
     return picked
 
 
-def _other_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.bfloat16 if dtype == torch.float32 else torch.float32
-
-
 def _free_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
@@ -74,65 +78,9 @@ def _free_bytes(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)
 
 
-class _CastError(RuntimeError):
-    """A tensor that could not be cast in place (the floor is then recorded as not measured)."""
-
-
-class _Cast:
-    """Floating tensors held at ``dtype`` until restored: each tensor's ``.data`` is replaced by its cast and the
-    original kept, then put back as it was (the same storage: no rounding, nothing copied back). A tensor shared
-    by two modules (a tied embedding) is cast once while either holds it."""
-
-    def __init__(self, dtype: torch.dtype):
-        self.dtype = dtype
-        self.held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def cast(self, tensors) -> list[int]:
-        """Cast the floating ``tensors`` not at ``dtype`` and not already held; returns their ids (to restore).
-
-        Raises:
-            _CastError: a tensor refused the cast (one line).
-        """
-        done = []
-        for t in tensors:
-            if not t.is_floating_point() or t.dtype == self.dtype or id(t) in self.held:
-                continue
-            try:
-                self.held[id(t)] = (t, t.data)
-                t.data = t.data.to(self.dtype)
-            except RuntimeError as e:
-                self.held.pop(id(t), None)
-                raise _CastError(f"a {tuple(t.shape)} {t.dtype} tensor cannot be cast to {self.dtype}: {e}") from None
-            done.append(id(t))
-        return done
-
-    def restore(self, ids=None) -> None:
-        for i in list(self.held) if ids is None else ids:
-            t, original = self.held.pop(i)
-            t.data = original
-
-
-def _own(module) -> list[torch.Tensor]:
-    return [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-
-
 def _by_module(target) -> bool:
     """A transformers target is cast module by module; one that holds its states (``capture_batch``) whole."""
     return isinstance(target, torch.nn.Module) and not hasattr(target, "capture_batch")
-
-
-def _module(model) -> torch.nn.Module:
-    """The ``nn.Module`` of a target or draft (a trainer's ``TrainerDraft`` wraps its model in ``.model``).
-
-    Raises:
-        _CastError: neither is an ``nn.Module``.
-    """
-    if isinstance(model, torch.nn.Module):
-        return model
-    inner = getattr(model, "model", None)
-    if isinstance(inner, torch.nn.Module):
-        return inner
-    raise _CastError(f"{type(model).__name__} holds no torch module to cast")
 
 
 @contextmanager
@@ -142,57 +90,21 @@ def at_other_precision(target, draft, target_dtype: torch.dtype, draft_dtype: to
     ``_by_module``; the draft whole) and every original put back on exit, also when the block raises.
 
     Raises:
-        _CastError: a tensor could not be cast (everything cast so far is restored first).
+        CastError: a tensor could not be cast (everything cast so far is restored first).
     """
-    whole, by_module = _Cast(draft_dtype), _Cast(target_dtype)
-    handles = []
-    try:
-        whole.cast([*_module(draft).parameters(), *_module(draft).buffers()])
-        if not _by_module(target):
-            whole_t = _Cast(target_dtype)
-            try:
-                whole_t.cast([*_module(target).parameters(), *_module(target).buffers()])
-                yield target, draft
-            finally:
-                whole_t.restore()
-            return
-        stacks: dict[int, list[list[int]]] = {}
-        for m in target.modules():
-            if not any(t.is_floating_point() for t in _own(m)):
-                continue
-
-            def pre(mod, _args):
-                stacks.setdefault(id(mod), []).append(by_module.cast(_own(mod)))
-
-            def post(mod, _args, _out):
-                got = stacks.get(id(mod))
-                if got:
-                    by_module.restore(got.pop())
-
-            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post, always_call=True)]
+    with ExitStack() as stack:
+        stack.enter_context(cast_whole(draft, draft_dtype))
+        stack.enter_context(cast_by_module(target, target_dtype) if _by_module(target)
+                            else cast_whole(target, target_dtype))
         yield target, draft
-    finally:
-        for h in handles:
-            h.remove()
-        by_module.restore()
-        whole.restore()
-
-
-def _cast_bytes(tensors, dtype: torch.dtype) -> int:
-    """Bytes of the floating ``tensors`` (each once) at ``dtype``."""
-    seen = {id(t): t for t in tensors if t.is_floating_point()}
-    return sum(t.numel() for t in seen.values()) * torch.empty((), dtype=dtype).element_size()
 
 
 def _need_bytes(target, draft, target_dtype: torch.dtype, draft_dtype: torch.dtype) -> int:
     """What the re-run adds to the models: the draft at its other dtype, and the target's largest module (cast
     module by module) or the whole target (cast whole) at its own."""
-    d = _module(draft)
-    need = _cast_bytes([*d.parameters(), *d.buffers()], draft_dtype)
     if _by_module(target):
-        return need + max((_cast_bytes(_own(m), target_dtype) for m in target.modules()), default=0)
-    t = _module(target)
-    return need + _cast_bytes([*t.parameters(), *t.buffers()], target_dtype)
+        return whole_cast_bytes(draft, draft_dtype) + largest_module_bytes(target, target_dtype)
+    return whole_cast_bytes(draft, draft_dtype) + whole_cast_bytes(target, target_dtype)
 
 
 def _fresh(replayer, target, draft):
@@ -226,10 +138,10 @@ def measure_noise_floor(replayer, seqs, seq_ids: list[int], *, skip: bool = Fals
     t_dtype = next(target.parameters()).dtype
     d_dtype = next(draft.parameters()).dtype
     device = next(target.parameters()).device
-    other_t, other_d = _other_dtype(t_dtype), _other_dtype(d_dtype)
+    other_t, other_d = other_dtype(t_dtype), other_dtype(d_dtype)
     try:
         need = _need_bytes(target, draft, other_t, other_d)
-    except _CastError as e:
+    except CastError as e:
         return {"method": None, "unmeasured": f"could not cast the models to the other precision: {e}"}
     if need > _free_bytes(device) // 2:
         return {"method": None, "unmeasured": f"the {other_t} re-run holds {need / 2**30:.1f} GiB more, "
@@ -246,7 +158,7 @@ def measure_noise_floor(replayer, seqs, seq_ids: list[int], *, skip: bool = Fals
         with at_other_precision(target, draft, other_t, other_d) as (t, d):
             twin = _fresh(replayer, t, d)
             rerun = twin.rows(keys, *twin.forward(ids, lengths, batch)).collected()
-    except _CastError as e:  # a trainer's model whose tensors refuse the cast: say so, record the trace anyway
+    except CastError as e:  # a trainer's model whose tensors refuse the cast: say so, record the trace anyway
         return {"method": None, "unmeasured": f"could not cast the models to the other precision: {e}"}
     tensors = {}
     for name, (data, *_keys) in recorded.items():
@@ -283,6 +195,6 @@ def _method(target: torch.dtype, draft: torch.dtype) -> str:
         return str(d).removeprefix("torch.")
 
     if target == draft:
-        return f"the recorded {name(target)} forward re-run in {name(_other_dtype(target))}"
+        return f"the recorded {name(target)} forward re-run in {name(other_dtype(target))}"
     return (f"the recorded forward (target {name(target)}, draft {name(draft)}) re-run with target "
-            f"{name(_other_dtype(target))}, draft {name(_other_dtype(draft))}")
+            f"{name(other_dtype(target))}, draft {name(other_dtype(draft))}")

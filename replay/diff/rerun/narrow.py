@@ -396,13 +396,14 @@ def _id_stage(name: str) -> bool:
 
 def _limits(plan: NarrowPlan, upstream) -> dict:
     """Float stage -> its ``noise.Limit`` on the plan's failing rows: the pair's floor raised, row by row, to
-    the re-run's own error there between its precision and the other one (``UPSTREAM``'s inputs re-run on a
-    copy of the draft at the other precision; only where some stage's pair floor is measured)."""
+    the re-run's own error there between its precision and the other one (``UPSTREAM``'s inputs re-run with
+    the draft at the other precision; only where some stage's pair floor is measured)."""
     floats = [st for st in plan.stages if not _id_stage(st)]
     tol = {st: plan.comparisons[st].tolerance.rel if st in plan.comparisons else 0.05 for st in floats}
     other = None
     if plan.traces is not None and any(stage_floor(st, plan.traces) is not None for st in floats):
-        other = _forward(noise.other_precision(plan.model), plan, plan.upstream)
+        with noise.other_precision(plan.model) as model:
+            other = _forward(model, plan, plan.upstream)
     d2t = plan.d2t[plan.upstream[2]]
     out = {}
     for st in floats:

@@ -31,7 +31,7 @@ existed) the tolerance alone judges, as before, and ``Limit.words`` says so.
 
 from __future__ import annotations
 
-import copy
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,13 +89,17 @@ def limit(traces, stage: str, tolerance: float, own: np.ndarray | None, rows: in
     return Limit(tolerance, floors, words)
 
 
+@contextmanager
 def other_precision(model):
-    """A copy of draft ``model`` at the other precision (float32 for a bf16/fp16 draft, bf16 for a float32
-    one), as replay/record/noise_floor.py re-runs the recorded forward; ``model`` is not changed."""
-    import torch
+    """Draft ``model`` computing at the other precision inside the block (float32 for a bf16/fp16 draft, bf16
+    for a float32 one), as replay/record/noise_floor.py re-runs the recorded forward: the same object, its
+    tensors cast in place and put back as they were on exit (replay/model/other_precision.py ``cast_whole``:
+    no copy of the draft, whose embedding alone is 4.4 GiB at float32 at the Kimi-K2 width)."""
+    # imported here: torch loads only where a re-run runs, not with the diff
+    from specdiff.replay.model.other_precision import cast_whole, other_dtype
 
-    dtype = next(model.parameters()).dtype
-    return copy.deepcopy(model).to(torch.bfloat16 if dtype == torch.float32 else torch.float32)
+    with cast_whole(model, other_dtype(next(model.parameters()).dtype)) as same:
+        yield same
 
 
 def row_noise(xs: np.ndarray, other: np.ndarray) -> np.ndarray | None:
