@@ -20,10 +20,13 @@ largest module at the other precision, not a float32 copy of the whole model (be
 Llama-3-8B shape narrowed to 2048 wide, 1.56 GiB of checkpoints: record train peaked at 7.34 GiB with copies,
 5.60 GiB cast in place; at 4096 wide the copies, 9.9 GiB, did not fit in half the free memory of a 24 GiB
 machine and the floor went unmeasured). The draft (its forward reads its fc's dtype outside fc's own forward:
-replay/model/draft_model.py ``fc_input``) and a target that holds its states (stored features, an engine:
-``capture_batch``) are cast whole (``cast_whole``), but for an embedding read only by its lookup, whose output
-is cast instead (bit for bit the same rows, without the table at float32). The values are those of float32
-copies of both models (tests/replay/record/test_noise_floor_copy.py compares them).
+replay/model/draft_model.py ``fc_input``) is cast whole (``cast_whole``), but for an embedding read only by its
+lookup, whose output is cast instead (bit for bit the same rows, without the table at float32). A target that
+holds its states (stored features, an engine: ``capture_batch``) is not cast: its states are read, not computed
+here, so the draft's inputs are the same at either precision, and its own ``target.*`` stages are left out of
+the floor (``without_target_floor``); casting it held its lm_head at float32 for nothing (4.4 GiB at the
+Kimi-K2 width, which left the draft's floor of a features trace unmeasured there). The values are those of
+float32 copies of both models (tests/replay/record/test_noise_floor_copy.py compares them).
 
 When the cast tensors do not fit in the memory the forward runs in (half of what is free), or a
 model's tensors cannot be cast, the floor is recorded as not measured, with the reason.
@@ -78,30 +81,40 @@ def _free_bytes(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)
 
 
+def _holds_states(target) -> bool:
+    """A target whose states are read, not computed here (stored features, an engine: ``capture_batch``)."""
+    return hasattr(target, "capture_batch")
+
+
 def _by_module(target) -> bool:
-    """A transformers target is cast module by module; one that holds its states (``capture_batch``) whole."""
-    return isinstance(target, torch.nn.Module) and not hasattr(target, "capture_batch")
+    """A transformers target is cast module by module (one that holds its states is not cast)."""
+    return isinstance(target, torch.nn.Module) and not _holds_states(target)
 
 
 @contextmanager
 def at_other_precision(target, draft, target_dtype: torch.dtype, draft_dtype: torch.dtype):
     """``(target, draft)`` computing at ``target_dtype`` / ``draft_dtype`` inside the block: the same objects,
     their floating tensors cast in place (module doc: the target one module at a time during its forward, when
-    ``_by_module``; the draft whole) and every original put back on exit, also when the block raises.
+    ``_by_module``; one that holds its states not at all; the draft whole) and every original put back on exit,
+    also when the block raises.
 
     Raises:
         CastError: a tensor could not be cast (everything cast so far is restored first).
     """
     with ExitStack() as stack:
         stack.enter_context(cast_whole(draft, draft_dtype))
-        stack.enter_context(cast_by_module(target, target_dtype) if _by_module(target)
-                            else cast_whole(target, target_dtype))
+        if _by_module(target):
+            stack.enter_context(cast_by_module(target, target_dtype))
+        elif not _holds_states(target):
+            stack.enter_context(cast_whole(target, target_dtype))
         yield target, draft
 
 
 def _need_bytes(target, draft, target_dtype: torch.dtype, draft_dtype: torch.dtype) -> int:
     """What the re-run adds to the models: the draft at its other dtype, and the target's largest module (cast
-    module by module) or the whole target (cast whole) at its own."""
+    module by module) or the whole target (cast whole) at its own (nothing for one that holds its states)."""
+    if _holds_states(target):
+        return whole_cast_bytes(draft, draft_dtype)
     if _by_module(target):
         return whole_cast_bytes(draft, draft_dtype) + largest_module_bytes(target, target_dtype)
     return whole_cast_bytes(draft, draft_dtype) + whole_cast_bytes(target, target_dtype)

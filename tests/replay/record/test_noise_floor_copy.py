@@ -97,3 +97,50 @@ def test_the_floor_is_the_one_copies_at_the_other_precision_give(repo_models, mo
     assert in_place["method"] == f"the recorded {dtype} forward re-run in {other}"
     assert {"target.aux.1", "target.probe.3", "draft.fc_out", "draft.hidden_out"} <= set(in_place["tensors"])
     assert in_place["tensors"]["draft.fc_out"]["median_rel"] > 0  # a re-run at another precision, not the same
+
+
+class _HoldsStates(Tied):
+    """A target whose states are read, not computed (stored features, an engine)."""
+
+    def capture_batch(self, *args, **kwargs):
+        raise AssertionError("not called here")
+
+
+def test_a_target_holding_its_states_is_not_cast():
+    target, draft = _HoldsStates().to(torch.bfloat16), Tied().to(torch.bfloat16)
+    t0 = _state(target)
+    with at_other_precision(target, draft, torch.float32, torch.float32):
+        assert _same(target, t0) and draft.norm.weight.dtype == torch.float32
+    draft_bytes = noise_floor.whole_cast_bytes(draft, torch.float32)
+    assert noise_floor._need_bytes(target, draft, torch.float32, torch.float32) == draft_bytes
+
+
+def test_the_floor_of_stored_features_is_the_one_with_their_target_cast(repo_models, monkeypatch, tmp_path):
+    """Stored features: the target's states are read from the files, so the draft stages' floor is the same
+    whether or not the target's head is cast (its target.* stages are left out either way)."""
+    import json
+
+    from builders import write_stored_features
+
+    from specdiff.replay.record.record_features import record_features
+    from specdiff.replay.record.sequences import sequences_from_trace
+    from specdiff.tracer.store import open_trace
+
+    seqs, _ = sequences_from_trace(str(repo_models.parent / "examples" / "seed" / "serve.trace"))
+    tokens = [s.tokens for s in seqs[:2]]
+    H = json.loads((repo_models / "target" / "config.json").read_text())["hidden_size"]
+    g = torch.Generator().manual_seed(0)
+    slots = [torch.randn(len(t), 3, H, generator=g).bfloat16() for t in tokens]
+    last = [torch.randn(len(t), H, generator=g).bfloat16() for t in tokens]
+    feats = write_stored_features(tmp_path / "f", "speculators", tokens, slots, last)
+
+    def floor(out):
+        record_features(feats, repo_models / "target", repo_models / "draft", str(tmp_path / out),
+                        aux_layers=[0, 3, 6], aux_convention="hf")
+        return open_trace(str(tmp_path / out)).contract["noise_floor"]
+
+    now = floor("now.trace")
+    monkeypatch.setattr(noise_floor, "_holds_states", lambda target: False)  # the code before: cast whole
+    monkeypatch.setattr(noise_floor, "_by_module", lambda target: False)
+    before = floor("before.trace")
+    assert now == before and now["tensors"] and all(k.startswith("draft.") for k in now["tensors"])
