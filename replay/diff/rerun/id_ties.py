@@ -14,8 +14,12 @@ first divergence.
 The proof used here has the re-run's whole logit row ``L`` [Vd] (not only its top ids) and
 serving's recorded top-K logits (``draft.logits_topk.ids`` / ``.values``) at the same row. The
 row's kernel noise ``eps`` is measured, not assumed: the largest ``|L[i] - serving[i]|`` over
-serving's K ids (at most the values' relative tolerance of serving's K-th logit, so a wrong draft
-cannot widen its own band). Serving's id set ``S`` (k ids) is reproduced when it is the top-k of
+serving's K ids, at most ``FLOOR_RATIO`` (judge/shift.py) times the re-run's own logit error on those ids
+between its precision and the other one (rerun/limits.py measures it on the rows judged), and never more
+than the values' relative tolerance of serving's smallest recorded logit: a wrong draft cannot widen its
+own band. (Capped at the tolerance alone, a draft whose logits serving shifted by 3 % -- inside the 5 %
+bf16 tolerance, 7x a bf16 rounding -- had that shift as its band, and the ids it moved read as ties.)
+Serving's id set ``S`` (k ids) is reproduced when it is the top-k of
 some logits within ``eps`` of ``L`` on both sides: every id the re-run ranks in its top-k and
 serving does not has ``L[j] - min_{i in S} L[i] <= 2 eps``, or is a near tie of it in the compute
 dtype (``tolerance.is_near_tie``), and every id of ``S`` is among serving's recorded top-K logits.
@@ -24,40 +28,54 @@ A wrong lm_head, hidden state or vocab map moves logits by far more than that ba
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from specdiff.eagle3.vocab_map import hot_token_ids
+from specdiff.replay.diff.judge.shift import FLOOR_RATIO
 from specdiff.replay.diff.measure.tolerance import compute_dtype, is_near_tie, looser_dtype
 from specdiff.replay.diff.runner import LOGITS, computed_rows
 
 TOPK_IDS, TOPK_VALUES = "draft.logits_topk.ids", "draft.logits_topk.values"
+ID_STAGES = (TOPK_IDS, "draft.topk", "draft.topk_target")
 
 
-def measured_noise(logits: np.ndarray, top_ids: np.ndarray, top_values: np.ndarray, rel: float) -> float:
+def is_id_stage(name: str) -> bool:
+    """Whether stage ``name`` holds draft ids (compared as sets, judged by the tie proof)."""
+    return name in ID_STAGES
+
+
+def measured_noise(logits: np.ndarray, top_ids: np.ndarray, top_values: np.ndarray, rel: float,
+                   own: float | None = None) -> float:
     """The largest ``|logits[i] - top_values[r]|`` over serving's recorded top-K (``top_ids`` int
     [K] draft ids, ``top_values`` float32 [K]); ``logits``: the re-run's float32 [Vd] row. At most
-    ``rel`` of the smallest magnitude among serving's recorded logits."""
+    ``rel`` of the smallest magnitude among serving's recorded logits, and, where ``own`` (the re-run's
+    own logit error on those ids at the other precision) is measured, at most ``FLOOR_RATIO * own``."""
     ids = top_ids.astype(np.int64)
-    noise = float(np.max(np.abs(logits[ids] - top_values))) if len(ids) else 0.0
-    return min(noise, rel * float(np.abs(top_values).min())) if len(ids) else 0.0
+    if not len(ids):
+        return 0.0
+    cap = rel * float(np.abs(top_values).min())
+    if own is not None:
+        cap = min(cap, FLOOR_RATIO * own)
+    return min(float(np.max(np.abs(logits[ids] - top_values))), cap)
 
 
 def set_reproduced(logits: np.ndarray, served: np.ndarray, top_ids: np.ndarray, top_values: np.ndarray, *,
-                   rel: float, dtype: str) -> bool:
+                   rel: float, dtype: str, own: float | None = None) -> bool:
     """Whether serving's draft ids ``served`` (int [k]) are a top-k of the re-run's ``logits``
     (float32 [Vd]) perturbed by at most the row's measured kernel noise (module doc).
 
     ``top_ids`` / ``top_values``: serving's recorded ``draft.logits_topk`` row (int [K], float32
-    [K], K >= k); ``rel``: the values' relative tolerance; ``dtype``: the draft's compute dtype.
+    [K], K >= k); ``rel``: the values' relative tolerance; ``dtype``: the draft's compute dtype; ``own``:
+    the re-run's own logit noise on the row (``measured_noise``; None: not measured).
     """
     served = served.astype(np.int64).reshape(-1)
     k = len(served)
-    own = dict(zip(top_ids.astype(np.int64).tolist(), top_values.tolist(), strict=True))
-    if k == 0 or any(i not in own for i in served.tolist()) or int(top_ids.max()) >= len(logits) or top_ids.min() < 0:
+    recorded = set(top_ids.astype(np.int64).tolist())
+    if k == 0 or any(i not in recorded for i in served.tolist()) or int(top_ids.max()) >= len(logits) or top_ids.min() < 0:
         return False  # an id serving chose outside its own recorded top-K, or outside the re-run's vocab
-    eps = measured_noise(logits, top_ids, top_values, rel)
+    eps = measured_noise(logits, top_ids, top_values, rel, own)
     floor = float(logits[served].min())  # the re-run's logit of serving's weakest chosen id
     rerun_top = np.argpartition(-logits, k - 1)[:k] if k < len(logits) else np.arange(len(logits))
     for j in set(rerun_top.tolist()) - set(served.tolist()):
@@ -92,6 +110,20 @@ class TieProof:
     rows: dict  # (batch row, position) -> (ids int [K], values float32 [K])
     rel: float
     dtype: str
+    #: (batch row, position) -> the re-run's own logit error on the row's serving top-K ids at the other
+    #: precision (``with_own_noise``); a row missing here is capped at the tolerance only
+    own: dict = field(default_factory=dict)
+
+    def with_own_noise(self, keys: list, logits: np.ndarray, other: np.ndarray) -> TieProof:
+        """This proof with each row's own logit noise: ``keys`` (batch row, position) of ``rows``, ``logits``
+        and ``other`` float32 [n, Vd] the re-run's logits there at its precision and at the other one. The
+        noise of a row is the largest ``|logits - other|`` over serving's recorded top-K ids."""
+        own = {}
+        for r, key in enumerate(keys):
+            ids = self.rows[key][0]
+            if len(ids) and int(ids.max()) < logits.shape[1] and int(ids.min()) >= 0:
+                own[key] = float(np.max(np.abs(logits[r, ids] - other[r, ids])))
+        return replace(self, own=own)
 
     @classmethod
     def load(cls, traces, comparisons: dict, ids, vals, strace) -> TieProof:
@@ -123,8 +155,10 @@ class TieProof:
         got = np.zeros(len(b), bool)
         for r, key in enumerate(zip(b.tolist(), t.tolist(), strict=True)):
             if key in self.rows:
-                got[r] = set_reproduced(logits[r], served[r], *self.rows[key], rel=self.rel, dtype=self.dtype)
+                got[r] = set_reproduced(logits[r], served[r], *self.rows[key], rel=self.rel, dtype=self.dtype,
+                                        own=self.own.get(key))
         return got
 
 
-__all__ = ["TieProof", "measured_noise", "set_reproduced", "rows_reproduced", "to_draft_ids"]
+__all__ = ["ID_STAGES", "TieProof", "is_id_stage", "measured_noise", "set_reproduced", "rows_reproduced",
+           "to_draft_ids"]

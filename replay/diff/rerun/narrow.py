@@ -8,8 +8,8 @@ training input and once per serving input substituted: ``target.aux_cat`` (the t
 states), ``tokens`` (the draft's input tokens), ``draft.d2t`` (the vocab map) and the norm flags
 (when the contracts differ). Each run's draft stages are compared with the rows serving recorded
 **at the failing rows' positions and depth** (never a sample that misses them: a depth-1 bug
-re-run at depth 0 finds nothing to reproduce), float stages at their measured noise, not their
-tolerance (rerun/noise.py). A substitution that makes the training draft
+re-run at depth 0 finds nothing to reproduce), every stage at its measured noise, not its
+tolerance (rerun/limits.py). A substitution that makes the training draft
 compute what serving computed there is where the difference enters.
 
 The verdict never contradicts the first divergence: when the training inputs alone already give
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdiff.replay.diff.align.align import match_rows, pack_keys
-from specdiff.replay.diff.judge import stage_floor
 from specdiff.replay.diff.measure import metrics
-from specdiff.replay.diff.rerun import id_ties, noise
+from specdiff.replay.diff.rerun import id_ties
+from specdiff.replay.diff.rerun.limits import run_limits
 from specdiff.replay.diff.runner import (
     RerunError,
     batch_inputs,
@@ -360,14 +360,14 @@ def _unchanged(runs: dict, aux: dict, d2t: dict, flags: dict, tokens_differ: boo
 
 def run_plan(plan: NarrowPlan) -> Narrowing:
     """Carry out ``plan``: re-run the training draft once per run (``plan.runs``, then ``UPSTREAM``),
-    judge each float stage at its noise (``_limits``), score each run against serving's rows, and conclude."""
+    judge each stage at its noise (rerun/limits.py), score each run against serving's rows, and conclude."""
     res = Narrowing(plan.stages, plan.from_stage, plan.positions, depth=plan.depth, rows=plan.rows)
     runs = [*plan.runs.items(), (UPSTREAM, plan.upstream)]
     outs = {name: _forward(plan.model, plan, sources) for name, sources in runs}
-    limits = _limits(plan, outs[UPSTREAM])
+    limits, ties = run_limits(plan, outs[UPSTREAM], _forward)
     res.limits = {st: lim.words for st, lim in limits.items()}
     for name, (_a, _tk, d, _f) in runs:
-        v = _score(plan, name, outs[name], plan.d2t[d], limits)
+        v = _score(plan, name, outs[name], plan.d2t[d], limits, ties)
         if name == UPSTREAM:
             res.upstream = v
         else:
@@ -390,42 +390,15 @@ def _forward(model, plan: NarrowPlan, sources: tuple):
                                  lengths=plan.batch.lengths)
 
 
-def _id_stage(name: str) -> bool:
-    return name in ("draft.logits_topk.ids", "draft.topk", "draft.topk_target")
-
-
-def _limits(plan: NarrowPlan, upstream) -> dict:
-    """Float stage -> its ``noise.Limit`` on the plan's failing rows: the pair's floor raised, row by row, to
-    the re-run's own error there between its precision and the other one (``UPSTREAM``'s inputs re-run with
-    the draft at the other precision; only where some stage's pair floor is measured)."""
-    floats = [st for st in plan.stages if not _id_stage(st)]
-    tol = {st: plan.comparisons[st].tolerance.rel if st in plan.comparisons else 0.05 for st in floats}
-    other = None
-    if plan.traces is not None and any(stage_floor(st, plan.traces) is not None for st in floats):
-        with noise.other_precision(plan.model) as model:
-            other = _forward(model, plan, plan.upstream)
-    d2t = plan.d2t[plan.upstream[2]]
-    out = {}
-    for st in floats:
-        rb, rt, _ = plan.recorded[st]
-        own = None
-        if other is not None:
-            depth = np.full(len(rb), plan.depth)
-            own = noise.row_noise(computed_rows(upstream, d2t, st, rb, rt, depth),
-                                  computed_rows(other, d2t, st, rb, rt, depth))
-        out[st] = (noise.limit(plan.traces, st, tol[st], own, len(rb)) if plan.traces is not None
-                   else noise.Limit(tol[st], None, f"the tolerance rel <= {tol[st]:g}"))
-    return out
-
-
-def _score(plan: NarrowPlan, name: str, out, d2t, limits: dict) -> Variant:
+def _score(plan: NarrowPlan, name: str, out, d2t, limits: dict, ties) -> Variant:
     """Run ``name``'s ``Variant``: its draft output ``out`` (with vocab map ``d2t``) against serving's
-    rows of every compared stage; float stages judged by ``limits`` (``_limits``)."""
-    depth, ties = plan.depth, plan.ties
+    rows of every compared stage; float stages judged by ``limits``, id stages by the tie proof ``ties``
+    (rerun/limits.py ``run_limits``)."""
+    depth = plan.depth
     scores, matches, ratios = {}, {}, {}
     for st in plan.stages:
         rb, rt, ys = plan.recorded[st]
-        id_stage = _id_stage(st)
+        id_stage = id_ties.is_id_stage(st)
         width = ys.reshape(len(ys), -1).shape[1] if id_stage and len(ys) else 1
         xs = computed_rows(out, d2t, st, rb, rt, np.full(len(rb), depth), width)
         if id_stage:

@@ -68,3 +68,46 @@ def test_an_id_outside_serving_recorded_top_k_is_not_reproduced():
 def test_target_ids_map_back_through_the_vocab_map():
     hot = np.array([3, 7, 11, 12], np.int64)  # draft id -> target id
     assert to_draft_ids(np.array([[11, 3], [12, 5]]), hot).tolist() == [[2, 0], [3, -1]]
+
+
+def test_a_shift_inside_the_tolerance_is_no_band_where_the_reruns_own_noise_is_measured():
+    """Serving's logits 3 % above the re-run's (a served draft that computes something else, inside the
+    5 % bf16 tolerance): capped at the tolerance only, the shift is the band and an id it moved past
+    the boundary reads as a tie; capped at ``FLOOR_RATIO`` times the re-run's own logit error at the
+    other precision (half a bf16 step for logits in [1, 2) here), it is not reproduced."""
+    from specdiff.replay.diff.judge.shift import FLOOR_RATIO
+
+    logits, top, _ = _row()
+    served = top.copy()
+    nxt = np.argsort(-logits)[K]
+    served[K - 1] = nxt  # the id just below the boundary, one rank-gap (1/V) under the re-run's K-th
+    vals = logits[served] * 1.03
+    own = 2.0 ** -8  # half a bf16 step (2^-7) for logits in [1, 2): the re-run's own bf16-vs-float32 error
+    assert measured_noise(logits, served, vals, rel=0.05) > float(logits[top[K - 1]] - logits[nxt]) / 2
+    assert set_reproduced(logits, served, served, vals, rel=0.05, dtype="float32")  # the old band
+    assert measured_noise(logits, served, vals, rel=0.05, own=own) == FLOOR_RATIO * own
+    assert not set_reproduced(logits, served, served, vals, rel=0.05, dtype="float32", own=own)
+
+
+def test_a_correct_rows_noise_stays_inside_its_own_band():
+    """The serving side's noise within the own-noise cap is the band as before: a correct row whose
+    rank-K id swapped by that noise is still reproduced."""
+    logits, top, _ = _row()
+    served = top.copy()
+    served[K - 1] = np.argsort(-logits)[K]
+    gap = float(logits[top[K - 1]] - logits[served[K - 1]])
+    vals = logits[served].copy()
+    vals[K - 1] += gap  # serving's noise: one rank gap on one id
+    assert set_reproduced(logits, served, served, vals, rel=0.05, dtype="float32", own=gap)
+
+
+def test_the_proof_measures_each_rows_own_noise_on_servings_ids_only():
+    from specdiff.replay.diff.rerun.id_ties import TieProof
+
+    logits, top, vals = _row()
+    other = logits.copy()
+    other[top[0]] += 0.01  # noise on one of serving's recorded ids
+    other[np.argsort(-logits)[-1]] += 5.0  # far off on an id serving did not record: not its noise
+    proof = TieProof({(0, 3): (top, vals)}, rel=0.05, dtype="float32").with_own_noise([(0, 3)], logits[None],
+                                                                                    other[None])
+    assert list(proof.own) == [(0, 3)] and abs(proof.own[(0, 3)] - 0.01) < 1e-6
