@@ -196,14 +196,18 @@ def crash_only(traces: Pair, labels: Pair, crash: dict, contract: list) -> DiffR
 
 def align(traces: Pair, structure: list) -> tuple[Alignment, str | None]:
     """``(alignment, alignment_error)``: the sequence pairs, or, when no sequence pairs but the
-    layouts differ (``structure`` non-empty), no pairs and why (the layout difference leads).
+    layouts differ (``structure`` non-empty), no pairs and why (the layout difference leads); no pairs
+    and no error when a trace never closed holds no sequence (a server that ended before it wrote a
+    request: nothing is compared, ``DiffReport.nothing_compared`` says what it holds).
 
     Raises:
-        AlignmentError: no common sequence and the layouts agree.
+        AlignmentError: no common sequence, the layouts agree and every trace without a sequence was closed.
     """
     try:
         return align_sequences(traces, decode=_LazyDecode(traces)), None
     except AlignmentError as exc:
+        if any(not t.sequences and not t.closed for t in (traces.x, traces.y)):
+            return Alignment((), Pair(*(tuple(s.id for s in t.sequences) for t in (traces.x, traces.y)))), None
         if not structure:
             raise
         # The layouts differ: that is the finding, even when no row can be paired.

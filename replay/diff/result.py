@@ -275,7 +275,7 @@ class DiffReport:
         then never a plain "no divergence"). ``short``: an explained divergence's cause by its name
         only (``aux_layer_shift``), for the app's header, whose Explain pane says it in full."""
         cut = self._cut_words()
-        if not cut:
+        if not cut or self.nothing_compared:  # nothing compared says each cut-off trace itself
             return self._verdict(short)
         if self.first is None and self.crash is None and not self.incomplete:
             return (f"{cut}: no divergence in what it holds, but what it lost is not compared, so equivalence "
@@ -318,14 +318,29 @@ class DiffReport:
     def _nothing_words(self) -> str:
         """The verdict when no row was compared (``nothing_compared``): what each side holds and what to do."""
         held = Pair(self.traces.x.records, self.traces.y.records)
-        empty = [lab for lab, n in ((self.labels.x, held.x), (self.labels.y, held.y)) if n == 0]
-        todo = (f"record the {empty[0]} side again (a server that died on its first request leaves its sequences "
+        sides = ((self.labels.x, self.traces.x), (self.labels.y, self.traces.y))
+        unwritten = [lab for lab, t in sides if not t.sequences]
+        empty = [lab for lab, t in sides if t.records == 0]
+        todo = (f"record the {unwritten[0]} side again: its server ended before it wrote a request (see its "
+                "log for why)" if len(unwritten) == 1 else
+                f"record the {empty[0]} side again (a server that died on its first request leaves its sequences "
                 "and no tensor)" if len(empty) == 1 else
                 "the traces hold no tensor in common: record both sides of one pipeline (record train --replay "
                 "SERVE_TRACE)")
         return (f"nothing compared: no tensor row of the {len(self.alignment.seq_pairs)} aligned sequences is held "
-                f"by both sides ({self.labels.x} {held.x} records, {self.labels.y} {held.y}), so equivalence is not "
-                f"shown; {todo}")
+                f"by both sides ({self.labels.x} {held.x} records, {self.labels.y} {held.y}){self._cut_held()}, so "
+                f"equivalence is not shown; {todo}")
+
+    def _cut_held(self) -> str:
+        """For ``_nothing_words``: each cut-off trace, what it holds (its tensors' names, up to 3) and that no
+        crash is recorded (a crash leads the verdict instead), led by "; "; "" when every trace was closed."""
+        out = ""
+        for c in self.cut_off:
+            names = (self.traces.x if c["label"] == self.labels.x else self.traces.y).names
+            what = f": {', '.join(names[:3])}" + (f" (+{len(names) - 3} more)" if len(names) > 3 else "") if names else ""
+            out += (f"; {c['label']} trace cut off (not closed: it holds {c['sequences']} sequences, {c['records']} "
+                    f"records{what}), no crash recorded")
+        return out
 
     def _outcome_words(self) -> str:
         """The verdict of an acceptance gap with no divergence (``outcome_differs``)."""
