@@ -148,16 +148,6 @@ class SGLangTarget(torch.nn.Module):
         self.server = None
         self.specdiff_missing_keys: list[str] = []
 
-    def __deepcopy__(self, memo):
-        """A twin with its own head and the same engine (replay/record/noise_floor.py re-runs on a copy; the
-        engine cannot be re-run at another precision, so the target stages' floor is left out: module doc)."""
-        import copy
-
-        twin = SGLangTarget(copy.deepcopy(self.head, memo), self.target_dir, self.settings, dtype=self.dtype,
-                            log_path=self.log_path)
-        twin.ids, twin.order, twin.server = self.ids, self.order, self.server
-        return twin
-
     def get_input_embeddings(self):
         return self.head.get_input_embeddings()
 
