@@ -19,8 +19,10 @@ target aux [B*N, 3H] bf16, target logits [B*N, V] fp32, the draft extend's forwa
    every ``snap`` / ``capture_draft_forward`` / ``target_logits.stage`` the hooks make, each a copy into
    the ring (the record is abandoned, not put: the writer process's work is part 2); (b) the same
    batch with requests the sampler leaves out (``SPECDIFF_SAMPLE``): ``begin`` returns None and every
-   hook returns at once. Prints microseconds per iteration and per token (``--accept`` tokens a request
-   an iteration) and the ratio.
+   hook returns at once; (c) one sampled request among ``batch - 1`` left out: only its rows are
+   selected on the device and copied (tracer/engines/sglang/row_select.py). Prints microseconds per
+   iteration and per token (``--accept`` tokens a request an iteration), the ratios, and the bytes
+   copied per iteration with 1 of B recorded against all B, side by side in one run.
 2. **Writer** (one thread, as the writer process): the reductions of the staged logits
    (``target_logits.top``, ``attribution.reduce_logits``) and the appends of a token's rows to a real
    ``TraceWriter`` (zarr store, chunks + journal, synced at close), against a plain file write of the
@@ -100,12 +102,13 @@ def _batch(rids: list[str], seq_lens, prompts: list | None = None) -> SimpleName
                            extend_lens=[len(p) for p in prompts] if prefill else None, seq_lens=seq_lens)
 
 
-def hot_path(rec, it: dict, batch, *, submit: bool = False) -> bool:
+def hot_path(rec, it: dict, batch, *, submit: bool = False, sizes: list | None = None) -> bool:
     """What the SGLang hooks do on the serving thread in one iteration (plugin.py's hook bodies, on
     stand-in engine objects: ``batch`` is a ``_batch``): a decode (``iteration``), or a prefill (``it``
     with ``next_token_ids``, its draft forward's ``mode`` "extend", ``sample`` None: production_load.py).
     ``submit``: the capture goes to the writer (``Recorder.finish``, as plugin.py ``_around_iteration``
-    ends an iteration), else its staging is abandoned (part 1). True when it was recorded."""
+    ends an iteration), else its staging is abandoned (part 1). True when it was recorded; ``sizes``
+    gets the bytes the iteration copied to the host (``IterCapture.nbytes``)."""
     from specdiff.tracer.engines import target_logits
 
     cap = rec.begin(batch)
@@ -132,6 +135,8 @@ def hot_path(rec, it: dict, batch, *, submit: bool = False) -> bool:
     for key, t in zip(("predict", "accept_lens", "accept_index"), it["sample"] or (), strict=False):
         cap.t[key] = rec.snap(t)
     rec.cur = None
+    if sizes is not None:
+        sizes.append(cap.nbytes())
     if submit:
         rec.finish(cap, None)  # ProcessTraceWriter.submit: the staged record is put, or its requests dropped
     else:
@@ -176,26 +181,31 @@ def measure_hot_path(shape: dict, *, batch: int, steps: int, iters: int, ring_mb
     # the hidden states alone: the logits left out (None: the hooks skip them), the bytes a GPU server
     # also copies to the host (it reduces the logits on the device: only top-k values and ids travel)
     no_logits = {**it, "target_logits": None, "draft": [{**d, "logits": None} for d in it["draft"]]}
-    times = {"recorded": [], "not recorded": [], "recorded, no logits": []}
+    times = {"recorded": [], "not recorded": [], "recorded, no logits": [], "1 recorded": []}
+    sizes = {m: [] for m in times}
     staged = sum(t.nbytes for t in _tensors(it))
     if staged > rec.writer.ring.cap:
         raise SystemExit(f"an iteration stages {staged / 2**20:.0f} MiB, more than the {ring_mb} MiB ring: "
                          "raise --ring-mb (SPECDIFF_MAX_QUEUE_MB)")
     modes = list(times)
     for n in range(iters + 2):
-        for mode in modes[n % 3:] + modes[:n % 3]:  # each mode first in turn
-            # the same requests every iteration (decode steps of running requests: each decided at its first)
-            rids = left[:batch] if mode == "not recorded" else kept[batch:2 * batch] if mode == "recorded" else kept[:batch]
+        for mode in modes[n % 4:] + modes[:n % 4]:  # each mode first in turn
+            # the same requests every iteration (decode steps of running requests: each decided at its first);
+            # "1 recorded": one sampled request among batch - 1 the sampler leaves out (row_select.py)
+            rids = (left[:batch] if mode == "not recorded" else kept[batch:2 * batch] if mode == "recorded"
+                    else [kept[2 * batch], *left[batch:2 * batch - 1]] if mode == "1 recorded" else kept[:batch])
             engine_batch = _batch(rids, it["seq_lens"])  # the engine's objects: made before the clock starts
             t0 = time.perf_counter()
-            got = hot_path(rec, no_logits if mode == "recorded, no logits" else it, engine_batch)
+            got = hot_path(rec, no_logits if mode == "recorded, no logits" else it, engine_batch, sizes=sizes[mode])
             dt = time.perf_counter() - t0
             if got != (mode != "not recorded"):
                 raise SystemExit(f"the {mode} iteration was {'' if got else 'not '}recorded")
             if n >= 2:  # two warm-up rounds
                 times[mode].append(dt)
     hidden = staged - it["target_logits"].nbytes - sum(d["logits"].nbytes for d in it["draft"])
-    return {m: statistics.median(v) for m, v in times.items()} | {"staged_bytes": staged, "hidden_bytes": hidden}
+    return {m: statistics.median(v) for m, v in times.items()} | {
+        "staged_bytes": staged, "hidden_bytes": hidden, "all_bytes": statistics.median(sizes["recorded"]),
+        "one_bytes": statistics.median(sizes["1 recorded"])}
 
 
 def _tensors(it: dict):
@@ -340,6 +350,11 @@ def report(name: str, shape: dict, args, rows: dict, facts: dict) -> None:
               f"ratio {rec / off:.0f}x  [interleaved, median of {args.iters}]")
         print(f"  per token: recorded {rec / tokens * 1e6:7.1f} us (copies {h['staged_bytes'] / tokens / 1e3:.0f} KB a "
               f"token into the ring, {h['staged_bytes'] / rec / 1e9:.2f} GB/s), not recorded {off / tokens * 1e6:.2f} us")
+        one = h["1 recorded"]
+        print(f"  1 of {args.batch} requests recorded (the others left out by the sampler): {one * 1e6:.0f} us "
+              f"({one / rec:.3f}x all recorded), {h['one_bytes'] / 2**20:.2f} MiB copied vs "
+              f"{h['all_bytes'] / 2**20:.2f} MiB with all recorded (ratio {h['one_bytes'] / h['all_bytes']:.3f}; "
+              f"1/{args.batch} = {1 / args.batch:.3f})  [same run]")
         print(f"  recorded without the raw logits (the hidden states a GPU server copies too, "
               f"{h['hidden_bytes'] / tokens / 1e3:.0f} KB a token): {nolog / tokens * 1e6:.1f} us a token, "
               f"{nolog / off:.0f}x not recorded; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")

@@ -30,6 +30,7 @@ import torch
 from specdiff.tracer.engines import target_logits
 from specdiff.tracer.engines.recorder import ServingRecorder, add_aux
 from specdiff.tracer.engines.requests import sequence_id
+from specdiff.tracer.engines.sglang.row_select import to_kept_rows
 from specdiff.tracer.rows import RowBatch
 
 
@@ -103,6 +104,12 @@ class IterCapture:
     branch_parents: dict[int, Any] = field(default_factory=dict)  # select_top_k_tokens(i) tree_info[2]
     reasons: dict[str, str] = field(default_factory=dict)  # rids first recorded here -> why (requests.py)
     event: Any = None
+    #: where the batch also held requests left out: ``rids`` are the recorded ones only, and
+    #: ``batch_index`` their indices in the engine's batch (``batch_rids``); the hot path's
+    #: ``row_select.RowSelection`` (``rows``, dropped before the hand-off) copied only their rows
+    batch_index: list[int] | None = None
+    batch_rids: list[str] | None = None
+    rows: Any = None
 
     def wait(self) -> None:
         if self.event is not None:
@@ -246,14 +253,17 @@ def _write_decode(rec, tw, cap, out, touched) -> None:
         return
     predict = predict.to(torch.int64)
     acc_len = acc_len.to(torch.int64).numpy()
-    acc_idx = acc_idx.to(torch.int64).view(bs, -1)
     N = predict.shape[0] // bs
+    rindex = t.get("retrieve_index")
+    if cap.batch_index is not None:  # verify rows of the engine's batch -> of the recorded requests'
+        acc_idx = to_kept_rows(acc_idx, cap.batch_index, N)
+        rindex = None if rindex is None else to_kept_rows(rindex, cap.batch_index, N)
+    acc_idx = acc_idx.to(torch.int64).view(bs, -1)
     slots = acc_idx.shape[1]
     k = rec.topk
     aux = t.get("target_aux")
     vpos = t.get("verify_positions")
     dt = t.get("draft_token")
-    rindex = t.get("retrieve_index")
     nxt, sib = t.get("retrieve_next_token"), t.get("retrieve_next_sibling")
     de = next((d for d in cap.draft if d.mode == "extend_v2"), None)
     de_topk = t.get("de_topk_index")

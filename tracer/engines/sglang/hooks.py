@@ -5,7 +5,8 @@ once, into the writer process's ring; on CUDA with ``non_blocking=True`` into pi
 reduce the draft logits (top-k, logsumexp) on the device on a GPU (on a CPU the logits are staged
 and the writer reduces them: ``attribution.reduce_logits``), and collect them
 in an ``IterCapture`` for the current ``EAGLEWorkerV2.forward_batch_generation`` call; requests
-that are not sampled cost a dict lookup. At the end of that call the capture (plus a CUDA event)
+that are not sampled cost a dict lookup, and in a batch that also holds them only the sampled
+requests' rows are copied (``Recorder.snap``, ``row_select``). At the end of that call the capture (plus a CUDA event)
 goes to the writer; ``write_capture`` runs there (the writer process), after the event, and
 attributes rows to ``(seq, pos, depth, iter)`` (tracer/schema.py).
 
@@ -37,6 +38,7 @@ from specdiff.tracer.engines.sglang.draft_stages import DraftStageTaps, graph_hi
 from specdiff.tracer.engines.sglang.live_facts import live_facts
 from specdiff.tracer.engines.sglang.prefill import PrefillFacts
 from specdiff.tracer.engines.sglang.reading import read_chain
+from specdiff.tracer.engines.sglang.row_select import RowSelection
 
 logger = logging.getLogger("specdiff.tracer")
 
@@ -120,7 +122,8 @@ class Recorder(ServingRecorder):
         forward, shapes = self.phase if self.phase is not None else (None, {})
         crash = crash_record(exc, forward=forward, forward_shapes=shapes,
                              iteration=None if cap is None else cap.iter,
-                             kind=None if cap is None else cap.kind, rids=() if cap is None else cap.rids,
+                             kind=None if cap is None else cap.kind,
+                             rids=() if cap is None else cap.batch_rids or cap.rids,
                              prompts=None if cap is None else cap.prompts)
         logger.error("specdiff: the server raised %s; the trace %s keeps the contract and this crash",
                      describe_crash(crash), self.opts.path)
@@ -151,7 +154,8 @@ class Recorder(ServingRecorder):
             return None
         rids = [str(r) for r in rids]
         new = self.choose(rids, lambda i: self._custom_params(reqs[i]))
-        if not new and not any(self.keep_rid(r) for r in rids):
+        keep = [b for b, rid in enumerate(rids) if self.keep_rid(rid)]
+        if not keep:
             return None
         it = A.get(batch, "ScheduleBatch.forward_iter")
         if it is None or it is MISSING:  # SGLang leaves it None on some paths: count our own calls
@@ -162,15 +166,21 @@ class Recorder(ServingRecorder):
             return None
         kind = "prefill" if mode.is_extend() else "decode"
         cap = IterCapture(iter=int(it), kind=kind, rids=rids, reasons=new)
+        prefix_lens = extend_lens = None
         if kind == "prefill":
             prefix, extend = A.get(batch, "ScheduleBatch.prefix_lens"), A.get(batch, "ScheduleBatch.extend_lens")
             if prefix is MISSING or extend is MISSING:
                 return None
-            cap.prefix_lens = [int(x) for x in prefix]
-            cap.extend_lens = [int(x) for x in extend]
-            self.prefill.note(A, reqs, rids, cap.prefix_lens, cap.extend_lens, self.keep_rid)
+            prefix_lens, extend_lens = [int(x) for x in prefix], [int(x) for x in extend]
+            cap.prefix_lens, cap.extend_lens = prefix_lens, extend_lens
+            self.prefill.note(A, reqs, rids, prefix_lens, extend_lens, self.keep_rid)
             for r, rid in zip(reqs, rids, strict=True):
                 self.note_prompt(cap, rid, lambda r=r: A.get(r, "Req.origin_input_ids"))
+        if len(keep) < len(rids):  # copy only the recorded requests' rows (row_select)
+            cap.rows = RowSelection(keep, len(rids), extend_lens)
+            cap.batch_index, cap.batch_rids, cap.rids = keep, rids, [rids[b] for b in keep]
+            if kind == "prefill":
+                cap.prefix_lens, cap.extend_lens = [prefix_lens[b] for b in keep], [extend_lens[b] for b in keep]
         seq_lens = A.get(batch, "ScheduleBatch.seq_lens")
         if seq_lens is MISSING:
             return None
@@ -178,11 +188,20 @@ class Recorder(ServingRecorder):
         cap.t["seq_lens"] = self.snap(seq_lens)
         return cap
 
+    def snap(self, t, owner=None, dtype=None):
+        """``ServingRecorder.snap`` of the recorded requests' rows of ``t`` (selected on its device,
+        ``row_select.RowSelection``) when the capture ``owner`` (default ``cur``) left some out."""
+        rows = getattr(self.cur if owner is None else owner, "rows", None)  # (an owner may be any object)
+        if rows is not None and t is not None:
+            t = rows.rows(t)
+        return super().snap(t, owner, dtype)
+
     def finish(self, cap: IterCapture, result) -> None:
         if cap.kind == "prefill" and result is not None:
             nti = self.adapter.get(result, "GenerationBatchResult.next_token_ids")
             if nti is not None and nti is not MISSING and "next_token_ids" not in cap.t:
                 cap.t["next_token_ids"] = self.snap(nti, cap)
+        cap.rows = None  # its device index tensors stay here (the capture is pickled to the writer)
         self.sync_unobservable()
         if _CUDA and any(_on_cuda(v) for v in cap.t.values()):
             ev = torch.cuda.Event()
