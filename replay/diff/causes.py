@@ -108,6 +108,17 @@ CAUSES: tuple[CauseRow, ...] = (
     CauseRow("draft_input_mapped_twice", "bug", ("tokens",),
              "a later draft step was fed the previous pick mapped to the target vocabulary twice",
              "map the previous pick to the target vocabulary once (hot_token_id[draft id])", no_fix=_ENGINE_CODE),
+    CauseRow("draft_input_stale", "bug", ("tokens",),
+             "a later draft step was fed the id the step before it was fed at that position (an input-ids buffer "
+             "not refreshed between draft steps)",
+             "write each draft step's input ids from the previous step's selection before the step runs (a "
+             "captured graph's static input buffer too)", no_fix=_ENGINE_CODE),
+    CauseRow("draft_input_not_selected", "bug", ("tokens",),
+             "a later draft step was fed another id than the one its previous step selected (the id the verify "
+             "tree holds)",
+             "feed each later draft step the previous step's selected id (hot_token_id[pick]); find where the "
+             "fed ids part from the selection (select_top_k_tokens' output in SGLang, propose's draft token in "
+             "vLLM)", no_fix=_ENGINE_CODE),
     CauseRow("position_dependent", "bug", _ANY,
              "the rows agree at every sequence's position 0 and differ after it: a position-dependent computation "
              "differs (the rope table, attention over earlier positions); read from the rows, no fact proves it",

@@ -25,6 +25,7 @@ import numpy as np
 from specdiff.replay.diff.align.align import match_rows, pack_keys
 from specdiff.replay.diff.compare import blocks
 from specdiff.replay.diff.compare.early import FirstDivergenceWatch, divergence_key
+from specdiff.replay.diff.compare.fed_path import FED, fed_path_keys
 from specdiff.replay.diff.judge import Judging, Scene, groups, inherited, judging_for, routing, shift
 from specdiff.replay.diff.judge.prefix_carry import CachedPrefixes
 from specdiff.replay.diff.measure import metrics
@@ -345,6 +346,8 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
     """
     structure = list(structure or ())
     good, names, matched = _plan(traces, alignment, structure)
+    # what a later draft step was fed is compared also where serving's own pick meant the teacher's token
+    paths = {} if good is None else {FED: fed_path_keys(traces, alignment, matched["tokens"], good)}
     family = routing.target_family(traces, side_labels(traces))
     upstream = inherited.Inheritance()
     lengths = np.array([p.length for p in alignment.seq_pairs], np.int64)
@@ -372,14 +375,15 @@ def compare_all(traces: Pair, alignment: Alignment, *, preset: str = "default",
         default_frac = tol.max_fail_frac
         user_frac = apply_overrides(tol, name, overrides or {}).max_fail_frac != default_frac
         tol = apply_overrides(exact_inputs(name, tol), name, overrides or {})
-        m = tensor_match(traces, alignment, name, good_paths=good, match=matched.get(name))
+        m = tensor_match(traces, alignment, name, good_paths=paths.get(name, good), match=matched.get(name))
         inh = upstream.inherited(name, m, prefixes.carried_starts(upstream) if name == inherited.TARGET_ARGMAX
                                  else None)
         counted = ~inh[0] & ~inherited.beyond_common_run(name, m, lengths)
         scene = Scene(traces, family, upstream, out, counted, prove_context, prefixes)
         judged = judging_for(name, scene, tol, m, inheritance=inh,
                          row_groups=None if user_frac else grouping.groups(name, m))
-        out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=good, match=m, watch=watch,
+        out[name] = compare_tensor(traces, alignment, name, tolerance=tol, good_paths=paths.get(name, good), match=m,
+                                   watch=watch,
                                    on_rows=rows_done if on_rows is not None else None, runner=runner,
                                    on_partial=None if on_partial is None
                                    else lambda c: on_partial({**out, c.name: c}, watch.first),
