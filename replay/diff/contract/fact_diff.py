@@ -23,6 +23,8 @@ line per side says so. Keys only one side's dict holds are listed once, as info.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from specdiff.eagle3.engines import UnknownEngineError, engine_spec
 from specdiff.replay.diff.contract.facts import canonical_value, fact_row
 from specdiff.replay.diff.contract.not_compared import not_compared
@@ -178,8 +180,25 @@ def _dict_fact(name: str, cx: dict, cy: dict, labels: Pair, one_sided: list[str]
         if key not in fx or key not in fy:
             one_sided.append(key)
         elif _norm(canonical_value(key, fx[key])) != _norm(canonical_value(key, fy[key])):
-            out.append(mismatch(key, fx[key], fy[key], labels))
+            out.append(_fixed_where_set(mismatch(key, fx[key], fy[key], labels), cx, cy, labels))
     return out
+
+
+def _fixed_where_set(m: ContractMismatch, cx: dict, cy: dict, labels: Pair) -> ContractMismatch:
+    """A ``target_config`` / ``draft_config`` difference in a key an engine option set on a side (its
+    ``<side>_config_overrides``): fixed at that option (the overrides row's fix), not in the config file,
+    which may hold training's value (SGLang's --json-model-override-args sets the draft's config too)."""
+    name, _, rest = m.field.partition(".")
+    if name not in ("target_config", "draft_config"):
+        return m
+    key = rest.split(".", 1)[0]
+    set_by = [(label, c[f"{name}_overrides"][key]) for label, c in ((labels.x, cx), (labels.y, cy))
+              if isinstance(c.get(f"{name}_overrides"), dict) and isinstance(c[f"{name}_overrides"].get(key), dict)]
+    if not set_by:
+        return m
+    where = "; ".join(f"on {label} by {entry.get('source', 'an unknown option')}" for label, entry in set_by)
+    row = fact_row(f"{name}_overrides.{key}")
+    return replace(m, fix=f"set {where}, not by the config file: {row.fix if row is not None else m.fix}")
 
 
 def _overrides(name: str, cx: dict, cy: dict, labels: Pair) -> list[ContractMismatch]:
