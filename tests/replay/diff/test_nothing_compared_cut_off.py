@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specdiff.tracer.store import TraceWriter, open_trace
 
 
@@ -71,3 +73,18 @@ def test_two_closed_traces_with_no_sequence_in_common_still_stop_the_diff(tmp_pa
     serve = aux_traces.write(tmp_path / "serve.trace", side="serve", hf=[3, 6, 7], seqs=aux_traces.SEQS[1:])
     r = run_cli("diff", train, serve)
     assert r.exit_code == 2 and "share no token sequence" in r.output, r.output
+
+
+@pytest.mark.anyio
+async def test_the_app_header_says_nothing_was_compared_of_a_trace_without_sequences(tmp_path, aux_traces, tui,
+                                                                                     monkeypatch):
+    from specdiff.tui.app import SpecdiffApp
+
+    train = aux_traces.write(tmp_path / "train.trace", side="train", hf=[3, 6, 7])
+    serve = _never_closed(aux_traces, tmp_path / "serve.trace", monkeypatch, sequences=0)
+    app = SpecdiffApp(train, serve, export_root=tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await tui.wait_for(pilot, tui.ready(app))
+        assert tui.static_text(app, "#verdict").startswith("nothing compared: "), tui.static_text(app, "#verdict")
+        await pilot.press("q")
+    assert app.return_code == 1
