@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.bug_server import NEW_TOKENS, diff_both, specdiff
+from support.vllm_draft import vllm_draft
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.tracer.store import open_trace
@@ -30,25 +31,10 @@ pytestmark = [pytest.mark.server, pytest.mark.slow,
                                  reason="the demo models are not built")]
 
 
-def _vllm_draft(out: Path) -> Path:
-    """The demo draft with its aux ids in vLLM's key and numbering (top-level ids, vLLM id k = HF k), weights
-    linked."""
-    from specdiff.demo.scenarios import scenario_ids
-    from specdiff.eagle3.config_keys import set_config_value
-
-    out.mkdir(parents=True)
-    (out / "model.safetensors").symlink_to(REPO_MODELS / "draft" / "model.safetensors")
-    cfg = json.loads((REPO_MODELS / "draft" / "config.json").read_text())
-    ids = scenario_ids(engine="vllm")
-    set_config_value(cfg, ids.key, list(ids.correct))
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    return out
-
-
 def test_a_vllm_hf_overrides_eps_is_one_target_whose_config_differs(tmp_path, server_env):
     from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess
 
-    draft = _vllm_draft(tmp_path / "draft")
+    draft = vllm_draft(tmp_path / "draft")
     serve = tmp_path / "serve.trace"
     env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread")
     with VLLMServerProcess(REPO_MODELS / "target", draft_model_path=draft, python=str(VLLM_PY), env=env,

@@ -1,0 +1,79 @@
+"""A test-owned vLLM general plugin that ends a real vLLM 0.32.0 CPU server's engine core on its first request (the
+SGLang kinds of the concern: specdiff_state_bugs.py).
+
+Loaded the way specdiff's own vLLM recorder is (tracer/engines/vllm/plugin.py): vLLM's ``load_general_plugins()``
+calls every ``vllm.general_plugins`` entry point in each process it starts (v1/engine/core.py:129,
+v1/worker/worker_base.py:276). Nothing is installed: the test writes a ``*.dist-info`` folder naming
+``specdiff_vllm_state_bugs:load`` and puts it and this folder on the server's ``PYTHONPATH``.
+``SPECDIFF_TEST_BUG=<kind>`` picks the bug; unset, the plugin does nothing. The proposer is patched when its
+module is imported (an import hook, as the recorder does), so only the process that drafts is touched.
+
+Kinds:
+
+- ``engine_exit_in_first_propose``: the process that drafts ends with ``os._exit`` (no Python exception, no
+  atexit, no signal handler) as ``SpecDecodeBaseProposer.propose`` (v1/spec_decode/llm_base_proposer.py:512)
+  is first called: the target's forward of the first request has run, the draft has not.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+ENV = "SPECDIFF_TEST_BUG"
+KINDS = ("engine_exit_in_first_propose",)
+_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
+
+
+def _said(kind: str) -> None:
+    from specdiff_bug_plugins import _said as say
+
+    say(kind)
+
+
+def _patch(module) -> None:
+    cls = module.SpecDecodeBaseProposer
+    propose = cls.propose
+
+    @functools.wraps(propose)
+    def exit_in_propose(self, *a, **kw):
+        _said("engine_exit_in_first_propose")
+        os._exit(3)
+
+    cls.propose = exit_in_propose
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches the proposer right after its module is imported."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _PROPOSER:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def load() -> None:
+    """vLLM plugin entry point: arm ``$SPECDIFF_TEST_BUG`` (module doc) in this process."""
+    kind = os.environ.get(ENV)
+    if not kind:
+        return
+    if kind not in KINDS:
+        raise ValueError(f"{ENV}={kind!r}: one of {', '.join(KINDS)}")
+    if _PROPOSER in sys.modules:
+        _patch(sys.modules[_PROPOSER])
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())

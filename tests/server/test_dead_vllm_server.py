@@ -1,0 +1,76 @@
+"""A vLLM 0.32.0 CPU server whose engine core dies on its first request with no crash recorded (the SGLang servers:
+test_dead_servers.py): the process that drafts ends with ``os._exit`` as the first ``propose`` begins (test plugin
+tests/server/bug_plugins/specdiff_vllm_state_bugs.py, kind ``engine_exit_in_first_propose``). The trace it leaves
+was never closed and holds no request; ``diff`` against the training side of the same prompt says nothing was
+compared, what the trace holds, that it was not closed and that no crash is recorded, and exits 1.
+Served ``--enforce-eager`` (the first request dies either way).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.bug_server import PLUGIN_DIR, injected, specdiff
+from support.vllm_draft import vllm_draft
+
+from specdiff.demo.run import REPO_MODELS, demo_prompts
+from specdiff.tracer.store import open_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+BUG = "engine_exit_in_first_propose"
+
+pytestmark = [pytest.mark.server, pytest.mark.slow,
+              pytest.mark.skipif(not VLLM_PY.exists(), reason="no vLLM venv at .venv-vllm (build it with `make "
+                                                              "vllm-venv`; `make test` does)"),
+              pytest.mark.skipif(not (REPO_MODELS / "draft" / "config.json").exists(),
+                                 reason="the demo models are not built")]
+
+
+def _entry_points(root: Path) -> Path:
+    """A dist-info under ``root`` declaring the plugin's ``load`` in vLLM's ``vllm.general_plugins`` group: with
+    ``root`` and ``PLUGIN_DIR`` on the server's ``PYTHONPATH`` it loads as an installed plugin does."""
+    info = root / "specdiff_vllm_state_bugs-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: specdiff-vllm-state-bugs\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nspecdiff_state_bugs = specdiff_vllm_state_bugs:load\n")
+    return root
+
+
+def test_a_vllm_engine_core_that_exits_on_its_first_request_leaves_nothing_compared(tmp_path, server_env):
+    from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess
+
+    draft = vllm_draft(tmp_path / "draft")
+    serve = tmp_path / "serve.trace"
+    env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread", SPECDIFF_TEST_BUG=BUG,
+                     PYTHONPATH=f"{_entry_points(tmp_path / 'eps')}:{PLUGIN_DIR}")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": demo_prompts(REPO_MODELS, 1)[0]}) + "\n")
+    with VLLMServerProcess(REPO_MODELS / "target", draft_model_path=draft, python=str(VLLM_PY), env=env,
+                           cache_root=str(ROOT / ".cache" / "vllm"), log_path=str(tmp_path / "server.log"),
+                           extra_args=["--enforce-eager"]) as srv:
+        client = subprocess.run([sys.executable, "-m", "specdiff.tui", "record", "client", "--url", srv.url,
+                                 "--prompts", str(prompts), "--max-new-tokens", "16"], capture_output=True, text=True,
+                                timeout=300)
+    assert injected(tmp_path, BUG)
+    # vLLM's API server outlives its engine core and answers the request with its error
+    assert client.returncode == 2 and "HTTP 500" in client.stderr and "EngineCore encountered an issue" in \
+        client.stderr, client.stdout + client.stderr
+    t = open_trace(str(serve))
+    assert not t.closed and not t.sequences and "crash" not in t.contract, (t.closed, t.names, t.contract.get("crash"))
+    train = tmp_path / "train.trace"
+    rec = specdiff("record", "train", "--target", REPO_MODELS / "target", "--draft", draft, "--prompts", prompts,
+                   "-o", train)
+    assert rec.returncode == 0, rec.stderr[-2000:]
+    d = specdiff("diff", train, serve)
+    assert d.returncode == 1 and "Traceback" not in d.stderr, d.stdout + d.stderr[-2000:]
+    lead = " ".join(d.stdout.split("\n\n")[0].split())
+    assert lead.startswith("nothing compared: no tensor row of the 0 aligned sequences is held by both sides "
+                           f"(training {open_trace(str(train)).records} records, serving {t.records}); serving trace "
+                           f"cut off (not closed: it holds 0 sequences, {t.records} records"), lead
+    assert "no crash recorded, so equivalence is not shown; record the serving side again: its server ended before " \
+           "it wrote a request" in lead, lead
