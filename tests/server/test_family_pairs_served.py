@@ -39,7 +39,8 @@ def test_trained_pair_served_correctly_has_no_divergence(family, family_models, 
     proc = subprocess.run([sys.executable, "-m", "specdiff.tui", "demo", "--family", family, "--scenario", "correct",
                            "--no-tui", "--workdir", str(tmp_path), "--models", str(pair.root), "--prompts", str(PROMPTS),
                            "--max-new-tokens", str(MAX_NEW)], capture_output=True, text=True, timeout=2400)
-    summary_path = tmp_path / f"{family}-correct" / "summary.json"
+    # the demo's folder under --workdir: the scenario's name, after the family's but for the demo's own (tui/cmd_demo.py)
+    summary_path = tmp_path / ("correct" if family == "llama" else f"{family}-correct") / "summary.json"
     assert summary_path.exists(), f"demo failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     summary = json.loads(summary_path.read_text())
     report = summary["report"]
