@@ -43,7 +43,10 @@ def sequences_from_trace(path: str) -> tuple[list[TrainSequence], dict]:
     contract = dict(trace.contract)
     seqs += _crashed_requests(contract.get("crash"), seqs, contract)
     if not seqs:
-        raise RecordTrainError(f"{path}: the trace holds no token sequences to replay")
+        died = ("" if trace.closed or isinstance(contract.get("crash"), dict) else
+                ": it was never closed and records no crash (its server ended before it wrote a request); record "
+                "the training side from the prompts that were sent (record train --prompts FILE)")
+        raise RecordTrainError(f"{path}: the trace holds no token sequences to replay{died}")
     skipped = [int(s.id) for s in trace.sequences if len(s.tokens) < 2]
     if skipped:
         contract["skipped_sequences"] = skipped
