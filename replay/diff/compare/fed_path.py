@@ -8,7 +8,7 @@ never mapped to the target vocabulary, mapped twice, a stale input buffer) puts 
 that path, and the rows that carry it would never be compared.
 
 What serving *meant* to feed depth d is its own selection at depth d - 1 (``draft.topk_target``: SGLang
-0.5.23 ``select_top_k_tokens``' output, spec_utils.py:474, the very ids eagle_worker_v2.py:845 feeds the
+0.5.23 ``select_top_k_tokens``' output, spec_utils.py:474, the very ids eagle_worker_v2.py:821 feeds the
 next step and the verify tree holds; vLLM 0.32.0 ``propose``'s draft token d - 1, fed to step d). So
 ``draft.input_ids`` at depth d is compared also where the tokens agree at depths 0..d-1 and serving's
 selection at depth d - 1 is training's depth-d token: there a correct server fed that very id, and any

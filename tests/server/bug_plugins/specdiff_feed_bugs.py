@@ -5,9 +5,9 @@ loaded): what the draft is fed at depth >= 1 and what the verify accepts.
 ``specdiff_bug_plugins._said(kind)`` the first time it acts (the tests check the bug really ran).
 
 Kinds (SGLang 0.5.23's own code path; lines of that release). What a later draft step is fed: the
-multi-step draft (``EagleDraftWorker.draft_forward``, srt/speculative/eagle_worker_v2.py:743) sets
-``forward_batch.input_ids`` to the previous step's selection mapped by ``hot_token_id`` (:757-758, :897-898;
-``select_top_k_tokens`` :812) and runs ``draft_runner.forward`` (:845) once per depth >= 1. The bugs below
+multi-step draft (``EagleDraftWorker.draft_forward``, srt/speculative/eagle_worker_v2.py:742) sets
+``forward_batch.input_ids`` (:821) to the previous step's selection mapped by ``hot_token_id`` (:757-758,
+:897-898; ``select_top_k_tokens`` :812) and runs ``draft_runner.forward`` (:847) once per depth >= 1. The bugs below
 replace what that forward embeds, a fresh tensor, after the selection: the tree the verify gets
 (``token_list``) keeps the right ids, only the draft's own next step is fed another.
 
