@@ -1,9 +1,14 @@
-"""A vLLM 0.32.0 CPU server whose engine core dies on its first request with no crash recorded (the SGLang servers:
-test_dead_servers.py): the process that drafts ends with ``os._exit`` as the first ``propose`` begins (test plugin
-tests/server/bug_plugins/specdiff_vllm_state_bugs.py, kind ``engine_exit_in_first_propose``). The trace it leaves
-was never closed and holds no request; ``diff`` against the training side of the same prompt says nothing was
-compared, what the trace holds, that it was not closed and that no crash is recorded, and exits 1.
-Served ``--enforce-eager`` (the first request dies either way).
+"""State no checkpoint holds and a dead engine core on real vLLM 0.32.0 CPU servers (the SGLang servers:
+test_overrides_and_state_servers.py, test_dead_servers.py), with the test plugin
+tests/server/bug_plugins/specdiff_vllm_state_bugs.py; served ``--enforce-eager``.
+
+- ``engine_exit_in_first_propose``: the process that drafts ends with ``os._exit`` as the first ``propose`` begins,
+  no crash recorded. The trace it leaves was never closed and holds no request; ``diff`` against the training
+  side of the same prompt says nothing was compared, what the trace holds, that it was not closed and that no
+  crash is recorded, and exits 1.
+- ``draft_rope_angles_negated``: the draft's rotary cache rotates the other way from the first ``propose`` on,
+  after the recorder read the live models: no recorded fact sees it; the draft's attention output agrees at
+  position 0 of every sequence and nowhere after, which the rows' structure names.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.bug_server import PLUGIN_DIR, injected, specdiff
+from support.bug_server import NEW_TOKENS, PLUGIN_DIR, diff_both, injected, specdiff
 from support.vllm_draft import vllm_draft
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
@@ -74,3 +79,35 @@ def test_a_vllm_engine_core_that_exits_on_its_first_request_leaves_nothing_compa
                            f"cut off (not closed: it holds 0 sequences, {t.records} records"), lead
     assert "no crash recorded, so equivalence is not shown; record the serving side again: its server ended before " \
            "it wrote a request" in lead, lead
+
+
+def test_the_drafts_rope_negated_on_vllm_after_the_recorder_read_it_is_named_by_the_rows_structure(tmp_path,
+                                                                                                  server_env):
+    from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess
+
+    bug = "draft_rope_angles_negated"
+    draft = vllm_draft(tmp_path / "draft")
+    serve = tmp_path / "serve.trace"
+    env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread", SPECDIFF_TEST_BUG=bug,
+                     PYTHONPATH=f"{_entry_points(tmp_path / 'eps')}:{PLUGIN_DIR}")
+    with VLLMServerProcess(REPO_MODELS / "target", draft_model_path=draft, python=str(VLLM_PY), env=env,
+                           cache_root=str(ROOT / ".cache" / "vllm"), log_path=str(tmp_path / "server.log"),
+                           extra_args=["--enforce-eager"]) as srv:
+        srv.generate(input_ids=demo_prompts(REPO_MODELS, 2), max_new_tokens=NEW_TOKENS)  # two: two positions 0
+    assert injected(tmp_path, bug)
+    train = tmp_path / "train.trace"
+    rec = specdiff("record", "train", "--target", REPO_MODELS / "target", "--draft", draft, "--replay", serve,
+                   "-o", train)
+    assert rec.returncode == 0, rec.stderr[-2000:]
+    tc, sc = open_trace(str(train)).contract, open_trace(str(serve)).contract
+    assert sc["draft_rope"] == tc["draft_rope"]  # read at load, before the bug
+    proc, report, text = diff_both(train, serve)
+    assert proc.returncode == 1, text
+    first = report["first_divergence"]
+    assert (first["tensor"], first["depth"]) == ("draft.hidden_out", 0) and first["pos"] > 0, first
+    assert not any(report["tensors"][n]["diverged"] for n in report["tensors"] if n.startswith("target.aux")), text
+    cause = report["explanations"][0]
+    assert cause["cause"] == "position_dependent", cause
+    assert cause["message"].startswith("draft.hidden_out agrees at position 0 of every sequence and differs from "
+                                       "every later position"), cause["message"]
+    assert "target_rope / draft_rope" in cause["fix"], cause["fix"]
