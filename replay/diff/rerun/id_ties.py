@@ -15,10 +15,12 @@ The proof used here has the re-run's whole logit row ``L`` [Vd] (not only its to
 serving's recorded top-K logits (``draft.logits_topk.ids`` / ``.values``) at the same row. The
 row's kernel noise ``eps`` is measured, not assumed: the largest ``|L[i] - serving[i]|`` over
 serving's K ids, at most ``FLOOR_RATIO`` (judge/shift.py) times the re-run's own logit error on those ids
-between its precision and the other one (rerun/limits.py measures it on the rows judged), and never more
-than the values' relative tolerance of serving's smallest recorded logit: a wrong draft cannot widen its
-own band. (Capped at the tolerance alone, a draft whose logits serving shifted by 3 % -- inside the 5 %
-bf16 tolerance, 7x a bf16 rounding -- had that shift as its band, and the ids it moved read as ties.)
+between its precision and the other one (rerun/limits.py measures it on the rows judged), so a wrong
+draft cannot widen its own band. Capped at the values' tolerance instead (as where the own error is not
+measured), a draft whose logits serving shifted by 3 % -- inside the 5 % bf16 tolerance, 7x a bf16
+rounding -- had that shift as its band and the ids it moved read as ties, while an ill-conditioned row of
+a correct pair whose own bf16 logits move by more than the tolerance was no tie (Qwen3-MoE correct pair,
+seed 2, prompts 8-15: a rank-8 id 0.81 above serving's weakest, own error 0.305, tolerance cap 0.29).
 Serving's id set ``S`` (k ids) is reproduced when it is the top-k of
 some logits within ``eps`` of ``L`` on both sides: every id the re-run ranks in its top-k and
 serving does not has ``L[j] - min_{i in S} L[i] <= 2 eps``, or is a near tie of it in the compute
@@ -50,14 +52,15 @@ def measured_noise(logits: np.ndarray, top_ids: np.ndarray, top_values: np.ndarr
                    own: float | None = None) -> float:
     """The largest ``|logits[i] - top_values[r]|`` over serving's recorded top-K (``top_ids`` int
     [K] draft ids, ``top_values`` float32 [K]); ``logits``: the re-run's float32 [Vd] row. At most
-    ``rel`` of the smallest magnitude among serving's recorded logits, and, where ``own`` (the re-run's
-    own logit error on those ids at the other precision) is measured, at most ``FLOOR_RATIO * own``."""
+    ``FLOOR_RATIO * own`` where ``own`` (the re-run's own logit error on those ids at the other precision)
+    is measured, else at most ``rel`` of the smallest magnitude among serving's recorded logits."""
     ids = top_ids.astype(np.int64)
     if not len(ids):
         return 0.0
-    cap = rel * float(np.abs(top_values).min())
-    if own is not None:
-        cap = min(cap, FLOOR_RATIO * own)
+    # measured, the row's own noise bounds the band alone: an ill-conditioned row's bf16 logits move by
+    # more than the tolerance (0.305 on a 5.8 logit, Qwen3-MoE correct pair, module doc), and serving
+    # cannot widen a band the re-run measured on itself; unmeasured, the tolerance bounds it
+    cap = FLOOR_RATIO * own if own is not None else rel * float(np.abs(top_values).min())
     return min(float(np.max(np.abs(logits[ids] - top_values))), cap)
 
 

@@ -111,3 +111,20 @@ def test_the_proof_measures_each_rows_own_noise_on_servings_ids_only():
     proof = TieProof({(0, 3): (top, vals)}, rel=0.05, dtype="float32").with_own_noise([(0, 3)], logits[None],
                                                                                     other[None])
     assert list(proof.own) == [(0, 3)] and abs(proof.own[(0, 3)] - 0.01) < 1e-6
+
+
+def test_an_ill_conditioned_rows_own_noise_above_the_tolerance_is_its_band():
+    """The Qwen3-MoE correct pair (seed 2, prompts 8-15): a rank-8 id 0.81 above serving's weakest, the
+    row's own logit error at the other precision 0.305, the tolerance cap 0.29. Measured, the own noise
+    bounds the band alone (3 x 0.305): the row is reproduced; capped at the tolerance it was not, and
+    the correct pair exited 1."""
+    logits, top, _ = _row()
+    served = top.copy()
+    far = np.argsort(-logits)[K + 6]  # seven ranks below the boundary: 7/32 = 0.22 under the K-th
+    served[K - 1] = far
+    vals = logits[served].copy()
+    vals[K - 1] += 0.15  # serving's kernel noise on an ill-conditioned row
+    tol = 0.05 * float(np.abs(vals).min())  # 0.088: a band of 2 x 0.088 < 0.22
+    assert 2 * tol < 7 / V < 2 * 0.15
+    assert not set_reproduced(logits, served, served, vals, rel=0.05, dtype="float32")
+    assert set_reproduced(logits, served, served, vals, rel=0.05, dtype="float32", own=0.05)  # 3 x 0.05
