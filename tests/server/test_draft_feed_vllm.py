@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from builders import train_and_diff
-from support.bug_server import PLUGIN_DIR
+from support.bug_server import PLUGIN_DIR, entry_point_dir
+from support.vllm_draft import vllm_draft
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
 
@@ -39,28 +40,13 @@ def test_the_proposer_lines_the_plugin_relies_on_hold_what_it_says():
     assert lines[511].strip() == "def propose("
 
 
-def vllm_entry_points(root: Path) -> Path:
-    """A dist-info under ``root`` declaring the plugin's ``load`` in vLLM's ``vllm.general_plugins`` group (what
-    ``load_general_plugins`` reads through importlib.metadata); with ``root`` and ``PLUGIN_DIR`` on the
-    server's ``PYTHONPATH`` it loads as an installed plugin does. Returns ``root``."""
-    info = root / "specdiff_vllm_feed_bugs-0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: specdiff-vllm-feed-bugs\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nspecdiff_feed_bugs = specdiff_vllm_feed_bugs:load\n")
-    return root
-
-
 def test_a_stale_input_ids_buffer_on_vllm_feeds_depth_2_what_depth_1_was_fed(tmp_path, server_env):
     from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess
 
-    draft = tmp_path / "draft"  # the demo draft with its aux ids in vLLM's key and numbering
-    draft.mkdir()
-    (draft / "model.safetensors").symlink_to(REPO_MODELS / "draft" / "model.safetensors")
-    cfg = json.loads((REPO_MODELS / "draft" / "config.json").read_text())
-    (draft / "config.json").write_text(json.dumps({**cfg, "eagle_aux_hidden_state_layer_ids": [0, 3, 6]}))
+    draft = vllm_draft(tmp_path / "draft")
     serve, log = tmp_path / "serve.trace", tmp_path / "server.log"
     env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread", SPECDIFF_TEST_BUG="stale_draft_input",
-                     PYTHONPATH=f"{vllm_entry_points(tmp_path / 'entry-points')}:{PLUGIN_DIR}")
+                     PYTHONPATH=f"{entry_point_dir(tmp_path / 'entry-points', 'vllm', 'specdiff_vllm_feed_bugs')}:{PLUGIN_DIR}")
     with VLLMServerProcess(REPO_MODELS / "target", draft_model_path=draft, python=str(VLLM_PY), env=env,
                            cache_root=str(ROOT / ".cache" / "vllm"), log_path=str(log),
                            extra_args=["--enforce-eager"]) as server:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.bug_server import NEW_TOKENS, PLUGIN_DIR, diff_both, injected, specdiff
+from support.bug_server import NEW_TOKENS, PLUGIN_DIR, diff_both, entry_point_dir, injected, specdiff
 from support.vllm_draft import vllm_draft
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
@@ -36,23 +36,13 @@ pytestmark = [pytest.mark.server, pytest.mark.slow,
                                  reason="the demo models are not built")]
 
 
-def _entry_points(root: Path) -> Path:
-    """A dist-info under ``root`` declaring the plugin's ``load`` in vLLM's ``vllm.general_plugins`` group: with
-    ``root`` and ``PLUGIN_DIR`` on the server's ``PYTHONPATH`` it loads as an installed plugin does."""
-    info = root / "specdiff_vllm_state_bugs-0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: specdiff-vllm-state-bugs\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nspecdiff_state_bugs = specdiff_vllm_state_bugs:load\n")
-    return root
-
-
 def test_a_vllm_engine_core_that_exits_on_its_first_request_leaves_nothing_compared(tmp_path, server_env):
     from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess
 
     draft = vllm_draft(tmp_path / "draft")
     serve = tmp_path / "serve.trace"
     env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread", SPECDIFF_TEST_BUG=BUG,
-                     PYTHONPATH=f"{_entry_points(tmp_path / 'eps')}:{PLUGIN_DIR}")
+                     PYTHONPATH=f"{entry_point_dir(tmp_path / 'eps', 'vllm', 'specdiff_vllm_state_bugs')}:{PLUGIN_DIR}")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"input_ids": demo_prompts(REPO_MODELS, 1)[0]}) + "\n")
     with VLLMServerProcess(REPO_MODELS / "target", draft_model_path=draft, python=str(VLLM_PY), env=env,
@@ -89,7 +79,7 @@ def test_the_drafts_rope_negated_on_vllm_after_the_recorder_read_it_is_named_by_
     draft = vllm_draft(tmp_path / "draft")
     serve = tmp_path / "serve.trace"
     env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread", SPECDIFF_TEST_BUG=bug,
-                     PYTHONPATH=f"{_entry_points(tmp_path / 'eps')}:{PLUGIN_DIR}")
+                     PYTHONPATH=f"{entry_point_dir(tmp_path / 'eps', 'vllm', 'specdiff_vllm_state_bugs')}:{PLUGIN_DIR}")
     with VLLMServerProcess(REPO_MODELS / "target", draft_model_path=draft, python=str(VLLM_PY), env=env,
                            cache_root=str(ROOT / ".cache" / "vllm"), log_path=str(tmp_path / "server.log"),
                            extra_args=["--enforce-eager"]) as srv:

@@ -28,15 +28,20 @@ def specdiff(*args, timeout=900) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def entry_point_dir(root: Path) -> Path:
-    """A ``specdiff_bug_plugins-0.dist-info`` under ``root`` that declares the plugin's ``load`` in SGLang's
-    ``sglang.srt.plugins`` group (what SGLang's ``load_plugins`` reads, srt/plugins/__init__.py): with
-    ``root`` and ``PLUGIN_DIR`` on the server's ``PYTHONPATH``, ``importlib.metadata`` finds it as it
-    finds an installed plugin's. Returns ``root``."""
-    info = root / "specdiff_bug_plugins-0.dist-info"
+#: the entry-point group each engine loads its plugins from in every process it starts: SGLang's
+#: ``load_plugins`` (srt/plugins/__init__.py), vLLM's ``load_general_plugins`` (vLLM 0.32.0
+#: plugins/__init__.py, called from v1/engine/core.py:129 and v1/worker/worker_base.py:276)
+PLUGIN_GROUPS = {"sglang": "sglang.srt.plugins", "vllm": "vllm.general_plugins"}
+
+
+def entry_point_dir(root: Path, engine: str = "sglang", module: str = "specdiff_bug_plugins") -> Path:
+    """A ``<module>-0.dist-info`` under ``root`` that declares ``module:load`` in ``engine``'s plugin group
+    (``PLUGIN_GROUPS``): with ``root`` and ``PLUGIN_DIR`` on the server's ``PYTHONPATH``,
+    ``importlib.metadata`` finds it as it finds an installed plugin's. Returns ``root``."""
+    info = root / f"{module}-0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: specdiff-bug-plugins\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nspecdiff_bugs = specdiff_bug_plugins:load\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[{PLUGIN_GROUPS[engine]}]\n{module} = {module}:load\n")
     return root
 
 
