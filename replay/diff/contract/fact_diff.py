@@ -180,8 +180,41 @@ def _dict_fact(name: str, cx: dict, cy: dict, labels: Pair, one_sided: list[str]
         if key not in fx or key not in fy:
             one_sided.append(key)
         elif _norm(canonical_value(key, fx[key])) != _norm(canonical_value(key, fy[key])):
-            out.append(_fixed_where_set(mismatch(key, fx[key], fy[key], labels), cx, cy, labels))
+            out.append(_cache_or_settings(_fixed_where_set(mismatch(key, fx[key], fy[key], labels), cx, cy, labels),
+                                          cx, cy))
     return out
+
+
+#: the config keys a rope table is built from (transformers' rope_parameters and its older spellings)
+ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling", "partial_rotary_factor", "head_dim")
+
+
+def _cache_or_settings(m: ContractMismatch, cx: dict, cy: dict) -> ContractMismatch:
+    """A ``target_rope`` / ``draft_rope`` table difference where both sides' configs (with what an option
+    set) hold the same rope settings: the table was not built from other settings, so the fix names the
+    live cos/sin cache (changed or lost after load), not the config. Unchanged where a config or its rope
+    keys are not recorded on a side, or differ."""
+    name = m.field.split(".", 1)[0]
+    if name not in STATE_FACTS:
+        return m
+    config = "draft_config" if name == "draft_rope" else "target_config"
+
+    def settings(c: dict):
+        cfg, over = c.get(config), c.get(f"{config}_overrides")
+        if not isinstance(cfg, dict):
+            return None
+        got = {k: cfg.get(k) for k in ROPE_KEYS}
+        if isinstance(over, dict):
+            got.update({k: v.get("value") for k, v in over.items() if k in ROPE_KEYS and isinstance(v, dict)})
+        return {k: _norm(canonical_value(k, v)) for k, v in got.items()}
+
+    sx, sy = settings(cx), settings(cy)
+    if sx is None or sy is None or sx != sy or not any(v is not None for v in sx.values()):
+        return m
+    return replace(m, fix="the rope settings of both configs agree, so the live rotary cos/sin cache differs from "
+                          "the one they build: serve with the rotary cos/sin cache as built at load (a cache changed or lost after "
+                          "load is state no checkpoint holds; SGLang 0.5.23's get_rope shares one rotary between "
+                          "target and draft layers of one rope setting, srt/layers/rotary_embedding/factory.py:158-170)")
 
 
 def _fixed_where_set(m: ContractMismatch, cx: dict, cy: dict, labels: Pair) -> ContractMismatch:

@@ -215,3 +215,16 @@ def test_a_served_override_is_named_with_its_option_and_stage(tmp_path):
     m = found["target_config_overrides.rope_scaling"]
     assert m.stages[0] == "target.aux" and "json_model_override_args" in m.message and "not overridden" in m.message
     assert "override" in m.fix
+
+
+def test_a_rope_table_that_differs_under_the_same_rope_settings_is_fixed_at_the_cache_not_the_config(tmp_path):
+    # the served draft's rotary cache zeroed from a position after load: its config's rope is training's
+    cfg = {"rope_theta": 10000.0, "head_dim": 32, "rope_scaling": None}
+    table = {"draft_rope": {"layers.0": "a" * 16}, "draft_config": cfg, "target_config": cfg}
+    found, _ = _mismatches(tmp_path, train=table, serve={**table, "draft_rope": {"layers.0": "b" * 16}})
+    fix = found["draft_rope.layers.0"].fix
+    assert fix.startswith("the rope settings of both configs agree") and "draft config" not in fix, fix
+    # other rope settings: the table follows the config, whose fix names it
+    served = {**table, "draft_rope": {"layers.0": "b" * 16}, "draft_config": {**cfg, "rope_theta": 5e5}}
+    found, _ = _mismatches(tmp_path / "other", train=table, serve=served)
+    assert "draft config's rope" in found["draft_rope.layers.0"].fix
