@@ -20,10 +20,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support.bug_server import CHUNK, diff_both, injected, serve_traced
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.demo.scenarios import write_served_draft
-from support.bug_server import CHUNK, diff_both, injected, serve_traced
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
