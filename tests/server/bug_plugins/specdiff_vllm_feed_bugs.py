@@ -21,10 +21,9 @@ Kinds (lines of vllm/v1/spec_decode/llm_base_proposer.py, vLLM 0.32.0):
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.util
 import os
-import sys
+
+from vllm_on_import import arm
 
 ENV = "SPECDIFF_TEST_BUG"
 KINDS = ("stale_draft_input",)
@@ -67,26 +66,6 @@ def _patch(module) -> None:
     cls.propose, cls._get_positions = counted_propose, stale_positions
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patches the proposer right after its module is imported."""
-
-    def find_spec(self, name, path, target=None):
-        if name != _PROPOSER:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return None
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def load() -> None:
     """vLLM plugin entry point: arm ``$SPECDIFF_TEST_BUG`` (module doc)."""
     kind = os.environ.get(ENV)
@@ -94,7 +73,4 @@ def load() -> None:
         return
     if kind not in KINDS:
         raise ValueError(f"{ENV}={kind!r}: one of {', '.join(KINDS)}")
-    if _PROPOSER in sys.modules:
-        _patch(sys.modules[_PROPOSER])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    arm(_PROPOSER, _patch)

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.abc
-import importlib.util
 import os
-import sys
+
+from vllm_on_import import arm
 
 ENV = "SPECDIFF_TEST_BUG"
 KINDS = ("engine_exit_in_first_propose", "draft_rope_angles_negated")
@@ -70,26 +69,6 @@ def _patch(module) -> None:
     cls.propose = bugged_propose
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patches the proposer right after its module is imported."""
-
-    def find_spec(self, name, path, target=None):
-        if name != _PROPOSER:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return None
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def load() -> None:
     """vLLM plugin entry point: arm ``$SPECDIFF_TEST_BUG`` (module doc) in this process."""
     kind = os.environ.get(ENV)
@@ -97,7 +76,4 @@ def load() -> None:
         return
     if kind not in KINDS:
         raise ValueError(f"{ENV}={kind!r}: one of {', '.join(KINDS)}")
-    if _PROPOSER in sys.modules:
-        _patch(sys.modules[_PROPOSER])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    arm(_PROPOSER, _patch)
