@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 from builders import train_and_diff
 from support.bug_server import PLUGIN_DIR, entry_point_dir
 from support.vllm_draft import vllm_draft
+from support.vllm_server import ROOT, VLLM_PY, vllm_server
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
 
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 SITE = next((ROOT / ".venv-vllm" / "lib").glob("python3*/site-packages/vllm"), None) if VLLM_PY.exists() else None
 NEW_TOKENS = 32
 
@@ -41,15 +39,11 @@ def test_the_proposer_lines_the_plugin_relies_on_hold_what_it_says():
 
 
 def test_a_stale_input_ids_buffer_on_vllm_feeds_depth_2_what_depth_1_was_fed(tmp_path, server_env):
-    from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess
-
     draft = vllm_draft(tmp_path / "draft")
     serve, log = tmp_path / "serve.trace", tmp_path / "server.log"
     env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread", SPECDIFF_TEST_BUG="stale_draft_input",
                      PYTHONPATH=f"{entry_point_dir(tmp_path / 'entry-points', 'vllm', 'specdiff_vllm_feed_bugs')}:{PLUGIN_DIR}")
-    with VLLMServerProcess(REPO_MODELS / "target", draft_model_path=draft, python=str(VLLM_PY), env=env,
-                           cache_root=str(ROOT / ".cache" / "vllm"), log_path=str(log),
-                           extra_args=["--enforce-eager"]) as server:
+    with vllm_server(tmp_path, draft, env, log=log) as server:
         server.generate(input_ids=demo_prompts(REPO_MODELS, 1), max_new_tokens=NEW_TOKENS)
     assert "specdiff_bug_plugins: stale_draft_input injected" in log.read_text()
     proc = train_and_diff(draft, serve, tmp_path / "train.trace")

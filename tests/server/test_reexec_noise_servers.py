@@ -27,12 +27,11 @@ from pathlib import Path
 
 import pytest
 from support.bug_server import diff_both, serve_traced, specdiff
+from support.vllm_server import NEEDS_VLLM, vllm_server
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.demo.scenarios import write_served_draft
 
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 #: the weight every instance scales: inside the 5 % tolerance, several times the bf16 noise floor (about 0.004)
 SCALE = 1.03
 
@@ -94,14 +93,12 @@ def test_a_served_fc_scaled_inside_the_tolerance_is_proven_at_the_fc_output(
     assert report["tensors"]["draft.fc_in"]["diverged"] is False  # the target's aux rows agree
 
 
-@pytest.mark.skipif(not VLLM_PY.exists(), reason="no vLLM venv at .venv-vllm (`make vllm-venv`; `make test` builds it)")
+@NEEDS_VLLM
 def test_a_fc_scaled_inside_the_tolerance_on_vllm_is_proven_at_the_fc_output(tmp_path, server_env, scaled_copy):
     from builders import draft_copy
 
     from specdiff.demo.scenarios import scenario_ids
     from specdiff.eagle3.config_keys import set_config_value
-    from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess
-
     cfg = json.loads((REPO_MODELS / "draft" / "config.json").read_text())
     ids = scenario_ids(engine="vllm")  # the aux ids in vLLM's key and numbering, as trained
     set_config_value(cfg, ids.key, list(ids.correct))
@@ -109,9 +106,7 @@ def test_a_fc_scaled_inside_the_tolerance_on_vllm_is_proven_at_the_fc_output(tmp
     served = scaled_copy(trained, tmp_path / "scaled-draft", "fc.weight", SCALE)
     serve = tmp_path / "serve.trace"
     env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread")
-    with VLLMServerProcess(REPO_MODELS / "target", draft_model_path=served, python=str(VLLM_PY), env=env,
-                           cache_root=str(ROOT / ".cache" / "vllm"), log_path=str(tmp_path / "server.log"),
-                           extra_args=["--enforce-eager"]) as server:
+    with vllm_server(tmp_path, served, env) as server:
         server.generate(input_ids=demo_prompts(REPO_MODELS, 1), max_new_tokens=16)
     train = tmp_path / "train.trace"
     rec = specdiff("record", "train", "--target", REPO_MODELS / "target", "--draft", trained, "--replay", serve,

@@ -12,34 +12,26 @@ position 0 on. Served ``--enforce-eager`` (the load path and the config are the 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from support.bug_server import NEW_TOKENS, diff_both, specdiff
 from support.vllm_draft import vllm_draft
+from support.vllm_server import NEEDS_VLLM, vllm_server
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.tracer.store import open_trace
 
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
-
 pytestmark = [pytest.mark.server, pytest.mark.slow,
-              pytest.mark.skipif(not VLLM_PY.exists(), reason="no vLLM venv at .venv-vllm (build it with `make "
-                                                              "vllm-venv`; `make test` does)"),
+              NEEDS_VLLM,
               pytest.mark.skipif(not (REPO_MODELS / "draft" / "config.json").exists(),
                                  reason="the demo models are not built")]
 
 
 def test_a_vllm_hf_overrides_eps_is_one_target_whose_config_differs(tmp_path, server_env):
-    from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess
-
     draft = vllm_draft(tmp_path / "draft")
     serve = tmp_path / "serve.trace"
     env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread")
-    with VLLMServerProcess(REPO_MODELS / "target", draft_model_path=draft, python=str(VLLM_PY), env=env,
-                           cache_root=str(ROOT / ".cache" / "vllm"), log_path=str(tmp_path / "server.log"),
-                           extra_args=["--enforce-eager", "--hf-overrides", json.dumps({"rms_norm_eps": 0.1})]) as srv:
+    with vllm_server(tmp_path, draft, env, ["--hf-overrides", json.dumps({"rms_norm_eps": 0.1})]) as srv:
         srv.generate(input_ids=demo_prompts(REPO_MODELS, 1), max_new_tokens=NEW_TOKENS)
     c = open_trace(str(serve)).contract
     assert c["target_config_overrides"] == {"rms_norm_eps": {"value": 0.1, "source": "hf_overrides"}}, c

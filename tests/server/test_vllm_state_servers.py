@@ -16,38 +16,31 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from support.bug_server import NEW_TOKENS, PLUGIN_DIR, diff_both, entry_point_dir, injected, specdiff
 from support.vllm_draft import vllm_draft
+from support.vllm_server import NEEDS_VLLM, vllm_server
 
 from specdiff.demo.run import REPO_MODELS, demo_prompts
 from specdiff.tracer.store import open_trace
 
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 BUG = "engine_exit_in_first_propose"
 
 pytestmark = [pytest.mark.server, pytest.mark.slow,
-              pytest.mark.skipif(not VLLM_PY.exists(), reason="no vLLM venv at .venv-vllm (build it with `make "
-                                                              "vllm-venv`; `make test` does)"),
+              NEEDS_VLLM,
               pytest.mark.skipif(not (REPO_MODELS / "draft" / "config.json").exists(),
                                  reason="the demo models are not built")]
 
 
 def test_a_vllm_engine_core_that_exits_on_its_first_request_leaves_nothing_compared(tmp_path, server_env):
-    from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess
-
     draft = vllm_draft(tmp_path / "draft")
     serve = tmp_path / "serve.trace"
     env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread", SPECDIFF_TEST_BUG=BUG,
                      PYTHONPATH=f"{entry_point_dir(tmp_path / 'eps', 'vllm', 'specdiff_vllm_state_bugs')}:{PLUGIN_DIR}")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"input_ids": demo_prompts(REPO_MODELS, 1)[0]}) + "\n")
-    with VLLMServerProcess(REPO_MODELS / "target", draft_model_path=draft, python=str(VLLM_PY), env=env,
-                           cache_root=str(ROOT / ".cache" / "vllm"), log_path=str(tmp_path / "server.log"),
-                           extra_args=["--enforce-eager"]) as srv:
+    with vllm_server(tmp_path, draft, env) as srv:
         client = subprocess.run([sys.executable, "-m", "specdiff.tui", "record", "client", "--url", srv.url,
                                  "--prompts", str(prompts), "--max-new-tokens", "16"], capture_output=True, text=True,
                                 timeout=300)
@@ -73,16 +66,12 @@ def test_a_vllm_engine_core_that_exits_on_its_first_request_leaves_nothing_compa
 
 def test_the_drafts_rope_negated_on_vllm_after_the_recorder_read_it_is_named_by_the_rows_structure(tmp_path,
                                                                                                   server_env):
-    from specdiff.tracer.engines.vllm.cpu import VLLMServerProcess
-
     bug = "draft_rope_angles_negated"
     draft = vllm_draft(tmp_path / "draft")
     serve = tmp_path / "serve.trace"
     env = server_env(SPECDIFF_TRACE=str(serve), SPECDIFF_WRITER="thread", SPECDIFF_TEST_BUG=bug,
                      PYTHONPATH=f"{entry_point_dir(tmp_path / 'eps', 'vllm', 'specdiff_vllm_state_bugs')}:{PLUGIN_DIR}")
-    with VLLMServerProcess(REPO_MODELS / "target", draft_model_path=draft, python=str(VLLM_PY), env=env,
-                           cache_root=str(ROOT / ".cache" / "vllm"), log_path=str(tmp_path / "server.log"),
-                           extra_args=["--enforce-eager"]) as srv:
+    with vllm_server(tmp_path, draft, env) as srv:
         srv.generate(input_ids=demo_prompts(REPO_MODELS, 2), max_new_tokens=NEW_TOKENS)  # two: two positions 0
     assert injected(tmp_path, bug)
     train = tmp_path / "train.trace"
