@@ -32,9 +32,8 @@ target changes, greedy output stays the same):
 from __future__ import annotations
 
 import functools
-import os
 
-from vllm_on_import import arm
+from vllm_on_import import arm_chosen_kind
 
 ENV = "SPECDIFF_TEST_BUG"
 _PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
@@ -100,9 +99,4 @@ KINDS = {"stale_draft_input": (_PROPOSER, _patch_stale_input),
 
 def load() -> None:
     """vLLM plugin entry point: arm ``$SPECDIFF_TEST_BUG`` (module doc)."""
-    kind = os.environ.get(ENV)
-    if not kind:
-        return
-    if kind not in KINDS:
-        raise ValueError(f"{ENV}={kind!r}: one of {', '.join(KINDS)}")
-    arm(*KINDS[kind])
+    arm_chosen_kind(KINDS)

@@ -26,7 +26,7 @@ import copy
 import functools
 import os
 
-from vllm_on_import import arm
+from vllm_on_import import arm_chosen_kind
 
 ENV = "SPECDIFF_TEST_BUG"
 KINDS = ("engine_exit_in_first_propose", "draft_rope_angles_negated")
@@ -71,9 +71,4 @@ def _patch(module) -> None:
 
 def load() -> None:
     """vLLM plugin entry point: arm ``$SPECDIFF_TEST_BUG`` (module doc) in this process."""
-    kind = os.environ.get(ENV)
-    if not kind:
-        return
-    if kind not in KINDS:
-        raise ValueError(f"{ENV}={kind!r}: one of {', '.join(KINDS)}")
-    arm(_PROPOSER, _patch)
+    arm_chosen_kind({kind: (_PROPOSER, _patch) for kind in KINDS})

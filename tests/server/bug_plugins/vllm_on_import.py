@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 
@@ -43,3 +44,18 @@ def arm(name: str, patch: Callable) -> None:
         patch(sys.modules[name])
     elif not any(isinstance(f, _Finder) and f.name == name for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder(name, patch))
+
+
+#: the variable that picks one bug per server (as SGLang's test plugin reads it)
+ENV = "SPECDIFF_TEST_BUG"
+
+
+def arm_chosen_kind(kinds: dict) -> None:
+    """A test vLLM plugin's ``load``: ``arm`` the (module, patch) of ``kinds`` that ``$SPECDIFF_TEST_BUG``
+    names; nothing where it is unset. Raises ValueError naming every kind for a kind ``kinds`` lacks."""
+    kind = os.environ.get(ENV)
+    if not kind:
+        return
+    if kind not in kinds:
+        raise ValueError(f"{ENV}={kind!r}: one of {', '.join(kinds)}")
+    arm(*kinds[kind])
